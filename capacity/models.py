@@ -1,0 +1,250 @@
+"""GPU types, pools, model-unit profiles, reservations (sold capacity) and ledger snapshots.
+
+Every write that can change what a pool holds goes through `locked_pools()` and
+`ensure_capacity()`: lock the pool rows, then read the ledger, then refuse an oversell. Two
+concurrent sales on one pool therefore serialise on the pool row and the second sees the first.
+"""
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from fractions import Fraction
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models, transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from capacity.ledger import Allocation, PoolLedger, Shape, check_sale, pool_ledger
+from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
+
+
+def validate_finite_non_negative(value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(f"must be a finite number >= 0, got {value}")
+
+
+class GpuType(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    memory_gib = models.PositiveIntegerField(help_text="GPU memory in GiB")
+    hourly_cost_usd = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        validators=[MinValueValidator(0)],
+        help_text="What one GPU costs per hour",
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuPool(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="pools")
+    region = models.CharField(max_length=63)
+    cluster = models.CharField(max_length=63, blank=True)
+    gpu_count = models.PositiveIntegerField(help_text="GPUs in the pool")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save_checked(self) -> None:
+        """Save; a pool shrunk below what is sold in it is refused (Oversold)."""
+        with transaction.atomic():
+            if self.pk:
+                locked_pools([self.pk])
+            self.save()
+            ensure_capacity(self)
+
+
+class ModelProfile(models.Model):
+    """How one model is priced on one GPU type: cost = alpha*in + beta*out + gamma MU."""
+
+    class Source(models.TextChoices):
+        BENCHMARK = "benchmark"
+        MANUAL = "manual"
+
+    model = models.CharField(max_length=200)
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="profiles")
+    alpha = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per input token")
+    beta = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per output token")
+    gamma = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per request")
+    mu_per_replica_minute = models.PositiveIntegerField(
+        default=settings.MU_PER_REPLICA_MINUTE, validators=[MinValueValidator(1)]
+    )
+    gpus_per_replica = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    r2 = models.FloatField(null=True, blank=True, help_text="Fit quality, 1 is perfect")
+    samples = models.PositiveIntegerField(null=True, blank=True, help_text="Shapes measured")
+    fitted_at = models.DateTimeField(null=True, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+
+    class Meta:
+        ordering = ["model", "gpu_type__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "gpu_type"], name="one_profile_per_model_gpu"),
+            models.CheckConstraint(
+                name="profile_coefficients_non_negative",
+                condition=models.Q(alpha__gte=0, beta__gte=0, gamma__gte=0),
+            ),
+            models.CheckConstraint(
+                name="profile_replica_shape_positive",
+                condition=models.Q(mu_per_replica_minute__gte=1, gpus_per_replica__gte=1),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.gpu_type}"
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.mu_per_replica_minute, self.gpus_per_replica)
+
+    def save_checked(self) -> None:
+        """Save; a re-pricing that makes reservations need more GPUs than a pool has is refused."""
+        with transaction.atomic():
+            pools = locked_pools(self.endpoints.values_list("pool_id", flat=True)) if self.pk else []
+            self.save()
+            for pool in pools:
+                ensure_capacity(pool)
+
+
+class ReservationQuerySet(TenantScopedQuerySet):
+    tenant_field = "endpoint__tenant"
+
+
+class Reservation(models.Model):
+    """Capacity sold to the endpoint's tenant: MU per minute admitted before best-effort traffic."""
+
+    endpoint = models.OneToOneField(
+        "endpoints.Endpoint", on_delete=models.CASCADE, related_name="reservation"
+    )
+    mu_per_minute = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    # Whether the tenant may send more than it reserved while the endpoint has headroom.
+    best_effort_allowed = models.BooleanField(default=True)
+    sold_by = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ReservationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(name="reservation_positive", condition=models.Q(mu_per_minute__gte=1)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.mu_per_minute} MU/min on {self.endpoint_id}"
+
+
+class CapacitySnapshot(models.Model):
+    """A pool's ledger at one moment, for charts over time (written by a beat task)."""
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="snapshots")
+    at = models.DateTimeField(default=timezone.now)
+    have_gpus = models.FloatField()
+    sold_gpus = models.FloatField()
+    used_gpus = models.FloatField()
+    have_mu_per_minute = models.FloatField()
+    sold_mu_per_minute = models.FloatField()
+    used_mu_per_minute = models.FloatField()
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["pool", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} at {self.at:%Y-%m-%d %H:%M}"
+
+
+# --- The ledger over the database -------------------------------------------------------------
+
+
+def default_shape() -> Shape:
+    return Shape(settings.MU_PER_REPLICA_MINUTE, 1)
+
+
+def overcommit() -> Fraction:
+    return Fraction(str(settings.CAPACITY_OVERCOMMIT))
+
+
+def pool_ledgers(
+    pools: Iterable[GpuPool], *, excluding_endpoint_id: int | None = None
+) -> dict[int, PoolLedger]:
+    """Ledgers of these pools in two queries, whatever the number of endpoints."""
+    pools = list(pools)
+    from controlplane.endpoints.models import Endpoint  # the endpoints app depends on this one
+
+    rows = (
+        Endpoint.objects.filter(pool__in=pools)
+        .exclude(pk=excluding_endpoint_id)
+        .values("pool_id", "profile__model", "profile__mu_per_replica_minute", "profile__gpus_per_replica")
+        .annotate(sold=Sum("reservation__mu_per_minute"), used=Sum("used_mu_per_minute"), n=Count("id"))
+        .order_by()
+    )
+    allocations: dict[int, list[Allocation]] = defaultdict(list)
+    for row in rows:
+        allocations[row["pool_id"]].append(
+            Allocation(
+                shape=Shape(row["profile__mu_per_replica_minute"], row["profile__gpus_per_replica"]),
+                model=row["profile__model"],
+                sold_mu_per_minute=Fraction(row["sold"] or 0),
+                used_mu_per_minute=Fraction(str(row["used"] or 0)),
+            )
+        )
+    return {
+        pool.pk: pool_ledger(pool.gpu_count, overcommit(), allocations[pool.pk], default_shape())
+        for pool in pools
+    }
+
+
+def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
+    """Lock pool rows (in id order, so two writers never deadlock). Call inside atomic()."""
+    return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
+
+
+def ensure_capacity(
+    pool: GpuPool,
+    *,
+    shape: Shape | None = None,
+    asked_mu_per_minute: int = 0,
+    excluding_endpoint_id: int | None = None,
+) -> PoolLedger:
+    """Raise Oversold unless `pool` holds what is sold (minus one endpoint) plus what is asked.
+
+    The caller holds the pool's lock (locked_pools) inside a transaction.
+    """
+    ledger = pool_ledgers([pool], excluding_endpoint_id=excluding_endpoint_id)[pool.pk]
+    check_sale(pool.name, ledger, shape or default_shape(), asked_mu_per_minute)
+    return ledger
+
+
+def sell(endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: str) -> Reservation:
+    """Sell (or change) the endpoint's reservation; Oversold leaves everything as it was.
+
+    Call inside transaction.atomic(): the pool lock is held until the caller commits.
+    """
+    (pool,) = locked_pools([endpoint.pool_id])
+    ensure_capacity(
+        pool,
+        shape=endpoint.profile.shape,
+        asked_mu_per_minute=mu_per_minute,
+        excluding_endpoint_id=endpoint.pk,
+    )
+    reservation, _ = Reservation.objects.update_or_create(
+        endpoint=endpoint,
+        defaults={
+            "mu_per_minute": mu_per_minute,
+            "best_effort_allowed": best_effort_allowed,
+            "sold_by": sold_by,
+        },
+    )
+    return reservation

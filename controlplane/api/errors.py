@@ -1,0 +1,123 @@
+"""Domain errors -> HTTP, in one place. Every error body is `{"error": code, "detail": text}`.
+
+400 names each bad field with the value that was sent; 409 is a conflict with what exists
+(an oversold pool with its numbers, a protected delete, a race on a unique name). The request's
+transaction is rolled back whenever an error is answered, so nothing is half-written.
+"""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.db.models import ProtectedError
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from capacity.ledger import Oversold
+
+
+def exception_handler(exc, context):
+    response = _response_for(exc, context)
+    set_rollback()  # after building the body: a rolled-back transaction runs no more queries
+    return response
+
+
+def _response_for(exc, context):
+    if isinstance(exc, Oversold):
+        return Response(oversold_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ProtectedError):
+        users = sorted({_describe(obj) for obj in exc.protected_objects})
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        return Response(
+            {"error": "protected", "detail": f"still in use by: {shown}"},
+            status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, IntegrityError):
+        return Response(
+            {"error": "conflict", "detail": f"conflicts with existing data: {exc}".strip()},
+            status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+    if isinstance(exc, exceptions.ValidationError):
+        return Response(validation_body(exc.detail, context), status=exc.status_code)
+    if isinstance(exc, exceptions.APIException):
+        headers = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else "error"
+        return Response({"error": code, "detail": str(exc.detail)}, status=exc.status_code, headers=headers)
+    if _is_not_found(exc):
+        return Response({"error": "not_found", "detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    return None  # a bug: let Django answer 500 and log it
+
+
+def oversold_body(exc: Oversold) -> dict:
+    ledger = exc.ledger
+    return {
+        "error": "oversold",
+        "detail": str(exc),
+        "pool": exc.pool,
+        "overcommit": _num(ledger.overcommit),
+        "have_gpus": _num(ledger.have_gpus),
+        "have_mu_per_minute": _num(ledger.have_mu_per_minute),
+        "sellable_mu_per_minute": _num(ledger.sellable_mu_per_minute),
+        "sold_gpus": _num(ledger.sold_gpus),
+        "sold_mu_per_minute": _num(ledger.sold_mu_per_minute),
+        "asked_gpus": _num(exc.asked_gpus),
+        "asked_mu_per_minute": _num(exc.asked_mu_per_minute),
+    }
+
+
+def validation_body(detail, context) -> dict:
+    sent = _sent_data(context)
+    if isinstance(detail, dict):
+        fields = {}
+        lines = []
+        for field, errors in detail.items():
+            messages = _flatten(errors)
+            entry = {"errors": messages}
+            if field in sent:
+                entry["value"] = sent[field]
+            fields[field] = entry
+            got = f" (got {sent[field]!r})" if field in sent else ""
+            lines.append(f"{field}: {' '.join(messages)}{got}")
+        return {"error": "invalid", "detail": "; ".join(lines), "fields": fields}
+    return {"error": "invalid", "detail": " ".join(_flatten(detail)), "fields": {}}
+
+
+def _flatten(errors) -> list[str]:
+    if isinstance(errors, dict):
+        return [f"{key}: {msg}" for key, value in errors.items() for msg in _flatten(value)]
+    if isinstance(errors, list):
+        return [msg for item in errors for msg in _flatten(item)]
+    return [str(errors)]
+
+
+def _sent_data(context) -> dict:
+    request = context.get("request") if context else None
+    try:
+        data = request.data if request is not None else {}
+    except exceptions.ParseError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe(obj) -> str:
+    # No query here: the failed delete may have left the transaction unusable.
+    return f"{obj._meta.verbose_name} {getattr(obj, 'name', None) or obj.pk!r}"
+
+
+def _is_not_found(exc) -> bool:
+    from django.core.exceptions import ObjectDoesNotExist
+    from django.http import Http404
+
+    return isinstance(exc, Http404 | ObjectDoesNotExist)
+
+
+def _num(value) -> float | int:
+    as_float = float(value)
+    return int(as_float) if as_float.is_integer() else round(as_float, 6)

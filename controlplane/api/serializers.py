@@ -1,0 +1,365 @@
+"""Serializers: names in, names out (GPU types, pools, tenants by name; endpoints by id)."""
+
+from django.conf import settings
+from rest_framework import serializers
+
+from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, sell
+from controlplane.endpoints.models import Endpoint
+from controlplane.oncall.models import Event
+from controlplane.tenants.models import ApiKey, Tenant
+
+
+def principal_of(serializer: serializers.Serializer):
+    return serializer.context["request"].user
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "display_name", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(
+        slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "tenant", "is_operator", "prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["is_operator", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def validate(self, attrs):
+        principal = principal_of(self)
+        if not principal.is_operator:
+            if attrs.get("tenant") not in (None, principal.tenant):
+                raise serializers.ValidationError({"tenant": "you can only make keys for your own tenant"})
+            attrs["tenant"] = principal.tenant
+        return attrs
+
+    def create(self, validated_data):
+        key, secret = ApiKey.issue(name=validated_data["name"], tenant=validated_data.get("tenant"))
+        key.secret = secret  # shown once, in this response only
+        return key
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if getattr(instance, "secret", None):
+            data["key"] = instance.secret
+        return data
+
+
+class GpuTypeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "memory_gib", "hourly_cost_usd"]
+
+
+class GpuPoolSerializer(serializers.ModelSerializer):
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+
+    class Meta:
+        model = GpuPool
+        fields = ["id", "name", "gpu_type", "region", "cluster", "gpu_count"]
+
+    def validate_gpu_type(self, value):
+        if self.instance and self.instance.gpu_type_id != value.pk and self.instance.endpoints.exists():
+            raise serializers.ValidationError("cannot change the GPU type of a pool that has endpoints")
+        return value
+
+    def save(self, **kwargs):
+        pool = self.instance or GpuPool()
+        for field, value in {**self.validated_data, **kwargs}.items():
+            setattr(pool, field, value)
+        pool.save_checked()
+        self.instance = pool
+        return pool
+
+
+class ModelProfileSerializer(serializers.ModelSerializer):
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+
+    class Meta:
+        model = ModelProfile
+        fields = [
+            "id",
+            "model",
+            "gpu_type",
+            "alpha",
+            "beta",
+            "gamma",
+            "mu_per_replica_minute",
+            "gpus_per_replica",
+            "r2",
+            "samples",
+            "fitted_at",
+            "source",
+        ]
+        validators = []  # the (model, gpu_type) clash is checked in validate() with a clear message
+
+    def validate(self, attrs):
+        model = attrs.get("model", getattr(self.instance, "model", None))
+        gpu_type = attrs.get("gpu_type", getattr(self.instance, "gpu_type", None))
+        clash = ModelProfile.objects.filter(model=model, gpu_type=gpu_type)
+        if self.instance:
+            clash = clash.exclude(pk=self.instance.pk)
+            if self.instance.endpoints.exists() and (
+                model != self.instance.model or gpu_type != self.instance.gpu_type
+            ):
+                raise serializers.ValidationError(
+                    {"model": "endpoints use this profile: its model and GPU type cannot change"}
+                )
+        if clash.exists():
+            raise serializers.ValidationError(
+                {"model": f"a profile for model {model!r} on {gpu_type} already exists"}
+            )
+        return attrs
+
+    def save(self, **kwargs):
+        profile = self.instance or ModelProfile()
+        for field, value in {**self.validated_data, **kwargs}.items():
+            setattr(profile, field, value)
+        profile.save_checked()
+        self.instance = profile
+        return profile
+
+
+class EndpointSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Tenant.objects.all(),
+        required=False,
+        help_text="Operators name the tenant; a tenant's key always means its own tenant.",
+    )
+    model = serializers.CharField(source="profile.model", max_length=200)
+    gpu_type = serializers.CharField(source="profile.gpu_type.name", max_length=63)
+    pool = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=GpuPool.objects.all(),
+        required=False,
+        help_text="Defaults to the pool of this GPU type with the most unsold GPUs.",
+    )
+    target_concurrency_per_replica = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="Concurrent requests per replica; the vertical autoscaler tunes it later.",
+    )
+    min_replicas = serializers.SerializerMethodField()
+    max_replicas = serializers.SerializerMethodField()
+    reserved_mu_per_minute = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Endpoint
+        fields = [
+            "id",
+            "tenant",
+            "name",
+            "model",
+            "gpu_type",
+            "pool",
+            "min_provisioned_concurrency",
+            "max_provisioned_concurrency",
+            "scale_to_zero_enabled",
+            "target_concurrency_per_replica",
+            "min_replicas",
+            "max_replicas",
+            "desired_replicas",
+            "ready_replicas",
+            "state",
+            "reserved_mu_per_minute",
+            "used_mu_per_minute",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = [
+            "desired_replicas",
+            "ready_replicas",
+            "state",
+            "used_mu_per_minute",
+            "created_at",
+            "updated_at",
+        ]
+        extra_kwargs = {"min_provisioned_concurrency": {"required": True}}
+        validators = []  # the per-tenant name clash is checked in validate() with a clear message
+
+    def get_min_replicas(self, endpoint) -> int:
+        return endpoint.replica_bounds[0]
+
+    def get_max_replicas(self, endpoint) -> int:
+        return endpoint.replica_bounds[1]
+
+    def get_reserved_mu_per_minute(self, endpoint) -> int:
+        reservation = getattr(endpoint, "reservation", None)
+        return reservation.mu_per_minute if reservation else 0
+
+    def validate(self, attrs):
+        endpoint = self.instance
+        principal = principal_of(self)
+        errors = {}
+
+        tenant = attrs.get("tenant")
+        if endpoint is not None:
+            if tenant is not None and tenant != endpoint.tenant:
+                errors["tenant"] = "an endpoint cannot move to another tenant"
+            tenant = endpoint.tenant
+        elif not principal.is_operator:
+            if tenant is not None and tenant != principal.tenant:
+                errors["tenant"] = "you can only create endpoints for your own tenant"
+            tenant = principal.tenant
+        elif tenant is None:
+            errors["tenant"] = "operators must name the tenant that owns the endpoint"
+        attrs["tenant"] = tenant
+
+        profile_in = attrs.pop("profile", {})
+        model = profile_in.get("model", endpoint.profile.model if endpoint else None)
+        gpu_name = profile_in.get("gpu_type", {}).get(
+            "name", endpoint.profile.gpu_type.name if endpoint else None
+        )
+        gpu_type = GpuType.objects.filter(name=gpu_name).first()
+        if gpu_type is None:
+            known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
+            errors["gpu_type"] = f"unknown GPU type {gpu_name!r} (known: {known})"
+        else:
+            profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
+            if profile is None:
+                known = ", ".join(gpu_type.profiles.values_list("model", flat=True)) or "none"
+                errors["model"] = (
+                    f"no model profile for {model!r} on {gpu_type.name} (profiled there: {known})"
+                )
+            else:
+                attrs["profile"] = profile
+                pool = attrs.get("pool")
+                if pool is None and (endpoint is None or endpoint.pool.gpu_type_id != gpu_type.pk):
+                    pool = Endpoint.roomiest_pool(profile)
+                    if pool is None:
+                        errors["gpu_type"] = f"no GPU pool holds {gpu_type.name} GPUs"
+                    attrs["pool"] = pool
+                elif pool is not None and pool.gpu_type_id != gpu_type.pk:
+                    errors["pool"] = (
+                        f"pool {pool.name!r} holds {pool.gpu_type.name} GPUs, not {gpu_type.name}"
+                    )
+
+        low = attrs.get("min_provisioned_concurrency", getattr(endpoint, "min_provisioned_concurrency", 0))
+        high = attrs.get("max_provisioned_concurrency", getattr(endpoint, "max_provisioned_concurrency", 1))
+        if low > high:
+            errors["min_provisioned_concurrency"] = (
+                f"min_provisioned_concurrency ({low}) must not exceed max_provisioned_concurrency ({high})"
+            )
+
+        name = attrs.get("name", getattr(endpoint, "name", None))
+        if tenant is not None and name is not None:
+            clash = Endpoint.objects.filter(tenant=tenant, name=name)
+            if endpoint is not None:
+                clash = clash.exclude(pk=endpoint.pk)
+            if clash.exists():
+                errors["name"] = f"tenant {tenant.name!r} already has an endpoint named {name!r}"
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+    def save(self, **kwargs):
+        endpoint = self.instance or Endpoint(
+            target_concurrency_per_replica=settings.DEFAULT_TARGET_CONCURRENCY
+        )
+        for field, value in {**self.validated_data, **kwargs}.items():
+            setattr(endpoint, field, value)
+        endpoint.save_checked()
+        self.instance = endpoint
+        return endpoint
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.with_related())
+    tenant = serializers.CharField(source="endpoint.tenant.name", read_only=True)
+    gpus = serializers.SerializerMethodField(help_text="GPUs this reservation takes in its pool")
+
+    class Meta:
+        model = Reservation
+        fields = [
+            "id",
+            "endpoint",
+            "tenant",
+            "mu_per_minute",
+            "best_effort_allowed",
+            "gpus",
+            "sold_by",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["sold_by", "created_at", "updated_at"]
+        extra_kwargs = {"mu_per_minute": {"min_value": 1}}
+
+    def get_gpus(self, reservation) -> float:
+        return round(float(reservation.endpoint.profile.shape.gpus(reservation.mu_per_minute)), 6)
+
+    def validate_endpoint(self, endpoint):
+        if self.instance is not None and endpoint != self.instance.endpoint:
+            raise serializers.ValidationError("a reservation cannot move to another endpoint")
+        if self.instance is None and Reservation.objects.filter(endpoint=endpoint).exists():
+            raise serializers.ValidationError(
+                f"endpoint {endpoint.pk} already has a reservation; change it with PATCH"
+            )
+        return endpoint
+
+    def save(self, **kwargs):
+        endpoint = self.validated_data.get("endpoint") or self.instance.endpoint
+        before = self.instance.mu_per_minute if self.instance else 0
+        mu = self.validated_data.get("mu_per_minute", before)
+        best_effort = self.validated_data.get(
+            "best_effort_allowed", self.instance.best_effort_allowed if self.instance else True
+        )
+        principal = principal_of(self)
+        self.instance = sell(
+            endpoint, mu_per_minute=mu, best_effort_allowed=best_effort, sold_by=principal.name
+        )
+        Event.record(
+            Event.Kind.RESERVATION,
+            f"{principal.name} sold {mu} MU/min on {endpoint.name} (was {before})",
+            endpoint=endpoint,
+            reported_by=principal.name,
+            detail={
+                "mu_per_minute": mu,
+                "previous_mu_per_minute": before,
+                "best_effort_allowed": best_effort,
+            },
+        )
+        return self.instance
+
+
+class EventSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.name", read_only=True, default=None)
+    endpoint = serializers.PrimaryKeyRelatedField(
+        queryset=Endpoint.objects.select_related("tenant"), required=False, allow_null=True
+    )
+
+    class Meta:
+        model = Event
+        fields = [
+            "id",
+            "kind",
+            "severity",
+            "tenant",
+            "endpoint",
+            "endpoint_name",
+            "pod",
+            "message",
+            "detail",
+            "time",
+            "reported_by",
+        ]
+        read_only_fields = ["endpoint_name", "reported_by"]
+
+    def validate_detail(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        return value
+
+    def create(self, validated_data):
+        return Event.record(
+            validated_data.pop("kind"),
+            validated_data.pop("message"),
+            reported_by=principal_of(self).name,
+            **validated_data,
+        )

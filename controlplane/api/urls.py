@@ -1,0 +1,21 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from controlplane.api import views
+
+router = DefaultRouter(trailing_slash=True)
+router.include_root_view = False
+router.register("tenants", views.TenantViewSet)
+router.register("api-keys", views.ApiKeyViewSet)
+router.register("gpu-types", views.GpuTypeViewSet)
+router.register("pools", views.GpuPoolViewSet)
+router.register("model-profiles", views.ModelProfileViewSet)
+router.register("endpoints", views.EndpointViewSet)
+router.register("reservations", views.ReservationViewSet)
+router.register("events", views.EventViewSet)
+router.register("capacity", views.CapacityViewSet, basename="capacity")
+
+urlpatterns = [
+    path("whoami/", views.whoami, name="whoami"),
+    path("", include(router.urls)),
+]

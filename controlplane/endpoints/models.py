@@ -1,0 +1,134 @@
+"""Endpoints: what a tenant serves, where, and within which concurrency bounds.
+
+Think of Databricks' served entity (model, min/max provisioned concurrency, scale to zero) and
+KServe's minReplicas/maxReplicas/containerConcurrency. The autoscaler owns the replica counts,
+the state and target_concurrency_per_replica after creation; the router meters used MU.
+"""
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models, transaction
+from django.utils import timezone
+
+from capacity.models import (
+    GpuPool,
+    ModelProfile,
+    Reservation,
+    ensure_capacity,
+    locked_pools,
+    pool_ledgers,
+)
+from capacity.provisioning import replica_bounds
+from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
+
+MAX_CONCURRENCY = 1_000_000  # a sanity bound; beyond it a value is a typo, not a plan
+MAX_TARGET_CONCURRENCY = 4096
+
+
+class EndpointQuerySet(TenantScopedQuerySet):
+    def with_related(self) -> "EndpointQuerySet":
+        return self.select_related("tenant", "pool__gpu_type", "profile", "reservation")
+
+
+class Endpoint(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"  # created, no replica ready yet
+        READY = "ready"
+        SCALING = "scaling"
+        SCALED_TO_ZERO = "scaled_to_zero"
+        FAILED = "failed"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="endpoints")
+    name = models.CharField(max_length=63, validators=[slug_validator])
+    # The profile names the model and GPU type; the pool must be of that GPU type.
+    profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="endpoints")
+    pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="endpoints")
+    min_provisioned_concurrency = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(MAX_CONCURRENCY)]
+    )
+    max_provisioned_concurrency = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY)]
+    )
+    scale_to_zero_enabled = models.BooleanField(default=False)
+    target_concurrency_per_replica = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TARGET_CONCURRENCY)]
+    )
+    desired_replicas = models.PositiveIntegerField(default=0)
+    ready_replicas = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    # Metered by the router (MU/min over the last minute); 0 until traffic flows.
+    used_mu_per_minute = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = EndpointQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="endpoint_name_unique_per_tenant"),
+            models.CheckConstraint(
+                name="endpoint_min_le_max",
+                condition=models.Q(min_provisioned_concurrency__lte=models.F("max_provisioned_concurrency")),
+            ),
+            models.CheckConstraint(
+                name="endpoint_target_positive", condition=models.Q(target_concurrency_per_replica__gte=1)
+            ),
+        ]
+        indexes = [models.Index(fields=["state"])]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name}"
+
+    @property
+    def replica_bounds(self) -> tuple[int, int]:
+        return replica_bounds(
+            self.min_provisioned_concurrency,
+            self.max_provisioned_concurrency,
+            self.target_concurrency_per_replica,
+            self.scale_to_zero_enabled,
+        )
+
+    def clean(self) -> None:
+        errors = {}
+        if self.min_provisioned_concurrency > self.max_provisioned_concurrency:
+            errors["min_provisioned_concurrency"] = (
+                f"min_provisioned_concurrency ({self.min_provisioned_concurrency}) must not exceed"
+                f" max_provisioned_concurrency ({self.max_provisioned_concurrency})"
+            )
+        if self.pool_id and self.profile_id and self.pool.gpu_type_id != self.profile.gpu_type_id:
+            errors["pool"] = (
+                f"pool {self.pool.name!r} holds {self.pool.gpu_type.name} GPUs, but the model"
+                f" profile is for {self.profile.gpu_type.name}"
+            )
+        if errors:
+            raise ValidationError(errors)
+
+    @staticmethod
+    def roomiest_pool(profile: ModelProfile) -> GpuPool | None:
+        """The pool of the profile's GPU type with the most unsold GPUs (ties: by name)."""
+        pools = list(GpuPool.objects.filter(gpu_type_id=profile.gpu_type_id).order_by("name"))
+        ledgers = pool_ledgers(pools)
+        return max(pools, key=lambda p: ledgers[p.pk].headroom_gpus, default=None)
+
+    def save_checked(self) -> None:
+        """Save, refusing a move or model change that would oversell the endpoint's pool.
+
+        A reserved endpoint moved to another pool, or switched to a model that needs more GPUs
+        per MU, takes its reservation along; the pool it lands in must hold it.
+        """
+        with transaction.atomic():
+            reservation = None
+            if self.pk:
+                (pool,) = locked_pools([self.pool_id])
+                reservation = Reservation.objects.filter(endpoint_id=self.pk).first()
+            if reservation is not None:
+                ensure_capacity(
+                    pool,
+                    shape=self.profile.shape,
+                    asked_mu_per_minute=reservation.mu_per_minute,
+                    excluding_endpoint_id=self.pk,
+                )
+            if self._state.adding:
+                self.desired_replicas = self.replica_bounds[0]
+            self.save()

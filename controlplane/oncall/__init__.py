@@ -1,0 +1,1 @@
+"""On-call: events (hangs, restarts, crash loops, scale steps, rollouts, benchmarks) and views."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OncallConfig(AppConfig):
+    name = "controlplane.oncall"
+    label = "oncall"

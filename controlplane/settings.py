@@ -1,0 +1,142 @@
+"""Settings, all read from the environment (controlplane.env fails loudly on bad values).
+
+With no variables set this is the embedded default: SQLite under var/, Celery on a local
+filesystem broker, DEBUG on. Production sets DATABASE_URL (postgres://...), REDIS_URL,
+SECRET_KEY and DEBUG=0.
+"""
+
+from pathlib import Path
+
+from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+
+EMBEDDED = not envstr("DATABASE_URL", "")
+DEBUG = envbool("DEBUG", EMBEDDED)
+# The "django-insecure-" prefix makes `manage.py check --deploy` flag a missing SECRET_KEY.
+SECRET_KEY = envstr("SECRET_KEY", "django-insecure-embedded-default-do-not-deploy")
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "controlplane.tenants",
+    "controlplane.endpoints",
+    "controlplane.oncall",
+    "capacity",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        **envdatabase("DATABASE_URL", f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"),
+        # Every request is one transaction; the API error handler rolls it back on any error.
+        "ATOMIC_REQUESTS": True,
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.api.auth.BearerKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.PageNumberPagination",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Inference control plane API",
+    "DESCRIPTION": "Tenants, endpoints, GPU pools and capacity sold in model units (MU).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Capacity -------------------------------------------------------------------------------
+# Work one replica of any model does per minute on its GPU type; the unit of the whole ledger.
+MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", 100, minimum=1)
+# Sold GPUs may reach have x this factor (1.0 = never sell more than the fleet holds).
+CAPACITY_OVERCOMMIT = envfloat("CAPACITY_OVERCOMMIT", 1.0, minimum=0.01)
+# Starting point of the vertical autoscaler for a new endpoint (concurrent requests per pod).
+DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
+# An API key's last-used time is written at most this often, to keep writes off the hot path.
+API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, minimum=0)
+
+# --- Celery ---------------------------------------------------------------------------------
+REDIS_URL = envstr("REDIS_URL", "")
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {
+        "data_folder_in": str(VAR_DIR / "broker"),
+        "data_folder_out": str(VAR_DIR / "broker"),
+        "processed_folder": str(VAR_DIR / "broker-processed"),
+    }
+    if CELERY_BROKER_URL.startswith("filesystem://")
+    else {}
+)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE = {
+    "record-capacity-snapshot": {
+        "task": "capacity.tasks.record_capacity_snapshot",
+        "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,146 @@
+"""Tenants, API keys and principals.
+
+An API key belongs to one tenant, or is an operator key (platform staff, sees every tenant).
+The secret is shown once when the key is made; only its SHA-256 is stored. Keys carry 256 bits
+of randomness, so a fast hash is enough (a slow KDF guards low-entropy passwords, not these).
+"""
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.utils import timezone
+
+KEY_PREFIX = "mu_"
+
+# DNS-label shaped names: they become Kubernetes object names and URL parts later.
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is making a request: an operator, or a member of one tenant."""
+
+    tenant: "Tenant | None"  # None for operators
+    is_operator: bool
+    name: str  # the key's or the user's name, for audit trails
+    api_key_id: int | None = None
+
+    is_authenticated = True  # DRF's IsAuthenticated reads this
+
+    @property
+    def tenant_id(self) -> int | None:
+        return self.tenant.pk if self.tenant else None
+
+
+class TenantScopedQuerySet(models.QuerySet):
+    """The one place tenant scoping is decided. Subclasses name the path to the tenant."""
+
+    tenant_field = "tenant"
+
+    def visible_to(self, principal: Principal) -> "TenantScopedQuerySet":
+        if principal.is_operator:
+            return self
+        if principal.tenant is None:
+            return self.none()
+        return self.filter(**{self.tenant_field: principal.tenant_id})
+
+
+class TenantQuerySet(TenantScopedQuerySet):
+    tenant_field = "pk"
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyQuerySet(TenantScopedQuerySet):
+    def active(self) -> "ApiKeyQuerySet":
+        return self.filter(revoked_at__isnull=True)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    name = models.CharField(max_length=100)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    is_operator = models.BooleanField(default=False)
+    # First characters of the secret, shown in lists so people can tell keys apart.
+    prefix = models.CharField(max_length=12)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                name="api_key_tenant_xor_operator",
+                condition=(
+                    models.Q(is_operator=True, tenant__isnull=True)
+                    | models.Q(is_operator=False, tenant__isnull=False)
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+    @classmethod
+    def issue(cls, *, name: str, tenant: Tenant | None) -> tuple["ApiKey", str]:
+        """Make a key; returns it with its secret, which is never stored nor shown again."""
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        key = cls.objects.create(
+            name=name,
+            tenant=tenant,
+            is_operator=tenant is None,
+            prefix=secret[: len(KEY_PREFIX) + 6],
+            secret_hash=hash_secret(secret),
+        )
+        return key, secret
+
+    @classmethod
+    def authenticate(cls, secret: str) -> "ApiKey | None":
+        """The active key with this secret, its last-used time refreshed; None if unknown."""
+        key = cls.objects.active().select_related("tenant").filter(secret_hash=hash_secret(secret)).first()
+        if key is None:
+            return None
+        now = timezone.now()
+        stale_before = now - timedelta(seconds=settings.API_KEY_LAST_USED_RESOLUTION_S)
+        if key.last_used_at is None or key.last_used_at < stale_before:
+            cls.objects.filter(pk=key.pk).update(last_used_at=now)
+            key.last_used_at = now
+        return key
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])
+
+    @property
+    def principal(self) -> Principal:
+        return Principal(tenant=self.tenant, is_operator=self.is_operator, name=self.name, api_key_id=self.pk)
