@@ -80,7 +80,7 @@ def make_endpoint(pool, small_model):
             tenant=tenant,
             name=name,
             profile=profile or small_model,
-            pool=pool,
+            pool=fields.pop("pool", pool),
             min_provisioned_concurrency=fields.pop("min_provisioned_concurrency", 0),
             max_provisioned_concurrency=fields.pop("max_provisioned_concurrency", 16),
             target_concurrency_per_replica=fields.pop("target_concurrency_per_replica", 8),

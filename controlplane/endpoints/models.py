@@ -27,7 +27,7 @@ MAX_TARGET_CONCURRENCY = 4096
 
 class EndpointQuerySet(TenantScopedQuerySet):
     def with_related(self) -> "EndpointQuerySet":
-        return self.select_related("tenant", "pool__gpu_type", "profile", "reservation")
+        return self.select_related("tenant", "pool__gpu_type", "profile__gpu_type", "reservation")
 
 
 class Endpoint(models.Model):

@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine: `make run` and `make test` (see README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: install run test lint bench-api clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The embedded default: SQLite under var/, Celery worker + beat on a filesystem broker,
+# the API and admin on http://127.0.0.1:8000.
+run: install
+	@mkdir -p var/broker var/broker-processed
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py load_demo
+	@echo "Celery worker + beat log: var/celery.log"
+	@$(BIN)/celery -A controlplane worker --beat --pool=solo --loglevel=INFO \
+	    --schedule=var/celerybeat-schedule >var/celery.log 2>&1 & \
+	  worker=$$!; trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
+	  $(BIN)/python manage.py runserver 127.0.0.1:8000 --noreload
+
+# Runs against the real PostgreSQL and Redis (.ci/run starts them when they are down).
+test: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench-api: install
+	$(BIN)/python bench/api_latency.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

@@ -1,0 +1,1 @@
+"""The data plane: the router and the runtime pods. No Django imports; runs in its own processes."""

@@ -1,0 +1,90 @@
+"""Events: written by operator keys (probers, autoscaler), read scoped, filtered, tailed by cursor."""
+
+from datetime import UTC, datetime
+
+from controlplane.oncall.models import Event
+
+
+def test_an_operator_key_reports_a_hang(operator_client, owner, make_endpoint, owner_client):
+    endpoint = make_endpoint(owner, "chat")
+    response = operator_client.post(
+        "/api/v1/events/",
+        {
+            "kind": "hang",
+            "severity": "critical",
+            "endpoint": endpoint.pk,
+            "pod": "chat-0",
+            "message": "3 probes failed",
+            "detail": {"failed_probes": 3},
+            "time": "2026-11-29T03:00:00Z",
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["tenant"], body["endpoint_name"], body["reported_by"]) == ("owner", "chat", "ops")
+    event = Event.objects.get(pk=body["id"])
+    assert event.tenant == owner and event.time == datetime(2026, 11, 29, 3, tzinfo=UTC)
+    # The tenant sees its own hang.
+    assert [e["id"] for e in owner_client.get("/api/v1/events/").json()["results"]] == [body["id"]]
+
+
+def test_bad_events_are_refused_by_field(operator_client):
+    for body, field in [
+        ({"kind": "explosion", "message": "x"}, "kind"),
+        ({"kind": "hang", "message": "x", "severity": "apocalyptic"}, "severity"),
+        ({"kind": "hang"}, "message"),
+        ({"kind": "hang", "message": "x", "detail": [1, 2]}, "detail"),
+        ({"kind": "hang", "message": "x", "endpoint": 424242}, "endpoint"),
+        ({"kind": "hang", "message": "x", "time": "yesterday"}, "time"),
+    ]:
+        response = operator_client.post("/api/v1/events/", body, format="json")
+        assert response.status_code == 400, body
+        assert field in response.json()["fields"], body
+    assert not Event.objects.exists()
+
+
+def test_events_outlive_their_endpoint(operator_client, owner, make_endpoint):
+    endpoint = make_endpoint(owner, "chat")
+    Event.record(Event.Kind.RESTART, "restarted", endpoint=endpoint, pod="chat-0")
+    endpoint.delete()
+    (event,) = operator_client.get("/api/v1/events/").json()["results"]
+    assert (event["endpoint"], event["endpoint_name"], event["tenant"]) == (None, "chat", "owner")
+
+
+def test_filters_by_severity_kind_endpoint_and_time(operator_client, owner, make_endpoint):
+    chat, search = make_endpoint(owner, "chat"), make_endpoint(owner, "search")
+    Event.record("hang", "a", endpoint=chat, severity="critical", time=datetime(2026, 1, 1, tzinfo=UTC))
+    Event.record("scale", "b", endpoint=chat, severity="info", time=datetime(2026, 1, 2, tzinfo=UTC))
+    Event.record("restart", "c", endpoint=search, severity="warning", time=datetime(2026, 1, 3, tzinfo=UTC))
+
+    def messages(query):
+        response = operator_client.get(f"/api/v1/events/?{query}")
+        assert response.status_code == 200, response.content
+        return [e["message"] for e in response.json()["results"]]
+
+    assert messages("") == ["c", "b", "a"]  # newest first
+    assert messages("severity=critical&severity=warning") == ["c", "a"]
+    assert messages("kind=scale") == ["b"]
+    assert messages(f"endpoint={search.pk}") == ["c"]
+    assert messages("since=2026-01-02T00:00:00Z") == ["c", "b"]
+    assert messages("tenant=owner&until=2026-01-02T00:00:00Z") == ["a"]
+    assert operator_client.get("/api/v1/events/?severity=bad").status_code == 400
+
+
+def test_the_cursor_never_misses_nor_repeats_while_events_arrive(operator_client, owner):
+    for i in range(5):
+        Event.record("scale", f"e{i}", tenant=owner)
+    first = operator_client.get("/api/v1/events/?page_size=2").json()
+    assert [e["message"] for e in first["results"]] == ["e4", "e3"]
+    Event.record("hang", "new", tenant=owner)  # lands while we page backwards
+    seen = [e["message"] for e in first["results"]]
+    page = first
+    while page["next"]:
+        page = operator_client.get(page["next"]).json()
+        seen += [e["message"] for e in page["results"]]
+    assert seen == ["e4", "e3", "e2", "e1", "e0"]
+    # The tail asks for what came after the newest it has.
+    newest = Event.objects.get(message="e4").pk
+    tail = operator_client.get(f"/api/v1/events/?after={newest}").json()["results"]
+    assert [e["message"] for e in tail] == ["new"]

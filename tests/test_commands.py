@@ -1,0 +1,54 @@
+"""Management commands print what the README promises: the new key alone on the last line."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
+
+from capacity.models import GpuPool, Reservation
+from controlplane.endpoints.models import Endpoint
+from controlplane.tenants.models import ApiKey, Tenant
+
+
+def run(*args) -> list[str]:
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue().strip().splitlines()
+
+
+def whoami(secret):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client.get("/api/v1/whoami/").json()
+
+
+def test_create_tenant_prints_a_working_key_last(db):
+    secret = run("create_tenant", "acme")[-1]
+    assert secret.startswith("mu_") and " " not in secret
+    assert whoami(secret) == {"name": "acme-initial", "operator": False, "tenant": "acme"}
+
+
+def test_create_tenant_refuses_bad_and_duplicate_names(db):
+    with pytest.raises(CommandError, match="lowercase letters"):
+        run("create_tenant", "Not OK")
+    run("create_tenant", "acme")
+    with pytest.raises(CommandError, match="already exists"):
+        run("create_tenant", "acme")
+    assert Tenant.objects.count() == 1 and ApiKey.objects.count() == 1
+
+
+def test_create_operator_key_prints_a_working_key_last(db):
+    secret = run("create_operator_key", "alice")[-1]
+    assert whoami(secret) == {"name": "alice", "operator": True, "tenant": None}
+
+
+def test_load_demo_is_idempotent(db):
+    first = run("load_demo")
+    assert first[0] == "Demo fleet loaded. API keys (shown once):"
+    counts = (Endpoint.objects.count(), GpuPool.objects.count(), Reservation.objects.count())
+    assert counts[0] >= 4 and counts[2] >= 1
+    assert run("load_demo") == ["Demo fleet already loaded."]
+    assert (Endpoint.objects.count(), GpuPool.objects.count(), Reservation.objects.count()) == counts
+    operator = first[1].split(": ")[1]
+    assert whoami(operator)["operator"] is True

@@ -1,0 +1,29 @@
+"""The OpenAPI schema and its docs page, served without any CDN."""
+
+import re
+
+from rest_framework.test import APIClient
+
+
+def test_openapi_schema_describes_the_api(db):
+    response = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["openapi"].startswith("3.")
+    for path in [
+        "/api/v1/endpoints/",
+        "/api/v1/endpoints/{id}/",
+        "/api/v1/reservations/",
+        "/api/v1/capacity/",
+    ]:
+        assert path in schema["paths"], path
+    assert schema["components"]["securitySchemes"]["bearerKey"]["scheme"] == "bearer"
+
+
+def test_docs_page_loads_its_assets_locally(db):
+    response = APIClient().get("/api/docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources, html
+    assert all(not s.startswith(("http://", "https://", "//")) for s in sources), sources
