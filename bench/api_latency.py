@@ -55,37 +55,60 @@ def load() -> tuple[str, list[str]]:
     call_command("migrate", verbosity=0)
     rng = random.Random(7)
     types = GpuType.objects.bulk_create(
-        [GpuType(name="h100-80gb", memory_gib=80, hourly_cost_usd=2.49),
-         GpuType(name="l40s-48gb", memory_gib=48, hourly_cost_usd=0.99)]
+        [
+            GpuType(name="h100-80gb", memory_gib=80, hourly_cost_usd=2.49),
+            GpuType(name="l40s-48gb", memory_gib=48, hourly_cost_usd=0.99),
+        ]
     )
     pools = GpuPool.objects.bulk_create(
-        [GpuPool(name=f"pool-{i}", gpu_type=types[i % 2], region=f"region-{i % 4}", gpu_count=1000)
-         for i in range(POOLS)]
+        [
+            GpuPool(name=f"pool-{i}", gpu_type=types[i % 2], region=f"region-{i % 4}", gpu_count=1000)
+            for i in range(POOLS)
+        ]
     )
     profiles = ModelProfile.objects.bulk_create(
-        [ModelProfile(model=f"model-{m}", gpu_type=t, alpha=0.001, beta=0.01, gamma=0.05,
-                      gpus_per_replica=1 + m % 4)
-         for m in range(MODELS) for t in types]
+        [
+            ModelProfile(
+                model=f"model-{m}", gpu_type=t, alpha=0.001, beta=0.01, gamma=0.05, gpus_per_replica=1 + m % 4
+            )
+            for m in range(MODELS)
+            for t in types
+        ]
     )
     tenants = Tenant.objects.bulk_create([Tenant(name=f"tenant-{i}") for i in range(TENANTS)])
     endpoints = []
     for i in range(ENDPOINTS):
         profile = profiles[i % len(profiles)]
         pool = [p for p in pools if p.gpu_type_id == profile.gpu_type_id][i % (POOLS // 2)]
-        endpoints.append(Endpoint(
-            tenant=tenants[i % TENANTS], name=f"endpoint-{i}", profile=profile, pool=pool,
-            min_provisioned_concurrency=rng.randint(0, 8), max_provisioned_concurrency=rng.randint(8, 256),
-            target_concurrency_per_replica=8, state=rng.choice(["ready", "pending", "scaling"]),
-        ))
+        endpoints.append(
+            Endpoint(
+                tenant=tenants[i % TENANTS],
+                name=f"endpoint-{i}",
+                profile=profile,
+                pool=pool,
+                min_provisioned_concurrency=rng.randint(0, 8),
+                max_provisioned_concurrency=rng.randint(8, 256),
+                target_concurrency_per_replica=8,
+                state=rng.choice(["ready", "pending", "scaling"]),
+            )
+        )
     endpoints = Endpoint.objects.bulk_create(endpoints, batch_size=2000)
     # Half the endpoints hold 10 MU/min: at most 0.4 GPUs each, well inside 1,000-GPU pools.
     Reservation.objects.bulk_create(
         [Reservation(endpoint=e, mu_per_minute=10) for e in endpoints[::2]], batch_size=2000
     )
     Event.objects.bulk_create(
-        [Event(kind=rng.choice(["hang", "restart", "scale"]), severity=rng.choice(["info", "critical"]),
-               tenant_id=e.tenant_id, endpoint=e, endpoint_name=e.name, message="bench")
-         for e in (endpoints[rng.randrange(ENDPOINTS)] for _ in range(EVENTS))],
+        [
+            Event(
+                kind=rng.choice(["hang", "restart", "scale"]),
+                severity=rng.choice(["info", "critical"]),
+                tenant_id=e.tenant_id,
+                endpoint=e,
+                endpoint_name=e.name,
+                message="bench",
+            )
+            for e in (endpoints[rng.randrange(ENDPOINTS)] for _ in range(EVENTS))
+        ],
         batch_size=5000,
     )
     _, operator = ApiKey.issue(name="bench-operator", tenant=None)
@@ -99,12 +122,27 @@ def load() -> tuple[str, list[str]]:
 
 
 def serve() -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": DB_URL, "DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1",
-           "SECRET_KEY": "bench-only", "LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": DB_URL,
+        "DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "SECRET_KEY": "bench-only",
+        "LOG_LEVEL": "WARNING",
+    }
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "controlplane.wsgi", "-w", "2", "-b", f"127.0.0.1:{PORT}",
-         "--log-level", "warning"],
-        cwd=ROOT, env=env,
+        [
+            str(ROOT / ".venv/bin/gunicorn"),
+            "controlplane.wsgi",
+            "-w",
+            "2",
+            "-b",
+            f"127.0.0.1:{PORT}",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -144,9 +182,13 @@ def main() -> None:
     scenarios = {
         "tenant: list its endpoints (page 1)": lambda: ("/api/v1/endpoints/", rng.choice(tenant_keys)),
         "operator: list endpoints (random page of 200)": lambda: (
-            f"/api/v1/endpoints/?page={rng.randint(1, pages)}", operator),
+            f"/api/v1/endpoints/?page={rng.randint(1, pages)}",
+            operator,
+        ),
         "operator: endpoints filtered by gpu_type+state": lambda: (
-            "/api/v1/endpoints/?gpu_type=h100-80gb&state=ready", operator),
+            "/api/v1/endpoints/?gpu_type=h100-80gb&state=ready",
+            operator,
+        ),
         "operator: capacity summary (20 pools)": lambda: ("/api/v1/capacity/", operator),
         "operator: events, newest page": lambda: ("/api/v1/events/", operator),
     }

@@ -161,6 +161,12 @@ def check_sale(pool: str, ledger: PoolLedger, shape: Shape, mu_per_minute: int) 
         raise Oversold(pool, ledger, asked_gpus, Fraction(mu_per_minute))
 
 
+def as_json_number(value: Fraction | float | int) -> float | int:
+    """A ledger figure for JSON: an integer when whole (8, not 8.0), else 6 decimals."""
+    as_float = float(value)
+    return int(as_float) if as_float.is_integer() else round(as_float, 6)
+
+
 def _exact(value: Fraction | float | int) -> Fraction:
     # Through str so that a float setting such as 1.1 means 11/10, not 1.100000000000000088...
     return value if isinstance(value, Fraction) else Fraction(str(value))

@@ -12,7 +12,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from capacity.ledger import Oversold
+from capacity.ledger import Oversold, as_json_number
 
 
 def exception_handler(exc, context):
@@ -61,14 +61,14 @@ def oversold_body(exc: Oversold) -> dict:
         "error": "oversold",
         "detail": str(exc),
         "pool": exc.pool,
-        "overcommit": _num(ledger.overcommit),
-        "have_gpus": _num(ledger.have_gpus),
-        "have_mu_per_minute": _num(ledger.have_mu_per_minute),
-        "sellable_mu_per_minute": _num(ledger.sellable_mu_per_minute),
-        "sold_gpus": _num(ledger.sold_gpus),
-        "sold_mu_per_minute": _num(ledger.sold_mu_per_minute),
-        "asked_gpus": _num(exc.asked_gpus),
-        "asked_mu_per_minute": _num(exc.asked_mu_per_minute),
+        "overcommit": as_json_number(ledger.overcommit),
+        "have_gpus": as_json_number(ledger.have_gpus),
+        "have_mu_per_minute": as_json_number(ledger.have_mu_per_minute),
+        "sellable_mu_per_minute": as_json_number(ledger.sellable_mu_per_minute),
+        "sold_gpus": as_json_number(ledger.sold_gpus),
+        "sold_mu_per_minute": as_json_number(ledger.sold_mu_per_minute),
+        "asked_gpus": as_json_number(exc.asked_gpus),
+        "asked_mu_per_minute": as_json_number(exc.asked_mu_per_minute),
     }
 
 
@@ -116,8 +116,3 @@ def _is_not_found(exc) -> bool:
     from django.http import Http404
 
     return isinstance(exc, Http404 | ObjectDoesNotExist)
-
-
-def _num(value) -> float | int:
-    as_float = float(value)
-    return int(as_float) if as_float.is_integer() else round(as_float, 6)

@@ -3,10 +3,18 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from capacity.ledger import as_json_number
 from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, sell
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
+
+
+class ExactNumberField(serializers.FloatField):
+    """A ledger figure (an exact Fraction) as JSON: an integer when whole, else 6 decimals."""
+
+    def to_representation(self, value):
+        return as_json_number(value)
 
 
 def principal_of(serializer: serializers.Serializer):
@@ -363,3 +371,34 @@ class EventSerializer(serializers.ModelSerializer):
             reported_by=principal_of(self).name,
             **validated_data,
         )
+
+
+class ModelCapacitySerializer(serializers.Serializer):
+    model = serializers.CharField()
+    gpus_per_replica = serializers.IntegerField(source="shape.gpus_per_replica")
+    mu_per_replica_minute = serializers.IntegerField(source="shape.mu_per_replica_minute")
+    have_mu_per_minute = ExactNumberField(help_text="If the whole pool ran only this model")
+    headroom_mu_per_minute = ExactNumberField(help_text="If the unsold GPUs ran only this model")
+
+
+class PoolCapacitySerializer(serializers.Serializer):
+    """One pool's ledger (capacity.ledger.PoolLedger) beside the pool it describes."""
+
+    id = serializers.IntegerField(source="pool.pk")
+    pool = serializers.CharField(source="pool.name")
+    gpu_type = serializers.CharField(source="pool.gpu_type.name")
+    region = serializers.CharField(source="pool.region")
+    cluster = serializers.CharField(source="pool.cluster")
+    overcommit = ExactNumberField(source="ledger.overcommit")
+    have_gpus = serializers.IntegerField(source="ledger.have_gpus")
+    sellable_gpus = ExactNumberField(source="ledger.sellable_gpus")
+    sold_gpus = ExactNumberField(source="ledger.sold_gpus")
+    used_gpus = ExactNumberField(source="ledger.used_gpus")
+    headroom_gpus = ExactNumberField(source="ledger.headroom_gpus")
+    have_mu_per_minute = ExactNumberField(source="ledger.have_mu_per_minute")
+    sellable_mu_per_minute = ExactNumberField(source="ledger.sellable_mu_per_minute")
+    sold_mu_per_minute = ExactNumberField(source="ledger.sold_mu_per_minute")
+    used_mu_per_minute = ExactNumberField(source="ledger.used_mu_per_minute")
+    headroom_mu_per_minute = ExactNumberField(source="ledger.headroom_mu_per_minute")
+    oversold = serializers.BooleanField(source="ledger.oversold")
+    models = ModelCapacitySerializer(source="ledger.models", many=True)

@@ -1,13 +1,15 @@
 """Viewsets. Scoping, permissions and error mapping come from the bases; views stay short."""
 
-from drf_spectacular.utils import extend_schema
+from typing import NamedTuple
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
+from capacity.ledger import PoolLedger
 from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, pool_ledgers
 from controlplane.api import filters, serializers
-from controlplane.api.errors import _num
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
 from controlplane.endpoints.models import Endpoint
@@ -106,58 +108,40 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return super().get_queryset().visible_to(self.request.user)
 
 
+class PoolCapacity(NamedTuple):
+    pool: GpuPool
+    ledger: PoolLedger
+
+
 class CapacityViewSet(viewsets.ViewSet):
     """Per pool: what we HAVE, SOLD and USE, in GPUs and in MU/min. Operators only."""
 
     permission_classes = [AUTHENTICATED, OperatorOnly]
+    lookup_value_regex = r"\d+"
 
     def _pools(self):
         pools = GpuPool.objects.select_related("gpu_type")
         gpu_type = self.request.query_params.get("gpu_type")
         return pools.filter(gpu_type__name=gpu_type) if gpu_type else pools
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(
+        responses=serializers.PoolCapacitySerializer(many=True),
+        parameters=[OpenApiParameter("gpu_type", str, description="Only pools of this GPU type")],
+    )
     def list(self, request):
         pools = list(self._pools())
         ledgers = pool_ledgers(pools)
-        return Response([capacity_row(pool, ledgers[pool.pk]) for pool in pools])
+        rows = [PoolCapacity(pool, ledgers[pool.pk]) for pool in pools]
+        return Response(serializers.PoolCapacitySerializer(rows, many=True).data)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(
+        responses=serializers.PoolCapacitySerializer,
+        parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH)],
+    )
     def retrieve(self, request, pk=None):
         pool = self._pools().get(pk=pk)
-        return Response(capacity_row(pool, pool_ledgers([pool])[pool.pk]))
-
-
-def capacity_row(pool: GpuPool, ledger) -> dict:
-    return {
-        "id": pool.pk,
-        "pool": pool.name,
-        "gpu_type": pool.gpu_type.name,
-        "region": pool.region,
-        "cluster": pool.cluster,
-        "overcommit": _num(ledger.overcommit),
-        "have_gpus": ledger.have_gpus,
-        "sellable_gpus": _num(ledger.sellable_gpus),
-        "sold_gpus": _num(ledger.sold_gpus),
-        "used_gpus": _num(ledger.used_gpus),
-        "headroom_gpus": _num(ledger.headroom_gpus),
-        "have_mu_per_minute": _num(ledger.have_mu_per_minute),
-        "sellable_mu_per_minute": _num(ledger.sellable_mu_per_minute),
-        "sold_mu_per_minute": _num(ledger.sold_mu_per_minute),
-        "used_mu_per_minute": _num(ledger.used_mu_per_minute),
-        "headroom_mu_per_minute": _num(ledger.headroom_mu_per_minute),
-        "oversold": ledger.oversold,
-        "models": [
-            {
-                "model": m.model,
-                "gpus_per_replica": m.shape.gpus_per_replica,
-                "mu_per_replica_minute": m.shape.mu_per_replica_minute,
-                "have_mu_per_minute": _num(m.have_mu_per_minute),
-                "headroom_mu_per_minute": _num(m.headroom_mu_per_minute),
-            }
-            for m in ledger.models
-        ],
-    }
+        row = PoolCapacity(pool, pool_ledgers([pool])[pool.pk])
+        return Response(serializers.PoolCapacitySerializer(row).data)
 
 
 @extend_schema(responses={200: dict})
