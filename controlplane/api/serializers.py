@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from capacity.ledger import as_json_number
 from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, sell
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 
@@ -171,6 +171,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "max_provisioned_concurrency",
             "scale_to_zero_enabled",
             "target_concurrency_per_replica",
+            "routing_policy",
             "min_replicas",
             "max_replicas",
             "desired_replicas",
@@ -276,6 +277,15 @@ class EndpointSerializer(serializers.ModelSerializer):
         endpoint.save_checked()
         self.instance = endpoint
         return endpoint
+
+
+class PodSerializer(serializers.ModelSerializer):
+    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
+
+    class Meta:
+        model = Pod
+        fields = ["id", "endpoint", "name", "url", "ready", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
 
 
 class ReservationSerializer(serializers.ModelSerializer):

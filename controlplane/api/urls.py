@@ -11,11 +11,13 @@ router.register("gpu-types", views.GpuTypeViewSet)
 router.register("pools", views.GpuPoolViewSet)
 router.register("model-profiles", views.ModelProfileViewSet)
 router.register("endpoints", views.EndpointViewSet)
+router.register("pods", views.PodViewSet)
 router.register("reservations", views.ReservationViewSet)
 router.register("events", views.EventViewSet)
 router.register("capacity", views.CapacityViewSet, basename="capacity")
 
 urlpatterns = [
     path("whoami/", views.whoami, name="whoami"),
+    path("routing-table/", views.RoutingTableView.as_view(), name="routing-table"),
     path("", include(router.urls)),
 ]

@@ -6,13 +6,15 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
 from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, pool_ledgers
 from controlplane.api import filters, serializers
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 
@@ -73,6 +75,29 @@ class EndpointViewSet(ScopedViewSet):
     serializer_class = serializers.EndpointSerializer
     permission_classes = [AUTHENTICATED]
     filterset_class = filters.EndpointFilterSet
+
+
+class PodViewSet(ScopedViewSet):
+    """Pods as the cluster driver reports them; tenants read their endpoints' pods."""
+
+    queryset = Pod.objects.select_related("endpoint")
+    serializer_class = serializers.PodSerializer
+    permission_classes = [AUTHENTICATED, OperatorWrites]
+    filterset_fields = ["endpoint", "ready"]
+
+
+class RoutingTableView(APIView):
+    """What the routers need, with an ETag: `If-None-Match` answers 304 while nothing changed."""
+
+    permission_classes = [AUTHENTICATED, OperatorOnly]
+
+    @extend_schema(responses={200: dict, 304: None})
+    def get(self, request):
+        table = routing_table()
+        etag = f'"{table["version"]}"'
+        if request.headers.get("If-None-Match") == etag:
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        return Response(table, headers={"ETag": etag})
 
 
 class ReservationViewSet(ScopedViewSet):

@@ -31,6 +31,15 @@ class EndpointQuerySet(TenantScopedQuerySet):
 
 
 class Endpoint(models.Model):
+    class Policy(models.TextChoices):
+        """How the router spreads this endpoint's requests over its pods."""
+
+        P2C_MU = "p2c-mu"  # power of two choices on in-flight model units (default)
+        P2C = "p2c"  # power of two choices on in-flight requests
+        LEAST_REQUEST = "least-request"
+        ROUND_ROBIN = "round-robin"
+        RANDOM = "random"
+
     class State(models.TextChoices):
         PENDING = "pending"  # created, no replica ready yet
         READY = "ready"
@@ -53,6 +62,7 @@ class Endpoint(models.Model):
     target_concurrency_per_replica = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(MAX_TARGET_CONCURRENCY)]
     )
+    routing_policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.P2C_MU)
     desired_replicas = models.PositiveIntegerField(default=0)
     ready_replicas = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
@@ -132,3 +142,26 @@ class Endpoint(models.Model):
             if self._state.adding:
                 self.desired_replicas = self.replica_bounds[0]
             self.save()
+
+
+class PodQuerySet(TenantScopedQuerySet):
+    tenant_field = "endpoint__tenant"
+
+
+class Pod(models.Model):
+    """A runtime pod serving an endpoint, as the cluster driver reports it to the routers."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="pods")
+    name = models.CharField(max_length=253, unique=True)
+    url = models.URLField(max_length=300, help_text="Base URL of the pod's OpenAI-compatible server")
+    ready = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PodQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["endpoint_id", "name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -5,6 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from capacity.models import GpuPool, ModelProfile, sell
+from controlplane.endpoints.models import Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 
@@ -18,6 +19,7 @@ def grow(n, make_endpoint, h100):
         sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
         Event.record("scale", "x", endpoint=endpoint)
         ApiKey.issue(name=f"k{i}", tenant=tenant)
+        Pod.objects.create(endpoint=endpoint, name=f"pod-{i}-{n}", url="http://127.0.0.1:9000", ready=True)
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,8 @@ def grow(n, make_endpoint, h100):
         "/api/v1/capacity/",
         "/api/v1/tenants/",
         "/api/v1/api-keys/",
+        "/api/v1/pods/",
+        "/api/v1/routing-table/",
     ],
 )
 def test_list_queries_do_not_grow_with_rows(operator_client, make_endpoint, h100, url):
