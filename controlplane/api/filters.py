@@ -1,6 +1,7 @@
 """FilterSets shared by the API and (later) the console's list views."""
 
 import django_filters
+from django.utils import timezone
 
 from capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint
@@ -51,8 +52,16 @@ class EventFilterSet(django_filters.FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices)
     since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
-    after = django_filters.NumberFilter(field_name="id", lookup_expr="gt", label="Events after this id")
+    after = django_filters.NumberFilter(
+        method="filter_after", label="A tail cursor: settled events after this id (see oncall.models)"
+    )
+    acknowledged = django_filters.BooleanFilter(
+        field_name="acknowledged_at", lookup_expr="isnull", exclude=True
+    )
 
     class Meta:
         model = Event
-        fields = ["tenant", "endpoint", "pod", "kind", "severity", "since", "until", "after"]
+        fields = ["tenant", "endpoint", "pod", "kind", "severity", "since", "until", "after", "acknowledged"]
+
+    def filter_after(self, queryset, name, value):
+        return queryset.filter(pk__in=Event.objects.tail(int(value), timezone.now()).values("pk"))

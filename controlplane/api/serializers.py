@@ -18,7 +18,8 @@ class ExactNumberField(serializers.FloatField):
 
 
 def principal_of(serializer: serializers.Serializer):
-    return serializer.context["request"].user
+    """The API puts the Principal on request.user; the console passes it as `principal`."""
+    return serializer.context.get("principal") or serializer.context["request"].user
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -365,9 +366,18 @@ class EventSerializer(serializers.ModelSerializer):
             "message",
             "detail",
             "time",
+            "recorded_at",
             "reported_by",
+            "acknowledged_at",
+            "acknowledged_by",
         ]
-        read_only_fields = ["endpoint_name", "reported_by"]
+        read_only_fields = [
+            "endpoint_name",
+            "recorded_at",
+            "reported_by",
+            "acknowledged_at",
+            "acknowledged_by",
+        ]
 
     def validate_detail(self, value):
         if not isinstance(value, dict):

@@ -2,9 +2,10 @@
 
 from typing import NamedTuple
 
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
-from rest_framework.decorators import api_view
+from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -131,6 +132,14 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return super().get_queryset().visible_to(self.request.user)
+
+    @extend_schema(request=None, responses=serializers.EventSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED])
+    def acknowledge(self, request, pk=None):
+        """Whoever can see an event may acknowledge it; the first acknowledgement stands."""
+        event = self.get_object()
+        event.acknowledge(request.user.name, timezone.now())
+        return Response(self.get_serializer(event).data)
 
 
 class PoolCapacity(NamedTuple):

@@ -1,13 +1,34 @@
 """Events: everything on-call needs to see, written by probers, the autoscaler and benchmarks.
 
 Events outlive their endpoint (the link is nulled, the name kept in `endpoint_name`), and their
-id is the tail cursor: ids only grow, so "events after id N" never misses nor repeats one.
+id is the tail cursor. Ids are handed out at insert but become visible at commit, so a reader
+that has seen id 11 may not yet see id 10, still in an open transaction. The tail therefore only
+hands out events recorded at least SETTLE ago (`EventQuerySet.tail`): past that, every lower id
+is committed or rolled back, and "after id N" never misses nor repeats one. Events are written
+in short transactions for that reason.
 """
+
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.utils import timezone
 
 from controlplane.tenants.models import TenantScopedQuerySet
+
+SETTLE = timedelta(seconds=1)
+
+
+class EventQuerySet(TenantScopedQuerySet):
+    def tail(self, after: int, now: datetime) -> "EventQuerySet":
+        """Events after the cursor `after`, oldest first, that can no longer be overtaken."""
+        return self.filter(id__gt=after, recorded_at__lte=now - SETTLE).order_by("id")
+
+    def settled_cursor(self, now: datetime) -> int:
+        """The cursor to start a tail from: the newest id that can no longer be overtaken."""
+        newest = (
+            self.filter(recorded_at__lte=now - SETTLE).order_by("-id").values_list("id", flat=True).first()
+        )
+        return newest or 0
 
 
 class Event(models.Model):
@@ -41,9 +62,13 @@ class Event(models.Model):
     detail = models.JSONField(default=dict, blank=True)
     # When it happened (the reporter's clock); `id` orders arrival.
     time = models.DateTimeField(default=timezone.now)
+    # When this server stored it; the tail's settle rule reads it (see the module docstring).
+    recorded_at = models.DateTimeField(default=timezone.now, editable=False)
     reported_by = models.CharField(max_length=100, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
 
-    objects = TenantScopedQuerySet.as_manager()
+    objects = EventQuerySet.as_manager()
 
     class Meta:
         ordering = ["-id"]
@@ -57,6 +82,14 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"[{self.severity}] {self.kind}: {self.message}"
+
+    def acknowledge(self, by: str, now: datetime) -> bool:
+        """Mark as seen by `by`; False if someone already had (the first acknowledgement stands)."""
+        claimed = Event.objects.filter(pk=self.pk, acknowledged_at__isnull=True).update(
+            acknowledged_at=now, acknowledged_by=by
+        )
+        self.refresh_from_db(fields=["acknowledged_at", "acknowledged_by"])
+        return claimed == 1
 
     @classmethod
     def record(cls, kind: str, message: str, *, endpoint=None, tenant=None, **fields) -> "Event":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -144,3 +145,31 @@ class ApiKey(models.Model):
     @property
     def principal(self) -> Principal:
         return Principal(tenant=self.tenant, is_operator=self.is_operator, name=self.name, api_key_id=self.pk)
+
+
+class Member(models.Model):
+    """A console user: a member of one tenant, or an operator."""
+
+    user = models.OneToOneField(User, on_delete=models.CASCADE, related_name="member")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
+    is_operator = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                name="member_tenant_xor_operator",
+                condition=(
+                    models.Q(is_operator=True, tenant__isnull=True)
+                    | models.Q(is_operator=False, tenant__isnull=False)
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user.username} ({'operator' if self.is_operator else self.tenant})"
+
+    @property
+    def principal(self) -> Principal:
+        return Principal(tenant=self.tenant, is_operator=self.is_operator, name=self.user.username)

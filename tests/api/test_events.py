@@ -4,6 +4,8 @@ from datetime import UTC, datetime
 
 from controlplane.oncall.models import Event
 
+SETTLED = datetime(2026, 1, 1, tzinfo=UTC)  # recorded long ago: the tail may hand it out
+
 
 def test_an_operator_key_reports_a_hang(operator_client, owner, make_endpoint, owner_client):
     endpoint = make_endpoint(owner, "chat")
@@ -74,10 +76,10 @@ def test_filters_by_severity_kind_endpoint_and_time(operator_client, owner, make
 
 def test_the_cursor_never_misses_nor_repeats_while_events_arrive(operator_client, owner):
     for i in range(5):
-        Event.record("scale", f"e{i}", tenant=owner)
+        Event.record("scale", f"e{i}", tenant=owner, recorded_at=SETTLED)
     first = operator_client.get("/api/v1/events/?page_size=2").json()
     assert [e["message"] for e in first["results"]] == ["e4", "e3"]
-    Event.record("hang", "new", tenant=owner)  # lands while we page backwards
+    Event.record("hang", "new", tenant=owner, recorded_at=SETTLED)  # lands while we page backwards
     seen = [e["message"] for e in first["results"]]
     page = first
     while page["next"]:
@@ -88,3 +90,27 @@ def test_the_cursor_never_misses_nor_repeats_while_events_arrive(operator_client
     newest = Event.objects.get(message="e4").pk
     tail = operator_client.get(f"/api/v1/events/?after={newest}").json()["results"]
     assert [e["message"] for e in tail] == ["new"]
+
+
+def test_the_tail_holds_back_events_that_could_still_be_overtaken(operator_client, owner):
+    old = Event.record("scale", "old", tenant=owner, recorded_at=SETTLED)
+    Event.record("hang", "just now", tenant=owner)  # an older id may still be uncommitted
+    tail = operator_client.get(f"/api/v1/events/?after={old.pk - 1}").json()["results"]
+    assert [e["message"] for e in tail] == ["old"]
+
+
+def test_acknowledge_records_who_and_when_once(owner_client, operator_client, owner):
+    event = Event.record("hang", "hung", tenant=owner, severity="critical")
+    first = owner_client.post(f"/api/v1/events/{event.pk}/acknowledge/")
+    assert first.status_code == 200
+    assert first.json()["acknowledged_by"] == "test" and first.json()["acknowledged_at"]
+    again = operator_client.post(f"/api/v1/events/{event.pk}/acknowledge/").json()
+    assert again["acknowledged_by"] == "test"  # the first acknowledgement stands
+    assert operator_client.get("/api/v1/events/?acknowledged=false").json()["results"] == []
+
+
+def test_another_tenant_cannot_acknowledge(other_client, owner):
+    event = Event.record("hang", "hung", tenant=owner)
+    assert other_client.post(f"/api/v1/events/{event.pk}/acknowledge/").status_code == 404
+    event.refresh_from_db()
+    assert event.acknowledged_at is None
