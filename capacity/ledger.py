@@ -98,17 +98,26 @@ class PoolLedger:
 class Oversold(Exception):
     """A sale (or a change) would put more GPUs under reservation than the pool may sell."""
 
-    def __init__(self, pool: str, ledger: PoolLedger, asked_gpus: Fraction, asked_mu: Fraction):
+    def __init__(
+        self, pool: str, ledger: PoolLedger, asked_gpus: Fraction, asked_mu: Fraction, replacing_mu: int = 0
+    ):
         self.pool = pool
         self.ledger = ledger
         self.asked_gpus = asked_gpus
         self.asked_mu_per_minute = asked_mu
+        self.replacing_mu_per_minute = replacing_mu  # the reservation the asked one would replace
+        sold_to = " to other endpoints" if replacing_mu else ""
+        replacing = f", replacing its {replacing_mu} MU/min" if replacing_mu else ""
         super().__init__(
             f"pool {pool!r} cannot hold this: it has {_fmt(ledger.have_gpus)} GPUs"
             f" ({_fmt(ledger.have_mu_per_minute)} MU/min, sellable"
             f" {_fmt(ledger.sellable_mu_per_minute)} at over-commit {_fmt(ledger.overcommit)}),"
-            f" {_fmt(ledger.sold_gpus)} GPUs ({_fmt(ledger.sold_mu_per_minute)} MU/min) are sold"
-            + (f", and {_fmt(asked_gpus)} GPUs ({_fmt(asked_mu)} MU/min) were asked" if asked_gpus else "")
+            f" {_fmt(ledger.sold_gpus)} GPUs ({_fmt(ledger.sold_mu_per_minute)} MU/min) are sold{sold_to}"
+            + (
+                f", and {_fmt(asked_gpus)} GPUs ({_fmt(asked_mu)} MU/min) were asked{replacing}"
+                if asked_gpus
+                else ""
+            )
         )
 
 
@@ -154,11 +163,17 @@ def pool_ledger(
     )
 
 
-def check_sale(pool: str, ledger: PoolLedger, shape: Shape, mu_per_minute: int) -> None:
-    """Raise Oversold unless `ledger` (without this sale) can also hold `mu_per_minute`."""
+def check_sale(
+    pool: str, ledger: PoolLedger, shape: Shape, mu_per_minute: int, replacing_mu: int = 0
+) -> None:
+    """Raise Oversold unless `ledger` (without this sale) can also hold `mu_per_minute`.
+
+    `replacing_mu` is the reservation being changed, already left out of `ledger`; it only
+    makes the refusal read right ("sold to other endpoints ... replacing its 300 MU/min").
+    """
     asked_gpus = shape.gpus(mu_per_minute)
     if ledger.sold_gpus + asked_gpus > ledger.sellable_gpus:
-        raise Oversold(pool, ledger, asked_gpus, Fraction(mu_per_minute))
+        raise Oversold(pool, ledger, asked_gpus, Fraction(mu_per_minute), replacing_mu)
 
 
 def as_json_number(value: Fraction | float | int) -> float | int:

@@ -217,13 +217,14 @@ def ensure_capacity(
     shape: Shape | None = None,
     asked_mu_per_minute: int = 0,
     excluding_endpoint_id: int | None = None,
+    replacing_mu: int = 0,
 ) -> PoolLedger:
     """Raise Oversold unless `pool` holds what is sold (minus one endpoint) plus what is asked.
 
     The caller holds the pool's lock (locked_pools) inside a transaction.
     """
     ledger = pool_ledgers([pool], excluding_endpoint_id=excluding_endpoint_id)[pool.pk]
-    check_sale(pool.name, ledger, shape or default_shape(), asked_mu_per_minute)
+    check_sale(pool.name, ledger, shape or default_shape(), asked_mu_per_minute, replacing_mu)
     return ledger
 
 
@@ -233,11 +234,13 @@ def sell(endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: st
     Call inside transaction.atomic(): the pool lock is held until the caller commits.
     """
     (pool,) = locked_pools([endpoint.pool_id])
+    current = Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
     ensure_capacity(
         pool,
         shape=endpoint.profile.shape,
         asked_mu_per_minute=mu_per_minute,
         excluding_endpoint_id=endpoint.pk,
+        replacing_mu=current or 0,
     )
     reservation, _ = Reservation.objects.update_or_create(
         endpoint=endpoint,

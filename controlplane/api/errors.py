@@ -69,6 +69,7 @@ def oversold_body(exc: Oversold) -> dict:
         "sold_mu_per_minute": as_json_number(ledger.sold_mu_per_minute),
         "asked_gpus": as_json_number(exc.asked_gpus),
         "asked_mu_per_minute": as_json_number(exc.asked_mu_per_minute),
+        "replacing_mu_per_minute": exc.replacing_mu_per_minute,
     }
 
 

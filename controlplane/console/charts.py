@@ -62,6 +62,8 @@ def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame())
         f'<line class="axis" x1="{f.pad}" y1="{f.y(0):.1f}" x2="{f.width - f.pad}" y2="{f.y(0):.1f}"/>',
         f'<text class="tick" x="2" y="{f.y(y_max) + 4:.1f}">{_fmt(y_max)}{escape(chart.unit)}</text>',
         f'<text class="tick" x="2" y="{f.y(0) + 4:.1f}">0</text>',
+        f'<text class="tick" x="{f.pad}" y="{f.height - 6}">{_ago(until - since)}</text>',
+        f'<text class="tick" x="{f.width - f.pad - 20}" y="{f.height - 6}">now</text>',
     ]
     if not values:
         parts.append(f'<text class="empty" x="{f.width / 2:.0f}" y="{f.height / 2:.0f}">no data yet</text>')
@@ -128,6 +130,15 @@ def _nice_ceiling(value: float) -> float:
         if value <= step * magnitude:
             return step * magnitude
     return 10 * magnitude
+
+
+def _ago(seconds: float) -> str:
+    """The left edge's label: 3600 -> '1 h ago', 604800 -> '7 d ago'."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:g} d ago"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h ago"
+    return f"{seconds / 60:g} min ago"
 
 
 def _fmt(value: float) -> str:

@@ -1,0 +1,153 @@
+"""The three personas in a real browser: headless Debian Chromium driven by Playwright.
+
+Screenshots of each page at desktop width land in test-artifacts/screenshots/.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from capacity.models import Reservation
+from controlplane.endpoints.models import Endpoint
+from controlplane.oncall.models import Event
+from controlplane.tenants.models import Member, Tenant
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+# Playwright's sync API runs an event loop on this thread; the ORM calls the test makes between
+# browser steps are plain synchronous code, which Django otherwise refuses next to a loop.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium (.ci/run installs it)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def fleet(transactional_db, owner, other, make_endpoint):
+    chat = make_endpoint(owner, "chat")
+    make_endpoint(other, "other-private-endpoint")
+    Event.record("restart", "other-private-event", tenant=other, pod="other-pod-0")
+    for name, tenant, operator in [("ops", None, True), ("olivia", owner, False), ("oscar", other, False)]:
+        user = User.objects.create_user(name, password=f"{name}-password")
+        Member.objects.create(user=user, tenant=tenant, is_operator=operator)
+    return chat
+
+
+def sign_in(browser, live_server, username):
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(15_000)
+    page.goto(f"{live_server.url}/console/")
+    assert "/accounts/login/" in page.url
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", f"{username}-password")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/**")
+    return page
+
+
+def shoot(page, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_server, fleet):
+    page = sign_in(browser, live_server, "ops")
+    assert page.url.endswith("/console/capacity/")
+    page.fill("#sell-form input[name=endpoint]", "owner/chat")
+    page.fill("#sell-form input[name=mu_per_minute]", "300")
+    page.click("#sell-form button[type=submit]")
+    page.wait_for_selector("#sell-form .ok")
+    assert "Sold 300 MU/min on owner/chat" in page.inner_text("#sell-form")
+    # The pools table refreshes itself on the sale: 3 of 8 GPUs sold.
+    page.wait_for_function("document.querySelector('[data-pool=use1-h100] td.sold').innerText === '3'")
+    assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
+
+    page.fill("#sell-form input[name=mu_per_minute]", "5000")
+    page.click("#sell-form button[type=submit]")
+    refused = page.wait_for_selector("#sell-form .refused").inner_text()
+    assert "use1-h100" in refused and "8 GPUs" in refused and "5000 MU/min" in refused
+    assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
+    shoot(page, "capacity")
+
+
+def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet):
+    page = sign_in(browser, live_server, "olivia")
+    assert page.url.endswith("/console/endpoints/")
+    page.click("text=New endpoint")
+    page.fill("input[name=name]", "support-bot")
+    page.fill("input[name=min_provisioned_concurrency]", "9")
+    page.fill("input[name=max_provisioned_concurrency]", "3")
+    page.click("main button[type=submit]")
+    assert "must not exceed" in page.inner_text("[data-field=min_provisioned_concurrency]")
+    shoot(page, "endpoint-form-error")
+    page.fill("input[name=max_provisioned_concurrency]", "64")
+    page.click("main button[type=submit]")
+    page.wait_for_url("**/console/endpoints/*/")
+    assert "owner/support-bot" in page.inner_text("h1")
+    assert Endpoint.objects.filter(tenant__name="owner", name="support-bot").exists()
+    shoot(page, "endpoint-detail")
+    page.goto(f"{live_server.url}/console/endpoints/")
+    page.fill("input[name=search]", "support")
+    page.wait_for_function("!document.querySelector('#endpoint-table').innerText.includes('chat\\t')")
+    assert "support-bot" in page.inner_text("#endpoint-table")
+    shoot(page, "endpoints")
+
+
+def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_server, fleet):
+    page = sign_in(browser, live_server, "olivia")
+    page.goto(f"{live_server.url}/console/oncall/")
+    page.evaluate("window.__not_reloaded = true")
+    Event.record(
+        "hang", "no probe completed for 30 s", endpoint=fleet, severity="critical", pod="chat-7d9f-0"
+    )
+    row = page.wait_for_selector("tr[data-kind=hang]", timeout=15_000)
+    assert "no probe completed for 30 s" in row.inner_text()
+    assert page.evaluate("window.__not_reloaded") is True  # arrived by the tail, not a reload
+    assert page.inner_text(".attention .count") == "1"
+    row.query_selector("button.ack").click()
+    page.wait_for_selector("tr[data-kind=hang].acked")
+    assert "olivia at" in page.inner_text("tr[data-kind=hang]")
+    event = Event.objects.get(kind="hang")
+    assert event.acknowledged_by == "olivia" and event.acknowledged_at is not None
+    shoot(page, "oncall")
+
+
+def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_server, fleet):
+    Event.record("hang", "owner-only-hang", endpoint=fleet, severity="critical", pod="chat-0")
+    Reservation.objects.create(endpoint=fleet, mu_per_minute=100)
+    page = sign_in(browser, live_server, "oscar")
+    for path in ["/console/endpoints/", "/console/oncall/"]:
+        page.goto(f"{live_server.url}{path}")
+        html = page.content()
+        assert "other-private-endpoint" in html or "other-private-event" in html
+        for leaked in ("owner-only-hang", ">chat<", "owner/chat", "chat-0"):
+            assert leaked not in html, (path, leaked)
+    assert page.goto(f"{live_server.url}/console/endpoints/{fleet.pk}/").status == 404
+    assert page.goto(f"{live_server.url}/console/capacity/").status == 403
+    assert not Tenant.objects.filter(name="oscar").exists()

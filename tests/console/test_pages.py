@@ -1,0 +1,234 @@
+"""Console pages, server side: scoping on the rendered HTML, htmx partials, forms, the tail."""
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from capacity.models import GpuPool, ModelProfile, Reservation, sell
+from capacity.tasks import record_snapshots
+from controlplane.endpoints.models import Endpoint
+from controlplane.oncall.models import Event
+from controlplane.tenants.models import ApiKey, Tenant
+from tests.console.conftest import member_client
+
+SETTLED = datetime(2026, 1, 1, tzinfo=UTC)
+PAGES = ["/console/endpoints/", "/console/oncall/"]
+
+
+@pytest.fixture
+def owned(owner, make_endpoint):
+    endpoint = make_endpoint(owner, "owner-secret-chat")
+    sell(endpoint, mu_per_minute=300, best_effort_allowed=True, sold_by="t")
+    Event.record("hang", "owner-hang-message", endpoint=endpoint, severity="critical", pod="owner-pod-0")
+    return endpoint
+
+
+def test_anonymous_visitors_are_sent_to_sign_in(db):
+    response = Client().get("/console/endpoints/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/?next=")
+
+
+def test_a_user_without_a_tenant_or_operator_role_is_refused(db):
+    client = Client()
+    client.force_login(User.objects.create_user("nobody", password="x"))
+    assert client.get("/console/endpoints/").status_code == 403
+
+
+def test_another_tenant_sees_none_of_the_first_on_any_page(other_web, owned):
+    for url in PAGES:
+        html = other_web.get(url).content.decode()
+        for secret in ("owner-secret-chat", "owner-hang-message", "owner-pod-0", ">owner<"):
+            assert secret not in html, (url, secret)
+    assert other_web.get(f"/console/endpoints/{owned.pk}/").status_code == 404
+    assert other_web.get(f"/console/endpoints/{owned.pk}/edit/").status_code == 404
+    assert other_web.get(f"/console/endpoints/{owned.pk}/live/").status_code == 404
+    assert other_web.get("/console/capacity/").status_code == 403
+    tail = other_web.get("/console/oncall/tail/?after=0").content.decode()
+    assert "owner-hang-message" not in tail
+
+
+def test_the_owner_sees_its_endpoint_reservation_and_events(owner_web, owned):
+    listing = owner_web.get("/console/endpoints/").content.decode()
+    assert "owner-secret-chat" in listing and "0 / 300" in listing
+    detail = owner_web.get(f"/console/endpoints/{owned.pk}/").content.decode()
+    assert "0 / 300" in detail and "owner-hang-message" in detail
+    Event.objects.update(recorded_at=SETTLED)
+    assert "owner-hang-message" in owner_web.get("/console/oncall/").content.decode()
+
+
+def test_capacity_page_shows_have_sold_used_per_pool(operator_web, owned):
+    record_snapshots(timezone.now() - timedelta(minutes=5))
+    html = operator_web.get("/console/capacity/").content.decode()
+    assert 'data-pool="use1-h100"' in html
+    assert '<td class="num sold">3</td>' in html  # 300 MU/min at 100 per 1-GPU replica
+    assert '<td class="num headroom">5</td>' in html
+    assert "<svg" in html and "llama-8b" in html
+    assert operator_web.get("/console/capacity/?window=week").status_code == 200
+
+
+def test_htmx_requests_get_only_the_partial(operator_web, owned):
+    full = operator_web.get("/console/endpoints/").content.decode()
+    partial = operator_web.get("/console/endpoints/", HTTP_HX_REQUEST="true").content.decode()
+    assert "<html" in full and "<html" not in partial and "owner-secret-chat" in partial
+
+
+def test_selling_from_the_page_refuses_an_oversell_with_the_numbers(operator_web, owned):
+    refused = operator_web.post(
+        "/console/capacity/sell/", {"endpoint": "owner/owner-secret-chat", "mu_per_minute": "900"}
+    )
+    assert refused.status_code == 409
+    html = refused.content.decode()
+    assert "Refused" in html and "use1-h100" in html and "8 GPUs" in html and "900 MU/min" in html
+    assert Reservation.objects.get(endpoint=owned).mu_per_minute == 300
+    changed = operator_web.post(
+        "/console/capacity/sell/", {"endpoint": "owner/owner-secret-chat", "mu_per_minute": "800"}
+    )
+    assert changed.status_code == 200
+    assert 'id="pools" hx-swap-oob="innerHTML"' in changed.content.decode()  # the table refreshes too
+    assert '<td class="num sold">8</td>' in changed.content.decode()
+    assert Reservation.objects.get(endpoint=owned).mu_per_minute == 800
+    unknown = operator_web.post("/console/capacity/sell/", {"endpoint": "nope", "mu_per_minute": "1"})
+    assert unknown.status_code == 400 and "tenant/endpoint" in unknown.content.decode()
+    bad = operator_web.post(
+        "/console/capacity/sell/", {"endpoint": "owner/owner-secret-chat", "mu_per_minute": "-4"}
+    )
+    assert bad.status_code == 400 and "mu_per_minute" in bad.content.decode()
+
+
+def test_the_endpoint_form_validates_like_the_api(owner_web, pool, small_model):
+    body = {
+        "name": "new-chat",
+        "model": "llama-8b",
+        "gpu_type": "h100-80gb",
+        "pool": "",
+        "min_provisioned_concurrency": "10",
+        "max_provisioned_concurrency": "4",
+        "target_concurrency_per_replica": "",
+        "routing_policy": "p2c-mu",
+    }
+    refused = owner_web.post("/console/endpoints/new/", body)
+    assert refused.status_code == 400
+    assert (
+        "min_provisioned_concurrency (10) must not exceed max_provisioned_concurrency (4)"
+        in refused.content.decode()
+    )
+    assert not Endpoint.objects.exists()
+    made = owner_web.post("/console/endpoints/new/", {**body, "max_provisioned_concurrency": "40"})
+    endpoint = Endpoint.objects.get()
+    assert made.status_code == 302 and made["Location"] == f"/console/endpoints/{endpoint.pk}/"
+    assert (endpoint.tenant.name, endpoint.pool.name) == ("owner", "use1-h100")
+    edited = owner_web.post(
+        f"/console/endpoints/{endpoint.pk}/edit/", {**body, "max_provisioned_concurrency": "80"}
+    )
+    assert edited.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.max_provisioned_concurrency == 80
+
+
+def test_the_tail_hands_out_each_settled_event_once(operator_web, owner):
+    first = Event.record("hang", "first", tenant=owner, recorded_at=SETTLED)
+    page = operator_web.get("/console/oncall/").content.decode()
+    assert f'data-cursor="{first.pk}"' in page
+    second = Event.record("restart", "second", tenant=owner, recorded_at=SETTLED)
+    fresh = Event.record("scale", "fresh", tenant=owner)  # not settled: an older id may still commit
+    tail = operator_web.get(f"/console/oncall/tail/?after={first.pk}").content.decode()
+    assert "second" in tail and "first" not in tail and "fresh" not in tail
+    assert f'data-cursor="{second.pk}"' in tail and 'hx-swap-oob="true"' in tail
+    Event.objects.filter(pk=fresh.pk).update(recorded_at=SETTLED)
+    later = operator_web.get(f"/console/oncall/tail/?after={second.pk}").content.decode()
+    assert "fresh" in later and "second" not in later
+    assert operator_web.get("/console/oncall/tail/?after=x").status_code == 400
+
+
+def test_the_tail_keeps_the_page_filters(operator_web, owner):
+    Event.record("hang", "a-hang", tenant=owner, recorded_at=SETTLED, severity="critical")
+    Event.record("scale", "a-scale", tenant=owner, recorded_at=SETTLED)
+    tail = operator_web.get("/console/oncall/tail/?after=0&kind=hang").content.decode()
+    assert "a-hang" in tail and "a-scale" not in tail and "kind=hang" in tail
+
+
+def test_attention_surfaces_crash_loops_and_repeated_hangs(operator_web, owner, make_endpoint):
+    chat = make_endpoint(owner, "chat")
+    for _ in range(3):
+        Event.record("hang", "hung", endpoint=chat, severity="critical", pod="chat-0")
+    Event.record("crash_loop", "looping", endpoint=chat, severity="critical", pod="chat-1")
+    Event.record("restart", "restarted", endpoint=chat, pod="chat-0")
+    html = operator_web.get("/console/oncall/").content.decode()
+    assert "Crash loops" in html and "chat-1" in html
+    assert "Repeated hangs" in html and "\u00d73" in html  # x3
+    assert '<b class="count">4</b>' in html  # unacknowledged critical events
+
+
+def test_acknowledging_records_who_and_needs_csrf(owner, db):
+    event = Event.record("hang", "hung", tenant=owner, severity="critical")
+    strict = member_client("carol", tenant=owner, enforce_csrf=True)
+    assert strict.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 403
+    event.refresh_from_db()
+    assert event.acknowledged_at is None
+    lenient = member_client("dave", tenant=owner)
+    row = lenient.post(f"/console/oncall/events/{event.pk}/ack/").content.decode()
+    assert "dave at" in row
+    other = member_client("eve", tenant=Tenant.objects.create(name="eve-corp"))
+    assert other.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 404
+
+
+def test_every_posting_form_carries_a_csrf_token(operator_web, owned):
+    Event.objects.update(recorded_at=SETTLED)
+    for url in [
+        "/console/capacity/",
+        "/console/endpoints/new/",
+        f"/console/endpoints/{owned.pk}/edit/",
+        "/console/oncall/",
+    ]:
+        html = operator_web.get(url).content.decode()
+        posting = [
+            f for f in re.findall(r"<form.*?</form>", html, re.S) if 'method="post"' in f or "hx-post" in f
+        ]
+        assert posting, url
+        assert all("csrfmiddlewaretoken" in form for form in posting), url
+        # htmx posts outside forms (acknowledge buttons) send the token from <body hx-headers>.
+        assert '"X-CSRFToken": "' in html
+
+
+def test_no_key_secret_or_hash_is_ever_rendered(operator_web, owner_web, owner, owned):
+    key, secret = ApiKey.issue(name="k", tenant=owner)
+    for client in (operator_web, owner_web):
+        for url in [*PAGES, "/console/capacity/", f"/console/endpoints/{owned.pk}/"]:
+            html = client.get(url).content.decode()
+            assert secret not in html and key.secret_hash not in html
+
+
+@pytest.mark.parametrize("url", ["/console/capacity/", "/console/endpoints/", "/console/oncall/", "ENDPOINT"])
+def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, h100, url):
+    def grow(n):
+        for i in range(n):
+            tenant = Tenant.objects.create(name=f"t{i}-{n}")
+            pool = GpuPool.objects.create(name=f"p{i}-{n}", gpu_type=h100, region="r", gpu_count=100)
+            profile = ModelProfile.objects.create(model=f"m{i}-{n}", gpu_type=h100, alpha=0, beta=0, gamma=1)
+            endpoint = make_endpoint(tenant, f"e{i}", profile=profile, pool=pool)
+            sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
+            Event.record(
+                "hang", "x", endpoint=endpoint, pod=f"pod-{i}", recorded_at=SETTLED, severity="critical"
+            )
+            Event.record("restart", "x", endpoint=endpoint, pod=f"pod-{i}", recorded_at=SETTLED)
+            Event.record("scale", "x", endpoint=first, detail={"replicas": i + 1}, recorded_at=SETTLED)
+        record_snapshots(timezone.now() - timedelta(minutes=n))
+
+    first = make_endpoint(owner, "first")
+    target = f"/console/endpoints/{first.pk}/" if url == "ENDPOINT" else url
+
+    def count():
+        with CaptureQueriesContext(connection) as queries:
+            assert operator_web.get(target).status_code == 200
+        return len(queries)
+
+    grow(2)
+    few = count()
+    grow(10)
+    assert count() == few
