@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run test lint bench-api clean
+.PHONY: install run test lint bench-api bench-console clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ lint: install
 
 bench-api: install
 	$(BIN)/python bench/api_latency.py
+
+bench-console: install
+	$(BIN)/python bench/console_latency.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -14,5 +14,6 @@ urlpatterns = [
     path("endpoints/<int:pk>/live/", views.endpoint_live, name="endpoint-live"),
     path("oncall/", views.oncall, name="oncall"),
     path("oncall/tail/", views.oncall_tail, name="oncall-tail"),
+    path("oncall/attention/", views.oncall_attention, name="oncall-attention"),
     path("oncall/events/<int:pk>/ack/", views.acknowledge, name="event-ack"),
 ]

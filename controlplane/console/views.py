@@ -422,12 +422,21 @@ def oncall_tail(request):
         newest = max(newest, Event.objects.settled_cursor(now))
     query = filled(request.GET)
     query.pop("after", None)
-    context = {"events": fresh, "cursor": newest, "query": query.urlencode(), **attention(request, now)}
+    context = {"events": fresh, "cursor": newest, "query": query.urlencode()}
+    if fresh:  # the attention panels change with new events; otherwise they refresh on their own
+        context.update(attention(request, now))
     return render(request, "console/_oncall_tail.html", context)
 
 
+@console_view(section="oncall")
+def oncall_attention(request):
+    """The attention and restarts panels: every 30 s, and at once after an acknowledgement."""
+    return render(request, "console/_oncall_panels.html", attention(request, timezone.now()))
+
+
 def attention(request, now) -> dict:
-    """What on-call must see first: crash loops, endpoints that hang again and again, unacked criticals."""
+    """What on-call must see first: crash loops, endpoints that hang again and again, and
+    critical events of the last day nobody has acknowledged."""
     visible = Event.objects.visible_to(request.principal)
     day = now - timedelta(days=1)
     return {
@@ -440,7 +449,9 @@ def attention(request, now) -> dict:
         .annotate(n=Count("id"), last=Max("time"))
         .filter(n__gte=2)
         .order_by("-n")[:10],
-        "unacked_critical": visible.filter(severity="critical", acknowledged_at__isnull=True).count(),
+        "unacked_critical": visible.filter(
+            severity="critical", acknowledged_at__isnull=True, time__gte=day
+        ).count(),
         "restarts": visible.filter(kind="restart", time__gte=day)
         .exclude(pod="")
         .values("pod", "endpoint_name")
@@ -454,4 +465,7 @@ def attention(request, now) -> dict:
 def acknowledge(request, pk):
     event = get_object_or_404(Event.objects.visible_to(request.principal), pk=pk)
     event.acknowledge(request.user.username, timezone.now())
-    return render(request, "console/_event_row.html", {"event": event})
+    response = render(request, "console/_event_row.html", {"event": event})
+    # Fired on receipt, while the button is still in the page: the attention panel refreshes.
+    response["HX-Trigger"] = "event-acknowledged"
+    return response

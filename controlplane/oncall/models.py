@@ -78,6 +78,14 @@ class Event(models.Model):
             models.Index(fields=["severity", "-id"]),
             models.Index(fields=["kind", "-id"]),
             models.Index(fields=["time"]),
+            # The on-call attention panel: crash loops, repeated hangs, restarts per pod by kind
+            # and recency; unacknowledged criticals of the last day.
+            models.Index(fields=["kind", "time"]),
+            models.Index(
+                fields=["time"],
+                name="oncall_unacked_critical",
+                condition=models.Q(severity="critical", acknowledged_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -139,10 +139,13 @@ def test_the_tail_hands_out_each_settled_event_once(operator_web, owner):
     fresh = Event.record("scale", "fresh", tenant=owner)  # not settled: an older id may still commit
     tail = operator_web.get(f"/console/oncall/tail/?after={first.pk}").content.decode()
     assert "second" in tail and "first" not in tail and "fresh" not in tail
-    assert f'data-cursor="{second.pk}"' in tail and 'hx-swap-oob="true"' in tail
+    assert f'data-cursor="{second.pk}"' in tail and 'hx-swap-oob="afterbegin:#event-rows"' in tail
+    assert 'id="attention"' in tail  # new events refresh the attention panel too
     Event.objects.filter(pk=fresh.pk).update(recorded_at=SETTLED)
     later = operator_web.get(f"/console/oncall/tail/?after={second.pk}").content.decode()
     assert "fresh" in later and "second" not in later
+    quiet = operator_web.get(f"/console/oncall/tail/?after={fresh.pk}").content.decode()
+    assert "<tr" not in quiet and 'id="attention"' not in quiet and f'data-cursor="{fresh.pk}"' in quiet
     assert operator_web.get("/console/oncall/tail/?after=x").status_code == 400
 
 
@@ -172,8 +175,11 @@ def test_acknowledging_records_who_and_needs_csrf(owner, db):
     event.refresh_from_db()
     assert event.acknowledged_at is None
     lenient = member_client("dave", tenant=owner)
-    row = lenient.post(f"/console/oncall/events/{event.pk}/ack/").content.decode()
-    assert "dave at" in row
+    response = lenient.post(f"/console/oncall/events/{event.pk}/ack/")
+    assert "dave at" in response.content.decode()
+    assert response["HX-Trigger"] == "event-acknowledged"  # the attention panel refreshes
+    panels = lenient.get("/console/oncall/attention/").content.decode()
+    assert '<b class="count">0</b>' in panels
     other = member_client("eve", tenant=Tenant.objects.create(name="eve-corp"))
     assert other.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 404
 
@@ -204,7 +210,16 @@ def test_no_key_secret_or_hash_is_ever_rendered(operator_web, owner_web, owner, 
             assert secret not in html and key.secret_hash not in html
 
 
-@pytest.mark.parametrize("url", ["/console/capacity/", "/console/endpoints/", "/console/oncall/", "ENDPOINT"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/console/capacity/",
+        "/console/endpoints/",
+        "/console/oncall/",
+        "/console/oncall/attention/",
+        "ENDPOINT",
+    ],
+)
 def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, h100, url):
     def grow(n):
         for i in range(n):
