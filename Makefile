@@ -27,8 +27,13 @@ run: install
 	  worker=$$!; trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
 	  $(BIN)/python manage.py runserver 127.0.0.1:8000 --noreload
 
+# The console's browser tests drive Debian's Chromium; Playwright never downloads a browser here.
+/usr/bin/chromium:
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
 # Runs against the real PostgreSQL and Redis (.ci/run starts them when they are down).
-test: install
+test: install /usr/bin/chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest
 	$(BIN)/ruff check .
 	$(BIN)/mypy
