@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-PURE = ["capacity.ledger", "capacity.provisioning", "dataplane"]
+PURE = ["capacity.ledger", "capacity.provisioning", "capacity.units", "capacity.fitting", "dataplane"]
 
 
 def test_pure_modules_do_not_import_django():

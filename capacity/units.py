@@ -1,0 +1,56 @@
+"""Model units: what one request costs, before it runs and after. Pure; used by the router,
+the ledger and the benchmarks.
+
+    cost = alpha * input_tokens + beta * output_tokens + gamma        [MU]
+
+Worked numbers for an 8B model on an H100 priced alpha=0.0004, beta=0.004, gamma=0.02:
+a 50-in / 50-out chat turn costs 0.02 + 0.2 + 0.02 = 0.24 MU, so one replica (100 MU/min)
+serves about 416 of them a minute; a 2,000-token prompt with 10 tokens out costs 0.8 + 0.04 +
+0.02 = 0.86 MU. Before a request runs, its output is priced at max_tokens (the most it may
+cost); afterwards the engine's usage gives the exact count. Prompt tokens that hit the prefix
+cache skip prefill, so they are charged at `cached_token_factor` of alpha.
+"""
+
+from dataclasses import dataclass
+
+# Without a tokenizer at hand, English text runs about 4 bytes per token (OpenAI's rule of thumb).
+BYTES_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class CostModel:
+    alpha: float  # MU per input (prompt) token; >= 0
+    beta: float  # MU per output (generated) token; >= 0, normally > alpha
+    gamma: float  # MU per request, whatever its size; >= 0
+    cached_token_factor: float = 0.1  # share of alpha a prefix-cache hit still costs; in [0, 1]
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            if not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not 0 <= self.cached_token_factor <= 1:
+            raise ValueError(f"cached_token_factor must be in [0, 1], got {self.cached_token_factor!r}")
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+        """MU of a request with these token counts (cached_tokens <= input_tokens)."""
+        cached = min(max(cached_tokens, 0), input_tokens)
+        fresh = input_tokens - cached
+        return (
+            self.alpha * (fresh + self.cached_token_factor * cached) + self.beta * output_tokens + self.gamma
+        )
+
+    def estimate(self, prompt_bytes: int, max_tokens: int) -> float:
+        """MU before the request runs: prompt tokens from its size, output at max_tokens."""
+        return self.cost(estimate_tokens(prompt_bytes), max_tokens)
+
+    def requests_per_minute(
+        self, input_tokens: int, output_tokens: int, mu_per_replica_minute: float
+    ) -> float:
+        """How many requests of one shape a replica serves per minute: 100 / 0.24 = 416.7."""
+        return mu_per_replica_minute / self.cost(input_tokens, output_tokens)
+
+
+def estimate_tokens(prompt_bytes: int) -> int:
+    """Tokens in a prompt of this many bytes, rounded up: 0 -> 0, 1..4 -> 1, 401 -> 101."""
+    return -(-max(prompt_bytes, 0) // BYTES_PER_TOKEN)
