@@ -3,7 +3,15 @@
 import subprocess
 import sys
 
-PURE = ["capacity.ledger", "capacity.provisioning", "capacity.units", "capacity.fitting", "dataplane"]
+PURE = [
+    "capacity.ledger",
+    "capacity.provisioning",
+    "capacity.units",
+    "capacity.fitting",
+    "capacity.autoscaler",
+    "capacity.autoscaler.forecast",
+    "dataplane",
+]
 
 
 def test_pure_modules_do_not_import_django():

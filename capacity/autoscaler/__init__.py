@@ -1,0 +1,26 @@
+"""The two-axis autoscaler, pure: no clock, no I/O, no Django; time is a parameter.
+
+Stages joined by narrow types (after Knative): the collector (elsewhere) turns the routers'
+per-second samples into 5-second `Bucket`s; `window.aggregate` averages them over a window;
+`horizontal.decide` picks replicas every 5 s, `vertical.decide` retunes each replica's target
+concurrency every 30 s (the horizontal decider's denominator), and `forecast` may raise the
+minimum ahead of a recurring peak. The actuator (Celery beat + a cluster driver) lives outside.
+Missing data is a result: a decision with `replicas=None` says why nothing was decided.
+"""
+
+from capacity.autoscaler.config import AutoscalerConfig
+from capacity.autoscaler.horizontal import Decision, EndpointSpec, decide
+from capacity.autoscaler.vertical import ConcurrencyDecision, decide_concurrency
+from capacity.autoscaler.window import Bucket, Load, aggregate
+
+__all__ = [
+    "AutoscalerConfig",
+    "Bucket",
+    "ConcurrencyDecision",
+    "Decision",
+    "EndpointSpec",
+    "Load",
+    "aggregate",
+    "decide",
+    "decide_concurrency",
+]

@@ -1,0 +1,100 @@
+"""Every autoscaler parameter, its default, its unit and its valid range, in one place.
+
+Defaults follow the anchors (Kubernetes HPA tolerance 0.1 and 300 s scale-down stabilisation,
+Knative's 70 % target utilisation) unless a comment says otherwise. Per-endpoint overrides go
+through `AutoscalerConfig.from_overrides`, which refuses an unknown key or a bad value naming both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    # --- horizontal: replicas, every tick_s ----------------------------------------------------
+    tick_s: float = 5.0  # seconds between horizontal decisions; > 0
+    target_utilisation: float = 0.7  # share of a replica's capacity to plan for; (0, 1]
+    scale_up_window_s: float = 20.0  # seconds of traffic a scale-up looks at; > 0
+    scale_down_window_s: float = (
+        300.0  # a scale-down follows the highest recommendation this long; >= up window
+    )
+    tolerance: float = 0.1  # no change while need / current is within 1 +- this; [0, 1)
+    max_scale_up_factor: float = 2.0  # per tick at most current x this ...; >= 1
+    max_scale_up_step: int = 4  # ... or current + this, whichever is larger (from 0: this many); >= 1
+    scale_to_zero_grace_s: float = 300.0  # idle this long before zero replicas (when allowed); >= 0
+    min_coverage: float = 0.5  # share of a window the samples must cover, else no decision; (0, 1]
+    # --- vertical: target concurrency per replica, every vertical_tick_s --------------------
+    vertical_tick_s: float = 30.0  # seconds between vertical decisions; and the window it reads; > 0
+    latency_slo_s: float = 10.0  # p99 end-to-end latency objective, seconds; > 0
+    latency_high: float = 0.9  # p99 above this share of the SLO is overload; (0, 10]
+    latency_low: float = 0.5  # p99 below this share of the SLO leaves room to grow; < latency_high
+    kv_cache_high: float = 0.9  # KV-cache usage above this is overload; (0, 1]
+    kv_cache_low: float = 0.7  # KV-cache usage below this leaves room to grow; < kv_cache_high
+    queue_high_per_replica: float = 1.0  # waiting requests per replica above this is overload; >= 0
+    busy_utilisation: float = 0.8  # grow only when replicas use this share of their target; (0, 1]
+    shrink_factor: float = 0.75  # on overload the target becomes target x this (at least -1); (0, 1)
+    grow_fraction: float = 0.1  # with room the target grows by this share (at least +1); > 0
+    min_target_concurrency: int = 1  # >= 1
+    max_target_concurrency: int = 256  # >= min_target_concurrency
+    # --- predictive minimum (off by default) --------------------------------------------------
+    predictive_min: bool = False  # raise the minimum ahead of a recurring daily/weekly peak
+    forecast_lead_s: float = 300.0  # how far ahead to provision for a predicted peak; >= 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("tick_s", self.tick_s > 0),
+            ("target_utilisation", 0 < self.target_utilisation <= 1),
+            ("scale_up_window_s", self.scale_up_window_s > 0),
+            ("scale_down_window_s", self.scale_down_window_s >= self.scale_up_window_s),
+            ("tolerance", 0 <= self.tolerance < 1),
+            ("max_scale_up_factor", self.max_scale_up_factor >= 1),
+            ("max_scale_up_step", self.max_scale_up_step >= 1),
+            ("scale_to_zero_grace_s", self.scale_to_zero_grace_s >= 0),
+            ("min_coverage", 0 < self.min_coverage <= 1),
+            ("vertical_tick_s", self.vertical_tick_s > 0),
+            ("latency_slo_s", self.latency_slo_s > 0),
+            ("latency_high", 0 < self.latency_high <= 10),
+            ("latency_low", 0 < self.latency_low < self.latency_high),
+            ("kv_cache_high", 0 < self.kv_cache_high <= 1),
+            ("kv_cache_low", 0 < self.kv_cache_low < self.kv_cache_high),
+            ("queue_high_per_replica", self.queue_high_per_replica >= 0),
+            ("busy_utilisation", 0 < self.busy_utilisation <= 1),
+            ("shrink_factor", 0 < self.shrink_factor < 1),
+            ("grow_fraction", self.grow_fraction > 0),
+            ("min_target_concurrency", self.min_target_concurrency >= 1),
+            ("max_target_concurrency", self.max_target_concurrency >= self.min_target_concurrency),
+            ("forecast_lead_s", self.forecast_lead_s >= 0),
+        ]
+        for key, ok in checks:
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                ok = False
+            if not ok:
+                raise ValueError(f"autoscaler setting {key}={value!r} is out of range (see AutoscalerConfig)")
+
+    @classmethod
+    def from_overrides(
+        cls, overrides: Mapping[str, Any], base: AutoscalerConfig | None = None
+    ) -> AutoscalerConfig:
+        """A config with some keys overridden: {"target_utilisation": 0.6}; refuses what is wrong."""
+        base = base or cls()
+        types = {f.name: f.type for f in fields(cls)}
+        clean: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key not in types:
+                raise ValueError(f"unknown autoscaler setting {key!r} (known: {', '.join(sorted(types))})")
+            expected = types[key]
+            if expected == "bool":
+                if not isinstance(value, bool):
+                    raise ValueError(f"autoscaler setting {key}={value!r} must be true or false")
+            elif expected == "int":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(f"autoscaler setting {key}={value!r} must be an integer")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"autoscaler setting {key}={value!r} must be a number")
+            clean[key] = float(value) if expected == "float" else value
+        return replace(base, **clean)

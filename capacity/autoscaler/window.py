@@ -1,0 +1,64 @@
+"""Windowed aggregation of load samples. Pure.
+
+The collector sums each endpoint's per-second router samples into 5-second buckets; a window
+is the buckets that end within (now - seconds, now]. Averages weigh buckets by the seconds they
+cover, so a missing bucket lowers coverage instead of pretending the load was zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bucket:
+    end: float  # unix seconds at the end of the bucket
+    seconds: float  # how long it covers, normally 5; > 0
+    in_flight: float  # time-averaged concurrent requests, all replicas together
+    mu_per_minute: float  # model units consumed, as a per-minute rate
+    requests: int = 0  # requests that arrived
+    queue_depth: float = 0.0  # most requests waiting at once (router queue and engines)
+    p99_latency_s: float | None = None  # end-to-end, of requests completed in the bucket
+    kv_cache_usage: float | None = None  # highest KV-cache usage of any replica, 0..1
+    errors: int = 0  # failed requests
+
+
+@dataclass(frozen=True)
+class Load:
+    """A window's aggregate."""
+
+    seconds: float  # the window's length
+    coverage: float  # share of the window the buckets cover, 0..1
+    in_flight: float  # mean concurrent requests
+    mu_per_minute: float  # mean MU/min
+    requests: int  # arrivals
+    queue_depth: float  # max
+    p99_latency_s: float | None  # max of the buckets' p99 (None without completions)
+    kv_cache_usage: float | None  # max
+    errors: int
+
+
+def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
+    return [b for b in buckets if now - seconds < b.end <= now]
+
+
+def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | None:
+    """The load over the last `seconds`; None when there are no samples at all."""
+    inside = in_window(buckets, now, seconds)
+    covered = sum(b.seconds for b in inside)
+    if not inside or covered <= 0:
+        return None
+    latencies = [b.p99_latency_s for b in inside if b.p99_latency_s is not None]
+    kv = [b.kv_cache_usage for b in inside if b.kv_cache_usage is not None]
+    return Load(
+        seconds=seconds,
+        coverage=min(covered / seconds, 1.0),
+        in_flight=sum(b.in_flight * b.seconds for b in inside) / covered,
+        mu_per_minute=sum(b.mu_per_minute * b.seconds for b in inside) / covered,
+        requests=sum(b.requests for b in inside),
+        queue_depth=max(b.queue_depth for b in inside),
+        p99_latency_s=max(latencies) if latencies else None,
+        kv_cache_usage=max(kv) if kv else None,
+        errors=sum(b.errors for b in inside),
+    )
