@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from capacity.autoscaler import Bucket, EndpointSpec, decide  # noqa: E402
+from capacity.autoscaler import Bucket, EndpointSpec, decide
 
 NOW = 1_000_000.0
 
