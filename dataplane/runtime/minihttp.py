@@ -177,7 +177,7 @@ class HttpServer:
             # One error boundary per request: a handler bug is a 500, not a dropped socket.
             try:
                 response = await self.handler(request)
-            except Exception as exc:  # noqa: BLE001 - the boundary is the point
+            except Exception as exc:
                 response = json_response(500, {"error": f"internal error: {exc!r}"})
             if isinstance(response, StreamingResponse):
                 await self._stream(writer, response)

@@ -197,8 +197,9 @@ def steady_state_requests_per_s(profile: EngineProfile, prompt_tokens: int,
     output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token.
     Exact for the model when batch * prompt fits one step's token budget.
     """
-    if not 1 <= batch <= max_batch(profile, prompt_tokens, output_tokens):
-        raise ValueError(f"batch {batch} outside 1..{max_batch(profile, prompt_tokens, output_tokens)}")
+    most = max_batch(profile, prompt_tokens, output_tokens)
+    if not 1 <= batch <= most:
+        raise ValueError(f"batch {batch} outside 1..{most} for this shape")
     per_request_s = (output_tokens * profile.step_base_s / batch
                      + (output_tokens - 1) * profile.decode_per_seq_s
                      + prompt_tokens * profile.prefill_per_token_s)

@@ -87,5 +87,6 @@ def get_profile(name: str, model: str | None = None) -> EngineProfile:
     try:
         profile = PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown profile {name!r}; known: {known}") from None
     return replace(profile, model=model) if model else profile
