@@ -45,6 +45,7 @@ log = logging.getLogger("dataplane.runtime.sim")
 
 FAULT_MODES = ("none", "hang", "crash", "slow", "errors")
 CRASH_EXIT_CODE = 70  # exit status of an injected crash
+MAX_CATCH_UP_S = 0.05  # most real time the engine loop catches up after running late, s
 
 
 @dataclass(frozen=True)
@@ -144,18 +145,23 @@ class SimEngine:
     # --- engine loop ---
 
     async def _engine_loop(self) -> None:
-        deadline = time.monotonic()
+        deadline: float | None = None  # real time the current step ends; None when idle
         while True:
             await self._wakeup.wait()
             await self._not_hung.wait()
             result = perf_model.step(self.profile, self.state)
             if result is None:
                 self._wakeup.clear()
+                deadline = None
                 continue
             duration = result.duration_s * (self.fault.factor if self.fault.mode == "slow" else 1)
-            # Sleep to the step's end on an absolute schedule, so loop overhead is caught up
-            # instead of accumulating (at 100x a 6 ms step is 60 us of real time).
-            deadline = max(deadline, time.monotonic() - 0.05) + duration / self.config.time_scale
+            # Back-to-back steps run on an absolute schedule, so loop overhead is caught up
+            # instead of accumulating (at 100x a 6 ms step is 60 us of real time); at most
+            # MAX_CATCH_UP_S is caught up, and never across an idle period or a hang.
+            now = time.monotonic()
+            if deadline is None or deadline < now - MAX_CATCH_UP_S:
+                deadline = now
+            deadline += duration / self.config.time_scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             self._deliver(result)
 

@@ -1,85 +1,13 @@
-"""Fixtures for the runtime tests: free ports, simulated engines as real processes, and a
-stand-in for the control plane's event API. Everything listens on 127.0.0.1 and every process
-a test starts is killed when it ends."""
+"""Fixtures for the runtime tests (helpers live in ``support``)."""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0
-         ) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of one request; HTTP errors are returned, not raised."""
-    data = body if isinstance(body, bytes) else (json.dumps(body).encode()
-                                                 if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:
-    """Poll until ``predicate`` holds; returns seconds waited; fails the test on timeout."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
-def _answers(url: str) -> bool:
-    try:
-        return http("GET", url, timeout=1.0)[0] == 200
-    except OSError:
-        return False
-
-
-@dataclass
-class SimProcess:
-    port: int
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@contextmanager
-def sim_engine(*args: str) -> Iterator[SimProcess]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port),
-                             *args], stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=15)
-        yield SimProcess(port, proc)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+from tests.runtime.support import EventSink, SimProcess, sim_engine
 
 
 @pytest.fixture
@@ -97,55 +25,6 @@ def start_sim() -> Iterator[Callable[..., SimProcess]]:
     finally:
         for cm in reversed(stack):
             cm.__exit__(None, None, None)
-
-
-@dataclass
-class EventSink:
-    """Stand-in for ``POST /api/v1/events/``: answers 503 to the first ``fail_first`` posts,
-    then 201, recording what it accepted."""
-    fail_first: int = 0
-    received: list[dict[str, Any]] = field(default_factory=list)
-    auth: list[str] = field(default_factory=list)
-    attempts: int = 0
-    port: int = 0
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def kinds(self) -> list[str]:
-        return [e["kind"] for e in self.received]
-
-    def start(self, port: int = 0) -> None:
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                sink.attempts += 1
-                if self.path != "/api/v1/events/":
-                    self.send_response(404)
-                elif sink.attempts <= sink.fail_first:
-                    self.send_response(503)
-                else:
-                    sink.received.append(json.loads(body))
-                    sink.auth.append(self.headers.get("authorization", ""))
-                    self.send_response(201)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
 
 
 @pytest.fixture
