@@ -75,7 +75,7 @@ def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str
             cmd += ["--served-model-name", args.served_model_name]
         return cmd + extra, dict(os.environ)
     spec = launcher.spec_from_args(args, args.port, args.host, extra)
-    return launcher.build_command(spec), launcher.engine_env()
+    return launcher.build_command(spec), launcher.engine_env(reserved_cpus=args.reserved_cpus)
 
 
 async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:

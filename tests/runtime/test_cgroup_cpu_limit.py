@@ -26,9 +26,16 @@ def test_cgroup_v2_quota_gives_the_thread_count(tmp_path: Path) -> None:
     root = v2(tmp_path, "200000 100000")  # 2 CPUs on a host that has 64
     assert cgroup.cpu_quota(root) == 2.0
     assert cgroup.cpu_threads(root, affinity=64) == 2
-    env = engine_env({"PATH": "/bin", "OMP_NUM_THREADS": "64"}, root, affinity=64)
+    env = engine_env({"PATH": "/bin", "OMP_NUM_THREADS": "64"}, root, affinity=64,
+                     reserved_cpus=0)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"  # host value overridden
     assert env["PATH"] == "/bin"
+
+
+def test_engine_env_leaves_a_cpu_for_the_server_by_default(tmp_path: Path) -> None:
+    # 2 CPUs: 1 OpenMP thread, 1 CPU for vLLM's API server and engine core; never below 1.
+    assert engine_env({}, v2(tmp_path, "200000 100000"), affinity=64)["OMP_NUM_THREADS"] == "1"
+    assert engine_env({}, tmp_path, affinity=1)["OMP_NUM_THREADS"] == "1"
 
 
 def test_cgroup_v2_unlimited_falls_back_to_affinity(tmp_path: Path) -> None:

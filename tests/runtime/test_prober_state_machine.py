@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from dataplane.runtime import perf_model as pm
-from dataplane.runtime.profiles import TINY_TEST
 from dataplane.runtime.prober import Prober, ProberConfig
+from dataplane.runtime.profiles import TINY_TEST
 
 CFG = ProberConfig(idle_interval_s=5, completion_deadline_s=20, failure_threshold=3,
                    startup_timeout_s=60, scrape_interval_s=1)
