@@ -129,3 +129,49 @@ class EventSink:
             self.server.server_close()
 
 
+
+
+def metric_value(base_url: str, name: str) -> float:
+    """Sum of a metric's samples on an engine's /metrics (0 when absent)."""
+    from dataplane.runtime.metrics import sample_sum
+    return sample_sum(http("GET", base_url + "/metrics")[2].decode(), name) or 0.0
+
+
+class CompletionRace:
+    """Sends completions from threads and records the order in which they finish."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0):
+        self.base_url = base_url
+        self.timeout = timeout
+        self._finished: list[str] = []
+        self._failures: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def send(self, name: str, body: dict[str, Any]) -> threading.Thread:
+        def run() -> None:
+            try:
+                status, _, raw = http("POST", self.base_url + "/v1/completions", body,
+                                      timeout=self.timeout)
+            except OSError as err:
+                status, raw = 0, str(err).encode()
+            with self._lock:
+                if status == 200:
+                    self._finished.append(name)
+                else:
+                    self._failures.append(f"{name}: {status} {raw[:200]!r}")
+        thread = threading.Thread(target=run)
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def finished(self) -> list[str]:
+        with self._lock:
+            return list(self._finished)
+
+    def join(self) -> list[str]:
+        """Wait for every request; fails the test if any did not answer 200."""
+        for thread in self._threads:
+            thread.join(timeout=self.timeout + 5)
+        assert not self._failures, self._failures
+        return self.finished()

@@ -9,7 +9,14 @@ import time
 import pytest
 
 from dataplane.runtime.metrics import sample_sum
-from tests.runtime.support import SimProcess, http, sim_engine, wait_until
+from tests.runtime.support import (
+    CompletionRace,
+    SimProcess,
+    http,
+    metric_value,
+    sim_engine,
+    wait_until,
+)
 
 
 def timed_completion(sim: SimProcess, body: dict[str, object]) -> float:
@@ -54,37 +61,23 @@ def test_top_priority_request_takes_the_first_free_slot() -> None:
     # tiny-test has 4 slots. Four long requests (100, 150, 200, 250 tokens) fill them and
     # finish one at a time; then three low-priority requests queue, then one at priority -100.
     # The high one takes the slot the 100-token request frees (about 100 steps x 14 ms =
-    # 1.4 s simulated, 0.14 s real at 10x) and finishes long before the low ones, which wait
-    # for the later slots.
-    with sim_engine("--profile", "tiny-test", "--time-scale", "10") as sim:
-        finished: list[str] = []
-        lock = threading.Lock()
+    # 1.4 s simulated, 0.7 s real at 2x: ample time to queue the others first) and finishes
+    # long before the low ones, which wait for the later slots.
+    with sim_engine("--profile", "tiny-test", "--time-scale", "2") as sim:
+        race = CompletionRace(sim.url, timeout=30)
 
-        def send(name: str, max_tokens: int, priority: int) -> threading.Thread:
-            def run() -> None:
-                status, _, raw = http("POST", sim.url + "/v1/completions",
-                                      {"prompt": "go", "max_tokens": max_tokens,
-                                       "priority": priority}, timeout=30)
-                assert status == 200, raw
-                with lock:
-                    finished.append(name)
-            thread = threading.Thread(target=run)
-            thread.start()
-            return thread
+        def send(name: str, max_tokens: int, priority: int) -> None:
+            race.send(name, {"prompt": "go", "max_tokens": max_tokens, "priority": priority})
 
-        def waiting() -> float:
-            text = http("GET", sim.url + "/metrics")[2].decode()
-            return sample_sum(text, "vllm:num_requests_waiting") or 0.0
-
-        threads = [send(f"long{i}", 100 + 50 * i, 0) for i in range(4)]
-        wait_until(lambda: (sample_sum(http("GET", sim.url + "/metrics")[2].decode(),
-                                       "vllm:num_requests_running") or 0) == 4, timeout=5)
-        threads += [send(f"low{i}", 5, 10) for i in range(3)]
-        wait_until(lambda: waiting() == 3, timeout=5)
-        threads.append(send("high", 5, -100))
-        wait_until(lambda: waiting() == 4, timeout=5)
-        for t in threads:
-            t.join(timeout=20)
+        for i in range(4):
+            send(f"long{i}", 100 + 50 * i, 0)
+        wait_until(lambda: metric_value(sim.url, "vllm:num_requests_running") == 4, timeout=5)
+        for i in range(3):
+            send(f"low{i}", 5, 10)
+        wait_until(lambda: metric_value(sim.url, "vllm:num_requests_waiting") == 3, timeout=5)
+        send("high", 5, -100)
+        wait_until(lambda: metric_value(sim.url, "vllm:num_requests_waiting") == 4, timeout=5)
+        finished = race.join()
         assert finished.index("high") < min(finished.index(f"low{i}") for i in range(3))
         assert finished[:2] == ["long0", "high"]
 

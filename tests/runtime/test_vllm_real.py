@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from dataplane.runtime.metrics import sample_sum
-from tests.runtime.support import free_port, http, wait_until
+from tests.runtime.support import CompletionRace, free_port, http, metric_value, wait_until
 
 
 def _vllm_import_error() -> str | None:
@@ -200,37 +199,20 @@ def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPo
     # --max-num-seqs 2: six long low-priority requests (priority 10, 450 tokens, EOS ignored)
     # fill both slots and queue four. A probe-shaped request (max_tokens 1, priority -1e6)
     # must take the next free slot, finishing before the queued low-priority requests.
-    finished: list[str] = []
-    lock = threading.Lock()
-
-    def send(name: str, body: dict[str, object]) -> threading.Thread:
-        def run() -> None:
-            status, _, raw = http("POST", real_pod.engine + "/v1/completions",
-                                  {"model": "tiny", "temperature": 0, **body}, timeout=120)
-            assert status == 200, raw
-            with lock:
-                finished.append(name)
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
-
-    threads = [send(f"low{i}", {"prompt": f"load {i}", "max_tokens": 450, "ignore_eos": True,
-                                "priority": 10}) for i in range(6)]
-
-    def waiting() -> float:
-        text = http("GET", real_pod.engine + "/metrics")[2].decode()
-        return sample_sum(text, "vllm:num_requests_waiting") or 0.0
-
-    wait_until(lambda: waiting() >= 3, timeout=30, interval=0.02)
+    race = CompletionRace(real_pod.engine, timeout=120)
+    for i in range(6):
+        race.send(f"low{i}", {"model": "tiny", "prompt": f"load {i}", "max_tokens": 450,
+                              "ignore_eos": True, "priority": 10, "temperature": 0})
+    wait_until(lambda: metric_value(real_pod.engine, "vllm:num_requests_waiting") >= 3,
+               timeout=30, interval=0.02)
     saturated_at = time.monotonic()
     real_pod.measurements["rss_saturated_mib"] = tree_rss_mib(real_pod.proc.pid)
-    probe = send("probe", {"prompt": "ping", "max_tokens": 1, "priority": -1_000_000})
+    probe = race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1,
+                                "priority": -1_000_000})
     probe.join(timeout=120)
     real_pod.measurements["probe_under_saturation_s"] = time.monotonic() - saturated_at
-    with lock:
-        done_before_probe = [n for n in finished if n != "probe"]
-    for t in threads:
-        t.join(timeout=120)
+    done_before_probe = [n for n in race.finished() if n != "probe"]
+    finished = race.join()
     assert "probe" in finished
     # At most the two running requests (and none of the queued ones) beat the probe.
     assert len(done_before_probe) <= 2, finished
