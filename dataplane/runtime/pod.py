@@ -10,20 +10,27 @@ declared it hung; ``/readyz`` is 503 until the engine first answers. Like a cont
 does not restart its engine: if the engine exits, the pod exits with the engine's status and
 whoever runs pods (Kubernetes, or ``supervisor`` locally) restarts it. SIGTERM is forwarded to
 the engine, which gets ``--grace`` seconds to drain before it is killed.
+
+Restart events from inside the pod: with ``--state-dir`` on a volume that outlives the
+container (a Kubernetes emptyDir survives container restarts within the pod), the pod counts
+its starts there and reports a ``restart`` event when it starts again. The local supervisor
+reports restarts itself and does not pass ``--state-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from dataplane.runtime import launcher
-from dataplane.runtime.events import EventReporter, ReporterConfig
+from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
 from dataplane.runtime.probe_server import ProbeLoop
 from dataplane.runtime.prober import ProberConfig
 from dataplane.runtime.profiles import PROFILES
@@ -42,6 +49,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--host", default="127.0.0.1", help="listen address of both servers")
     p.add_argument("--name", default=env("POD_NAME", socket.gethostname()), help="pod name")
     p.add_argument("--grace", type=float, default=30.0, help="drain time on SIGTERM, s")
+    p.add_argument("--state-dir", default=env("MU_POD_STATE_DIR"),
+                   help="directory that outlives the container; enables restart events")
     # Control plane (events).
     p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
     p.add_argument("--control-plane-key", default=env("MU_CONTROL_PLANE_KEY", ""))
@@ -78,6 +87,21 @@ def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str
     return launcher.build_command(spec), launcher.engine_env(reserved_cpus=args.reserved_cpus)
 
 
+def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
+    """Count this start in ``state_dir``; returns the previous state ({} on the first)."""
+    path = Path(state_dir) / "pod-state.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    starts = int(previous.get("starts", 0)) + 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"starts": starts, "last_start": now_iso}))
+    tmp.replace(path)  # atomic: a crash mid-write leaves the old count
+    return dict(previous)
+
+
 async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
     config = ProberConfig(idle_interval_s=args.idle_interval,
                           completion_deadline_s=args.completion_deadline,
@@ -88,6 +112,13 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
     reporter = EventReporter(ReporterConfig(url=args.control_plane_url,
                                             key=args.control_plane_key,
                                             endpoint=args.endpoint_id, pod=args.name))
+    if args.state_dir:
+        previous = record_start(args.state_dir, utc_now_iso())
+        if previous:
+            starts = int(str(previous.get("starts", 0))) + 1
+            reporter.report("restart", "warning",
+                            f"pod {args.name} restarted (start #{starts})",
+                            {"starts": starts, "previous_start": previous.get("last_start")})
     cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
     engine = await asyncio.create_subprocess_exec(*cmd, env=env)

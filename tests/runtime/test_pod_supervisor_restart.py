@@ -130,3 +130,24 @@ def test_stop_pod_terminates_pod_and_engine(supervisor: Supervisor) -> None:
     assert supervisor.list_pods() == []
     with pytest.raises(OSError):
         http("GET", f"http://127.0.0.1:{pod.port}/health", timeout=1)  # engine gone too
+
+
+def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink,
+                                                      tmp_path: object) -> None:
+    # As in Kubernetes, where an emptyDir outlives the container: the second start of the
+    # pod with the same state dir reports a restart; the first does not.
+    pod = spec("pod-k8s")
+    args = [sys.executable, "-m", "dataplane.runtime.pod", *pod.command()[3:],
+            "--control-plane-url", event_sink.url, "--state-dir", str(tmp_path)]
+    for start in (1, 2):
+        proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: livez(pod) == 200, timeout=15)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        if start == 1:  # the pod flushes its events before it exits
+            assert "restart" not in event_sink.kinds()
+    wait_until(lambda: "restart" in event_sink.kinds(), timeout=5)
+    event = event_sink.received[event_sink.kinds().index("restart")]
+    assert event["pod"] == "pod-k8s" and event["detail"]["starts"] == 2
