@@ -80,14 +80,21 @@ def engine_env(base: Mapping[str, str] | None = None,
 
 def run(spec: VllmSpec, env: Mapping[str, str] | None = None) -> int:
     """Run the engine in the foreground, forwarding SIGTERM/SIGINT; returns its exit status."""
-    proc = subprocess.Popen(build_command(spec), env=dict(env or engine_env()))
+    procs: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []  # signals that came before the engine existed
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        proc.send_signal(signum)
+        if procs:
+            procs[0].send_signal(signum)
+        else:
+            pending.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the spawn: no window to die in
         signal.signal(sig, forward)
-    return proc.wait()
+    procs.append(subprocess.Popen(build_command(spec), env=dict(env or engine_env())))
+    for signum in pending:
+        procs[0].send_signal(signum)
+    return procs[0].wait()
 
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
