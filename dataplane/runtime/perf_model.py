@@ -1,0 +1,257 @@
+"""Performance model of a continuous-batching inference engine (vLLM-like). Pure: no I/O, no clock.
+
+One engine loop runs steps. Each step the scheduler (1) admits waiting requests in
+(priority, arrival) order while the running batch has a free slot (``max_num_seqs``) and the
+KV cache can hold the request's prompt + max output, stopping at the first that does not fit
+(head of line, as vLLM does); (2) spends a per-step token budget (``max_batched_tokens``):
+one token for every running request that is decoding, the rest on prompt chunks (chunked
+prefill) in admission order. The step costs
+
+    duration = step_base_s + decode_per_seq_s * decoding_seqs + prefill_per_token_s * prefilled
+
+A request whose last prompt chunk is prefilled emits its first token in that step (as vLLM
+samples after the last chunk); every later step emits one more, until ``max_tokens``.
+
+Simplifications (stated so that a reader can judge the numbers): KV is reserved for prompt +
+max_tokens at admission, so there is no preemption or swapping; there is no prefix cache, no
+speculative decoding and no EOS (a request always generates exactly ``max_tokens``).
+
+``step`` mutates an ``EngineState`` and returns what happened; the simulated HTTP engine
+sleeps ``duration`` (scaled) and delivers the events, and a fleet simulator can call it with
+any clock. Closed-form helpers give the numbers tests assert.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str  # profile name, e.g. "h100-llama-8b"
+    model: str  # served model name reported by /v1/models
+    step_base_s: float  # fixed cost of one step, seconds (weights read once per step + overhead)
+    decode_per_seq_s: float  # added step time per sequence decoding in the step, seconds
+    prefill_per_token_s: float  # added step time per prompt token prefilled, seconds
+    max_batched_tokens: int  # token budget of one step (chunked prefill), tokens, >= max_num_seqs
+    max_num_seqs: int  # most sequences running at once (vLLM --max-num-seqs), >= 1
+    kv_capacity_tokens: int  # KV-cache capacity, tokens, >= max_model_len
+    max_model_len: int  # prompt + output limit of one request, tokens
+
+    def __post_init__(self) -> None:
+        for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{self.name}: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_batched_tokens", "max_num_seqs", "kv_capacity_tokens",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{self.name}: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"{self.name}: max_batched_tokens {self.max_batched_tokens} < "
+                             f"max_num_seqs {self.max_num_seqs}: a full batch could not decode")
+        if self.kv_capacity_tokens < self.max_model_len:
+            raise ValueError(f"{self.name}: kv_capacity_tokens {self.kv_capacity_tokens} < "
+                             f"max_model_len {self.max_model_len}: a long request never fits")
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt_tokens: int  # tokens, >= 1
+    max_tokens: int  # output tokens to generate, >= 1
+    priority: int = 0  # lower is scheduled earlier (vLLM --scheduling-policy priority)
+    arrival_seq: int = 0  # arrival order, set by submit(); breaks priority ties
+    prefilled: int = 0  # prompt tokens prefilled so far
+    generated: int = 0  # output tokens emitted so far
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass
+class EngineState:
+    waiting: list[tuple[int, int, SimRequest]] = field(default_factory=list)  # heap
+    running: list[SimRequest] = field(default_factory=list)  # in admission order
+    kv_used_tokens: int = 0  # reserved by running requests, tokens
+    next_seq: int = 0  # next arrival_seq
+
+
+@dataclass(frozen=True)
+class StepResult:
+    duration_s: float  # engine time the step takes, seconds (unscaled)
+    decoding_seqs: int  # sequences that decoded one token this step
+    prefilled_tokens: int  # prompt tokens prefilled this step
+    emitted: tuple[SimRequest, ...]  # requests that produced one output token this step
+    finished: tuple[SimRequest, ...]  # requests that completed this step (subset of emitted)
+
+
+def submit(state: EngineState, request: SimRequest) -> None:
+    if request.prompt_tokens < 1 or request.max_tokens < 1:
+        raise ValueError(f"request {request.request_id}: prompt and max_tokens must be >= 1")
+    request.arrival_seq = state.next_seq
+    state.next_seq += 1
+    heapq.heappush(state.waiting, (request.priority, request.arrival_seq, request))
+
+
+def abort(state: EngineState, request_id: str) -> bool:
+    """Drop a request (client went away); frees its KV. True if it was found."""
+    for req in state.running:
+        if req.request_id == request_id:
+            state.running.remove(req)
+            state.kv_used_tokens -= req.kv_tokens
+            return True
+    for i, (_, _, req) in enumerate(state.waiting):
+        if req.request_id == request_id:
+            state.waiting.pop(i)
+            heapq.heapify(state.waiting)
+            return True
+    return False
+
+
+def has_work(state: EngineState) -> bool:
+    return bool(state.running or state.waiting)
+
+
+def _admit(profile: EngineProfile, state: EngineState) -> None:
+    while state.waiting and len(state.running) < profile.max_num_seqs:
+        head = state.waiting[0][2]
+        if state.kv_used_tokens + head.kv_tokens > profile.kv_capacity_tokens:
+            return  # head of line waits for KV; lower-priority requests do not jump it
+        heapq.heappop(state.waiting)
+        state.running.append(head)
+        state.kv_used_tokens += head.kv_tokens
+
+
+def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
+    """Run one engine step on ``state``; None when there is nothing to run."""
+    _admit(profile, state)
+    if not state.running:
+        return None
+    budget = profile.max_batched_tokens
+    decoders = [r for r in state.running if r.prefilled == r.prompt_tokens][:budget]
+    budget -= len(decoders)
+    prefilled = 0
+    completed_prefill: list[SimRequest] = []
+    for req in state.running:
+        if budget <= 0:
+            break
+        if req.prefilled < req.prompt_tokens:
+            chunk = min(budget, req.prompt_tokens - req.prefilled)
+            req.prefilled += chunk
+            budget -= chunk
+            prefilled += chunk
+            if req.prefilled == req.prompt_tokens:
+                completed_prefill.append(req)
+    emitted = decoders + completed_prefill
+    finished = []
+    for req in emitted:
+        req.generated += 1
+        if req.generated >= req.max_tokens:
+            finished.append(req)
+    for req in finished:
+        state.running.remove(req)
+        state.kv_used_tokens -= req.kv_tokens
+    duration = (profile.step_base_s + profile.decode_per_seq_s * len(decoders)
+                + profile.prefill_per_token_s * prefilled)
+    return StepResult(duration, len(decoders), prefilled, tuple(emitted), tuple(finished))
+
+
+def kv_usage(profile: EngineProfile, state: EngineState) -> float:
+    """Fraction of the KV cache reserved, 0..1 (vllm:kv_cache_usage_perc)."""
+    return state.kv_used_tokens / profile.kv_capacity_tokens
+
+
+# --- Closed forms -----------------------------------------------------------------------------
+
+def decode_step_s(profile: EngineProfile, batch: int) -> float:
+    """Duration of a pure decode step with ``batch`` sequences, seconds."""
+    return profile.step_base_s + profile.decode_per_seq_s * batch
+
+
+def solo_latency_s(profile: EngineProfile, prompt_tokens: int,
+                   output_tokens: int) -> tuple[float, float]:
+    """(time to first token, end-to-end latency) of one request alone in the engine, seconds.
+
+    The prompt takes ceil(prompt / budget) steps (the first token comes with the last chunk),
+    then output - 1 decode steps at batch 1.
+    """
+    chunks = math.ceil(prompt_tokens / profile.max_batched_tokens)
+    ttft = chunks * profile.step_base_s + profile.prefill_per_token_s * prompt_tokens
+    return ttft, ttft + (output_tokens - 1) * decode_step_s(profile, 1)
+
+
+def max_batch(profile: EngineProfile, prompt_tokens: int, output_tokens: int) -> int:
+    """Most requests of this shape that run at once: slots and KV both bound it."""
+    return min(profile.max_num_seqs, profile.kv_capacity_tokens // (prompt_tokens + output_tokens))
+
+
+def steady_state_requests_per_s(profile: EngineProfile, prompt_tokens: int,
+                                output_tokens: int, batch: int) -> float:
+    """Completed requests per second with ``batch`` requests of one shape always in flight.
+
+    Each slot cycles through 1 prefill step + (output - 1) decode steps, and every step
+    advances every slot, so a request's share of engine time is
+    output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token.
+    Exact for the model when batch * prompt fits one step's token budget.
+    """
+    most = max_batch(profile, prompt_tokens, output_tokens)
+    if not 1 <= batch <= most:
+        raise ValueError(f"batch {batch} outside 1..{most} for this shape")
+    per_request_s = (output_tokens * profile.step_base_s / batch
+                     + (output_tokens - 1) * profile.decode_per_seq_s
+                     + prompt_tokens * profile.prefill_per_token_s)
+    return 1.0 / per_request_s
+
+
+# --- Discrete-event driver --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Arrival:
+    time_s: float  # arrival time, seconds since the start of the run
+    request: SimRequest
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    arrival_s: float  # seconds
+    first_token_s: float  # seconds
+    finished_s: float  # seconds
+    prompt_tokens: int
+    output_tokens: int
+
+
+def simulate(profile: EngineProfile, arrivals: list[Arrival], max_steps: int = 1_000_000
+             ) -> list[Completion]:
+    """Run the engine on ``arrivals`` until all complete; returns completions in finish order.
+
+    A request that arrives during a step is admitted at the next step, as in the live engine.
+    Bounded by ``max_steps`` (raises if exceeded, so a bad profile cannot loop for ever).
+    """
+    state = EngineState()
+    pending = sorted(arrivals, key=lambda a: a.time_s)
+    arrived: dict[str, float] = {}
+    first: dict[str, float] = {}
+    done: list[Completion] = []
+    now, i = 0.0, 0
+    for _ in range(max_steps):
+        while i < len(pending) and pending[i].time_s <= now:
+            submit(state, pending[i].request)
+            arrived[pending[i].request.request_id] = pending[i].time_s
+            i += 1
+        result = step(profile, state)
+        if result is None:
+            if i >= len(pending):
+                return done
+            now = pending[i].time_s
+            continue
+        now += result.duration_s
+        for req in result.emitted:
+            first.setdefault(req.request_id, now)
+        for req in result.finished:
+            done.append(Completion(req.request_id, arrived[req.request_id],
+                                   first[req.request_id], now, req.prompt_tokens, req.generated))
+    raise RuntimeError(f"simulate: not done after {max_steps} steps")

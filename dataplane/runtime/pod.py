@@ -1,0 +1,170 @@
+"""Runs one runtime pod in the foreground: the engine as a child process plus the prober.
+
+    python -m dataplane.runtime.pod --engine sim --port 8000 --probe-port 8001 \\
+        --profile h100-llama-8b --time-scale 100
+    python -m dataplane.runtime.pod --engine vllm --port 8000 --probe-port 8001 \\
+        --model /models/llama --max-num-seqs 64 -- --gpu-memory-utilization 0.9
+
+``GET :probe-port/livez`` is 200 while the engine makes progress and 503 once the prober has
+declared it hung; ``/readyz`` is 503 until the engine first answers. Like a container, the pod
+does not restart its engine: if the engine exits, the pod exits with the engine's status and
+whoever runs pods (Kubernetes, or ``supervisor`` locally) restarts it. SIGTERM is forwarded to
+the engine, which gets ``--grace`` seconds to drain before it is killed.
+
+Restart events from inside the pod: with ``--state-dir`` on a volume that outlives the
+container (a Kubernetes emptyDir survives container restarts within the pod), the pod counts
+its starts there and reports a ``restart`` event when it starts again. The local supervisor
+reports restarts itself and does not pass ``--state-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from dataplane.runtime import launcher
+from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
+from dataplane.runtime.probe_server import ProbeLoop
+from dataplane.runtime.prober import ProberConfig
+from dataplane.runtime.profiles import PROFILES
+
+log = logging.getLogger("dataplane.runtime.pod")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    ours = argv[:argv.index("--")] if "--" in argv else argv
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m dataplane.runtime.pod")
+    p.add_argument("--engine", choices=("sim", "vllm"), required=True)
+    p.add_argument("--port", type=int, required=True, help="engine port")
+    p.add_argument("--probe-port", type=int, required=True, help="/livez and /readyz port")
+    p.add_argument("--host", default="127.0.0.1", help="listen address of both servers")
+    p.add_argument("--name", default=env("POD_NAME", socket.gethostname()), help="pod name")
+    p.add_argument("--grace", type=float, default=30.0, help="drain time on SIGTERM, s")
+    p.add_argument("--state-dir", default=env("MU_POD_STATE_DIR"),
+                   help="directory that outlives the container; enables restart events")
+    # Control plane (events).
+    p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
+    p.add_argument("--control-plane-key", default=env("MU_CONTROL_PLANE_KEY", ""))
+    endpoint = env("MU_ENDPOINT_ID")
+    p.add_argument("--endpoint-id", type=int, default=int(endpoint) if endpoint else None)
+    # Prober.
+    d = ProberConfig()
+    p.add_argument("--idle-interval", type=float, default=d.idle_interval_s)
+    p.add_argument("--completion-deadline", type=float, default=d.completion_deadline_s)
+    p.add_argument("--failure-threshold", type=int, default=d.failure_threshold)
+    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s)
+    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s)
+    p.add_argument("--probe-priority", type=int, default=d.probe_priority)
+    # Simulated engine.
+    p.add_argument("--profile", default="h100-llama-8b", choices=sorted(PROFILES))
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--fault", default="none")
+    p.add_argument("--fault-after", type=float, default=0.0)
+    # vLLM engine.
+    launcher.add_vllm_arguments(p)
+    return p.parse_args(ours), extra
+
+
+def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    if args.engine == "sim":
+        cmd = [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(args.port),
+               "--host", args.host, "--profile", args.profile,
+               "--time-scale", str(args.time_scale), "--fault", args.fault,
+               "--fault-after", str(args.fault_after)]
+        if args.served_model_name:
+            cmd += ["--served-model-name", args.served_model_name]
+        return cmd + extra, dict(os.environ)
+    spec = launcher.spec_from_args(args, args.port, args.host, extra)
+    return launcher.build_command(spec), launcher.engine_env(reserved_cpus=args.reserved_cpus)
+
+
+def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
+    """Count this start in ``state_dir``; returns the previous state ({} on the first)."""
+    path = Path(state_dir) / "pod-state.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    starts = int(previous.get("starts", 0)) + 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"starts": starts, "last_start": now_iso}))
+    tmp.replace(path)  # atomic: a crash mid-write leaves the old count
+    return dict(previous)
+
+
+async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
+    config = ProberConfig(idle_interval_s=args.idle_interval,
+                          completion_deadline_s=args.completion_deadline,
+                          failure_threshold=args.failure_threshold,
+                          startup_timeout_s=args.startup_timeout,
+                          scrape_interval_s=args.scrape_interval,
+                          probe_priority=args.probe_priority)
+    reporter = EventReporter(ReporterConfig(url=args.control_plane_url,
+                                            key=args.control_plane_key,
+                                            endpoint=args.endpoint_id, pod=args.name))
+    if args.state_dir:
+        previous = record_start(args.state_dir, utc_now_iso())
+        if previous:
+            starts = int(str(previous.get("starts", 0))) + 1
+            reporter.report("restart", "warning",
+                            f"pod {args.name} restarted (start #{starts})",
+                            {"starts": starts, "previous_start": previous.get("last_start")})
+    cmd, env = engine_command(args, extra)
+    log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
+    engine = await asyncio.create_subprocess_exec(*cmd, env=env)
+    probe = ProbeLoop(config, args.host, args.port, reporter,
+                      model=args.served_model_name if args.engine == "sim" else
+                      (args.served_model_name or args.model))
+    await probe.http.start(args.host, args.probe_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    probe_task = asyncio.create_task(probe.run(stop))
+    engine_exit = asyncio.create_task(engine.wait())
+    stop_wait = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({engine_exit, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if engine_exit.done():
+            code = engine_exit.result()
+            log.error("pod %s: engine exited with %s", args.name, code)
+            return code if code else 1  # an engine that exits on its own is a failure
+        log.info("pod %s: SIGTERM, draining engine for up to %.0f s", args.name, args.grace)
+        engine.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(engine_exit), args.grace)
+        except TimeoutError:
+            log.error("pod %s: engine did not drain in %.0f s; killing", args.name, args.grace)
+            engine.kill()
+            await engine_exit
+        return 0
+    finally:
+        stop.set()
+        stop_wait.cancel()
+        await probe_task
+        await probe.http.close()
+        if engine.returncode is None:
+            engine.kill()
+            await engine.wait()
+        await asyncio.to_thread(reporter.close, 2.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    sys.exit(asyncio.run(run_pod(args, extra)))
+
+
+if __name__ == "__main__":
+    main()

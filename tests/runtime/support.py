@@ -1,0 +1,177 @@
+"""Helpers for the runtime tests: free ports, HTTP calls, simulated engines as real
+processes, and a stand-in for the control plane's event API. Everything listens on 127.0.0.1
+and every process a test starts is killed when it ends."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0
+         ) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request; HTTP errors are returned, not raised."""
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode()
+                                                 if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:
+    """Poll until ``predicate`` holds; returns seconds waited; fails the test on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return http("GET", url, timeout=1.0)[0] == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class SimProcess:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def sim_engine(*args: str) -> Iterator[SimProcess]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port),
+                             *args], stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=15)
+        yield SimProcess(port, proc)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@dataclass
+class EventSink:
+    """Stand-in for ``POST /api/v1/events/``: answers 503 to the first ``fail_first`` posts,
+    then 201, recording what it accepted."""
+    fail_first: int = 0
+    received: list[dict[str, Any]] = field(default_factory=list)
+    auth: list[str] = field(default_factory=list)
+    attempts: int = 0
+    port: int = 0
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kinds(self) -> list[str]:
+        return [e["kind"] for e in self.received]
+
+    def start(self, port: int = 0) -> None:
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                sink.attempts += 1
+                if self.path != "/api/v1/events/":
+                    self.send_response(404)
+                elif sink.attempts <= sink.fail_first:
+                    self.send_response(503)
+                else:
+                    sink.received.append(json.loads(body))
+                    sink.auth.append(self.headers.get("authorization", ""))
+                    self.send_response(201)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+
+
+def metric_value(base_url: str, name: str) -> float:
+    """Sum of a metric's samples on an engine's /metrics (0 when absent)."""
+    from dataplane.runtime.metrics import sample_sum
+    return sample_sum(http("GET", base_url + "/metrics")[2].decode(), name) or 0.0
+
+
+class CompletionRace:
+    """Sends completions from threads and records the order in which they finish."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0):
+        self.base_url = base_url
+        self.timeout = timeout
+        self._finished: list[str] = []
+        self._failures: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def send(self, name: str, body: dict[str, Any]) -> threading.Thread:
+        def run() -> None:
+            try:
+                status, _, raw = http("POST", self.base_url + "/v1/completions", body,
+                                      timeout=self.timeout)
+            except OSError as err:
+                status, raw = 0, str(err).encode()
+            with self._lock:
+                if status == 200:
+                    self._finished.append(name)
+                else:
+                    self._failures.append(f"{name}: {status} {raw[:200]!r}")
+        thread = threading.Thread(target=run)
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def finished(self) -> list[str]:
+        with self._lock:
+            return list(self._finished)
+
+    def join(self) -> list[str]:
+        """Wait for every request; fails the test if any did not answer 200."""
+        for thread in self._threads:
+            thread.join(timeout=self.timeout + 5)
+        assert not self._failures, self._failures
+        return self.finished()

@@ -1,0 +1,83 @@
+"""Events reach the event API despite it being down, in order, without blocking the reporter."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dataplane.runtime.events import Event, EventReporter, ReporterConfig, backoff_delay
+from tests.runtime.support import EventSink, free_port, wait_until
+
+FAST = dict(backoff_base_s=0.02, backoff_cap_s=0.1, request_timeout_s=2.0)
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert [backoff_delay(n, 0.5, 30) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert backoff_delay(20, 0.5, 30) == 30
+
+
+def test_events_are_retried_until_accepted_and_not_lost(event_sink: EventSink) -> None:
+    event_sink.fail_first = 3  # the control plane answers 503 three times, then 201
+    reporter = EventReporter(ReporterConfig(url=event_sink.url, key="k-123", endpoint=7,
+                                            pod="pod-a", **FAST))
+    try:
+        reporter.report("hang", "critical", "engine hung", {"probes": 3})
+        reporter.report("restart", "warning", "restarted")
+        wait_until(lambda: len(event_sink.received) == 2, timeout=10)
+    finally:
+        reporter.close()
+    assert event_sink.attempts == 5  # 3 refused + 2 accepted
+    assert event_sink.kinds() == ["hang", "restart"]  # in order
+    assert event_sink.auth == ["Bearer k-123", "Bearer k-123"]
+    first = event_sink.received[0]
+    assert {k: first[k] for k in ("kind", "severity", "endpoint", "pod", "message", "detail")} \
+        == {"kind": "hang", "severity": "critical", "endpoint": 7, "pod": "pod-a",
+            "message": "engine hung", "detail": {"probes": 3}}
+    assert first["time"].endswith("Z") and "T" in first["time"]
+    assert reporter.sent == 2 and reporter.dropped == 0
+
+
+def test_events_wait_for_a_control_plane_that_is_not_up_yet() -> None:
+    port = free_port()
+    reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{port}", **FAST))
+    sink = EventSink()
+    try:
+        start = time.monotonic()
+        for i in range(5):
+            reporter.report("restart", "warning", f"restart {i}")
+        assert time.monotonic() - start < 0.1  # report() never waits on the network
+        time.sleep(0.3)  # several refused attempts
+        assert reporter.pending() == 5
+        sink.start(port)
+        wait_until(lambda: len(sink.received) == 5, timeout=10)
+        assert [e["message"] for e in sink.received] == [f"restart {i}" for i in range(5)]
+    finally:
+        reporter.close()
+        sink.stop()
+
+
+def test_full_queue_drops_the_oldest() -> None:
+    reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{free_port()}",
+                                            max_queued=3, **FAST))
+    try:
+        for i in range(5):
+            reporter.report("restart", "info", f"r{i}")
+        assert reporter.pending() == 3 and reporter.dropped == 2
+    finally:
+        reporter.close(flush_timeout_s=0)
+
+
+def test_without_a_url_events_are_only_logged(caplog: pytest.LogCaptureFixture) -> None:
+    reporter = EventReporter(ReporterConfig(url=None, pod="p"))
+    event = reporter.report("crash_loop", "critical", "looping")
+    assert reporter.pending() == 0 and event.pod == "p"
+    assert "crash_loop/critical pod=p: looping" in caplog.text
+    reporter.close()
+
+
+def test_event_validates_kind_and_severity() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        Event("oops", "info", "p", "m")
+    with pytest.raises(ValueError, match="severity"):
+        Event("hang", "loud", "p", "m")
