@@ -85,6 +85,15 @@ class ModelProfile(models.Model):
     samples = models.PositiveIntegerField(null=True, blank=True, help_text="Shapes measured")
     fitted_at = models.DateTimeField(null=True, blank=True)
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+    heldout_mape = models.FloatField(null=True, blank=True, help_text="Held-out error of the fit, 0.05 = 5 %")
+    engine = models.CharField(max_length=300, blank=True, help_text="What the current fit measured")
+    engine_version = models.CharField(max_length=100, blank=True, help_text="Engine image/version measured")
+    # Benchmark scheduling: one benchmark per profile at a time (claimed with a filtered update),
+    # failures retried with backoff, operators may ask for a re-run.
+    benchmark_requested_at = models.DateTimeField(null=True, blank=True)
+    benchmark_claimed_at = models.DateTimeField(null=True, blank=True)
+    benchmark_failures = models.PositiveIntegerField(default=0)
+    benchmark_retry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model", "gpu_type__name"]
@@ -114,6 +123,38 @@ class ModelProfile(models.Model):
             self.save()
             for pool in pools:
                 ensure_capacity(pool)
+
+
+class ProfileFit(models.Model):
+    """One benchmark of a profile: the sweep, the fit and whether it was published (history)."""
+
+    class Status(models.TextChoices):
+        PUBLISHED = "published"  # became the profile's coefficients
+        REFUSED = "refused"  # measured, but the fit was not good enough (or would oversell)
+        FAILED = "failed"  # the engine failed; `reason` names the shape and the error
+
+    profile = models.ForeignKey(ModelProfile, on_delete=models.CASCADE, related_name="fits")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    reason = models.TextField(blank=True)
+    alpha = models.FloatField(null=True, blank=True)
+    beta = models.FloatField(null=True, blank=True)
+    gamma = models.FloatField(null=True, blank=True)
+    r2 = models.FloatField(null=True, blank=True)
+    heldout_mape = models.FloatField(null=True, blank=True)
+    samples = models.PositiveIntegerField(default=0)
+    intervals = models.JSONField(default=dict, blank=True)  # {"alpha": [low, high], ...}
+    shapes = models.JSONField(default=list, blank=True)  # per shape: in, out, req/min, cost, residual
+    engine = models.CharField(max_length=300, blank=True)
+    engine_version = models.CharField(max_length=100, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["profile", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.profile_id} {self.status} at {self.finished_at:%Y-%m-%d %H:%M}"
 
 
 class ReservationQuerySet(TenantScopedQuerySet):

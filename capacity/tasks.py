@@ -4,7 +4,8 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from capacity.models import CapacitySnapshot, GpuPool, pool_ledgers
+from capacity import benchmarking
+from capacity.models import CapacitySnapshot, GpuPool, ModelProfile, pool_ledgers
 
 
 def record_snapshots(now=None) -> int:
@@ -33,3 +34,21 @@ def record_snapshots(now=None) -> int:
 @shared_task
 def record_capacity_snapshot() -> int:
     return record_snapshots()
+
+
+@shared_task
+def benchmark_due_profiles() -> int:
+    """Beat: queue a benchmark for every due profile; returns how many were queued."""
+    due = list(benchmarking.due_profiles(timezone.now()).values_list("pk", flat=True))
+    for profile_id in due:
+        run_profile_benchmark.delay(profile_id)
+    return len(due)
+
+
+@shared_task
+def run_profile_benchmark(profile_id: int) -> str:
+    """Benchmark one profile unless another worker already claimed it (safe to run twice)."""
+    if not benchmarking.claim(profile_id, timezone.now()):
+        return "claimed elsewhere"
+    profile = ModelProfile.objects.select_related("gpu_type").get(pk=profile_id)
+    return benchmarking.run_benchmark(profile).status

@@ -121,6 +121,21 @@ DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 # An API key's last-used time is written at most this often, to keep writes off the hot path.
 API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, minimum=0)
 
+# --- Benchmarks (model units) -----------------------------------------------------------------
+# Where to measure: one engine URL for every model x GPU pair, or else a local SIMULATED engine
+# pod of this profile (the embedded default; fits from it say "simulated" in their engine field).
+BENCHMARK_ENGINE_URL = envstr("BENCHMARK_ENGINE_URL", "")
+BENCHMARK_SIMULATED_PROFILE = envstr("BENCHMARK_SIMULATED_PROFILE", "tiny-test" if EMBEDDED else "")
+BENCHMARK_SIMULATED_TIME_SCALE = envfloat("BENCHMARK_SIMULATED_TIME_SCALE", 20.0, minimum=0.001)
+BENCHMARK_ENGINE_VERSION = envstr("BENCHMARK_ENGINE_VERSION", "")  # a change makes every fit stale
+BENCHMARK_MAX_AGE_S = envint("BENCHMARK_MAX_AGE_S", 7 * 86400, minimum=60)
+BENCHMARK_MAX_HELDOUT_MAPE = envfloat("BENCHMARK_MAX_HELDOUT_MAPE", 0.10, minimum=0.0)
+BENCHMARK_SLO_P99_S = envfloat("BENCHMARK_SLO_P99_S", 30.0, minimum=0.001)
+BENCHMARK_SHAPES = envstr("BENCHMARK_SHAPES", "")  # "16x1,128x16,..."; empty: the default grid
+BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a crashed worker's claim expires
+BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day
+BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimum=0.1)
+
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = envstr("REDIS_URL", "")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
@@ -141,6 +156,10 @@ CELERY_BEAT_SCHEDULE = {
     "record-capacity-snapshot": {
         "task": "capacity.tasks.record_capacity_snapshot",
         "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
+    },
+    "benchmark-due-profiles": {
+        "task": "capacity.tasks.benchmark_due_profiles",
+        "schedule": BENCHMARK_CHECK_INTERVAL_S,
     },
 }
 

@@ -1,0 +1,75 @@
+"""python manage.py benchmark --model M --gpu G [--engine-url URL] [--json]"""
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from capacity import benchmarking
+from capacity.models import GpuType, ModelProfile, ProfileFit
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark one model x GPU pair now: prints the shapes, rates and the fit. With --json the last"
+        " line is one JSON object (alpha, beta, gamma, r2, heldout_mape, samples, published, ...)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--model", required=True, help="model name, as endpoints and profiles name it")
+        parser.add_argument("--gpu", required=True, help="GPU type name, e.g. h100-80gb")
+        parser.add_argument("--engine-url", help="an OpenAI-compatible engine serving the model on that GPU")
+        parser.add_argument("--json", action="store_true", help="end with one JSON line")
+
+    def handle(self, model, gpu, engine_url, json: bool, **options):
+        gpu_type = GpuType.objects.filter(name=gpu).first()
+        if gpu_type is None:
+            known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
+            raise CommandError(f"unknown GPU type {gpu!r} (known: {known})")
+        profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
+        if profile is None:
+            profile = ModelProfile(model=model, gpu_type=gpu_type, alpha=0, beta=0, gamma=0)
+        elif not benchmarking.claim(profile.pk, timezone.now()):
+            raise CommandError(f"a benchmark of {profile} is already running")
+        self.stderr.write(f"Benchmarking {model} on {gpu} at {engine_url or 'the configured engine'} ...")
+        record = benchmarking.run_benchmark(profile, engine_url=engine_url)
+        self.stdout.write(_table(record))
+        summary = {
+            "alpha": record.alpha,
+            "beta": record.beta,
+            "gamma": record.gamma,
+            "r2": record.r2,
+            "heldout_mape": record.heldout_mape,
+            "samples": record.samples,
+            "published": record.status == ProfileFit.Status.PUBLISHED,
+            "status": record.status,
+            "reason": record.reason,
+            "engine": record.engine,
+            "beta_over_alpha": (record.beta / record.alpha) if record.alpha else None,
+            "seconds": round((record.finished_at - record.started_at).total_seconds(), 1),
+        }
+        self.stdout.write(f"{record.status}: {record.reason}")
+        if json:
+            self.stdout.write(_json.dumps(summary))
+        if record.status == ProfileFit.Status.FAILED and not json:
+            raise CommandError(record.reason)
+
+
+_json = json
+
+
+def _table(record: ProfileFit) -> str:
+    lines = [f"{'in':>6} {'out':>5} {'solo s':>8} {'req/min':>11} {'cost MU':>10} {'fit MU':>10}  note"]
+    for row in record.shapes:
+        cost = f"{row['cost_mu']:>10.5f}" if row["cost_mu"] != "" else f"{'-':>10}"
+        lines.append(
+            f"{row['input_tokens']:>6} {row['output_tokens']:>5} {row['solo_latency_s']:>8.3f}"
+            f" {row['requests_per_minute']:>11.1f} {cost} {row['fitted_mu']:>10.5f}  {row['note']}"
+        )
+    if record.alpha is not None:
+        lines.append(
+            f"alpha {record.alpha:.6g} MU/input token, beta {record.beta:.6g} MU/output token,"
+            f" gamma {record.gamma:.6g} MU/request; R^2 {record.r2:.4f},"
+            f" held-out MAPE {record.heldout_mape:.2%}, {record.samples} shapes"
+        )
+    return "\n".join(lines)
