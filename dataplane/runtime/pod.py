@@ -119,6 +119,10 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
             reporter.report("restart", "warning",
                             f"pod {args.name} restarted (start #{starts})",
                             {"starts": starts, "previous_start": previous.get("last_start")})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the spawn: a SIGTERM then still drains
+        loop.add_signal_handler(sig, stop.set)
     cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
     engine = await asyncio.create_subprocess_exec(*cmd, env=env)
@@ -126,10 +130,6 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
                       model=args.served_model_name if args.engine == "sim" else
                       (args.served_model_name or args.model))
     await probe.http.start(args.host, args.probe_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     probe_task = asyncio.create_task(probe.run(stop))
     engine_exit = asyncio.create_task(engine.wait())
     stop_wait = asyncio.create_task(stop.wait())

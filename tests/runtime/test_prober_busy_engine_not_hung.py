@@ -66,7 +66,8 @@ def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(
         while time.monotonic() < end:
             assert http("GET", probe + "/livez", timeout=2)[0] == 200
             time.sleep(0.05)
-        assert metric_value(engine, "vllm:num_requests_running") == 4
+        # Still busy (a slot can be empty for a step while its client sends the next one).
+        assert metric_value(engine, "vllm:num_requests_running") >= 3
         assert metric_value(engine, "vllm:request_success_total") >= 20
 
         # Now the engine hangs with the batch full. Worst case to 503: the idle interval
