@@ -87,6 +87,16 @@ def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str
     return launcher.build_command(spec), launcher.engine_env(reserved_cpus=args.reserved_cpus)
 
 
+def _die_with_parent() -> None:
+    """In the engine child: get SIGTERM if the pod process dies (even by SIGKILL), so that
+    no engine outlives its pod and holds the port (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except OSError:
+        pass  # not Linux/glibc: the supervisor's process-group kill still applies
+
+
 def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
     """Count this start in ``state_dir``; returns the previous state ({} on the first)."""
     path = Path(state_dir) / "pod-state.json"
@@ -125,7 +135,7 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
         loop.add_signal_handler(sig, stop.set)
     cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
-    engine = await asyncio.create_subprocess_exec(*cmd, env=env)
+    engine = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
     probe = ProbeLoop(config, args.host, args.port, reporter,
                       model=args.served_model_name if args.engine == "sim" else
                       (args.served_model_name or args.model))

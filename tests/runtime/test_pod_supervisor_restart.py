@@ -4,8 +4,6 @@ supervisor restarts it and reports the restart; a crashing pod becomes a crash l
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -14,7 +12,7 @@ import pytest
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.restart_policy import RestartPolicy
 from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig
-from tests.runtime.support import EventSink, free_port, http, wait_until
+from tests.runtime.support import EventSink, free_port, http, start_pod, stop_group, wait_until
 
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
 # declare hung when the probe has waited 1 s. Simulated time runs 100x faster.
@@ -88,9 +86,8 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor,
 def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     # The pod's prober reports "hang" to the event API, with the pod's name and endpoint.
     pod = spec("pod-self")
-    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.pod", *pod.command()[3:],
-                             "--control-plane-url", event_sink.url, "--control-plane-key", "k",
-                             "--endpoint-id", "42"], stderr=subprocess.DEVNULL)
+    proc = start_pod(*pod.command()[3:], "--control-plane-url", event_sink.url,
+                     "--control-plane-key", "k", "--endpoint-id", "42")
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
         readyz = f"http://127.0.0.1:{pod.probe_port}/readyz"
@@ -105,7 +102,7 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0  # SIGTERM: engine drained, clean exit
-        proc.kill()
+        stop_group(proc)
 
 
 def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
@@ -137,17 +134,38 @@ def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink,
     # As in Kubernetes, where an emptyDir outlives the container: the second start of the
     # pod with the same state dir reports a restart; the first does not.
     pod = spec("pod-k8s")
-    args = [sys.executable, "-m", "dataplane.runtime.pod", *pod.command()[3:],
-            "--control-plane-url", event_sink.url, "--state-dir", str(tmp_path)]
+    args = [*pod.command()[3:], "--control-plane-url", event_sink.url,
+            "--state-dir", str(tmp_path)]
     for start in (1, 2):
-        proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        proc = start_pod(*args)
         try:
             wait_until(lambda: livez(pod) == 200, timeout=15)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+            stop_group(proc)
         if start == 1:  # the pod flushes its events before it exits
             assert "restart" not in event_sink.kinds()
     wait_until(lambda: "restart" in event_sink.kinds(), timeout=5)
     event = event_sink.received[event_sink.kinds().index("restart")]
     assert event["pod"] == "pod-k8s" and event["detail"]["starts"] == 2
+
+
+def test_engine_dies_with_its_pod_even_on_sigkill() -> None:
+    pod = spec("pod-orphan")
+    proc = start_pod(*pod.command()[3:])
+    engine_health = f"http://127.0.0.1:{pod.port}/health"
+
+    def engine_up() -> bool:
+        try:
+            return http("GET", engine_health, timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(engine_up, timeout=15)
+        proc.kill()  # the pod alone, not its process group
+        proc.wait(timeout=10)
+        wait_until(lambda: not engine_up(), timeout=10)  # the engine got SIGTERM and left
+    finally:
+        stop_group(proc)

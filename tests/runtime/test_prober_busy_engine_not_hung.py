@@ -3,15 +3,13 @@ and the same pod is declared hung within its deadline once the engine stops prog
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.runtime.support import free_port, http, metric_value, wait_until
+from tests.runtime.support import free_port, http, metric_value, start_pod, stop_group, wait_until
 
 IDLE_S, DEADLINE_S, SCRAPE_S = 0.3, 1.0, 0.1
 
@@ -19,12 +17,10 @@ IDLE_S, DEADLINE_S, SCRAPE_S = 0.3, 1.0, 0.1
 @pytest.fixture
 def pod() -> Iterator[tuple[str, str]]:
     port, probe_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.runtime.pod", "--engine", "sim", "--port", str(port),
-         "--probe-port", str(probe_port), "--name", "busy", "--profile", "tiny-test",
-         "--time-scale", "100", "--idle-interval", str(IDLE_S), "--completion-deadline",
-         str(DEADLINE_S), "--scrape-interval", str(SCRAPE_S), "--grace", "2"],
-        stderr=subprocess.DEVNULL)
+    proc = start_pod("--engine", "sim", "--port", str(port), "--probe-port", str(probe_port),
+                     "--name", "busy", "--profile", "tiny-test", "--time-scale", "100",
+                     "--idle-interval", str(IDLE_S), "--completion-deadline", str(DEADLINE_S),
+                     "--scrape-interval", str(SCRAPE_S), "--grace", "2")
     engine, probe = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}"
     try:
         def ready() -> bool:
@@ -35,8 +31,7 @@ def pod() -> Iterator[tuple[str, str]]:
         wait_until(ready, timeout=15)
         yield engine, probe
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        stop_group(proc)
 
 
 def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(
