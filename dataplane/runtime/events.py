@@ -77,6 +77,7 @@ class EventReporter:
         self._cond = threading.Condition()
         self._stopping = False
         self.sent = 0  # delivered events
+        self.attempts = 0  # POSTs tried
         self.dropped = 0  # events lost to a full queue or a permanent 4xx
         self._thread: threading.Thread | None = None
         if config.url:
@@ -149,6 +150,7 @@ class EventReporter:
 
     def _post(self, event: Event) -> str:
         assert self.config.url is not None
+        self.attempts += 1
         request = urllib.request.Request(
             self.config.url.rstrip("/") + "/api/v1/events/",
             data=event.to_json(),

@@ -5,6 +5,8 @@ and every process a test starts is killed when it ends."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +54,21 @@ def _answers(url: str) -> bool:
         return http("GET", url, timeout=1.0)[0] == 200
     except OSError:
         return False
+
+
+def start_pod(*args: str) -> subprocess.Popen[bytes]:
+    """``python -m dataplane.runtime.pod ARGS`` in its own process group (see stop_group)."""
+    return subprocess.Popen([sys.executable, "-m", "dataplane.runtime.pod", *args],
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process and everything in its group (a pod and its engine)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -47,11 +48,9 @@ def test_events_wait_for_a_control_plane_that_is_not_up_yet() -> None:
     reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{port}", **FAST))
     sink = EventSink()
     try:
-        start = time.monotonic()
         for i in range(5):
             reporter.report("restart", "warning", f"restart {i}")
-        assert time.monotonic() - start < 0.1  # report() never waits on the network
-        time.sleep(0.3)  # several refused attempts
+        wait_until(lambda: reporter.attempts >= 3, timeout=5)  # refused, retried
         assert reporter.pending() == 5
         sink.start(port)
         wait_until(lambda: len(sink.received) == 5, timeout=10)
@@ -59,6 +58,25 @@ def test_events_wait_for_a_control_plane_that_is_not_up_yet() -> None:
     finally:
         reporter.close()
         sink.stop()
+
+
+def test_report_never_waits_on_a_stuck_control_plane() -> None:
+    # A socket that accepts connections (backlog) but never answers: each POST hangs until
+    # its 5 s timeout, while report() returns at once.
+    with socket.socket() as stuck:
+        stuck.bind(("127.0.0.1", 0))
+        stuck.listen(16)
+        port = stuck.getsockname()[1]
+        reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{port}",
+                                                request_timeout_s=5.0))
+        try:
+            start = time.monotonic()
+            for i in range(20):
+                reporter.report("hang", "critical", f"hang {i}")
+            assert time.monotonic() - start < 1.0  # far below one POST's 5 s timeout
+            assert reporter.pending() == 20
+        finally:
+            reporter.close(flush_timeout_s=0)
 
 
 def test_full_queue_drops_the_oldest() -> None:

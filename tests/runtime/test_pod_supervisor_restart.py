@@ -4,8 +4,6 @@ supervisor restarts it and reports the restart; a crashing pod becomes a crash l
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -14,43 +12,23 @@ import pytest
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.restart_policy import RestartPolicy
 from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig
-from tests.runtime.support import EventSink, free_port, http, wait_until
+from tests.runtime.support import EventSink, free_port, http, start_pod, stop_group, wait_until
 
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
 # declare hung when the probe has waited 1 s. Simulated time runs 100x faster.
-FAST_POD = (
-    "--profile",
-    "tiny-test",
-    "--time-scale",
-    "100",
-    "--idle-interval",
-    "0.3",
-    "--completion-deadline",
-    "1.0",
-    "--scrape-interval",
-    "0.1",
-    "--grace",
-    "2",
-)
+FAST_POD = ("--profile", "tiny-test", "--time-scale", "100", "--idle-interval", "0.3",
+            "--completion-deadline", "1.0", "--scrape-interval", "0.1", "--grace", "2")
 
 
 @pytest.fixture
 def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
-    reporter = EventReporter(
-        ReporterConfig(url=event_sink.url, key="sup-key", backoff_base_s=0.05, backoff_cap_s=0.2)
-    )
-    sup = Supervisor(
-        SupervisorConfig(
-            check_interval_s=0.2,
-            probe_timeout_s=1.0,
-            stop_grace_s=3.0,
-            restart_policy=RestartPolicy(
-                window_s=60, crash_loop_restarts=3, backoff_base_s=0.2, backoff_cap_s=1.0
-            ),
-            log_dir=str(tmp_path),
-        ),
-        reporter,
-    )
+    reporter = EventReporter(ReporterConfig(url=event_sink.url, key="sup-key",
+                                            backoff_base_s=0.05, backoff_cap_s=0.2))
+    sup = Supervisor(SupervisorConfig(
+        check_interval_s=0.2, probe_timeout_s=1.0, stop_grace_s=3.0,
+        restart_policy=RestartPolicy(window_s=60, crash_loop_restarts=3, backoff_base_s=0.2,
+                                     backoff_cap_s=1.0),
+        log_dir=str(tmp_path)), reporter)
     sup.start()
     try:
         yield sup
@@ -60,7 +38,8 @@ def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
 
 
 def spec(name: str, *extra: str) -> PodSpec:
-    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD + extra)
+    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(),
+                   args=FAST_POD + extra)
 
 
 def status(sup: Supervisor, name: str) -> tuple[int | None, bool, int]:
@@ -75,7 +54,8 @@ def livez(pod: PodSpec) -> int | None:
         return None
 
 
-def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, event_sink: EventSink) -> None:
+def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor,
+                                                     event_sink: EventSink) -> None:
     pod = spec("pod-hang")
     supervisor.start_pod(pod)
     wait_until(lambda: status(supervisor, "pod-hang")[1], timeout=15)
@@ -106,21 +86,8 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, eve
 def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     # The pod's prober reports "hang" to the event API, with the pod's name and endpoint.
     pod = spec("pod-self")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dataplane.runtime.pod",
-            *pod.command()[3:],
-            "--control-plane-url",
-            event_sink.url,
-            "--control-plane-key",
-            "k",
-            "--endpoint-id",
-            "42",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_pod(*pod.command()[3:], "--control-plane-url", event_sink.url,
+                     "--control-plane-key", "k", "--endpoint-id", "42")
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
         readyz = f"http://127.0.0.1:{pod.probe_port}/readyz"
@@ -135,12 +102,11 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0  # SIGTERM: engine drained, clean exit
-        proc.kill()
+        stop_group(proc)
 
 
 def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
-    supervisor: Supervisor, event_sink: EventSink
-) -> None:
+        supervisor: Supervisor, event_sink: EventSink) -> None:
     # The engine crashes 0.5 s after every start: the pod exits, the supervisor restarts it;
     # the third restart within the window is a crash loop, reported once, and backed off.
     supervisor.start_pod(spec("pod-crash", "--fault", "crash", "--fault-after", "0.5"))
@@ -163,29 +129,43 @@ def test_stop_pod_terminates_pod_and_engine(supervisor: Supervisor) -> None:
         http("GET", f"http://127.0.0.1:{pod.port}/health", timeout=1)  # engine gone too
 
 
-def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink, tmp_path: object) -> None:
+def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink,
+                                                      tmp_path: object) -> None:
     # As in Kubernetes, where an emptyDir outlives the container: the second start of the
     # pod with the same state dir reports a restart; the first does not.
     pod = spec("pod-k8s")
-    args = [
-        sys.executable,
-        "-m",
-        "dataplane.runtime.pod",
-        *pod.command()[3:],
-        "--control-plane-url",
-        event_sink.url,
-        "--state-dir",
-        str(tmp_path),
-    ]
+    args = [*pod.command()[3:], "--control-plane-url", event_sink.url,
+            "--state-dir", str(tmp_path)]
     for start in (1, 2):
-        proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        proc = start_pod(*args)
         try:
             wait_until(lambda: livez(pod) == 200, timeout=15)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+            stop_group(proc)
         if start == 1:  # the pod flushes its events before it exits
             assert "restart" not in event_sink.kinds()
     wait_until(lambda: "restart" in event_sink.kinds(), timeout=5)
     event = event_sink.received[event_sink.kinds().index("restart")]
     assert event["pod"] == "pod-k8s" and event["detail"]["starts"] == 2
+
+
+def test_engine_dies_with_its_pod_even_on_sigkill() -> None:
+    pod = spec("pod-orphan")
+    proc = start_pod(*pod.command()[3:])
+    engine_health = f"http://127.0.0.1:{pod.port}/health"
+
+    def engine_up() -> bool:
+        try:
+            return http("GET", engine_health, timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(engine_up, timeout=15)
+        proc.kill()  # the pod alone, not its process group
+        proc.wait(timeout=10)
+        wait_until(lambda: not engine_up(), timeout=10)  # the engine got SIGTERM and left
+    finally:
+        stop_group(proc)
