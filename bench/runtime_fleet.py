@@ -68,8 +68,7 @@ async def wait_healthy(ports: list[int], timeout_s: float) -> None:
     while pending and time.monotonic() < deadline:
         for port in list(pending):
             try:
-                if (await minihttp.request("GET", "127.0.0.1", port, "/health",
-                                           timeout_s=1)).status == 200:
+                if (await minihttp.request("GET", "127.0.0.1", port, "/health", timeout_s=1)).status == 200:
                     pending.discard(port)
             except (OSError, TimeoutError):
                 pass
@@ -79,8 +78,9 @@ async def wait_healthy(ports: list[int], timeout_s: float) -> None:
         raise SystemExit(f"{len(pending)} engines did not come up in {timeout_s} s")
 
 
-async def drive_load(ports: list[int], seconds: float, rate_per_pod: float,
-                     concurrency: int) -> tuple[int, int, list[float]]:
+async def drive_load(
+    ports: list[int], seconds: float, rate_per_pod: float, concurrency: int
+) -> tuple[int, int, list[float]]:
     """Open-loop Poisson arrivals across all pods; bounded in time and in flight."""
     rng = random.Random(0)
     sem = asyncio.Semaphore(concurrency)
@@ -95,8 +95,9 @@ async def drive_load(ports: list[int], seconds: float, rate_per_pod: float,
         async with sem:
             start = time.monotonic()
             try:
-                resp = await minihttp.request("POST", "127.0.0.1", port, "/v1/completions",
-                                              body=body, timeout_s=30)
+                resp = await minihttp.request(
+                    "POST", "127.0.0.1", port, "/v1/completions", body=body, timeout_s=30
+                )
                 ok += resp.status == 200
                 failed += resp.status != 200
                 latencies.append(time.monotonic() - start)
@@ -120,15 +121,30 @@ async def main_async(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     try:
         for port in ports:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port),
-                 "--profile", args.profile, "--time-scale", str(args.time_scale)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                cwd=Path(__file__).resolve().parents[1]))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "dataplane.runtime.sim",
+                        "--port",
+                        str(port),
+                        "--profile",
+                        args.profile,
+                        "--time-scale",
+                        str(args.time_scale),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd=Path(__file__).resolve().parents[1],
+                )
+            )
         await wait_healthy(ports, timeout_s=180)
         pids = [p.pid for p in procs]
-        print(f"{args.pods} simulated engines up in {time.monotonic() - t0:.1f} s "
-              f"(profile {args.profile}, time scale {args.time_scale:g}x)")
+        print(
+            f"{args.pods} simulated engines up in {time.monotonic() - t0:.1f} s "
+            f"(profile {args.profile}, time scale {args.time_scale:g}x)"
+        )
         await asyncio.sleep(2)  # let start-up settle
 
         c0, w0 = cpu_seconds(pids), time.monotonic()
@@ -142,16 +158,24 @@ async def main_async(args: argparse.Namespace) -> None:
         rss = rss_mib(pids)
         lat.sort()
         per_min = 60.0 / args.pods
-        print(f"idle:  {idle_cpu / idle_wall * per_min:.4f} CPU s per pod per minute "
-              f"({idle_cpu:.2f} CPU s over {idle_wall:.0f} s for all pods)")
-        print(f"load:  {load_cpu / load_wall * per_min:.4f} CPU s per pod per minute "
-              f"({load_cpu:.2f} CPU s over {load_wall:.0f} s; {ok} ok, {failed} failed, "
-              f"{ok / load_wall:.0f} req/s in all, {args.rate:g} req/s per pod offered)")
+        print(
+            f"idle:  {idle_cpu / idle_wall * per_min:.4f} CPU s per pod per minute "
+            f"({idle_cpu:.2f} CPU s over {idle_wall:.0f} s for all pods)"
+        )
+        print(
+            f"load:  {load_cpu / load_wall * per_min:.4f} CPU s per pod per minute "
+            f"({load_cpu:.2f} CPU s over {load_wall:.0f} s; {ok} ok, {failed} failed, "
+            f"{ok / load_wall:.0f} req/s in all, {args.rate:g} req/s per pod offered)"
+        )
         if lat:
-            print(f"       request latency p50 {lat[len(lat) // 2] * 1000:.0f} ms, "
-                  f"p99 {lat[int(len(lat) * 0.99)] * 1000:.0f} ms (16 tokens, client included)")
-        print(f"RSS:   {sum(rss) / len(rss):.1f} MiB per pod (min {min(rss):.1f}, "
-              f"max {max(rss):.1f}; {sum(rss):.0f} MiB for {len(rss)} pods)")
+            print(
+                f"       request latency p50 {lat[len(lat) // 2] * 1000:.0f} ms, "
+                f"p99 {lat[int(len(lat) * 0.99)] * 1000:.0f} ms (16 tokens, client included)"
+            )
+        print(
+            f"RSS:   {sum(rss) / len(rss):.1f} MiB per pod (min {min(rss):.1f}, "
+            f"max {max(rss):.1f}; {sum(rss):.0f} MiB for {len(rss)} pods)"
+        )
     finally:
         for p in procs:
             p.kill()

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from capacity.benchmark import DEFAULT_SHAPES, BenchmarkError, Slo, SweepConfig, SweepResult, sweep
+from capacity.benchmark import DEFAULT_SHAPES, BenchmarkError, Driver, Slo, SweepConfig, SweepResult, sweep
 from capacity.fitting import Fit
 from capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
@@ -110,7 +110,11 @@ def benchmark_engine(profile: ModelProfile, engine_url: str | None = None) -> It
 
 
 def run_benchmark(
-    profile: ModelProfile, *, engine_url: str | None = None, config: SweepConfig | None = None
+    profile: ModelProfile,
+    *,
+    engine_url: str | None = None,
+    config: SweepConfig | None = None,
+    driver: Driver | None = None,
 ) -> ProfileFit:
     """Measure, fit, record and maybe publish; always releases the claim."""
     started = timezone.now()
@@ -118,9 +122,12 @@ def run_benchmark(
     fit: Fit | None = None
     result: SweepResult | None = None
     try:
-        with benchmark_engine(profile, engine_url) as (url, scale):
-            config = SweepConfig(**{**asdict(config), "time_scale": scale})
-            result = asyncio.run(sweep(url, config, Slo(settings.BENCHMARK_SLO_P99_S)))
+        if driver is not None:  # an in-process engine (the simulated performance model)
+            result = asyncio.run(sweep(driver, config, Slo(settings.BENCHMARK_SLO_P99_S)))
+        else:
+            with benchmark_engine(profile, engine_url) as (url, scale):
+                config = SweepConfig(**{**asdict(config), "time_scale": scale})
+                result = asyncio.run(sweep(url, config, Slo(settings.BENCHMARK_SLO_P99_S)))
         fit = result.fit(profile.mu_per_replica_minute)
     except (BenchmarkError, ValueError) as error:
         return _record_failure(profile, started, str(error), result)

@@ -10,13 +10,17 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from capacity import benchmarking
-from capacity.benchmark import SweepConfig
+from capacity.benchmark import SimulatedDriver, SweepConfig
 from capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
+from dataplane.runtime.profiles import get_profile
 from tests.runtime.support import http, sim_engine
 
-SHAPES = ((16, 1), (16, 16), (64, 64), (256, 16), (16, 200), (200, 64))
-QUICK = SweepConfig(shapes=SHAPES, requests_per_step=30, requests_per_concurrency=2)
+SHAPES = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200), (200, 64))
+QUICK = SweepConfig(shapes=SHAPES, requests_per_step=40)
+# Where the engine path itself is not the subject, the simulated performance model runs
+# in-process on a virtual clock: the same numbers, deterministic, in a fraction of a second.
+TINY = SimulatedDriver(get_profile("tiny-test"))
 
 
 @pytest.fixture
@@ -25,15 +29,19 @@ def tiny_sim():
         yield sim
 
 
-def test_a_good_fit_is_published_with_its_history(small_model, tiny_sim, settings):
+def test_a_good_fit_is_published_with_its_history(small_model, settings):
     settings.BENCHMARK_ENGINE_VERSION = "sim-1"
     assert benchmarking.claim(small_model.pk, timezone.now())
-    record = benchmarking.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
+    record = benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
     assert record.status == "published", record.reason
     small_model.refresh_from_db()
-    assert (small_model.alpha, small_model.beta, small_model.gamma) == (record.alpha, record.beta, record.gamma)
+    assert (small_model.alpha, small_model.beta, small_model.gamma) == (
+        record.alpha,
+        record.beta,
+        record.gamma,
+    )
     assert small_model.source == "benchmark" and small_model.heldout_mape <= 0.10
-    assert small_model.engine == tiny_sim.url and small_model.engine_version == "sim-1"
+    assert small_model.engine.startswith("simulated:tiny-test") and small_model.engine_version == "sim-1"
     assert small_model.benchmark_claimed_at is None  # released
     assert len(record.shapes) == len(SHAPES) and record.samples == len(SHAPES)
     assert record.beta > record.alpha  # decode costs more than prefill, as on a GPU
@@ -41,9 +49,9 @@ def test_a_good_fit_is_published_with_its_history(small_model, tiny_sim, setting
     assert event.severity == "info" and "published" in event.message
 
 
-def test_a_poor_fit_is_refused_and_the_old_price_stays(small_model, tiny_sim, settings):
+def test_a_poor_fit_is_refused_and_the_old_price_stays(small_model, settings):
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 0.0  # nothing real is that good
-    record = benchmarking.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
+    record = benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
     assert record.status == "refused" and "exceeds the 0.0% threshold" in record.reason
     small_model.refresh_from_db()
     assert (small_model.alpha, small_model.source) == (0.0004, "manual")
@@ -113,9 +121,22 @@ def test_no_engine_configured_is_a_clear_failure(small_model, settings):
 
 def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, settings):
     settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
+    # HTTP timings on a shared 2-core machine are noisy; accuracy is bench/'s business, the
+    # command's contract is this test's.
+    settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0
     out = StringIO()
-    call_command("benchmark", "--model", "sim-tiny", "--gpu", "h100-80gb", "--engine-url", tiny_sim.url, "--json",
-                 stdout=out, stderr=StringIO())
+    call_command(
+        "benchmark",
+        "--model",
+        "sim-tiny",
+        "--gpu",
+        "h100-80gb",
+        "--engine-url",
+        tiny_sim.url,
+        "--json",
+        stdout=out,
+        stderr=StringIO(),
+    )
     lines = out.getvalue().strip().splitlines()
     summary = json.loads(lines[-1])
     assert {"alpha", "beta", "gamma", "r2", "heldout_mape", "samples", "published"} <= set(summary)
@@ -128,3 +149,79 @@ def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, setti
 def test_the_command_refuses_an_unknown_gpu(db):
     with pytest.raises(CommandError, match="unknown GPU type 'tpu'"):
         call_command("benchmark", "--model", "m", "--gpu", "tpu", stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_api_shows_history_and_takes_a_rerun_request(operator_client, owner_client, small_model):
+    benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
+    fits = operator_client.get(f"/api/v1/model-profiles/{small_model.pk}/fits/").json()
+    assert [f["status"] for f in fits] == ["published"]
+    assert {"alpha", "beta", "gamma", "r2", "heldout_mape", "intervals", "shapes"} <= set(fits[0])
+    profile = operator_client.get(f"/api/v1/model-profiles/{small_model.pk}/").json()
+    assert profile["source"] == "benchmark" and profile["heldout_mape"] == fits[0]["heldout_mape"]
+    assert owner_client.post(f"/api/v1/model-profiles/{small_model.pk}/benchmark/").status_code == 403
+    asked = operator_client.post(f"/api/v1/model-profiles/{small_model.pk}/benchmark/")
+    assert asked.status_code == 202 and asked.json()["benchmark_requested_at"]
+    assert benchmarking.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model, tmp_path):
+    """Real Celery beat + worker processes on the real Redis: the beat tick finds the profile
+    due, the worker starts a local simulated pod, sweeps, fits, and the fit lands in PostgreSQL."""
+    import os
+    import sys
+    import time
+
+    import redis
+    from django.conf import settings as django_settings
+
+    broker = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+    redis.Redis.from_url(broker).flushdb()  # no stale tasks from an earlier run
+    db = django_settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CELERY_BROKER_URL": broker,
+        "BENCHMARK_ENGINE_URL": "",
+        "BENCHMARK_SIMULATED_PROFILE": "tiny-test",
+        "BENCHMARK_SIMULATED_TIME_SCALE": "20",
+        "BENCHMARK_SHAPES": ",".join(f"{i}x{o}" for i, o in SHAPES),
+        "BENCHMARK_CHECK_INTERVAL_S": "1",
+        "BENCHMARK_MAX_HELDOUT_MAPE": "1.0",  # the wiring is under test here, not accuracy
+        "CAPACITY_SNAPSHOT_INTERVAL_S": "3600",
+    }
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "--beat",
+            "--pool=solo",
+            "--loglevel=INFO",
+            f"--schedule={tmp_path / 'beat'}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not ProfileFit.objects.filter(profile=small_model).exists() and time.monotonic() < deadline:
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)  # waiting on other processes, not faking time
+        fit = ProfileFit.objects.filter(profile=small_model).first()
+        assert fit is not None, (tmp_path / "worker.log").read_text()[-3000:]
+        assert fit.status == "published" and fit.engine.startswith("http://127.0.0.1:")
+        small_model.refresh_from_db()
+        assert small_model.source == "benchmark" and small_model.benchmark_claimed_at is None
+        assert Event.objects.filter(kind="benchmark", message__contains="published").exists()
+    finally:
+        os.killpg(worker.pid, 15)
+        worker.wait(timeout=30)
+        log.close()

@@ -4,7 +4,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
-from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, sell
+from capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation, sell
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
@@ -86,11 +86,34 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         return pool
 
 
+class ProfileFitSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ProfileFit
+        fields = [
+            "id",
+            "status",
+            "reason",
+            "alpha",
+            "beta",
+            "gamma",
+            "r2",
+            "heldout_mape",
+            "samples",
+            "intervals",
+            "shapes",
+            "engine",
+            "engine_version",
+            "started_at",
+            "finished_at",
+        ]
+
+
 class ModelProfileSerializer(serializers.ModelSerializer):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
         model = ModelProfile
+        read_only_fields = ["heldout_mape", "engine", "engine_version", "benchmark_requested_at"]
         fields = [
             "id",
             "model",
@@ -104,6 +127,10 @@ class ModelProfileSerializer(serializers.ModelSerializer):
             "samples",
             "fitted_at",
             "source",
+            "heldout_mape",
+            "engine",
+            "engine_version",
+            "benchmark_requested_at",
         ]
         validators = []  # the (model, gpu_type) clash is checked in validate() with a clear message
 

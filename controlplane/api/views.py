@@ -70,6 +70,24 @@ class ModelProfileViewSet(viewsets.ModelViewSet):
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.ModelProfileFilterSet
 
+    @extend_schema(responses=serializers.ProfileFitSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def fits(self, request, pk=None):
+        """Every benchmark of this profile, newest first: published, refused and failed."""
+        fits = self.get_object().fits.order_by("-id")[:100]
+        return Response(serializers.ProfileFitSerializer(fits, many=True).data)
+
+    @extend_schema(request=None, responses=serializers.ModelProfileSerializer)
+    @action(detail=True, methods=["post"])
+    def benchmark(self, request, pk=None):
+        """Ask for a new benchmark; the next beat tick (within a minute) runs it."""
+        profile = self.get_object()
+        ModelProfile.objects.filter(pk=profile.pk).update(
+            benchmark_requested_at=timezone.now(), benchmark_retry_at=None
+        )
+        profile.refresh_from_db()
+        return Response(self.get_serializer(profile).data, status=status.HTTP_202_ACCEPTED)
+
 
 class EndpointViewSet(ScopedViewSet):
     queryset = Endpoint.objects.with_related()

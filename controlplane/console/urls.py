@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("capacity/", views.capacity, name="capacity"),
     path("capacity/sell/", views.sell, name="sell"),
+    path("capacity/profiles/<int:pk>/benchmark/", views.rerun_benchmark, name="profile-benchmark"),
     path("endpoints/", views.endpoints, name="endpoints"),
     path("endpoints/new/", views.endpoint_form, name="endpoint-new"),
     path("endpoints/<int:pk>/", views.endpoint_detail, name="endpoint"),

@@ -11,7 +11,7 @@ from functools import wraps
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Avg, Count, Max
+from django.db.models import Avg, Count, Max, Prefetch
 from django.db.models.functions import TruncHour, TruncMinute
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -19,7 +19,15 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from capacity.ledger import Oversold
-from capacity.models import CapacitySnapshot, GpuPool, GpuType, ModelProfile, Reservation, pool_ledgers
+from capacity.models import (
+    CapacitySnapshot,
+    GpuPool,
+    GpuType,
+    ModelProfile,
+    ProfileFit,
+    Reservation,
+    pool_ledgers,
+)
 from controlplane.api.errors import oversold_body
 from controlplane.api.filters import EndpointFilterSet, EventFilterSet
 from controlplane.api.pagination import LateJoinPaginator
@@ -186,11 +194,30 @@ def capacity_context(window: str) -> dict:
         )
     return {
         "groups": list(groups.values()),
-        "profiles": ModelProfile.objects.select_related("gpu_type").order_by("model", "gpu_type__name"),
+        "profiles": profiles_with_history(),
         "window": window,
         "windows": list(WINDOWS),
         "overcommit": next(iter(ledgers.values())).overcommit if ledgers else 1,
     }
+
+
+def profiles_with_history():
+    """Profiles with their five latest benchmarks, in two queries."""
+    recent = Prefetch("fits", queryset=ProfileFit.objects.order_by("-id")[:5], to_attr="recent_fits")
+    return (
+        ModelProfile.objects.select_related("gpu_type")
+        .prefetch_related(recent)
+        .order_by("model", "gpu_type__name")
+    )
+
+
+@require_POST
+@console_view(operator_only=True, section="capacity")
+def rerun_benchmark(request, pk):
+    """The re-run button: ask for a benchmark; the next beat tick runs it."""
+    ModelProfile.objects.filter(pk=pk).update(benchmark_requested_at=timezone.now(), benchmark_retry_at=None)
+    profile = get_object_or_404(profiles_with_history(), pk=pk)
+    return render(request, "console/_profile_row.html", {"p": profile})
 
 
 @require_POST

@@ -84,12 +84,18 @@ class EventReporter:
             self._thread = threading.Thread(target=self._run, name="event-reporter", daemon=True)
             self._thread.start()
 
-    def report(self, kind: str, severity: str, message: str,
-               detail: dict[str, Any] | None = None, pod: str | None = None) -> Event:
-        event = Event(kind, severity, pod or self.config.pod, message, self.config.endpoint,
-                      detail or {}, utc_now_iso())
-        log.warning("event %s/%s pod=%s: %s %s", kind, severity, event.pod, message,
-                    json.dumps(event.detail))
+    def report(
+        self,
+        kind: str,
+        severity: str,
+        message: str,
+        detail: dict[str, Any] | None = None,
+        pod: str | None = None,
+    ) -> Event:
+        event = Event(
+            kind, severity, pod or self.config.pod, message, self.config.endpoint, detail or {}, utc_now_iso()
+        )
+        log.warning("event %s/%s pod=%s: %s %s", kind, severity, event.pod, message, json.dumps(event.detail))
         if not self.config.url:
             return event
         with self._cond:
@@ -129,8 +135,7 @@ class EventReporter:
             outcome = self._post(event)
             if outcome == "retry":
                 attempt += 1
-                delay = backoff_delay(attempt, self.config.backoff_base_s,
-                                      self.config.backoff_cap_s)
+                delay = backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_cap_s)
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, timeout=delay)
                 continue
@@ -147,9 +152,11 @@ class EventReporter:
         assert self.config.url is not None
         self.attempts += 1
         request = urllib.request.Request(
-            self.config.url.rstrip("/") + "/api/v1/events/", data=event.to_json(),
-            method="POST", headers={"Content-Type": "application/json",
-                                    "Authorization": f"Bearer {self.config.key}"})
+            self.config.url.rstrip("/") + "/api/v1/events/",
+            data=event.to_json(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.config.key}"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.config.request_timeout_s) as resp:
                 resp.read()

@@ -44,10 +44,23 @@ class VllmSpec:
 
 
 def build_command(spec: VllmSpec) -> list[str]:
-    cmd = [spec.python, "-m", VLLM_MODULE, "--model", spec.model,
-           "--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype,
-           "--kv-cache-dtype", spec.kv_cache_dtype,
-           "--scheduling-policy", spec.scheduling_policy]
+    cmd = [
+        spec.python,
+        "-m",
+        VLLM_MODULE,
+        "--model",
+        spec.model,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--dtype",
+        spec.dtype,
+        "--kv-cache-dtype",
+        spec.kv_cache_dtype,
+        "--scheduling-policy",
+        spec.scheduling_policy,
+    ]
     if spec.served_model_name:
         cmd += ["--served-model-name", spec.served_model_name]
     if spec.quantization:
@@ -61,9 +74,12 @@ def build_command(spec: VllmSpec) -> list[str]:
     return cmd + list(spec.extra_args)
 
 
-def engine_env(base: Mapping[str, str] | None = None,
-               cgroup_root: Path = cgroup.DEFAULT_ROOT,
-               affinity: int | None = None, reserved_cpus: int = 1) -> dict[str, str]:
+def engine_env(
+    base: Mapping[str, str] | None = None,
+    cgroup_root: Path = cgroup.DEFAULT_ROOT,
+    affinity: int | None = None,
+    reserved_cpus: int = 1,
+) -> dict[str, str]:
     """``base`` (default: this process's environment) with thread counts from the CPU limit.
 
     Always overwritten: an inherited OMP_NUM_THREADS often comes from the host image.
@@ -106,35 +122,46 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--vllm-python", default=sys.executable,
-                        help="interpreter that has vllm installed")
-    parser.add_argument("--reserved-cpus", type=int, default=1,
-                        help="CPUs of the limit kept out of the OpenMP pool for the server")
+    parser.add_argument("--vllm-python", default=sys.executable, help="interpreter that has vllm installed")
+    parser.add_argument(
+        "--reserved-cpus",
+        type=int,
+        default=1,
+        help="CPUs of the limit kept out of the OpenMP pool for the server",
+    )
 
 
-def spec_from_args(args: argparse.Namespace, port: int, host: str,
-                   extra: list[str]) -> VllmSpec:
+def spec_from_args(args: argparse.Namespace, port: int, host: str, extra: list[str]) -> VllmSpec:
     if not args.model:
         raise SystemExit("--model is required for the vllm engine")
-    return VllmSpec(model=args.model, port=port, host=host,
-                    served_model_name=args.served_model_name, dtype=args.dtype,
-                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                    max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                    enforce_eager=args.enforce_eager, extra_args=tuple(extra),
-                    python=args.vllm_python)
+    return VllmSpec(
+        model=args.model,
+        port=port,
+        host=host,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        enforce_eager=args.enforce_eager,
+        extra_args=tuple(extra),
+        python=args.vllm_python,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    ours = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ours = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m dataplane.runtime.launcher")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="0.0.0.0")
     add_vllm_arguments(parser)
     args = parser.parse_args(ours)
-    sys.exit(run(spec_from_args(args, args.port, args.host, extra),
-                 engine_env(reserved_cpus=args.reserved_cpus)))
+    sys.exit(
+        run(spec_from_args(args, args.port, args.host, extra), engine_env(reserved_cpus=args.reserved_cpus))
+    )
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ class StreamingResponse:
     If the client goes away, the server closes the iterator (``aclose``), so a generator's
     ``finally`` can release what the request held.
     """
+
     status: int
     content_type: str
     body: AsyncIterator[bytes]
@@ -127,8 +128,9 @@ async def _read_request(reader: asyncio.StreamReader, limits: HttpLimits) -> Req
 class HttpServer:
     """Serves ``handler`` on one listening socket; one task per connection, tracked."""
 
-    def __init__(self, handler: Handler, limits: HttpLimits | None = None,
-                 extra_headers: dict[str, str] | None = None):
+    def __init__(
+        self, handler: Handler, limits: HttpLimits | None = None, extra_headers: dict[str, str] | None = None
+    ):
         self.handler = handler
         self.limits = limits or HttpLimits()
         self.extra_headers = extra_headers or {}
@@ -137,7 +139,8 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         self.server = await asyncio.start_server(
-            self._on_connection, host, port, limit=self.limits.max_header_bytes * 2)
+            self._on_connection, host, port, limit=self.limits.max_header_bytes * 2
+        )
         return int(self.server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
@@ -148,8 +151,7 @@ class HttpServer:
         if self._connections:
             await asyncio.wait(self._connections, timeout=2.0)
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
@@ -161,8 +163,7 @@ class HttpServer:
             self._connections.discard(task)
             writer.close()
 
-    async def _serve_connection(self, reader: asyncio.StreamReader,
-                                writer: asyncio.StreamWriter) -> None:
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         timeout = self.limits.keep_alive_s
         while True:
             try:
@@ -187,9 +188,13 @@ class HttpServer:
                 return
 
     async def _stream(self, writer: asyncio.StreamWriter, response: StreamingResponse) -> None:
-        headers = {**self.extra_headers, **response.headers,
-                   "content-type": response.content_type, "cache-control": "no-cache",
-                   "connection": "close"}
+        headers = {
+            **self.extra_headers,
+            **response.headers,
+            "content-type": response.content_type,
+            "cache-control": "no-cache",
+            "connection": "close",
+        }
         try:
             writer.write(_head(response.status, headers))
             await writer.drain()
@@ -200,12 +205,14 @@ class HttpServer:
             if isinstance(response.body, AsyncGenerator):
                 await response.body.aclose()
 
-    async def _write(self, writer: asyncio.StreamWriter, response: Response,
-                     keep_alive: bool) -> None:
-        headers = {**self.extra_headers, **response.headers,
-                   "content-type": response.content_type,
-                   "content-length": str(len(response.body)),
-                   "connection": "keep-alive" if keep_alive else "close"}
+    async def _write(self, writer: asyncio.StreamWriter, response: Response, keep_alive: bool) -> None:
+        headers = {
+            **self.extra_headers,
+            **response.headers,
+            "content-type": response.content_type,
+            "content-length": str(len(response.body)),
+            "connection": "keep-alive" if keep_alive else "close",
+        }
         writer.write(_head(response.status, headers) + response.body)
         await writer.drain()
 
@@ -220,24 +227,30 @@ class ClientResponse:
         return json.loads(self.body)
 
 
-async def request(method: str, host: str, port: int, path: str, *, body: bytes = b"",
-                  headers: dict[str, str] | None = None, timeout_s: float = 10.0
-                  ) -> ClientResponse:
+async def request(
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    *,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 10.0,
+) -> ClientResponse:
     """One request on a fresh connection (``Connection: close``), read to the end.
 
     Raises OSError (refused, reset) and TimeoutError; a caller that probes treats both as a
     failed probe. The whole exchange is bounded by ``timeout_s``.
     """
-    return await asyncio.wait_for(_request(method, host, port, path, body, headers or {}),
-                                  timeout_s)
+    return await asyncio.wait_for(_request(method, host, port, path, body, headers or {}), timeout_s)
 
 
-async def _request(method: str, host: str, port: int, path: str, body: bytes,
-                   headers: dict[str, str]) -> ClientResponse:
+async def _request(
+    method: str, host: str, port: int, path: str, body: bytes, headers: dict[str, str]
+) -> ClientResponse:
     reader, writer = await asyncio.open_connection(host, port)
     try:
-        head = {"host": f"{host}:{port}", "connection": "close",
-                "content-length": str(len(body)), **headers}
+        head = {"host": f"{host}:{port}", "connection": "close", "content-length": str(len(body)), **headers}
         lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         await writer.drain()
@@ -266,5 +279,5 @@ def _dechunk(data: bytes) -> bytes:
         if size == 0:
             break
         out += rest[:size]
-        data = rest[size + 2:]
+        data = rest[size + 2 :]
     return bytes(out)

@@ -31,8 +31,14 @@ class ApiError(Exception):
     param: str | None = None  # offending field
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.err_type,
-                          "param": self.param, "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.err_type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,7 @@ def _prompt_tokens(prompt: Any) -> int:
         if len(prompt) == 1:
             return _prompt_tokens(prompt[0])
         raise ApiError(400, "The simulated engine serves one prompt per request.", param="prompt")
-    raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
-                   param="prompt")
+    raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
 
 
 def _message_tokens(messages: Any) -> int:
@@ -86,8 +91,9 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     return value
 
 
-def parse_request(raw: bytes, chat: bool, served_model: str, max_model_len: int,
-                  default_max_tokens: int) -> ParsedRequest:
+def parse_request(
+    raw: bytes, chat: bool, served_model: str, max_model_len: int, default_max_tokens: int
+) -> ParsedRequest:
     """Validate a request body as vLLM would; raises ApiError (400/404)."""
     try:
         body = json.loads(raw)
@@ -98,18 +104,21 @@ def parse_request(raw: bytes, chat: bool, served_model: str, max_model_len: int,
     model = body.get("model") or served_model
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    prompt_tokens = _message_tokens(body.get("messages")) if chat else _prompt_tokens(
-        body.get("prompt"))
+    prompt_tokens = _message_tokens(body.get("messages")) if chat else _prompt_tokens(body.get("prompt"))
     if prompt_tokens >= max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. "
-                       f"However, your prompt contains {prompt_tokens} input tokens, which "
-                       "exceeds this limit even without any output tokens. Please reduce the "
-                       "length of the input prompt.", param="input_tokens")
-    requested = _int_field(body, "max_completion_tokens" if chat and
-                           "max_completion_tokens" in body else "max_tokens", None)
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, your prompt contains {prompt_tokens} input tokens, which "
+            "exceeds this limit even without any output tokens. Please reduce the "
+            "length of the input prompt.",
+            param="input_tokens",
+        )
+    requested = _int_field(
+        body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens", None
+    )
     if requested is not None and requested < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {requested}.",
-                       param="max_tokens")
+        raise ApiError(400, f"max_tokens must be at least 1, got {requested}.", param="max_tokens")
     # vLLM clamps max_tokens to the context left; with no EOS the sim needs a finite default.
     max_tokens = min(requested or default_max_tokens, max_model_len - prompt_tokens)
     if (_int_field(body, "n", 1) or 1) != 1:
@@ -127,53 +136,90 @@ def token_text(index: int) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def full_response(req: ParsedRequest, request_id: str, created: int, generated: int,
-                  finish_reason: str) -> dict[str, Any]:
+def full_response(
+    req: ParsedRequest, request_id: str, created: int, generated: int, finish_reason: str
+) -> dict[str, Any]:
     text = "".join(token_text(i) for i in range(generated))
     if req.chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
-    return {"id": request_id, "object": obj, "created": created, "model": req.model,
-            "choices": [choice], "usage": usage(req.prompt_tokens, generated)}
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": req.model,
+        "choices": [choice],
+        "usage": usage(req.prompt_tokens, generated),
+    }
 
 
-def stream_chunk(req: ParsedRequest, request_id: str, created: int, index: int,
-                 finish_reason: str | None) -> dict[str, Any]:
+def stream_chunk(
+    req: ParsedRequest, request_id: str, created: int, index: int, finish_reason: str | None
+) -> dict[str, Any]:
     """The SSE chunk for output token ``index`` (the chat stream starts with the role)."""
     if req.chat:
         delta: dict[str, Any] = {"content": token_text(index)}
         if index == 0:
             delta = {"role": "assistant", **delta}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": token_text(index), "logprobs": None,
-                  "finish_reason": finish_reason}
+        choice = {"index": 0, "text": token_text(index), "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
-    return {"id": request_id, "object": obj, "created": created, "model": req.model,
-            "choices": [choice]}
+    return {"id": request_id, "object": obj, "created": created, "model": req.model, "choices": [choice]}
 
 
-def usage_chunk(req: ParsedRequest, request_id: str, created: int,
-                generated: int) -> dict[str, Any]:
+def usage_chunk(req: ParsedRequest, request_id: str, created: int, generated: int) -> dict[str, Any]:
     obj = "chat.completion.chunk" if req.chat else "text_completion"
-    return {"id": request_id, "object": obj, "created": created, "model": req.model,
-            "choices": [], "usage": usage(req.prompt_tokens, generated)}
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": req.model,
+        "choices": [],
+        "usage": usage(req.prompt_tokens, generated),
+    }
 
 
-def models_body(model: str, max_model_len: int, created: int, profile: str) -> dict[str, Any]:
-    return {"object": "list", "data": [{
-        "id": model, "object": "model", "created": created, "owned_by": "vllm",
-        "root": model, "parent": None, "max_model_len": max_model_len,
-        # Not part of vLLM's card: says plainly that no model is behind this endpoint.
-        "simulated": True, "sim_profile": profile,
-    }]}
+def models_body(
+    model: str, max_model_len: int, created: int, profile: str, time_scale: float = 1.0
+) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": model,
+                "parent": None,
+                "max_model_len": max_model_len,
+                # Not part of vLLM's card: says plainly that no model is behind this endpoint, and how
+                # much faster than real time it runs (a benchmark measures in the engine's time).
+                "simulated": True,
+                "sim_profile": profile,
+                "time_scale": time_scale,
+            }
+        ],
+    }

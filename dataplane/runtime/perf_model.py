@@ -44,16 +44,19 @@ class EngineProfile:
         for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_batched_tokens", "max_num_seqs", "kv_capacity_tokens",
-                     "max_model_len"):
+        for name in ("max_batched_tokens", "max_num_seqs", "kv_capacity_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.name}: {name} must be >= 1, got {getattr(self, name)}")
         if self.max_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"{self.name}: max_batched_tokens {self.max_batched_tokens} < "
-                             f"max_num_seqs {self.max_num_seqs}: a full batch could not decode")
+            raise ValueError(
+                f"{self.name}: max_batched_tokens {self.max_batched_tokens} < "
+                f"max_num_seqs {self.max_num_seqs}: a full batch could not decode"
+            )
         if self.kv_capacity_tokens < self.max_model_len:
-            raise ValueError(f"{self.name}: kv_capacity_tokens {self.kv_capacity_tokens} < "
-                             f"max_model_len {self.max_model_len}: a long request never fits")
+            raise ValueError(
+                f"{self.name}: kv_capacity_tokens {self.kv_capacity_tokens} < "
+                f"max_model_len {self.max_model_len}: a long request never fits"
+            )
 
 
 @dataclass
@@ -154,8 +157,11 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
     for req in finished:
         state.running.remove(req)
         state.kv_used_tokens -= req.kv_tokens
-    duration = (profile.step_base_s + profile.decode_per_seq_s * len(decoders)
-                + profile.prefill_per_token_s * prefilled)
+    duration = (
+        profile.step_base_s
+        + profile.decode_per_seq_s * len(decoders)
+        + profile.prefill_per_token_s * prefilled
+    )
     return StepResult(duration, len(decoders), prefilled, tuple(emitted), tuple(finished))
 
 
@@ -166,13 +172,13 @@ def kv_usage(profile: EngineProfile, state: EngineState) -> float:
 
 # --- Closed forms -----------------------------------------------------------------------------
 
+
 def decode_step_s(profile: EngineProfile, batch: int) -> float:
     """Duration of a pure decode step with ``batch`` sequences, seconds."""
     return profile.step_base_s + profile.decode_per_seq_s * batch
 
 
-def solo_latency_s(profile: EngineProfile, prompt_tokens: int,
-                   output_tokens: int) -> tuple[float, float]:
+def solo_latency_s(profile: EngineProfile, prompt_tokens: int, output_tokens: int) -> tuple[float, float]:
     """(time to first token, end-to-end latency) of one request alone in the engine, seconds.
 
     The prompt takes ceil(prompt / budget) steps (the first token comes with the last chunk),
@@ -188,8 +194,9 @@ def max_batch(profile: EngineProfile, prompt_tokens: int, output_tokens: int) ->
     return min(profile.max_num_seqs, profile.kv_capacity_tokens // (prompt_tokens + output_tokens))
 
 
-def steady_state_requests_per_s(profile: EngineProfile, prompt_tokens: int,
-                                output_tokens: int, batch: int) -> float:
+def steady_state_requests_per_s(
+    profile: EngineProfile, prompt_tokens: int, output_tokens: int, batch: int
+) -> float:
     """Completed requests per second with ``batch`` requests of one shape always in flight.
 
     Each slot cycles through 1 prefill step + (output - 1) decode steps, and every step
@@ -200,13 +207,16 @@ def steady_state_requests_per_s(profile: EngineProfile, prompt_tokens: int,
     most = max_batch(profile, prompt_tokens, output_tokens)
     if not 1 <= batch <= most:
         raise ValueError(f"batch {batch} outside 1..{most} for this shape")
-    per_request_s = (output_tokens * profile.step_base_s / batch
-                     + (output_tokens - 1) * profile.decode_per_seq_s
-                     + prompt_tokens * profile.prefill_per_token_s)
+    per_request_s = (
+        output_tokens * profile.step_base_s / batch
+        + (output_tokens - 1) * profile.decode_per_seq_s
+        + prompt_tokens * profile.prefill_per_token_s
+    )
     return 1.0 / per_request_s
 
 
 # --- Discrete-event driver --------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -224,8 +234,7 @@ class Completion:
     output_tokens: int
 
 
-def simulate(profile: EngineProfile, arrivals: list[Arrival], max_steps: int = 1_000_000
-             ) -> list[Completion]:
+def simulate(profile: EngineProfile, arrivals: list[Arrival], max_steps: int = 1_000_000) -> list[Completion]:
     """Run the engine on ``arrivals`` until all complete; returns completions in finish order.
 
     A request that arrives during a step is admitted at the next step, as in the live engine.
@@ -252,6 +261,14 @@ def simulate(profile: EngineProfile, arrivals: list[Arrival], max_steps: int = 1
         for req in result.emitted:
             first.setdefault(req.request_id, now)
         for req in result.finished:
-            done.append(Completion(req.request_id, arrived[req.request_id],
-                                   first[req.request_id], now, req.prompt_tokens, req.generated))
+            done.append(
+                Completion(
+                    req.request_id,
+                    arrived[req.request_id],
+                    first[req.request_id],
+                    now,
+                    req.prompt_tokens,
+                    req.generated,
+                )
+            )
     raise RuntimeError(f"simulate: not done after {max_steps} steps")

@@ -39,8 +39,8 @@ log = logging.getLogger("dataplane.runtime.pod")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    ours = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ours = argv[: argv.index("--")] if "--" in argv else argv
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m dataplane.runtime.pod")
     p.add_argument("--engine", choices=("sim", "vllm"), required=True)
@@ -49,8 +49,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--host", default="127.0.0.1", help="listen address of both servers")
     p.add_argument("--name", default=env("POD_NAME", socket.gethostname()), help="pod name")
     p.add_argument("--grace", type=float, default=30.0, help="drain time on SIGTERM, s")
-    p.add_argument("--state-dir", default=env("MU_POD_STATE_DIR"),
-                   help="directory that outlives the container; enables restart events")
+    p.add_argument(
+        "--state-dir",
+        default=env("MU_POD_STATE_DIR"),
+        help="directory that outlives the container; enables restart events",
+    )
     # Control plane (events).
     p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
     p.add_argument("--control-plane-key", default=env("MU_CONTROL_PLANE_KEY", ""))
@@ -76,10 +79,23 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
     if args.engine == "sim":
-        cmd = [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(args.port),
-               "--host", args.host, "--profile", args.profile,
-               "--time-scale", str(args.time_scale), "--fault", args.fault,
-               "--fault-after", str(args.fault_after)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.sim",
+            "--port",
+            str(args.port),
+            "--host",
+            args.host,
+            "--profile",
+            args.profile,
+            "--time-scale",
+            str(args.time_scale),
+            "--fault",
+            args.fault,
+            "--fault-after",
+            str(args.fault_after),
+        ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
         return cmd + extra, dict(os.environ)
@@ -92,6 +108,7 @@ def _die_with_parent() -> None:
     no engine outlives its pod and holds the port (Linux prctl PR_SET_PDEATHSIG)."""
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
     except OSError:
         pass  # not Linux/glibc: the supervisor's process-group kill still applies
@@ -113,22 +130,29 @@ def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
 
 
 async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
-    config = ProberConfig(idle_interval_s=args.idle_interval,
-                          completion_deadline_s=args.completion_deadline,
-                          failure_threshold=args.failure_threshold,
-                          startup_timeout_s=args.startup_timeout,
-                          scrape_interval_s=args.scrape_interval,
-                          probe_priority=args.probe_priority)
-    reporter = EventReporter(ReporterConfig(url=args.control_plane_url,
-                                            key=args.control_plane_key,
-                                            endpoint=args.endpoint_id, pod=args.name))
+    config = ProberConfig(
+        idle_interval_s=args.idle_interval,
+        completion_deadline_s=args.completion_deadline,
+        failure_threshold=args.failure_threshold,
+        startup_timeout_s=args.startup_timeout,
+        scrape_interval_s=args.scrape_interval,
+        probe_priority=args.probe_priority,
+    )
+    reporter = EventReporter(
+        ReporterConfig(
+            url=args.control_plane_url, key=args.control_plane_key, endpoint=args.endpoint_id, pod=args.name
+        )
+    )
     if args.state_dir:
         previous = record_start(args.state_dir, utc_now_iso())
         if previous:
             starts = int(str(previous.get("starts", 0))) + 1
-            reporter.report("restart", "warning",
-                            f"pod {args.name} restarted (start #{starts})",
-                            {"starts": starts, "previous_start": previous.get("last_start")})
+            reporter.report(
+                "restart",
+                "warning",
+                f"pod {args.name} restarted (start #{starts})",
+                {"starts": starts, "previous_start": previous.get("last_start")},
+            )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the spawn: a SIGTERM then still drains
@@ -136,9 +160,13 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
     cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
     engine = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
-    probe = ProbeLoop(config, args.host, args.port, reporter,
-                      model=args.served_model_name if args.engine == "sim" else
-                      (args.served_model_name or args.model))
+    probe = ProbeLoop(
+        config,
+        args.host,
+        args.port,
+        reporter,
+        model=args.served_model_name if args.engine == "sim" else (args.served_model_name or args.model),
+    )
     await probe.http.start(args.host, args.probe_port)
     probe_task = asyncio.create_task(probe.run(stop))
     engine_exit = asyncio.create_task(engine.wait())
@@ -170,8 +198,9 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     sys.exit(asyncio.run(run_pod(args, extra)))
 

@@ -23,9 +23,15 @@ log = logging.getLogger("dataplane.runtime.probe")
 
 
 class ProbeLoop:
-    def __init__(self, config: ProberConfig, engine_host: str, engine_port: int,
-                 reporter: EventReporter, model: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: ProberConfig,
+        engine_host: str,
+        engine_port: int,
+        reporter: EventReporter,
+        model: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.config = config
         self.engine_host = engine_host
         self.engine_port = engine_port
@@ -43,9 +49,13 @@ class ProbeLoop:
 
     async def handle(self, request: Request) -> Response:
         status = self.status()
-        body = {"live": status.live, "ready": status.ready, "reason": status.reason,
-                "consecutive_failures": status.consecutive_failures,
-                "seconds_since_progress": status.seconds_since_progress}
+        body = {
+            "live": status.live,
+            "ready": status.ready,
+            "reason": status.reason,
+            "consecutive_failures": status.consecutive_failures,
+            "seconds_since_progress": status.seconds_since_progress,
+        }
         if request.path == "/livez":
             return json_response(200 if status.live else 503, body)
         if request.path == "/readyz":
@@ -81,18 +91,29 @@ class ProbeLoop:
     def _report_transitions(self) -> None:
         status = self.status()
         if self._was_live and not status.live:
-            self.reporter.report("hang", "critical", f"engine hung: {status.reason}",
-                                 {"consecutive_failures": status.consecutive_failures,
-                                  "seconds_since_progress": status.seconds_since_progress,
-                                  "probes_sent": self.probes_sent})
+            self.reporter.report(
+                "hang",
+                "critical",
+                f"engine hung: {status.reason}",
+                {
+                    "consecutive_failures": status.consecutive_failures,
+                    "seconds_since_progress": status.seconds_since_progress,
+                    "probes_sent": self.probes_sent,
+                },
+            )
         elif not self._was_live and status.live:
             log.warning("engine recovered: %s", status.reason)
         self._was_live = status.live
 
     async def _scrape(self) -> float | None:
         try:
-            resp = await minihttp.request("GET", self.engine_host, self.engine_port, "/metrics",
-                                          timeout_s=min(5.0, self.config.completion_deadline_s))
+            resp = await minihttp.request(
+                "GET",
+                self.engine_host,
+                self.engine_port,
+                "/metrics",
+                timeout_s=min(5.0, self.config.completion_deadline_s),
+            )
         except (OSError, TimeoutError):
             return None
         if resp.status != 200:
@@ -101,22 +122,34 @@ class ProbeLoop:
 
     async def _discover_model(self) -> str | None:
         try:
-            resp = await minihttp.request("GET", self.engine_host, self.engine_port,
-                                          "/v1/models", timeout_s=5.0)
+            resp = await minihttp.request(
+                "GET", self.engine_host, self.engine_port, "/v1/models", timeout_s=5.0
+            )
             return str(resp.json()["data"][0]["id"]) if resp.status == 200 else None
         except (OSError, TimeoutError, ValueError, KeyError, IndexError):
             return None
 
     async def _probe(self, sent_at: float) -> None:
-        body = json.dumps({"model": self.model, "prompt": "ping",
-                           "max_tokens": self.config.probe_max_tokens, "temperature": 0,
-                           "priority": self.config.probe_priority}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "prompt": "ping",
+                "max_tokens": self.config.probe_max_tokens,
+                "temperature": 0,
+                "priority": self.config.probe_priority,
+            }
+        ).encode()
         ok, detail = False, ""
         try:
             resp = await minihttp.request(
-                "POST", self.engine_host, self.engine_port, "/v1/completions", body=body,
+                "POST",
+                self.engine_host,
+                self.engine_port,
+                "/v1/completions",
+                body=body,
                 headers={"content-type": "application/json"},
-                timeout_s=self.config.completion_deadline_s)
+                timeout_s=self.config.completion_deadline_s,
+            )
             ok = resp.status == 200
             detail = f"status {resp.status}"
         except TimeoutError:

@@ -34,13 +34,11 @@ class ProberConfig:
     probe_max_tokens: int = 1  # output tokens per probe
 
     def __post_init__(self) -> None:
-        for name in ("idle_interval_s", "completion_deadline_s", "startup_timeout_s",
-                     "scrape_interval_s"):
+        for name in ("idle_interval_s", "completion_deadline_s", "startup_timeout_s", "scrape_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ProberConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.failure_threshold < 1:
-            raise ValueError(f"ProberConfig.failure_threshold must be >= 1, "
-                             f"got {self.failure_threshold}")
+            raise ValueError(f"ProberConfig.failure_threshold must be >= 1, got {self.failure_threshold}")
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,11 @@ class Prober:
     # --- outputs ---
 
     def should_probe(self, now: float) -> bool:
-        return (self.answered and self.probe_started is None
-                and now - self.last_progress >= self.config.idle_interval_s)
+        return (
+            self.answered
+            and self.probe_started is None
+            and now - self.last_progress >= self.config.idle_interval_s
+        )
 
     def status(self, now: float) -> Status:
         reason = self.hung_reason or self._hung_condition(now)
@@ -105,8 +106,13 @@ class Prober:
             return Status(False, False, reason, self.consecutive_failures, since)
         if not self.answered:
             if now - self.started_at >= self.config.startup_timeout_s:
-                return Status(False, False, f"engine did not answer within "
-                              f"{self.config.startup_timeout_s:g} s of start", 0, None)
+                return Status(
+                    False,
+                    False,
+                    f"engine did not answer within {self.config.startup_timeout_s:g} s of start",
+                    0,
+                    None,
+                )
             return Status(True, False, "starting: engine has not answered yet", 0, None)
         return Status(True, True, "ok", self.consecutive_failures, since)
 
@@ -120,13 +126,17 @@ class Prober:
     def _hung_condition(self, now: float) -> str | None:
         cfg = self.config
         if self.consecutive_failures >= cfg.failure_threshold:
-            return (f"{self.consecutive_failures} probes failed in a row with no progress "
-                    f"for {now - self.last_progress:.1f} s")
+            return (
+                f"{self.consecutive_failures} probes failed in a row with no progress "
+                f"for {now - self.last_progress:.1f} s"
+            )
         if self.probe_started is not None:
             waited = now - max(self.probe_started, self.last_progress)
             if waited >= cfg.completion_deadline_s:
-                return (f"probe unanswered for {waited:.1f} s (deadline "
-                        f"{cfg.completion_deadline_s:g} s) with no progress")
+                return (
+                    f"probe unanswered for {waited:.1f} s (deadline "
+                    f"{cfg.completion_deadline_s:g} s) with no progress"
+                )
         return None
 
     def _latch(self, now: float) -> None:

@@ -77,9 +77,7 @@ TINY_TEST = EngineProfile(
     max_model_len=512,
 )
 
-PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (H100_LLAMA_8B, L40S_LLAMA_8B, TINY_TEST)
-}
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (H100_LLAMA_8B, L40S_LLAMA_8B, TINY_TEST)}
 
 
 def get_profile(name: str, model: str | None = None) -> EngineProfile:

@@ -28,12 +28,11 @@ class RestartDecision:
     recent_restarts: int  # restarts within the window, including this one
 
 
-def decide_restart(policy: RestartPolicy, history: tuple[float, ...],
-                   now: float) -> RestartDecision:
+def decide_restart(policy: RestartPolicy, history: tuple[float, ...], now: float) -> RestartDecision:
     """Decide for a restart at ``now``; ``history`` holds the times of earlier restarts."""
     recent = 1 + sum(1 for t in history if now - t <= policy.window_s)
     if recent < policy.crash_loop_restarts:
         return RestartDecision(0.0, False, recent)
     excess = recent - policy.crash_loop_restarts
-    delay = min(policy.backoff_cap_s, policy.backoff_base_s * 2 ** excess)
+    delay = min(policy.backoff_cap_s, policy.backoff_base_s * 2**excess)
     return RestartDecision(delay, True, recent)

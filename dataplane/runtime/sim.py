@@ -83,6 +83,7 @@ class Fault:
 @dataclass
 class _Live:
     """One request in flight: the engine loop pushes token indexes, then None when done."""
+
     parsed: ParsedRequest
     sim: perf_model.SimRequest
     arrival_s: float  # simulated seconds
@@ -92,8 +93,13 @@ class _Live:
 
 
 class SimEngine:
-    def __init__(self, profile: perf_model.EngineProfile, config: SimConfig | None = None,
-                 fault: Fault | None = None, on_crash: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        profile: perf_model.EngineProfile,
+        config: SimConfig | None = None,
+        fault: Fault | None = None,
+        on_crash: Callable[[], None] | None = None,
+    ):
         self.profile = profile
         self.config = config or SimConfig()
         self.fault = fault or Fault()
@@ -200,12 +206,20 @@ class SimEngine:
             if route == ("GET", "/health"):
                 return Response(200, b"", "text/plain")
             if route == ("GET", "/v1/models"):
-                return json_response(200, openai_api.models_body(
-                    self.profile.model, self.profile.max_model_len, self._created,
-                    self.profile.name))
+                return json_response(
+                    200,
+                    openai_api.models_body(
+                        self.profile.model,
+                        self.profile.max_model_len,
+                        self._created,
+                        self.profile.name,
+                        self.config.time_scale,
+                    ),
+                )
             if route == ("GET", "/metrics"):
-                return Response(200, self.render_metrics().encode(),
-                                "text/plain; version=0.0.4; charset=utf-8")
+                return Response(
+                    200, self.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                )
             if route == ("POST", "/_sim/fault"):
                 try:
                     body = json.loads(request.body)
@@ -221,20 +235,17 @@ class SimEngine:
             return json_response(err.status, err.body())
 
     def _fault_body(self) -> dict[str, object]:
-        return {"mode": self.fault.mode, "factor": self.fault.factor,
-                "fraction": self.fault.fraction}
+        return {"mode": self.fault.mode, "factor": self.fault.factor, "fraction": self.fault.fraction}
 
     async def _completion(self, request: Request, chat: bool) -> Response | StreamingResponse:
-        parsed = openai_api.parse_request(request.body, chat, self.profile.model,
-                                          self.profile.max_model_len,
-                                          self.config.default_max_tokens)
+        parsed = openai_api.parse_request(
+            request.body, chat, self.profile.model, self.profile.max_model_len, self.config.default_max_tokens
+        )
         if self.fault.mode == "errors" and self._rng.random() < self.fault.fraction:
-            raise ApiError(500, "Simulated engine error (fault injection).",
-                           "InternalServerError")
+            raise ApiError(500, "Simulated engine error (fault injection).", "InternalServerError")
         prefix = "chatcmpl" if chat else "cmpl"
         request_id = f"{prefix}-sim-{next(self._ids)}"
-        sim_req = perf_model.SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens,
-                                        parsed.priority)
+        sim_req = perf_model.SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority)
         live = _Live(parsed, sim_req, self.sim_now())
         self.live[request_id] = live
         perf_model.submit(self.state, sim_req)
@@ -247,8 +258,9 @@ class SimEngine:
         except asyncio.CancelledError:
             self._abort(request_id)
             raise
-        return json_response(200, openai_api.full_response(
-            parsed, request_id, self._created, sim_req.generated, "length"))
+        return json_response(
+            200, openai_api.full_response(parsed, request_id, self._created, sim_req.generated, "length")
+        )
 
     def _stream(self, request_id: str, live: _Live) -> StreamingResponse:
         return StreamingResponse(200, "text/event-stream", self._sse_events(request_id, live))
@@ -258,11 +270,13 @@ class SimEngine:
         try:
             while (index := await live.tokens.get()) is not None:
                 last = index + 1 >= parsed.max_tokens
-                yield _sse(openai_api.stream_chunk(parsed, request_id, self._created, index,
-                                                   "length" if last else None))
+                yield _sse(
+                    openai_api.stream_chunk(
+                        parsed, request_id, self._created, index, "length" if last else None
+                    )
+                )
             if parsed.include_usage:
-                yield _sse(openai_api.usage_chunk(parsed, request_id, self._created,
-                                                  live.sim.generated))
+                yield _sse(openai_api.usage_chunk(parsed, request_id, self._created, live.sim.generated))
             yield b"data: [DONE]\n\n"
         finally:
             self._abort(request_id)  # no-op once finished; frees KV if the client left
@@ -284,8 +298,7 @@ class SimEngine:
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{labels}}} {waiting}",
             "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{labels}}} "
-            f"{perf_model.kv_usage(self.profile, self.state)}",
+            f"vllm:kv_cache_usage_perc{{{labels}}} {perf_model.kv_usage(self.profile, self.state)}",
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{{{labels}}} {self.prompt_tokens_total}",
             "# TYPE vllm:generation_tokens_total counter",
@@ -294,9 +307,11 @@ class SimEngine:
         ]
         for reason, n in self.success_total.items():
             lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}')
-        for name, hist in (("vllm:e2e_request_latency_seconds", self.e2e),
-                           ("vllm:time_to_first_token_seconds", self.ttft),
-                           ("vllm:inter_token_latency_seconds", self.itl)):
+        for name, hist in (
+            ("vllm:e2e_request_latency_seconds", self.e2e),
+            ("vllm:time_to_first_token_seconds", self.ttft),
+            ("vllm:inter_token_latency_seconds", self.itl),
+        ):
             lines.append(f"# TYPE {name} histogram")
             lines += hist.render(name, labels)
         return "\n".join(lines) + "\n"
@@ -307,8 +322,9 @@ def _sse(payload: object) -> bytes:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m dataplane.runtime.sim",
-                                     description="SIMULATED vLLM-compatible engine (no model).")
+    parser = argparse.ArgumentParser(
+        prog="python -m dataplane.runtime.sim", description="SIMULATED vLLM-compatible engine (no model)."
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--profile", default="h100-llama-8b", choices=sorted(PROFILES))
@@ -319,8 +335,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault", choices=FAULT_MODES, default="none")
     parser.add_argument("--fault-factor", type=float, default=3.0)
     parser.add_argument("--fault-fraction", type=float, default=0.2)
-    parser.add_argument("--fault-after", type=float, default=0.0,
-                        help="real seconds after start before --fault applies")
+    parser.add_argument(
+        "--fault-after", type=float, default=0.0, help="real seconds after start before --fault applies"
+    )
     return parser.parse_args(argv)
 
 
@@ -329,8 +346,14 @@ async def serve(args: argparse.Namespace) -> None:
     config = SimConfig(args.time_scale, args.default_max_tokens, args.seed)
     engine = SimEngine(profile, config)
     port = await engine.start(args.host, args.port)
-    log.warning("SIMULATED ENGINE (no model, no GPU): profile %s serving %r on %s:%d, "
-                "time scale %gx", profile.name, profile.model, args.host, port, args.time_scale)
+    log.warning(
+        "SIMULATED ENGINE (no model, no GPU): profile %s serving %r on %s:%d, time scale %gx",
+        profile.name,
+        profile.model,
+        args.host,
+        port,
+        args.time_scale,
+    )
     fault = Fault(args.fault, args.fault_factor, args.fault_fraction)
     if fault.mode != "none":
         asyncio.get_running_loop().call_later(args.fault_after, engine.set_fault, fault)
@@ -344,8 +367,9 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     asyncio.run(serve(parse_args(argv)))
 
 

@@ -39,9 +39,22 @@ class PodSpec:
     host: str = "127.0.0.1"  # listen address
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "dataplane.runtime.pod", "--engine", self.engine,
-                "--port", str(self.port), "--probe-port", str(self.probe_port),
-                "--host", self.host, "--name", self.name, *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.pod",
+            "--engine",
+            self.engine,
+            "--port",
+            str(self.port),
+            "--probe-port",
+            str(self.probe_port),
+            "--host",
+            self.host,
+            "--name",
+            self.name,
+            *self.args,
+        ]
 
 
 @dataclass(frozen=True)
@@ -86,9 +99,12 @@ def _get_status(host: str, port: int, path: str, timeout_s: float) -> int | None
 
 
 class Supervisor:
-    def __init__(self, config: SupervisorConfig | None = None,
-                 reporter: EventReporter | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: SupervisorConfig | None = None,
+        reporter: EventReporter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.config = config or SupervisorConfig()
         self.reporter = reporter or EventReporter(ReporterConfig())
         self.clock = clock
@@ -102,8 +118,7 @@ class Supervisor:
     def start(self) -> None:
         """Start the background supervision thread."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pod-supervisor",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name="pod-supervisor", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -132,9 +147,17 @@ class Supervisor:
     def list_pods(self) -> list[PodStatus]:
         with self._lock:
             pods = list(self._pods.values())
-        return [PodStatus(p.spec.name, p.proc.pid if p.proc else None,
-                          p.proc is not None and p.proc.poll() is None,
-                          p.last_live, p.last_ready, len(p.restart_times)) for p in pods]
+        return [
+            PodStatus(
+                p.spec.name,
+                p.proc.pid if p.proc else None,
+                p.proc is not None and p.proc.poll() is None,
+                p.last_live,
+                p.last_ready,
+                len(p.restart_times),
+            )
+            for p in pods
+        ]
 
     def check_once(self) -> None:
         """One supervision pass over all pods (the thread calls this; tests may too)."""
@@ -162,9 +185,13 @@ class Supervisor:
         try:
             # A new session makes the pod the leader of a process group that holds its
             # engine too, so a SIGKILL of the group leaves no orphaned engine behind.
-            pod.proc = subprocess.Popen(spec.command(), env=env, stdout=out,
-                                        stderr=subprocess.STDOUT if out else None,
-                                        start_new_session=True)
+            pod.proc = subprocess.Popen(
+                spec.command(),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+            )
         finally:
             if out is not None:
                 out.close()
@@ -213,21 +240,32 @@ class Supervisor:
         now = self.clock()
         decision = decide_restart(self.config.restart_policy, tuple(pod.restart_times), now)
         exit_code = self._terminate(pod, min(self.config.stop_grace_s, 5.0))
-        pod.restart_times = [t for t in pod.restart_times
-                             if now - t <= self.config.restart_policy.window_s] + [now]
+        pod.restart_times = [
+            t for t in pod.restart_times if now - t <= self.config.restart_policy.window_s
+        ] + [now]
         pod.restart_at = now + decision.delay_s
-        info = {**detail, "restarts_in_window": decision.recent_restarts,
-                "delay_s": decision.delay_s, "exit_code": exit_code}
-        self.reporter.report("restart", "warning", f"pod {pod.spec.name} restarted: {why}",
-                             info, pod=pod.spec.name)
-        if decision.crash_loop and decision.recent_restarts == \
-                self.config.restart_policy.crash_loop_restarts:  # report entering the loop once
-            self.reporter.report("crash_loop", "critical",
-                                 f"pod {pod.spec.name} restarted {decision.recent_restarts} "
-                                 f"times in {self.config.restart_policy.window_s:g} s; "
-                                 f"backing off {decision.delay_s:g} s", info, pod=pod.spec.name)
+        info = {
+            **detail,
+            "restarts_in_window": decision.recent_restarts,
+            "delay_s": decision.delay_s,
+            "exit_code": exit_code,
+        }
+        self.reporter.report(
+            "restart", "warning", f"pod {pod.spec.name} restarted: {why}", info, pod=pod.spec.name
+        )
+        if (
+            decision.crash_loop and decision.recent_restarts == self.config.restart_policy.crash_loop_restarts
+        ):  # report entering the loop once
+            self.reporter.report(
+                "crash_loop",
+                "critical",
+                f"pod {pod.spec.name} restarted {decision.recent_restarts} "
+                f"times in {self.config.restart_policy.window_s:g} s; "
+                f"backing off {decision.delay_s:g} s",
+                info,
+                pod=pod.spec.name,
+            )
         if decision.delay_s == 0:
             with self._lock:
                 if pod.spec.name in self._pods:
                     self._spawn(pod)
-

@@ -247,3 +247,21 @@ def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, 
     few = count()
     grow(10)
     assert count() == few
+
+
+def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, owner_web, small_model):
+    from capacity import benchmarking
+    from capacity.benchmark import SimulatedDriver, SweepConfig
+    from dataplane.runtime.profiles import get_profile
+
+    shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200))
+    benchmarking.run_benchmark(
+        small_model, config=SweepConfig(shapes=shapes), driver=SimulatedDriver(get_profile("tiny-test"))
+    )
+    html = operator_web.get("/console/capacity/").content.decode()
+    assert "published" in html and "simulated:tiny-test" in html and "Re-run benchmark" in html
+    row = operator_web.post(f"/console/capacity/profiles/{small_model.pk}/benchmark/").content.decode()
+    assert "benchmark requested" in row
+    small_model.refresh_from_db()
+    assert small_model.benchmark_requested_at is not None
+    assert owner_web.post(f"/console/capacity/profiles/{small_model.pk}/benchmark/").status_code == 403

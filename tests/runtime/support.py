@@ -27,13 +27,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0
-         ) -> tuple[int, dict[str, str], bytes]:
+def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of one request; HTTP errors are returned, not raised."""
-    data = body if isinstance(body, bytes) else (json.dumps(body).encode()
-                                                 if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
@@ -61,8 +58,11 @@ def _answers(url: str) -> bool:
 
 def start_pod(*args: str) -> subprocess.Popen[bytes]:
     """``python -m dataplane.runtime.pod ARGS`` in its own process group (see stop_group)."""
-    return subprocess.Popen([sys.executable, "-m", "dataplane.runtime.pod", *args],
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dataplane.runtime.pod", *args],
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -87,8 +87,9 @@ class SimProcess:
 @contextmanager
 def sim_engine(*args: str) -> Iterator[SimProcess]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port),
-                             *args], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port), *args], stderr=subprocess.DEVNULL
+    )
     try:
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=15)
         yield SimProcess(port, proc)
@@ -101,6 +102,7 @@ def sim_engine(*args: str) -> Iterator[SimProcess]:
 class EventSink:
     """Stand-in for ``POST /api/v1/events/``: answers 503 to the first ``fail_first`` posts,
     then 201, recording what it accepted."""
+
     fail_first: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
@@ -146,11 +148,10 @@ class EventSink:
             self.server.server_close()
 
 
-
-
 def metric_value(base_url: str, name: str) -> float:
     """Sum of a metric's samples on an engine's /metrics (0 when absent)."""
     from dataplane.runtime.metrics import sample_sum
+
     return sample_sum(http("GET", base_url + "/metrics")[2].decode(), name) or 0.0
 
 
@@ -168,8 +169,7 @@ class CompletionRace:
     def send(self, name: str, body: dict[str, Any]) -> threading.Thread:
         def run() -> None:
             try:
-                status, _, raw = http("POST", self.base_url + "/v1/completions", body,
-                                      timeout=self.timeout)
+                status, _, raw = http("POST", self.base_url + "/v1/completions", body, timeout=self.timeout)
             except OSError as err:
                 status, raw = 0, str(err).encode()
             with self._lock:
@@ -177,6 +177,7 @@ class CompletionRace:
                     self._finished.append(name)
                 else:
                     self._failures.append(f"{name}: {status} {raw[:200]!r}")
+
         thread = threading.Thread(target=run)
         thread.start()
         self._threads.append(thread)

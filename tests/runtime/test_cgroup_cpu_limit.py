@@ -26,8 +26,7 @@ def test_cgroup_v2_quota_gives_the_thread_count(tmp_path: Path) -> None:
     root = v2(tmp_path, "200000 100000")  # 2 CPUs on a host that has 64
     assert cgroup.cpu_quota(root) == 2.0
     assert cgroup.cpu_threads(root, affinity=64) == 2
-    env = engine_env({"PATH": "/bin", "OMP_NUM_THREADS": "64"}, root, affinity=64,
-                     reserved_cpus=0)
+    env = engine_env({"PATH": "/bin", "OMP_NUM_THREADS": "64"}, root, affinity=64, reserved_cpus=0)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"  # host value overridden
     assert env["PATH"] == "/bin"
 
@@ -45,11 +44,14 @@ def test_cgroup_v2_unlimited_falls_back_to_affinity(tmp_path: Path) -> None:
     assert cgroup.cpu_threads(root) == cgroup.affinity_cpus()  # the real sched_getaffinity
 
 
-@pytest.mark.parametrize(("cpu_max", "threads"), [
-    ("150000 100000", 1),  # 1.5 CPUs -> floor 1: two busy threads would be throttled 25 %
-    ("50000 100000", 1),  # half a CPU -> still one thread
-    ("800000 100000", 4),  # 8 CPUs of quota but only 4 CPUs in the affinity set
-])
+@pytest.mark.parametrize(
+    ("cpu_max", "threads"),
+    [
+        ("150000 100000", 1),  # 1.5 CPUs -> floor 1: two busy threads would be throttled 25 %
+        ("50000 100000", 1),  # half a CPU -> still one thread
+        ("800000 100000", 4),  # 8 CPUs of quota but only 4 CPUs in the affinity set
+    ],
+)
 def test_fractional_and_capped_quotas(tmp_path: Path, cpu_max: str, threads: int) -> None:
     assert cgroup.cpu_threads(v2(tmp_path, cpu_max), affinity=4) == threads
 

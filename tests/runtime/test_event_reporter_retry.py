@@ -20,8 +20,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 
 def test_events_are_retried_until_accepted_and_not_lost(event_sink: EventSink) -> None:
     event_sink.fail_first = 3  # the control plane answers 503 three times, then 201
-    reporter = EventReporter(ReporterConfig(url=event_sink.url, key="k-123", endpoint=7,
-                                            pod="pod-a", **FAST))
+    reporter = EventReporter(ReporterConfig(url=event_sink.url, key="k-123", endpoint=7, pod="pod-a", **FAST))
     try:
         reporter.report("hang", "critical", "engine hung", {"probes": 3})
         reporter.report("restart", "warning", "restarted")
@@ -32,9 +31,14 @@ def test_events_are_retried_until_accepted_and_not_lost(event_sink: EventSink) -
     assert event_sink.kinds() == ["hang", "restart"]  # in order
     assert event_sink.auth == ["Bearer k-123", "Bearer k-123"]
     first = event_sink.received[0]
-    assert {k: first[k] for k in ("kind", "severity", "endpoint", "pod", "message", "detail")} \
-        == {"kind": "hang", "severity": "critical", "endpoint": 7, "pod": "pod-a",
-            "message": "engine hung", "detail": {"probes": 3}}
+    assert {k: first[k] for k in ("kind", "severity", "endpoint", "pod", "message", "detail")} == {
+        "kind": "hang",
+        "severity": "critical",
+        "endpoint": 7,
+        "pod": "pod-a",
+        "message": "engine hung",
+        "detail": {"probes": 3},
+    }
     assert first["time"].endswith("Z") and "T" in first["time"]
     assert reporter.sent == 2 and reporter.dropped == 0
 
@@ -63,8 +67,7 @@ def test_report_never_waits_on_a_stuck_control_plane() -> None:
         stuck.bind(("127.0.0.1", 0))
         stuck.listen(16)
         port = stuck.getsockname()[1]
-        reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{port}",
-                                                request_timeout_s=5.0))
+        reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{port}", request_timeout_s=5.0))
         try:
             start = time.monotonic()
             for i in range(20):
@@ -76,8 +79,7 @@ def test_report_never_waits_on_a_stuck_control_plane() -> None:
 
 
 def test_full_queue_drops_the_oldest() -> None:
-    reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{free_port()}",
-                                            max_queued=3, **FAST))
+    reporter = EventReporter(ReporterConfig(url=f"http://127.0.0.1:{free_port()}", max_queued=3, **FAST))
     try:
         for i in range(5):
             reporter.report("restart", "info", f"r{i}")

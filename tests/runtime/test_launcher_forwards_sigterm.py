@@ -38,11 +38,28 @@ def test_launcher_starts_engine_and_forwards_sigterm(tmp_path: Path) -> None:
         (folder / "__init__.py").write_text("")
     (package / "api_server.py").write_text(FAKE_SERVER)
     out = tmp_path / "started.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
-           "FAKE_VLLM_OUT": str(out), "OMP_NUM_THREADS": "999"}
-    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.launcher",
-                             "--model", "/models/m", "--port", "8123", "--max-num-seqs", "4",
-                             "--", "--enable-prefix-caching"], env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+        "FAKE_VLLM_OUT": str(out),
+        "OMP_NUM_THREADS": "999",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.launcher",
+            "--model",
+            "/models/m",
+            "--port",
+            "8123",
+            "--max-num-seqs",
+            "4",
+            "--",
+            "--enable-prefix-caching",
+        ],
+        env=env,
+    )
     try:
         wait_until(out.exists, timeout=15)
         wait_until(lambda: out.read_text().endswith("}"), timeout=5)

@@ -31,8 +31,7 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps() -> None:
     # 3 steps: TTFT = 3 x 10 ms + 1,200 x 0.1 ms = 150 ms.
     ttft, _ = pm.solo_latency_s(TINY_TEST, 1200, 1)
     assert ttft == pytest.approx(0.150)
-    big = pm.EngineProfile(**{**TINY_TEST.__dict__, "max_model_len": 2000,
-                              "kv_capacity_tokens": 4000})
+    big = pm.EngineProfile(**{**TINY_TEST.__dict__, "max_model_len": 2000, "kv_capacity_tokens": 4000})
     [done] = pm.simulate(big, [pm.Arrival(0.0, req("a", 1200, 1))])
     assert done.first_token_s == pytest.approx(0.150)
 
@@ -52,8 +51,9 @@ def test_mixed_step_cost() -> None:
     assert mixed.duration_s == pytest.approx(0.022)
 
 
-def closed_loop_rate(profile: pm.EngineProfile, prompt: int, out: int, batch: int,
-                     completions: int) -> tuple[float, float]:
+def closed_loop_rate(
+    profile: pm.EngineProfile, prompt: int, out: int, batch: int, completions: int
+) -> tuple[float, float]:
     """Keep ``batch`` requests in flight; (completed requests/s, mean e2e s) after warm-up."""
     state = pm.EngineState()
     started: dict[str, float] = {}
@@ -81,15 +81,17 @@ def closed_loop_rate(profile: pm.EngineProfile, prompt: int, out: int, batch: in
     raise AssertionError("did not converge")
 
 
-@pytest.mark.parametrize(("batch", "expected_rps"), [
-    # Shape 512 in / 128 out on H100. Per request: 128 x 6 ms / batch + 127 x 0.06 ms
-    # + 512 x 0.04 ms = 768/batch + 7.62 + 20.48 ms.
-    (1, 1 / 0.79610),   # 796.10 ms -> 1.256 req/s (161 output tokens/s)
-    (8, 1 / 0.12410),   # 124.10 ms -> 8.058 req/s (1,031 output tokens/s)
-    (16, 1 / 0.07610),  # 76.10 ms -> 13.14 req/s (1,682 output tokens/s)
-])
-def test_throughput_grows_with_batch_size_as_the_profile_says(batch: int,
-                                                              expected_rps: float) -> None:
+@pytest.mark.parametrize(
+    ("batch", "expected_rps"),
+    [
+        # Shape 512 in / 128 out on H100. Per request: 128 x 6 ms / batch + 127 x 0.06 ms
+        # + 512 x 0.04 ms = 768/batch + 7.62 + 20.48 ms.
+        (1, 1 / 0.79610),  # 796.10 ms -> 1.256 req/s (161 output tokens/s)
+        (8, 1 / 0.12410),  # 124.10 ms -> 8.058 req/s (1,031 output tokens/s)
+        (16, 1 / 0.07610),  # 76.10 ms -> 13.14 req/s (1,682 output tokens/s)
+    ],
+)
+def test_throughput_grows_with_batch_size_as_the_profile_says(batch: int, expected_rps: float) -> None:
     assert pm.steady_state_requests_per_s(H100, 512, 128, batch) == pytest.approx(expected_rps)
     rate, _ = closed_loop_rate(H100, 512, 128, batch, completions=5 * batch)
     assert rate == pytest.approx(expected_rps, rel=1e-6)
@@ -134,9 +136,11 @@ def test_priority_orders_the_waiting_queue() -> None:
     # priority request arrives before a high priority one: the high one takes the first free
     # slot and finishes first; equal priorities keep arrival order.
     arrivals = [pm.Arrival(0.0, req(f"long{i}", 10, 20 + 10 * i)) for i in range(4)]
-    arrivals += [pm.Arrival(0.001, req("low-a", 10, 5, priority=10)),
-                 pm.Arrival(0.001, req("low-b", 10, 5, priority=10)),
-                 pm.Arrival(0.002, req("high", 10, 5, priority=-5))]
+    arrivals += [
+        pm.Arrival(0.001, req("low-a", 10, 5, priority=10)),
+        pm.Arrival(0.001, req("low-b", 10, 5, priority=10)),
+        pm.Arrival(0.002, req("high", 10, 5, priority=-5)),
+    ]
     order = [c.request_id for c in pm.simulate(TINY_TEST, arrivals)]
     assert order.index("high") < order.index("low-a") < order.index("low-b")
     assert order.index("high") == 1  # right after long0 frees its slot

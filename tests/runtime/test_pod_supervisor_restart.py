@@ -16,19 +16,39 @@ from tests.runtime.support import EventSink, free_port, http, start_pod, stop_gr
 
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
 # declare hung when the probe has waited 1 s. Simulated time runs 100x faster.
-FAST_POD = ("--profile", "tiny-test", "--time-scale", "100", "--idle-interval", "0.3",
-            "--completion-deadline", "1.0", "--scrape-interval", "0.1", "--grace", "2")
+FAST_POD = (
+    "--profile",
+    "tiny-test",
+    "--time-scale",
+    "100",
+    "--idle-interval",
+    "0.3",
+    "--completion-deadline",
+    "1.0",
+    "--scrape-interval",
+    "0.1",
+    "--grace",
+    "2",
+)
 
 
 @pytest.fixture
 def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
-    reporter = EventReporter(ReporterConfig(url=event_sink.url, key="sup-key",
-                                            backoff_base_s=0.05, backoff_cap_s=0.2))
-    sup = Supervisor(SupervisorConfig(
-        check_interval_s=0.2, probe_timeout_s=1.0, stop_grace_s=3.0,
-        restart_policy=RestartPolicy(window_s=60, crash_loop_restarts=3, backoff_base_s=0.2,
-                                     backoff_cap_s=1.0),
-        log_dir=str(tmp_path)), reporter)
+    reporter = EventReporter(
+        ReporterConfig(url=event_sink.url, key="sup-key", backoff_base_s=0.05, backoff_cap_s=0.2)
+    )
+    sup = Supervisor(
+        SupervisorConfig(
+            check_interval_s=0.2,
+            probe_timeout_s=1.0,
+            stop_grace_s=3.0,
+            restart_policy=RestartPolicy(
+                window_s=60, crash_loop_restarts=3, backoff_base_s=0.2, backoff_cap_s=1.0
+            ),
+            log_dir=str(tmp_path),
+        ),
+        reporter,
+    )
     sup.start()
     try:
         yield sup
@@ -38,8 +58,7 @@ def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
 
 
 def spec(name: str, *extra: str) -> PodSpec:
-    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(),
-                   args=FAST_POD + extra)
+    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD + extra)
 
 
 def status(sup: Supervisor, name: str) -> tuple[int | None, bool, int]:
@@ -54,8 +73,7 @@ def livez(pod: PodSpec) -> int | None:
         return None
 
 
-def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor,
-                                                     event_sink: EventSink) -> None:
+def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, event_sink: EventSink) -> None:
     pod = spec("pod-hang")
     supervisor.start_pod(pod)
     wait_until(lambda: status(supervisor, "pod-hang")[1], timeout=15)
@@ -86,8 +104,15 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor,
 def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     # The pod's prober reports "hang" to the event API, with the pod's name and endpoint.
     pod = spec("pod-self")
-    proc = start_pod(*pod.command()[3:], "--control-plane-url", event_sink.url,
-                     "--control-plane-key", "k", "--endpoint-id", "42")
+    proc = start_pod(
+        *pod.command()[3:],
+        "--control-plane-url",
+        event_sink.url,
+        "--control-plane-key",
+        "k",
+        "--endpoint-id",
+        "42",
+    )
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
         readyz = f"http://127.0.0.1:{pod.probe_port}/readyz"
@@ -106,7 +131,8 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
 
 
 def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
-        supervisor: Supervisor, event_sink: EventSink) -> None:
+    supervisor: Supervisor, event_sink: EventSink
+) -> None:
     # The engine crashes 0.5 s after every start: the pod exits, the supervisor restarts it;
     # the third restart within the window is a crash loop, reported once, and backed off.
     supervisor.start_pod(spec("pod-crash", "--fault", "crash", "--fault-after", "0.5"))
@@ -129,13 +155,11 @@ def test_stop_pod_terminates_pod_and_engine(supervisor: Supervisor) -> None:
         http("GET", f"http://127.0.0.1:{pod.port}/health", timeout=1)  # engine gone too
 
 
-def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink,
-                                                      tmp_path: object) -> None:
+def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink, tmp_path: object) -> None:
     # As in Kubernetes, where an emptyDir outlives the container: the second start of the
     # pod with the same state dir reports a restart; the first does not.
     pod = spec("pod-k8s")
-    args = [*pod.command()[3:], "--control-plane-url", event_sink.url,
-            "--state-dir", str(tmp_path)]
+    args = [*pod.command()[3:], "--control-plane-url", event_sink.url, "--state-dir", str(tmp_path)]
     for start in (1, 2):
         proc = start_pod(*args)
         try:

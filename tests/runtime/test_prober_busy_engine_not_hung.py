@@ -17,25 +17,44 @@ IDLE_S, DEADLINE_S, SCRAPE_S = 0.3, 1.0, 0.1
 @pytest.fixture
 def pod() -> Iterator[tuple[str, str]]:
     port, probe_port = free_port(), free_port()
-    proc = start_pod("--engine", "sim", "--port", str(port), "--probe-port", str(probe_port),
-                     "--name", "busy", "--profile", "tiny-test", "--time-scale", "100",
-                     "--idle-interval", str(IDLE_S), "--completion-deadline", str(DEADLINE_S),
-                     "--scrape-interval", str(SCRAPE_S), "--grace", "2")
+    proc = start_pod(
+        "--engine",
+        "sim",
+        "--port",
+        str(port),
+        "--probe-port",
+        str(probe_port),
+        "--name",
+        "busy",
+        "--profile",
+        "tiny-test",
+        "--time-scale",
+        "100",
+        "--idle-interval",
+        str(IDLE_S),
+        "--completion-deadline",
+        str(DEADLINE_S),
+        "--scrape-interval",
+        str(SCRAPE_S),
+        "--grace",
+        "2",
+    )
     engine, probe = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}"
     try:
+
         def ready() -> bool:
             try:
                 return http("GET", probe + "/readyz", timeout=1)[0] == 200
             except OSError:
                 return False
+
         wait_until(ready, timeout=15)
         yield engine, probe
     finally:
         stop_group(proc)
 
 
-def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(
-        pod: tuple[str, str]) -> None:
+def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(pod: tuple[str, str]) -> None:
     engine, probe = pod
     stop = threading.Event()
 
@@ -44,8 +63,12 @@ def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(
             if stop.is_set():
                 return
             try:
-                http("POST", engine + "/v1/completions",
-                     {"prompt": "busy " * 50, "max_tokens": 400}, timeout=30)
+                http(
+                    "POST",
+                    engine + "/v1/completions",
+                    {"prompt": "busy " * 50, "max_tokens": 400},
+                    timeout=30,
+                )
             except OSError:
                 return
 
@@ -70,8 +93,9 @@ def test_saturated_engine_stays_live_then_hang_is_found_within_the_deadline(
         # process scheduling on a busy 2-core machine.
         http("POST", engine + "/_sim/fault", {"mode": "hang"})
         hung_at = time.monotonic()
-        waited = wait_until(lambda: http("GET", probe + "/livez", timeout=2)[0] == 503,
-                            timeout=10, interval=0.02)
+        waited = wait_until(
+            lambda: http("GET", probe + "/livez", timeout=2)[0] == 503, timeout=10, interval=0.02
+        )
         assert waited <= IDLE_S + DEADLINE_S + SCRAPE_S + 0.5
         assert waited >= DEADLINE_S  # not before a probe has waited the whole deadline
         assert time.monotonic() - hung_at < 10

@@ -10,8 +10,13 @@ from dataplane.runtime import perf_model as pm
 from dataplane.runtime.prober import Prober, ProberConfig
 from dataplane.runtime.profiles import TINY_TEST
 
-CFG = ProberConfig(idle_interval_s=5, completion_deadline_s=20, failure_threshold=3,
-                   startup_timeout_s=60, scrape_interval_s=1)
+CFG = ProberConfig(
+    idle_interval_s=5,
+    completion_deadline_s=20,
+    failure_threshold=3,
+    startup_timeout_s=60,
+    scrape_interval_s=1,
+)
 
 
 def started(t: float = 0.0, total: float = 0) -> Prober:
@@ -100,9 +105,13 @@ def test_config_rejects_bad_values() -> None:
 SLOW = replace(TINY_TEST, name="slow", step_base_s=0.1, decode_per_seq_s=0.002)
 
 
-def run_engine_with_prober(config: ProberConfig, seconds: float, clients: int,
-                           hang_at: float | None = None, count_tokens: bool = True
-                           ) -> tuple[list[tuple[float, bool]], list[float], Prober]:
+def run_engine_with_prober(
+    config: ProberConfig,
+    seconds: float,
+    clients: int,
+    hang_at: float | None = None,
+    count_tokens: bool = True,
+) -> tuple[list[tuple[float, bool]], list[float], Prober]:
     """Fake-clock loop: ``clients`` closed-loop clients keep the engine full; the prober
     scrapes every scrape_interval (finished requests, plus generated tokens if
     ``count_tokens``) and probes at top priority as the pod would. Returns (time, live)
@@ -130,8 +139,7 @@ def run_engine_with_prober(config: ProberConfig, seconds: float, clients: int,
                 prober.probe_result(next_scrape, ok=False, latency=next_scrape - probe[1])
                 probe = None
             if prober.should_probe(next_scrape):
-                req = pm.SimRequest(f"probe{n}", 1, config.probe_max_tokens,
-                                    priority=config.probe_priority)
+                req = pm.SimRequest(f"probe{n}", 1, config.probe_max_tokens, priority=config.probe_priority)
                 n += 1
                 pm.submit(state, req)
                 prober.probe_sent(next_scrape)
@@ -173,8 +181,7 @@ def test_saturated_engine_counting_completions_only_is_probed_and_never_hung() -
     # the next free slot (<= ~51 s), never waiting behind the queue (~100 s). With a deadline
     # above the slot wait (60 s) the pod is never declared hung.
     config = replace(CFG, completion_deadline_s=60.0)
-    samples, latencies, _ = run_engine_with_prober(config, seconds=600, clients=8,
-                                                   count_tokens=False)
+    samples, latencies, _ = run_engine_with_prober(config, seconds=600, clients=8, count_tokens=False)
     assert all(live for _, live in samples)
     assert len(latencies) >= 5
     assert max(latencies) < 52
@@ -187,7 +194,10 @@ def test_hung_engine_is_declared_within_the_deadline() -> None:
     samples, _, prober = run_engine_with_prober(CFG, seconds=300, clients=8, hang_at=120)
     assert all(live for t, live in samples if t < 120)
     first_dead = min(t for t, live in samples if not live)
-    assert 120 + CFG.idle_interval_s <= first_dead <= 120 + CFG.idle_interval_s + \
-        CFG.completion_deadline_s + CFG.scrape_interval_s
+    assert (
+        120 + CFG.idle_interval_s
+        <= first_dead
+        <= 120 + CFG.idle_interval_s + CFG.completion_deadline_s + CFG.scrape_interval_s
+    )
     assert all(not live for t, live in samples if t >= first_dead)
     assert "no progress" in prober.status(300).reason

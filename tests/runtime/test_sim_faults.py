@@ -16,9 +16,11 @@ def test_hang_stops_progress_while_health_stays_200() -> None:
     with sim_engine("--profile", "tiny-test", "--time-scale", "100") as sim:
         assert http("POST", sim.url + "/_sim/fault", {"mode": "hang"})[0] == 200
         result: list[int] = []
-        thread = threading.Thread(target=lambda: result.append(http(
-            "POST", sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 2},
-            timeout=10)[0]))
+        thread = threading.Thread(
+            target=lambda: result.append(
+                http("POST", sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=10)[0]
+            )
+        )
         thread.start()
         thread.join(timeout=0.5)
         assert thread.is_alive() and not result  # the request is stuck
@@ -36,8 +38,7 @@ def test_errors_fail_the_given_fraction_with_500() -> None:
         http("POST", sim.url + "/_sim/fault", {"mode": "errors", "fraction": 0.5})
         statuses = []
         for _ in range(40):
-            status, _, raw = http("POST", sim.url + "/v1/completions",
-                                  {"prompt": "x", "max_tokens": 1})
+            status, _, raw = http("POST", sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 1})
             statuses.append(status)
             if status == 500:
                 assert json.loads(raw)["error"]["type"] == "InternalServerError"
@@ -63,14 +64,24 @@ def test_crash_exits_non_zero() -> None:
 
 def test_fault_by_flag_after_a_delay() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port),
-                             "--fault", "crash", "--fault-after", "0.3"],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.sim",
+            "--port",
+            str(port),
+            "--fault",
+            "crash",
+            "--fault-after",
+            "0.3",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert proc.wait(timeout=10) == CRASH_EXIT_CODE
     finally:
         proc.kill()
         proc.wait()
     with sim_engine("--fault", "hang") as sim:
-        wait_until(lambda: json.loads(http("GET", sim.url + "/_sim/fault")[2])["mode"] == "hang",
-                   timeout=2)
+        wait_until(lambda: json.loads(http("GET", sim.url + "/_sim/fault")[2])["mode"] == "hang", timeout=2)

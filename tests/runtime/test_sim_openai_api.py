@@ -19,8 +19,9 @@ def sim() -> Iterator[SimProcess]:
 
 def test_completion_returns_text_and_usage(sim: SimProcess) -> None:
     # "Hello world!" is 12 characters -> ceil(12 / 4) = 3 prompt tokens.
-    status, headers, raw = http("POST", sim.url + "/v1/completions",
-                                {"model": "sim-tiny", "prompt": "Hello world!", "max_tokens": 5})
+    status, headers, raw = http(
+        "POST", sim.url + "/v1/completions", {"model": "sim-tiny", "prompt": "Hello world!", "max_tokens": 5}
+    )
     body = json.loads(raw)
     assert (status, headers["x-engine"]) == (200, "simulated")
     assert body["object"] == "text_completion" and body["model"] == "sim-tiny"
@@ -31,9 +32,11 @@ def test_completion_returns_text_and_usage(sim: SimProcess) -> None:
 
 def test_chat_completion_returns_a_message(sim: SimProcess) -> None:
     # One message: 4 template tokens + ceil(8 / 4) = 2 -> 6 prompt tokens.
-    status, _, raw = http("POST", sim.url + "/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": "hi there"}],
-                           "max_completion_tokens": 4})
+    status, _, raw = http(
+        "POST",
+        sim.url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi there"}], "max_completion_tokens": 4},
+    )
     body = json.loads(raw)
     assert status == 200 and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
@@ -43,10 +46,8 @@ def test_chat_completion_returns_a_message(sim: SimProcess) -> None:
 @pytest.mark.parametrize("chat", [False, True])
 def test_streaming_sends_sse_chunks_then_done(sim: SimProcess, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    payload: dict[str, object] = {"max_tokens": 3, "stream": True,
-                                  "stream_options": {"include_usage": True}}
-    payload.update({"messages": [{"role": "user", "content": "hi"}]} if chat
-                   else {"prompt": "hi"})
+    payload: dict[str, object] = {"max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    payload.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
     status, headers, raw = http("POST", sim.url + path, payload)
     assert status == 200 and headers["content-type"] == "text/event-stream"
     assert headers["x-engine"] == "simulated"
@@ -74,12 +75,17 @@ def test_metrics_use_vllm_names(sim: SimProcess) -> None:
     before = progress_total(http("GET", sim.url + "/metrics")[2].decode())
     http("POST", sim.url + "/v1/completions", {"prompt": list(range(10)), "max_tokens": 7})
     text = http("GET", sim.url + "/metrics")[2].decode()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:request_success_total",
-                 "vllm:e2e_request_latency_seconds_count",
-                 "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:inter_token_latency_seconds_sum"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_sum",
+    ):
         assert sample_sum(text, name) is not None, name
     # One more finished request and 7 more tokens.
     assert progress_total(text) == (before or 0) + 1 + 7

@@ -36,8 +36,7 @@ def test_latency_follows_the_profile_alone_and_in_a_batch() -> None:
         solo = timed_completion(sim, body)
         assert 0.559 <= solo < 0.559 + 0.15
         metrics = http("GET", sim.url + "/metrics")[2].decode()
-        assert sample_sum(metrics, "vllm:e2e_request_latency_seconds_sum") == pytest.approx(
-            0.559, abs=0.03)
+        assert sample_sum(metrics, "vllm:e2e_request_latency_seconds_sum") == pytest.approx(0.559, abs=0.03)
 
         results: list[float] = []
         gate = threading.Barrier(4)
@@ -86,8 +85,9 @@ def test_streaming_tokens_arrive_step_by_step() -> None:
     # At 10x, each decode step of a lone tiny-test request is 11 ms simulated = 1.1 ms real;
     # 40 tokens arrive over ~45 ms, not all at once at the end.
     with sim_engine("--profile", "tiny-test", "--time-scale", "10") as sim:
-        _, _, raw = http("POST", sim.url + "/v1/completions",
-                         {"prompt": "go", "max_tokens": 40, "stream": True})
+        _, _, raw = http(
+            "POST", sim.url + "/v1/completions", {"prompt": "go", "max_tokens": 40, "stream": True}
+        )
         chunks = [c for c in raw.decode().split("\n\n") if c.startswith("data: {")]
         assert len(chunks) == 40
         assert json.loads(chunks[-1][6:])["choices"][0]["finish_reason"] == "length"

@@ -33,8 +33,9 @@ from tests.runtime.support import CompletionRace, free_port, http, metric_value,
 def _vllm_import_error() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vllm is not installed in this environment (run scripts/test-vllm.sh)"
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", "import vllm"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import vllm"], capture_output=True, text=True, timeout=300
+    )
     if proc.returncode != 0:
         return f"`import vllm` fails: {proc.stderr.strip().splitlines()[-1:]}"
     return None
@@ -43,7 +44,7 @@ def _vllm_import_error() -> str | None:
 _SKIP = _vllm_import_error()
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
 
-MAKE_TINY_LLAMA = textwrap.dedent('''
+MAKE_TINY_LLAMA = textwrap.dedent("""
     import random, sys
     from pathlib import Path
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -70,7 +71,7 @@ MAKE_TINY_LLAMA = textwrap.dedent('''
                          max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
-''')
+""")
 
 
 def tree_rss_mib(root_pid: int) -> float:
@@ -112,26 +113,65 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
     tmp = tmp_path_factory.mktemp("vllm")
     model = tmp / "tiny-llama"
     started = time.monotonic()
-    subprocess.run([sys.executable, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     made_s = time.monotonic() - started
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"), "HF_HOME": str(tmp / "hf"),
-           "TMPDIR": str(tmp)}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+        "HF_HOME": str(tmp / "hf"),
+        "TMPDIR": str(tmp),
+    }
     port, probe_port = free_port(), free_port()
     log = (tmp / "pod.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.runtime.pod", "--engine", "vllm", "--port", str(port),
-         "--probe-port", str(probe_port), "--name", "vllm-test", "--model", str(model),
-         "--served-model-name", "tiny", "--dtype", os.environ.get("MU_VLLM_TEST_DTYPE",
-                                                                  "float32"),
-         "--max-model-len", "512", "--max-num-seqs", "2", "--enforce-eager",
-         "--idle-interval", "1", "--completion-deadline", "30", "--scrape-interval", "0.5",
-         "--grace", "30"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    pod = RealPod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}",
-                  {"model_made_s": made_s})
+        [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.pod",
+            "--engine",
+            "vllm",
+            "--port",
+            str(port),
+            "--probe-port",
+            str(probe_port),
+            "--name",
+            "vllm-test",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "2",
+            "--enforce-eager",
+            "--idle-interval",
+            "1",
+            "--completion-deadline",
+            "30",
+            "--scrape-interval",
+            "0.5",
+            "--grace",
+            "30",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pod = RealPod(
+        proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {"model_made_s": made_s}
+    )
     try:
         start = time.monotonic()
 
@@ -169,8 +209,10 @@ def test_prober_sees_real_vllm_healthy_and_probes_it(real_pod: RealPod) -> None:
     assert http("GET", real_pod.engine + "/health")[0] == 200
 
     def successes() -> float:
-        return sample_sum(http("GET", real_pod.engine + "/metrics")[2].decode(),
-                          "vllm:request_success_total") or 0.0
+        return (
+            sample_sum(http("GET", real_pod.engine + "/metrics")[2].decode(), "vllm:request_success_total")
+            or 0.0
+        )
 
     # Nobody else sends requests here: finished requests that appear are the prober's probes
     # (idle interval 1 s), end to end through the real engine.
@@ -181,17 +223,25 @@ def test_prober_sees_real_vllm_healthy_and_probes_it(real_pod: RealPod) -> None:
 
 
 def test_completions_flow(real_pod: RealPod) -> None:
-    body = {"model": "tiny", "prompt": list(range(2, 52)), "max_tokens": 50,
-            "ignore_eos": True, "temperature": 0}
+    body = {
+        "model": "tiny",
+        "prompt": list(range(2, 52)),
+        "max_tokens": 50,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     start = time.monotonic()
     status, _, raw = http("POST", real_pod.engine + "/v1/completions", body, timeout=60)
     real_pod.measurements["completion_50_in_50_out_s"] = time.monotonic() - start
     assert status == 200, raw
     usage = json.loads(raw)["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (50, 50)
-    status, _, raw = http("POST", real_pod.engine + "/v1/chat/completions",
-                          {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                           "max_tokens": 5}, timeout=60)
+    status, _, raw = http(
+        "POST",
+        real_pod.engine + "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+        timeout=60,
+    )
     assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
 
 
@@ -201,14 +251,23 @@ def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPo
     # must take the next free slot, finishing before the queued low-priority requests.
     race = CompletionRace(real_pod.engine, timeout=120)
     for i in range(6):
-        race.send(f"low{i}", {"model": "tiny", "prompt": f"load {i}", "max_tokens": 450,
-                              "ignore_eos": True, "priority": 10, "temperature": 0})
-    wait_until(lambda: metric_value(real_pod.engine, "vllm:num_requests_waiting") >= 3,
-               timeout=30, interval=0.02)
+        race.send(
+            f"low{i}",
+            {
+                "model": "tiny",
+                "prompt": f"load {i}",
+                "max_tokens": 450,
+                "ignore_eos": True,
+                "priority": 10,
+                "temperature": 0,
+            },
+        )
+    wait_until(
+        lambda: metric_value(real_pod.engine, "vllm:num_requests_waiting") >= 3, timeout=30, interval=0.02
+    )
     saturated_at = time.monotonic()
     real_pod.measurements["rss_saturated_mib"] = tree_rss_mib(real_pod.proc.pid)
-    probe = race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1,
-                                "priority": -1_000_000})
+    probe = race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1, "priority": -1_000_000})
     probe.join(timeout=120)
     real_pod.measurements["probe_under_saturation_s"] = time.monotonic() - saturated_at
     finished = race.join()  # in the order the responses came back
