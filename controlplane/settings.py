@@ -130,7 +130,10 @@ BENCHMARK_SIMULATED_TIME_SCALE = envfloat("BENCHMARK_SIMULATED_TIME_SCALE", 20.0
 BENCHMARK_ENGINE_VERSION = envstr("BENCHMARK_ENGINE_VERSION", "")  # a change makes every fit stale
 BENCHMARK_MAX_AGE_S = envint("BENCHMARK_MAX_AGE_S", 7 * 86400, minimum=60)
 BENCHMARK_MAX_HELDOUT_MAPE = envfloat("BENCHMARK_MAX_HELDOUT_MAPE", 0.10, minimum=0.0)
-BENCHMARK_SLO_P99_S = envfloat("BENCHMARK_SLO_P99_S", 30.0, minimum=0.001)
+# The latency objective a shape's rate must meet: p99 end to end within
+# first token + per output token x its output length (TTFT and inter-token budgets).
+BENCHMARK_SLO_FIRST_TOKEN_S = envfloat("BENCHMARK_SLO_FIRST_TOKEN_S", 5.0, minimum=0.001)
+BENCHMARK_SLO_PER_OUTPUT_TOKEN_S = envfloat("BENCHMARK_SLO_PER_OUTPUT_TOKEN_S", 0.1, minimum=0.0001)
 BENCHMARK_SHAPES = envstr("BENCHMARK_SHAPES", "")  # "16x1,128x16,..."; empty: the default grid
 BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a crashed worker's claim expires
 BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -193,3 +194,36 @@ class CompletionRace:
             thread.join(timeout=self.timeout + 5)
         assert not self._failures, self._failures
         return self.finished()
+
+
+# A tiny random Llama made on the spot (2 layers, hidden 128, a 2,000-token byte-level BPE
+# tokenizer, a chat template; ~2 MB in seconds): real vLLM tests and benches need no download.
+# Run it with the vLLM venv's python: `python -c MAKE_TINY_LLAMA <output dir>`.
+MAKE_TINY_LLAMA = textwrap.dedent("""
+    import random, sys
+    from pathlib import Path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import torch
+    out = Path(sys.argv[1])
+    rng = random.Random(0)
+    syllables = "ka lo mi ne ru sa ti vo pe da gu fi ze ho ba".split()
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+             for _ in range(3000)]
+    text = [" ".join(rng.choice(words) for _ in range(20)) for _ in range(2000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=2000, special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    fast.save_pretrained(out)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+""")

