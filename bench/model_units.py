@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from capacity.benchmark import SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
-from tests.runtime.support import MAKE_TINY_LLAMA, free_port, http, sim_engine, wait_until  # noqa: E402
+from tests.runtime.support import MAKE_TINY_LLAMA, _answers, free_port, sim_engine, wait_until  # noqa: E402
 
 VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (1, 16, 64, 128)), (50, 50))
 
@@ -126,9 +126,7 @@ def real_vllm() -> None:
                 start_new_session=True,
             )
             try:
-                wait_until(
-                    lambda: http("GET", f"http://127.0.0.1:{probe}/readyz", timeout=2)[0] == 200, timeout=300
-                )
+                wait_until(lambda: _answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
                 started = time.perf_counter()
                 result = asyncio.run(
                     sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=VLLM_SHAPES), Slo())

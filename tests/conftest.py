@@ -92,6 +92,37 @@ def make_endpoint(pool, small_model):
     return make
 
 
+@pytest.fixture
+def grow_fleet(make_endpoint, h100):
+    """`grow_fleet(n)`: n more tenants, each with a pool, a profile, a reserved endpoint, a pod,
+    an API key and events, so that list pages have more rows of every kind."""
+    from datetime import UTC, datetime
+
+    from capacity.models import sell
+    from controlplane.endpoints.models import Pod
+    from controlplane.oncall.models import Event
+
+    settled = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def grow(n: int) -> None:
+        for i in range(n):
+            tenant = Tenant.objects.create(name=f"t{i}-{n}")
+            pool = GpuPool.objects.create(name=f"p{i}-{n}", gpu_type=h100, region="r", gpu_count=100)
+            profile = ModelProfile.objects.create(model=f"m{i}-{n}", gpu_type=h100, alpha=0, beta=0, gamma=1)
+            endpoint = make_endpoint(tenant, f"e{i}", profile=profile, pool=pool)
+            sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
+            ApiKey.issue(name=f"k{i}", tenant=tenant)
+            Pod.objects.create(
+                endpoint=endpoint, name=f"pod-{i}-{n}", url="http://127.0.0.1:9000", ready=True
+            )
+            pod = f"pod-{i}-{n}"
+            Event.record("hang", "x", endpoint=endpoint, pod=pod, recorded_at=settled, severity="critical")
+            Event.record("restart", "x", endpoint=endpoint, pod=pod, recorded_at=settled)
+            Event.record("scale", "x", endpoint=endpoint, detail={"replicas": i + 1}, recorded_at=settled)
+
+    return grow
+
+
 def endpoint_body(**overrides) -> dict:
     body = {
         "name": "chat",

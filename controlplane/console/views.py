@@ -283,15 +283,11 @@ def endpoints(request):
     return page(request, "console/endpoints.html", "console/_endpoint_table.html", context)
 
 
+# What the form posts: the API serializer's writable fields, less those the form handles itself.
 ENDPOINT_FIELDS = [
-    "name",
-    "model",
-    "gpu_type",
-    "pool",
-    "min_provisioned_concurrency",
-    "max_provisioned_concurrency",
-    "target_concurrency_per_replica",
-    "routing_policy",
+    name
+    for name, field in EndpointSerializer().fields.items()
+    if not field.read_only and name not in ("tenant", "scale_to_zero_enabled")
 ]
 
 

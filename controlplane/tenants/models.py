@@ -41,6 +41,17 @@ class Principal:
         return self.tenant.pk if self.tenant else None
 
 
+def tenant_xor_operator(name: str) -> models.CheckConstraint:
+    """A key or a user belongs to exactly one tenant, or is an operator's and to none."""
+    return models.CheckConstraint(
+        name=name,
+        condition=(
+            models.Q(is_operator=True, tenant__isnull=True)
+            | models.Q(is_operator=False, tenant__isnull=False)
+        ),
+    )
+
+
 class TenantScopedQuerySet(models.QuerySet):
     """The one place tenant scoping is decided. Subclasses name the path to the tenant."""
 
@@ -98,15 +109,7 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [
-            models.CheckConstraint(
-                name="api_key_tenant_xor_operator",
-                condition=(
-                    models.Q(is_operator=True, tenant__isnull=True)
-                    | models.Q(is_operator=False, tenant__isnull=False)
-                ),
-            ),
-        ]
+        constraints = [tenant_xor_operator("api_key_tenant_xor_operator")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}...)"
@@ -157,15 +160,7 @@ class Member(models.Model):
     is_operator = models.BooleanField(default=False)
 
     class Meta:
-        constraints = [
-            models.CheckConstraint(
-                name="member_tenant_xor_operator",
-                condition=(
-                    models.Q(is_operator=True, tenant__isnull=True)
-                    | models.Q(is_operator=False, tenant__isnull=False)
-                ),
-            ),
-        ]
+        constraints = [tenant_xor_operator("member_tenant_xor_operator")]
 
     def __str__(self) -> str:
         return f"{self.user.username} ({'operator' if self.is_operator else self.tenant})"

@@ -4,23 +4,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from capacity.models import GpuPool, ModelProfile, sell
-from controlplane.endpoints.models import Pod
-from controlplane.oncall.models import Event
-from controlplane.tenants.models import ApiKey, Tenant
-
-
-def grow(n, make_endpoint, h100):
-    for i in range(n):
-        tenant = Tenant.objects.create(name=f"t{i}-{n}")
-        pool = GpuPool.objects.create(name=f"p{i}-{n}", gpu_type=h100, region="r", gpu_count=100)
-        profile = ModelProfile.objects.create(model=f"m{i}-{n}", gpu_type=h100, alpha=0, beta=0, gamma=1)
-        endpoint = make_endpoint(tenant, f"e{i}", profile=profile, pool=pool)
-        sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
-        Event.record("scale", "x", endpoint=endpoint)
-        ApiKey.issue(name=f"k{i}", tenant=tenant)
-        Pod.objects.create(endpoint=endpoint, name=f"pod-{i}-{n}", url="http://127.0.0.1:9000", ready=True)
-
 
 @pytest.mark.parametrize(
     "url",
@@ -37,7 +20,7 @@ def grow(n, make_endpoint, h100):
         "/api/v1/routing-table/",
     ],
 )
-def test_list_queries_do_not_grow_with_rows(operator_client, make_endpoint, h100, url):
+def test_list_queries_do_not_grow_with_rows(operator_client, grow_fleet, url):
     def count():
         with CaptureQueriesContext(connection) as queries:
             response = operator_client.get(url)
@@ -45,9 +28,9 @@ def test_list_queries_do_not_grow_with_rows(operator_client, make_endpoint, h100
         return len(queries), response
 
     operator_client.get("/api/v1/whoami/")  # the key's first use writes its last-used time
-    grow(2, make_endpoint, h100)
+    grow_fleet(2)
     few, small = count()
-    grow(12, make_endpoint, h100)
+    grow_fleet(12)
     many, large = count()
     assert len(str(large.content)) > len(str(small.content))
     assert many == few, f"{url}: {few} queries for few rows, {many} for many"

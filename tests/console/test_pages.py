@@ -10,7 +10,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from capacity.models import GpuPool, ModelProfile, Reservation, sell
+from capacity.models import Reservation, sell
 from capacity.tasks import record_snapshots
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
@@ -220,18 +220,10 @@ def test_no_key_secret_or_hash_is_ever_rendered(operator_web, owner_web, owner, 
         "ENDPOINT",
     ],
 )
-def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, h100, url):
+def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, grow_fleet, url):
     def grow(n):
-        for i in range(n):
-            tenant = Tenant.objects.create(name=f"t{i}-{n}")
-            pool = GpuPool.objects.create(name=f"p{i}-{n}", gpu_type=h100, region="r", gpu_count=100)
-            profile = ModelProfile.objects.create(model=f"m{i}-{n}", gpu_type=h100, alpha=0, beta=0, gamma=1)
-            endpoint = make_endpoint(tenant, f"e{i}", profile=profile, pool=pool)
-            sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
-            Event.record(
-                "hang", "x", endpoint=endpoint, pod=f"pod-{i}", recorded_at=SETTLED, severity="critical"
-            )
-            Event.record("restart", "x", endpoint=endpoint, pod=f"pod-{i}", recorded_at=SETTLED)
+        grow_fleet(n)
+        for i in range(n):  # the detail page's timeline grows too
             Event.record("scale", "x", endpoint=first, detail={"replicas": i + 1}, recorded_at=SETTLED)
         record_snapshots(timezone.now() - timedelta(minutes=n))
 
