@@ -5,9 +5,11 @@
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.db.models import ProtectedError
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -113,7 +115,4 @@ def _describe(obj) -> str:
 
 
 def _is_not_found(exc) -> bool:
-    from django.core.exceptions import ObjectDoesNotExist
-    from django.http import Http404
-
     return isinstance(exc, Http404 | ObjectDoesNotExist)
