@@ -173,6 +173,7 @@ class HttpDriver:
     token_ids: list[int]
     config: SweepConfig
     rng: random.Random = field(default_factory=random.Random)
+    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
 
     async def complete(self, shape: tuple[int, int]) -> float:
         """One request of this shape; its end-to-end latency in engine seconds."""
@@ -189,15 +190,7 @@ class HttpDriver:
         ).encode()
         started = time.perf_counter()
         try:
-            response = await request(
-                "POST",
-                self.host,
-                self.port,
-                "/v1/completions",
-                body=body,
-                headers={"content-type": "application/json"},
-                timeout_s=self.config.request_timeout_s,
-            )
+            response = await asyncio.wait_for(self._post(body), self.config.request_timeout_s)
         except TimeoutError:
             raise BenchmarkError(
                 shape, f"no answer within {self.config.request_timeout_s:g} s: the engine hangs"
@@ -207,6 +200,43 @@ class HttpDriver:
         if response.status != 200:
             raise BenchmarkError(shape, f"engine answered {response.status}: {_error_text(response)}")
         return (time.perf_counter() - started) * self.config.time_scale
+
+    async def _post(self, body: bytes) -> ClientResponse:
+        """POST /v1/completions on a kept-alive connection (a fresh one per request would cost
+        the client more CPU than the engine spends on a small request, on this 2-core machine)."""
+        if self._idle:
+            reader, writer = self._idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            )
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+            status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)
+            }
+            if "content-length" in headers:
+                payload = await reader.readexactly(int(headers["content-length"]))
+            else:  # chunked (or close-delimited): read to the end, then the connection is done
+                payload = await reader.read()
+                headers["connection"] = "close"
+        except BaseException:
+            writer.close()
+            raise
+        if headers.get("connection", "").lower() == "close":
+            writer.close()
+        else:
+            self._idle.append((reader, writer))
+        return ClientResponse(int(status_line.split(" ", 2)[1]), headers, payload)
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
 
     async def closed(self, shape: tuple[int, int], concurrency: int, total: int) -> tuple[list[float], float]:
         latencies: list[float] = []
@@ -337,16 +367,19 @@ async def sweep(
     started = time.perf_counter()
     driver = await connect(engine, config) if isinstance(engine, str) else engine
     results = []
-    for shape in config.shapes:
-        if shape[0] + shape[1] > driver.max_model_len:
-            result = ShapeResult(
-                *shape, 0.0, 0.0, (), note=f"longer than max_model_len {driver.max_model_len}"
-            )
-        else:
-            result = await _measure_shape(driver, shape, slo, config)
-        results.append(result)
-        if on_shape:
-            on_shape(result)
+    try:
+        for shape in config.shapes:
+            if shape[0] + shape[1] > driver.max_model_len:
+                note = f"longer than max_model_len {driver.max_model_len}"
+                result = ShapeResult(*shape, 0.0, 0.0, (), note=note)
+            else:
+                result = await _measure_shape(driver, shape, slo, config)
+            results.append(result)
+            if on_shape:
+                on_shape(result)
+    finally:
+        if isinstance(driver, HttpDriver):
+            driver.close()
     return SweepResult(driver.name, driver.model, tuple(results), time.perf_counter() - started)
 
 
