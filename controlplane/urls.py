@@ -1,9 +1,25 @@
 from django.contrib import admin
+from django.db import connection
+from django.http import HttpResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+
+def healthz(request):
+    """Liveness and readiness for the kubelet: the process answers and the database does too."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:  # any database failure means "not ready", said plainly
+        return HttpResponse(
+            f"database unavailable: {exc.__class__.__name__}", status=503, content_type="text/plain"
+        )
+    return HttpResponse("ok", content_type="text/plain")
+
+
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
     path("api/v1/", include("controlplane.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -1,0 +1,15 @@
+# A SIMULATED runtime pod (no GPU, no model) for load tests and what-if runs: the simulated engine
+# plus the same prober. It says it is simulated in every response.
+#   docker build -f docker/runtime-sim.Dockerfile -t mu/runtime-sim .
+FROM python:3.11.11-slim-bookworm
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+RUN groupadd --system --gid 10001 app && useradd --system --uid 10001 --gid app --home /app app
+WORKDIR /app
+COPY pyproject.toml ./
+COPY controlplane controlplane
+COPY capacity capacity
+COPY dataplane dataplane
+RUN pip install --no-deps . && python -c "import dataplane.runtime.sim"
+USER 10001
+EXPOSE 8000 8001
+ENTRYPOINT ["python", "-m", "dataplane.runtime.pod", "--engine", "sim", "--host", "0.0.0.0", "--port", "8000", "--probe-port", "8001"]
