@@ -47,6 +47,7 @@ DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
     (50, 50),
 )
 FALLBACK_TOKEN_IDS = range(100, 1000)  # inside any real vocabulary (the tiny test model has ~2k)
+IDLE_REUSE_S = 2.0  # reuse a kept-alive connection only this long after its last answer, s
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class HttpDriver:
     token_ids: list[int]
     config: SweepConfig
     rng: random.Random = field(default_factory=random.Random)
-    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = field(default_factory=list)
 
     async def complete(self, shape: tuple[int, int]) -> float:
         """One request of this shape; its end-to-end latency in engine seconds."""
@@ -203,11 +204,31 @@ class HttpDriver:
 
     async def _post(self, body: bytes) -> ClientResponse:
         """POST /v1/completions on a kept-alive connection (a fresh one per request would cost
-        the client more CPU than the engine spends on a small request, on this 2-core machine)."""
-        if self._idle:
-            reader, writer = self._idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(self.host, self.port)
+        the client more CPU than the engine spends on a small request, on this 2-core machine).
+
+        Servers close idle connections (uvicorn after 5 s), so connections idle longer than
+        IDLE_REUSE_S are dropped, and a reused one that the engine closed before answering is
+        retried once on a fresh connection.
+        """
+        now = time.monotonic()
+        while self._idle:
+            reader, writer, idle_since = self._idle.pop()
+            if now - idle_since > IDLE_REUSE_S:
+                writer.close()
+                continue
+            try:
+                return await self._exchange(reader, writer, body)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # closed by the engine while idle: one fresh try below
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            return await self._exchange(reader, writer, body)
+        except asyncio.IncompleteReadError:
+            raise ConnectionError("the engine closed the connection without answering") from None
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
+    ) -> ClientResponse:
         try:
             head = (
                 f"POST /v1/completions HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
@@ -230,11 +251,11 @@ class HttpDriver:
         if headers.get("connection", "").lower() == "close":
             writer.close()
         else:
-            self._idle.append((reader, writer))
+            self._idle.append((reader, writer, time.monotonic()))
         return ClientResponse(int(status_line.split(" ", 2)[1]), headers, payload)
 
     def close(self) -> None:
-        for _, writer in self._idle:
+        for _, writer, _ in self._idle:
             writer.close()
         self._idle.clear()
 
