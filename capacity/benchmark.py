@@ -4,7 +4,7 @@ Async, no Django: drives any OpenAI-compatible engine URL (vLLM, or the simulate
 For each shape (input tokens, output tokens):
 
 1. closed loop: keep C requests in flight for C = 1, 2, 4, ... and measure throughput, until it
-   stops growing (< 5 % more for twice the concurrency), p99 latency passes the SLO, or C hits
+   stops growing (< 5 % more for two doublings in a row), p99 latency passes the SLO, or C hits
    its bound: the best throughput within the SLO is the shape's capacity estimate X;
 2. open loop: Poisson arrivals at 0.95, 0.9, 0.8, 0.7, 0.5 x X until a step meets the SLO with
    every request answered; that rate is the sustainable rate R_s. A step stops early when the
@@ -448,7 +448,7 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
             *shape, 0.0, solo, (), note=f"one request alone takes {solo:.2f} s > SLO {deadline:g} s"
         )
     steps: list[Step] = []
-    capacity, concurrency = 0.0, 1
+    capacity, concurrency, flat = 0.0, 1, 0
     while concurrency <= cfg.max_concurrency:
         total = max(16, concurrency * cfg.requests_per_concurrency)
         latencies, elapsed = await driver.closed(shape, concurrency, total)
@@ -458,9 +458,11 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
         steps.append(Step("closed", concurrency, 0.0, total, len(latencies), throughput, p99, False, met))
         if not met:
             break
-        grew = throughput > capacity * 1.05
+        # Two doublings in a row without 5 % more throughput end the climb: one noisy step
+        # (a busy neighbour on a shared machine) must not stop it at a fraction of the knee.
+        flat = 0 if throughput > capacity * 1.05 else flat + 1
         capacity = max(capacity, throughput)
-        if not grew:
+        if flat >= 2:
             break
         concurrency *= 2
     for fraction in OPEN_LOOP_FRACTIONS:
