@@ -46,15 +46,18 @@ def due_profiles(now: datetime) -> QuerySet[ModelProfile]:
     )
 
 
-def claim(profile_id: int, now: datetime) -> bool:
-    """Take the profile for one benchmark; False when another worker holds it."""
+def claim(profile_id: int, now: datetime, *, only_if_due: bool = True) -> bool:
+    """Take the profile for one benchmark; False when another worker holds it, or (for the beat's
+    tasks) when it is no longer due: beat may queue a profile twice before a worker gets to it."""
     claim_expired = now - timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S)
-    return (
-        ModelProfile.objects.filter(pk=profile_id)
-        .filter(Q(benchmark_claimed_at__isnull=True) | Q(benchmark_claimed_at__lt=claim_expired))
-        .update(benchmark_claimed_at=now)
-        == 1
+    profiles = (
+        due_profiles(now)
+        if only_if_due
+        else ModelProfile.objects.filter(
+            Q(benchmark_claimed_at__isnull=True) | Q(benchmark_claimed_at__lt=claim_expired)
+        )
     )
+    return profiles.filter(pk=profile_id).update(benchmark_claimed_at=now) == 1
 
 
 def slo() -> Slo:

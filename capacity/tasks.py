@@ -47,8 +47,8 @@ def benchmark_due_profiles() -> int:
 
 @shared_task
 def run_profile_benchmark(profile_id: int) -> str:
-    """Benchmark one profile unless another worker already claimed it (safe to run twice)."""
+    """Benchmark one profile unless it is no longer due or another worker has it (safe twice)."""
     if not benchmarking.claim(profile_id, timezone.now()):
-        return "claimed elsewhere"
+        return "not due, or claimed elsewhere"
     profile = ModelProfile.objects.select_related("gpu_type").get(pk=profile_id)
     return benchmarking.run_benchmark(profile).status

@@ -94,10 +94,20 @@ def test_one_benchmark_per_pair_at_a_time(small_model, settings):
     now = timezone.now()
     assert benchmarking.claim(small_model.pk, now)
     assert not benchmarking.claim(small_model.pk, now)
+    assert not benchmarking.claim(small_model.pk, now, only_if_due=False)
     assert not benchmarking.due_profiles(now).filter(pk=small_model.pk).exists()
     # A worker that died holding the claim does not block the pair for ever.
     later = now + timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S + 1)
     assert benchmarking.claim(small_model.pk, later)
+
+
+def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
+    # Beat queued the profile twice; the first run fitted it, so the second finds nothing due.
+    from capacity.tasks import run_profile_benchmark
+
+    ModelProfile.objects.filter(pk=small_model.pk).update(source="benchmark", fitted_at=timezone.now())
+    assert run_profile_benchmark(small_model.pk) == "not due, or claimed elsewhere"
+    assert not ProfileFit.objects.exists()
 
 
 def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, settings):

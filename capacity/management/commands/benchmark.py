@@ -29,7 +29,7 @@ class Command(BaseCommand):
         profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
         if profile is None:
             profile = ModelProfile(model=model, gpu_type=gpu_type, alpha=0, beta=0, gamma=0)
-        elif not benchmarking.claim(profile.pk, timezone.now()):
+        elif not benchmarking.claim(profile.pk, timezone.now(), only_if_due=False):
             raise CommandError(f"a benchmark of {profile} is already running")
         self.stderr.write(f"Benchmarking {model} on {gpu} at {engine_url or 'the configured engine'} ...")
         record = benchmarking.run_benchmark(profile, engine_url=engine_url)
