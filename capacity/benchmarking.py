@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -81,11 +81,14 @@ def sweep_config() -> SweepConfig:
 
 
 @contextmanager
-def benchmark_engine(profile: ModelProfile, engine_url: str | None = None) -> Iterator[tuple[str, float]]:
-    """(engine URL, time scale) for this pair; a local simulated pod is stopped whatever happens."""
+def benchmark_engine(
+    profile: ModelProfile, engine_url: str | None = None
+) -> Iterator[tuple[str, float, str]]:
+    """(engine URL, time scale, what to call it) for this pair; a local simulated pod is stopped
+    whatever happens, and its fits say "simulated" so they are never mistaken for a GPU's."""
     url = engine_url or settings.BENCHMARK_ENGINE_URL
     if url:
-        yield url, 1.0
+        yield url, 1.0, url
         return
     if not settings.BENCHMARK_SIMULATED_PROFILE:
         raise BenchmarkError(None, "no engine: set BENCHMARK_ENGINE_URL (or BENCHMARK_SIMULATED_PROFILE)")
@@ -110,7 +113,8 @@ def benchmark_engine(profile: ModelProfile, engine_url: str | None = None) -> It
             if time.monotonic() > deadline:
                 raise BenchmarkError(None, f"benchmark pod {name} was not ready within 30 s")
             time.sleep(0.1)  # waiting on a process starting, not faking time
-        yield f"http://127.0.0.1:{port}", scale
+        label = f"simulated:{settings.BENCHMARK_SIMULATED_PROFILE} (local pod, time scale {scale:g})"
+        yield f"http://127.0.0.1:{port}", scale, label
     finally:
         supervisor.stop_pod(name, grace_s=5)
         supervisor.close()
@@ -132,9 +136,9 @@ def run_benchmark(
         if driver is not None:  # an in-process engine (the simulated performance model)
             result = asyncio.run(sweep(driver, config, slo()))
         else:
-            with benchmark_engine(profile, engine_url) as (url, scale):
+            with benchmark_engine(profile, engine_url) as (url, scale, label):
                 config = SweepConfig(**{**asdict(config), "time_scale": scale})
-                result = asyncio.run(sweep(url, config, slo()))
+                result = replace(asyncio.run(sweep(url, config, slo())), engine_url=label)
         fit = result.fit(profile.mu_per_replica_minute)
     except (BenchmarkError, ValueError) as error:
         return _record_failure(profile, started, str(error), result)

@@ -116,10 +116,11 @@ def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, sett
     settings.BENCHMARK_SIMULATED_TIME_SCALE = 20.0
     record = benchmarking.run_benchmark(small_model, config=QUICK)
     assert record.status == "published", record.reason
-    assert record.engine.startswith("http://127.0.0.1:")
-    port = record.engine.rsplit(":", 1)[1]
-    running = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True).stdout
-    assert running.strip() == "", "the benchmark pod must not outlive its benchmark"
+    assert record.engine == "simulated:tiny-test (local pod, time scale 20)"
+    running = subprocess.run(
+        ["pgrep", "-f", "dataplane.runtime.pod --engine sim"], capture_output=True, text=True
+    )
+    assert running.stdout.strip() == "", "the benchmark pod must not outlive its benchmark"
 
 
 def test_no_engine_configured_is_a_clear_failure(small_model, settings):
@@ -227,7 +228,7 @@ def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model,
             time.sleep(0.5)  # waiting on other processes, not faking time
         fit = ProfileFit.objects.filter(profile=small_model).first()
         assert fit is not None, (tmp_path / "worker.log").read_text()[-3000:]
-        assert fit.status == "published" and fit.engine.startswith("http://127.0.0.1:")
+        assert fit.status == "published" and fit.engine.startswith("simulated:tiny-test")
         small_model.refresh_from_db()
         assert small_model.source == "benchmark" and small_model.benchmark_claimed_at is None
         assert Event.objects.filter(kind="benchmark", message__contains="published").exists()
