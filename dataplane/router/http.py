@@ -18,7 +18,7 @@ import asyncio
 import json
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -112,8 +112,7 @@ class ClientConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         transport.set_write_buffer_limits(self.config.write_high_water_bytes,
                                           self.config.write_low_water_bytes)
         self.state.connections.add(self)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -43,8 +43,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
