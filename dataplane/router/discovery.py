@@ -148,7 +148,8 @@ def static_table(backends: Sequence[str], policy: str, target_concurrency: int,
     reservation = (Reservation(rate_limit_mu_per_min, best_effort_allowed=False)
                    if rate_limit_mu_per_min else None)
     ep = EndpointSpec(id=0, tenant=STATIC_TENANT, name=STATIC_ENDPOINT, model=STATIC_ENDPOINT,
-                      policy=policy, coefficients=coefficients, mu_per_replica_minute=100.0,
+                      policy=policy, coefficients=coefficients,
+                      mu_per_replica_minute=0.0,  # unknown capacity: best effort never sheds
                       target_concurrency=target_concurrency, scale_to_zero_enabled=False,
                       reservation=reservation,
                       pods=tuple(PodSpec(url, url, True) for url in backends))
