@@ -36,6 +36,7 @@ log = logging.getLogger("dataplane.router.discovery")
 
 STATIC_TENANT = ""  # the tenant of static mode: no keys, every request belongs to it
 STATIC_ENDPOINT = "*"  # the endpoint name of static mode: matches any model
+STATIC_COEFFICIENTS = Coefficients(0.002, 0.02, 0.1)  # static mode prices like a 70B chat model
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def parse_routing_table(doc: Any) -> RoutingTable:
             reservation=reservation, pods=tuple(pods)))
     api_keys = {}
     for k in keys_doc:
-        if not isinstance(k, dict) or not isinstance(k.get("hash"), str) or not isinstance(k.get("tenant"), str):
+        if not (isinstance(k, dict) and isinstance(k.get("hash"), str) and isinstance(k.get("tenant"), str)):
             raise ValueError("api_keys entries must be {\"hash\": str, \"tenant\": str}")
         api_keys[k["hash"].lower()] = k["tenant"]
     return RoutingTable(version, tuple(endpoints), api_keys)
@@ -143,7 +144,7 @@ def parse_routing_table(doc: Any) -> RoutingTable:
 
 def static_table(backends: Sequence[str], policy: str, target_concurrency: int,
                  rate_limit_mu_per_min: float | None = None,
-                 coefficients: Coefficients = Coefficients(0.002, 0.02, 0.1)) -> RoutingTable:
+                 coefficients: Coefficients = STATIC_COEFFICIENTS) -> RoutingTable:
     """One endpoint that takes any model name; pods named by their URLs."""
     reservation = (Reservation(rate_limit_mu_per_min, best_effort_allowed=False)
                    if rate_limit_mu_per_min else None)

@@ -113,7 +113,7 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        transport.set_write_buffer_limits(self.config.write_high_water_bytes,
+        self.transport.set_write_buffer_limits(self.config.write_high_water_bytes,
                                           self.config.write_low_water_bytes)
         self.state.connections.add(self)
         self._arm(self.config.header_read_timeout_s, self._on_idle_timeout)

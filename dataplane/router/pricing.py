@@ -83,7 +83,9 @@ def requested_output_tokens(body: dict[str, Any], default_max_tokens: int) -> in
     value = body.get("max_completion_tokens")
     if value is None:
         value = body.get("max_tokens")
-    tokens = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default_max_tokens
+    tokens = default_max_tokens
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        tokens = value
     n = body.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and n > 1:
         tokens *= n

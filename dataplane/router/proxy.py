@@ -81,7 +81,7 @@ class Exchange:
         self.events = 0  # SSE "data:" lines seen: tokens out when the pod reports no usage
         self.body_started = False
         self.read_timeout_s = read_timeout_s
-        self.timer = loop.call_later(read_timeout_s, self._check_timeout)
+        self.timer: asyncio.TimerHandle | None = loop.call_later(read_timeout_s, self._check_timeout)
 
     def _check_timeout(self) -> None:
         idle = time.monotonic() - self.conn.last_activity

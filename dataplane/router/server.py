@@ -24,7 +24,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from dataplane.router import balancer
 from dataplane.router.affinity import rendezvous_subset, subset_is_hot
@@ -298,10 +298,10 @@ class Router:
         cls = classify(is_probe, res is not None, conforms, best_effort_allowed, headroom)
         if cls is TrafficClass.REJECTED:
             self.meter.reject(key, now, 429)
-            raise RequestError(429, f"rate limit for {model!r} reached: {'reservation exhausted' if res else ''}"
-                               f"{' and ' if res else ''}no headroom for best-effort traffic",
-                               "rate_limit_exceeded", b"retry-after: %s\r\n" % retry_after_header(
-                                   retry_after).encode())
+            why = "reservation exhausted and " if res else ""
+            raise RequestError(429, f"rate limit for {model!r} reached: {why}no headroom for best-effort "
+                               "traffic", "rate_limit_exceeded",
+                               b"retry-after: %s\r\n" % retry_after_header(retry_after).encode())
         ep.rate.add(now, cost)
         priority = cls is not TrafficClass.BEST_EFFORT
 
@@ -373,7 +373,8 @@ class Router:
                 self._failed(pod, f"connect: {exc!r}")
                 if may_retry:
                     return None
-                raise RequestError(502, f"could not connect to a pod: {exc}", "upstream_unreachable") from None
+                raise RequestError(502, f"could not connect to a pod: {exc}",
+                                   "upstream_unreachable") from None
             exch = Exchange(client, conn, pod_hdr, cfg.upstream_read_timeout_s)
             conn.send(build_request(req.method, req.path, host_hdr, req.headers, req.body), exch)
             try:
@@ -514,8 +515,8 @@ class Router:
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        server = cast(asyncio.Server, self._server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def shutdown(self, drain_timeout_s: float | None = None) -> int:
         """Stop accepting, let in-flight requests finish for a bounded time, then cancel them.

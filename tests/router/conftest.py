@@ -41,7 +41,8 @@ def table_doc(pods: Sequence[FakePod], version: str = "v1", **endpoint: Any) -> 
 
 @contextlib.asynccontextmanager
 async def running(pods: Sequence[FakePod] | int = 2, table: Any = None,
-                  config: RouterConfig = FAST, **router_kw: Any) -> AsyncIterator[tuple[Router, list[FakePod]]]:
+                  config: RouterConfig = FAST,
+                  **router_kw: Any) -> AsyncIterator[tuple[Router, list[FakePod]]]:
     """A router in front of fake pods (static table unless one is given); cleaned up on exit."""
     fake = [await FakePod(f"pod-{i}").start() for i in range(pods)] if isinstance(pods, int) else list(pods)
     router = Router(config, seed=1, **router_kw)
@@ -59,7 +60,7 @@ async def running(pods: Sequence[FakePod] | int = 2, table: Any = None,
             await p.stop()
 
 
-def cp_table(**endpoint: Any):  # noqa: ANN201 - a factory used by ``running``
+def cp_table(**endpoint: Any):
     return lambda pods: parse_routing_table(table_doc(pods, **endpoint))
 
 

@@ -23,6 +23,7 @@ class FakePod:
         self.mode = mode
         self.chunks = chunks
         self.delay_s = delay_s
+        self.pad = 0  # extra bytes of text per streamed event
         self.requests = 0
         self.health_checks = 0
         self.health_ok = True
@@ -56,7 +57,7 @@ class FakePod:
             for _ in range(10_000):  # keep-alive: bounded number of requests per connection
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
+                _method, path, _ = lines[0].split(" ", 2)
                 headers = {}
                 for line in lines[1:]:
                     if ":" in line:
@@ -89,7 +90,7 @@ class FakePod:
                     n = 1 if mode == "break" else self.chunks
                     try:
                         for i in range(n):
-                            ev = b'data: {"choices": [{"text": "t%d"}]}\n\n' % i
+                            ev = b'data: {"choices": [{"text": "t%d%s"}]}\n\n' % (i, b"y" * self.pad)
                             writer.write(b"%x\r\n%s\r\n" % (len(ev), ev))
                             await writer.drain()
                             await asyncio.sleep(self.delay_s)

@@ -4,7 +4,16 @@ import asyncio
 
 import pytest
 
-from tests.router.conftest import OTHER_KEY, TENANT_KEY, assert_idle, call, cp_table, error_of, running, with_config
+from tests.router.conftest import (
+    OTHER_KEY,
+    TENANT_KEY,
+    assert_idle,
+    call,
+    cp_table,
+    error_of,
+    running,
+    with_config,
+)
 
 
 @pytest.mark.parametrize("body, key, status, code", [

@@ -44,7 +44,8 @@ class StandInControlPlane:
             head = (await reader.readuntil(b"\r\n\r\n")).decode()
             lines = head.split("\r\n")
             method, path, _ = lines[0].split(" ")
-            headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x)}
+            pairs = (x.split(":", 1) for x in lines[1:] if ":" in x)
+            headers = {k.strip().lower(): v.strip() for k, v in pairs}
             await reader.readexactly(int(headers.get("content-length", "0")))
             self.requests.append(headers)
             if method == "POST" and path.endswith("/wake/"):
@@ -53,13 +54,16 @@ class StandInControlPlane:
             elif headers.get("authorization") != "Bearer op-key":
                 writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
             elif self.garbage is not None:
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(self.garbage), self.garbage))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(self.garbage), self.garbage))
             elif headers.get("if-none-match") == self.doc["version"]:
-                writer.write(b"HTTP/1.1 304 Not Modified\r\netag: %s\r\n\r\n" % self.doc["version"].encode())
+                etag = self.doc["version"].encode()
+                writer.write(b"HTTP/1.1 304 Not Modified\r\netag: %s\r\n\r\n" % etag)
             else:
                 body = json.dumps(self.doc).encode()
+                etag = self.doc["version"].encode()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\netag: %s\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (self.doc["version"].encode(), len(body), body))
+                             b"content-length: %d\r\n\r\n%s" % (etag, len(body), body))
             await writer.drain()
         finally:
             writer.close()

@@ -37,7 +37,7 @@ def test_connection_closed_before_answer_is_retried():
         async with running(2) as (router, pods):
             pods[0].mode = "close"
             pods[1].mode = "close"
-            status, _, body = await call(router, body={"model": "m", "prompt": "hi"})
+            status, _, _ = await call(router, body={"model": "m", "prompt": "hi"})
             # every pod closed before answering: each tried once (never the same pod twice), then 502
             assert status == 502
             assert (pods[0].requests, pods[1].requests) == (1, 1)
