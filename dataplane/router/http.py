@@ -98,6 +98,7 @@ class ClientConnection(asyncio.Protocol):
         self.flow_peer: FlowPeer | None = None  # the upstream to pause while our buffer is full
         self.response_started = False
         self.response_chunked = False
+        self._head = b""  # response head not yet written: it goes out with the first body bytes
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -252,6 +253,7 @@ class ClientConnection(asyncio.Protocol):
             self._finished()
 
     def _finished(self) -> None:
+        self._head = b""
         self._task = None
         self.flow_peer = None
         st = self.state
@@ -318,19 +320,32 @@ class ClientConnection(asyncio.Protocol):
             self.response_chunked = False
             self._keep_alive = False
         conn = b"" if self._keep_alive else b"connection: close\r\n"
-        self.transport.write(b"%s%s%s%s\r\n" % (status_line(status), headers, framing, conn))
+        # held back and sent with the first body bytes: one write (one syscall) per small response
+        self._head = b"%s%s%s%s\r\n" % (status_line(status), headers, framing, conn)
+
+    def flush_head(self) -> None:
+        """Send a held-back head now (a stream whose first event has not come yet)."""
+        if self._head and self.transport is not None and not self.closed:
+            self.transport.write(self._head)
+        self._head = b""
 
     def write_body(self, data: bytes) -> None:
         if self.transport is None or self.closed or not data:
             return
         if self.response_chunked:
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        else:
-            self.transport.write(data)
+            data = b"%x\r\n%s\r\n" % (len(data), data)
+        if self._head:
+            data = self._head + data
+            self._head = b""
+        self.transport.write(data)
 
     def end_response(self) -> None:
-        if self.response_chunked and self.transport is not None and not self.closed:
-            self.transport.write(b"0\r\n\r\n")
+        if self.transport is None or self.closed:
+            return
+        tail = b"0\r\n\r\n" if self.response_chunked else b""
+        if self._head or tail:
+            self.transport.write(self._head + tail)
+        self._head = b""
 
     def abort(self) -> None:
         """Cut the connection mid-response: the client sees a truncated body, never a wrong one."""

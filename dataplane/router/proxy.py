@@ -124,6 +124,9 @@ class Exchange:
         tail = self.tail + data if len(data) < USAGE_TAIL_BYTES else data
         self.tail = tail[-USAGE_TAIL_BYTES:]
 
+    def upstream_flush(self) -> None:
+        self.client.flush_head()
+
     def upstream_done(self) -> None:
         self.cancel_timer()
         self.client.end_response()

@@ -28,6 +28,8 @@ class Sink(Protocol):
 
     def upstream_lost(self, exc: BaseException | None) -> None: ...
 
+    def upstream_flush(self) -> None: ...
+
 
 class UpstreamConnection(asyncio.Protocol):
     def __init__(self, key: str) -> None:
@@ -64,6 +66,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             if sink is not None:
                 sink.upstream_lost(exc)
+            return
+        if self.sink is not None:  # mid-response: push out what this read produced
+            self.sink.upstream_flush()
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
@@ -191,6 +196,9 @@ class _Collect:
     def upstream_done(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+    def upstream_flush(self) -> None:
+        pass
 
     def upstream_lost(self, exc: BaseException | None) -> None:
         if self.status and exc is None and not self.done.done():
