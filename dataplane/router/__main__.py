@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import resource
@@ -100,7 +101,17 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
     log.warning("router drained (%d requests cut at the deadline)", cut)
 
 
+def tune_gc() -> None:
+    """Fewer, later young-generation collections: the hot path allocates many short-lived
+    acyclic objects (bytes, futures); a full gen-0 pass every 700 allocations shows up in p99."""
+    if os.environ.get("ROUTER_GC_DEFAULT"):
+        return
+    gc.freeze()  # startup objects (modules, config) are never garbage: keep them out of scans
+    gc.set_threshold(50_000, 20, 20)
+
+
 def run_worker(args: argparse.Namespace, reuse_port: bool) -> None:
+    tune_gc()
     try:
         import uvloop
         uvloop.run(serve(args, reuse_port))
