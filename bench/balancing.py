@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from dataplane.router.affinity import rendezvous_subset, subset_is_hot
+from dataplane.router.affinity import pick_sticky
 from dataplane.router.balancer import POLICY_NAMES, PodLoad, candidates, make_policy
 from dataplane.router.config import RouterConfig
 from dataplane.router.pricing import Coefficients, price
@@ -152,15 +152,8 @@ def simulate(reqs: list[Req], pods: int, policy_name: str, sticky_k: int = 0, se
         cands = candidates(loads)
         if not cands:
             return False
-        pod = None
-        if sticky_k and r.session:
-            avail = [p for p in loads if p.available()]
-            subset = rendezvous_subset(r.session, avail, sticky_k)
-            sub = [p for p in subset if p in cands]
-            if sub and not subset_is_hot(subset, avail, CONFIG.sticky_hot_ratio, CONFIG.sticky_hot_abs_mu):
-                pod = policy(sub, rng)
-        if pod is None:
-            pod = policy(cands, rng)
+        pod = pick_sticky(policy, loads, cands, r.session, sticky_k, CONFIG.sticky_hot_ratio,
+                          CONFIG.sticky_hot_abs_mu, rng)
         pod.acquire(r.cost)
         r.pod = loads.index(pod)
         e = engines[r.pod]
@@ -256,7 +249,8 @@ def main() -> None:
         cap = saturation_rate(lambda s: make_requests(trace, s, args.seed, sessions, prefix), args.pods)
         rate = args.utilisation * cap
         scale = rate * span / len(trace)  # compress the trace's time axis to reach that rate
-        print(f"\n== {title}: engine max {MAX_SEQS} seqs, saturation {cap:.1f} req/s, offered {rate:.1f} req/s")
+        print(f"\n== {title}: engine max {MAX_SEQS} seqs, saturation {cap:.1f} req/s, "
+              f"offered {rate:.1f} req/s")
         print(f"{'run':<38} {'ttft_p50':>8} {'ttft_p99':>8} {'e2e_p50':>8} {'e2e_p99':>8} {'hit':>6} "
               f"{'ttft_p99/base':>13} {'e2e_p99/base':>12}")
         base: dict[str, float] | None = None

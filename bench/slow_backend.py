@@ -83,7 +83,7 @@ async def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0)
     args = ap.parse_args()
     Stream.events, Stream.interval = args.events, args.interval
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     server = await asyncio.get_running_loop().create_server(Stream, "127.0.0.1", args.port, backlog=8192)
     async with server:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import random
 from collections.abc import Sequence
 
-from dataplane.router.balancer import PodLoad
+from dataplane.router.balancer import PodLoad, Policy
 
 
 def rendezvous_score(workload: str, pod_name: str) -> int:
@@ -44,3 +45,22 @@ def subset_is_hot(subset: Sequence[PodLoad], fleet: Sequence[PodLoad], hot_ratio
     best = min(p.inflight_mu for p in subset)
     mean = sum(p.inflight_mu for p in fleet) / len(fleet)
     return best > (1.0 + hot_ratio) * mean + hot_abs_mu
+
+
+def pick_sticky(policy: Policy, pods: Sequence[PodLoad], cands: Sequence[PodLoad], workload: str | None,
+                k: int, hot_ratio: float, hot_abs_mu: float, rng: random.Random) -> PodLoad:
+    """The pod for a request: the policy within the workload's subset while it has room and is
+    not hot; otherwise the policy over the pods outside the subset (all candidates if none).
+
+    ``pods`` are all pods of the endpoint (the subset is computed over the available ones so that
+    it does not shift with load); ``cands`` are those that may take the request now (non-empty).
+    """
+    if not workload or k <= 0 or len(cands) <= k:
+        return policy(cands, rng)
+    avail = [p for p in pods if p.available()]
+    subset = rendezvous_subset(workload, avail, k)
+    inside = [p for p in subset if p in cands]
+    if inside and not subset_is_hot(subset, avail, hot_ratio, hot_abs_mu):
+        return policy(inside, rng)
+    outside = [p for p in cands if p not in subset]
+    return policy(outside or cands, rng)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from dataplane.router import balancer
-from dataplane.router.affinity import rendezvous_subset, subset_is_hot
+from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, EndpointSpec, RoutingTable
 from dataplane.router.http import ClientConnection, Request, ServerState
@@ -250,15 +250,9 @@ class Router:
         cands = balancer.candidates(ep.pods, exclude)
         if not cands:
             return None
-        k = self.config.sticky_subset_size
-        if workload and k and len(cands) > k:
-            avail = [p for p in ep.pods if p.available()]
-            subset = rendezvous_subset(workload, avail, k)
-            sub = [p for p in subset if p in cands]
-            if sub and not subset_is_hot(subset, avail, self.config.sticky_hot_ratio,
-                                         self.config.sticky_hot_abs_mu):
-                return ep.policy(sub, self.rng)
-        return ep.policy(cands, self.rng)
+        cfg = self.config
+        return pick_sticky(ep.policy, ep.pods, cands, workload, cfg.sticky_subset_size,
+                           cfg.sticky_hot_ratio, cfg.sticky_hot_abs_mu, self.rng)
 
     async def proxy(self, client: ClientConnection, req: Request) -> None:
         cfg = self.config

@@ -65,3 +65,21 @@ def test_load_guard_worked_numbers():
 def test_idle_fleet_keeps_stickiness():
     pods = loaded(9, 9, 0, 0)  # mean 4.5 -> threshold 16.75
     assert not subset_is_hot(pods[:2], pods, 0.5, 10.0)
+
+
+def test_pick_sticky_stays_inside_then_leaves_when_hot():
+    import random
+
+    from dataplane.router.affinity import pick_sticky
+    from dataplane.router.balancer import pick_p2c_mu
+    pods = fleet(6)
+    rng = random.Random(0)
+    subset = {p.name for p in rendezvous_subset("w", pods, 2)}
+    assert all(pick_sticky(pick_p2c_mu, pods, pods, "w", 2, 0.5, 10.0, rng).name in subset for _ in range(50))
+    for p in pods:
+        if p.name in subset:
+            p.inflight_mu = 60.0  # mean 20 -> threshold 40 < 60: hot
+    assert all(pick_sticky(pick_p2c_mu, pods, pods, "w", 2, 0.5, 10.0, rng).name not in subset
+               for _ in range(50))
+    # no workload: the policy over every candidate
+    assert pick_sticky(pick_p2c_mu, pods, pods, None, 2, 0.5, 10.0, rng).name not in subset

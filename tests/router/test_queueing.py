@@ -90,3 +90,30 @@ def test_probe_displaces_a_best_effort_waiter_from_a_full_queue():
             assert (await running_one)[0] == 200 and (await probe)[0] == 200
             await assert_idle(router)
     asyncio.run(go())
+
+
+def test_target_concurrency_is_hot_reloaded_and_wakes_waiters():
+    async def go():
+        from dataplane.router.discovery import parse_routing_table
+        from tests.router.conftest import table_doc
+        cfg = with_config(queue_wait_s=3.0)
+        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
+                           config=cfg) as (router, pods):
+            pods[0].mode = "hold"
+            first = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
+            await asyncio.sleep(0.1)
+            second = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
+            await asyncio.sleep(0.1)
+            assert router.endpoints[1].queued() == 1
+            router.apply(parse_routing_table(table_doc(pods, version="v2", target_concurrency_per_replica=2,
+                                                       reservation=None)))
+            for _ in range(100):
+                if pods[0].requests == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert pods[0].requests == 2  # the waiter went as soon as the limit grew
+            assert router.endpoints[1].pods[0].target_concurrency == 2
+            pods[0].release.set()
+            assert (await first)[0] == 200 and (await second)[0] == 200
+            await assert_idle(router)
+    asyncio.run(go())
