@@ -100,3 +100,21 @@ async def assert_idle(router: Router, timeout: float = 2.0) -> None:
 
 def with_config(**kw: Any) -> RouterConfig:
     return replace(FAST, **kw)
+
+
+async def wait_until(predicate: Any, timeout: float = 2.0, what: str = "the condition") -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail after ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def raw_post(router: Router, body: bytes, limit: int = 2 ** 16,
+                   extra: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST /v1/completions written by hand on a fresh connection (reader, writer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port, limit=limit)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s"
+                 b"content-length: %d\r\n\r\n%s" % (extra, len(body), body))
+    return reader, writer

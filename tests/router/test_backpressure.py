@@ -2,7 +2,7 @@
 
 import asyncio
 
-from tests.router.conftest import assert_idle, running, with_config
+from tests.router.conftest import assert_idle, raw_post, running, with_config
 
 
 def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
@@ -12,10 +12,8 @@ def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
             # the pod streams 400 events of ~16 KiB (6.4 MB) as fast as it can
             pods[0].mode, pods[0].chunks, pods[0].delay_s, pods[0].pad = "stream", 400, 0, 16_000
 
-            reader, writer = await asyncio.open_connection("127.0.0.1", router.port, limit=2 ** 20)
             body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            reader, writer = await raw_post(router, body, limit=2 ** 20)
             await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
             writer.transport.pause_reading()  # our client stops reading
             await asyncio.sleep(0.5)

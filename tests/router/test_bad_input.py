@@ -11,7 +11,9 @@ from tests.router.conftest import (
     call,
     cp_table,
     error_of,
+    raw_post,
     running,
+    wait_until,
     with_config,
 )
 
@@ -116,18 +118,12 @@ def test_client_disconnect_mid_stream_cancels_upstream_and_releases_counters():
     async def go():
         async with running(1) as (router, pods):
             pods[0].mode, pods[0].chunks, pods[0].delay_s = "stream", 200, 0.02
-            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-            body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            reader, writer = await raw_post(router, b'{"model": "m", "prompt": "hi", "stream": true}')
             await asyncio.wait_for(reader.readuntil(b"data: "), 2)
             assert router.endpoints[0].pods[0].inflight_requests == 1
             writer.transport.abort()  # the client goes away mid-stream
             await assert_idle(router)
-            for _ in range(100):  # the pod sees its connection closed and stops generating
-                if pods[0].cancelled:
-                    break
-                await asyncio.sleep(0.02)
+            await wait_until(lambda: pods[0].cancelled)
             assert pods[0].cancelled == 1 and pods[0].open_connections == 0
             assert router.meter.totals[(0, "")].errors == 1
     asyncio.run(go())

@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.router.discovery import ControlPlaneDiscovery, parse_routing_table
 from dataplane.router.upstream import fetch
-from tests.router.conftest import FAST, TENANT_KEY, call, sha, table_doc
+from tests.router.conftest import FAST, TENANT_KEY, call, sha, table_doc, wait_until
 from tests.router.fakepod import FakePod
 
 
@@ -135,15 +135,9 @@ def test_router_follows_the_control_plane_and_serves_through_outages():
             # a hold request in flight on pod-0 survives a reload that removes pod-0
             pods[0].mode = "hold"
             slow = asyncio.ensure_future(call(router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY))
-            for _ in range(100):
-                if pods[0].requests == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: pods[0].requests == 2, timeout=1)
             cp.doc = table_doc(pods[1:], version="v2")
-            for _ in range(200):
-                if router.table.version == "v2":
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: router.table.version == "v2")
             assert router.table.version == "v2"
             pods[0].release.set()
             status, _, _ = await slow

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from tests.router.conftest import call, running, with_config
+from tests.router.conftest import call, running, wait_until, with_config
 
 
 def test_drain_finishes_in_flight_and_refuses_new_connections():
@@ -10,10 +10,7 @@ def test_drain_finishes_in_flight_and_refuses_new_connections():
         async with running(1, config=with_config(drain_timeout_s=3.0)) as (router, pods):
             pods[0].mode = "hold"
             inflight = asyncio.ensure_future(call(router, body={"model": "m", "prompt": "hi"}))
-            for _ in range(100):
-                if pods[0].requests:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: pods[0].requests, timeout=1)
             port = router.port
             shutdown = asyncio.ensure_future(router.shutdown())
             await asyncio.sleep(0.1)
@@ -37,10 +34,7 @@ def test_drain_deadline_cuts_what_is_left():
         async with running(1) as (router, pods):
             pods[0].mode = "hold"
             inflight = asyncio.ensure_future(call(router, body={"model": "m", "prompt": "hi"}))
-            for _ in range(100):
-                if pods[0].requests:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: pods[0].requests, timeout=1)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             cut = await router.shutdown(0.2)

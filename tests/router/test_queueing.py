@@ -2,7 +2,16 @@
 
 import asyncio
 
-from tests.router.conftest import TENANT_KEY, assert_idle, call, cp_table, error_of, running, with_config
+from tests.router.conftest import (
+    TENANT_KEY,
+    assert_idle,
+    call,
+    cp_table,
+    error_of,
+    running,
+    wait_until,
+    with_config,
+)
 
 
 def body():
@@ -16,15 +25,9 @@ def test_queued_request_runs_when_a_slot_frees():
                            config=cfg) as (router, pods):
             pods[0].mode = "hold"
             first = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            for _ in range(100):
-                if pods[0].requests:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: pods[0].requests, timeout=1)
             second = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            for _ in range(100):
-                if router.endpoints[1].queued():
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: router.endpoints[1].queued(), timeout=1)
             assert router.endpoints[1].queued() == 1 and pods[0].requests == 1  # waiting, not sent
             pods[0].release.set()
             assert (await first)[0] == 200 and (await second)[0] == 200
@@ -59,10 +62,7 @@ def test_queue_length_bound_rejects_at_once():
                            config=cfg) as (router, pods):
             pods[0].mode = "hold"
             held = [asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY)) for _ in range(3)]
-            for _ in range(200):
-                if router.endpoints[1].queued() == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: router.endpoints[1].queued() == 2)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             status, _, _ = await call(router, body=body(), key=TENANT_KEY)
@@ -107,10 +107,7 @@ def test_target_concurrency_is_hot_reloaded_and_wakes_waiters():
             assert router.endpoints[1].queued() == 1
             router.apply(parse_routing_table(table_doc(pods, version="v2", target_concurrency_per_replica=2,
                                                        reservation=None)))
-            for _ in range(100):
-                if pods[0].requests == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: pods[0].requests == 2, timeout=1)
             assert pods[0].requests == 2  # the waiter went as soon as the limit grew
             assert router.endpoints[1].pods[0].target_concurrency == 2
             pods[0].release.set()

@@ -4,7 +4,7 @@ import asyncio
 import socket
 
 from dataplane.router.discovery import static_table
-from tests.router.conftest import assert_idle, call, running
+from tests.router.conftest import assert_idle, call, raw_post, running
 from tests.router.fakepod import FakePod
 
 
@@ -54,10 +54,7 @@ def test_no_retry_after_the_stream_started():
         async with running(2) as (router, pods):
             for p in pods:
                 p.mode = "break"  # one event, then the pod dies
-            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-            body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-                         % (len(body), body))
+            reader, writer = await raw_post(router, b'{"model": "m", "prompt": "hi", "stream": true}')
             data = b""
             for _ in range(100):
                 chunk = await asyncio.wait_for(reader.read(65536), 2)

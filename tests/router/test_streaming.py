@@ -3,17 +3,14 @@
 import asyncio
 import time
 
-from tests.router.conftest import assert_idle, running
+from tests.router.conftest import assert_idle, raw_post, running
 
 
 def test_sse_events_arrive_as_the_pod_sends_them():
     async def go():
         async with running(1) as (router, pods):
             pods[0].mode, pods[0].chunks, pods[0].delay_s = "stream", 5, 0.1
-            reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-            body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            reader, writer = await raw_post(router, b'{"model": "m", "prompt": "hi", "stream": true}')
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
             assert b"200 OK" in head and b"text/event-stream" in head and b"chunked" in head
             arrivals = []
