@@ -99,19 +99,19 @@ class EndpointState:
         return len(self.waiters_priority) + len(self.waiters)
 
     def wake_one(self) -> None:
-        for q in (self.waiters_priority, self.waiters):
-            while q:
-                fut = q.popleft()
-                if not fut.done():
-                    fut.set_result(True)
-                    return
+        self._wake(1)
 
     def wake_all(self) -> None:
+        self._wake(self.queued())
+
+    def _wake(self, n: int) -> None:
+        """Let the first n live waiters (priority class first) look for a pod again."""
         for q in (self.waiters_priority, self.waiters):
-            while q:
+            while q and n > 0:
                 fut = q.popleft()
                 if not fut.done():
                     fut.set_result(True)
+                    n -= 1
 
     async def wait_for_room(self, priority: bool, timeout_s: float) -> bool:
         """Queue until a pod frees up. False: queue full, shed, or timed out (-> 503)."""

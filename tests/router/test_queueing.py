@@ -2,6 +2,7 @@
 
 import asyncio
 
+from dataplane.router.discovery import parse_routing_table
 from tests.router.conftest import (
     TENANT_KEY,
     assert_idle,
@@ -9,6 +10,7 @@ from tests.router.conftest import (
     cp_table,
     error_of,
     running,
+    table_doc,
     wait_until,
     with_config,
 )
@@ -18,17 +20,34 @@ def body():
     return {"model": "chat", "prompt": "hi", "max_tokens": 10}
 
 
+def one_slot(**kw):
+    """One pod with target concurrency 1 and no reservation; ``kw`` overrides the config."""
+    return running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
+                   config=with_config(**kw))
+
+
+async def occupy(router, pods, headers=None):
+    """Start a request that the pod holds (mode "hold"); return once it reached the pod."""
+    pods[0].mode = "hold"
+    before = pods[0].requests
+    task = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY, headers=headers))
+    await wait_until(lambda: pods[0].requests > before, timeout=1)
+    return task
+
+
+async def enqueue(router, n=1, headers=None):
+    """Start a request and return once the endpoint's queue holds ``n``."""
+    task = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY, headers=headers))
+    await wait_until(lambda: router.endpoints[1].queued() == n, timeout=1)
+    return task
+
+
 def test_queued_request_runs_when_a_slot_frees():
     async def go():
-        cfg = with_config(queue_wait_s=2.0)
-        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                           config=cfg) as (router, pods):
-            pods[0].mode = "hold"
-            first = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await wait_until(lambda: pods[0].requests, timeout=1)
-            second = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await wait_until(lambda: router.endpoints[1].queued(), timeout=1)
-            assert router.endpoints[1].queued() == 1 and pods[0].requests == 1  # waiting, not sent
+        async with one_slot(queue_wait_s=2.0) as (router, pods):
+            first = await occupy(router, pods)
+            second = await enqueue(router)
+            assert pods[0].requests == 1  # waiting in the router, not sent
             pods[0].release.set()
             assert (await first)[0] == 200 and (await second)[0] == 200
             await assert_idle(router)
@@ -37,12 +56,8 @@ def test_queued_request_runs_when_a_slot_frees():
 
 def test_queue_wait_bound_gives_503_with_retry_after():
     async def go():
-        cfg = with_config(queue_wait_s=0.2)
-        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                           config=cfg) as (router, pods):
-            pods[0].mode = "hold"
-            first = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await asyncio.sleep(0.1)
+        async with one_slot(queue_wait_s=0.2) as (router, pods):
+            first = await occupy(router, pods)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             status, headers, payload = await call(router, body=body(), key=TENANT_KEY)
@@ -57,12 +72,8 @@ def test_queue_wait_bound_gives_503_with_retry_after():
 
 def test_queue_length_bound_rejects_at_once():
     async def go():
-        cfg = with_config(queue_wait_s=5.0, max_queued_requests=2)
-        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                           config=cfg) as (router, pods):
-            pods[0].mode = "hold"
-            held = [asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY)) for _ in range(3)]
-            await wait_until(lambda: router.endpoints[1].queued() == 2)
+        async with one_slot(queue_wait_s=5.0, max_queued_requests=2) as (router, pods):
+            held = [await occupy(router, pods), await enqueue(router, 1), await enqueue(router, 2)]
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             status, _, _ = await call(router, body=body(), key=TENANT_KEY)
@@ -75,14 +86,9 @@ def test_queue_length_bound_rejects_at_once():
 
 def test_probe_displaces_a_best_effort_waiter_from_a_full_queue():
     async def go():
-        cfg = with_config(queue_wait_s=5.0, max_queued_requests=1)
-        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                           config=cfg) as (router, pods):
-            pods[0].mode = "hold"
-            running_one = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await asyncio.sleep(0.1)
-            waiting = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await asyncio.sleep(0.1)
+        async with one_slot(queue_wait_s=5.0, max_queued_requests=1) as (router, pods):
+            running_one = await occupy(router, pods)
+            waiting = await enqueue(router)
             probe = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY, headers={"x-probe": "1"}))
             status, _, _ = await waiting
             assert status == 503  # shed for the probe
@@ -94,21 +100,12 @@ def test_probe_displaces_a_best_effort_waiter_from_a_full_queue():
 
 def test_target_concurrency_is_hot_reloaded_and_wakes_waiters():
     async def go():
-        from dataplane.router.discovery import parse_routing_table
-        from tests.router.conftest import table_doc
-        cfg = with_config(queue_wait_s=3.0)
-        async with running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                           config=cfg) as (router, pods):
-            pods[0].mode = "hold"
-            first = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await asyncio.sleep(0.1)
-            second = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY))
-            await asyncio.sleep(0.1)
-            assert router.endpoints[1].queued() == 1
+        async with one_slot(queue_wait_s=3.0) as (router, pods):
+            first = await occupy(router, pods)
+            second = await enqueue(router)
             router.apply(parse_routing_table(table_doc(pods, version="v2", target_concurrency_per_replica=2,
                                                        reservation=None)))
-            await wait_until(lambda: pods[0].requests == 2, timeout=1)
-            assert pods[0].requests == 2  # the waiter went as soon as the limit grew
+            await wait_until(lambda: pods[0].requests == 2, what="the waiter to go")
             assert router.endpoints[1].pods[0].target_concurrency == 2
             pods[0].release.set()
             assert (await first)[0] == 200 and (await second)[0] == 200
