@@ -28,6 +28,7 @@ from dataplane.router.ratelimit import InProcessLimiter, Limiter, RedisLimiter
 from dataplane.router.server import Router
 
 log = logging.getLogger("dataplane.router")
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def raise_nofile_limit() -> int:
@@ -91,8 +92,9 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
     await router.start(host, int(port), discovery, reuse_port=sock_reuse)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a SIGTERM that came early lands now
     log.warning("router listening on %s (pid %d)", args.listen, os.getpid())
     await stop.wait()
     cut = await router.shutdown()
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     raise_nofile_limit()
+    # blocked until each process has its handlers: a SIGTERM during startup drains, not kills
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     if args.workers <= 1:
         run_worker(args, reuse_port=False)
         return 0
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     status = 0
     for c in children:
         _, st = os.waitpid(c, 0)
