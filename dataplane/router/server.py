@@ -67,12 +67,17 @@ class EndpointState:
         self.rate = RateWindow(int(config.best_effort_window_s))  # MU admitted, for headroom
         self.changed = asyncio.Event()  # set on every reload that touches this endpoint
         self.wake_sent_at = -1e9  # monotonic s of the last wake call
+        self.limit: GcraLimit | None = None  # the reservation as a GCRA limit, None without one
+        self.limit_key = str(spec.id)
         self.update(spec, {})
 
     def update(self, spec: EndpointSpec, old_pods: dict[str, balancer.PodLoad]) -> None:
         if spec.policy != self.spec.policy:
             self.policy = balancer.make_policy(spec.policy)
         self.spec = spec
+        self.limit_key = str(spec.id)  # GCRA key: the reservation is per endpoint
+        self.limit = (GcraLimit(spec.reservation.mu_per_minute, self.config.gcra_burst_s)
+                      if spec.reservation is not None and spec.reservation.mu_per_minute > 0 else None)
         pods = []
         for ps in spec.pods:
             pod = old_pods.get(ps.name) or balancer.PodLoad(ps.name, ps.url)
@@ -161,6 +166,7 @@ class Router:
         self.meter = Meter(self.clock())
         self.state = ServerState(config, self.handle)
         self.table_loaded = asyncio.Event()
+        self._probe_header = config.probe_header.lower().encode()
         self._probing: set[balancer.PodLoad] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.AbstractServer | None = None
@@ -274,29 +280,11 @@ class Router:
         cost = price(spec.coefficients, tokens_in, tokens_out)
         now = self.clock()
 
-        # admission
-        probe_hdr = req.headers.get(cfg.probe_header.encode())
+        probe_hdr = req.headers.get(self._probe_header)
         prio = body.get("priority")
         is_probe = (probe_hdr is not None and probe_hdr not in (b"0", b"false")) or (
             isinstance(prio, int) and prio <= cfg.probe_priority)
-        res = spec.reservation
-        conforms = False
-        retry_after = float(cfg.retry_after_s)
-        limit_key = str(spec.id)
-        if res is not None and not is_probe:
-            d = await self.limiter.check(limit_key, cost, GcraLimit(res.mu_per_minute, cfg.gcra_burst_s))
-            conforms = d.allowed
-            retry_after = max(retry_after, d.retry_after_s) if not d.allowed else retry_after
-        best_effort_allowed = res is None or res.best_effort_allowed
-        headroom = has_headroom(ep.rate.rate_per_min(now), cost, ep.capacity_mu_per_min())
-        cls = classify(is_probe, res is not None, conforms, best_effort_allowed, headroom)
-        if cls is TrafficClass.REJECTED:
-            self.meter.reject(key, now, 429)
-            why = "reservation exhausted and " if res else ""
-            raise RequestError(429, f"rate limit for {model!r} reached: {why}no headroom for best-effort "
-                               "traffic", "rate_limit_exceeded",
-                               b"retry-after: %s\r\n" % retry_after_header(retry_after).encode())
-        ep.rate.add(now, cost)
+        cls = await self.admit(ep, key, cost, is_probe, now)
         priority = cls is not TrafficClass.BEST_EFFORT
 
         workload_b = req.headers.get(b"x-session-id")
@@ -345,10 +333,34 @@ class Router:
             tin, tout = usage
         else:
             exact, tin, tout = cost, tokens_in, (events if events else 0)
-        if res is not None and not is_probe and exact != cost:
-            self.limiter.correct(limit_key, exact - cost)
+        if ep.limit is not None and not is_probe and exact != cost:
+            self.limiter.correct(ep.limit_key, exact - cost)
         end = self.clock()
         self.meter.finish(key, end, end - t0, exact, tin, tout, status >= 500)
+
+    async def admit(self, ep: EndpointState, key: tuple[int, str], cost: float, is_probe: bool,
+                    now: float) -> TrafficClass:
+        """Probe, reserved (GCRA conforms) or best effort (headroom); else 429 + Retry-After."""
+        res = ep.spec.reservation
+        conforms = False
+        retry_after = float(self.config.retry_after_s)
+        if ep.limit is not None and not is_probe:  # no reservation: no GCRA, no Redis round trip
+            d = await self.limiter.check(ep.limit_key, cost, ep.limit)
+            conforms = d.allowed
+            retry_after = max(retry_after, d.retry_after_s)
+        best_effort_allowed = res is None or res.best_effort_allowed
+        # the headroom window is only read when it decides (best effort candidates)
+        headroom = (not is_probe and not conforms and best_effort_allowed
+                    and has_headroom(ep.rate.rate_per_min(now), cost, ep.capacity_mu_per_min()))
+        cls = classify(is_probe, res is not None, conforms, best_effort_allowed, headroom)
+        if cls is TrafficClass.REJECTED:
+            self.meter.reject(key, now, 429)
+            why = "reservation exhausted and " if res else ""
+            raise RequestError(429, f"rate limit for {ep.spec.name!r} reached: {why}no headroom for "
+                               "best-effort traffic", "rate_limit_exceeded",
+                               b"retry-after: %s\r\n" % retry_after_header(retry_after).encode())
+        ep.rate.add(now, cost)
+        return cls
 
     async def forward(self, client: ClientConnection, req: Request, ep: EndpointState,
                       pod: balancer.PodLoad, cost: float,
