@@ -109,8 +109,14 @@ def load_trace(n: int, seed: int) -> list[tuple[float, int, int]]:
     return [(t - t0, c, g) for t, c, g in rows]
 
 
-def simulate(reqs: list[Req], pods: int, policy_name: str, sticky_k: int = 0, seed: int = 1,
-             target_concurrency: int = 0) -> list[Req]:
+def simulate(
+    reqs: list[Req],
+    pods: int,
+    policy_name: str,
+    sticky_k: int = 0,
+    seed: int = 1,
+    target_concurrency: int = 0,
+) -> list[Req]:
     rng = random.Random(seed)
     policy = make_policy(policy_name)
     loads = [PodLoad(f"pod-{i}", f"sim://{i}", target_concurrency) for i in range(pods)]
@@ -143,8 +149,12 @@ def simulate(reqs: list[Req], pods: int, policy_name: str, sticky_k: int = 0, se
             r.finish_step = e.step_no + r.output_tokens  # first token at the end of this step
             heapq.heappush(e.running, (r.finish_step, r.rid, r))
             r.first_token = -1.0  # set at step end
-        dt = (STEP_BASE_S + PER_SEQ_S * len(e.running) + PREFILL_PER_TOKEN_S * prefill
-              + KV_READ_PER_TOKEN_S * e.kv_used)
+        dt = (
+            STEP_BASE_S
+            + PER_SEQ_S * len(e.running)
+            + PREFILL_PER_TOKEN_S * prefill
+            + KV_READ_PER_TOKEN_S * e.kv_used
+        )
         e.busy = True
         push(now + dt, 1, e)
 
@@ -152,8 +162,9 @@ def simulate(reqs: list[Req], pods: int, policy_name: str, sticky_k: int = 0, se
         cands = candidates(loads)
         if not cands:
             return False
-        pod = pick_sticky(policy, loads, cands, r.session, sticky_k, CONFIG.sticky_hot_ratio,
-                          CONFIG.sticky_hot_abs_mu, rng)
+        pod = pick_sticky(
+            policy, loads, cands, r.session, sticky_k, CONFIG.sticky_hot_ratio, CONFIG.sticky_hot_abs_mu, rng
+        )
         pod.acquire(r.cost)
         r.pod = loads.index(pod)
         e = engines[r.pod]
@@ -191,8 +202,13 @@ def simulate(reqs: list[Req], pods: int, policy_name: str, sticky_k: int = 0, se
     return reqs
 
 
-def make_requests(trace: list[tuple[float, int, int]], rate_scale: float, seed: int,
-                  sessions: int = 0, prefix_tokens: int = 0) -> list[Req]:
+def make_requests(
+    trace: list[tuple[float, int, int]],
+    rate_scale: float,
+    seed: int,
+    sessions: int = 0,
+    prefix_tokens: int = 0,
+) -> list[Req]:
     rng = random.Random(seed)
     out = []
     for i, (t, ctx, gen) in enumerate(trace):
@@ -217,9 +233,13 @@ def summary(reqs: list[Req]) -> dict[str, float]:
     ttft = [r.first_token - r.arrival for r in reqs]
     e2e = [r.done - r.arrival for r in reqs]
     hits = [r for r in reqs if r.session]
-    return {"ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99), "e2e_p50": pct(e2e, 0.5),
-            "e2e_p99": pct(e2e, 0.99),
-            "hit_rate": (sum(r.prefix_hit for r in hits) / len(hits)) if hits else 0.0}
+    return {
+        "ttft_p50": pct(ttft, 0.5),
+        "ttft_p99": pct(ttft, 0.99),
+        "e2e_p50": pct(e2e, 0.5),
+        "e2e_p99": pct(e2e, 0.99),
+        "hit_rate": (sum(r.prefix_hit for r in hits) / len(hits)) if hits else 0.0,
+    }
 
 
 def saturation_rate(build: Callable[[float], list[Req]], pods: int) -> float:
@@ -241,30 +261,42 @@ def main() -> None:
     args = ap.parse_args()
     trace = load_trace(args.requests, args.seed)
     span = trace[-1][0]
-    print(f"SIMULATED fleet (in-process discrete-event model, not real engines): {args.pods} pods, "
-          f"{len(trace)} requests of the Azure 2023 conversation trace, {args.utilisation:.0%} of "
-          f"saturation, median of {args.seeds} seeds; latencies in seconds")
+    print(
+        f"SIMULATED fleet (in-process discrete-event model, not real engines): {args.pods} pods, "
+        f"{len(trace)} requests of the Azure 2023 conversation trace, {args.utilisation:.0%} of "
+        f"saturation, median of {args.seeds} seeds; latencies in seconds"
+    )
 
     def experiment(title: str, sessions: int, prefix: int, runs: list[tuple[str, str, int, int]]) -> None:
         cap = saturation_rate(lambda s: make_requests(trace, s, args.seed, sessions, prefix), args.pods)
         rate = args.utilisation * cap
         scale = rate * span / len(trace)  # compress the trace's time axis to reach that rate
-        print(f"\n== {title}: engine max {MAX_SEQS} seqs, saturation {cap:.1f} req/s, "
-              f"offered {rate:.1f} req/s")
-        print(f"{'run':<38} {'ttft_p50':>8} {'ttft_p99':>8} {'e2e_p50':>8} {'e2e_p99':>8} {'hit':>6} "
-              f"{'ttft_p99/base':>13} {'e2e_p99/base':>12}")
+        print(
+            f"\n== {title}: engine max {MAX_SEQS} seqs, saturation {cap:.1f} req/s, offered {rate:.1f} req/s"
+        )
+        print(
+            f"{'run':<38} {'ttft_p50':>8} {'ttft_p99':>8} {'e2e_p50':>8} {'e2e_p99':>8} {'hit':>6} "
+            f"{'ttft_p99/base':>13} {'e2e_p99/base':>12}"
+        )
         base: dict[str, float] | None = None
         for label, policy, k, tc in runs:
             per_seed = []
             for s in range(args.seeds):
                 reqs = make_requests(trace, scale, args.seed + s, sessions, prefix)
-                per_seed.append(summary(simulate(reqs, args.pods, policy, sticky_k=k, seed=args.seed + s,
-                                                 target_concurrency=tc)))
+                per_seed.append(
+                    summary(
+                        simulate(
+                            reqs, args.pods, policy, sticky_k=k, seed=args.seed + s, target_concurrency=tc
+                        )
+                    )
+                )
             res = {key: sorted(d[key] for d in per_seed)[len(per_seed) // 2] for key in per_seed[0]}
             base = base or res
-            print(f"{label:<38} {res['ttft_p50']:8.3f} {res['ttft_p99']:8.3f} {res['e2e_p50']:8.3f} "
-                  f"{res['e2e_p99']:8.3f} {res['hit_rate']:6.1%} {res['ttft_p99'] / base['ttft_p99']:13.2f} "
-                  f"{res['e2e_p99'] / base['e2e_p99']:12.2f}")
+            print(
+                f"{label:<38} {res['ttft_p50']:8.3f} {res['ttft_p99']:8.3f} {res['e2e_p50']:8.3f} "
+                f"{res['e2e_p99']:8.3f} {res['hit_rate']:6.1%} {res['ttft_p99'] / base['ttft_p99']:13.2f} "
+                f"{res['e2e_p99'] / base['e2e_p99']:12.2f}"
+            )
 
     order = ("round-robin", *[n for n in POLICY_NAMES if n != "round-robin"])
     for ms in (int(x) for x in args.max_seqs.split(",")):
@@ -273,9 +305,15 @@ def main() -> None:
         runs += [(f"{p} (target concurrency {ms})", p, 0, ms) for p in order]
         experiment("policies, base = round-robin without a router limit", 0, 0, runs)
     MAX_SEQS = 64
-    experiment("sticky subsets, 400 sessions sharing 2000-token prefixes, prefix cache 20 per pod", 400, 2000,
-               [("p2c-mu", "p2c-mu", 0, 0), (f"p2c-mu + sticky k={CONFIG.sticky_subset_size}", "p2c-mu",
-                                             CONFIG.sticky_subset_size, 0)])
+    experiment(
+        "sticky subsets, 400 sessions sharing 2000-token prefixes, prefix cache 20 per pod",
+        400,
+        2000,
+        [
+            ("p2c-mu", "p2c-mu", 0, 0),
+            (f"p2c-mu + sticky k={CONFIG.sticky_subset_size}", "p2c-mu", CONFIG.sticky_subset_size, 0),
+        ],
+    )
 
 
 if __name__ == "__main__":

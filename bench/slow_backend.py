@@ -20,8 +20,10 @@ import uvloop
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 EVENT = b'data: {"choices": [{"index": 0, "text": "tok"}]}\n\n'
 CHUNK = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
-END_EV = (b'data: {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 10, '
-          b'"total_tokens": 20}}\n\ndata: [DONE]\n\n')
+END_EV = (
+    b'data: {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 10, '
+    b'"total_tokens": 20}}\n\ndata: [DONE]\n\n'
+)
 END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(END_EV), END_EV)
 
 

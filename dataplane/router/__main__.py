@@ -47,17 +47,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
     p.add_argument("--key", default=os.environ.get("ROUTER_KEY"), help="operator key (or $ROUTER_KEY)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES, help="static mode policy")
-    p.add_argument("--target-concurrency", type=int, default=0,
-                   help="static mode: in-flight requests per pod before queueing (0 = unlimited)")
-    p.add_argument("--rate-limit-mu-per-min", type=float, default=0.0,
-                   help="static mode: a reservation (MU/min) enforced by the in-process GCRA on every "
-                        "request (0 = none)")
+    p.add_argument(
+        "--target-concurrency",
+        type=int,
+        default=0,
+        help="static mode: in-flight requests per pod before queueing (0 = unlimited)",
+    )
+    p.add_argument(
+        "--rate-limit-mu-per-min",
+        type=float,
+        default=0.0,
+        help="static mode: a reservation (MU/min) enforced by the in-process GCRA on every "
+        "request (0 = none)",
+    )
     p.add_argument("--redis", default=None, help="Redis URL: shared GCRA and per-second load metrics")
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--log-level", default="warning")
     for f in fields(RouterConfig):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
-                       help=f"RouterConfig.{f.name} (default {f.default})")
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=None,
+            help=f"RouterConfig.{f.name} (default {f.default})",
+        )
     args = p.parse_args(argv)
     if args.control_plane and not args.key:
         p.error("--control-plane needs --key (or $ROUTER_KEY)")
@@ -65,8 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
-    overrides = {f.name: getattr(args, f.name) for f in fields(RouterConfig)
-                 if getattr(args, f.name) is not None}
+    overrides = {
+        f.name: getattr(args, f.name) for f in fields(RouterConfig) if getattr(args, f.name) is not None
+    }
     return replace(RouterConfig(), **overrides)
 
 
@@ -77,18 +90,25 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
     limiter: Limiter = InProcessLimiter(asyncio.get_running_loop().time)
     if args.redis:
         from redis.asyncio import Redis
+
         redis = Redis.from_url(args.redis, socket_timeout=0.5, socket_connect_timeout=0.5)
         limiter = RedisLimiter(redis, fallback=InProcessLimiter(asyncio.get_running_loop().time))
     router = Router(config, limiter=limiter, control_plane=args.control_plane, key=args.key, redis=redis)
     discovery: Discovery
     if args.backends:
-        table = static_table([b.strip() for b in args.backends.split(",") if b.strip()], args.policy,
-                             args.target_concurrency, args.rate_limit_mu_per_min or None)
+        table = static_table(
+            [b.strip() for b in args.backends.split(",") if b.strip()],
+            args.policy,
+            args.target_concurrency,
+            args.rate_limit_mu_per_min or None,
+        )
         discovery = StaticDiscovery(table)
     else:
         from dataplane.router.upstream import fetch
-        discovery = ControlPlaneDiscovery(args.control_plane, args.key, fetch, config.poll_interval_s,
-                                          config.control_plane_timeout_s)
+
+        discovery = ControlPlaneDiscovery(
+            args.control_plane, args.key, fetch, config.poll_interval_s, config.control_plane_timeout_s
+        )
     await router.start(host, int(port), discovery, reuse_port=sock_reuse)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -116,6 +136,7 @@ def run_worker(args: argparse.Namespace, reuse_port: bool) -> None:
     tune_gc()
     try:
         import uvloop
+
         uvloop.run(serve(args, reuse_port))
     except ImportError:  # pragma: no cover - uvloop is a dependency; stay usable without it
         asyncio.run(serve(args, reuse_port))
@@ -146,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(c, signum)
             except ProcessLookupError:
                 pass
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -37,8 +37,9 @@ def rendezvous_subset(workload: str, pods: Sequence[PodLoad], k: int) -> list[Po
     return heapq.nlargest(k, pods, key=lambda p: rendezvous_score(workload, p.name))
 
 
-def subset_is_hot(subset: Sequence[PodLoad], fleet: Sequence[PodLoad], hot_ratio: float,
-                  hot_abs_mu: float) -> bool:
+def subset_is_hot(
+    subset: Sequence[PodLoad], fleet: Sequence[PodLoad], hot_ratio: float, hot_abs_mu: float
+) -> bool:
     """True when the subset's best pod runs hotter than the fleet mean by the margin."""
     if not subset or not fleet:
         return False
@@ -47,8 +48,16 @@ def subset_is_hot(subset: Sequence[PodLoad], fleet: Sequence[PodLoad], hot_ratio
     return best > (1.0 + hot_ratio) * mean + hot_abs_mu
 
 
-def pick_sticky(policy: Policy, pods: Sequence[PodLoad], cands: Sequence[PodLoad], workload: str | None,
-                k: int, hot_ratio: float, hot_abs_mu: float, rng: random.Random) -> PodLoad:
+def pick_sticky(
+    policy: Policy,
+    pods: Sequence[PodLoad],
+    cands: Sequence[PodLoad],
+    workload: str | None,
+    k: int,
+    hot_ratio: float,
+    hot_abs_mu: float,
+    rng: random.Random,
+) -> PodLoad:
     """The pod for a request: the policy within the workload's subset while it has room and is
     not hot; otherwise the policy over the pods outside the subset (all candidates if none).
 

@@ -29,8 +29,18 @@ from collections.abc import Callable, Sequence
 class PodLoad:
     """Live load and health of one pod; mutated only by the event loop that owns it."""
 
-    __slots__ = ("consecutive_failures", "ejected", "ejections", "inflight_mu", "inflight_requests",
-                 "name", "probe_due_at", "ready", "target_concurrency", "url")
+    __slots__ = (
+        "consecutive_failures",
+        "ejected",
+        "ejections",
+        "inflight_mu",
+        "inflight_requests",
+        "name",
+        "probe_due_at",
+        "ready",
+        "target_concurrency",
+        "url",
+    )
 
     def __init__(self, name: str, url: str, target_concurrency: int = 0, ready: bool = True) -> None:
         self.name = name  # pod name, stable across routing-table versions
@@ -62,11 +72,14 @@ class PodLoad:
             self.inflight_mu = 0.0  # drop float dust: 0.1 + 0.2 - 0.1 - 0.2 != 0
 
     def __repr__(self) -> str:
-        return (f"PodLoad({self.name!r}, req={self.inflight_requests}, mu={self.inflight_mu:.2f}, "
-                f"tc={self.target_concurrency}, ejected={self.ejected})")
+        return (
+            f"PodLoad({self.name!r}, req={self.inflight_requests}, mu={self.inflight_mu:.2f}, "
+            f"tc={self.target_concurrency}, ejected={self.ejected})"
+        )
 
 
 # --- health state machine -----------------------------------------------------------------
+
 
 def record_success(pod: PodLoad) -> None:
     pod.consecutive_failures = 0
@@ -95,6 +108,7 @@ def probe_result(pod: PodLoad, ok: bool, now: float, backoff_s: float, backoff_m
 
 
 # --- policies -----------------------------------------------------------------------------
+
 
 def candidates(pods: Sequence[PodLoad], exclude: Sequence[PodLoad] = ()) -> list[PodLoad]:
     """Pods a request may go to now: ready, not ejected, under target concurrency, not tried."""
@@ -166,8 +180,12 @@ def make_policy(name: str) -> Policy:
     """A fresh policy object (round-robin keeps a counter, so one per endpoint)."""
     if name == "round-robin":
         return RoundRobin()
-    table: dict[str, Policy] = {"random": pick_random, "least-request": pick_least_request,
-                                "p2c": pick_p2c, "p2c-mu": pick_p2c_mu}
+    table: dict[str, Policy] = {
+        "random": pick_random,
+        "least-request": pick_least_request,
+        "p2c": pick_p2c,
+        "p2c-mu": pick_p2c_mu,
+    }
     try:
         return table[name]
     except KeyError:

@@ -63,6 +63,7 @@ class RouterConfig:
         if self.write_low_water_bytes > self.write_high_water_bytes:
             raise ValueError(
                 f"RouterConfig.write_low_water_bytes ({self.write_low_water_bytes}) must not exceed "
-                f"write_high_water_bytes ({self.write_high_water_bytes})")
+                f"write_high_water_bytes ({self.write_high_water_bytes})"
+            )
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")

@@ -115,8 +115,9 @@ def parse_routing_table(doc: Any) -> RoutingTable:
         if res is not None:
             if not isinstance(res, dict):
                 raise ValueError(f"{where}.reservation must be an object or null")
-            reservation = Reservation(_num(res, "mu_per_minute", f"{where}.reservation"),
-                                      bool(res.get("best_effort_allowed", True)))
+            reservation = Reservation(
+                _num(res, "mu_per_minute", f"{where}.reservation"), bool(res.get("best_effort_allowed", True))
+            )
         pods_doc = e.get("pods") or []
         if not isinstance(pods_doc, list):
             raise ValueError(f"{where}.pods must be a list")
@@ -125,35 +126,55 @@ def parse_routing_table(doc: Any) -> RoutingTable:
             if not isinstance(p, dict) or not isinstance(p.get("url"), str):
                 raise ValueError(f"{where}.pods[{j}].url must be a string")
             pods.append(PodSpec(str(p.get("name") or p["url"]), p["url"], bool(p.get("ready", True))))
-        endpoints.append(EndpointSpec(
-            id=e["id"], tenant=e["tenant"], name=e["name"], model=str(e.get("model") or e["name"]),
-            policy=policy,
-            coefficients=Coefficients(_num(e, "alpha", where, 0.0), _num(e, "beta", where, 0.0),
-                                      _num(e, "gamma", where, 0.0)),
-            mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, 100.0),
-            target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),
-            scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),
-            reservation=reservation, pods=tuple(pods)))
+        endpoints.append(
+            EndpointSpec(
+                id=e["id"],
+                tenant=e["tenant"],
+                name=e["name"],
+                model=str(e.get("model") or e["name"]),
+                policy=policy,
+                coefficients=Coefficients(
+                    _num(e, "alpha", where, 0.0), _num(e, "beta", where, 0.0), _num(e, "gamma", where, 0.0)
+                ),
+                mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, 100.0),
+                target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),
+                scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),
+                reservation=reservation,
+                pods=tuple(pods),
+            )
+        )
     api_keys = {}
     for k in keys_doc:
         if not (isinstance(k, dict) and isinstance(k.get("hash"), str) and isinstance(k.get("tenant"), str)):
-            raise ValueError("api_keys entries must be {\"hash\": str, \"tenant\": str}")
+            raise ValueError('api_keys entries must be {"hash": str, "tenant": str}')
         api_keys[k["hash"].lower()] = k["tenant"]
     return RoutingTable(version, tuple(endpoints), api_keys)
 
 
-def static_table(backends: Sequence[str], policy: str, target_concurrency: int,
-                 rate_limit_mu_per_min: float | None = None,
-                 coefficients: Coefficients = STATIC_COEFFICIENTS) -> RoutingTable:
+def static_table(
+    backends: Sequence[str],
+    policy: str,
+    target_concurrency: int,
+    rate_limit_mu_per_min: float | None = None,
+    coefficients: Coefficients = STATIC_COEFFICIENTS,
+) -> RoutingTable:
     """One endpoint that takes any model name; pods named by their URLs."""
-    reservation = (Reservation(rate_limit_mu_per_min, best_effort_allowed=False)
-                   if rate_limit_mu_per_min else None)
-    ep = EndpointSpec(id=0, tenant=STATIC_TENANT, name=STATIC_ENDPOINT, model=STATIC_ENDPOINT,
-                      policy=policy, coefficients=coefficients,
-                      mu_per_replica_minute=0.0,  # unknown capacity: best effort never sheds
-                      target_concurrency=target_concurrency, scale_to_zero_enabled=False,
-                      reservation=reservation,
-                      pods=tuple(PodSpec(url, url, True) for url in backends))
+    reservation = (
+        Reservation(rate_limit_mu_per_min, best_effort_allowed=False) if rate_limit_mu_per_min else None
+    )
+    ep = EndpointSpec(
+        id=0,
+        tenant=STATIC_TENANT,
+        name=STATIC_ENDPOINT,
+        model=STATIC_ENDPOINT,
+        policy=policy,
+        coefficients=coefficients,
+        mu_per_replica_minute=0.0,  # unknown capacity: best effort never sheds
+        target_concurrency=target_concurrency,
+        scale_to_zero_enabled=False,
+        reservation=reservation,
+        pods=tuple(PodSpec(url, url, True) for url in backends),
+    )
     return RoutingTable("static", (ep,), {}, auth_required=False)
 
 
@@ -171,8 +192,15 @@ Fetch = Callable[..., Any]
 class ControlPlaneDiscovery:
     """Poll the control plane; yield a table when it changes; keep the last good one otherwise."""
 
-    def __init__(self, base_url: str, key: str, fetch: Fetch, poll_interval_s: float = 2.0,
-                 timeout_s: float = 5.0, max_polls: int | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        fetch: Fetch,
+        poll_interval_s: float = 2.0,
+        timeout_s: float = 5.0,
+        max_polls: int | None = None,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/api/v1/routing-table/"
         self.key = key
         self.fetch = fetch  # upstream.fetch or a fake

@@ -24,16 +24,36 @@ import httptools
 
 from dataplane.router.config import RouterConfig
 
-REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-           405: b"Method Not Allowed", 408: b"Request Timeout", 413: b"Payload Too Large",
-           429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
-           500: b"Internal Server Error", 502: b"Bad Gateway", 503: b"Service Unavailable",
-           504: b"Gateway Timeout"}
+REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Payload Too Large",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-               429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error",
-               502: "server_error", 503: "server_error", 504: "timeout_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
 
 
 def status_line(status: int) -> bytes:
@@ -42,15 +62,30 @@ def status_line(status: int) -> bytes:
 
 def error_body(status: int, message: str, code: str) -> bytes:
     """OpenAI-style error: {"error": {"message": ..., "type": ..., "code": ...}}."""
-    return json.dumps({"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
-                                 "param": None, "code": code}}).encode()
+    return json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": ERROR_TYPES.get(status, "server_error"),
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
 
 
 class Request:
     __slots__ = ("body", "headers", "http11", "keep_alive", "method", "path")
 
-    def __init__(self, method: bytes, path: bytes, headers: dict[bytes, bytes], body: bytes,
-                 keep_alive: bool, http11: bool) -> None:
+    def __init__(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        keep_alive: bool,
+        http11: bool,
+    ) -> None:
         self.method = method  # b"POST"
         self.path = path  # b"/v1/completions" (query string included)
         self.headers = headers  # lower-case name -> value; a repeated header keeps the last value
@@ -114,8 +149,9 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.transport.set_write_buffer_limits(self.config.write_high_water_bytes,
-                                          self.config.write_low_water_bytes)
+        self.transport.set_write_buffer_limits(
+            self.config.write_high_water_bytes, self.config.write_low_water_bytes
+        )
         self.state.connections.add(self)
         self._arm(self.config.header_read_timeout_s, self._on_idle_timeout)
 
@@ -199,8 +235,9 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
-            raise _Abort(413, f"request body larger than {self.config.max_body_bytes} bytes",
-                         "body_too_large")
+            raise _Abort(
+                413, f"request body larger than {self.config.max_body_bytes} bytes", "body_too_large"
+            )
         if self._headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s for it otherwise
         if self._task is None:
@@ -209,16 +246,23 @@ class ClientConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body_len += len(body)
         if self._body_len > self.config.max_body_bytes:
-            raise _Abort(413, f"request body larger than {self.config.max_body_bytes} bytes",
-                         "body_too_large")
+            raise _Abort(
+                413, f"request body larger than {self.config.max_body_bytes} bytes", "body_too_large"
+            )
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._in_message = False
         p = self.parser
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        req = Request(p.get_method(), self._url, self._headers, body, p.should_keep_alive(),
-                      p.get_http_version() == "1.1")
+        req = Request(
+            p.get_method(),
+            self._url,
+            self._headers,
+            body,
+            p.should_keep_alive(),
+            p.get_http_version() == "1.1",
+        )
         self._body = []
         if self._task is None:
             self._disarm()
@@ -294,12 +338,14 @@ class ClientConnection(asyncio.Protocol):
             return
         self.response_started = True
         conn = b"" if self._keep_alive else b"connection: close\r\n"
-        self.transport.write(b"%scontent-length: %d\r\n%s%s\r\n%s" % (
-            status_line(status), len(body), headers, conn, body))
+        self.transport.write(
+            b"%scontent-length: %d\r\n%s%s\r\n%s" % (status_line(status), len(body), headers, conn, body)
+        )
 
     def send_error(self, status: int, message: str, code: str, extra_headers: bytes = b"") -> None:
-        self.send_response(status, b"content-type: application/json\r\n" + extra_headers,
-                           error_body(status, message, code))
+        self.send_response(
+            status, b"content-type: application/json\r\n" + extra_headers, error_body(status, message, code)
+        )
 
     def send_json(self, status: int, obj: Any) -> None:
         self.send_response(status, b"content-type: application/json\r\n", json.dumps(obj).encode())

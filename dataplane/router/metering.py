@@ -35,8 +35,19 @@ Key = tuple[int, str]  # (endpoint id, tenant)
 
 
 class Stats:
-    __slots__ = ("errors", "inflight", "inflight_integral", "inflight_since", "latency_buckets",
-                 "latency_sum_s", "mu", "requests", "throttled", "tokens_in", "tokens_out")
+    __slots__ = (
+        "errors",
+        "inflight",
+        "inflight_integral",
+        "inflight_since",
+        "latency_buckets",
+        "latency_sum_s",
+        "mu",
+        "requests",
+        "throttled",
+        "tokens_in",
+        "tokens_out",
+    )
 
     def __init__(self) -> None:
         self.requests = 0  # finished, count
@@ -80,8 +91,9 @@ class Meter:
         s.inflight += 1
         self._total(key).inflight += 1
 
-    def finish(self, key: Key, now: float, latency_s: float, mu: float, tokens_in: int,
-               tokens_out: int, error: bool) -> None:
+    def finish(
+        self, key: Key, now: float, latency_s: float, mu: float, tokens_in: int, tokens_out: int, error: bool
+    ) -> None:
         s = self._stats(key, now)
         s.inflight_integral += s.inflight * (now - s.inflight_since)
         s.inflight_since = now
@@ -121,10 +133,21 @@ class Meter:
         carry: dict[Key, Stats] = {}
         for key, s in self.current.items():
             integral = s.inflight_integral + s.inflight * (now - s.inflight_since)
-            rows.append((key, {"requests": s.requests, "inflight": integral / elapsed, "mu": s.mu,
-                               "tokens_in": s.tokens_in, "tokens_out": s.tokens_out,
-                               "latency_ms_sum": s.latency_sum_s * 1000.0, "errors": s.errors,
-                               "throttled": s.throttled}))
+            rows.append(
+                (
+                    key,
+                    {
+                        "requests": s.requests,
+                        "inflight": integral / elapsed,
+                        "mu": s.mu,
+                        "tokens_in": s.tokens_in,
+                        "tokens_out": s.tokens_out,
+                        "latency_ms_sum": s.latency_sum_s * 1000.0,
+                        "errors": s.errors,
+                        "throttled": s.throttled,
+                    },
+                )
+            )
             if s.inflight:
                 c = carry[key] = Stats()
                 c.inflight = s.inflight
@@ -164,8 +187,9 @@ class RateWindow:
         return total * 60.0 / self.seconds
 
 
-async def publish(redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix_second: int,
-                  ttl_s: int) -> None:
+async def publish(
+    redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix_second: int, ttl_s: int
+) -> None:
     """One pipelined round trip: HINCRBYFLOAT every field, EXPIRE every key."""
     pipe = redis.pipeline(transaction=False)
     keys = set()
@@ -184,8 +208,9 @@ async def publish(redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix
     await pipe.execute()
 
 
-def prometheus_text(totals: dict[Key, Stats], names: dict[int, str],
-                    pods: Iterable[tuple[int, str, int, float, bool]]) -> str:
+def prometheus_text(
+    totals: dict[Key, Stats], names: dict[int, str], pods: Iterable[tuple[int, str, int, float, bool]]
+) -> str:
     """Cumulative counters (# TYPE lines included); pods: (endpoint id, pod, req, mu, ejected)."""
     out: list[str] = []
 
@@ -196,12 +221,14 @@ def prometheus_text(totals: dict[Key, Stats], names: dict[int, str],
     def lbl(key: Key) -> str:
         return f'endpoint="{names.get(key[0], key[0])}",endpoint_id="{key[0]}",tenant="{key[1]}"'
 
-    counters = (("router_requests_total", "requests", "finished requests"),
-                ("router_mu_total", "mu", "model units consumed"),
-                ("router_tokens_in_total", "tokens_in", "prompt tokens"),
-                ("router_tokens_out_total", "tokens_out", "generated tokens"),
-                ("router_errors_total", "errors", "5xx answers and upstream failures"),
-                ("router_throttled_total", "throttled", "429 answers"))
+    counters = (
+        ("router_requests_total", "requests", "finished requests"),
+        ("router_mu_total", "mu", "model units consumed"),
+        ("router_tokens_in_total", "tokens_in", "prompt tokens"),
+        ("router_tokens_out_total", "tokens_out", "generated tokens"),
+        ("router_errors_total", "errors", "5xx answers and upstream failures"),
+        ("router_throttled_total", "throttled", "429 answers"),
+    )
     for metric, attr, help_ in counters:
         family(metric, "counter", help_)
         for key, s in sorted(totals.items()):

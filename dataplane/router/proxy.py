@@ -24,11 +24,36 @@ from dataplane.router.upstream import UpstreamConnection
 
 # Not forwarded to the pod: hop-by-hop headers, framing we redo, and the tenant's secret (pods
 # sit on a private network and authenticate the router, not tenants).
-REQUEST_DROP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
-                          b"te", b"trailer", b"upgrade", b"content-length", b"host", b"authorization",
-                          b"expect", b"proxy-authorization"})
-RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
-                           b"te", b"trailer", b"upgrade", b"content-length", b"date", b"server"})
+REQUEST_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+        b"host",
+        b"authorization",
+        b"expect",
+        b"proxy-authorization",
+    }
+)
+RESPONSE_DROP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+        b"date",
+        b"server",
+    }
+)
 
 USAGE_TAIL_BYTES = 2048  # usage sits at the end of a response (vLLM, OpenAI), bytes
 _PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -41,8 +66,7 @@ class UpstreamFailed(Exception):
         self.before_response = before_response  # nothing was sent to the client: retry is safe
 
 
-def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, bytes],
-                  body: bytes) -> bytes:
+def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, bytes], body: bytes) -> bytes:
     out = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (method, path, host, len(body))]
     for k, v in headers.items():
         if k not in REQUEST_DROP:
@@ -65,11 +89,23 @@ def parse_usage(tail: bytes) -> tuple[int, int] | None:
 
 
 class Exchange:
-    __slots__ = ("body_started", "client", "conn", "done", "events", "head", "pod_header",
-                 "read_timeout_s", "status", "tail", "timer")
+    __slots__ = (
+        "body_started",
+        "client",
+        "conn",
+        "done",
+        "events",
+        "head",
+        "pod_header",
+        "read_timeout_s",
+        "status",
+        "tail",
+        "timer",
+    )
 
-    def __init__(self, client: ClientConnection, conn: UpstreamConnection, pod_header: bytes,
-                 read_timeout_s: float) -> None:
+    def __init__(
+        self, client: ClientConnection, conn: UpstreamConnection, pod_header: bytes, read_timeout_s: float
+    ) -> None:
         loop = client.loop
         self.client = client
         self.conn = conn

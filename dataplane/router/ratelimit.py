@@ -70,8 +70,9 @@ class TrafficClass(Enum):
     REJECTED = "rejected"  # 429
 
 
-def classify(is_probe: bool, has_reservation: bool, conforms: bool, best_effort_allowed: bool,
-             headroom: bool) -> TrafficClass:
+def classify(
+    is_probe: bool, has_reservation: bool, conforms: bool, best_effort_allowed: bool, headroom: bool
+) -> TrafficClass:
     """Admission class; the table in the module docstring, as code."""
     if is_probe:
         return TrafficClass.PROBE
@@ -149,9 +150,13 @@ return {1, '0', string.format('%.6f', new_tat)}
 class RedisLimiter(_Corrections):
     """GCRA in Redis, shared by every router replica; one EVALSHA per checked request."""
 
-    def __init__(self, redis: Any, prefix: str = "mu:gcra:",
-                 fallback: InProcessLimiter | None = None,
-                 now_for_tests: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        prefix: str = "mu:gcra:",
+        fallback: InProcessLimiter | None = None,
+        now_for_tests: Callable[[], float] | None = None,
+    ) -> None:
         super().__init__()
         self._redis = redis
         self._prefix = prefix
@@ -166,7 +171,8 @@ class RedisLimiter(_Corrections):
         try:
             allowed, retry, tat = await self._script(
                 keys=[self._prefix + key],
-                args=[repr(cost_mu + correction), repr(limit.interval_s), repr(limit.burst_s), now])
+                args=[repr(cost_mu + correction), repr(limit.interval_s), repr(limit.burst_s), now],
+            )
         except (RedisError, OSError):
             self.errors += 1
             if self._fallback is None:

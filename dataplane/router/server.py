@@ -76,8 +76,11 @@ class EndpointState:
             self.policy = balancer.make_policy(spec.policy)
         self.spec = spec
         self.limit_key = str(spec.id)  # GCRA key: the reservation is per endpoint
-        self.limit = (GcraLimit(spec.reservation.mu_per_minute, self.config.gcra_burst_s)
-                      if spec.reservation is not None and spec.reservation.mu_per_minute > 0 else None)
+        self.limit = (
+            GcraLimit(spec.reservation.mu_per_minute, self.config.gcra_burst_s)
+            if spec.reservation is not None and spec.reservation.mu_per_minute > 0
+            else None
+        )
         pods = []
         for ps in spec.pods:
             pod = old_pods.get(ps.name) or balancer.PodLoad(ps.name, ps.url)
@@ -87,8 +90,12 @@ class EndpointState:
             pods.append(pod)
             if ps.url not in self.addresses:
                 host, port = split_url(ps.url)
-                self.addresses[ps.url] = (host, port, f"{host}:{port}".encode(),
-                                          b"x-pod: %s\r\n" % ps.name.encode())
+                self.addresses[ps.url] = (
+                    host,
+                    port,
+                    f"{host}:{port}".encode(),
+                    b"x-pod: %s\r\n" % ps.name.encode(),
+                )
         self.pods = pods
         self.changed.set()
         self.changed = asyncio.Event()
@@ -148,9 +155,15 @@ class RequestError(Exception):
 
 
 class Router:
-    def __init__(self, config: RouterConfig, limiter: Limiter | None = None,
-                 control_plane: str | None = None, key: str | None = None,
-                 redis: Any = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        limiter: Limiter | None = None,
+        control_plane: str | None = None,
+        key: str | None = None,
+        redis: Any = None,
+        seed: int | None = None,
+    ) -> None:
         self.config = config
         self.clock = time.monotonic
         self.limiter: Limiter = limiter or InProcessLimiter(self.clock)
@@ -161,8 +174,11 @@ class Router:
         self.table: RoutingTable | None = None
         self.endpoints: dict[int, EndpointState] = {}
         self.by_tenant: dict[str, dict[str, EndpointState]] = {}
-        self.pool = Pool(config.upstream_connect_timeout_s, config.upstream_idle_keepalive_s,
-                         config.max_idle_connections_per_pod)
+        self.pool = Pool(
+            config.upstream_connect_timeout_s,
+            config.upstream_idle_keepalive_s,
+            config.max_idle_connections_per_pod,
+        )
         self.meter = Meter(self.clock())
         self.state = ServerState(config, self.handle)
         self.table_loaded = asyncio.Event()
@@ -213,20 +229,26 @@ class Router:
             except RequestError as e:
                 client.send_error(e.status, e.message, e.code, e.headers)
         elif path == b"/metrics" and req.method == b"GET":
-            client.send_response(200, b"content-type: text/plain; version=0.0.4\r\n",
-                                 self.metrics_text().encode())
+            client.send_response(
+                200, b"content-type: text/plain; version=0.0.4\r\n", self.metrics_text().encode()
+            )
         elif path == b"/health" and req.method == b"GET":
             ready = self.table is not None and not self.state.draining
             client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
         else:
-            client.send_error(404, f"no route for {req.method.decode()} {path.decode('latin-1')}",
-                              "not_found")
+            client.send_error(
+                404, f"no route for {req.method.decode()} {path.decode('latin-1')}", "not_found"
+            )
 
     def tenant_of(self, req: Request) -> str:
         table = self.table
         if table is None:
-            raise RequestError(503, "router has no routing table yet", "not_ready",
-                               b"retry-after: %d\r\n" % self.config.retry_after_s)
+            raise RequestError(
+                503,
+                "router has no routing table yet",
+                "not_ready",
+                b"retry-after: %d\r\n" % self.config.retry_after_s,
+            )
         if not table.auth_required:
             return ""
         auth = req.headers.get(b"authorization", b"")
@@ -241,24 +263,36 @@ class Router:
         eps = self.by_tenant.get(tenant, {})
         ep = eps.get(model) or eps.get(STATIC_ENDPOINT)
         if ep is None:
-            raise RequestError(404, f"the model {model!r} does not exist or you do not have access to it",
-                               "model_not_found")
+            raise RequestError(
+                404, f"the model {model!r} does not exist or you do not have access to it", "model_not_found"
+            )
         return ep
 
     def models(self, req: Request) -> dict[str, Any]:
         tenant = self.tenant_of(req)
-        data = [{"id": name, "object": "model", "owned_by": tenant or "router", "root": ep.spec.model}
-                for name, ep in sorted(self.by_tenant.get(tenant, {}).items())]
+        data = [
+            {"id": name, "object": "model", "owned_by": tenant or "router", "root": ep.spec.model}
+            for name, ep in sorted(self.by_tenant.get(tenant, {}).items())
+        ]
         return {"object": "list", "data": data}
 
-    def pick(self, ep: EndpointState, workload: str | None,
-             exclude: list[balancer.PodLoad]) -> balancer.PodLoad | None:
+    def pick(
+        self, ep: EndpointState, workload: str | None, exclude: list[balancer.PodLoad]
+    ) -> balancer.PodLoad | None:
         cands = balancer.candidates(ep.pods, exclude)
         if not cands:
             return None
         cfg = self.config
-        return pick_sticky(ep.policy, ep.pods, cands, workload, cfg.sticky_subset_size,
-                           cfg.sticky_hot_ratio, cfg.sticky_hot_abs_mu, self.rng)
+        return pick_sticky(
+            ep.policy,
+            ep.pods,
+            cands,
+            workload,
+            cfg.sticky_subset_size,
+            cfg.sticky_hot_ratio,
+            cfg.sticky_hot_abs_mu,
+            self.rng,
+        )
 
     async def proxy(self, client: ClientConnection, req: Request) -> None:
         cfg = self.config
@@ -283,15 +317,20 @@ class Router:
         probe_hdr = req.headers.get(self._probe_header)
         prio = body.get("priority")
         is_probe = (probe_hdr is not None and probe_hdr not in (b"0", b"false")) or (
-            isinstance(prio, int) and prio <= cfg.probe_priority)
+            isinstance(prio, int) and prio <= cfg.probe_priority
+        )
         cls = await self.admit(ep, key, cost, is_probe, now)
         priority = cls is not TrafficClass.BEST_EFFORT
 
         workload_b = req.headers.get(b"x-session-id")
         user = body.get("user")
-        workload = (workload_b.decode("latin-1") if workload_b else
-                    user if isinstance(user, str) and user else
-                    (req.headers.get(b"authorization", b"")[7:].decode("latin-1") or None))
+        workload = (
+            workload_b.decode("latin-1")
+            if workload_b
+            else user
+            if isinstance(user, str) and user
+            else (req.headers.get(b"authorization", b"")[7:].decode("latin-1") or None)
+        )
         deadline = now + cfg.queue_wait_s
         tried: list[balancer.PodLoad] = []
         attempts = 0
@@ -309,8 +348,12 @@ class Router:
                         deadline = self.clock() + cfg.queue_wait_s
                         continue
                     if not await ep.wait_for_room(priority, deadline - self.clock()):
-                        raise RequestError(503, f"all pods of {model!r} are at their concurrency limit",
-                                           "overloaded", b"retry-after: %d\r\n" % cfg.retry_after_s)
+                        raise RequestError(
+                            503,
+                            f"all pods of {model!r} are at their concurrency limit",
+                            "overloaded",
+                            b"retry-after: %d\r\n" % cfg.retry_after_s,
+                        )
                     continue
                 attempts += 1
                 if not started:
@@ -338,8 +381,9 @@ class Router:
         end = self.clock()
         self.meter.finish(key, end, end - t0, exact, tin, tout, status >= 500)
 
-    async def admit(self, ep: EndpointState, key: tuple[int, str], cost: float, is_probe: bool,
-                    now: float) -> TrafficClass:
+    async def admit(
+        self, ep: EndpointState, key: tuple[int, str], cost: float, is_probe: bool, now: float
+    ) -> TrafficClass:
         """Probe, reserved (GCRA conforms) or best effort (headroom); else 429 + Retry-After."""
         res = ep.spec.reservation
         conforms = False
@@ -350,21 +394,34 @@ class Router:
             retry_after = max(retry_after, d.retry_after_s)
         best_effort_allowed = res is None or res.best_effort_allowed
         # the headroom window is only read when it decides (best effort candidates)
-        headroom = (not is_probe and not conforms and best_effort_allowed
-                    and has_headroom(ep.rate.rate_per_min(now), cost, ep.capacity_mu_per_min()))
+        headroom = (
+            not is_probe
+            and not conforms
+            and best_effort_allowed
+            and has_headroom(ep.rate.rate_per_min(now), cost, ep.capacity_mu_per_min())
+        )
         cls = classify(is_probe, res is not None, conforms, best_effort_allowed, headroom)
         if cls is TrafficClass.REJECTED:
             self.meter.reject(key, now, 429)
             why = "reservation exhausted and " if res else ""
-            raise RequestError(429, f"rate limit for {ep.spec.name!r} reached: {why}no headroom for "
-                               "best-effort traffic", "rate_limit_exceeded",
-                               b"retry-after: %s\r\n" % retry_after_header(retry_after).encode())
+            raise RequestError(
+                429,
+                f"rate limit for {ep.spec.name!r} reached: {why}no headroom for best-effort traffic",
+                "rate_limit_exceeded",
+                b"retry-after: %s\r\n" % retry_after_header(retry_after).encode(),
+            )
         ep.rate.add(now, cost)
         return cls
 
-    async def forward(self, client: ClientConnection, req: Request, ep: EndpointState,
-                      pod: balancer.PodLoad, cost: float,
-                      may_retry: bool) -> tuple[int, tuple[int, int] | None, int] | None:
+    async def forward(
+        self,
+        client: ClientConnection,
+        req: Request,
+        ep: EndpointState,
+        pod: balancer.PodLoad,
+        cost: float,
+        may_retry: bool,
+    ) -> tuple[int, tuple[int, int] | None, int] | None:
         """Send to ``pod``; (status, usage, SSE events) or None to retry elsewhere."""
         cfg = self.config
         host, port, host_hdr, pod_hdr = ep.addresses[pod.url]
@@ -379,8 +436,9 @@ class Router:
                 self._failed(pod, f"connect: {exc!r}")
                 if may_retry:
                     return None
-                raise RequestError(502, f"could not connect to a pod: {exc}",
-                                   "upstream_unreachable") from None
+                raise RequestError(
+                    502, f"could not connect to a pod: {exc}", "upstream_unreachable"
+                ) from None
             exch = Exchange(client, conn, pod_hdr, cfg.upstream_read_timeout_s)
             conn.send(build_request(req.method, req.path, host_hdr, req.headers, req.body), exch)
             try:
@@ -390,8 +448,9 @@ class Router:
                     self._failed(pod, str(exc))
                 if may_retry:
                     return None
-                raise RequestError(502, "the pod closed the connection before answering",
-                                   "upstream_failed") from None
+                raise RequestError(
+                    502, "the pod closed the connection before answering", "upstream_failed"
+                ) from None
             try:
                 await exch.done
             except UpstreamFailed:
@@ -413,8 +472,9 @@ class Router:
             ep.wake_one()
 
     def _failed(self, pod: balancer.PodLoad, reason: str) -> None:
-        if balancer.record_failure(pod, self.clock(), self.config.eject_after_failures,
-                                   self.config.eject_backoff_s):
+        if balancer.record_failure(
+            pod, self.clock(), self.config.eject_after_failures, self.config.eject_backoff_s
+        ):
             log.warning("pod %s ejected after %d failures (%s)", pod.name, pod.consecutive_failures, reason)
 
     async def wait_for_pods(self, ep: EndpointState) -> None:
@@ -427,8 +487,9 @@ class Router:
         while not any(p.available() for p in ep.pods):
             now = self.clock()
             if now >= deadline:
-                raise RequestError(503, f"{ep.spec.name!r} is waking up from zero; try again",
-                                   "scaling_from_zero", retry)
+                raise RequestError(
+                    503, f"{ep.spec.name!r} is waking up from zero; try again", "scaling_from_zero", retry
+                )
             if now - ep.wake_sent_at >= cfg.wake_retry_s:
                 ep.wake_sent_at = now
                 self._spawn(self.wake(ep.spec.id))
@@ -441,8 +502,9 @@ class Router:
             return
         url = f"{self.control_plane}/api/v1/endpoints/{endpoint_id}/wake/"
         try:
-            status, _, _ = await self.fetch(url, "POST", {"authorization": f"Bearer {self.key}"}, b"",
-                                            self.config.control_plane_timeout_s)
+            status, _, _ = await self.fetch(
+                url, "POST", {"authorization": f"Bearer {self.key}"}, b"", self.config.control_plane_timeout_s
+            )
             if status not in (200, 202, 204, 404):
                 log.warning("wake %s answered %s", endpoint_id, status)
         except (OSError, TimeoutError, ConnectionError) as exc:
@@ -452,6 +514,7 @@ class Router:
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def run() -> None:
             await coro
+
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.append(task)
         task.add_done_callback(self._tasks.remove)
@@ -459,15 +522,17 @@ class Router:
     async def probe(self, pod: balancer.PodLoad) -> None:
         ok = False
         try:
-            status, _, _ = await self.fetch(pod.url.rstrip("/") + "/health", "GET", None, b"",
-                                            self.config.probe_timeout_s)
+            status, _, _ = await self.fetch(
+                pod.url.rstrip("/") + "/health", "GET", None, b"", self.config.probe_timeout_s
+            )
             ok = 200 <= status < 300
         except (OSError, TimeoutError, ConnectionError):
             ok = False
         finally:
             self._probing.discard(pod)
-        balancer.probe_result(pod, ok, self.clock(), self.config.eject_backoff_s,
-                              self.config.eject_backoff_max_s)
+        balancer.probe_result(
+            pod, ok, self.clock(), self.config.eject_backoff_s, self.config.eject_backoff_max_s
+        )
         if ok:
             log.info("pod %s re-admitted after a successful probe", pod.name)
             for ep in self.endpoints.values():
@@ -501,23 +566,37 @@ class Router:
 
     def metrics_text(self) -> str:
         names = {ep.spec.id: ep.spec.name for ep in self.endpoints.values()}
-        pods = [(ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.ejected)
-                for ep in self.endpoints.values() for p in ep.pods]
+        pods = [
+            (ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.ejected)
+            for ep in self.endpoints.values()
+            for p in ep.pods
+        ]
         return prometheus_text(self.meter.totals, names, pods)
 
     # --- lifecycle
-    async def start(self, host: str, port: int, discovery: Discovery, reuse_port: bool = False,
-                    sock: socket.socket | None = None) -> None:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        discovery: Discovery,
+        reuse_port: bool = False,
+        sock: socket.socket | None = None,
+    ) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(self.follow(discovery)))
         self._tasks.append(asyncio.get_running_loop().create_task(self.maintenance()))
         loop = asyncio.get_running_loop()
         if sock is not None:
-            self._server = await loop.create_server(lambda: ClientConnection(self.state), sock=sock,
-                                                    backlog=self.config.backlog)
+            self._server = await loop.create_server(
+                lambda: ClientConnection(self.state), sock=sock, backlog=self.config.backlog
+            )
         else:
-            self._server = await loop.create_server(lambda: ClientConnection(self.state), host, port,
-                                                    reuse_port=reuse_port or None,
-                                                    backlog=self.config.backlog)
+            self._server = await loop.create_server(
+                lambda: ClientConnection(self.state),
+                host,
+                port,
+                reuse_port=reuse_port or None,
+                backlog=self.config.backlog,
+            )
 
     @property
     def port(self) -> int:

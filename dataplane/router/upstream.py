@@ -140,8 +140,8 @@ class Pool:
         loop = asyncio.get_running_loop()
         key = f"{host}:{port}"
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: UpstreamConnection(key), host, port),
-            self.connect_timeout_s)
+            loop.create_connection(lambda: UpstreamConnection(key), host, port), self.connect_timeout_s
+        )
         self.active += 1
         return proto, False
 
@@ -207,15 +207,24 @@ class _Collect:
             self.done.set_exception(ConnectionError(f"connection lost: {exc!r}"))
 
 
-async def fetch(url: str, method: str = "GET", headers: dict[str, str] | None = None,
-                body: bytes = b"", timeout_s: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+async def fetch(
+    url: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    timeout_s: float = 5.0,
+) -> tuple[int, dict[str, str], bytes]:
     """One request on a fresh connection: (status, lower-case headers, body). Raises OSError,
     ConnectionError or TimeoutError."""
     parts = urlsplit(url)
     host, port = split_url(f"{parts.scheme}://{parts.netloc}")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    lines = [f"{method} {path} HTTP/1.1", f"host: {parts.netloc}", "connection: close",
-             f"content-length: {len(body)}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"host: {parts.netloc}",
+        "connection: close",
+        f"content-length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
     loop = asyncio.get_running_loop()

@@ -82,11 +82,15 @@ class FakePod:
                     mode = "ok"
                 if mode == "error":
                     payload = b'{"error": {"message": "boom"}}'
-                    writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                    writer.write(
+                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                    )
                 elif mode in ("stream", "break"):
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                 b"transfer-encoding: chunked\r\n\r\n")
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                        b"transfer-encoding: chunked\r\n\r\n"
+                    )
                     n = 1 if mode == "break" else self.chunks
                     try:
                         for i in range(n):
@@ -96,20 +100,28 @@ class FakePod:
                             await asyncio.sleep(self.delay_s)
                         if mode == "break":
                             return
-                        ev = (b'data: {"choices": [], "usage": {"prompt_tokens": 10, '
-                              b'"completion_tokens": %d, "total_tokens": %d}}\n\ndata: [DONE]\n\n'
-                              % (n, 10 + n))
+                        ev = (
+                            b'data: {"choices": [], "usage": {"prompt_tokens": 10, '
+                            b'"completion_tokens": %d, "total_tokens": %d}}\n\ndata: [DONE]\n\n' % (n, 10 + n)
+                        )
                         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
                     except (ConnectionError, OSError):
                         self.cancelled += 1
                         return
                 else:
-                    payload = json.dumps({"id": "cmpl-1", "object": "text_completion", "pod": self.name,
-                                          "choices": [{"index": 0, "text": "hello"}],
-                                          "usage": {"prompt_tokens": 10, "completion_tokens": 20,
-                                                    "total_tokens": 30}}).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                    payload = json.dumps(
+                        {
+                            "id": "cmpl-1",
+                            "object": "text_completion",
+                            "pod": self.name,
+                            "choices": [{"index": 0, "text": "hello"}],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
+                        }
+                    ).encode()
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                    )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.LimitOverrunError):
             pass

@@ -72,6 +72,7 @@ def test_pick_sticky_stays_inside_then_leaves_when_hot():
 
     from dataplane.router.affinity import pick_sticky
     from dataplane.router.balancer import pick_p2c_mu
+
     pods = fleet(6)
     rng = random.Random(0)
     subset = {p.name for p in rendezvous_subset("w", pods, 2)}
@@ -79,7 +80,8 @@ def test_pick_sticky_stays_inside_then_leaves_when_hot():
     for p in pods:
         if p.name in subset:
             p.inflight_mu = 60.0  # mean 20 -> threshold 40 < 60: hot
-    assert all(pick_sticky(pick_p2c_mu, pods, pods, "w", 2, 0.5, 10.0, rng).name not in subset
-               for _ in range(50))
+    assert all(
+        pick_sticky(pick_p2c_mu, pods, pods, "w", 2, 0.5, 10.0, rng).name not in subset for _ in range(50)
+    )
     # no workload: the policy over every candidate
     assert pick_sticky(pick_p2c_mu, pods, pods, None, 2, 0.5, 10.0, rng).name not in subset

@@ -13,7 +13,7 @@ def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
             pods[0].mode, pods[0].chunks, pods[0].delay_s, pods[0].pad = "stream", 400, 0, 16_000
 
             body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            reader, writer = await raw_post(router, body, limit=2 ** 20)
+            reader, writer = await raw_post(router, body, limit=2**20)
             await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
             writer.transport.pause_reading()  # our client stops reading
             await asyncio.sleep(0.5)
@@ -26,7 +26,7 @@ def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
             writer.transport.resume_reading()
             data = b""
             for _ in range(100_000):
-                chunk = await asyncio.wait_for(reader.read(2 ** 20), 5)
+                chunk = await asyncio.wait_for(reader.read(2**20), 5)
                 if not chunk:
                     break
                 data += chunk
@@ -35,4 +35,5 @@ def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
             assert b"[DONE]" in data
             writer.close()
             await assert_idle(router)
+
     asyncio.run(go())

@@ -18,16 +18,24 @@ from tests.router.conftest import (
 )
 
 
-@pytest.mark.parametrize("body, key, status, code", [
-    (b'{"model": "chat", "prompt": ', TENANT_KEY, 400, "invalid_json"),
-    (b'["not", "an", "object"]', TENANT_KEY, 400, "invalid_json"),
-    (b'\xff\xfe', TENANT_KEY, 400, "invalid_json"),
-    (b'{"prompt": "hi"}', TENANT_KEY, 400, "missing_model"),
-    (b'{"model": "nope", "prompt": "hi"}', TENANT_KEY, 404, "model_not_found"),
-    (b'{"model": "chat", "prompt": "hi"}', None, 401, "missing_api_key"),
-    (b'{"model": "chat", "prompt": "hi"}', "sk-revoked", 401, "invalid_api_key"),
-    (b'{"model": "chat", "prompt": "hi"}', OTHER_KEY, 404, "model_not_found"),  # another tenant's endpoint
-])
+@pytest.mark.parametrize(
+    "body, key, status, code",
+    [
+        (b'{"model": "chat", "prompt": ', TENANT_KEY, 400, "invalid_json"),
+        (b'["not", "an", "object"]', TENANT_KEY, 400, "invalid_json"),
+        (b"\xff\xfe", TENANT_KEY, 400, "invalid_json"),
+        (b'{"prompt": "hi"}', TENANT_KEY, 400, "missing_model"),
+        (b'{"model": "nope", "prompt": "hi"}', TENANT_KEY, 404, "model_not_found"),
+        (b'{"model": "chat", "prompt": "hi"}', None, 401, "missing_api_key"),
+        (b'{"model": "chat", "prompt": "hi"}', "sk-revoked", 401, "invalid_api_key"),
+        (
+            b'{"model": "chat", "prompt": "hi"}',
+            OTHER_KEY,
+            404,
+            "model_not_found",
+        ),  # another tenant's endpoint
+    ],
+)
 def test_bad_request_answers(body, key, status, code):
     async def go():
         async with running(1, table=cp_table()) as (router, pods):
@@ -36,6 +44,7 @@ def test_bad_request_answers(body, key, status, code):
             assert error_of(payload)["code"] == code
             assert pods[0].requests == 0
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -44,6 +53,7 @@ def test_unknown_path_and_wrong_method():
         async with running(1) as (router, _):
             assert (await call(router, path="/v2/anything", method="GET"))[0] == 404
             assert (await call(router, path="/v1/completions", method="GET"))[0] == 405
+
     asyncio.run(go())
 
 
@@ -62,6 +72,7 @@ def test_oversized_body_is_413_before_reading_it():
             writer.close()
             assert pods[0].requests == 0
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -73,6 +84,7 @@ def test_oversized_headers_are_431():
             resp = await asyncio.wait_for(reader.read(), 2)
             assert resp.startswith(b"HTTP/1.1 431")
             writer.close()
+
     asyncio.run(go())
 
 
@@ -85,6 +97,7 @@ def test_malformed_http_is_400():
             assert resp.startswith(b"HTTP/1.1 400")
             writer.close()
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -100,7 +113,7 @@ def test_slowloris_headers_and_body_get_408():
             assert resp.startswith(b"HTTP/1.1 408") and b"headers" in resp and loop.time() - t0 < 1
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"mo")
+            writer.write(b'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"mo')
             resp = await asyncio.wait_for(reader.read(), 2)
             assert resp.startswith(b"HTTP/1.1 408") and b"body" in resp
             writer.close()
@@ -111,6 +124,7 @@ def test_slowloris_headers_and_body_get_408():
             assert pods[0].requests == 0
             await assert_idle(router)
             assert len(router.state.connections) == 0
+
     asyncio.run(go())
 
 
@@ -126,6 +140,7 @@ def test_client_disconnect_mid_stream_cancels_upstream_and_releases_counters():
             await wait_until(lambda: pods[0].cancelled)
             assert pods[0].cancelled == 1 and pods[0].open_connections == 0
             assert router.meter.totals[(0, "")].errors == 1
+
     asyncio.run(go())
 
 
@@ -137,4 +152,5 @@ def test_models_lists_only_the_tenants_endpoints():
             status, _, payload = await call(router, path="/v1/models", method="GET", key=OTHER_KEY)
             assert status == 200 and b'"data": []' in payload
             assert (await call(router, path="/v1/models", method="GET"))[0] == 401
+
     asyncio.run(go())

@@ -25,17 +25,37 @@ def test_static_mode_command_line_serves_and_drains_on_sigterm():
         pod = await FakePod("p").start()
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}", "--backends",
-             f"{pod.url},{pod.url}", "--policy", "p2c-mu", "--workers", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONWARNINGS": "error"})
+            [
+                sys.executable,
+                "-m",
+                "dataplane.router",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--backends",
+                f"{pod.url},{pod.url}",
+                "--policy",
+                "p2c-mu",
+                "--workers",
+                "2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONWARNINGS": "error"},
+        )
         try:
             from dataplane.router.upstream import fetch
+
             deadline = time.monotonic() + 10
             status = 0
             while time.monotonic() < deadline:
                 try:
-                    status, _, body = await fetch(f"http://127.0.0.1:{port}/v1/completions", "POST",
-                                                  {}, b'{"model": "anything", "prompt": "hi"}', 2)
+                    status, _, body = await fetch(
+                        f"http://127.0.0.1:{port}/v1/completions",
+                        "POST",
+                        {},
+                        b'{"model": "anything", "prompt": "hi"}',
+                        2,
+                    )
                     break
                 except OSError:
                     await asyncio.sleep(0.1)
@@ -53,4 +73,5 @@ def test_static_mode_command_line_serves_and_drains_on_sigterm():
             if proc.stdout:
                 proc.stdout.close()
             await pod.stop()
+
     asyncio.run(go())

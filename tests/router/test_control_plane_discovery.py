@@ -54,16 +54,19 @@ class StandInControlPlane:
             elif headers.get("authorization") != "Bearer op-key":
                 writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
             elif self.garbage is not None:
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(self.garbage), self.garbage))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(self.garbage), self.garbage)
+                )
             elif headers.get("if-none-match") == self.doc["version"]:
                 etag = self.doc["version"].encode()
                 writer.write(b"HTTP/1.1 304 Not Modified\r\netag: %s\r\n\r\n" % etag)
             else:
                 body = json.dumps(self.doc).encode()
                 etag = self.doc["version"].encode()
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\netag: %s\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (etag, len(body), body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\netag: %s\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (etag, len(body), body)
+                )
             await writer.drain()
         finally:
             writer.close()
@@ -79,13 +82,16 @@ def test_parse_routing_table_contract():
     assert t.api_keys[sha(TENANT_KEY)] == "acme" and t.auth_required
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.pop("version"), "version"),
-    (lambda d: d["endpoints"][0].update(policy="fastest"), "policy"),
-    (lambda d: d["endpoints"][0].update(alpha="x"), "alpha"),
-    (lambda d: d["endpoints"][0].update(pods=[{"name": "p"}]), "url"),
-    (lambda d: d.update(api_keys=[{"hash": 1}]), "api_keys"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.pop("version"), "version"),
+        (lambda d: d["endpoints"][0].update(policy="fastest"), "policy"),
+        (lambda d: d["endpoints"][0].update(alpha="x"), "alpha"),
+        (lambda d: d["endpoints"][0].update(pods=[{"name": "p"}]), "url"),
+        (lambda d: d.update(api_keys=[{"hash": 1}]), "api_keys"),
+    ],
+)
 def test_parse_rejects_garbage_naming_the_field(mutate, message):
     doc = table_doc([])
     mutate(doc)
@@ -116,12 +122,14 @@ def test_etag_304_unreachable_and_garbage_keep_the_last_good_table():
             assert await d.poll_once() is None and d.failures == 1  # unreachable
         finally:
             await cp.stop()
+
     asyncio.run(go())
 
 
 def test_router_follows_the_control_plane_and_serves_through_outages():
     async def go():
         from dataplane.router.server import Router
+
         pods = [await FakePod(f"pod-{i}").start() for i in range(2)]
         cp = await StandInControlPlane().start()
         router = Router(FAST, control_plane=cp.url, key="op-key")
@@ -156,4 +164,5 @@ def test_router_follows_the_control_plane_and_serves_through_outages():
             await cp.stop()
             for p in pods:
                 await p.stop()
+
     asyncio.run(go())

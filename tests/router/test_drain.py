@@ -26,6 +26,7 @@ def test_drain_finishes_in_flight_and_refuses_new_connections():
             status, headers, _ = await inflight
             assert status == 200 and headers.get("connection") == "close"
             assert await asyncio.wait_for(shutdown, 2) == 0  # nothing cut
+
     asyncio.run(go())
 
 
@@ -46,4 +47,5 @@ def test_drain_deadline_cuts_what_is_left():
                 pass
             assert router.state.active_requests == 0
             assert router.endpoints[0].pods[0].inflight_requests == 0
+
     asyncio.run(go())

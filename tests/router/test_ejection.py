@@ -44,6 +44,7 @@ def test_eject_after_consecutive_failures_then_readmit_after_probe():
                 await assert_idle(router)
             finally:
                 await revived.stop()
+
     asyncio.run(go())
 
 
@@ -54,10 +55,12 @@ def test_failed_probe_keeps_the_pod_out():
             pod = router.endpoints[0].pods[0]
             pods[0].health_ok = False
             from dataplane.router import balancer
+
             balancer.record_failure(pod, router.clock(), 1, 0.05)
             assert pod.ejected
             for _ in range(30):
                 router.tick()
                 await asyncio.sleep(0.02)
             assert pod.ejected and pods[0].health_checks >= 2 and pod.ejections >= 2
+
     asyncio.run(go())

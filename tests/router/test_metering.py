@@ -18,8 +18,21 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     m.start(KEY, 100.0)  # 2 in flight for 0.5 s
     m.finish(KEY, 100.5, 0.5, mu=1.5, tokens_in=10, tokens_out=20, error=False)  # 1 for 0.5 s
     rows = m.roll(101.0)
-    assert rows == [(KEY, {"requests": 1, "inflight": pytest.approx(1.5), "mu": 1.5, "tokens_in": 10,
-                           "tokens_out": 20, "latency_ms_sum": 500.0, "errors": 0, "throttled": 0})]
+    assert rows == [
+        (
+            KEY,
+            {
+                "requests": 1,
+                "inflight": pytest.approx(1.5),
+                "mu": 1.5,
+                "tokens_in": 10,
+                "tokens_out": 20,
+                "latency_ms_sum": 500.0,
+                "errors": 0,
+                "throttled": 0,
+            },
+        )
+    ]
     # the request still in flight carries into the next second: 1 for the whole of it
     rows = m.roll(102.0)
     assert rows[0][1]["inflight"] == pytest.approx(1.0) and rows[0][1]["requests"] == 0
@@ -62,11 +75,13 @@ def test_metrics_endpoint_of_a_running_router():
             status, headers, body = await call(router, path="/metrics", method="GET")
             assert status == 200 and headers["content-type"].startswith("text/plain")
             assert b'router_requests_total{endpoint="*",endpoint_id="0",tenant=""} 1' in body
+
     asyncio.run(go())
 
 
 def test_publish_to_redis_key_layout():
     from redis.asyncio import Redis
+
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
     async def go():
@@ -78,17 +93,38 @@ def test_publish_to_redis_key_layout():
             pytest.skip(f"no Redis at {url}: {exc}")
         endpoint = int(uuid.uuid4().int % 10**9) + 10**9
         try:
-            rows = [((endpoint, "acme"), {"requests": 3, "inflight": 1.5, "mu": 4.5, "tokens_in": 30,
-                                          "tokens_out": 60, "latency_ms_sum": 90.0, "errors": 0,
-                                          "throttled": 1})]
+            rows = [
+                (
+                    (endpoint, "acme"),
+                    {
+                        "requests": 3,
+                        "inflight": 1.5,
+                        "mu": 4.5,
+                        "tokens_in": 30,
+                        "tokens_out": 60,
+                        "latency_ms_sum": 90.0,
+                        "errors": 0,
+                        "throttled": 1,
+                    },
+                )
+            ]
             await publish(redis, rows, 1_700_000_000, 120)
             await publish(redis, rows, 1_700_000_000, 120)  # a second router adds its share
             key = f"mu:load:{endpoint}:1700000000"
             h = {k.decode(): float(v) for k, v in (await redis.hgetall(key)).items()}
-            assert h == {"requests": 6, "inflight": 3.0, "mu": 9.0, "tokens_in": 60, "tokens_out": 120,
-                         "latency_ms_sum": 180.0, "throttled": 2, "mu:acme": 9.0}
+            assert h == {
+                "requests": 6,
+                "inflight": 3.0,
+                "mu": 9.0,
+                "tokens_in": 60,
+                "tokens_out": 120,
+                "latency_ms_sum": 180.0,
+                "throttled": 2,
+                "mu:acme": 9.0,
+            }
             assert 0 < await redis.ttl(key) <= 120
             await redis.delete(key)
         finally:
             await redis.aclose()
+
     asyncio.run(go())

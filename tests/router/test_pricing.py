@@ -33,8 +33,12 @@ def test_input_tokens_of_completion_prompts():
 
 
 def test_input_tokens_of_chat_messages():
-    body = {"messages": [{"role": "system", "content": "x" * 40},
-                         {"role": "user", "content": [{"type": "text", "text": "y" * 40}]}]}
+    body = {
+        "messages": [
+            {"role": "system", "content": "x" * 40},
+            {"role": "user", "content": [{"type": "text", "text": "y" * 40}]},
+        ]
+    }
     assert estimate_input_tokens(body) == 20 + 2 * 4  # 80 chars -> 20 tokens, +4 per message
 
 

@@ -22,8 +22,9 @@ def body():
 
 def one_slot(**kw):
     """One pod with target concurrency 1 and no reservation; ``kw`` overrides the config."""
-    return running(1, table=cp_table(target_concurrency_per_replica=1, reservation=None),
-                   config=with_config(**kw))
+    return running(
+        1, table=cp_table(target_concurrency_per_replica=1, reservation=None), config=with_config(**kw)
+    )
 
 
 async def occupy(router, pods, headers=None):
@@ -51,6 +52,7 @@ def test_queued_request_runs_when_a_slot_frees():
             pods[0].release.set()
             assert (await first)[0] == 200 and (await second)[0] == 200
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -67,6 +69,7 @@ def test_queue_wait_bound_gives_503_with_retry_after():
             pods[0].release.set()
             assert (await first)[0] == 200
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -81,6 +84,7 @@ def test_queue_length_bound_rejects_at_once():
             pods[0].release.set()
             assert [(await h)[0] for h in held] == [200, 200, 200]
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -95,6 +99,7 @@ def test_probe_displaces_a_best_effort_waiter_from_a_full_queue():
             pods[0].release.set()
             assert (await running_one)[0] == 200 and (await probe)[0] == 200
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -103,11 +108,15 @@ def test_target_concurrency_is_hot_reloaded_and_wakes_waiters():
         async with one_slot(queue_wait_s=3.0) as (router, pods):
             first = await occupy(router, pods)
             second = await enqueue(router)
-            router.apply(parse_routing_table(table_doc(pods, version="v2", target_concurrency_per_replica=2,
-                                                       reservation=None)))
+            router.apply(
+                parse_routing_table(
+                    table_doc(pods, version="v2", target_concurrency_per_replica=2, reservation=None)
+                )
+            )
             await wait_until(lambda: pods[0].requests == 2, what="the waiter to go")
             assert router.endpoints[1].pods[0].target_concurrency == 2
             pods[0].release.set()
             assert (await first)[0] == 200 and (await second)[0] == 200
             await assert_idle(router)
+
     asyncio.run(go())

@@ -22,6 +22,7 @@ def test_reservation_exhausted_without_best_effort_gives_429_with_retry_after():
             assert error_of(payload)["type"] == "rate_limit_error"
             assert router.meter.totals[(1, "acme")].throttled == 2
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -30,8 +31,9 @@ def test_best_effort_beyond_reservation_only_with_headroom_and_probes_always():
         # the reservation (12 MU/min, 2 MU burst) admits 3 requests; then best effort runs while the
         # endpoint's MU rate stays below capacity 1 pod x 30 MU/min: after n admitted requests the
         # 10-s window holds 0.52 n MU -> 6 x 0.52 n MU/min; + 0.52 < 30 while n <= 9
-        table = cp_table(reservation={"mu_per_minute": 12, "best_effort_allowed": True},
-                         mu_per_replica_minute=30)
+        table = cp_table(
+            reservation={"mu_per_minute": 12, "best_effort_allowed": True}, mu_per_replica_minute=30
+        )
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(12)]
             assert statuses == [200] * 10 + [429] * 2
@@ -41,6 +43,7 @@ def test_best_effort_beyond_reservation_only_with_headroom_and_probes_always():
             status, _, _ = await call(router, body={**BODY, "priority": -10_000}, key=TENANT_KEY)
             assert status == 200
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -48,8 +51,9 @@ def test_reserved_traffic_is_admitted_while_best_effort_is_shed():
     async def go():
         # capacity 0.5 MU/min (1 pod x 0.5): never headroom for a 0.52-MU best-effort request;
         # requests within a generous reservation (6000 MU/min) still pass
-        table = cp_table(reservation={"mu_per_minute": 6000, "best_effort_allowed": True},
-                         mu_per_replica_minute=0.5)
+        table = cp_table(
+            reservation={"mu_per_minute": 6000, "best_effort_allowed": True}, mu_per_replica_minute=0.5
+        )
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(10)]
             assert statuses == [200] * 10  # all within the reservation
@@ -57,4 +61,5 @@ def test_reserved_traffic_is_admitted_while_best_effort_is_shed():
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(3)]
             assert statuses == [429, 429, 429]
+
     asyncio.run(go())

@@ -25,6 +25,7 @@ def run_with_redis(scenario):
             await scenario(redis)
         finally:
             await redis.aclose()
+
     asyncio.run(go())
 
 
@@ -38,6 +39,7 @@ def test_redis_gcra_matches_the_worked_numbers_on_a_fake_clock():
         assert not d.allowed and d.retry_after_s == pytest.approx(0.5, abs=1e-5)
         now[0] += 0.5
         assert (await lim.check("ep", 5.0, LIMIT)).allowed
+
     run_with_redis(scenario)
 
 
@@ -51,6 +53,7 @@ def test_redis_gcra_is_shared_by_two_limiters_and_expires():
         assert not (await b.check("ep", 5.0, LIMIT)).allowed
         ttl = await redis.pttl(prefix + "ep")
         assert 0 < ttl <= 11_000  # (TAT - now) + 1 s
+
     run_with_redis(scenario)
 
 
@@ -63,4 +66,5 @@ def test_redis_down_falls_back_to_in_process():
             assert lim.errors == 1
         finally:
             await redis.aclose()
+
     asyncio.run(go())

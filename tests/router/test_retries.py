@@ -29,6 +29,7 @@ def test_connection_refused_is_retried_on_another_pod():
             dead_pod = router.endpoints[0].pods[0]
             assert dead_pod.consecutive_failures >= 2
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -46,6 +47,7 @@ def test_connection_closed_before_answer_is_retried():
                 status, headers, _ = await call(router, body={"model": "m", "prompt": "hi"})
                 assert status == 200 and headers["x-pod"] == pods[1].url
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -66,4 +68,5 @@ def test_no_retry_after_the_stream_started():
             assert not data.endswith(b"0\r\n\r\n")  # cut, not a clean end: the client can tell
             assert pods[0].requests + pods[1].requests == 1  # never retried
             await assert_idle(router)
+
     asyncio.run(go())

@@ -14,12 +14,15 @@ def test_wake_then_503_at_the_deadline():
         cfg = with_config(wake_deadline_s=0.4, wake_retry_s=0.1)
         table = parse_routing_table(table_doc([], scale_to_zero_enabled=True))
         try:
-            async with running([], table=table, config=cfg, control_plane=cp.url,
-                               key="op-key") as (router, _):
+            async with running([], table=table, config=cfg, control_plane=cp.url, key="op-key") as (
+                router,
+                _,
+            ):
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                status, headers, payload = await call(router, body={"model": "chat", "prompt": "hi"},
-                                                      key=TENANT_KEY)
+                status, headers, payload = await call(
+                    router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY
+                )
                 assert status == 503 and headers["retry-after"] == "1"
                 assert error_of(payload)["code"] == "scaling_from_zero"
                 assert 0.35 < loop.time() - t0 < 1.5
@@ -28,6 +31,7 @@ def test_wake_then_503_at_the_deadline():
                 await assert_idle(router)
         finally:
             await cp.stop()
+
     asyncio.run(go())
 
 
@@ -43,6 +47,7 @@ def test_held_request_is_served_when_a_pod_becomes_ready():
             status, _, _ = await asyncio.wait_for(held, 2)
             assert status == 200
             await assert_idle(router)
+
     asyncio.run(go())
 
 
@@ -50,7 +55,9 @@ def test_no_ready_pod_without_scale_to_zero_is_503_at_once():
     async def go():
         table = parse_routing_table(table_doc([]))
         async with running([], table=table) as (router, _):
-            status, headers, payload = await call(router, body={"model": "chat", "prompt": "hi"},
-                                                  key=TENANT_KEY)
+            status, headers, payload = await call(
+                router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY
+            )
             assert status == 503 and error_of(payload)["code"] == "no_ready_pod" and "retry-after" in headers
+
     asyncio.run(go())

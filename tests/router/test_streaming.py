@@ -30,6 +30,7 @@ def test_sse_events_arrive_as_the_pod_sends_them():
             # exact metering from the usage event: 10 in, 5 out
             totals = router.meter.totals[(0, "")]
             assert (totals.tokens_in, totals.tokens_out) == (10, 5)
+
     asyncio.run(go())
 
 
@@ -39,8 +40,10 @@ def test_keep_alive_connection_serves_many_requests_and_pools_upstream():
             reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
             body = b'{"model": "m", "prompt": "hi"}'
             for _ in range(20):
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(body), body))
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
                 length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
@@ -48,4 +51,5 @@ def test_keep_alive_connection_serves_many_requests_and_pools_upstream():
             assert pods[0].requests == 20
             assert router.pool.idle_count() == 1  # one pooled upstream connection served them all
             await assert_idle(router)
+
     asyncio.run(go())
