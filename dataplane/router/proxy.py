@@ -22,38 +22,15 @@ import time
 from dataplane.router.http import ClientConnection
 from dataplane.router.upstream import UpstreamConnection
 
-# Not forwarded to the pod: hop-by-hop headers, framing we redo, and the tenant's secret (pods
-# sit on a private network and authenticate the router, not tenants).
-REQUEST_DROP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"transfer-encoding",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"content-length",
-        b"host",
-        b"authorization",
-        b"expect",
-        b"proxy-authorization",
-    }
+# Hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo ourselves.
+HOP_BY_HOP = frozenset(
+    b"connection keep-alive proxy-connection transfer-encoding te trailer upgrade content-length".split()
 )
-RESPONSE_DROP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"transfer-encoding",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"content-length",
-        b"date",
-        b"server",
-    }
-)
+# Not forwarded to the pod: also the tenant's secret (pods sit on a private network and
+# authenticate the router, not tenants) and what only concerns the client-router hop.
+REQUEST_DROP = HOP_BY_HOP | {b"host", b"authorization", b"proxy-authorization", b"expect"}
+# Not forwarded to the client: the pod's date/server say nothing useful about the router.
+RESPONSE_DROP = HOP_BY_HOP | {b"date", b"server"}
 
 USAGE_TAIL_BYTES = 2048  # usage sits at the end of a response (vLLM, OpenAI), bytes
 _PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,6 +30,15 @@ FAST = RouterConfig(
 )
 TENANT_KEY = "sk-acme-secret"
 OTHER_KEY = "sk-globex-secret"
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound and released; connections to it are refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
 
 
 def sha(secret: str) -> str:

@@ -4,20 +4,12 @@ two SO_REUSEPORT workers, SIGTERM drains and exits 0."""
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from tests.router.conftest import free_port
 from tests.router.fakepod import FakePod
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_static_mode_command_line_serves_and_drains_on_sigterm():

@@ -1,19 +1,10 @@
 """Retry on another pod when the connection fails before any byte; never after the stream began."""
 
 import asyncio
-import socket
 
 from dataplane.router.discovery import static_table
-from tests.router.conftest import assert_idle, call, raw_post, running
+from tests.router.conftest import assert_idle, call, free_port, raw_post, running
 from tests.router.fakepod import FakePod
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_connection_refused_is_retried_on_another_pod():
