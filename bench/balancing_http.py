@@ -35,7 +35,7 @@ STEP_S = 0.010 + 0.001 * 4  # tiny-test step at a full batch of 4, s
 SLOTS = 4
 
 
-async def wait_port(port: int, timeout: float = 15.0) -> None:
+async def wait_port(port: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
