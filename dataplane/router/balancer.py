@@ -12,6 +12,9 @@ Policies (selectable per endpoint):
   p2c-mu         two pods at random, the one with less in-flight MU (ties: fewer requests). The
                  default: a pod with 3 long generations in flight (3 x 20 MU = 60) is busier than
                  one with 10 short ones (10 x 1 MU = 10), which request counts cannot see.
+                 MU cannot see free batch slots, though: on engines with few slots set the pod's
+                 target concurrency to them (the routing table does), or p2c-mu may pick a pod
+                 whose slots are all taken by cheap requests (bench/balancing_http.py shows both).
 
 Health: a pod that fails ``eject_after_failures`` times in a row (connect refused, reset before
 any byte) is ejected; it is probed after ``eject_backoff_s``, doubling per failed probe up to
