@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85]
 
-Runs the runtime helper's simulated engine (``python -m dataplane.runtime.sim``, from its worktree
-/work/wt-runtime or RUNTIME_DIR) with the ``tiny-test`` profile: 4 sequences at most, a 10 ms step
+Runs the runtime helper's simulated engine (``python -m dataplane.runtime.sim``, from this checkout
+once merged, else its worktree /work/wt-runtime, or RUNTIME_DIR) with the ``tiny-test`` profile: 4 sequences at most, a 10 ms step
 +1 ms per sequence, so a pod is a handful of slots and a long generation holds one for seconds,
 as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
 is started and an open-loop Poisson client sends the same request sequence: 80 % short
@@ -28,7 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-RUNTIME_DIR = Path(os.environ.get("RUNTIME_DIR", "/work/wt-runtime"))
+# the repository root once the runtime is merged; its worktree while both are being built
+_HERE = Path(__file__).resolve().parent.parent
+RUNTIME_DIR = Path(
+    os.environ.get("RUNTIME_DIR")
+    or (_HERE if (_HERE / "dataplane/runtime/sim.py").exists() else "/work/wt-runtime")
+)
 PY = sys.executable
 SHORT, LONG, LONG_SHARE = 16, 256, 0.2
 STEP_S = 0.010 + 0.001 * 4  # tiny-test step at a full batch of 4, s
