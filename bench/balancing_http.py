@@ -3,8 +3,9 @@
     .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85]
 
 Runs the runtime helper's simulated engine (``python -m dataplane.runtime.sim``, from this checkout
-once merged, else its worktree /work/wt-runtime, or RUNTIME_DIR) with the ``tiny-test`` profile: 4 sequences at most, a 10 ms step
-+1 ms per sequence, so a pod is a handful of slots and a long generation holds one for seconds,
+once merged, else its worktree /work/wt-runtime, or RUNTIME_DIR) with the ``tiny-test`` profile:
+4 sequences at most, a 10 ms step +1 ms per sequence, so a pod is a handful of slots and a long
+generation holds one for seconds,
 as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
 is started and an open-loop Poisson client sends the same request sequence: 80 % short
 (max_tokens 16) and 20 % long (max_tokens 256), streamed; it records time to first token and
