@@ -1,0 +1,221 @@
+"""Balancing through real sockets: our router in front of SIMULATED engines (no model, no GPU).
+
+    .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85]
+
+Runs the runtime helper's simulated engine (``python -m dataplane.runtime.sim``, from this checkout
+once merged, else its worktree /work/wt-runtime, or RUNTIME_DIR) with the ``tiny-test`` profile:
+4 sequences at most, a 10 ms step +1 ms per sequence, so a pod is a handful of slots and a long
+generation holds one for seconds,
+as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
+is started and an open-loop Poisson client sends the same request sequence: 80 % short
+(max_tokens 16) and 20 % long (max_tokens 256), streamed; it records time to first token and
+end-to-end latency. The rate is ``--utilisation`` of the fleet's capacity, computed from the
+profile: mean tokens per request x step time per token per slot.
+
+Cheap on CPU (time scale 1: ~100 engine steps/s per pod) but the machine is shared: expect noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# the repository root once the runtime is merged; its worktree while both are being built
+_HERE = Path(__file__).resolve().parent.parent
+RUNTIME_DIR = Path(
+    os.environ.get("RUNTIME_DIR")
+    or (_HERE if (_HERE / "dataplane/runtime/sim.py").exists() else "/work/wt-runtime")
+)
+PY = sys.executable
+SHORT, LONG, LONG_SHARE = 16, 256, 0.2
+STEP_S = 0.010 + 0.001 * 4  # tiny-test step at a full batch of 4, s
+SLOTS = 4
+
+
+async def wait_port(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+async def one(port: int, max_tokens: int, start: float, out: list[tuple[float, float, int]]) -> None:
+    body = json.dumps(
+        {"model": "sim-tiny", "prompt": "x" * 200, "max_tokens": max_tokens, "stream": True}
+    ).encode()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        ttft = float("nan")
+        data = b""
+        status = 0
+        while True:
+            chunk = await asyncio.wait_for(r.read(65536), 120)
+            if not chunk:
+                break
+            data += chunk
+            if not status and b"\r\n" in data:
+                status = int(data.split(b" ", 2)[1])
+            if ttft != ttft and b"data: " in data:
+                ttft = time.monotonic() - start
+            if b"[DONE]" in data:
+                break
+        w.close()
+        out.append((ttft, time.monotonic() - start, status))
+    except (TimeoutError, OSError):
+        out.append((float("nan"), time.monotonic() - start, 0))
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(x for x in xs if x == x)
+    return s[min(len(s) - 1, int(p * len(s)))] if s else float("nan")
+
+
+async def run_policy(
+    policy: str, engines: list[int], port: int, arrivals: list[tuple[float, int]], target_concurrency: int
+) -> dict:
+    backends = ",".join(f"http://127.0.0.1:{p}" for p in engines)
+    router = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "dataplane.router",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--backends",
+            backends,
+            "--policy",
+            policy,
+            "--target-concurrency",
+            str(target_concurrency),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_port(port)
+        out: list[tuple[float, float, int]] = []
+        tasks = []
+        t0 = time.monotonic()
+        for at, max_tokens in arrivals:
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(port, max_tokens, time.monotonic(), out)))
+        await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    finally:
+        router.send_signal(signal.SIGTERM)
+        router.wait(10)
+    ok = [o for o in out if o[2] == 200]
+    return {
+        "ok": len(ok),
+        "failed": len(out) - len(ok),
+        "ttft_p50": pct([o[0] for o in ok], 0.5),
+        "ttft_p99": pct([o[0] for o in ok], 0.99),
+        "e2e_p50": pct([o[1] for o in ok], 0.5),
+        "e2e_p99": pct([o[1] for o in ok], 0.99),
+    }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engines", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--utilisation", type=float, default=0.85)
+    ap.add_argument("--policies", default="round-robin,least-request,p2c,p2c-mu")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per policy; the median is printed")
+    ap.add_argument("--target-concurrency", type=int, default=0, help="router limit per pod (0 = none)")
+    args = ap.parse_args()
+    mean_tokens = (1 - LONG_SHARE) * SHORT + LONG_SHARE * LONG
+    capacity = args.engines * SLOTS / (mean_tokens * STEP_S)  # requests/s
+    rate = args.utilisation * capacity
+    rng = random.Random(args.seed)
+    arrivals, t = [], 0.0
+    while t < args.seconds:
+        t += rng.expovariate(rate)
+        arrivals.append((t, LONG if rng.random() < LONG_SHARE else SHORT))
+    print(
+        f"SIMULATED engines (dataplane.runtime.sim, tiny-test profile) x {args.engines}, real sockets; "
+        f"capacity ~{capacity:.1f} req/s, offered {rate:.1f} req/s ({args.utilisation:.0%}), "
+        f"{len(arrivals)} requests, router target concurrency {args.target_concurrency or 'off'}, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+    ports = [18701 + i for i in range(args.engines)]
+    env = {**os.environ, "PYTHONPATH": str(RUNTIME_DIR)}
+    sims = [
+        subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "dataplane.runtime.sim",
+                "--port",
+                str(p),
+                "--profile",
+                "tiny-test",
+                "--time-scale",
+                "1",
+            ],
+            cwd=RUNTIME_DIR,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    try:
+        for p in ports:
+            await wait_port(p)
+        print(
+            f"{'policy':<15} {'ok':>5} {'failed':>6} {'ttft_p50':>9} {'ttft_p99':>9} "
+            f"{'e2e_p50':>8} {'e2e_p99':>8}"
+        )
+        results = {}
+        for policy in args.policies.split(","):
+            # the router's random choices differ per run (unseeded): median of the repeats
+            runs = [
+                await run_policy(policy, ports, 18799, arrivals, args.target_concurrency)
+                for _ in range(args.repeats)
+            ]
+            r = results[policy] = {k: sorted(x[k] for x in runs)[len(runs) // 2] for k in runs[0]}
+            print(
+                f"{policy:<15} {r['ok']:5d} {r['failed']:6d} {r['ttft_p50']:9.3f} {r['ttft_p99']:9.3f} "
+                f"{r['e2e_p50']:8.3f} {r['e2e_p99']:8.3f}   ttft_p99 per run: "
+                + " ".join(f"{x['ttft_p99']:.2f}" for x in runs),
+                flush=True,
+            )
+        base = results.get("round-robin")
+        if base:
+            for policy, r in results.items():
+                print(
+                    f"ratio {policy}/round-robin: ttft_p99 {r['ttft_p99'] / base['ttft_p99']:.2f} "
+                    f"e2e_p99 {r['e2e_p99'] / base['e2e_p99']:.2f}"
+                )
+        print(f"load after: {os.getloadavg()[0]:.2f}")
+    finally:
+        for s in sims:
+            s.send_signal(signal.SIGTERM)
+        for s in sims:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                s.wait(10)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,182 @@
+"""``python -m dataplane.router``: run the router (static or control-plane mode).
+
+    python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
+    python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 --key <operator key> \\
+        [--redis redis://...] [--workers 4]
+
+``--workers N`` forks N processes, each with its own SO_REUSEPORT listening socket on the same
+address (the kernel spreads connections), its own pools and counters. SIGTERM/SIGINT drain:
+stop accepting, finish in-flight requests for up to ``drain_timeout_s``, then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import resource
+import signal
+import sys
+from dataclasses import fields, replace
+
+from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
+from dataplane.router.config import RouterConfig
+from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
+from dataplane.router.ratelimit import InProcessLimiter, Limiter, RedisLimiter
+from dataplane.router.server import Router
+
+log = logging.getLogger("dataplane.router")
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def raise_nofile_limit() -> int:
+    """Raise RLIMIT_NOFILE to the hard limit: each proxied request holds two sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dataplane.router", description=__doc__.split("\n")[0])
+    p.add_argument("--listen", default="127.0.0.1:8080", help="host:port")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--backends", help="static mode: comma-separated pod URLs")
+    src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
+    p.add_argument("--key", default=os.environ.get("ROUTER_KEY"), help="operator key (or $ROUTER_KEY)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES, help="static mode policy")
+    p.add_argument(
+        "--target-concurrency",
+        type=int,
+        default=0,
+        help="static mode: in-flight requests per pod before queueing (0 = unlimited)",
+    )
+    p.add_argument(
+        "--rate-limit-mu-per-min",
+        type=float,
+        default=0.0,
+        help="static mode: a reservation (MU/min) enforced by the in-process GCRA on every "
+        "request (0 = none)",
+    )
+    p.add_argument("--redis", default=None, help="Redis URL: shared GCRA and per-second load metrics")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--log-level", default="warning")
+    for f in fields(RouterConfig):
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=None,
+            help=f"RouterConfig.{f.name} (default {f.default})",
+        )
+    args = p.parse_args(argv)
+    if args.control_plane and not args.key:
+        p.error("--control-plane needs --key (or $ROUTER_KEY)")
+    return args
+
+
+def build_config(args: argparse.Namespace) -> RouterConfig:
+    overrides = {
+        f.name: getattr(args, f.name) for f in fields(RouterConfig) if getattr(args, f.name) is not None
+    }
+    return replace(RouterConfig(), **overrides)
+
+
+async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
+    config = build_config(args)
+    host, _, port = args.listen.rpartition(":")
+    redis = None
+    limiter: Limiter = InProcessLimiter(asyncio.get_running_loop().time)
+    if args.redis:
+        from redis.asyncio import Redis
+
+        redis = Redis.from_url(args.redis, socket_timeout=0.5, socket_connect_timeout=0.5)
+        limiter = RedisLimiter(redis, fallback=InProcessLimiter(asyncio.get_running_loop().time))
+    router = Router(config, limiter=limiter, control_plane=args.control_plane, key=args.key, redis=redis)
+    discovery: Discovery
+    if args.backends:
+        table = static_table(
+            [b.strip() for b in args.backends.split(",") if b.strip()],
+            args.policy,
+            args.target_concurrency,
+            args.rate_limit_mu_per_min or None,
+        )
+        discovery = StaticDiscovery(table)
+    else:
+        from dataplane.router.upstream import fetch
+
+        discovery = ControlPlaneDiscovery(
+            args.control_plane, args.key, fetch, config.poll_interval_s, config.control_plane_timeout_s
+        )
+    await router.start(host, int(port), discovery, reuse_port=sock_reuse)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a SIGTERM that came early lands now
+    log.warning("router listening on %s (pid %d)", args.listen, os.getpid())
+    await stop.wait()
+    cut = await router.shutdown()
+    if redis is not None:
+        await redis.aclose()
+    log.warning("router drained (%d requests cut at the deadline)", cut)
+
+
+def tune_gc() -> None:
+    """Startup objects (modules, config) are never garbage: keep them out of every scan.
+
+    Raising the gen-0 threshold (50,000) showed no p99 gain we could measure on a shared 2-core
+    machine and let cyclic garbage pile up (RSS +260 KB per 40k requests until a late gen-2 pass),
+    so the thresholds stay at Python's defaults (RSS flat at ~36 MB over 200k requests)."""
+    gc.freeze()
+
+
+def run_worker(args: argparse.Namespace, reuse_port: bool) -> None:
+    tune_gc()
+    try:
+        import uvloop
+
+        uvloop.run(serve(args, reuse_port))
+    except ImportError:  # pragma: no cover - uvloop is a dependency; stay usable without it
+        asyncio.run(serve(args, reuse_port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    raise_nofile_limit()
+    # blocked until each process has its handlers: a SIGTERM during startup drains, not kills
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    if args.workers <= 1:
+        run_worker(args, reuse_port=False)
+        return 0
+    children = []
+    for _ in range(args.workers):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                run_worker(args, reuse_port=True)
+            finally:
+                os._exit(0)
+        children.append(pid)
+
+    def forward(signum: int, _frame: object) -> None:
+        for c in children:
+            try:
+                os.kill(c, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    status = 0
+    for c in children:
+        _, st = os.waitpid(c, 0)
+        status = status or os.waitstatus_to_exitcode(st)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

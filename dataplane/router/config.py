@@ -1,0 +1,69 @@
+"""Every timeout and limit of the router in one frozen dataclass, with defaults.
+
+The defaults suit a router in front of LLM pods: requests are small JSON bodies, responses may
+stream for minutes, and the router must shed load with a clear status rather than queue forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    # --- client side
+    header_read_timeout_s: float = 10.0  # first byte of a request -> end of its headers, s (else 408)
+    body_read_timeout_s: float = 30.0  # end of headers -> end of body, s (else 408)
+    idle_keepalive_s: float = 75.0  # an idle client keep-alive connection is closed after, s
+    max_header_bytes: int = 65_536  # request line + headers, bytes (else 431)
+    max_body_bytes: int = 4 * 1024 * 1024  # request body, bytes (else 413); 4 MiB ~ 1M-token prompt
+    max_pipelined_requests: int = 16  # parsed requests queued on one connection before pausing reads
+    # --- backpressure: a transport whose write buffer passes high_water pauses its peer's reads
+    write_high_water_bytes: int = 256 * 1024  # bytes buffered towards a slow reader before pausing
+    write_low_water_bytes: int = 64 * 1024  # bytes left in that buffer when reading resumes
+    # --- upstream (pods)
+    upstream_connect_timeout_s: float = 2.0  # TCP connect to a pod, s (then retry another pod)
+    upstream_read_timeout_s: float = 600.0  # longest silence from a pod mid-response, s (then 504/close)
+    upstream_idle_keepalive_s: float = 30.0  # pooled idle connection to a pod is closed after, s
+    max_idle_connections_per_pod: int = 512  # idle keep-alive connections kept per pod
+    max_attempts: int = 3  # pods tried for one request when connections fail before any byte
+    # --- admission and queueing
+    queue_wait_s: float = 2.0  # longest wait for a pod under its target concurrency, s (then 503)
+    max_queued_requests: int = 1024  # waiting requests per endpoint (beyond: 503 at once)
+    retry_after_s: int = 1  # Retry-After on 503 (queue full/timeout), s
+    default_max_tokens: int = 256  # output tokens priced when a request sets no max_tokens, tokens
+    gcra_burst_s: float = 10.0  # reservation burst tolerance: this many seconds of the rate, s
+    best_effort_window_s: float = 10.0  # window of the endpoint MU rate compared with capacity, s
+    probe_header: str = "x-probe"  # requests with this header set are health probes (never shed)
+    probe_priority: int = -1000  # a body "priority" at or below this also marks a probe
+    # --- sticky subsets
+    sticky_subset_size: int = 2  # pods per workload subset (0 = off); 2 = one spare pod per workload
+    sticky_hot_ratio: float = 0.5  # leave the subset when its best pod has > (1+ratio) x fleet mean MU
+    sticky_hot_abs_mu: float = 10.0  # ... plus this absolute margin, MU (ignores noise when idle)
+    # --- pod health
+    eject_after_failures: int = 3  # consecutive connect failures/5xx-before-bytes that eject a pod
+    eject_backoff_s: float = 1.0  # first probe after ejection, s; doubles per failed probe
+    eject_backoff_max_s: float = 30.0  # cap of that backoff, s
+    probe_timeout_s: float = 1.0  # GET /health on an ejected pod, s
+    # --- scale from zero
+    wake_deadline_s: float = 30.0  # longest hold of a request while an endpoint wakes, s (then 503)
+    wake_retry_s: float = 5.0  # repeat the wake call at most this often per endpoint, s
+    # --- discovery, metering, lifecycle
+    poll_interval_s: float = 2.0  # routing-table poll period in control-plane mode, s
+    control_plane_timeout_s: float = 5.0  # one control-plane request, s
+    metrics_ttl_s: int = 120  # TTL of per-second load keys in Redis, s
+    drain_timeout_s: float = 30.0  # graceful shutdown: wait this long for in-flight requests, s
+    backlog: int = 4096  # listen() backlog, connections
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and f.name != "probe_priority" and value < 0:
+                raise ValueError(f"RouterConfig.{f.name} must be >= 0, got {value!r}")
+        if self.write_low_water_bytes > self.write_high_water_bytes:
+            raise ValueError(
+                f"RouterConfig.write_low_water_bytes ({self.write_low_water_bytes}) must not exceed "
+                f"write_high_water_bytes ({self.write_high_water_bytes})"
+            )
+        if self.max_attempts < 1:
+            raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")

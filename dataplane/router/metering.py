@@ -1,0 +1,258 @@
+"""Metering: per endpoint and tenant, per second, aggregated in memory and flushed once a second.
+
+The hot path only increments counters on a ``Stats`` object (no I/O, no allocation beyond the
+first request of a key in a second). Once a second the server calls ``Meter.roll`` and, when
+``--redis`` is given, publishes the rows with one pipelined round trip for all keys.
+
+Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by default):
+
+    mu:load:{endpoint_id}:{unix_second}   hash, fields summed over all routers (HINCRBYFLOAT):
+        requests        requests finished in that second, count
+        inflight        time-averaged in-flight requests over the second, count
+        mu              MU consumed (exact from the response's usage, else the estimate), MU
+        tokens_in       prompt tokens (usage, else the estimate), tokens
+        tokens_out      generated tokens (usage, else SSE events counted), tokens
+        latency_ms_sum  sum of request latencies, ms (divide by requests for the mean)
+        errors          5xx answers and upstream failures, count
+        throttled       429 answers, count
+        mu:{tenant}     MU consumed by that tenant, MU (per-tenant accounting)
+
+Every router adds its share, so a key holds the fleet's totals for that second; with two
+routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
+
+GET /metrics renders the cumulative counters in Prometheus text format (per process: with
+``--workers N`` each worker has its own counters, and a scrape reaches one of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+Key = tuple[int, str]  # (endpoint id, tenant)
+
+
+class Stats:
+    __slots__ = (
+        "errors",
+        "inflight",
+        "inflight_integral",
+        "inflight_since",
+        "latency_buckets",
+        "latency_sum_s",
+        "mu",
+        "requests",
+        "throttled",
+        "tokens_in",
+        "tokens_out",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0  # finished, count
+        self.mu = 0.0  # MU
+        self.tokens_in = 0  # tokens
+        self.tokens_out = 0  # tokens
+        self.latency_sum_s = 0.0  # s
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)  # counts, last = +Inf
+        self.errors = 0  # count
+        self.throttled = 0  # 429s, count
+        self.inflight = 0  # now, count
+        self.inflight_integral = 0.0  # in-flight x seconds since the window began
+        self.inflight_since = 0.0  # monotonic s of the last change of inflight
+
+
+class Meter:
+    """Current-second stats and cumulative totals per (endpoint id, tenant)."""
+
+    def __init__(self, now: float) -> None:
+        self.window_start = now  # monotonic s
+        self.current: dict[Key, Stats] = {}
+        self.totals: dict[Key, Stats] = {}
+
+    def _stats(self, key: Key, now: float) -> Stats:
+        s = self.current.get(key)
+        if s is None:
+            s = self.current[key] = Stats()
+            s.inflight_since = now
+        return s
+
+    def _total(self, key: Key) -> Stats:
+        t = self.totals.get(key)
+        if t is None:
+            t = self.totals[key] = Stats()
+        return t
+
+    def start(self, key: Key, now: float) -> None:
+        s = self._stats(key, now)
+        s.inflight_integral += s.inflight * (now - s.inflight_since)
+        s.inflight_since = now
+        s.inflight += 1
+        self._total(key).inflight += 1
+
+    def finish(
+        self, key: Key, now: float, latency_s: float, mu: float, tokens_in: int, tokens_out: int, error: bool
+    ) -> None:
+        s = self._stats(key, now)
+        s.inflight_integral += s.inflight * (now - s.inflight_since)
+        s.inflight_since = now
+        s.inflight -= 1
+        for st in (s, self._total(key)):
+            st.requests += 1
+            st.mu += mu
+            st.tokens_in += tokens_in
+            st.tokens_out += tokens_out
+            st.latency_sum_s += latency_s
+            st.errors += error
+        t = self.totals[key]
+        t.inflight -= 1
+        i = 0
+        for bound in LATENCY_BUCKETS_S:
+            if latency_s <= bound:
+                break
+            i += 1
+        s.latency_buckets[i] += 1
+        t.latency_buckets[i] += 1
+
+    def reject(self, key: Key, now: float, status: int) -> None:
+        """A request answered without reaching a pod: 429 counts as throttled, 5xx as error."""
+        for st in (self._stats(key, now), self._total(key)):
+            if status == 429:
+                st.throttled += 1
+            elif status >= 500:
+                st.errors += 1
+
+    def roll(self, now: float) -> list[tuple[Key, dict[str, float]]]:
+        """Close the current window: one row per key with traffic; in-flight requests carry over.
+
+        In-flight 2 for the whole of a 1 s window -> inflight 2.0; 4 for half of it -> 2.0.
+        """
+        elapsed = max(now - self.window_start, 1e-9)
+        rows = []
+        carry: dict[Key, Stats] = {}
+        for key, s in self.current.items():
+            integral = s.inflight_integral + s.inflight * (now - s.inflight_since)
+            rows.append(
+                (
+                    key,
+                    {
+                        "requests": s.requests,
+                        "inflight": integral / elapsed,
+                        "mu": s.mu,
+                        "tokens_in": s.tokens_in,
+                        "tokens_out": s.tokens_out,
+                        "latency_ms_sum": s.latency_sum_s * 1000.0,
+                        "errors": s.errors,
+                        "throttled": s.throttled,
+                    },
+                )
+            )
+            if s.inflight:
+                c = carry[key] = Stats()
+                c.inflight = s.inflight
+                c.inflight_since = now
+        self.current = carry
+        self.window_start = now
+        return rows
+
+
+class RateWindow:
+    """MU admitted per second over the last ``seconds`` seconds, as a rate in MU/min.
+
+    seconds=10: 50 MU admitted in each of the last 10 s -> 500 MU / 10 s x 60 = 3000 MU/min.
+    """
+
+    __slots__ = ("buckets", "seconds", "slots")
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = max(1, seconds)
+        self.buckets = [0.0] * self.seconds
+        self.slots = [-1] * self.seconds  # which whole second each bucket holds
+
+    def add(self, now: float, mu: float) -> None:
+        sec = int(now)
+        i = sec % self.seconds
+        if self.slots[i] != sec:
+            self.slots[i] = sec
+            self.buckets[i] = 0.0
+        self.buckets[i] += mu
+
+    def rate_per_min(self, now: float) -> float:
+        sec = int(now)
+        total = 0.0
+        for i in range(self.seconds):
+            if sec - self.seconds < self.slots[i] <= sec:
+                total += self.buckets[i]
+        return total * 60.0 / self.seconds
+
+
+async def publish(
+    redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix_second: int, ttl_s: int
+) -> None:
+    """One pipelined round trip: HINCRBYFLOAT every field, EXPIRE every key."""
+    pipe = redis.pipeline(transaction=False)
+    keys = set()
+    for (endpoint_id, tenant), fields in rows:
+        key = f"mu:load:{endpoint_id}:{unix_second}"
+        keys.add(key)
+        for name, value in fields.items():
+            if value:
+                pipe.hincrbyfloat(key, name, value)
+        if fields["mu"]:
+            pipe.hincrbyfloat(key, f"mu:{tenant}", fields["mu"])
+    if not keys:
+        return
+    for key in keys:
+        pipe.expire(key, ttl_s)
+    await pipe.execute()
+
+
+def prometheus_text(
+    totals: dict[Key, Stats], names: dict[int, str], pods: Iterable[tuple[int, str, int, float, bool]]
+) -> str:
+    """Cumulative counters (# TYPE lines included); pods: (endpoint id, pod, req, mu, ejected)."""
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_: str) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+
+    def lbl(key: Key) -> str:
+        return f'endpoint="{names.get(key[0], key[0])}",endpoint_id="{key[0]}",tenant="{key[1]}"'
+
+    counters = (
+        ("router_requests_total", "requests", "finished requests"),
+        ("router_mu_total", "mu", "model units consumed"),
+        ("router_tokens_in_total", "tokens_in", "prompt tokens"),
+        ("router_tokens_out_total", "tokens_out", "generated tokens"),
+        ("router_errors_total", "errors", "5xx answers and upstream failures"),
+        ("router_throttled_total", "throttled", "429 answers"),
+    )
+    for metric, attr, help_ in counters:
+        family(metric, "counter", help_)
+        for key, s in sorted(totals.items()):
+            out.append(f"{metric}{{{lbl(key)}}} {getattr(s, attr)}")
+    family("router_inflight_requests", "gauge", "requests in flight")
+    for key, s in sorted(totals.items()):
+        out.append(f"router_inflight_requests{{{lbl(key)}}} {s.inflight}")
+    family("router_request_duration_seconds", "histogram", "request latency")
+    for key, s in sorted(totals.items()):
+        cum = 0
+        for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
+            cum += n
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            out.append(f'router_request_duration_seconds_bucket{{{lbl(key)},le="{le}"}} {cum}')
+        out.append(f"router_request_duration_seconds_sum{{{lbl(key)}}} {s.latency_sum_s}")
+        out.append(f"router_request_duration_seconds_count{{{lbl(key)}}} {s.requests}")
+    family("router_pod_inflight_requests", "gauge", "requests in flight per pod")
+    pod_rows = list(pods)
+    for ep, pod, req, _mu, _ej in pod_rows:
+        out.append(f'router_pod_inflight_requests{{endpoint_id="{ep}",pod="{pod}"}} {req}')
+    family("router_pod_inflight_mu", "gauge", "estimated MU in flight per pod")
+    for ep, pod, _req, mu, _ej in pod_rows:
+        out.append(f'router_pod_inflight_mu{{endpoint_id="{ep}",pod="{pod}"}} {mu}')
+    family("router_pod_ejected", "gauge", "1 while a pod is ejected")
+    for ep, pod, _req, _mu, ej in pod_rows:
+        out.append(f'router_pod_ejected{{endpoint_id="{ep}",pod="{pod}"}} {int(ej)}')
+    return "\n".join(out) + "\n"

@@ -1,0 +1,168 @@
+"""Helpers for router tests: start a router and fake pods on 127.0.0.1 inside ``asyncio.run``,
+and always clean them up; raw HTTP client calls with deadlines; the idle-counter assertion."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import socket
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from dataplane.router.config import RouterConfig
+from dataplane.router.discovery import StaticDiscovery, parse_routing_table, static_table
+from dataplane.router.server import Router
+from tests.router.fakepod import FakePod
+
+FAST = RouterConfig(
+    header_read_timeout_s=0.5,
+    body_read_timeout_s=0.5,
+    upstream_connect_timeout_s=0.5,
+    queue_wait_s=0.3,
+    wake_deadline_s=0.5,
+    wake_retry_s=0.1,
+    drain_timeout_s=1.0,
+    eject_backoff_s=0.05,
+    probe_timeout_s=0.5,
+)
+TENANT_KEY = "sk-acme-secret"
+OTHER_KEY = "sk-globex-secret"
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound and released; connections to it are refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
+
+
+def sha(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def table_doc(pods: Sequence[FakePod], version: str = "v1", **endpoint: Any) -> dict[str, Any]:
+    ep = {
+        "id": 1,
+        "tenant": "acme",
+        "name": "chat",
+        "model": "llama-3.1-70b-instruct",
+        "policy": "p2c-mu",
+        "alpha": 0.002,
+        "beta": 0.02,
+        "gamma": 0.1,
+        "mu_per_replica_minute": 100,
+        "target_concurrency_per_replica": 8,
+        "scale_to_zero_enabled": False,
+        "reservation": {"mu_per_minute": 800, "best_effort_allowed": True},
+        "pods": [{"name": p.name, "url": p.url, "ready": True} for p in pods],
+    }
+    ep.update(endpoint)
+    return {
+        "version": version,
+        "endpoints": [ep],
+        "api_keys": [
+            {"hash": sha(TENANT_KEY), "tenant": "acme"},
+            {"hash": sha(OTHER_KEY), "tenant": "globex"},
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def running(
+    pods: Sequence[FakePod] | int = 2, table: Any = None, config: RouterConfig = FAST, **router_kw: Any
+) -> AsyncIterator[tuple[Router, list[FakePod]]]:
+    """A router in front of fake pods (static table unless one is given); cleaned up on exit."""
+    fake = [await FakePod(f"pod-{i}").start() for i in range(pods)] if isinstance(pods, int) else list(pods)
+    router = Router(config, seed=1, **router_kw)
+    try:
+        if table is None:
+            table = static_table([p.url for p in fake], "p2c-mu", 0)
+        elif callable(table):
+            table = table(fake)
+        await router.start("127.0.0.1", 0, StaticDiscovery(table))
+        await asyncio.wait_for(router.table_loaded.wait(), 2)
+        yield router, fake
+    finally:
+        await router.shutdown(0.5)
+        for p in fake:
+            await p.stop()
+
+
+def cp_table(**endpoint: Any):
+    return lambda pods: parse_routing_table(table_doc(pods, **endpoint))
+
+
+async def call(
+    router: Router,
+    path: str = "/v1/completions",
+    body: Any = None,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    method: str = "POST",
+    timeout: float = 5.0,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection with our small client."""
+    from dataplane.router.upstream import fetch
+
+    h = dict(headers or {})
+    if key:
+        h["authorization"] = f"Bearer {key}"
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else b"")
+    if data:
+        h.setdefault("content-type", "application/json")
+    return await fetch(f"http://127.0.0.1:{router.port}{path}", method, h, data, timeout)
+
+
+def error_of(body: bytes) -> dict[str, Any]:
+    doc = json.loads(body)
+    assert set(doc["error"]) >= {"message", "type", "code"}
+    return doc["error"]
+
+
+async def assert_idle(router: Router, timeout: float = 2.0) -> None:
+    """Every in-flight counter back to zero (bounded wait for connection teardown)."""
+    for _ in range(int(timeout / 0.01)):
+        pods = [p for ep in router.endpoints.values() for p in ep.pods]
+        if (
+            router.state.active_requests == 0
+            and router.pool.active == 0
+            and all(p.inflight_requests == 0 and p.inflight_mu == 0 for p in pods)
+            and all(ep.inflight == 0 and ep.queued() == 0 for ep in router.endpoints.values())
+            and all(s.inflight == 0 for s in router.meter.totals.values())
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(
+        f"router not idle: active={router.state.active_requests} pool={router.pool.active} "
+        f"pods={[p for ep in router.endpoints.values() for p in ep.pods]}"
+    )
+
+
+def with_config(**kw: Any) -> RouterConfig:
+    return replace(FAST, **kw)
+
+
+async def wait_until(predicate: Any, timeout: float = 2.0, what: str = "the condition") -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail after ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def raw_post(
+    router: Router, body: bytes, limit: int = 2**16, extra: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST /v1/completions written by hand on a fresh connection (reader, writer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port, limit=limit)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s"
+        b"content-length: %d\r\n\r\n%s" % (extra, len(body), body)
+    )
+    return reader, writer

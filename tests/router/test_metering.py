@@ -1,0 +1,130 @@
+"""Per-second metering: time-averaged in-flight, the MU rate window, Prometheus text, Redis rows."""
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from dataplane.router.metering import Meter, RateWindow, prometheus_text, publish
+from tests.router.conftest import call, running
+
+KEY = (7, "acme")
+
+
+def test_roll_reports_time_averaged_inflight_and_sums():
+    m = Meter(now=100.0)
+    m.start(KEY, 100.0)
+    m.start(KEY, 100.0)  # 2 in flight for 0.5 s
+    m.finish(KEY, 100.5, 0.5, mu=1.5, tokens_in=10, tokens_out=20, error=False)  # 1 for 0.5 s
+    rows = m.roll(101.0)
+    assert rows == [
+        (
+            KEY,
+            {
+                "requests": 1,
+                "inflight": pytest.approx(1.5),
+                "mu": 1.5,
+                "tokens_in": 10,
+                "tokens_out": 20,
+                "latency_ms_sum": 500.0,
+                "errors": 0,
+                "throttled": 0,
+            },
+        )
+    ]
+    # the request still in flight carries into the next second: 1 for the whole of it
+    rows = m.roll(102.0)
+    assert rows[0][1]["inflight"] == pytest.approx(1.0) and rows[0][1]["requests"] == 0
+    m.finish(KEY, 102.2, 2.2, 1.0, 1, 1, True)
+    m.reject(KEY, 102.3, 429)
+    rows = m.roll(103.0)
+    assert rows[0][1]["inflight"] == pytest.approx(0.2) and rows[0][1]["errors"] == 1
+    assert rows[0][1]["throttled"] == 1
+    assert m.roll(104.0) == []  # idle keys leave the table
+    t = m.totals[KEY]
+    assert (t.requests, t.inflight, t.errors, t.throttled) == (2, 0, 1, 1)
+
+
+def test_rate_window_in_mu_per_minute():
+    w = RateWindow(10)
+    for s in range(10):
+        w.add(1000 + s + 0.5, 50.0)
+    assert w.rate_per_min(1009.9) == pytest.approx(3000.0)  # 500 MU / 10 s x 60
+    assert w.rate_per_min(1015.0) == pytest.approx(1200.0)  # seconds 1006-1009 remain: 200 MU
+    assert w.rate_per_min(1100.0) == 0.0
+
+
+def test_prometheus_text_has_counters_histogram_and_pod_gauges():
+    m = Meter(0.0)
+    m.start(KEY, 0.0)
+    m.finish(KEY, 0.03, 0.03, 2.0, 5, 6, False)
+    text = prometheus_text(m.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)])
+    assert 'router_requests_total{endpoint="chat",endpoint_id="7",tenant="acme"} 1' in text
+    labels = 'endpoint="chat",endpoint_id="7",tenant="acme"'
+    assert f'router_request_duration_seconds_bucket{{{labels},le="0.025"}} 0' in text
+    assert f'router_request_duration_seconds_bucket{{{labels},le="0.05"}} 1' in text
+    assert 'router_pod_inflight_mu{endpoint_id="7",pod="pod-0"} 2.5' in text
+    assert "# TYPE router_mu_total counter" in text
+
+
+def test_metrics_endpoint_of_a_running_router():
+    async def go():
+        async with running(1) as (router, _):
+            await call(router, body={"model": "m", "prompt": "hi"})
+            status, headers, body = await call(router, path="/metrics", method="GET")
+            assert status == 200 and headers["content-type"].startswith("text/plain")
+            assert b'router_requests_total{endpoint="*",endpoint_id="0",tenant=""} 1' in body
+
+    asyncio.run(go())
+
+
+def test_publish_to_redis_key_layout():
+    from redis.asyncio import Redis
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+    async def go():
+        redis = Redis.from_url(url, socket_timeout=2)
+        try:
+            await redis.ping()
+        except Exception as exc:  # pragma: no cover
+            await redis.aclose()
+            pytest.skip(f"no Redis at {url}: {exc}")
+        endpoint = int(uuid.uuid4().int % 10**9) + 10**9
+        try:
+            rows = [
+                (
+                    (endpoint, "acme"),
+                    {
+                        "requests": 3,
+                        "inflight": 1.5,
+                        "mu": 4.5,
+                        "tokens_in": 30,
+                        "tokens_out": 60,
+                        "latency_ms_sum": 90.0,
+                        "errors": 0,
+                        "throttled": 1,
+                    },
+                )
+            ]
+            await publish(redis, rows, 1_700_000_000, 120)
+            await publish(redis, rows, 1_700_000_000, 120)  # a second router adds its share
+            key = f"mu:load:{endpoint}:1700000000"
+            h = {k.decode(): float(v) for k, v in (await redis.hgetall(key)).items()}
+            assert h == {
+                "requests": 6,
+                "inflight": 3.0,
+                "mu": 9.0,
+                "tokens_in": 60,
+                "tokens_out": 120,
+                "latency_ms_sum": 180.0,
+                "throttled": 2,
+                "mu:acme": 9.0,
+            }
+            assert 0 < await redis.ttl(key) <= 120
+            await redis.delete(key)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(go())
