@@ -465,6 +465,10 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
         if flat >= 2:
             break
         concurrency *= 2
+    if capacity <= 0:
+        return ShapeResult(
+            *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
+        )
     for fraction in OPEN_LOOP_FRACTIONS:
         rate = capacity * fraction
         bound = max(4.0, rate * deadline * cfg.saturation_factor)
