@@ -15,27 +15,19 @@ max_tokens 256 -> 0.2 + 5.12 + 0.1 = 5.42 MU estimated; usage 90 in / 40 out -> 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-CHARS_PER_TOKEN = 4  # characters of English text per BPE token, rule of thumb
+# One price rule for the whole system: capacity.units (pure, no Django) defines it.
+from capacity.units import BYTES_PER_TOKEN as CHARS_PER_TOKEN
+from capacity.units import CostModel as Coefficients
+from capacity.units import estimate_tokens as chars_to_tokens
+
+__all__ = ["CHARS_PER_TOKEN", "Coefficients", "chars_to_tokens", "estimate_input_tokens", "price"]
 
 
-@dataclass(frozen=True)
-class Coefficients:
-    alpha: float  # MU per input (prompt) token
-    beta: float  # MU per output (generated) token
-    gamma: float  # MU per request (fixed overhead)
-
-
-def price(c: Coefficients, input_tokens: float, output_tokens: float) -> float:
+def price(c: Coefficients, input_tokens: int, output_tokens: int) -> float:
     """MU of one request; 0.002*100 + 0.02*256 + 0.1 = 5.42."""
-    return c.alpha * input_tokens + c.beta * output_tokens + c.gamma
-
-
-def chars_to_tokens(chars: int) -> int:
-    """401 characters -> 101 tokens (rounded up: a 1-char prompt is still one token)."""
-    return (chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return c.cost(input_tokens, output_tokens)
 
 
 def _content_chars(content: Any) -> int:
