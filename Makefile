@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run test test-vllm lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet clean
+.PHONY: install run test test-vllm lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ bench-autoscaler: install
 
 bench-runtime-fleet: install
 	$(BIN)/python bench/runtime_fleet.py
+
+# Needs wrk, haproxy and nginx-light from Debian (router_peers.sh installs them) and PyPI's vllm-router.
+bench-router: install
+	DURATION=5 ROUNDS=3 bash bench/router_peers.sh
+	bash bench/concurrency.sh
+	$(BIN)/python bench/balancing.py
+	$(BIN)/python bench/balancing_http.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm var .pytest_cache
