@@ -272,23 +272,26 @@ def ensure_capacity(
 def sell(endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: str) -> Reservation:
     """Sell (or change) the endpoint's reservation; Oversold leaves everything as it was.
 
-    Call inside transaction.atomic(): the pool lock is held until the caller commits.
+    Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
-    (pool,) = locked_pools([endpoint.pool_id])
-    current = Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
-    ensure_capacity(
-        pool,
-        shape=endpoint.profile.shape,
-        asked_mu_per_minute=mu_per_minute,
-        excluding_endpoint_id=endpoint.pk,
-        replacing_mu=current or 0,
-    )
-    reservation, _ = Reservation.objects.update_or_create(
-        endpoint=endpoint,
-        defaults={
-            "mu_per_minute": mu_per_minute,
-            "best_effort_allowed": best_effort_allowed,
-            "sold_by": sold_by,
-        },
-    )
+    with transaction.atomic():
+        (pool,) = locked_pools([endpoint.pool_id])
+        current = (
+            Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
+        )
+        ensure_capacity(
+            pool,
+            shape=endpoint.profile.shape,
+            asked_mu_per_minute=mu_per_minute,
+            excluding_endpoint_id=endpoint.pk,
+            replacing_mu=current or 0,
+        )
+        reservation, _ = Reservation.objects.update_or_create(
+            endpoint=endpoint,
+            defaults={
+                "mu_per_minute": mu_per_minute,
+                "best_effort_allowed": best_effort_allowed,
+                "sold_by": sold_by,
+            },
+        )
     return reservation

@@ -1,6 +1,8 @@
 """The routing table the routers pull: endpoints with their pricing, limits and pods, and keys.
 
-Its version is a hash of its content, so a router's `If-None-Match` gets 304 until something a
+A client names the endpoint in the request's `model` field; pods serve under that name (the
+cluster driver starts them with --served-model-name <endpoint>), so routers forward the body
+untouched. Its version is a hash of its content, so a router's `If-None-Match` gets 304 until something a
 router cares about changes, whatever changed it.
 """
 
