@@ -160,6 +160,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "capacity.tasks.record_capacity_snapshot",
         "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
     },
+    "collect-usage": {
+        "task": "capacity.tasks.collect_usage",
+        "schedule": envfloat("USAGE_COLLECT_INTERVAL_S", 10.0, minimum=1.0),
+    },
     "benchmark-due-profiles": {
         "task": "capacity.tasks.benchmark_due_profiles",
         "schedule": BENCHMARK_CHECK_INTERVAL_S,

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from capacity.models import sell
+from controlplane.endpoints.metering import collect_usage
 from controlplane.endpoints.models import Pod
 from controlplane.tenants.models import ApiKey
 from tests.runtime.support import free_port, sim_engine
@@ -91,6 +92,10 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
             rows = [metrics.hgetall(k) for k in metrics.keys(f"mu:load:{chat.pk}:*")]
             assert sum(float(r.get(b"requests", 0)) for r in rows) >= 1
             assert sum(float(r.get(b"mu", 0)) for r in rows) > 0
+            # ...and the control plane turns it into the endpoint's used MU/min (the ledger's USED).
+            assert collect_usage(metrics, time.time() + 1) == 1
+            chat.refresh_from_db()
+            assert chat.used_mu_per_minute > 0
         finally:
             router.terminate()
             router.wait(timeout=30)
