@@ -13,7 +13,7 @@ class EndpointFilterSet(django_filters.FilterSet):
     gpu_type = django_filters.CharFilter(field_name="pool__gpu_type__name")
     pool = django_filters.CharFilter(field_name="pool__name")
     tenant = django_filters.CharFilter(field_name="tenant__name")
-    state = django_filters.MultipleChoiceFilter(choices=Endpoint.State.choices)
+    state = django_filters.MultipleChoiceFilter(choices=Endpoint.State.choices, distinct=False)
     search = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
 
     class Meta:
@@ -48,8 +48,8 @@ class ReservationFilterSet(django_filters.FilterSet):
 
 class EventFilterSet(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__name")
-    kind = django_filters.MultipleChoiceFilter(choices=Event.Kind.choices)
-    severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices)
+    kind = django_filters.MultipleChoiceFilter(choices=Event.Kind.choices, distinct=False)
+    severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices, distinct=False)
     since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
     after = django_filters.NumberFilter(
