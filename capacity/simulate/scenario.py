@@ -1,0 +1,59 @@
+"""One simulation from names: a profile, a trace, a policy; the oracle and static peak sized from
+the trace. Pure. The CLI and the bench both go through `simulate`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from capacity.autoscaler import AutoscalerConfig
+from capacity.simulate.fleet import FleetConfig, Result, run
+from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
+from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, oracle_schedule
+from capacity.simulate.traces import Arrival
+from dataplane.runtime.perf_model import EngineProfile
+
+POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")
+
+
+def make_policy(
+    name: str,
+    schedule: Sequence[int],
+    fleet: FleetConfig,
+    apa_config: AutoscalerConfig,
+) -> Policy:
+    if name == "apa":
+        return Apa(MU_PER_REPLICA_MINUTE, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
+    if name == "hpa":
+        return Hpa()
+    if name == "kpa":
+        return Kpa()
+    if name == "oracle":
+        return Schedule(per_minute=tuple(schedule), lead_s=fleet.pod_start_s, name="oracle")
+    if name == "static-peak":
+        peak = max(schedule, default=1)
+        return Schedule(per_minute=(peak,), lead_s=0.0, name="static-peak")
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+def simulate(
+    profile: EngineProfile,
+    trace: Sequence[Arrival],
+    policy: str,
+    fleet: FleetConfig | None = None,
+    apa_config: AutoscalerConfig | None = None,
+    oracle_margin: float = 0.85,
+) -> Result:
+    """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
+    (static-peak at its peak), so the comparison is about following load, not cold start."""
+    if not trace:
+        raise ValueError("the trace is empty")
+    fleet = fleet or FleetConfig()
+    apa_config = apa_config or AutoscalerConfig()
+    schedule = oracle_schedule(profile, trace, margin=oracle_margin)
+    peak = max(schedule)
+    first = max(schedule[0], fleet.min_replicas, 1)
+    start = peak if policy == "static-peak" else first
+    fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
+    chosen = make_policy(policy, schedule, fleet, apa_config)
+    return run(profile, trace, chosen, fleet, static_peak_replicas=peak, slo_scale=apa_config.latency_slo_s)
