@@ -152,6 +152,8 @@ class Fleet:
         self.minute_replicas: dict[int, float] = {}
         self.latencies: list[float] = []
         self.next_policy = 0.0
+        self.measure_from = 0.0  # simulated seconds: before this is warm-up, not measured
+        self.warmup_policy: Policy | None = None  # scales the fleet during the warm-up
         for _ in range(config.initial_replicas):
             self._add(0.0, ready_at=0.0)
         self.desired = config.initial_replicas
@@ -178,7 +180,7 @@ class Fleet:
             del self.room_at[rep.name]
 
     def _scale_to(self, wanted: int, now: float) -> None:
-        if wanted != self.desired:
+        if wanted != self.desired and now >= self.measure_from:
             self.scale_events += 1
         self.desired = wanted
         active = [r for r in self.replicas if not r.draining]
@@ -199,16 +201,21 @@ class Fleet:
         for req in done:
             latency = req.finished_s - req.arrival_s
             ratio = latency / req.deadline_s
-            self.latencies.append(latency)
-            self.minute_ratios.setdefault(int(req.arrival_s // 60), []).append(ratio)
             self.meter.ratios.append(ratio)
+            if req.arrival_s >= self.measure_from:
+                self.latencies.append(latency)
+                self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(ratio)
         if done:
             self._update_room(rep, now)
 
+    def _minute(self, t: float) -> int:
+        return int((t - self.measure_from) // 60)
+
     def _reject(self, req: Request) -> None:
-        self.rejected += 1
         self.meter.errors += 1
-        self.minute_ratios.setdefault(int(req.arrival_s // 60), []).append(math.inf)
+        if req.arrival_s >= self.measure_from:
+            self.rejected += 1
+            self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(math.inf)
 
     def _pick(self, now: float) -> Replica | None:
         """Power of two choices on in-flight MU among replicas with room."""
@@ -257,7 +264,12 @@ class Fleet:
         while self.queue and self._dispatch(self.queue[0], now):
             self.queue.popleft()
         in_flight = len(self.queue) + sum(r.in_flight for r in self.replicas)
-        waiting = len(self.queue) + sum(len(r.waiting) for r in self.replicas)
+        # The engines' real queue only (no slot or no KV). The router's own queue is demand,
+        # counted in in_flight; fed to the vertical decider as "overload" it would ratchet the
+        # target down for ever (a smaller target makes a longer router queue). Requests that just
+        # arrived during a step are not a queue either: a 0.3 s prefill step of 8k tokens holds
+        # ~2 arrivals per replica at 8 QPS, over the decider's "1 waiting per replica".
+        waiting = sum(r.blocked() for r in self.replicas)
         m = self.meter
         m.samples += 1
         m.in_flight += in_flight
@@ -266,7 +278,7 @@ class Fleet:
         if counting:
             self.gpu_seconds += len(self.replicas) * cfg.gpus_per_replica * cfg.tick_s
             self.peak = max(self.peak, len(self.replicas))
-            minute = int((now - cfg.tick_s / 2) // 60)
+            minute = self._minute(now - cfg.tick_s / 2)
             self.minute_replicas[minute] = self.minute_replicas.get(minute, 0.0) + len(self.replicas)
         if now + 1e-9 >= math.ceil(now - 1e-9):  # a whole second: close the bucket
             self._close_bucket(now)
@@ -301,6 +313,9 @@ class Fleet:
     def _decide(self, now: float) -> None:
         ready = sum(1 for r in self.replicas if r.ready_at <= now and not r.draining)
         state = FleetState(self.desired, ready, self.target, self.config.min_replicas, self.config.max_replicas)
+        if now < self.measure_from and self.warmup_policy is not None:
+            self._scale_to(self.warmup_policy.decide(state, self.buckets, now), now)
+            return
         target = self.policy.concurrency(state, self.buckets, now)
         if target != self.target:
             self.target = target
@@ -319,12 +334,26 @@ def run(
     config: FleetConfig,
     static_peak_replicas: int,
     slo_scale: float = 10.0,
+    warmup_s: float = 0.0,
+    warmup_policy: Policy | None = None,
 ) -> Result:
-    """Replay `trace` through a fleet driven by `policy`; every number in Result is measured."""
+    """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.
+
+    With `warmup_s`, the trace's first `warmup_s` play once before it, unmeasured, scaled by
+    `warmup_policy` (the oracle), so that every policy takes over a fleet sized for the load with
+    the metering history a running deployment has (apa's decider, given 10 s of history, scales
+    a warm fleet of 18 down to 2: its 5-minute down window is not yet covered)."""
     batch = full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale
     duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0
+    measured = len(trace)
+    if warmup_s > 0:
+        prefix = [a for a in trace if a.time_s < warmup_s]
+        trace = prefix + [Arrival(a.time_s + warmup_s, a.prompt_tokens, a.output_tokens) for a in trace]
+    fleet.measure_from = warmup_s
+    fleet.warmup_policy = warmup_policy
+    duration += warmup_s
     tick = config.tick_s
     steps = 0
     i = 0
@@ -334,7 +363,7 @@ def run(
         while i < len(trace) and trace[i].time_s < now:
             fleet.arrive(trace[i], i)
             i += 1
-        fleet.tick(now, counting=now <= duration + 1e-9)
+        fleet.tick(now, counting=warmup_s < now <= duration + 1e-9)
         if now >= duration and i >= len(trace) and not fleet.has_work():
             break
         if now > duration + 4 * config.queue_timeout_s + 3600:
@@ -354,16 +383,17 @@ def run(
             MinuteStats(minute, len(ratios), p99, fleet.minute_replicas.get(minute, 0.0) / samples_per_minute)
         )
     gpu_hours = fleet.gpu_seconds / 3600.0
+    duration -= warmup_s
     return Result(
         policy=policy.name,
-        requests=len(trace),
+        requests=measured,
         duration_s=duration,
         gpu_hours=gpu_hours,
         static_peak_gpu_hours=static_peak_replicas * config.gpus_per_replica * duration / 3600.0,
         slo_attainment=1.0 - len(violating) / len(minutes) if minutes else 1.0,
         p99_latency_s=_p99(fleet.latencies),
         p99_slo_ratio=_p99(ratios_all),
-        rejected_fraction=fleet.rejected / len(trace) if trace else 0.0,
+        rejected_fraction=fleet.rejected / measured if measured else 0.0,
         scale_events=fleet.scale_events,
         mean_replicas=gpu_hours * 3600.0 / config.gpus_per_replica / duration if duration else 0.0,
         peak_replicas=fleet.peak,

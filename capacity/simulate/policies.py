@@ -209,20 +209,24 @@ class Schedule(Policy):
 
     per_minute: Sequence[int] = ()  # replicas each minute needs, from minute 0
     lead_s: float = 30.0  # the pod start time: minute m's replicas are asked for at 60 m - lead
+    offset_s: float = 0.0  # where minute 0 starts, seconds (after a warm-up replaying its start)
     name: str = "oracle"
 
     def __post_init__(self) -> None:
         self.tick_s = 1.0
 
+    def _minute(self, t: float) -> int:
+        """The schedule's minute at simulated time t; the warm-up replays the first minutes."""
+        at = t - self.offset_s if t >= self.offset_s else t
+        return min(int(at // 60), len(self.per_minute) - 1)
+
     def wanted(self, now: float) -> int:
         """The most of the minute now and the minute `lead_s` ahead (so pods are ready in time,
-        and the current minute keeps its replicas until it ends)."""
-        last = len(self.per_minute) - 1
-        if last < 0:
+        and the current minute keeps its replicas until it ends). Worked numbers: schedule
+        [3, 9], pod start 30 s -> 3 until 0:30, then 9 (ready at 1:00, when minute 1 starts)."""
+        if not self.per_minute:
             return 0
-        here = self.per_minute[min(int(now // 60), last)]
-        ahead = self.per_minute[min(int((now + self.lead_s) // 60), last)]
-        return max(here, ahead)
+        return max(self.per_minute[self._minute(now)], self.per_minute[self._minute(now + self.lead_s)])
 
     def decide(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:
         return self.clamp(state, self.wanted(now))

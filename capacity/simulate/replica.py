@@ -76,6 +76,20 @@ class Replica:
     def running(self) -> int:
         return len(self.prefilling) + len(self.decoding)
 
+    def blocked(self) -> int:
+        """Waiting requests the next step could not admit (no slot, or no KV for the head of line):
+        the engine's real queue. Those that merely arrived during the running step are not."""
+        p = self.profile
+        slots = p.max_num_seqs - self.running()
+        kv = self.kv_used_tokens
+        admissible = 0
+        for req in self.waiting:
+            if admissible >= slots or kv + req.kv_tokens > p.kv_capacity_tokens:
+                break
+            kv += req.kv_tokens
+            admissible += 1
+        return len(self.waiting) - admissible
+
     def kv_usage(self) -> float:
         return self.kv_used_tokens / self.profile.kv_capacity_tokens
 

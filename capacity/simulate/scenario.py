@@ -21,6 +21,7 @@ def make_policy(
     schedule: Sequence[int],
     fleet: FleetConfig,
     apa_config: AutoscalerConfig,
+    warmup_s: float = 0.0,
 ) -> Policy:
     if name == "apa":
         return Apa(MU_PER_REPLICA_MINUTE, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
@@ -29,7 +30,7 @@ def make_policy(
     if name == "kpa":
         return Kpa()
     if name == "oracle":
-        return Schedule(per_minute=tuple(schedule), lead_s=fleet.pod_start_s, name="oracle")
+        return Schedule(per_minute=tuple(schedule), lead_s=fleet.pod_start_s, offset_s=warmup_s, name="oracle")
     if name == "static-peak":
         peak = max(schedule, default=1)
         return Schedule(per_minute=(peak,), lead_s=0.0, name="static-peak")
@@ -43,9 +44,11 @@ def simulate(
     fleet: FleetConfig | None = None,
     apa_config: AutoscalerConfig | None = None,
     oracle_margin: float = 0.85,
+    warmup_s: float = 300.0,
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
-    (static-peak at its peak), so the comparison is about following load, not cold start."""
+    (static-peak at its peak) and with `warmup_s` of history (the trace's first minutes played
+    once before it, unmeasured, under the oracle), so the comparison is about following load, not cold start."""
     if not trace:
         raise ValueError("the trace is empty")
     fleet = fleet or FleetConfig()
@@ -55,5 +58,8 @@ def simulate(
     first = max(schedule[0], fleet.min_replicas, 1)
     start = peak if policy == "static-peak" else first
     fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
-    chosen = make_policy(policy, schedule, fleet, apa_config)
-    return run(profile, trace, chosen, fleet, static_peak_replicas=peak, slo_scale=apa_config.latency_slo_s)
+    chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s)
+    return run(
+        profile, trace, chosen, fleet, static_peak_replicas=peak, slo_scale=apa_config.latency_slo_s,
+        warmup_s=warmup_s, warmup_policy=make_policy("oracle", schedule, fleet, apa_config, warmup_s),
+    )
