@@ -45,7 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-replicas", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--oracle-margin", type=float, default=0.85)
-    parser.add_argument("--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio")
+    parser.add_argument(
+        "--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio"
+    )
     parser.add_argument("--minutes", action="store_true", help="add the per-minute series to --json")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -77,10 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, default=str))
         return 0
-    print(f"policy {result.policy} on {args.trace} ({result.requests} requests, {result.duration_s / 60:.0f} min)")
-    for key in ("gpu_hours", "static_peak_gpu_hours", "oracle_ratio", "static_peak_ratio", "slo_attainment",
-                "p99_latency_s", "p99_slo_ratio", "rejected_fraction", "scale_events", "mean_replicas",
-                "peak_replicas"):
+    minutes = result.duration_s / 60
+    print(f"policy {result.policy} on {args.trace} ({result.requests} requests, {minutes:.0f} min)")
+    for key in (
+        "gpu_hours",
+        "static_peak_gpu_hours",
+        "oracle_ratio",
+        "static_peak_ratio",
+        "slo_attainment",
+        "p99_latency_s",
+        "p99_slo_ratio",
+        "rejected_fraction",
+        "scale_events",
+        "mean_replicas",
+        "peak_replicas",
+    ):
         if key in out and out[key] is not None:
             value = out[key]
             print(f"  {key:22} {value:.4g}" if isinstance(value, float) else f"  {key:22} {value}")

@@ -69,7 +69,9 @@ class FleetConfig:
         ]
         for key, ok in checks:
             if not ok:
-                raise ValueError(f"fleet setting {key}={getattr(self, key)!r} is out of range (see FleetConfig)")
+                raise ValueError(
+                    f"fleet setting {key}={getattr(self, key)!r} is out of range (see FleetConfig)"
+                )
 
     def deadline_s(self, output_tokens: int) -> float:
         return self.slo_first_token_s + self.slo_per_output_token_s * output_tokens
@@ -240,7 +242,9 @@ class Fleet:
     def arrive(self, arrival: Arrival, seq: int) -> None:
         prompt, output = fit_shape(self.profile, arrival.prompt_tokens, arrival.output_tokens)
         now = arrival.time_s
-        req = Request(now, prompt, output, self.config.deadline_s(output), self.cost.cost(prompt, output), seq)
+        req = Request(
+            now, prompt, output, self.config.deadline_s(output), self.cost.cost(prompt, output), seq
+        )
         self.meter.requests += 1
         self.meter.mu += req.mu
         if not self.queue and self._dispatch(req, now):
@@ -312,7 +316,9 @@ class Fleet:
 
     def _decide(self, now: float) -> None:
         ready = sum(1 for r in self.replicas if r.ready_at <= now and not r.draining)
-        state = FleetState(self.desired, ready, self.target, self.config.min_replicas, self.config.max_replicas)
+        state = FleetState(
+            self.desired, ready, self.target, self.config.min_replicas, self.config.max_replicas
+        )
         if now < self.measure_from and self.warmup_policy is not None:
             self._scale_to(self.warmup_policy.decide(state, self.buckets, now), now)
             return

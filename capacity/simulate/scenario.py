@@ -30,7 +30,9 @@ def make_policy(
     if name == "kpa":
         return Kpa()
     if name == "oracle":
-        return Schedule(per_minute=tuple(schedule), lead_s=fleet.pod_start_s, offset_s=warmup_s, name="oracle")
+        return Schedule(
+            per_minute=tuple(schedule), lead_s=fleet.pod_start_s, offset_s=warmup_s, name="oracle"
+        )
     if name == "static-peak":
         peak = max(schedule, default=1)
         return Schedule(per_minute=(peak,), lead_s=0.0, name="static-peak")
@@ -48,7 +50,8 @@ def simulate(
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
     (static-peak at its peak) and with `warmup_s` of history (the trace's first minutes played
-    once before it, unmeasured, under the oracle), so the comparison is about following load, not cold start."""
+    once before it, unmeasured, under the oracle), so the comparison is about following load,
+    not a cold start."""
     if not trace:
         raise ValueError("the trace is empty")
     fleet = fleet or FleetConfig()
@@ -60,6 +63,12 @@ def simulate(
     fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
     chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s)
     return run(
-        profile, trace, chosen, fleet, static_peak_replicas=peak, slo_scale=apa_config.latency_slo_s,
-        warmup_s=warmup_s, warmup_policy=make_policy("oracle", schedule, fleet, apa_config, warmup_s),
+        profile,
+        trace,
+        chosen,
+        fleet,
+        static_peak_replicas=peak,
+        slo_scale=apa_config.latency_slo_s,
+        warmup_s=warmup_s,
+        warmup_policy=make_policy("oracle", schedule, fleet, apa_config, warmup_s),
     )

@@ -30,8 +30,8 @@ def full_batch(profile: EngineProfile, trace: Sequence[Arrival]) -> int:
     """The batch a busy replica runs for this trace's mean shape: slots and KV bound it."""
     if not trace:
         return profile.max_num_seqs
-    mean_kv = sum(fit_shape(profile, a.prompt_tokens, a.output_tokens)[0] + a.output_tokens for a in trace)
-    mean_kv = max(1.0, mean_kv / len(trace))
+    total = sum(sum(fit_shape(profile, a.prompt_tokens, a.output_tokens)) for a in trace)
+    mean_kv = max(1.0, total / len(trace))
     return max(1, min(profile.max_num_seqs, int(profile.kv_capacity_tokens // mean_kv)))
 
 

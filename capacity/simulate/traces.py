@@ -163,7 +163,9 @@ def bursty(seed: int, seconds: float = 3600.0, mean_qps: float = 20.0, bursts: i
     return from_rate(rate, seconds, seed)
 
 
-def steps(seed: int, seconds: float = 3600.0, low_qps: float = 10.0, high_qps: float = 200.0) -> list[Arrival]:
+def steps(
+    seed: int, seconds: float = 3600.0, low_qps: float = 10.0, high_qps: float = 200.0
+) -> list[Arrival]:
     """Step ramps: low, then up in four equal steps to high, then down again (eighths of the run)."""
     levels = [low_qps + (high_qps - low_qps) * k / 4 for k in (0, 1, 2, 3, 4, 3, 2, 0)]
 
@@ -174,8 +176,12 @@ def steps(seed: int, seconds: float = 3600.0, low_qps: float = 10.0, high_qps: f
 
 
 def ramp(
-    seed: int, before_s: float = 300.0, ramp_s: float = 60.0, hold_s: float = 300.0,
-    low_qps: float = 10.0, high_qps: float = 10_000.0,
+    seed: int,
+    before_s: float = 300.0,
+    ramp_s: float = 60.0,
+    hold_s: float = 300.0,
+    low_qps: float = 10.0,
+    high_qps: float = 10_000.0,
 ) -> list[Arrival]:
     """`low_qps` for `before_s`, linearly to `high_qps` over `ramp_s`, then `hold_s` at the top."""
 
