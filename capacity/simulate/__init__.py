@@ -8,9 +8,9 @@ that start after a pod start time and drain when removed.
 
     python -m capacity.simulate --trace /work/shared/data/azure-llm-2023-conv.csv --policy apa \\
         --amplify 20 --json
+
+Modules: `traces` (CSV load, amplify, time-scale, synthetic generators), `replica` (one
+engine), `sizing` (MU price and the oracle's schedule), `policies`, `fleet` (router + loop),
+`scenario` (`simulate(profile, trace, policy)`). Nothing is imported here, so that
+`python -m capacity.simulate.traces` runs its module once.
 """
-
-from capacity.simulate.fleet import FleetConfig, MinuteStats, Result, run
-from capacity.simulate.scenario import POLICIES, simulate
-
-__all__ = ["POLICIES", "FleetConfig", "MinuteStats", "Result", "run", "simulate"]

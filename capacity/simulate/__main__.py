@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-replicas", type=int, default=1, help="0 allows scale to zero")
     parser.add_argument("--max-replicas", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--oracle-margin", type=float, default=0.85)
+    parser.add_argument("--oracle-margin", type=float, default=0.9)
     parser.add_argument(
         "--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio"
     )

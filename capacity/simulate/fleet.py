@@ -166,7 +166,7 @@ class Fleet:
         rep = Replica(self.profile, self.next_name, ready_at=ready_at, started_at=now, clock=ready_at)
         self.next_name += 1
         self.replicas.append(rep)
-        self._update_room(rep, ready_at)
+        self._update_room(rep, now)
 
     def _update_room(self, rep: Replica, now: float) -> None:
         eligible = rep.ready_at <= now and not rep.draining and rep.in_flight < self.target
@@ -267,12 +267,16 @@ class Fleet:
             self._reject(self.queue.popleft())
         while self.queue and self._dispatch(self.queue[0], now):
             self.queue.popleft()
-        in_flight = len(self.queue) + sum(r.in_flight for r in self.replicas)
-        # The engines' real queue only (no slot or no KV). The router's own queue is demand,
-        # counted in in_flight; fed to the vertical decider as "overload" it would ratchet the
-        # target down for ever (a smaller target makes a longer router queue). Requests that just
-        # arrived during a step are not a queue either: a 0.3 s prefill step of 8k tokens holds
-        # ~2 arrivals per replica at 8 QPS, over the decider's "1 waiting per replica".
+        # As the Bucket says: requests at the replicas ("all replicas together"); the router's
+        # queue is a backlog, not concurrency (counted in, a 15x burst held 30 s for pods reads as
+        # 200+ replicas of need and the 5-minute down window keeps them).
+        in_flight = sum(r.in_flight for r in self.replicas)
+        # The engines' real queue only (no slot or no KV). The router's own queue is a backlog
+        # of demand (its MU is in mu_per_minute at arrival); fed to the vertical decider as
+        # "overload" it would ratchet the target down for ever (a smaller target makes a longer
+        # router queue). Requests that just arrived during a step are not a queue either: a
+        # 0.3 s prefill step of 8k tokens holds ~2 arrivals per replica at 8 QPS, over the
+        # decider's "1 waiting per replica".
         waiting = sum(r.blocked() for r in self.replicas)
         m = self.meter
         m.samples += 1

@@ -111,7 +111,7 @@ class Replica:
                 raise RuntimeError(f"replica {self.name}: request larger than the KV cache")
             step_s = p.step_base_s + p.decode_per_seq_s * len(self.decoding)
             owed = self.decoding[0][0] - self.decode_steps
-            steps = min(owed, max(1, math.ceil((t - self.clock) / step_s)))
+            steps = owed if t == math.inf else min(owed, max(1, math.ceil((t - self.clock) / step_s)))
             self.decode_steps += steps
             self.clock += steps * step_s
             self._pop_finished(done)

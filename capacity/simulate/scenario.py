@@ -9,7 +9,7 @@ from dataclasses import replace
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
-from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, oracle_schedule
+from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, oracle_schedule, slo_capacity_mu_per_s
 from capacity.simulate.traces import Arrival
 from dataplane.runtime.perf_model import EngineProfile
 
@@ -22,9 +22,10 @@ def make_policy(
     fleet: FleetConfig,
     apa_config: AutoscalerConfig,
     warmup_s: float = 0.0,
+    mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE,
 ) -> Policy:
     if name == "apa":
-        return Apa(MU_PER_REPLICA_MINUTE, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
+        return Apa(mu_per_replica_minute, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
     if name == "hpa":
         return Hpa()
     if name == "kpa":
@@ -45,7 +46,7 @@ def simulate(
     policy: str,
     fleet: FleetConfig | None = None,
     apa_config: AutoscalerConfig | None = None,
-    oracle_margin: float = 0.85,
+    oracle_margin: float = 0.9,
     warmup_s: float = 300.0,
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
@@ -56,12 +57,15 @@ def simulate(
         raise ValueError("the trace is empty")
     fleet = fleet or FleetConfig()
     apa_config = apa_config or AutoscalerConfig()
-    schedule = oracle_schedule(profile, trace, margin=oracle_margin)
+    # A replica's capacity at the SLO, as the capacity benchmark would publish it: apa's
+    # mu_per_replica_minute and the oracle's unit. hpa and kpa keep their own defaults.
+    capacity = slo_capacity_mu_per_s(profile, trace, fleet.slo_first_token_s, fleet.slo_per_output_token_s)
+    schedule = oracle_schedule(profile, trace, capacity, margin=oracle_margin)
     peak = max(schedule)
     first = max(schedule[0], fleet.min_replicas, 1)
     start = peak if policy == "static-peak" else first
     fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
-    chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s)
+    chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s, capacity * 60.0)
     return run(
         profile,
         trace,

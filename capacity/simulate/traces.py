@@ -7,7 +7,7 @@ the trace's first arrival. `amplify(trace, 10)` replays each arrival 10 times, j
 `time_scale(trace, 60)` compresses time: one hour in one minute, 60 x the rate.
 
 Synthetic traces (seeded), the same CSV: `diurnal` (a sine day with bursts: the peak minute is
-~10 x the mean minute), `bursty` (flat low load with tall bursts), `steps` (step ramps up and
+~10 x the mean minute), `bursty` (flat load with one-minute bursts, also ~10 x), `steps` (step ramps up and
 down) and `ramp` (10 QPS, then 10 -> 10,000 QPS linearly in 60 s, then hold):
 
     python -m capacity.simulate.traces --kind diurnal --seed 1 --out /tmp/diurnal.csv
@@ -137,28 +137,34 @@ def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> list
     return out
 
 
-def diurnal(seed: int, seconds: float = 3600.0, mean_qps: float = 20.0, bursts: int = 3) -> list[Arrival]:
-    """A day squeezed into `seconds` (sine, trough 0.2 x and crest 1.8 x the mean) with `bursts`
-    two-minute bursts at ~10 x the mean. Worked numbers: mean 20 QPS -> crest 36 QPS, bursts
-    ~200 QPS; per minute, peak / mean ~ 10 (bursts lift the mean only slightly)."""
-    rng = random.Random(seed)
-    starts = sorted(rng.uniform(0.1, 0.9) * seconds for _ in range(bursts))
+def _minute_starts(rng: random.Random, seconds: float, count: int) -> list[float]:
+    """`count` distinct whole minutes in the middle 80 % of the run, where bursts start."""
+    minutes = list(range(max(1, int(seconds * 0.1 / 60)), max(2, int(seconds * 0.9 / 60))))
+    return sorted(60.0 * m for m in rng.sample(minutes, min(count, len(minutes))))
+
+
+def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 2) -> list[Arrival]:
+    """A day squeezed into `seconds` (sine around `base_qps`: trough 0.2 x, crest 1.8 x) with
+    `bursts` one-minute bursts at 15 x base, aligned to minutes. Worked numbers, an hour: the
+    mean minute is base x (1 + 2 x 14 / 60) = 1.47 x base; the burst minutes 15 x base: per
+    minute, peak / mean = 15 / 1.47 = 10.2."""
+    starts = _minute_starts(random.Random(seed), seconds, bursts)
 
     def rate(t: float) -> float:
-        base = mean_qps * (1.0 - 0.8 * math.cos(2 * math.pi * t / seconds))
-        burst = any(s <= t < s + 120.0 for s in starts)
-        return 10.0 * mean_qps if burst else base
+        if any(s <= t < s + 60.0 for s in starts):
+            return 15.0 * base_qps
+        return base_qps * (1.0 - 0.8 * math.cos(2 * math.pi * t / seconds))
 
     return from_rate(rate, seconds, seed)
 
 
-def bursty(seed: int, seconds: float = 3600.0, mean_qps: float = 20.0, bursts: int = 4) -> list[Arrival]:
-    """Flat load at half the mean with `bursts` 90-second bursts at 10 x the mean."""
-    rng = random.Random(seed)
-    starts = sorted(rng.uniform(0.05, 0.95) * seconds for _ in range(bursts))
+def bursty(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 3) -> list[Arrival]:
+    """Flat `base_qps` with `bursts` one-minute bursts at 20 x base: per minute, peak / mean =
+    20 / (1 + 3 x 19 / 60) = 10.3 over an hour."""
+    starts = _minute_starts(random.Random(seed), seconds, bursts)
 
     def rate(t: float) -> float:
-        return 10.0 * mean_qps if any(s <= t < s + 90.0 for s in starts) else 0.5 * mean_qps
+        return 20.0 * base_qps if any(s <= t < s + 60.0 for s in starts) else base_qps
 
     return from_rate(rate, seconds, seed)
 
