@@ -222,8 +222,11 @@ class Fleet:
     def _pick(self, now: float) -> Replica | None:
         """Power of two choices on in-flight MU among replicas with room."""
         while self.room:
-            a = self.room[self.rng.randrange(len(self.room))]
-            b = self.room[self.rng.randrange(len(self.room))]
+            if len(self.room) == 1:
+                a = b = self.room[0]
+            else:
+                i, j = self.rng.sample(range(len(self.room)), 2)
+                a, b = self.room[i], self.room[j]
             for rep in (a, b) if a is not b else (a,):
                 self._finish(rep, rep.advance_to(now), now)
             best = a if a.in_flight_mu <= b.in_flight_mu else b

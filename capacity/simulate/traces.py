@@ -223,8 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kind", choices=sorted(KINDS), required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="CSV path to write")
+    parser.add_argument("--minutes", type=float, default=0, help="keep only the first N minutes")
     args = parser.parse_args(argv)
     trace = KINDS[args.kind](args.seed)
+    if args.minutes > 0:
+        trace = [a for a in trace if a.time_s < args.minutes * 60]
     save(trace, args.out)
     counts = per_minute_counts(trace)
     mean = sum(counts) / len(counts)
