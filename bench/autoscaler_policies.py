@@ -7,8 +7,8 @@ Traces (each played after a warm-up under the oracle, see capacity.simulate.scen
             ~215 QPS, a fleet of ~20 H100 replicas)
   diurnal   synthetic diurnal with two one-minute bursts, seed 1 (per-minute peak/mean ~10)
   steps     synthetic step ramps 10 -> 200 -> 10 QPS over 30 min, seed 1
-  ramp10k   10 QPS for 2 min, 10 -> 10,000 QPS in 60 s, hold 60 s; pods start in 30 s
-            (shortened from the issue's 5-minute hold to keep the bench near 5 minutes of CPU)
+  ramp10k   10 QPS for 2 min, 10 -> 10,000 QPS in 60 s, hold 3 min; pods start in 30 s
+            (the issue asks a 5-minute hold; 3 keeps the bench near 5 minutes of CPU)
   held-out  synthetic bursty, seed 7: never used while tuning anything
 Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
 p99 latency/deadline <= 1), p99 end-to-end latency, rejected share, scale events, minutes
@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import POLICIES, simulate
@@ -29,6 +30,12 @@ from dataplane.runtime.profiles import get_profile
 
 AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
 RAMP_BEFORE_S = 120.0
+# Sensitivity rows (--variants): apa with one setting changed, to show what each default costs.
+VARIANTS = {
+    "apa-u80": {"target_utilisation": 0.8},
+    "apa-down120": {"scale_down_window_s": 120.0},
+    "apa-up10": {"scale_up_window_s": 10.0},
+}
 
 
 def load_traces(quick: bool) -> dict[str, tuple[list[traces.Arrival], float]]:
@@ -40,7 +47,7 @@ def load_traces(quick: bool) -> dict[str, tuple[list[traces.Arrival], float]]:
     out["diurnal"] = (traces.diurnal(1, seconds=1800.0, base_qps=30.0), 300.0)
     out["steps"] = (traces.steps(1, seconds=1800.0), 300.0)
     high = 1_000.0 if quick else 10_000.0
-    out["ramp10k"] = (traces.ramp(1, before_s=RAMP_BEFORE_S, ramp_s=60.0, hold_s=60.0, high_qps=high), 120.0)
+    out["ramp10k"] = (traces.ramp(1, before_s=RAMP_BEFORE_S, ramp_s=60.0, hold_s=180.0, high_qps=high), 120.0)
     out["held-out"] = (traces.bursty(7, seconds=1800.0, base_qps=30.0), 300.0)
     return out
 
@@ -50,6 +57,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller amplification and ramp (~1 min)")
     parser.add_argument("--only", help="one trace")
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--variants", action="store_true", help="add apa rows with one setting changed")
     args = parser.parse_args()
     profile = get_profile("h100-llama-8b")
     fleet = FleetConfig(pod_start_s=30.0)
@@ -62,10 +70,13 @@ def main() -> int:
         if args.only and name != args.only:
             continue
         results = {}
-        for policy in args.policies.split(","):
+        policies = args.policies.split(",") + (list(VARIANTS) if args.variants else [])
+        for policy in policies:
             started = time.process_time()
+            apa = AutoscalerConfig.from_overrides(VARIANTS.get(policy, {}))
+            base = "apa" if policy in VARIANTS else policy
             results[policy] = (
-                simulate(profile, trace, policy, fleet, warmup_s=warmup),
+                simulate(profile, trace, base, fleet, apa, warmup_s=warmup),
                 time.process_time() - started,
             )
         oracle = results.get("oracle")

@@ -7,7 +7,8 @@ for replicas (and the per-replica concurrency limit). Arrivals between ticks are
 own time: power of two choices on in-flight MU among the ready replicas under their concurrency
 limit (the two candidates are advanced to the arrival first, so their counts are exact). With
 no replica under its limit a request waits in the router's bounded FIFO queue; one that waits
-longer than `queue_timeout_s`, or finds the queue full, is rejected (HTTP 503). A scaled-to-
+longer than `queue_timeout_s`, or finds the queue full, is rejected (HTTP 503); so is one
+that waits as long in an engine's queue without being admitted (its client gave up). A scaled-to-
 zero endpoint holds requests the same way until a pod is ready.
 
 New replicas become ready `pod_start_s` after they are asked for (GPU time counts from the
@@ -263,6 +264,8 @@ class Fleet:
         cfg = self.config
         for rep in self.replicas:
             self._finish(rep, rep.advance_to(now), now)
+            for req in rep.expire(now - cfg.queue_timeout_s):  # the same patience in an engine queue
+                self._reject(req)
             if rep.ready_at <= now and rep.name not in self.room_at:
                 self._update_room(rep, now)
         self.replicas = [r for r in self.replicas if not (r.draining and not r.has_work())]

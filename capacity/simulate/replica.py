@@ -76,6 +76,17 @@ class Replica:
     def running(self) -> int:
         return len(self.prefilling) + len(self.decoding)
 
+    def expire(self, arrived_before: float) -> list[Request]:
+        """Drop waiting requests that arrived before this time (their client gave up; vLLM aborts
+        a request whose connection closes). FIFO: the head is the oldest."""
+        gone: list[Request] = []
+        while self.waiting and self.waiting[0].arrival_s < arrived_before:
+            req = self.waiting.popleft()
+            self.in_flight -= 1
+            self.in_flight_mu -= req.mu
+            gone.append(req)
+        return gone
+
     def blocked(self) -> int:
         """Waiting requests the next step could not admit (no slot, or no KV for the head of line):
         the engine's real queue. Those that merely arrived during the running step are not."""

@@ -14,6 +14,12 @@ from capacity.simulate.traces import Arrival
 from dataplane.runtime.perf_model import EngineProfile
 
 POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")
+# Kubernetes Services and Knative (default containerConcurrency 0) put no limit on a pod's
+# concurrency: under hpa and kpa the router still balances, but every request goes to a pod and
+# queues in its engine, where their in-flight metric sees it. apa and the schedules run with the
+# router's per-replica limit (the engine's full batch, or the vertical decider's target).
+UNLIMITED = ("hpa", "kpa")
+NO_LIMIT = 1_000_000
 
 
 def make_policy(
@@ -65,6 +71,8 @@ def simulate(
     first = max(schedule[0], fleet.min_replicas, 1)
     start = peak if policy == "static-peak" else first
     fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
+    if policy in UNLIMITED and not fleet.target_concurrency:
+        fleet = replace(fleet, target_concurrency=NO_LIMIT)
     chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s, capacity * 60.0)
     return run(
         profile,
