@@ -71,21 +71,21 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
             groups.setdefault(math.ceil(b.end / seconds - 1e-9), []).append(b)
     out = []
     for key in sorted(groups):
-        g = groups[key]
-        covered = sum(b.seconds for b in g)
-        p99 = [b.p99_latency_s for b in g if b.p99_latency_s is not None]
-        kv = [b.kv_cache_usage for b in g if b.kv_cache_usage is not None]
+        end = key * seconds
+        load = aggregate(groups[key], end, seconds)  # the autoscaler's own averaging
+        if load is None:
+            continue
         out.append(
             Bucket(
-                end=key * seconds,
-                seconds=covered,
-                in_flight=sum(b.in_flight * b.seconds for b in g) / covered,
-                mu_per_minute=sum(b.mu_per_minute * b.seconds for b in g) / covered,
-                requests=sum(b.requests for b in g),
-                queue_depth=max(b.queue_depth for b in g),
-                p99_latency_s=max(p99) if p99 else None,
-                kv_cache_usage=max(kv) if kv else None,
-                errors=sum(b.errors for b in g),
+                end=end,
+                seconds=load.coverage * seconds,
+                in_flight=load.in_flight,
+                mu_per_minute=load.mu_per_minute,
+                requests=load.requests,
+                queue_depth=load.queue_depth,
+                p99_latency_s=load.p99_latency_s,
+                kv_cache_usage=load.kv_cache_usage,
+                errors=load.errors,
             )
         )
     return out
