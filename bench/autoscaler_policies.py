@@ -1,0 +1,101 @@
+"""Scaling policies against each other in the fleet simulator: GPU-hours vs SLO attainment.
+
+    .venv/bin/python bench/autoscaler_policies.py [--quick] [--only NAME]
+
+Traces (each played after a warm-up under the oracle, see capacity.simulate.scenario):
+  azure     the shared Azure conversation hour, amplified 20x and time-scaled 2x (30 min,
+            ~215 QPS, a fleet of ~20 H100 replicas)
+  diurnal   synthetic diurnal with two one-minute bursts, seed 1 (per-minute peak/mean ~10)
+  steps     synthetic step ramps 10 -> 200 -> 10 QPS over 30 min, seed 1
+  ramp10k   10 QPS for 2 min, 10 -> 10,000 QPS in 60 s, hold 3 min; pods start in 30 s
+            (the issue asks a 5-minute hold; 3 keeps the bench near 5 minutes of CPU)
+  held-out  synthetic bursty, seed 7: never used while tuning anything
+Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
+p99 latency/deadline <= 1), p99 end-to-end latency, rejected share, scale events, minutes
+violating the SLO from the ramp's start (ramp10k only), and the CPU seconds of the run.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from capacity.autoscaler import AutoscalerConfig
+from capacity.simulate import traces
+from capacity.simulate.fleet import FleetConfig
+from capacity.simulate.scenario import POLICIES, simulate
+from dataplane.runtime.profiles import get_profile
+
+AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
+RAMP_BEFORE_S = 120.0
+# Sensitivity rows (--variants): apa with one setting changed, to show what each default costs.
+VARIANTS = {
+    "apa-u80": {"target_utilisation": 0.8},
+    "apa-down120": {"scale_down_window_s": 120.0},
+    "apa-up10": {"scale_up_window_s": 10.0},
+}
+
+
+def load_traces(quick: bool) -> dict[str, tuple[list[traces.Arrival], float]]:
+    """name -> (trace, warm-up seconds)."""
+    out = {}
+    if Path(AZURE).exists():
+        azure = traces.amplify(traces.time_scale(traces.load(AZURE), 2.0), 10.0 if quick else 20.0)
+        out["azure"] = (azure, 300.0)
+    out["diurnal"] = (traces.diurnal(1, seconds=1800.0, base_qps=30.0), 300.0)
+    out["steps"] = (traces.steps(1, seconds=1800.0), 300.0)
+    high = 1_000.0 if quick else 10_000.0
+    out["ramp10k"] = (traces.ramp(1, before_s=RAMP_BEFORE_S, ramp_s=60.0, hold_s=180.0, high_qps=high), 120.0)
+    out["held-out"] = (traces.bursty(7, seconds=1800.0, base_qps=30.0), 300.0)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller amplification and ramp (~1 min)")
+    parser.add_argument("--only", help="one trace")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--variants", action="store_true", help="add apa rows with one setting changed")
+    args = parser.parse_args()
+    profile = get_profile("h100-llama-8b")
+    fleet = FleetConfig(pod_start_s=30.0)
+    header = (
+        f"{'trace':9} {'policy':11} {'gpu_h':>8} {'x_oracle':>8} {'x_static':>8} {'slo_att':>7} "
+        f"{'p99_s':>6} {'reject':>6} {'events':>6} {'viol_ramp':>9} {'cpu_s':>6}"
+    )
+    print(header)
+    for name, (trace, warmup) in load_traces(args.quick).items():
+        if args.only and name != args.only:
+            continue
+        results = {}
+        policies = args.policies.split(",") + (list(VARIANTS) if args.variants else [])
+        for policy in policies:
+            started = time.process_time()
+            apa = AutoscalerConfig.from_overrides(VARIANTS.get(policy, {}))
+            base = "apa" if policy in VARIANTS else policy
+            results[policy] = (
+                simulate(profile, trace, base, fleet, apa, warmup_s=warmup),
+                time.process_time() - started,
+            )
+        oracle = results.get("oracle")
+        for policy, (r, cpu) in results.items():
+            x_oracle = f"{r.gpu_hours / oracle[0].gpu_hours:8.2f}" if oracle else f"{'-':>8}"
+            ramp_minute = int(RAMP_BEFORE_S // 60)
+            viol = (
+                f"{sum(1 for m in r.violating_minutes if m >= ramp_minute):9d}"
+                if name == "ramp10k"
+                else f"{'-':>9}"
+            )
+            x_static = r.gpu_hours / r.static_peak_gpu_hours
+            print(
+                f"{name:9} {policy:11} {r.gpu_hours:8.2f} {x_oracle} {x_static:8.2f} {r.slo_attainment:7.3f} "
+                f"{r.p99_latency_s:6.1f} {r.rejected_fraction:6.3f} {r.scale_events:6d} {viol} {cpu:6.1f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

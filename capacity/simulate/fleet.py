@@ -1,0 +1,421 @@
+"""The fleet: a router, replicas that start, serve and drain, and a policy in the loop. Pure.
+
+Simulated time only. Every `tick_s` (0.5 s) the fleet advances every replica to the tick
+(`replica.Replica.advance_to`), dispatches the router's queue, meters one sample into the
+current 1-second `Bucket`, integrates GPU time, and, on each policy's cadence, asks the policy
+for replicas (and the per-replica concurrency limit). Arrivals between ticks are routed at their
+own time: power of two choices on in-flight MU among the ready replicas under their concurrency
+limit (the two candidates are advanced to the arrival first, so their counts are exact). With
+no replica under its limit a request waits in the router's bounded FIFO queue; one that waits
+longer than `queue_timeout_s`, or finds the queue full, is rejected (HTTP 503); so is one
+that waits as long in an engine's queue without being admitted (its client gave up). A scaled-to-
+zero endpoint holds requests the same way until a pod is ready.
+
+New replicas become ready `pod_start_s` after they are asked for (GPU time counts from the
+ask); a removed replica first cancels a starting one, else the ready one with the fewest
+requests drains: no new requests, gone once empty (GPU time counts until then).
+
+The SLO is the benchmark's (`capacity.benchmark.Slo`): a deadline of first_token_s +
+per_output_token_s x output tokens per request (5 + 0.1 x 211 = 26.1 s for the trace's mean
+answer). A minute (by arrival) meets the SLO when the p99 of latency / deadline over its
+requests is <= 1, a rejected request counting as infinitely late.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from capacity.autoscaler import Bucket
+from capacity.simulate.policies import FleetState, Policy
+from capacity.simulate.replica import Replica, Request
+from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, cost_model_for, fit_shape, full_batch
+from capacity.simulate.traces import Arrival
+from dataplane.runtime.perf_model import EngineProfile
+
+BUCKET_S = 1.0  # the router's metering resolution, seconds
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    pod_start_s: float = 30.0  # ask -> ready, seconds (image pull, model load); >= 0
+    gpus_per_replica: int = 1  # GPUs one replica holds; >= 1
+    tick_s: float = 0.5  # how often every replica is advanced and metered, seconds; (0, 1]
+    queue_limit: int = 100_000  # most requests waiting at the router; >= 0
+    queue_timeout_s: float = 60.0  # a request waiting longer is rejected, seconds; > 0
+    slo_first_token_s: float = 5.0  # deadline = this + per-token x output tokens, seconds; > 0
+    slo_per_output_token_s: float = 0.1  # seconds per output token; > 0
+    min_replicas: int = 1  # 0 allows scale to zero; >= 0
+    max_replicas: int = 5000  # >= max(1, min_replicas)
+    initial_replicas: int = 1  # ready at time 0 (a warm start); within [min, max]
+    target_concurrency: int = 0  # router limit per replica at start; 0: the profile's full batch
+    seed: int = 0  # the router's random choices
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("pod_start_s", self.pod_start_s >= 0),
+            ("gpus_per_replica", self.gpus_per_replica >= 1),
+            ("tick_s", 0 < self.tick_s <= BUCKET_S),
+            ("queue_limit", self.queue_limit >= 0),
+            ("queue_timeout_s", self.queue_timeout_s > 0),
+            ("slo_first_token_s", self.slo_first_token_s > 0),
+            ("slo_per_output_token_s", self.slo_per_output_token_s > 0),
+            ("min_replicas", self.min_replicas >= 0),
+            ("max_replicas", self.max_replicas >= max(1, self.min_replicas)),
+            ("initial_replicas", self.min_replicas <= self.initial_replicas <= self.max_replicas),
+            ("target_concurrency", self.target_concurrency >= 0),
+        ]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(
+                    f"fleet setting {key}={getattr(self, key)!r} is out of range (see FleetConfig)"
+                )
+
+    def deadline_s(self, output_tokens: int) -> float:
+        return self.slo_first_token_s + self.slo_per_output_token_s * output_tokens
+
+
+@dataclass(frozen=True)
+class MinuteStats:
+    minute: int  # minutes since the trace's start
+    requests: int  # arrivals in the minute
+    p99_slo_ratio: float  # p99 of latency / deadline (inf when >1 % were rejected)
+    replicas: float  # mean replicas provisioned (starting, ready, draining)
+
+
+@dataclass(frozen=True)
+class Result:
+    policy: str
+    requests: int  # arrivals replayed
+    duration_s: float  # simulated seconds of the trace (GPU time is counted over this)
+    gpu_hours: float  # provisioned replicas x GPUs, integrated over the trace, hours
+    static_peak_gpu_hours: float  # the peak minute's replicas all the time, hours
+    slo_attainment: float  # share of minutes with traffic whose p99 latency / deadline <= 1
+    p99_latency_s: float  # end to end, completed requests, seconds
+    p99_slo_ratio: float  # p99 of latency / deadline over all requests (rejected: inf)
+    rejected_fraction: float  # share of arrivals rejected by the router
+    scale_events: int  # changes of the desired replica count
+    mean_replicas: float
+    peak_replicas: int  # most replicas provisioned at once
+    violating_minutes: tuple[int, ...]  # minutes whose p99 missed the SLO
+    minutes: tuple[MinuteStats, ...]
+
+
+@dataclass
+class _Meter:
+    """One bucket's running sums."""
+
+    samples: int = 0
+    in_flight: float = 0.0
+    mu: float = 0.0
+    requests: int = 0
+    queue_depth: int = 0
+    kv: float = 0.0
+    errors: int = 0
+    ratios: list[float] = field(default_factory=list)
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    values.sort()
+    return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
+
+
+class Fleet:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        policy: Policy,
+        config: FleetConfig,
+        batch: int,
+        static_peak_replicas: int,
+    ) -> None:
+        self.profile, self.policy, self.config = profile, policy, config
+        self.cost = cost_model_for(profile, batch)
+        self.target = config.target_concurrency or batch
+        self.static_peak_replicas = static_peak_replicas
+        self.rng = random.Random(config.seed)
+        self.replicas: list[Replica] = []  # every provisioned replica, draining included
+        self.room: list[Replica] = []  # ready, not draining, under the limit
+        self.room_at: dict[int, int] = {}  # replica name -> index in room
+        self.queue: deque[Request] = deque()
+        self.next_name = 0
+        self.desired = 0
+        self.scale_events = 0
+        self.buckets: deque[Bucket] = deque()
+        self.meter = _Meter()
+        self.gpu_seconds = 0.0
+        self.peak = 0
+        self.rejected = 0
+        self.minute_ratios: dict[int, list[float]] = {}
+        self.minute_replicas: dict[int, float] = {}
+        self.latencies: list[float] = []
+        self.next_policy = 0.0
+        self.measure_from = 0.0  # simulated seconds: before this is warm-up, not measured
+        self.warmup_policy: Policy | None = None  # scales the fleet during the warm-up
+        for _ in range(config.initial_replicas):
+            self._add(0.0, ready_at=0.0)
+        self.desired = config.initial_replicas
+
+    # --- replicas ---------------------------------------------------------------------------
+
+    def _add(self, now: float, ready_at: float) -> None:
+        rep = Replica(self.profile, self.next_name, ready_at=ready_at, started_at=now, clock=ready_at)
+        self.next_name += 1
+        self.replicas.append(rep)
+        self._update_room(rep, now)
+
+    def _update_room(self, rep: Replica, now: float) -> None:
+        eligible = rep.ready_at <= now and not rep.draining and rep.in_flight < self.target
+        at = self.room_at.get(rep.name)
+        if eligible and at is None:
+            self.room_at[rep.name] = len(self.room)
+            self.room.append(rep)
+        elif not eligible and at is not None:
+            last = self.room.pop()
+            if last is not rep:
+                self.room[at] = last
+                self.room_at[last.name] = at
+            del self.room_at[rep.name]
+
+    def _scale_to(self, wanted: int, now: float) -> None:
+        if wanted != self.desired and now >= self.measure_from:
+            self.scale_events += 1
+        self.desired = wanted
+        active = [r for r in self.replicas if not r.draining]
+        for _ in range(wanted - len(active)):
+            self._add(now, ready_at=now + self.config.pod_start_s)
+        excess = len(active) - wanted
+        if excess > 0:
+            # Cancel the newest starting pods first, then drain the least busy ready ones.
+            order = sorted(active, key=lambda r: (r.ready_at <= now, r.in_flight, -r.started_at))
+            for rep in order[:excess]:
+                rep.draining = True
+                self._update_room(rep, now)
+            self.replicas = [r for r in self.replicas if not (r.draining and not r.has_work())]
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _finish(self, rep: Replica, done: list[Request], now: float) -> None:
+        for req in done:
+            latency = req.finished_s - req.arrival_s
+            ratio = latency / req.deadline_s
+            self.meter.ratios.append(ratio)
+            if req.arrival_s >= self.measure_from:
+                self.latencies.append(latency)
+                self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(ratio)
+        if done:
+            self._update_room(rep, now)
+
+    def _minute(self, t: float) -> int:
+        return int((t - self.measure_from) // 60)
+
+    def _reject(self, req: Request) -> None:
+        self.meter.errors += 1
+        if req.arrival_s >= self.measure_from:
+            self.rejected += 1
+            self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(math.inf)
+
+    def _pick(self, now: float) -> Replica | None:
+        """Power of two choices on in-flight MU among replicas with room."""
+        while self.room:
+            if len(self.room) == 1:
+                a = b = self.room[0]
+            else:
+                i, j = self.rng.sample(range(len(self.room)), 2)
+                a, b = self.room[i], self.room[j]
+            for rep in (a, b) if a is not b else (a,):
+                self._finish(rep, rep.advance_to(now), now)
+            best = a if a.in_flight_mu <= b.in_flight_mu else b
+            if best.name in self.room_at:
+                return best
+        return None
+
+    def _dispatch(self, req: Request, now: float) -> bool:
+        rep = self._pick(now)
+        if rep is None:
+            return False
+        rep.submit(req, now)
+        self._update_room(rep, now)
+        return True
+
+    def arrive(self, arrival: Arrival, seq: int) -> None:
+        prompt, output = fit_shape(self.profile, arrival.prompt_tokens, arrival.output_tokens)
+        now = arrival.time_s
+        req = Request(
+            now, prompt, output, self.config.deadline_s(output), self.cost.cost(prompt, output), seq
+        )
+        self.meter.requests += 1
+        self.meter.mu += req.mu
+        if not self.queue and self._dispatch(req, now):
+            return
+        if len(self.queue) >= self.config.queue_limit:
+            self._reject(req)
+        else:
+            self.queue.append(req)
+
+    # --- the clock --------------------------------------------------------------------------
+
+    def tick(self, now: float, counting: bool) -> None:
+        cfg = self.config
+        for rep in self.replicas:
+            self._finish(rep, rep.advance_to(now), now)
+            for req in rep.expire(now - cfg.queue_timeout_s):  # the same patience in an engine queue
+                self._reject(req)
+            if rep.ready_at <= now and rep.name not in self.room_at:
+                self._update_room(rep, now)
+        self.replicas = [r for r in self.replicas if not (r.draining and not r.has_work())]
+        while self.queue and self.queue[0].arrival_s < now - cfg.queue_timeout_s:
+            self._reject(self.queue.popleft())
+        while self.queue and self._dispatch(self.queue[0], now):
+            self.queue.popleft()
+        # As the Bucket says: requests at the replicas ("all replicas together"); the router's
+        # queue is a backlog, not concurrency (counted in, a 15x burst held 30 s for pods reads as
+        # 200+ replicas of need and the 5-minute down window keeps them).
+        in_flight = sum(r.in_flight for r in self.replicas)
+        # The engines' real queue only (no slot or no KV). The router's own queue is a backlog
+        # of demand (its MU is in mu_per_minute at arrival); fed to the vertical decider as
+        # "overload" it would ratchet the target down for ever (a smaller target makes a longer
+        # router queue). Requests that just arrived during a step are not a queue either: a
+        # 0.3 s prefill step of 8k tokens holds ~2 arrivals per replica at 8 QPS, over the
+        # decider's "1 waiting per replica".
+        waiting = sum(r.blocked() for r in self.replicas)
+        m = self.meter
+        m.samples += 1
+        m.in_flight += in_flight
+        m.queue_depth = max(m.queue_depth, waiting)
+        m.kv = max([m.kv, *(r.kv_usage() for r in self.replicas)])
+        if counting:
+            self.gpu_seconds += len(self.replicas) * cfg.gpus_per_replica * cfg.tick_s
+            self.peak = max(self.peak, len(self.replicas))
+            minute = self._minute(now - cfg.tick_s / 2)
+            self.minute_replicas[minute] = self.minute_replicas.get(minute, 0.0) + len(self.replicas)
+        if now + 1e-9 >= math.ceil(now - 1e-9):  # a whole second: close the bucket
+            self._close_bucket(now)
+        if now + 1e-9 >= self.next_policy:
+            self._decide(now)
+            self.next_policy = now + self.policy.tick_s
+
+    def _close_bucket(self, now: float) -> None:
+        m = self.meter
+        p99 = _p99(m.ratios)
+        self.buckets.append(
+            Bucket(
+                end=round(now, 6),
+                seconds=BUCKET_S,
+                in_flight=m.in_flight / max(m.samples, 1),
+                mu_per_minute=m.mu * 60.0 / BUCKET_S,
+                requests=m.requests,
+                queue_depth=float(m.queue_depth),
+                # In "SLO seconds": p99 of latency / deadline x the autoscaler's latency_slo_s,
+                # so its vertical decider judges long answers by their own deadline.
+                p99_latency_s=None if math.isnan(p99) else p99 * self.slo_scale,
+                kv_cache_usage=m.kv,
+                errors=m.errors,
+            )
+        )
+        while self.buckets and self.buckets[0].end <= now - 660.0:
+            self.buckets.popleft()
+        self.meter = _Meter()
+
+    slo_scale = 10.0  # the apa config's latency_slo_s; set by run()
+
+    def _decide(self, now: float) -> None:
+        ready = sum(1 for r in self.replicas if r.ready_at <= now and not r.draining)
+        state = FleetState(
+            self.desired, ready, self.target, self.config.min_replicas, self.config.max_replicas
+        )
+        if now < self.measure_from and self.warmup_policy is not None:
+            self._scale_to(self.warmup_policy.decide(state, self.buckets, now), now)
+            return
+        target = self.policy.concurrency(state, self.buckets, now)
+        if target != self.target:
+            self.target = target
+            for rep in self.replicas:
+                self._update_room(rep, now)
+        self._scale_to(self.policy.decide(state, self.buckets, now), now)
+
+    def has_work(self) -> bool:
+        return bool(self.queue) or any(r.has_work() for r in self.replicas)
+
+
+def run(
+    profile: EngineProfile,
+    trace: Sequence[Arrival],
+    policy: Policy,
+    config: FleetConfig,
+    static_peak_replicas: int,
+    slo_scale: float = 10.0,
+    warmup_s: float = 0.0,
+    warmup_policy: Policy | None = None,
+) -> Result:
+    """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.
+
+    With `warmup_s`, the trace's first `warmup_s` play once before it, unmeasured, scaled by
+    `warmup_policy` (the oracle), so that every policy takes over a fleet sized for the load with
+    the metering history a running deployment has (apa's decider, given 10 s of history, scales
+    a warm fleet of 18 down to 2: its 5-minute down window is not yet covered)."""
+    batch = full_batch(profile, trace)
+    fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
+    fleet.slo_scale = slo_scale
+    duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0
+    measured = len(trace)
+    if warmup_s > 0:
+        prefix = [a for a in trace if a.time_s < warmup_s]
+        trace = prefix + [Arrival(a.time_s + warmup_s, a.prompt_tokens, a.output_tokens) for a in trace]
+    fleet.measure_from = warmup_s
+    fleet.warmup_policy = warmup_policy
+    duration += warmup_s
+    tick = config.tick_s
+    steps = 0
+    i = 0
+    while True:
+        steps += 1
+        now = steps * tick
+        while i < len(trace) and trace[i].time_s < now:
+            fleet.arrive(trace[i], i)
+            i += 1
+        fleet.tick(now, counting=warmup_s < now <= duration + 1e-9)
+        if now >= duration and i >= len(trace) and not fleet.has_work():
+            break
+        if now > duration + 4 * config.queue_timeout_s + 3600:
+            raise RuntimeError("fleet did not drain an hour after the trace ended")
+
+    ratios_all: list[float] = []
+    minutes = []
+    violating = []
+    for minute in sorted(fleet.minute_ratios):
+        ratios = fleet.minute_ratios[minute]
+        ratios_all.extend(ratios)
+        p99 = _p99(ratios)
+        if p99 > 1.0:
+            violating.append(minute)
+        samples_per_minute = 60.0 / tick
+        minutes.append(
+            MinuteStats(minute, len(ratios), p99, fleet.minute_replicas.get(minute, 0.0) / samples_per_minute)
+        )
+    gpu_hours = fleet.gpu_seconds / 3600.0
+    duration -= warmup_s
+    return Result(
+        policy=policy.name,
+        requests=measured,
+        duration_s=duration,
+        gpu_hours=gpu_hours,
+        static_peak_gpu_hours=static_peak_replicas * config.gpus_per_replica * duration / 3600.0,
+        slo_attainment=1.0 - len(violating) / len(minutes) if minutes else 1.0,
+        p99_latency_s=_p99(fleet.latencies),
+        p99_slo_ratio=_p99(ratios_all),
+        rejected_fraction=fleet.rejected / measured if measured else 0.0,
+        scale_events=fleet.scale_events,
+        mean_replicas=gpu_hours * 3600.0 / config.gpus_per_replica / duration if duration else 0.0,
+        peak_replicas=fleet.peak,
+        violating_minutes=tuple(violating),
+        minutes=tuple(minutes),
+    )
+
+
+__all__ = ["MU_PER_REPLICA_MINUTE", "FleetConfig", "MinuteStats", "Result", "run"]

@@ -1,0 +1,175 @@
+"""One simulated replica: the simulated engine's continuous-batching model, driven by events. Pure.
+
+Same model, second driver: `dataplane.runtime.perf_model.step` runs one engine step at a time
+(the HTTP engine sleeps each one); a fleet of hundreds of replicas over hours cannot afford a
+Python call per step per replica, so this driver jumps. Between two events (an admission or a
+completion) the running batch does not change, so every step costs the same
+`step_base_s + decode_per_seq_s x batch` and the next completion is k steps away, k being the
+fewest output tokens any running request still owes. A replica keeps a counter G of decode
+steps run so far and each decoding request its finishing G, in a heap: jumping k steps is
+O(log n), not O(n x k). Steps that prefill (a request was just admitted) run one by one with
+the perf model's own rule: decoders first, then prompt chunks in admission order within
+`max_batched_tokens`, cost `+ prefill_per_token_s x prefilled`, the first token comes with the
+last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and room in the
+KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
+-> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest owes 100 tokens -> it finishes 0.984 s on.
+
+A request that arrives while a step runs starts at the next step, as in the live engine.
+The only divergence from `perf_model.simulate` is that order: none in the arithmetic
+(tests/simulate/test_replica_matches_perf_model.py checks it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from dataplane.runtime.perf_model import EngineProfile
+
+
+@dataclass
+class Request:
+    arrival_s: float  # when it reached the router, simulated seconds
+    prompt_tokens: int  # tokens, >= 1
+    output_tokens: int  # tokens to generate, >= 1
+    deadline_s: float  # the SLO's end-to-end bound for this request, seconds
+    mu: float  # model units, priced by the router's CostModel
+    seq: int = 0  # arrival order, breaks ties
+    prefilled: int = 0  # prompt tokens prefilled so far
+    first_token_s: float = math.nan  # simulated seconds, once known
+    finished_s: float = math.nan  # simulated seconds, once known
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass
+class Replica:
+    profile: EngineProfile
+    name: int  # an index, for reports
+    ready_at: float  # simulated seconds when the pod passes readiness
+    started_at: float  # simulated seconds when it was asked for (GPU time counts from here)
+    draining: bool = False  # no new requests; removed once empty
+    clock: float = 0.0  # when the engine may start its next step, simulated seconds
+    decode_steps: int = 0  # G: decode steps run so far
+    kv_used_tokens: int = 0  # reserved by admitted requests, tokens
+    in_flight: int = 0  # routed here and not finished (waiting + running)
+    in_flight_mu: float = 0.0  # their model units
+    waiting: deque[Request] = field(default_factory=deque)  # routed, not yet admitted
+    prefilling: deque[Request] = field(default_factory=deque)  # admitted, prompt not done
+    decoding: list[tuple[int, int, Request]] = field(default_factory=list)  # heap of (finish G, seq, req)
+
+    def submit(self, request: Request, now: float) -> None:
+        """Route a request here at `now` (the caller advanced the replica to `now`)."""
+        if not self.has_work():
+            self.clock = max(self.clock, now)
+        self.waiting.append(request)
+        self.in_flight += 1
+        self.in_flight_mu += request.mu
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    def expire(self, arrived_before: float) -> list[Request]:
+        """Drop waiting requests that arrived before this time (their client gave up; vLLM aborts
+        a request whose connection closes). FIFO: the head is the oldest."""
+        gone: list[Request] = []
+        while self.waiting and self.waiting[0].arrival_s < arrived_before:
+            req = self.waiting.popleft()
+            self.in_flight -= 1
+            self.in_flight_mu -= req.mu
+            gone.append(req)
+        return gone
+
+    def blocked(self) -> int:
+        """Waiting requests the next step could not admit (no slot, or no KV for the head of line):
+        the engine's real queue. Those that merely arrived during the running step are not."""
+        p = self.profile
+        slots = p.max_num_seqs - self.running()
+        kv = self.kv_used_tokens
+        admissible = 0
+        for req in self.waiting:
+            if admissible >= slots or kv + req.kv_tokens > p.kv_capacity_tokens:
+                break
+            kv += req.kv_tokens
+            admissible += 1
+        return len(self.waiting) - admissible
+
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / self.profile.kv_capacity_tokens
+
+    def advance_to(self, t: float) -> list[Request]:
+        """Run every step that starts before `t`; returns the requests that finished."""
+        done: list[Request] = []
+        p = self.profile
+        while True:
+            if not self.has_work():
+                self.clock = max(self.clock, t)
+                return done
+            if self.clock >= t:
+                return done
+            self._admit()
+            if self.prefilling:
+                self._mixed_step(done)
+                continue
+            if not self.decoding:  # head of line cannot fit the KV cache even when empty
+                raise RuntimeError(f"replica {self.name}: request larger than the KV cache")
+            step_s = p.step_base_s + p.decode_per_seq_s * len(self.decoding)
+            owed = self.decoding[0][0] - self.decode_steps
+            steps = owed if t == math.inf else min(owed, max(1, math.ceil((t - self.clock) / step_s)))
+            self.decode_steps += steps
+            self.clock += steps * step_s
+            self._pop_finished(done)
+
+    def _admit(self) -> None:
+        p = self.profile
+        while self.waiting and self.running() < p.max_num_seqs:
+            head = self.waiting[0]
+            if self.kv_used_tokens + head.kv_tokens > p.kv_capacity_tokens:
+                return  # head of line waits for KV
+            self.waiting.popleft()
+            self.kv_used_tokens += head.kv_tokens
+            self.prefilling.append(head)
+
+    def _mixed_step(self, done: list[Request]) -> None:
+        """One step with prompt chunks: exactly perf_model.step's arithmetic."""
+        p = self.profile
+        decoders = len(self.decoding)
+        budget = p.max_batched_tokens - decoders
+        prefilled = 0
+        completed: list[Request] = []
+        while budget > 0 and self.prefilling:
+            req = self.prefilling[0]
+            chunk = min(budget, req.prompt_tokens - req.prefilled)
+            req.prefilled += chunk
+            budget -= chunk
+            prefilled += chunk
+            if req.prefilled < req.prompt_tokens:
+                break
+            completed.append(self.prefilling.popleft())
+        self.clock += p.step_base_s + p.decode_per_seq_s * decoders + p.prefill_per_token_s * prefilled
+        self.decode_steps += 1
+        self._pop_finished(done)
+        for req in completed:
+            req.first_token_s = self.clock
+            if req.output_tokens == 1:
+                self._finish(req, done)
+            else:
+                heapq.heappush(self.decoding, (self.decode_steps + req.output_tokens - 1, req.seq, req))
+
+    def _pop_finished(self, done: list[Request]) -> None:
+        while self.decoding and self.decoding[0][0] <= self.decode_steps:
+            self._finish(heapq.heappop(self.decoding)[2], done)
+
+    def _finish(self, req: Request, done: list[Request]) -> None:
+        req.finished_s = self.clock
+        self.kv_used_tokens -= req.kv_tokens
+        self.in_flight -= 1
+        self.in_flight_mu -= req.mu
+        done.append(req)

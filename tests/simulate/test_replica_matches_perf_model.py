@@ -1,0 +1,66 @@
+"""The fleet's replica (event-driven) against the perf model's own step-by-step driver."""
+
+import random
+
+import pytest
+
+from capacity.simulate.replica import Replica, Request
+from dataplane.runtime import perf_model as pm
+from dataplane.runtime.profiles import get_profile
+
+
+def _poisson(rate: float, n: int, prompt: int, output: int, seed: int = 1) -> list[tuple[float, int, int]]:
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append((t, prompt, output))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("profile", "prompt", "output", "rate"),
+    [
+        ("h100-llama-8b", 512, 128, 20.0),  # a busy batch of ~35
+        ("h100-llama-8b", 2000, 50, 5.0),  # prefill-heavy
+        ("h100-llama-8b", 100, 300, 50.0),  # decode-heavy, 256 slots full
+        ("tiny-test", 374, 128, 20.0),  # overloaded: KV and slots queue requests
+    ],
+)
+def test_replica_latencies_equal_perf_model_simulate(profile, prompt, output, rate):
+    prof = get_profile(profile)
+    arrivals = _poisson(rate, 300, prompt, output)
+    reference = pm.simulate(
+        prof, [pm.Arrival(t, pm.SimRequest(str(k), p, o)) for k, (t, p, o) in enumerate(arrivals)]
+    )
+    expected = sorted(c.finished_s - c.arrival_s for c in reference)
+
+    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
+    done: list[Request] = []
+    for k, (t, p, o) in enumerate(arrivals):
+        done += replica.advance_to(t)
+        replica.submit(Request(t, p, o, deadline_s=1.0, mu=1.0, seq=k), t)
+    done += replica.advance_to(float("inf"))
+    got = sorted(r.finished_s - r.arrival_s for r in done)
+
+    # Same arithmetic, same order of admission: equal to rounding.
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_replica_throughput_matches_steady_state_closed_form():
+    """8 requests of (512 in, 128 out) always in flight on an H100 profile: the closed form says
+    1 / (128 x 6 ms / 8 + 127 x 60 us + 512 x 40 us) = 1 / 0.1250 s = 8.0 requests/s."""
+    prof = get_profile("h100-llama-8b")
+    expected = pm.steady_state_requests_per_s(prof, 512, 128, batch=8)
+    assert expected == pytest.approx(8.0, rel=0.01)
+    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
+    for k in range(8):
+        replica.submit(Request(0.0, 512, 128, 1.0, 1.0, k), 0.0)
+    finished, seq, t = 0, 8, 0.0
+    while t < 60.0:
+        t += 0.05
+        for req in replica.advance_to(t):
+            finished += 1 if req.finished_s > 10.0 else 0  # after the first cycle settles
+            replica.submit(Request(req.finished_s, 512, 128, 1.0, 1.0, seq), req.finished_s)
+            seq += 1
+    assert finished / (60.0 - 10.0) == pytest.approx(expected, rel=0.10)

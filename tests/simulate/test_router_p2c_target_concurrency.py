@@ -1,0 +1,50 @@
+"""The router: power of two choices on in-flight MU, within each replica's concurrency limit;
+beyond every limit a bounded queue; too long a wait is a rejection."""
+
+from capacity.simulate.fleet import Fleet, FleetConfig, run
+from capacity.simulate.policies import Policy, Schedule
+from capacity.simulate.traces import Arrival
+from dataplane.runtime.profiles import get_profile
+
+TINY = get_profile("tiny-test")
+
+
+def _fleet(**overrides) -> Fleet:
+    config = FleetConfig(initial_replicas=2, target_concurrency=2, queue_timeout_s=1.0, **overrides)
+    return Fleet(TINY, Policy(), config, batch=4, static_peak_replicas=2)
+
+
+def _load(fleet: Fleet) -> list[tuple[int, float]]:
+    return sorted((r.in_flight, round(r.in_flight_mu, 6)) for r in fleet.replicas)
+
+
+def test_router_sends_to_the_replica_with_less_in_flight_mu():
+    fleet = _fleet()
+    fleet.arrive(Arrival(0.00, 400, 100), 0)  # big: 0.0004 x 400 + ... MU, on either replica
+    fleet.arrive(Arrival(0.01, 10, 100), 1)  # the other replica holds 0 MU: it goes there
+    assert [r.in_flight for r in fleet.replicas] == [1, 1]
+    small = min(fleet.replicas, key=lambda r: r.in_flight_mu)
+    fleet.arrive(Arrival(0.02, 10, 100), 2)  # both hold 1 request; the small one holds less MU
+    assert small.in_flight == 2
+
+
+def test_router_queues_beyond_every_limit_and_rejects_after_the_timeout():
+    fleet = _fleet()
+    for k in range(4):  # 2 replicas x target 2: full
+        fleet.arrive(Arrival(0.01 * k, 100, 400), k)
+    assert _load(fleet)[0][0] == 2 and _load(fleet)[1][0] == 2
+    fleet.arrive(Arrival(0.1, 100, 400), 4)
+    assert len(fleet.queue) == 1
+    fleet.tick(0.5, counting=True)
+    assert len(fleet.queue) == 1  # 400 tokens at >= 14 ms a step: nobody has finished
+    fleet.tick(1.5, counting=True)  # waited 1.4 s > 1 s
+    assert len(fleet.queue) == 0 and fleet.rejected == 1
+
+
+def test_scaled_to_zero_holds_requests_until_a_pod_is_ready():
+    config = FleetConfig(min_replicas=0, initial_replicas=0, pod_start_s=30.0, queue_timeout_s=60.0)
+    trace = [Arrival(0.1, 50, 10), Arrival(59.0, 50, 10)]
+    result = run(TINY, trace, Schedule(per_minute=(1,), lead_s=0.0), config, static_peak_replicas=1)
+    assert result.rejected_fraction == 0.0
+    # Asked for at the first tick (0.5 s), ready at 30.5 s: the first request waited ~30.4 s.
+    assert 30.4 <= result.p99_latency_s <= 31.0
