@@ -59,6 +59,7 @@ bench-model-units: install
 
 bench-autoscaler: install
 	$(BIN)/python bench/autoscaler_cost.py
+	$(BIN)/python bench/autoscaler_policies.py
 
 bench-runtime-fleet: install
 	$(BIN)/python bench/runtime_fleet.py
