@@ -623,11 +623,18 @@ class Router:
             c.abort()
         for ep in self.endpoints.values():
             ep.wake_all()
-        for t in list(self._tasks):
+        tasks = list(self._tasks)
+        for t in tasks:
             t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # Bounded: on Python 3.11 asyncio.wait_for can swallow a cancel that lands as its inner
+        # call completes (fixed in 3.12), so a task may need a second cancel; never wait forever.
+        for _ in range(3):
+            if not tasks:
+                break
+            _, pending = await asyncio.wait(tasks, timeout=0.5)
+            tasks = list(pending)
+            for t in tasks:
+                t.cancel()
         await asyncio.sleep(0)  # let aborted connections run connection_lost
         self.pool.close_all()
         if self._server is not None:
