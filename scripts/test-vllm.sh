@@ -15,8 +15,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/n
     "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton || true
     "$VENV/bin/pip" install --quiet -e '.[dev]'
 fi
-# The project itself, editable, so new modules are importable (cheap when already there).
-"$VENV/bin/pip" install --quiet --no-deps -e .
+# The project and its dev tools, editable (cheap when already there; picks up new dev deps).
+"$VENV/bin/pip" install --quiet -e '.[dev]'
 PLUGINS=()
 if ! "$VENV/bin/python" -c "import controlplane" 2>/dev/null; then
     PLUGINS=(-p no:django -W ignore::pytest.PytestConfigWarning)  # no Django project here
