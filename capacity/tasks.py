@@ -52,18 +52,3 @@ def run_profile_benchmark(profile_id: int) -> str:
         return "not due, or claimed elsewhere"
     profile = ModelProfile.objects.select_related("gpu_type").get(pk=profile_id)
     return benchmarking.run_benchmark(profile).status
-
-
-@shared_task
-def collect_usage() -> int:
-    """Beat: each endpoint's used MU/min from the routers' metering in Redis (none: no router)."""
-    from django.conf import settings
-
-    from controlplane.endpoints.metering import collect_usage as collect
-
-    if not settings.REDIS_URL:
-        return 0
-    import redis
-
-    with redis.Redis.from_url(settings.REDIS_URL) as client:
-        return collect(client, timezone.now().timestamp())

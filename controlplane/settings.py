@@ -7,6 +7,8 @@ SECRET_KEY and DEBUG=0.
 
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -139,6 +141,23 @@ BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a c
 BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day
 BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimum=0.1)
 
+# --- Autoscaler and cluster -------------------------------------------------------------------
+# Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
+# at CLUSTER_AGENT_URL) or "none" (pods are registered through /api/v1/pods/ by someone else;
+# the autoscaler still collects load and usage, and decides nothing).
+CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "none")
+if CLUSTER_DRIVER not in ("none", "local"):
+    raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none' or 'local'")
+CLUSTER_AGENT_URL = envstr("CLUSTER_AGENT_URL", "http://127.0.0.1:8700")
+# Local pods run the simulated engine at this speed-up (1.0: real time).
+LOCAL_POD_TIME_SCALE = envfloat("LOCAL_POD_TIME_SCALE", 1.0, minimum=0.001)
+AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 5.0, minimum=0.5)
+AUTOSCALER_VERTICAL_INTERVAL_S = envfloat("AUTOSCALER_VERTICAL_INTERVAL_S", 30.0, minimum=1.0)
+POD_SYNC_INTERVAL_S = envfloat("POD_SYNC_INTERVAL_S", 1.0, minimum=0.2)
+# Router samples posted to the database (no Redis) and 5-second load buckets are kept this long.
+ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
+LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
+
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = envstr("REDIS_URL", "")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
@@ -160,9 +179,20 @@ CELERY_BEAT_SCHEDULE = {
         "task": "capacity.tasks.record_capacity_snapshot",
         "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
     },
-    "collect-usage": {
-        "task": "capacity.tasks.collect_usage",
-        "schedule": envfloat("USAGE_COLLECT_INTERVAL_S", 10.0, minimum=1.0),
+    "autoscale-horizontal": {
+        "task": "controlplane.endpoints.tasks.autoscale_horizontal",
+        "schedule": AUTOSCALER_HORIZONTAL_INTERVAL_S,
+        "options": {"expires": AUTOSCALER_HORIZONTAL_INTERVAL_S},  # a late tick is stale: drop it
+    },
+    "autoscale-vertical": {
+        "task": "controlplane.endpoints.tasks.autoscale_vertical",
+        "schedule": AUTOSCALER_VERTICAL_INTERVAL_S,
+        "options": {"expires": AUTOSCALER_VERTICAL_INTERVAL_S},
+    },
+    "sync-pods": {
+        "task": "controlplane.endpoints.tasks.sync_pods",
+        "schedule": POD_SYNC_INTERVAL_S,
+        "options": {"expires": POD_SYNC_INTERVAL_S},
     },
     "benchmark-due-profiles": {
         "task": "capacity.tasks.benchmark_due_profiles",

@@ -62,3 +62,26 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         kv_cache_usage=max(kv) if kv else None,
         errors=sum(b.errors for b in inside),
     )
+
+
+def quantile(counts: Sequence[float], bounds: Sequence[float], q: float) -> float | None:
+    """The q-quantile of a latency histogram, linear within a bucket (Prometheus'
+    histogram_quantile). counts[i] falls in (bounds[i-1], bounds[i]]; the last count, above every
+    bound, reads as the last bound. None for an empty histogram.
+
+    Worked numbers: bounds (0.1, 1, 10), counts (50, 40, 10, 0): the 0.5 quantile is the end
+    of the first bucket, 0.1 s; the 0.99 quantile is 90 % of the way into the third, 9.1 s.
+    """
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0.0
+    for i, n in enumerate(counts):
+        if n > 0 and seen + n >= rank:
+            if i >= len(bounds):
+                return float(bounds[-1])
+            low = 0.0 if i == 0 else float(bounds[i - 1])
+            return low + (float(bounds[i]) - low) * (rank - seen) / n
+        seen += n
+    return float(bounds[-1])

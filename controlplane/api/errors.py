@@ -1,7 +1,8 @@
 """Domain errors -> HTTP, in one place. Every error body is `{"error": code, "detail": text}`.
 
 400 names each bad field with the value that was sent; 409 is a conflict with what exists
-(an oversold pool with its numbers, a protected delete, a race on a unique name). The request's
+(an oversold pool with its numbers, a protected delete, a race on a unique name); 503 when
+the cluster driver cannot act (with Retry-After). The request's
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
 
@@ -15,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from capacity.ledger import Oversold, as_json_number
+from dataplane.cluster.driver import ClusterError
 
 
 def exception_handler(exc, context):
@@ -24,6 +26,12 @@ def exception_handler(exc, context):
 
 
 def _response_for(exc, context):
+    if isinstance(exc, ClusterError):
+        return Response(
+            {"error": "cluster_unavailable", "detail": str(exc)},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "5"},
+        )
     if isinstance(exc, Oversold):
         return Response(oversold_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ProtectedError):

@@ -3,6 +3,7 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from capacity.autoscaler import AutoscalerConfig
 from capacity.ledger import as_json_number
 from capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation, sell
 from controlplane.endpoints.models import Endpoint, Pod
@@ -182,6 +183,11 @@ class EndpointSerializer(serializers.ModelSerializer):
         required=False,
         help_text="Concurrent requests per replica; the vertical autoscaler tunes it later.",
     )
+    autoscaler = serializers.JSONField(
+        required=False,
+        help_text='Autoscaler settings over the defaults, e.g. {"target_utilisation": 0.6} '
+        "(capacity.autoscaler.AutoscalerConfig lists every key, default and range).",
+    )
     min_replicas = serializers.SerializerMethodField()
     max_replicas = serializers.SerializerMethodField()
     reserved_mu_per_minute = serializers.SerializerMethodField()
@@ -200,6 +206,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "scale_to_zero_enabled",
             "target_concurrency_per_replica",
             "routing_policy",
+            "autoscaler",
             "min_replicas",
             "max_replicas",
             "desired_replicas",
@@ -220,6 +227,15 @@ class EndpointSerializer(serializers.ModelSerializer):
         ]
         extra_kwargs = {"min_provisioned_concurrency": {"required": True}}
         validators = []  # the per-tenant name clash is checked in validate() with a clear message
+
+    def validate_autoscaler(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(f"{value!r} must be an object of setting: value")
+        try:
+            AutoscalerConfig.from_overrides(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
     def get_min_replicas(self, endpoint) -> int:
         return endpoint.replica_bounds[0]

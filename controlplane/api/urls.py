@@ -19,5 +19,6 @@ router.register("capacity", views.CapacityViewSet, basename="capacity")
 urlpatterns = [
     path("whoami/", views.whoami, name="whoami"),
     path("routing-table/", views.RoutingTableView.as_view(), name="routing-table"),
+    path("load-samples/", views.LoadSamplesView.as_view(), name="load-samples"),
     path("", include(router.urls)),
 ]

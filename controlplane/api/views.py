@@ -6,6 +6,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -14,10 +15,12 @@ from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, pool_le
 from controlplane.api import filters, serializers
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
+from controlplane.endpoints import samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
+from dataplane.cluster.driver import ClusterError
 
 AUTHENTICATED = permissions.IsAuthenticated
 
@@ -95,6 +98,27 @@ class EndpointViewSet(ScopedViewSet):
     permission_classes = [AUTHENTICATED]
     filterset_class = filters.EndpointFilterSet
 
+    @extend_schema(request=None, responses={200: dict, 202: dict, 409: dict, 503: dict})
+    @action(detail=True, methods=["post"])
+    def wake(self, request, pk=None):
+        """Scale from zero now: routers call this while they hold a request for the endpoint.
+        202 when a replica was asked for, 200 when it already has replicas."""
+        endpoint = self.get_object()
+        if not endpoint.scale_to_zero_enabled and endpoint.desired_replicas == 0:
+            return Response(
+                {"error": "not_scale_to_zero", "detail": f"{endpoint.name} does not scale to zero"},
+                status=status.HTTP_409_CONFLICT,
+            )
+        cluster = scaling.driver()
+        if cluster is None:
+            raise ClusterError(
+                "no cluster driver is configured (CLUSTER_DRIVER=none): nothing can start a pod"
+            )
+        woke = scaling.wake(endpoint, cluster, timezone.now())
+        endpoint.refresh_from_db()
+        body = {"desired_replicas": endpoint.desired_replicas, "ready_replicas": endpoint.ready_replicas}
+        return Response(body, status=status.HTTP_202_ACCEPTED if woke else status.HTTP_200_OK)
+
 
 class PodViewSet(ScopedViewSet):
     """Pods as the cluster driver reports them; tenants read their endpoints' pods."""
@@ -117,6 +141,28 @@ class RoutingTableView(APIView):
         if request.headers.get("If-None-Match") == etag:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
         return Response(table, headers={"ETag": etag})
+
+
+class LoadSamplesView(APIView):
+    """A router's second of per-endpoint rows, when there is no Redis (the embedded default)."""
+
+    permission_classes = [AUTHENTICATED, OperatorOnly]
+
+    @extend_schema(request=dict, responses={201: dict})
+    def post(self, request):
+        data = request.data
+        second, rows = data.get("second"), data.get("rows")
+        if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
+            raise ValidationError({"second": f"{second!r} must be a unix second (a positive integer)"})
+        if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
+        ):
+            raise ValidationError(
+                {"rows": "must be a list of objects, each with a positive integer endpoint"}
+            )
+        return Response(
+            {"stored": samples.DatabaseSeconds.store(second, rows)}, status=status.HTTP_201_CREATED
+        )
 
 
 class ReservationViewSet(ScopedViewSet):

@@ -68,6 +68,11 @@ class Endpoint(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     # Metered by the router (MU/min over the last minute); 0 until traffic flows.
     used_mu_per_minute = models.FloatField(default=0.0)
+    # Per-endpoint autoscaler settings over the defaults ({"target_utilisation": 0.6}); checked
+    # by capacity.autoscaler.AutoscalerConfig.from_overrides.
+    autoscaler = models.JSONField(default=dict, blank=True)
+    # When a request woke it from zero: the autoscaler keeps a replica for a grace period after.
+    woken_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -162,6 +167,60 @@ class Pod(models.Model):
 
     class Meta:
         ordering = ["endpoint_id", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LoadBucket(models.Model):
+    """Five seconds of an endpoint's traffic, all routers together: the autoscaler's input and
+    the console's timeline. Written by the collector (controlplane.endpoints.samples)."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="load")
+    end = models.BigIntegerField(help_text="unix seconds at the bucket's end, a multiple of its length")
+    seconds = models.PositiveSmallIntegerField(help_text="seconds some router reported")
+    in_flight = models.FloatField()  # time-averaged concurrent requests
+    mu_per_minute = models.FloatField()
+    requests = models.PositiveIntegerField()
+    queue_depth = models.FloatField()  # most requests waiting for a pod in any second
+    p50_latency_s = models.FloatField(null=True)
+    p99_latency_s = models.FloatField(null=True)
+    errors = models.PositiveIntegerField()
+    throttled = models.PositiveIntegerField()
+    ready_replicas = models.PositiveIntegerField()  # when collected, for the timeline
+    desired_replicas = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["endpoint_id", "end"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "end"], name="load_bucket_unique")]
+        indexes = [models.Index(fields=["end"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} to {self.end}"
+
+
+class RouterSample(models.Model):
+    """One router's row for one second, posted when there is no Redis (the embedded default).
+    endpoint_id 0 marks the router's heartbeat for that second (no foreign key: a router may
+    report an endpoint deleted a moment ago)."""
+
+    second = models.BigIntegerField(db_index=True)
+    endpoint_id = models.PositiveIntegerField()
+    fields = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"second {self.second} endpoint {self.endpoint_id}"
+
+
+class Lease(models.Model):
+    """A named lease taken with a filtered update: one autoscaler pass at a time, fleet-wide,
+    whatever the number of beat schedulers, workers or control-plane replicas."""
+
+    name = models.CharField(max_length=63, unique=True)
+    holder = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField(null=True)
+    last_run_at = models.DateTimeField(null=True)  # when the last pass under it finished
+    cursor = models.BigIntegerField(default=0)  # the pass's own progress (the collector's last bucket end)
 
     def __str__(self) -> str:
         return self.name

@@ -15,7 +15,12 @@ Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by defaul
         latency_ms_sum  sum of request latencies, ms (divide by requests for the mean)
         errors          5xx answers and upstream failures, count
         throttled       429 answers, count
+        lat{i}          requests whose latency fell in LATENCY_BUCKETS_S[i] (i = len: above all)
+        queued          requests waiting for a pod at the end of the second, count
         mu:{tenant}     MU consumed by that tenant, MU (per-tenant accounting)
+
+    mu:routers:{unix_second}   routers that reported that second (every router, every second,
+                               traffic or not): a second without it is missing data, not idleness
 
 Every router adds its share, so a key holds the fleet's totals for that second; with two
 routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
@@ -123,10 +128,11 @@ class Meter:
             elif status >= 500:
                 st.errors += 1
 
-    def roll(self, now: float) -> list[tuple[Key, dict[str, float]]]:
+    def roll(self, now: float, queued: dict[int, int] | None = None) -> list[tuple[Key, dict[str, float]]]:
         """Close the current window: one row per key with traffic; in-flight requests carry over.
 
         In-flight 2 for the whole of a 1 s window -> inflight 2.0; 4 for half of it -> 2.0.
+        ``queued`` (endpoint id -> waiting requests) lands on a row of its own, tenant "".
         """
         elapsed = max(now - self.window_start, 1e-9)
         rows = []
@@ -145,6 +151,7 @@ class Meter:
                         "latency_ms_sum": s.latency_sum_s * 1000.0,
                         "errors": s.errors,
                         "throttled": s.throttled,
+                        **{f"lat{i}": n for i, n in enumerate(s.latency_buckets) if n},
                     },
                 )
             )
@@ -154,6 +161,7 @@ class Meter:
                 c.inflight_since = now
         self.current = carry
         self.window_start = now
+        rows += [((endpoint_id, ""), {"queued": n}) for endpoint_id, n in (queued or {}).items() if n]
         return rows
 
 
@@ -190,8 +198,11 @@ class RateWindow:
 async def publish(
     redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix_second: int, ttl_s: int
 ) -> None:
-    """One pipelined round trip: HINCRBYFLOAT every field, EXPIRE every key."""
+    """One pipelined round trip: HINCRBYFLOAT every field, EXPIRE every key, count this router."""
     pipe = redis.pipeline(transaction=False)
+    beat = f"mu:routers:{unix_second}"
+    pipe.incr(beat)
+    pipe.expire(beat, ttl_s)
     keys = set()
     for (endpoint_id, tenant), fields in rows:
         key = f"mu:load:{endpoint_id}:{unix_second}"
@@ -199,10 +210,8 @@ async def publish(
         for name, value in fields.items():
             if value:
                 pipe.hincrbyfloat(key, name, value)
-        if fields["mu"]:
+        if fields.get("mu"):
             pipe.hincrbyfloat(key, f"mu:{tenant}", fields["mu"])
-    if not keys:
-        return
     for key in keys:
         pipe.expire(key, ttl_s)
     await pipe.execute()

@@ -548,17 +548,37 @@ class Router:
                     self._probing.add(pod)
                     self._spawn(self.probe(pod))
         self.pool.sweep(now)
-        return self.meter.roll(now)
+        queued = {ep.spec.id: ep.queued() for ep in self.endpoints.values() if ep.queued()}
+        return self.meter.roll(now, queued)
 
     async def maintenance(self, interval_s: float = 1.0) -> None:
+        """Every second: tick, then publish the second's rows (and that this router was up) to
+        Redis, or, without Redis in control-plane mode, post them to the control plane."""
         while True:
             await asyncio.sleep(interval_s)
             rows = self.tick()
-            if self.redis is not None and rows:
-                try:
-                    await publish(self.redis, rows, int(time.time()) - 1, self.config.metrics_ttl_s)
-                except Exception as exc:  # Redis down must not stop the router
-                    log.warning("metrics publish failed: %s", exc)
+            second = int(time.time()) - 1
+            try:
+                if self.redis is not None:
+                    await publish(self.redis, rows, second, self.config.metrics_ttl_s)
+                elif self.control_plane:
+                    await self.post_samples(rows, second)
+            except Exception as exc:  # a metrics sink down must not stop the router
+                log.warning("metrics publish failed: %s", exc)
+
+    async def post_samples(self, rows: list[tuple[tuple[int, str], dict[str, float]]], second: int) -> None:
+        body = json.dumps(
+            {"second": second, "rows": [{"endpoint": e, "tenant": t, **f} for (e, t), f in rows]}
+        ).encode()
+        status, _, answer = await self.fetch(
+            f"{self.control_plane}/api/v1/load-samples/",
+            "POST",
+            {"authorization": f"Bearer {self.key}", "content-type": "application/json"},
+            body,
+            self.config.control_plane_timeout_s,
+        )
+        if status != 201:
+            log.warning("load samples answered %s: %s", status, answer[:200])
 
     async def follow(self, discovery: Discovery) -> None:
         async for table in discovery.snapshots():

@@ -30,6 +30,7 @@ def test_roll_reports_time_averaged_inflight_and_sums():
                 "latency_ms_sum": 500.0,
                 "errors": 0,
                 "throttled": 0,
+                "lat6": 1,  # 0.5 s lies in (0.25, 0.5], LATENCY_BUCKETS_S[6]
             },
         )
     ]
@@ -42,6 +43,8 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     assert rows[0][1]["inflight"] == pytest.approx(0.2) and rows[0][1]["errors"] == 1
     assert rows[0][1]["throttled"] == 1
     assert m.roll(104.0) == []  # idle keys leave the table
+    # waiting requests, per endpoint, on a row of their own
+    assert m.roll(105.0, queued={7: 3, 8: 0}) == [((7, ""), {"queued": 3})]
     t = m.totals[KEY]
     assert (t.requests, t.inflight, t.errors, t.throttled) == (2, 0, 1, 1)
 
@@ -123,7 +126,10 @@ def test_publish_to_redis_key_layout():
                 "mu:acme": 9.0,
             }
             assert 0 < await redis.ttl(key) <= 120
-            await redis.delete(key)
+            # every publish says its router was up that second, traffic or not
+            await publish(redis, [], 1_700_000_000, 120)
+            assert await redis.get("mu:routers:1700000000") == b"3"
+            await redis.delete(key, "mu:routers:1700000000")
         finally:
             await redis.aclose()
 

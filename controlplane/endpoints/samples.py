@@ -1,0 +1,156 @@
+"""The routers' per-second samples, folded into each endpoint's 5-second LoadBuckets.
+
+Routers write one row per endpoint per second (see dataplane.router.metering for the fields)
+and say, every second, that they were up. Two stores hold them: Redis (`mu:load:{id}:{second}`
+and `mu:routers:{second}`) when REDIS_URL is set, else the database (RouterSample rows posted
+to /api/v1/load-samples/, the embedded default). `collect` reads the seconds of each finished
+5-second slot and writes a LoadBucket per endpoint that has replicas or traffic:
+
+    30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all
+      -> in_flight 2.0, mu_per_minute 6 / 5 s x 60 = 72.0, requests 30
+
+A slot no router reported is missing data and gets no bucket (the autoscaler then decides
+nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
+what scale to zero needs to see).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Protocol
+
+from capacity.autoscaler.window import quantile
+from controlplane.endpoints.models import Endpoint, LoadBucket, RouterSample
+from dataplane.router.metering import LATENCY_BUCKETS_S
+
+BUCKET_S = 5
+LAG_S = 2  # routers publish a second about a second after it ends
+MAX_CATCH_UP_S = 360  # after a pause, collect at most the last 6 minutes (the autoscaler's horizon)
+SUMMED = ("requests", "inflight", "mu", "errors", "throttled")
+
+Rows = dict[tuple[int, int], dict[str, float]]  # (endpoint id, second) -> fields, all routers
+
+
+class SecondsSource(Protocol):
+    def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
+        """(seconds some router reported, rows) for unix seconds first..last inclusive."""
+
+
+class RedisSeconds:
+    def __init__(self, redis) -> None:  # type: ignore[no-untyped-def]
+        self.redis = redis
+
+    def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
+        seconds = range(first, last + 1)
+        pipe = self.redis.pipeline(transaction=False)
+        for second in seconds:
+            pipe.get(f"mu:routers:{second}")
+        for endpoint_id in endpoint_ids:
+            for second in seconds:
+                pipe.hgetall(f"mu:load:{endpoint_id}:{second}")
+        values = pipe.execute()
+        observed = {s for s, v in zip(seconds, values, strict=False) if v}
+        rows: Rows = {}
+        i = len(seconds)
+        for endpoint_id in endpoint_ids:
+            for second in seconds:
+                raw = values[i]
+                i += 1
+                if raw:
+                    rows[(endpoint_id, second)] = {
+                        k.decode(): float(v) for k, v in raw.items() if not k.startswith(b"mu:")
+                    }
+        return observed, rows
+
+
+class DatabaseSeconds:
+    def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
+        samples = RouterSample.objects.filter(second__gte=first, second__lte=last).values_list(
+            "second", "endpoint_id", "fields"
+        )
+        wanted = set(endpoint_ids)
+        observed: set[int] = set()
+        rows: Rows = {}
+        for second, endpoint_id, fields in samples:
+            if endpoint_id == 0:
+                observed.add(second)
+            elif endpoint_id in wanted:
+                row = rows.setdefault((endpoint_id, second), {})
+                for name, value in fields.items():  # several routers, tenants: their sum
+                    if name != "tenant" and isinstance(value, int | float):
+                        row[name] = row.get(name, 0.0) + value
+        return observed, rows
+
+    @staticmethod
+    def store(second: int, rows: Iterable[dict[str, object]]) -> int:
+        """One router's second: a heartbeat and its rows, as posted."""
+        objs = [RouterSample(second=second, endpoint_id=0)]
+        for row in rows:
+            fields = {k: v for k, v in row.items() if k != "endpoint"}
+            objs.append(RouterSample(second=second, endpoint_id=int(row["endpoint"]), fields=fields))  # type: ignore[call-overload]
+        RouterSample.objects.bulk_create(objs)
+        return len(objs) - 1
+
+
+def source() -> SecondsSource:
+    from django.conf import settings
+
+    if settings.REDIS_URL:
+        import redis
+
+        return RedisSeconds(redis.Redis.from_url(settings.REDIS_URL))
+    return DatabaseSeconds()
+
+
+def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[str, float | int | None]:
+    """Pure: a bucket's fields from the rows of its observed seconds (missing rows are zeros)."""
+    total = {name: sum(row.get(name, 0.0) for row in seconds) for name in SUMMED}
+    histogram = [sum(row.get(f"lat{i}", 0.0) for row in seconds) for i in range(len(LATENCY_BUCKETS_S) + 1)]
+    return {
+        "end": end,
+        "seconds": observed,
+        "in_flight": total["inflight"] / observed,
+        "mu_per_minute": total["mu"] / observed * 60.0,
+        "requests": round(total["requests"]),
+        "queue_depth": max((row.get("queued", 0.0) for row in seconds), default=0.0),
+        "p50_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.5),
+        "p99_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.99),
+        "errors": round(total["errors"]),
+        "throttled": round(total["throttled"]),
+    }
+
+
+def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoint]) -> int:
+    """Write the LoadBuckets of the slots that ended after `cursor`; returns the new cursor.
+
+    An endpoint gets a bucket when it has replicas or its routers saw traffic for it."""
+    last_end = math.floor((now - LAG_S) / BUCKET_S) * BUCKET_S
+    first_end = max(cursor + BUCKET_S, last_end - MAX_CATCH_UP_S + BUCKET_S)
+    if first_end > last_end or not endpoints:
+        return max(cursor, last_end)
+    ids = [e.pk for e in endpoints]
+    observed, rows = src.read(ids, first_end - BUCKET_S, last_end - 1)
+    traffic: dict[int, set[int]] = defaultdict(set)
+    for endpoint_id, second in rows:
+        traffic[endpoint_id].add(second)
+    buckets = []
+    for end in range(first_end, last_end + 1, BUCKET_S):
+        slot = [s for s in range(end - BUCKET_S, end) if s in observed]
+        if not slot:
+            continue  # no router reported: missing data, not idleness
+        for e in endpoints:
+            if e.desired_replicas == 0 and not any(s in traffic[e.pk] for s in slot):
+                continue
+            fields = summarise(end, len(slot), [rows.get((e.pk, s), {}) for s in slot])
+            buckets.append(
+                LoadBucket(
+                    endpoint_id=e.pk,
+                    ready_replicas=e.ready_replicas,
+                    desired_replicas=e.desired_replicas,
+                    **fields,  # type: ignore[arg-type]
+                )
+            )
+    LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)  # a re-run writes nothing twice
+    return last_end

@@ -1,0 +1,330 @@
+"""Autoscaler actuation: the pure deciders (capacity.autoscaler) wired to samples, the database
+and a cluster driver. Celery beat runs `horizontal_pass` every 5 s, `vertical_pass` every 30 s
+and `sync_pods` every second (controlplane.endpoints.tasks); `wake` runs on a router's request.
+
+Safety, each in one place:
+- One pass at a time, fleet-wide: each pass holds a Lease taken with a filtered update, and a
+  pass that comes less than half a tick after the last one is skipped, so two beat ticks at
+  once, or two control-plane replicas, never double-scale. A worker that dies mid-pass holds
+  the lease until it expires (LEASE_TTL_S), then the next pass takes it.
+- No data, no decision: the deciders return no decision when samples do not cover the window
+  (see capacity.autoscaler.horizontal); missing router seconds never read as idleness.
+- A change reaches the cluster before the database records it: if the driver fails, the
+  desired count is unchanged and the next pass tries again, with a warning Event.
+Every change writes an Event whose message and detail carry the numbers that caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
+from controlplane.endpoints import samples
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
+from controlplane.oncall.models import Event
+from dataplane.cluster.driver import ClusterDriver, ClusterError, Deployment
+
+log = logging.getLogger("controlplane.scaling")
+
+HORIZONTAL = "autoscaler-horizontal"
+VERTICAL = "autoscaler-vertical"
+LEASE_TTL_S = 60
+DEPLOYMENT_PREFIX = "ep-"
+
+
+def driver() -> ClusterDriver | None:
+    """The configured cluster driver; None when the control plane runs no pods (CLUSTER_DRIVER=none)."""
+    if settings.CLUSTER_DRIVER == "local":
+        from dataplane.cluster.local import LocalDriver
+
+        return LocalDriver(settings.CLUSTER_AGENT_URL)
+    return None
+
+
+def deployment_name(endpoint_id: int) -> str:
+    return f"{DEPLOYMENT_PREFIX}{endpoint_id}"
+
+
+def endpoint_id_of(deployment: str) -> int | None:
+    tail = deployment.removeprefix(DEPLOYMENT_PREFIX)
+    return int(tail) if deployment.startswith(DEPLOYMENT_PREFIX) and tail.isdigit() else None
+
+
+def deployment(endpoint: Endpoint, replicas: int | None = None) -> Deployment:
+    """An endpoint's pods: its simulated engine profile, served under the endpoint's name."""
+    return Deployment(
+        deployment_name(endpoint.pk),
+        endpoint.desired_replicas if replicas is None else replicas,
+        "sim",
+        (
+            "--profile",
+            sim_profile(endpoint.profile.gpu_type.name),
+            "--time-scale",
+            str(settings.LOCAL_POD_TIME_SCALE),
+            "--served-model-name",
+            endpoint.name,
+        ),
+        endpoint.target_concurrency_per_replica,
+        {"endpoint": str(endpoint.pk), "tenant": endpoint.tenant.name},
+    )
+
+
+def sim_profile(gpu_type: str) -> str:
+    """The simulated engine profile standing in for a GPU type (h100 unless named)."""
+    from dataplane.runtime.profiles import PROFILES
+
+    name = gpu_type.lower()
+    return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
+
+
+def config_for(endpoint: Endpoint) -> AutoscalerConfig:
+    return AutoscalerConfig.from_overrides(endpoint.autoscaler or {})
+
+
+# --- leases
+
+
+def take_lease(name: str, now: datetime, min_interval_s: float) -> Lease | None:
+    holder = f"{socket.gethostname()}:{os.getpid()}:{now.timestamp():.3f}"
+    Lease.objects.get_or_create(name=name)
+    free = Q(expires_at__isnull=True) | Q(expires_at__lt=now)
+    rested = Q(last_run_at__isnull=True) | Q(last_run_at__lte=now - timedelta(seconds=min_interval_s))
+    taken = (
+        Lease.objects.filter(name=name)
+        .filter(free & rested)
+        .update(holder=holder, expires_at=now + timedelta(seconds=LEASE_TTL_S))
+    )
+    return Lease.objects.get(name=name) if taken else None
+
+
+def release_lease(lease: Lease, now: datetime, cursor: int | None = None) -> None:
+    fields: dict[str, object] = {"expires_at": None, "last_run_at": now}
+    if cursor is not None:
+        fields["cursor"] = cursor
+    Lease.objects.filter(pk=lease.pk, holder=lease.holder).update(**fields)
+
+
+# --- passes
+
+
+@dataclass(frozen=True)
+class PassReport:
+    decided: int  # endpoints with a decision
+    changed: int  # endpoints whose replicas (or target) changed
+    failed: int  # changes the cluster refused
+
+
+def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket]]:
+    history: dict[int, list[Bucket]] = defaultdict(list)
+    rows = LoadBucket.objects.filter(endpoint_id__in=endpoint_ids, end__gt=since).values_list(
+        "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "queue_depth",
+        "p99_latency_s", "errors",
+    )  # fmt: skip
+    for endpoint_id, end, secs, in_flight, mu, requests, queue, p99, errors in rows:
+        history[endpoint_id].append(Bucket(end, secs, in_flight, mu, requests, queue, p99, None, errors))
+    return history
+
+
+def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport | None:
+    """Collect samples and each endpoint's used MU/min; with a cluster, decide replicas for every
+    endpoint and declare them. None when another pass holds the lease or ran less than half a
+    tick ago. The endpoints stay locked for the pass (one short transaction), so a wake cannot
+    be undone by a stale count."""
+    lease = take_lease(HORIZONTAL, now, AutoscalerConfig().tick_s / 2)
+    if lease is None:
+        return None
+    ts = now.timestamp()
+    cursor = lease.cursor
+    try:
+        with transaction.atomic():
+            endpoints = list(Endpoint.objects.with_related().select_for_update(of=("self",)).order_by("id"))
+            cursor = samples.collect(samples.source(), lease.cursor, ts, endpoints)
+            configs = {e.pk: config_for(e) for e in endpoints}
+            horizon = max((c.scale_down_window_s + c.scale_up_window_s for c in configs.values()), default=0)
+            history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
+            changes, events = [], []
+            decided = 0
+            for e in endpoints:
+                recent = [b for b in history.get(e.pk, []) if b.end > ts - 60]
+                e.used_mu_per_minute = sum(b.mu_per_minute * b.seconds for b in recent) / 60.0
+                if cluster is None:
+                    continue
+                d = decide(_spec(e, configs[e.pk], now), history.get(e.pk, []), ts)
+                decided += d.replicas is not None
+                if d.replicas is not None and d.changes(e.desired_replicas):
+                    events.append(
+                        _scale_event(e, e.desired_replicas, d.replicas, d.reason, d.need, d.down_need)
+                    )
+                    e.desired_replicas = d.replicas
+                    changes.append(e)
+            failed = _declare(cluster, endpoints, changes) if cluster else 0
+            Endpoint.objects.bulk_update(endpoints, ["desired_replicas", "used_mu_per_minute", "state"])
+            if not failed:
+                Event.objects.bulk_create(events)
+        return PassReport(decided, len(changes) - failed, failed)
+    finally:
+        release_lease(lease, now, cursor)
+
+
+def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
+    low, high = e.replica_bounds
+    # A request woke it: the router holds that request, which no sample shows yet; keep a replica.
+    woken = e.woken_at is not None and (now - e.woken_at).total_seconds() < cfg.scale_to_zero_grace_s
+    return EndpointSpec(
+        min_replicas=low,
+        max_replicas=high,
+        current_replicas=e.desired_replicas,
+        target_concurrency_per_replica=e.target_concurrency_per_replica,
+        mu_per_replica_minute=float(e.profile.mu_per_replica_minute),
+        scale_to_zero_enabled=e.scale_to_zero_enabled and not woken,
+        config=cfg,
+    )
+
+
+def _declare(cluster: ClusterDriver, endpoints: list[Endpoint], changes: list[Endpoint]) -> int:
+    """Declare every endpoint's deployment; on failure, undo this pass's changes in memory (the
+    database keeps the old counts) and report it. Returns the number of changes lost."""
+    try:
+        cluster.apply([deployment(e) for e in endpoints])
+    except ClusterError as exc:
+        for e in changes:
+            e.refresh_from_db(fields=["desired_replicas"])
+        Event.record(
+            Event.Kind.SCALE,
+            f"the cluster refused this pass's deployments ({exc}); {len(changes)} changes wait for the next",
+            severity=Event.Severity.WARNING,
+            reported_by="autoscaler",
+        )
+        return len(changes)
+    for e in endpoints:
+        e.state = state_of(e)
+    return 0
+
+
+def _scale_event(
+    e: Endpoint, old: int, new: int, reason: str, need: float | None, down_need: float | None
+) -> Event:
+    return Event(
+        kind=Event.Kind.SCALE,
+        tenant_id=e.tenant_id,
+        endpoint=e,
+        endpoint_name=e.name,
+        message=f"{e.name}: replicas {old} -> {new}: {reason}",
+        detail={"from": old, "to": new, "need": need, "down_need": down_need, "reason": reason},
+        reported_by="autoscaler",
+    )
+
+
+def state_of(e: Endpoint) -> str:
+    if e.desired_replicas == 0:
+        return Endpoint.State.SCALED_TO_ZERO if e.scale_to_zero_enabled else Endpoint.State.PENDING
+    if e.ready_replicas >= e.desired_replicas:
+        return Endpoint.State.READY
+    return Endpoint.State.SCALING if e.ready_replicas else Endpoint.State.PENDING
+
+
+def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
+    """Retune each serving endpoint's target concurrency per replica from its last 30 s."""
+    lease = take_lease(VERTICAL, now, AutoscalerConfig().vertical_tick_s / 2)
+    if lease is None:
+        return None
+    try:
+        ts = now.timestamp()
+        endpoints = list(Endpoint.objects.with_related().filter(ready_replicas__gt=0).order_by("id"))
+        configs = {e.pk: config_for(e) for e in endpoints}
+        horizon = max((c.vertical_tick_s for c in configs.values()), default=0)
+        history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
+        decided = changed = failed = 0
+        for e in endpoints:
+            cfg = configs[e.pk]
+            d = decide_concurrency(
+                e.target_concurrency_per_replica, e.ready_replicas, history.get(e.pk, []), ts, cfg
+            )
+            decided += d.target is not None
+            if d.target is None or d.target == e.target_concurrency_per_replica:
+                continue
+            try:
+                cluster.set_target_concurrency(deployment_name(e.pk), d.target)
+            except ClusterError as exc:
+                failed += 1
+                log.warning("target concurrency of %s not pushed: %s", e, exc)
+                continue
+            old = e.target_concurrency_per_replica
+            Endpoint.objects.filter(pk=e.pk).update(target_concurrency_per_replica=d.target)
+            Event.record(
+                Event.Kind.CONCURRENCY,
+                f"{e.name}: target concurrency per replica {old} -> {d.target}: {d.reason}",
+                tenant=e.tenant,
+                endpoint=e,
+                reported_by="autoscaler",
+                detail={"from": old, "to": d.target, "reason": d.reason},
+            )
+            changed += 1
+        return PassReport(decided, changed, failed)
+    finally:
+        release_lease(lease, now)
+
+
+def sync_pods(cluster: ClusterDriver) -> int:
+    """Mirror the cluster's pods (of our deployments) into Pod rows, which the routing table
+    serves to routers, and each endpoint's ready count and state. Returns rows changed."""
+    seen = {p.name: p for p in cluster.list_pods() if endpoint_id_of(p.deployment) is not None}
+    known = set(Endpoint.objects.values_list("pk", flat=True))
+    changed = 0
+    with transaction.atomic():
+        rows = {p.name: p for p in Pod.objects.select_for_update().filter(name__startswith=DEPLOYMENT_PREFIX)}
+        gone = [name for name in rows if name not in seen]
+        changed += Pod.objects.filter(name__in=gone).delete()[0]
+        create, update = [], []
+        for name, state in seen.items():
+            endpoint_id = endpoint_id_of(state.deployment)
+            row = rows.get(name)
+            if row is None and endpoint_id in known:
+                create.append(Pod(endpoint_id=endpoint_id, name=name, url=state.url, ready=state.ready))
+            elif row is not None and (row.ready, row.url) != (state.ready, state.url):
+                row.ready, row.url = state.ready, state.url
+                update.append(row)
+        Pod.objects.bulk_create(create)
+        Pod.objects.bulk_update(update, ["ready", "url", "updated_at"])
+        changed += len(create) + len(update)
+        ready: dict[int, int] = defaultdict(int)
+        for state in seen.values():
+            endpoint_id = endpoint_id_of(state.deployment)
+            if state.ready and endpoint_id is not None:
+                ready[endpoint_id] += 1
+        endpoints = list(
+            Endpoint.objects.select_for_update().filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))
+        )
+        for e in endpoints:
+            e.ready_replicas = ready.get(e.pk, 0)
+            e.state = state_of(e)
+        Endpoint.objects.bulk_update(endpoints, ["ready_replicas", "state"])
+    return changed
+
+
+def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
+    """A request is waiting for an endpoint at zero: start a replica now, not at the next tick.
+    False when it already has replicas. Raises ClusterError when the cluster refuses."""
+    with transaction.atomic():
+        e = Endpoint.objects.select_for_update(of=("self",)).with_related().get(pk=endpoint.pk)
+        if e.desired_replicas > 0:
+            return False
+        low, high = e.replica_bounds
+        replicas = min(max(1, low), max(1, high))
+        cluster.scale(deployment_name(e.pk), replicas)  # its deployment is declared, at 0, by every pass
+        _scale_event(
+            e, 0, replicas, "a request is waiting and the endpoint had no replica", None, None
+        ).save()
+        e.desired_replicas, e.woken_at = replicas, now
+        e.state = state_of(e)
+        e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])
+    return True

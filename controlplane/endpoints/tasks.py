@@ -1,0 +1,40 @@
+"""Celery tasks of the endpoints app: the autoscaler's passes and the pod mirror, thin wrappers."""
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.endpoints import scaling
+from controlplane.endpoints.models import LoadBucket, RouterSample
+
+
+@shared_task
+def autoscale_horizontal() -> str:
+    """Beat, every 5 s: collect load, decide replicas, declare them to the cluster."""
+    now = timezone.now()
+    report = scaling.horizontal_pass(scaling.driver(), now)
+    if report is None:
+        return "another pass holds the lease, or one ran less than half a tick ago"
+    ts = int(now.timestamp())
+    RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S).delete()
+    LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
+    return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
+
+
+@shared_task
+def autoscale_vertical() -> str:
+    """Beat, every 30 s: retune target concurrency per replica."""
+    cluster = scaling.driver()
+    if cluster is None:
+        return "no cluster driver: nothing to retune"
+    report = scaling.vertical_pass(cluster, timezone.now())
+    if report is None:
+        return "another pass holds the lease, or one ran less than half a tick ago"
+    return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
+
+
+@shared_task
+def sync_pods() -> int:
+    """Beat, every second: the cluster's pods and readiness into Pod rows (what routers route to)."""
+    cluster = scaling.driver()
+    return 0 if cluster is None else scaling.sync_pods(cluster)  # ClusterError: the task fails, logged

@@ -1,0 +1,291 @@
+"""The local cluster: keeps each deployment's replicas running as supervised local processes.
+
+    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 [--warm-pool 2] [--log-dir var/pods]
+
+What a kubelet and a ReplicaSet controller do on one machine, for the local cluster driver
+(`dataplane.cluster.local`). Its HTTP API, JSON in and out:
+
+    PUT   /deployments           {"deployments": [...]}  declare them all (others are removed)
+    PATCH /deployments/{name}    {"replicas": 3} and/or {"target_concurrency": 8}
+    GET   /deployments           {"deployments": [...]}
+    GET   /pods                  {"pods": [{"name", "deployment", "url", "ready", ...}]}
+    GET   /healthz
+
+A reconcile pass (every 0.25 s) starts missing replicas and retires extra ones. Scale-down
+retires the pods that are not ready first, then the newest; a retired pod reports not ready at
+once and is stopped (SIGTERM, drain) only `drain_delay_s` later, so that routers, which learn
+of it through the control plane, stop sending to it before it goes. Pods that hang or die are
+restarted by the supervisor (dataplane.runtime.supervisor) with restart events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from dataplane.cluster.driver import Deployment, PodState
+from dataplane.runtime.events import EventReporter, ReporterConfig
+from dataplane.runtime.minihttp import HttpServer, Request, Response, json_response
+from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig
+
+log = logging.getLogger("dataplane.cluster.agent")
+
+
+@dataclass
+class Replica:
+    name: str
+    deployment: str
+    port: int
+    probe_port: int
+    started_at: float  # monotonic s
+    ready_after_s: float | None = None  # first seen ready, seconds after start
+    retiring_since: float | None = None  # monotonic s; None while it serves
+
+
+def plan(
+    deployments: dict[str, Deployment], replicas: Sequence[Replica], ready: set[str]
+) -> tuple[dict[str, int], list[str]]:
+    """Pure: (replicas to start per deployment, names of pods to retire). Retires the not-ready
+    first, then the newest, so scale-down never takes a serving pod while a starting one stays."""
+    serving: dict[str, list[Replica]] = {}
+    retire: list[str] = []
+    for r in replicas:
+        if r.retiring_since is not None:
+            continue
+        if r.deployment not in deployments:
+            retire.append(r.name)
+        else:
+            serving.setdefault(r.deployment, []).append(r)
+    start: dict[str, int] = {}
+    for name, d in deployments.items():
+        have = serving.get(name, [])
+        if len(have) < d.replicas:
+            start[name] = d.replicas - len(have)
+        elif len(have) > d.replicas:
+            order = sorted(have, key=lambda r: (r.name in ready, -r.started_at))
+            retire += [r.name for r in order[: len(have) - d.replicas]]
+    return start, retire
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class Agent:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        host: str = "127.0.0.1",
+        drain_delay_s: float = 5.0,
+        pod_args: Callable[[Deployment], tuple[str, ...]] = lambda d: (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.supervisor = supervisor
+        self.host = host
+        self.drain_delay_s = drain_delay_s
+        self.pod_args = pod_args  # arguments every pod of a deployment gets (control plane, endpoint)
+        self.clock = clock
+        self.deployments: dict[str, Deployment] = {}
+        self.replicas: dict[str, Replica] = {}
+        self._lock = threading.Lock()
+        self._serial = itertools.count(1)
+        self._stopping: list[threading.Thread] = []
+
+    # --- the API's operations (thread-safe)
+    def apply(self, deployments: Sequence[Deployment]) -> None:
+        names = [d.name for d in deployments]
+        if len(set(names)) != len(names):
+            raise ValueError(f"deployment names repeat: {sorted(n for n in names if names.count(n) > 1)}")
+        with self._lock:
+            self.deployments = {d.name: d for d in deployments}
+
+    def patch(
+        self, name: str, replicas: int | None = None, target_concurrency: int | None = None
+    ) -> Deployment:
+        with self._lock:
+            d = self.deployments.get(name)
+            if d is None:
+                raise KeyError(name)
+            d = replace(
+                d,
+                replicas=d.replicas if replicas is None else replicas,
+                target_concurrency=d.target_concurrency if target_concurrency is None else target_concurrency,
+            )
+            Deployment.from_json(d.to_json())  # validates the patched values
+            self.deployments[name] = d
+            return d
+
+    def pods(self) -> list[PodState]:
+        status = {p.name: p for p in self.supervisor.list_pods()}
+        with self._lock:
+            self._note_ready({name for name, s in status.items() if s.ready}, self.clock())
+            replicas = list(self.replicas.values())
+        out = []
+        for r in sorted(replicas, key=lambda r: r.name):
+            s = status.get(r.name)
+            out.append(
+                PodState(
+                    r.name,
+                    r.deployment,
+                    f"http://{self.host}:{r.port}",
+                    ready=bool(s and s.ready) and r.retiring_since is None,
+                    restarts=s.restarts if s else 0,
+                    warm=bool(getattr(s, "warm", False)),
+                    ready_after_s=r.ready_after_s,
+                )
+            )
+        return out
+
+    # --- reconciliation
+    def reconcile_once(self) -> None:
+        now = self.clock()
+        ready = {p.name for p in self.supervisor.list_pods() if p.ready}
+        with self._lock:
+            self._note_ready(ready, now)
+            start, retire = plan(self.deployments, list(self.replicas.values()), ready)
+            for name in retire:
+                self.replicas[name].retiring_since = now
+            due = [
+                r
+                for r in self.replicas.values()
+                if r.retiring_since is not None and now - r.retiring_since >= self.drain_delay_s
+            ]
+            for r in due:
+                del self.replicas[r.name]
+            starts = [(self.deployments[name], n) for name, n in start.items()]
+        for r in due:  # SIGTERM and drain in the background: a slow pod must not stall the loop
+            t = threading.Thread(target=self.supervisor.stop_pod, args=(r.name,), daemon=True)
+            t.start()
+            self._stopping.append(t)
+        self._stopping = [t for t in self._stopping if t.is_alive()]
+        for d, n in starts:
+            for _ in range(n):
+                self._start(d, now)
+
+    def _note_ready(self, ready: set[str], now: float) -> None:
+        """Start-to-ready time of pods seen ready for the first time (the lock is held)."""
+        for r in self.replicas.values():
+            if r.ready_after_s is None and r.name in ready:
+                r.ready_after_s = round(now - r.started_at, 3)
+
+    def _start(self, d: Deployment, now: float) -> None:
+        r = Replica(f"{d.name}-{next(self._serial)}", d.name, free_port(self.host), free_port(self.host), now)
+        spec = PodSpec(r.name, d.engine, r.port, r.probe_port, args=d.args + self.pod_args(d), host=self.host)
+        self.supervisor.start_pod(spec)
+        with self._lock:
+            self.replicas[r.name] = r
+        log.info("deployment %s: started pod %s on port %d", d.name, r.name, r.port)
+
+    def close(self) -> None:
+        """Stop every pod (the supervisor's close) and wait for the drains under way."""
+        with self._lock:
+            self.deployments = {}
+            self.replicas = {}
+        self.supervisor.close()
+        for t in self._stopping:
+            t.join(timeout=self.supervisor.config.stop_grace_s + 5)
+
+    # --- HTTP
+    async def handle(self, request: Request) -> Response:
+        parts = [p for p in request.path.split("/") if p]
+        try:
+            if parts == ["healthz"]:
+                return json_response(200, {"status": "ok"})
+            if parts == ["pods"] and request.method == "GET":
+                return json_response(200, {"pods": [p.to_json() for p in self.pods()]})
+            if parts == ["deployments"] and request.method == "GET":
+                with self._lock:
+                    body = [d.to_json() for d in self.deployments.values()]
+                return json_response(200, {"deployments": body})
+            if parts == ["deployments"] and request.method == "PUT":
+                payload = request.json()
+                items = payload.get("deployments") if isinstance(payload, dict) else None
+                if not isinstance(items, list):
+                    raise ValueError('the body must be {"deployments": [...]}')
+                self.apply([Deployment.from_json(item) for item in items])
+                return json_response(200, {"deployments": len(items)})
+            if len(parts) == 2 and parts[0] == "deployments" and request.method == "PATCH":
+                payload = request.json()
+                if not isinstance(payload, dict) or not set(payload) <= {"replicas", "target_concurrency"}:
+                    raise ValueError(f"patch {payload!r}: only replicas and target_concurrency can change")
+                try:
+                    d = self.patch(parts[1], payload.get("replicas"), payload.get("target_concurrency"))
+                except KeyError:
+                    return json_response(404, {"error": f"no deployment {parts[1]!r}"})
+                return json_response(200, d.to_json())
+        except (ValueError, TypeError, json.JSONDecodeError) as exc:
+            return json_response(400, {"error": str(exc)})
+        return json_response(404, {"error": f"no route for {request.method} {request.path}"})
+
+
+def control_plane_args(url: str | None, key: str) -> Callable[[Deployment], tuple[str, ...]]:
+    """Pods report hangs and restarts to the control plane, stamped with their endpoint."""
+
+    def args(d: Deployment) -> tuple[str, ...]:
+        if not url:
+            return ()
+        endpoint = d.labels.get("endpoint")
+        extra = ("--endpoint-id", endpoint) if endpoint else ()
+        return ("--control-plane-url", url, "--control-plane-key", key, *extra)
+
+    return args
+
+
+async def serve(args: argparse.Namespace) -> None:
+    reporter = EventReporter(ReporterConfig(url=args.control_plane, key=args.key or "", pod="agent"))
+    supervisor = Supervisor(
+        SupervisorConfig(check_interval_s=0.5, stop_grace_s=args.grace, log_dir=args.log_dir), reporter
+    )
+    agent = Agent(
+        supervisor, args.host, args.drain_delay, control_plane_args(args.control_plane, args.key or "")
+    )
+    supervisor.start()
+    server = HttpServer(agent.handle)
+    host, _, port = args.listen.rpartition(":")
+    bound = await server.start(host, int(port))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.warning("cluster agent listening on %s:%d", host, bound)
+    while not stop.is_set():
+        await asyncio.to_thread(agent.reconcile_once)
+        try:
+            await asyncio.wait_for(stop.wait(), 0.25)
+        except TimeoutError:
+            pass
+    await server.close()
+    await asyncio.to_thread(agent.close)
+    reporter.close(2.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dataplane.cluster.agent", description=__doc__.split("\n")[0])
+    p.add_argument("--listen", default="127.0.0.1:8700", help="host:port of the agent's API")
+    p.add_argument("--host", default="127.0.0.1", help="address pods listen on")
+    p.add_argument(
+        "--drain-delay", type=float, default=5.0, help="retired pod serves no new request this long, s"
+    )
+    p.add_argument("--grace", type=float, default=30.0, help="SIGTERM to SIGKILL of a stopping pod, s")
+    p.add_argument("--log-dir", default=None, help="pods' stdout/stderr go to <dir>/<pod>.log")
+    p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
+    p.add_argument("--key", default=None, help="operator key for pod events")
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

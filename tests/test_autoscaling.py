@@ -1,0 +1,303 @@
+"""Autoscaler actuation on synthetic time: samples -> buckets -> decisions -> the cluster, with
+the lease, the no-data rule, wake from zero and the pod mirror. The cluster here records what
+it is told (`Recorder`); tests/test_autoscaling_stack.py runs the real agent, router and Celery."""
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from django.utils import timezone
+
+from controlplane.endpoints import samples, scaling
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
+from controlplane.oncall.models import Event
+from dataplane.cluster.driver import ClusterError, Deployment, PodState
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+TS = int(NOW.timestamp())  # a multiple of 5
+
+
+class Recorder:
+    """A cluster that keeps what it is told, and the pods a test gives it."""
+
+    def __init__(self, pods=(), fail=False):
+        self.applied: dict[str, Deployment] = {}
+        self.calls: list[tuple] = []
+        self.pods = list(pods)
+        self.fail = fail
+
+    def apply(self, deployments):
+        if self.fail:
+            raise ClusterError("agent unreachable")
+        self.applied = {d.name: d for d in deployments}
+        self.calls.append(("apply", len(deployments)))
+
+    def scale(self, name, replicas):
+        self.calls.append(("scale", name, replicas))
+
+    def set_target_concurrency(self, name, target):
+        self.calls.append(("target", name, target))
+
+    def list_pods(self):
+        return self.pods
+
+
+def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=None, queue=0.0):
+    """5-second buckets covering the last `seconds_back` seconds before NOW."""
+    LoadBucket.objects.bulk_create(
+        LoadBucket(
+            endpoint=endpoint,
+            end=end,
+            seconds=5,
+            in_flight=in_flight,
+            mu_per_minute=mu,
+            requests=requests,
+            queue_depth=queue,
+            p99_latency_s=p99,
+            errors=0,
+            throttled=0,
+            ready_replicas=endpoint.ready_replicas,
+            desired_replicas=endpoint.desired_replicas,
+        )
+        for end in range(TS - seconds_back + 5, TS + 1, 5)
+    )
+
+
+@pytest.fixture
+def metrics():
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+    yield client
+    for pattern in ("mu:load:*", "mu:routers:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def chat(owner, make_endpoint):
+    e = make_endpoint(owner, "chat", max_provisioned_concurrency=80)  # target 8: 1..10 replicas
+    assert (e.desired_replicas, e.replica_bounds) == (1, (1, 10))
+    return e
+
+
+# --- samples into buckets
+
+
+def test_a_slot_of_router_seconds_becomes_one_bucket(metrics, chat):
+    # The slot ending at TS covers seconds TS-5..TS-1. Two routers reported each second; the
+    # rows are their sums: in flight 2.0 each second, 30 requests and 6 MU in all, latencies
+    # of 29 requests in the 0.5-1 s bucket (index 7) and one in 5-10 s (index 10).
+    for s in range(TS - 5, TS):
+        metrics.incrby(f"mu:routers:{s}", 2)
+        metrics.hset(f"mu:load:{chat.pk}:{s}", mapping={"inflight": 2.0, "requests": 6, "mu": 1.2})
+    metrics.hset(f"mu:load:{chat.pk}:{TS - 1}", mapping={"lat7": 29, "lat10": 1, "queued": 3})
+    scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
+    b = LoadBucket.objects.get(endpoint=chat, end=TS)
+    assert (b.seconds, b.in_flight, b.requests) == (5, 2.0, 30)
+    assert b.mu_per_minute == pytest.approx(6 / 5 * 60)  # 72 MU/min
+    assert b.queue_depth == 3
+    # p50: rank 15 of 30 lies in (0.5, 1] -> 0.5 + 0.5 x 15/29; p99: rank 29.7 in (5, 10] -> 8.5
+    assert b.p50_latency_s == pytest.approx(0.5 + 0.5 * 15 / 29)
+    assert b.p99_latency_s == pytest.approx(5 + 5 * 0.7)
+    chat.refresh_from_db()
+    assert chat.used_mu_per_minute == pytest.approx(6.0)  # 6 MU in the last minute
+
+
+def test_seconds_no_router_reported_are_missing_not_idle(metrics, chat):
+    metrics.set(f"mu:routers:{TS - 3}", 1)  # one second of the slot TS-5..TS-1 was reported
+    scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
+    b = LoadBucket.objects.get(endpoint=chat, end=TS)
+    assert (b.seconds, b.in_flight, b.requests) == (1, 0.0, 0)
+    # The slot before it had no report at all: no bucket, so no decision reads it as idle.
+    assert not LoadBucket.objects.filter(end=TS - 5).exists()
+
+
+def test_without_redis_routers_post_their_seconds(settings, operator_client, owner_client, chat):
+    settings.REDIS_URL = ""
+    rows = [{"endpoint": chat.pk, "tenant": "acme", "inflight": 4.0, "requests": 2, "mu": 0.5}]
+    for s in range(TS - 5, TS):
+        answer = operator_client.post("/api/v1/load-samples/", {"second": s, "rows": rows}, format="json")
+        assert answer.status_code == 201 and answer.json() == {"stored": 1}
+    scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
+    b = LoadBucket.objects.get(endpoint=chat, end=TS)
+    assert (b.seconds, b.in_flight, b.requests, b.mu_per_minute) == (5, 4.0, 10, pytest.approx(30.0))
+    bad = operator_client.post("/api/v1/load-samples/", {"second": "now", "rows": []}, format="json")
+    assert bad.status_code == 400 and bad.json()["fields"]["second"]["value"] == "now"
+    assert (
+        owner_client.post("/api/v1/load-samples/", {"second": 1, "rows": []}, format="json").status_code
+        == 403
+    )
+
+
+# --- horizontal decisions reach the cluster
+
+
+def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
+    # 30 in flight against 70 % of 8 per replica needs 5.36 replicas; from 1 a tick may add at
+    # most max(1 x 2, 1 + 4) = 5.
+    buckets(chat, 20, in_flight=30.0, mu=10.0, requests=50)
+    cluster = Recorder()
+    report = scaling.horizontal_pass(cluster, NOW)
+    assert (report.decided, report.changed, report.failed) == (1, 1, 0)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 5 and cluster.applied[f"ep-{chat.pk}"].replicas == 5
+    event = Event.objects.get(kind="scale", endpoint=chat)
+    assert event.message.startswith("chat: replicas 1 -> 5:") and "need 5.36" in event.message
+    assert event.detail["from"] == 1 and event.detail["to"] == 5
+    d = cluster.applied[f"ep-{chat.pk}"]
+    assert d.args[-2:] == ("--served-model-name", "chat") and d.labels["endpoint"] == str(chat.pk)
+
+
+def test_two_ticks_at_once_decide_once(chat):
+    buckets(chat, 20, in_flight=30.0)
+    assert scaling.horizontal_pass(Recorder(), NOW).changed == 1
+    # The same tick again (a second beat, a second replica): the lease ran 0 s ago -> skipped.
+    assert scaling.horizontal_pass(Recorder(), NOW) is None
+    assert scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=2)) is None
+    assert scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=3)) is not None
+    assert Event.objects.filter(kind="scale").count() == 1
+
+
+def test_a_crashed_pass_holds_the_lease_until_it_expires(chat):
+    Lease.objects.create(
+        name=scaling.HORIZONTAL, holder="dead-worker", expires_at=NOW + timedelta(seconds=30)
+    )
+    assert scaling.horizontal_pass(Recorder(), NOW) is None
+    assert scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=31)) is not None
+
+
+def test_no_samples_no_decision_never_zero(owner, make_endpoint):
+    idle = make_endpoint(owner, "idle", scale_to_zero_enabled=True, max_provisioned_concurrency=8)
+    idle.desired_replicas = 1
+    idle.save()
+    cluster = Recorder()
+    report = scaling.horizontal_pass(cluster, NOW)
+    assert (report.decided, report.changed) == (0, 0)
+    idle.refresh_from_db()
+    assert idle.desired_replicas == 1 and cluster.applied[f"ep-{idle.pk}"].replicas == 1
+
+
+def test_a_refusing_cluster_changes_nothing_and_says_so(chat):
+    buckets(chat, 20, in_flight=30.0)
+    report = scaling.horizontal_pass(Recorder(fail=True), NOW)
+    assert (report.changed, report.failed) == (0, 1)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 1
+    (event,) = Event.objects.filter(kind="scale")
+    assert event.severity == "warning" and "agent unreachable" in event.message
+
+
+def test_idle_for_the_grace_period_scales_to_zero(owner, make_endpoint):
+    e = make_endpoint(owner, "nightly", scale_to_zero_enabled=True, max_provisioned_concurrency=8)
+    e.desired_replicas = 1
+    e.save()
+    buckets(e, 330)  # 5.5 min of zeros, reported by routers: idle for the 300 s grace
+    scaling.horizontal_pass(Recorder(), NOW)
+    e.refresh_from_db()
+    assert (e.desired_replicas, e.state) == (0, "scaled_to_zero")
+
+
+# --- wake from zero
+
+
+def test_a_router_wakes_an_endpoint_at_zero_at_once(monkeypatch, operator_client, owner, make_endpoint):
+    e = make_endpoint(owner, "nightly", scale_to_zero_enabled=True, max_provisioned_concurrency=8)
+    assert e.desired_replicas == 0
+    cluster = Recorder()
+    monkeypatch.setattr(scaling, "driver", lambda: cluster)
+    answer = operator_client.post(f"/api/v1/endpoints/{e.pk}/wake/")
+    assert answer.status_code == 202 and answer.json()["desired_replicas"] == 1
+    assert cluster.calls == [("scale", f"ep-{e.pk}", 1)]
+    assert Event.objects.get(kind="scale", endpoint=e).detail["to"] == 1
+    # Again while it starts: nothing more to do.
+    assert operator_client.post(f"/api/v1/endpoints/{e.pk}/wake/").status_code == 200
+    assert len(cluster.calls) == 1
+    # The idle history says zero, but the request that woke it is still held: keep the replica.
+    buckets(e, 330)
+    scaling.horizontal_pass(cluster, timezone.now())
+    e.refresh_from_db()
+    assert e.desired_replicas == 1
+
+
+def test_wake_refusals_say_why(monkeypatch, operator_client, other_client, owner, make_endpoint):
+    always_on = make_endpoint(owner, "always-on")
+    Endpoint.objects.filter(pk=always_on.pk).update(desired_replicas=0)
+    answer = operator_client.post(f"/api/v1/endpoints/{always_on.pk}/wake/")
+    assert answer.status_code == 409 and "does not scale to zero" in answer.json()["detail"]
+    nightly = make_endpoint(owner, "nightly", scale_to_zero_enabled=True)
+    answer = operator_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/")  # CLUSTER_DRIVER=none
+    assert answer.status_code == 503 and "CLUSTER_DRIVER=none" in answer.json()["detail"]
+    assert answer.headers["Retry-After"] == "5"
+    assert other_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/").status_code == 404
+
+    def refuse(name, replicas):
+        raise ClusterError("agent unreachable")
+
+    cluster = Recorder()
+    cluster.scale = refuse
+    monkeypatch.setattr(scaling, "driver", lambda: cluster)
+    answer = operator_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/")
+    assert answer.status_code == 503 and "agent unreachable" in answer.json()["detail"]
+    nightly.refresh_from_db()
+    assert nightly.desired_replicas == 0 and not Event.objects.filter(endpoint=nightly).exists()
+
+
+# --- vertical
+
+
+def test_slow_replicas_get_a_smaller_target(chat):
+    Endpoint.objects.filter(pk=chat.pk).update(ready_replicas=2, target_concurrency_per_replica=16)
+    buckets(chat, 30, in_flight=20.0, p99=9.5)  # p99 9.5 s > 90 % of the 10 s SLO, all 6 buckets
+    cluster = Recorder()
+    report = scaling.vertical_pass(cluster, NOW)
+    assert (report.decided, report.changed) == (1, 1)
+    assert cluster.calls == [("target", f"ep-{chat.pk}", 12)]  # 16 x 0.75
+    chat.refresh_from_db()
+    assert chat.target_concurrency_per_replica == 12
+    assert "16 -> 12" in Event.objects.get(kind="concurrency").message
+
+
+def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, chat):
+    bad = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"tolerance": 2}}, format="json")
+    assert bad.status_code == 400 and "tolerance=2" in str(bad.json())
+    unknown = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"speed": 1}}, format="json")
+    assert unknown.status_code == 400 and "'speed'" in str(unknown.json())
+    ok = owner_client.patch(
+        f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"target_utilisation": 0.5}}, format="json"
+    )
+    assert ok.status_code == 200 and ok.json()["autoscaler"] == {"target_utilisation": 0.5}
+    # 16 in flight against 50 % of 8 per replica needs 4.00 replicas (the default 70 %: 2.86 -> 3).
+    buckets(chat, 20, in_flight=16.0)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 4
+    assert "need 4.00" in Event.objects.get(kind="scale").message
+
+
+# --- the pod mirror
+
+
+def test_cluster_pods_become_the_routing_tables_pods(chat):
+    Pod.objects.create(endpoint=chat, name="registered-by-hand", url="http://127.0.0.1:9", ready=True)
+    Endpoint.objects.filter(pk=chat.pk).update(desired_replicas=2)
+    cluster = Recorder(
+        pods=[
+            PodState(f"ep-{chat.pk}-1", f"ep-{chat.pk}", "http://127.0.0.1:7001", True),
+            PodState(f"ep-{chat.pk}-2", f"ep-{chat.pk}", "http://127.0.0.1:7002", False),
+            PodState("other-1", "other", "http://127.0.0.1:7003", True),  # not ours
+        ]
+    )
+    assert scaling.sync_pods(cluster) == 2
+    chat.refresh_from_db()
+    assert (chat.ready_replicas, chat.state) == (1, "scaling")
+    names = set(Pod.objects.values_list("name", flat=True))
+    assert names == {"registered-by-hand", f"ep-{chat.pk}-1", f"ep-{chat.pk}-2"}
+    cluster.pods = [PodState(f"ep-{chat.pk}-2", f"ep-{chat.pk}", "http://127.0.0.1:7002", True)]
+    assert scaling.sync_pods(cluster) == 2  # one gone, one ready
+    chat.refresh_from_db()
+    assert (chat.ready_replicas, chat.state) == (1, "scaling")
+    assert set(Pod.objects.values_list("name", "ready")) == {
+        ("registered-by-hand", True),
+        (f"ep-{chat.pk}-2", True),
+    }
