@@ -6,8 +6,8 @@ and `mu:routers:{second}`) when REDIS_URL is set, else the database (RouterSampl
 to /api/v1/load-samples/, the embedded default). `collect` reads the seconds of each finished
 5-second slot and writes a LoadBucket per endpoint that has replicas or traffic:
 
-    30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all
-      -> in_flight 2.0, mu_per_minute 6 / 5 s x 60 = 72.0, requests 30
+    30 requests in the slot, in-flight 2.0 in each of its 5 seconds and 3 waiting in the last,
+    6 MU in all -> in_flight (10 + 3) / 5 = 2.6, mu_per_minute 6 / 5 s x 60 = 72.0, requests 30
 
 A slot no router reported is missing data and gets no bucket (the autoscaler then decides
 nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
@@ -28,7 +28,7 @@ from dataplane.router.metering import LATENCY_BUCKETS_S
 BUCKET_S = 5
 LAG_S = 2  # routers publish a second about a second after it ends
 MAX_CATCH_UP_S = 360  # after a pause, collect at most the last 6 minutes (the autoscaler's horizon)
-SUMMED = ("requests", "inflight", "mu", "errors", "throttled")
+SUMMED = ("requests", "inflight", "queued", "mu", "errors", "throttled")
 
 Rows = dict[tuple[int, int], dict[str, float]]  # (endpoint id, second) -> fields, all routers
 
@@ -111,7 +111,10 @@ def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[
     return {
         "end": end,
         "seconds": observed,
-        "in_flight": total["inflight"] / observed,
+        # Requests in the system: at pods, and waiting in the routers' queues because every pod
+        # is at its target concurrency (Knative counts them too). Without the waiting ones a
+        # saturated endpoint reads as exactly at target and scales up one replica per window.
+        "in_flight": (total["inflight"] + total["queued"]) / observed,
         "mu_per_minute": total["mu"] / observed * 60.0,
         "requests": round(total["requests"]),
         "queue_depth": max((row.get("queued", 0.0) for row in seconds), default=0.0),

@@ -129,8 +129,11 @@ def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket
         "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "queue_depth",
         "p99_latency_s", "errors",
     )  # fmt: skip
-    for endpoint_id, end, secs, in_flight, mu, requests, queue, p99, errors in rows:
-        history[endpoint_id].append(Bucket(end, secs, in_flight, mu, requests, queue, p99, None, errors))
+    for endpoint_id, end, secs, in_flight, mu, requests, _router_queue, p99, errors in rows:
+        # The routers' queue is demand held back at the target concurrency (in_flight counts it);
+        # as the vertical decider's "engine queue" it would shrink the target, which lengthens
+        # the routers' queue: a ratchet. The engines' own queue is not collected yet: 0.
+        history[endpoint_id].append(Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors))
     return history
 
 

@@ -102,10 +102,15 @@ class EndpointState:
         self.wake_all()  # target concurrency may have grown: let waiters look again
 
     def capacity_mu_per_min(self) -> float:
-        """Ready pods x MU/min per replica; 0 per replica means unknown, i.e. unlimited."""
+        """Ready pods x MU/min per replica; 0 per replica means unknown, i.e. unlimited. An
+        endpoint that scales to zero counts the replica a waiting request wakes, so its first
+        best-effort request is held for the wake, not refused for want of headroom."""
         if self.spec.mu_per_replica_minute <= 0:
             return float("inf")
-        return self.spec.mu_per_replica_minute * sum(1 for p in self.pods if p.available())
+        ready = sum(1 for p in self.pods if p.available())
+        if ready == 0 and self.spec.scale_to_zero_enabled:
+            ready = 1
+        return self.spec.mu_per_replica_minute * ready
 
     def queued(self) -> int:
         return len(self.waiters_priority) + len(self.waiters)

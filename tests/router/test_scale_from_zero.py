@@ -61,3 +61,23 @@ def test_no_ready_pod_without_scale_to_zero_is_503_at_once():
             assert status == 503 and error_of(payload)["code"] == "no_ready_pod" and "retry-after" in headers
 
     asyncio.run(go())
+
+
+def test_best_effort_traffic_is_held_for_the_wake_not_refused():
+    """Without a reservation every request is best effort, admitted on headroom: at zero pods an
+    endpoint that scales to zero counts the replica the request wakes (else: 429 forever)."""
+
+    async def go():
+        cfg = with_config(wake_deadline_s=3.0)
+        table = parse_routing_table(table_doc([], scale_to_zero_enabled=True, reservation=None))
+        async with running(1, table=table, config=cfg) as (router, pods):
+            held = asyncio.ensure_future(call(router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY))
+            await asyncio.sleep(0.2)
+            assert not held.done()
+            doc = table_doc(pods, version="v2", scale_to_zero_enabled=True, reservation=None)
+            router.apply(parse_routing_table(doc))
+            status, _, _ = await asyncio.wait_for(held, 2)
+            assert status == 200
+            await assert_idle(router)
+
+    asyncio.run(go())

@@ -5,64 +5,92 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('endpoints', '0002_pods_and_routing_policy'),
+        ("endpoints", "0002_pods_and_routing_policy"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Lease',
+            name="Lease",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True)),
-                ('holder', models.CharField(blank=True, max_length=200)),
-                ('expires_at', models.DateTimeField(null=True)),
-                ('last_run_at', models.DateTimeField(null=True)),
-                ('cursor', models.BigIntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=63, unique=True)),
+                ("holder", models.CharField(blank=True, max_length=200)),
+                ("expires_at", models.DateTimeField(null=True)),
+                ("last_run_at", models.DateTimeField(null=True)),
+                ("cursor", models.BigIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name='RouterSample',
+            name="RouterSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('second', models.BigIntegerField(db_index=True)),
-                ('endpoint_id', models.PositiveIntegerField()),
-                ('fields', models.JSONField(default=dict)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("second", models.BigIntegerField(db_index=True)),
+                ("endpoint_id", models.PositiveIntegerField()),
+                ("fields", models.JSONField(default=dict)),
             ],
         ),
         migrations.AddField(
-            model_name='endpoint',
-            name='autoscaler',
+            model_name="endpoint",
+            name="autoscaler",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='endpoint',
-            name='woken_at',
+            model_name="endpoint",
+            name="woken_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.CreateModel(
-            name='LoadBucket',
+            name="LoadBucket",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('end', models.BigIntegerField(help_text="unix seconds at the bucket's end, a multiple of its length")),
-                ('seconds', models.PositiveSmallIntegerField(help_text='seconds some router reported')),
-                ('in_flight', models.FloatField()),
-                ('mu_per_minute', models.FloatField()),
-                ('requests', models.PositiveIntegerField()),
-                ('queue_depth', models.FloatField()),
-                ('p50_latency_s', models.FloatField(null=True)),
-                ('p99_latency_s', models.FloatField(null=True)),
-                ('errors', models.PositiveIntegerField()),
-                ('throttled', models.PositiveIntegerField()),
-                ('ready_replicas', models.PositiveIntegerField()),
-                ('desired_replicas', models.PositiveIntegerField()),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='load', to='endpoints.endpoint')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "end",
+                    models.BigIntegerField(
+                        help_text="unix seconds at the bucket's end, a multiple of its length"
+                    ),
+                ),
+                ("seconds", models.PositiveSmallIntegerField(help_text="seconds some router reported")),
+                ("in_flight", models.FloatField()),
+                ("mu_per_minute", models.FloatField()),
+                ("requests", models.PositiveIntegerField()),
+                ("queue_depth", models.FloatField()),
+                ("p50_latency_s", models.FloatField(null=True)),
+                ("p99_latency_s", models.FloatField(null=True)),
+                ("errors", models.PositiveIntegerField()),
+                ("throttled", models.PositiveIntegerField()),
+                ("ready_replicas", models.PositiveIntegerField()),
+                ("desired_replicas", models.PositiveIntegerField()),
+                (
+                    "endpoint",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="load",
+                        to="endpoints.endpoint",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['endpoint_id', 'end'],
-                'indexes': [models.Index(fields=['end'], name='endpoints_l_end_db5201_idx')],
-                'constraints': [models.UniqueConstraint(fields=('endpoint', 'end'), name='load_bucket_unique')],
+                "ordering": ["endpoint_id", "end"],
+                "indexes": [models.Index(fields=["end"], name="endpoints_l_end_db5201_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("endpoint", "end"), name="load_bucket_unique")
+                ],
             },
         ),
     ]

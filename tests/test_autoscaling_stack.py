@@ -1,0 +1,124 @@
+"""The whole loop on one machine, real parts only: Celery beat + worker on the real Redis decide
+from the real router's samples, the local cluster agent starts and stops real simulated-engine
+pods, the pod mirror feeds the routing table back to the router. Under load an endpoint scales
+up, and back down after its (shortened) scale-down window; an endpoint at zero is woken by a
+request, which completes once the new pod is ready."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from capacity.models import ModelProfile, sell
+from controlplane.endpoints.models import Endpoint
+from controlplane.oncall.models import Event
+from controlplane.tenants.models import ApiKey
+from tests.runtime.support import free_port, http, wait_until
+from tests.test_stack import post
+
+
+def spawn(args, env, log):
+    return subprocess.Popen(
+        [sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=10)
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
+    live_server, settings, owner, make_endpoint, tmp_path
+):
+    # target 8 per replica, 1..6 replicas; scale down after 20 s instead of 5 min.
+    chat = make_endpoint(owner, "chat", max_provisioned_concurrency=48)
+    Endpoint.objects.filter(pk=chat.pk).update(autoscaler={"scale_down_window_s": 20.0})
+    nightly = make_endpoint(owner, "nightly", scale_to_zero_enabled=True, max_provisioned_concurrency=8)
+    # Priced so that concurrency, not MU, drives this test: 300 tokens out cost 0.155 MU.
+    ModelProfile.objects.filter(pk=chat.profile_id).update(alpha=0, beta=0.0005, gamma=0.005)
+    sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="test")
+    _, operator = ApiKey.issue(name="router", tenant=None)
+    _, tenant_key = ApiKey.issue(name="app", tenant=owner)
+    broker = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+    redis.Redis.from_url(broker).flushdb()  # no stale tasks or samples from an earlier run
+    db = django_settings.DATABASES["default"]
+    agent_port, router_port = free_port(), free_port()
+    settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"  # wake
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": broker,
+        "CELERY_BROKER_URL": broker,
+        "CLUSTER_DRIVER": "local",
+        "CLUSTER_AGENT_URL": f"http://127.0.0.1:{agent_port}",
+        "BENCHMARK_CHECK_INTERVAL_S": "3600",
+        "CAPACITY_SNAPSHOT_INTERVAL_S": "3600",
+    }
+    log = open(tmp_path / "stack.log", "wb")
+    procs = [
+        spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
+               "--grace", "5", "--log-level", "warning"], env, log),
+        spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
+               live_server.url, "--key", operator, "--redis", broker, "--poll-interval-s", "0.5"], env, log),
+        spawn(["-m", "celery", "-A", "controlplane", "worker", "--beat", "--pool=solo", "--loglevel=INFO",
+               f"--schedule={tmp_path / 'beat'}"], env, log),
+    ]  # fmt: skip
+    router = f"http://127.0.0.1:{router_port}"
+
+    def replicas(endpoint):
+        endpoint.refresh_from_db()
+        for p in procs:
+            assert p.poll() is None, (tmp_path / "stack.log").read_text()[-4000:]
+        return endpoint.desired_replicas, endpoint.ready_replicas
+
+    try:
+        # The first pass declares both deployments; chat's minimum replica starts and is mirrored.
+        wait_until(lambda: replicas(chat) == (1, 1), timeout=60, interval=0.5)
+
+        # Wake from zero: the router holds the request, asks the control plane, which starts a
+        # pod at once; the request completes when the pod is ready.
+        assert replicas(nightly) == (0, 0)
+        started = time.monotonic()
+        status, answer = post(f"{router}/v1/completions", {"model": "nightly", "prompt": "hi", "max_tokens": 4},
+                              tenant_key)  # fmt: skip
+        woke_in = time.monotonic() - started
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
+        assert replicas(nightly)[0] == 1
+        assert Event.objects.filter(endpoint=nightly, kind="scale", message__contains="0 -> 1").exists()
+
+        # 24 clients with 300-token answers keep ~24 requests in flight: 24 / (0.7 x 8) = 4.3
+        # replicas -> 5. The load generator is the one a newcomer runs (README).
+        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
+                      "--stages", "40x24", "--max-tokens", "300"], env, log)  # fmt: skip
+        try:
+            wait_until(lambda: replicas(chat)[0] >= 4, timeout=45, interval=0.5)
+            wait_until(lambda: replicas(chat)[1] >= 4, timeout=30, interval=0.5)
+            peak = replicas(chat)[0]
+        finally:
+            assert load.wait(timeout=60) == 0
+        up = Event.objects.filter(endpoint=chat, kind="scale").order_by("id").first()
+        assert up is not None and "in flight" in up.message and up.detail["to"] > up.detail["from"]
+
+        # Load gone: after the 20 s window the highest need is ~0 -> back to the minimum, 1.
+        wait_until(lambda: replicas(chat) == (1, 1), timeout=60, interval=0.5)
+        down = Event.objects.filter(endpoint=chat, kind="scale").order_by("-id").first()
+        assert down.detail["to"] == 1 and "highest need over 20 s" in down.message
+        pods = http("GET", f"http://127.0.0.1:{agent_port}/pods")
+        assert pods[0] == 200
+        print(f"woke from zero in {woke_in:.1f} s; chat peaked at {peak} replicas")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        log.close()
