@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run test test-vllm lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router clean
+.PHONY: install run load test test-vllm lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,17 +15,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The embedded default: SQLite under var/, Celery worker + beat on a filesystem broker,
-# the API and admin on http://127.0.0.1:8000.
+# The embedded default, the whole stack on one machine: SQLite under var/, Celery worker + beat on
+# a filesystem broker, the local cluster agent running simulated-engine pods, a router on :8080,
+# the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh).
 run: install
-	@mkdir -p var/broker var/broker-processed
-	$(BIN)/python manage.py migrate --noinput -v0
-	$(BIN)/python manage.py load_demo
-	@echo "Celery worker + beat log: var/celery.log"
-	@$(BIN)/celery -A controlplane worker --beat --pool=solo --loglevel=INFO \
-	    --schedule=var/celerybeat-schedule >var/celery.log 2>&1 & \
-	  worker=$$!; trap 'kill $$worker 2>/dev/null' EXIT INT TERM; \
-	  $(BIN)/python manage.py runserver 127.0.0.1:8000 --noreload
+	BIN=$(BIN) bash scripts/run-local.sh
+
+# Traffic for the stack `make run` started: watch replicas and events move in the console.
+load: install
+	@test -s var/keys/acme.key || { echo "no var/keys/acme.key: run 'make run' first (on a fresh var/)"; exit 1; }
+	$(BIN)/python -m dataplane.loadgen --url http://127.0.0.1:8080 --key "$$(cat var/keys/acme.key)" \
+	    --model summarize --stages $(or $(STAGES),30x2,90x24,120x2)
 
 # The console's browser tests drive Debian's Chromium; Playwright never downloads a browser here.
 /usr/bin/chromium:

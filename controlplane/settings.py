@@ -143,9 +143,9 @@ BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimu
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
-# at CLUSTER_AGENT_URL) or "none" (pods are registered through /api/v1/pods/ by someone else;
-# the autoscaler still collects load and usage, and decides nothing).
-CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "none")
+# at CLUSTER_AGENT_URL; the embedded default) or "none" (pods are registered through
+# /api/v1/pods/ by someone else; the autoscaler still collects load and usage, decides nothing).
+CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "local" if EMBEDDED else "none")
 if CLUSTER_DRIVER not in ("none", "local"):
     raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none' or 'local'")
 CLUSTER_AGENT_URL = envstr("CLUSTER_AGENT_URL", "http://127.0.0.1:8700")

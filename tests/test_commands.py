@@ -43,8 +43,8 @@ def test_create_operator_key_prints_a_working_key_last(db):
     assert whoami(secret) == {"name": "alice", "operator": True, "tenant": None}
 
 
-def test_load_demo_is_idempotent(db):
-    first = run("load_demo")
+def test_load_demo_is_idempotent(db, tmp_path):
+    first = run("load_demo", "--write-keys", str(tmp_path / "keys"))
     assert first[0] == "Demo fleet loaded. API keys (shown once):"
     counts = (Endpoint.objects.count(), GpuPool.objects.count(), Reservation.objects.count())
     assert counts[0] >= 4 and counts[2] >= 1
@@ -52,3 +52,7 @@ def test_load_demo_is_idempotent(db):
     assert (Endpoint.objects.count(), GpuPool.objects.count(), Reservation.objects.count()) == counts
     operator = first[1].split(": ")[1]
     assert whoami(operator)["operator"] is True
+    # ...and the local stack reads them from files only their owner can read
+    written = tmp_path / "keys" / "operator.key"
+    assert written.read_text().strip() == operator and written.stat().st_mode & 0o777 == 0o600
+    assert whoami((tmp_path / "keys" / "acme.key").read_text().strip())["tenant"] == "acme"

@@ -265,6 +265,10 @@ async def serve(args: argparse.Namespace) -> None:
             await asyncio.wait_for(stop.wait(), 0.25)
         except TimeoutError:
             pass
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the pods' shutdown
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
+    log.warning("cluster agent stopping its pods")
     await server.close()
     await asyncio.to_thread(agent.close)
     reporter.close(2.0)

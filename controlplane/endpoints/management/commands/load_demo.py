@@ -4,6 +4,8 @@ Idempotent: a second run finds the fleet and changes nothing. Coefficients are h
 placeholders (source=manual) until the benchmarks fit real ones.
 """
 
+from pathlib import Path
+
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -36,6 +38,14 @@ ENDPOINTS = [
 
 class Command(BaseCommand):
     help = "Load the demo fleet (idempotent); prints new API keys when it creates tenants."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--write-keys",
+            metavar="DIR",
+            help="also write the new keys to DIR/operator.key, DIR/acme.key, ... (mode 600), "
+            "for the local stack's router and load generator",
+        )
 
     @transaction.atomic
     def handle(self, **options):
@@ -93,7 +103,14 @@ class Command(BaseCommand):
         )
         _, operator = ApiKey.issue(name="demo-operator", tenant=None)
         keys = {name: ApiKey.issue(name=f"{name}-demo", tenant=t)[1] for name, t in tenants.items()}
+        keys = {"operator": operator, **keys}
+        if options.get("write_keys"):
+            folder = Path(options["write_keys"])
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, secret in keys.items():
+                path = folder / f"{name}.key"
+                path.touch(mode=0o600)
+                path.write_text(secret + "\n")
         self.stdout.write("Demo fleet loaded. API keys (shown once):")
-        self.stdout.write(f"  operator: {operator}")
         for name, secret in keys.items():
             self.stdout.write(f"  {name}: {secret}")
