@@ -91,8 +91,8 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # pod at once; the request completes when the pod is ready.
         assert replicas(nightly) == (0, 0)
         started = time.monotonic()
-        status, answer = post(f"{router}/v1/completions", {"model": "nightly", "prompt": "hi", "max_tokens": 4},
-                              tenant_key)  # fmt: skip
+        hello = {"model": "nightly", "prompt": "hi", "max_tokens": 4}
+        status, answer = post(f"{router}/v1/completions", hello, tenant_key)
         woke_in = time.monotonic() - started
         assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
         assert replicas(nightly)[0] == 1

@@ -33,7 +33,7 @@ from controlplane.api.filters import EndpointFilterSet, EventFilterSet
 from controlplane.api.pagination import LateJoinPaginator
 from controlplane.api.serializers import EndpointSerializer, ReservationSerializer
 from controlplane.console import charts
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
 
@@ -287,7 +287,8 @@ def endpoints(request):
 ENDPOINT_FIELDS = [
     name
     for name, field in EndpointSerializer().fields.items()
-    if not field.read_only and name not in ("tenant", "scale_to_zero_enabled")
+    # Per-endpoint autoscaler settings are an API-only JSON object, not a form field (yet).
+    if not field.read_only and name not in ("tenant", "scale_to_zero_enabled", "autoscaler")
 ]
 
 
@@ -360,41 +361,64 @@ def endpoint_live(request, pk):
 
 
 def endpoint_live_context(endpoint: Endpoint) -> dict:
-    """What the detail page refreshes: replicas, usage, and the timeline of scale steps.
+    """What the detail page refreshes: replicas, traffic, latency and the last hour's timeline.
 
-    Replicas come from scale events (detail["replicas"]: the new desired count) and the target
-    concurrency from concurrency events (detail["target_concurrency"]); each event is marked.
+    The timeline is the autoscaler's 5-second load buckets (desired and ready replicas, requests
+    in flight and per second, as the routers metered them), with each scale and concurrency
+    event marked. Traffic and latency are the last minute's: p50 the requests-weighted mean of
+    the buckets' p50, p99 the highest bucket p99 (a bucket's p99 is of its own requests).
     """
     now = timezone.now()
     since = now - timedelta(hours=1)
-    steps = list(
-        Event.objects.filter(endpoint=endpoint, kind__in=["scale", "concurrency"], time__gte=since)
+    rows = list(
+        LoadBucket.objects.filter(endpoint=endpoint, end__gt=since.timestamp())
+        .order_by("end")
+        .values_list("end", "desired_replicas", "ready_replicas", "in_flight", "requests", "seconds",
+                     "p50_latency_s", "p99_latency_s")
+    )  # fmt: skip
+    marks = [
+        charts.Mark(t.timestamp(), f"{k}: {m}", f"mark {k}")
+        for k, t, m in Event.objects.filter(
+            endpoint=endpoint, kind__in=["scale", "concurrency"], time__gte=since
+        )
         .order_by("time", "id")
-        .values_list("kind", "time", "detail", "message")
-    )
-    replicas = [
-        (t.timestamp(), float(d["replicas"])) for k, t, d, _ in steps if k == "scale" and "replicas" in d
+        .values_list("kind", "time", "message")
     ]
-    if replicas or endpoint.desired_replicas:
-        replicas = [
-            (since.timestamp(), replicas[0][1] if replicas else float(endpoint.desired_replicas)),
-            *replicas,
-        ]
-    chart = charts.line_chart(
+    window = (since.timestamp(), now.timestamp())
+    replicas = charts.line_chart(
         charts.Chart(
             title="replicas over the last hour (marks: scale and concurrency events)",
-            series=[charts.Series("desired replicas", replicas, "replicas", step=True)],
-            marks=[charts.Mark(t.timestamp(), f"{k}: {m}", f"mark {k}") for k, t, _, m in steps],
+            series=[
+                charts.Series("desired", [(r[0], float(r[1])) for r in rows], "replicas", step=True),
+                charts.Series("ready", [(r[0], float(r[2])) for r in rows], "used", step=True),
+            ],
+            marks=marks,
         ),
-        since.timestamp(),
-        now.timestamp(),
+        *window,
     )
+    load = charts.line_chart(
+        charts.Chart(
+            title="load over the last hour: requests in flight (at pods and queued) and per second",
+            series=[
+                charts.Series("in flight", [(r[0], r[3]) for r in rows], "sold"),
+                charts.Series("requests/s", [(r[0], r[4] / r[5]) for r in rows], "have"),
+            ],
+            marks=marks,
+        ),
+        *window,
+    )
+    minute = [r for r in rows if r[0] > now.timestamp() - 60]
+    served = sum(r[4] for r in minute)
     reservation = getattr(endpoint, "reservation", None)
     return {
         "endpoint": endpoint,
         "bounds": endpoint.replica_bounds,
         "reserved": reservation.mu_per_minute if reservation else 0,
-        "chart": chart,
+        "requests_per_s": served / max(sum(r[5] for r in minute), 1) if minute else None,
+        "p50": sum(r[4] * r[6] for r in minute if r[6] is not None) / served if served else None,
+        "p99": max((r[7] for r in minute if r[7] is not None), default=None),
+        "replicas_chart": replicas,
+        "load_chart": load,
         "events": Event.objects.filter(endpoint=endpoint).order_by("-id")[:10],
     }
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from capacity.models import Reservation, sell
 from capacity.tasks import record_snapshots
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 from tests.console.conftest import member_client
@@ -60,6 +60,24 @@ def test_the_owner_sees_its_endpoint_reservation_and_events(owner_web, owned):
     assert "0 / 300" in detail and "owner-hang-message" in detail
     Event.objects.update(recorded_at=SETTLED)
     assert "owner-hang-message" in owner_web.get("/console/oncall/").content.decode()
+
+
+def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(owner_web, owned):
+    now = int(timezone.now().timestamp()) // 5 * 5
+    # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5.0 req/s;
+    # p50 weighted by requests (40 x 0.2 + 10 x 0.4) / 50 = 0.24 s; p99 the highest, 1.5 s.
+    for end, requests, p50, p99, desired in ((now - 10, 40, 0.2, 0.9, 2), (now - 5, 10, 0.4, 1.5, 3)):
+        LoadBucket.objects.create(
+            endpoint=owned, end=end, seconds=5, in_flight=6.0, mu_per_minute=30.0, requests=requests,
+            queue_depth=0, p50_latency_s=p50, p99_latency_s=p99, errors=0, throttled=0,
+            ready_replicas=2, desired_replicas=desired,
+        )  # fmt: skip
+    Event.record("scale", "owner-secret-chat: replicas 2 -> 3: need 2.4", endpoint=owned)
+    html = owner_web.get(f"/console/endpoints/{owned.pk}/live/", HTTP_HX_REQUEST="true").content.decode()
+    assert '<dd class="traffic">5.0 req/s</dd>' in html
+    assert '<dd class="latency">0.24 s / 1.50 s</dd>' in html
+    assert html.count('<polyline class="replicas"') == 1 and html.count('<polyline class="used"') == 1
+    assert "scale: owner-secret-chat: replicas 2 -&gt; 3" in html  # the event's mark
 
 
 def test_capacity_page_shows_have_sold_used_per_pool(operator_web, owned):
