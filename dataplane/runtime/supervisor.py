@@ -81,6 +81,7 @@ class SupervisorConfig:
     warm_engine_python: str | None = None  # their engine interpreter (vllm's); None: this one
     ready_poll_interval_s: float = 0.05  # /readyz poll period of a starting pod, seconds
     ready_timeout_s: float = 900.0  # stop timing a start that is not ready after this, seconds
+    warm_stop_grace_s: float = 2.0  # close(): warm processes' time to exit before SIGKILL, seconds
 
     def __post_init__(self) -> None:
         if self.warm_pool < 0:
@@ -90,6 +91,8 @@ class SupervisorConfig:
                 f"SupervisorConfig.warm_engine must be one of {', '.join(ENGINE_KINDS)}, "
                 f"got {self.warm_engine!r}"
             )
+        if self.warm_stop_grace_s < 0:
+            raise ValueError(f"SupervisorConfig.warm_stop_grace_s must be >= 0, got {self.warm_stop_grace_s}")
         for name in ("ready_poll_interval_s", "ready_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SupervisorConfig.{name} must be > 0, got {getattr(self, name)}")
@@ -148,13 +151,24 @@ class _WarmProcess:
             os.close(self.ready_r)
             self.ready_r = None
 
-    def discard(self) -> None:
-        """Kill it and its engine interpreter: an unassigned warm process holds no work."""
+    def ask_to_exit(self) -> None:
+        """Close its stdin: it tells its engine interpreter to leave, waits for it and exits."""
         self.close_ready()
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
             except OSError:
+                pass
+
+    def discard(self, grace_s: float = 0.0) -> None:
+        """Ask it to exit, give it ``grace_s``, then SIGKILL its group: an unassigned warm
+        process holds no work. Within the grace both interpreters have gone when this returns
+        (the warm process reaps its engine's); after it, the engine's SIGKILL is on its way."""
+        self.ask_to_exit()
+        if grace_s > 0:
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
                 pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -190,6 +204,8 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warm: list[_WarmProcess] = []
+        self._warm_deaths: list[float] = []  # when unassigned warm processes died, clock seconds
+        self._warm_refill_at: float | None = None  # no new warm process before this, clock seconds
         self._closed = False  # no more warm processes once close() has begun
 
     # --- public API ---
@@ -209,8 +225,11 @@ class Supervisor:
         with self._lock:
             self._closed = True
             warm, self._warm = self._warm, []
+        for process in warm:  # all at once: they exit in parallel
+            process.ask_to_exit()
+        deadline = time.monotonic() + self.config.warm_stop_grace_s
         for process in warm:
-            process.discard()
+            process.discard(max(0.0, deadline - time.monotonic()))
         for name in list(self._pods):
             self.stop_pod(name)
 
@@ -268,17 +287,31 @@ class Supervisor:
         self.refill_warm_pool()
 
     def refill_warm_pool(self) -> None:
-        """Replace warm processes that died and start new ones up to ``warm_pool``."""
+        """Replace warm processes that died and start new ones up to ``warm_pool``. Deaths
+        back off like a pod's restarts (``restart_policy``), so that a pool that cannot start
+        (say a ``warm_engine_python`` that is not there) does not respawn on every pass."""
         with self._lock:
             if self._closed:
                 return
+            now = self.clock()
             for process in list(self._warm):
-                if process.proc.poll() is not None:
-                    log.warning("warm process %d exited with %s", process.proc.pid, process.proc.returncode)
-                    self._warm.remove(process)
-                    process.discard()
-                else:
+                if process.proc.poll() is None:
                     process.poll_ready()
+                    continue
+                self._warm.remove(process)
+                process.discard()
+                policy = self.config.restart_policy
+                decision = decide_restart(policy, tuple(self._warm_deaths), now)
+                self._warm_deaths = [t for t in self._warm_deaths if now - t <= policy.window_s] + [now]
+                self._warm_refill_at = now + decision.delay_s
+                log.warning(
+                    "warm process %d exited with %s; next in %g s",
+                    process.proc.pid,
+                    process.proc.returncode,
+                    decision.delay_s,
+                )
+            if self._warm_refill_at is not None and now < self._warm_refill_at:
+                return
             while len(self._warm) < self.config.warm_pool:
                 self._warm.append(self._spawn_warm())
 

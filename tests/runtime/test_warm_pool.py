@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from dataplane.runtime.restart_policy import RestartPolicy
 from dataplane.runtime.supervisor import PodSpec, PodStatus, Supervisor, SupervisorConfig
 from tests.runtime.support import child_pids, free_port, http, pid_alive, wait_until
 
@@ -137,3 +138,32 @@ def test_close_leaves_no_warm_process(tmp_path: object) -> None:
     assert not [pid for pid in pids + engines if pid_alive(pid)]
     sup.refill_warm_pool()  # a check pass racing close() starts nothing
     assert sup.list_warm() == []
+
+
+def test_a_pool_that_cannot_start_backs_off(tmp_path: object) -> None:
+    # Its engine interpreter does not exist: each warm process exits at once. After the first
+    # death the pool waits 10 s of the (fake) clock before it starts another.
+    now = [1000.0]
+    sup = Supervisor(
+        SupervisorConfig(
+            log_dir=str(tmp_path),
+            warm_pool=1,
+            warm_engine_python=str(tmp_path) + "/no-such-python",
+            restart_policy=RestartPolicy(crash_loop_restarts=1, backoff_base_s=10.0),
+        ),
+        clock=lambda: now[0],
+    )
+    try:
+        sup.refill_warm_pool()
+        [first] = sup.list_warm()
+        wait_until(lambda: sup.list_warm() == [], timeout=20)  # it died
+        sup.refill_warm_pool()  # notes the death, starts nothing
+        wait_until(lambda: not pid_alive(first.pid), timeout=5)
+        sup.refill_warm_pool()
+        assert sup.list_warm() == []
+        now[0] += 10.0
+        sup.refill_warm_pool()
+        [second] = sup.list_warm()
+        assert second.pid != first.pid
+    finally:
+        sup.close()
