@@ -106,14 +106,25 @@ def engine_startup_env(kind: str) -> dict[str, str]:
     return launcher.engine_env(reserved_cpus=1) if kind == "vllm" else dict(os.environ)
 
 
-def _signal_ready(fd: int | None) -> None:
-    if fd is None:
-        return
-    try:
-        os.write(fd, b"1")
-        os.close(fd)
-    except OSError:
-        pass  # nobody listens any more; an assignment may still come
+class ReadySignal:
+    """The ``--ready-fd`` pipe: one byte once imported, then closed; closed unsent when an
+    assignment comes first, so that the pod does not carry it."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def send(self) -> None:
+        if self.fd is not None:
+            try:
+                os.write(self.fd, b"1")
+            except OSError:
+                pass  # nobody listens any more; an assignment may still come
+        self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _take_over_stdio(log_path: str | None) -> None:
@@ -132,13 +143,13 @@ def _take_over_stdio(log_path: str | None) -> None:
 # --- the engine interpreter ---
 
 
-def run_engine(kind: str, ready_fd: int | None) -> int:
+def run_engine(kind: str, ready: ReadySignal) -> int:
     """Import the engine's code, then run the engine command that comes on stdin."""
     try:
         importlib.import_module(ENGINE_MODULES[kind])
     except Exception as err:  # vllm not installed here, or broken: the run will import (and fail) again
         print(f"warm engine: cannot preimport {ENGINE_MODULES[kind]}: {err!r}", file=sys.stderr)
-    _signal_ready(ready_fd)
+    ready.send()
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0  # the pod left without an assignment
@@ -257,9 +268,9 @@ class WarmEngine:
         return AdoptedEngine(self.proc)
 
 
-def wait_for_assignment(engine: WarmEngine, ready_fd: int | None) -> Assignment | None:
-    """Read the assignment from stdin (None when stdin closes first), meanwhile telling
-    ``ready_fd`` once the engine interpreter has imported. Exits 1 if that one dies first."""
+def wait_for_assignment(engine: WarmEngine, ready: ReadySignal) -> Assignment | None:
+    """Read the assignment from stdin (None when stdin closes first), meanwhile signalling
+    ``ready`` once the engine interpreter has imported. Exits 1 if that one dies first."""
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, "stdin")
     if engine.ready_r is not None:
@@ -275,7 +286,7 @@ def wait_for_assignment(engine: WarmEngine, ready_fd: int | None) -> Assignment 
                     if not engine_ready:
                         log.error("warm engine interpreter exited with %s", engine.proc.wait())
                         raise SystemExit(1)  # useless now; whoever keeps the pool starts another
-                    _signal_ready(ready_fd)
+                    ready.send()
                     continue
                 chunk = os.read(0, 65536)
                 if not chunk:
@@ -287,10 +298,10 @@ def wait_for_assignment(engine: WarmEngine, ready_fd: int | None) -> Assignment 
         selector.close()
 
 
-def run_warm_pod(kind: str, ready_fd: int | None, engine_python: str) -> int:
+def run_warm_pod(kind: str, ready: ReadySignal, engine_python: str) -> int:
     engine = WarmEngine(kind, engine_python)
     try:
-        assignment = wait_for_assignment(engine, ready_fd)
+        assignment = wait_for_assignment(engine, ready)
     except BaseException:
         engine.close_ready()
         engine.discard()
@@ -299,7 +310,9 @@ def run_warm_pod(kind: str, ready_fd: int | None, engine_python: str) -> int:
         engine.close_ready()
         engine.discard()
         return 0
-    engine.close_ready()  # an assignment before the engine had imported: it waits for nothing else
+    # An assignment before the engine had imported: nothing more to wait for or to tell.
+    engine.close_ready()
+    ready.close()
     engine.log = assignment.log
     _take_over_stdio(assignment.log)
     os.environ.update(assignment.env)
@@ -318,11 +331,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.role == "engine":  # logging as the engine itself sets it up, when it runs
-        sys.exit(run_engine(args.engine, args.ready_fd))
+        sys.exit(run_engine(args.engine, ReadySignal(args.ready_fd)))
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    sys.exit(run_warm_pod(args.engine, args.ready_fd, args.engine_python))
+    sys.exit(run_warm_pod(args.engine, ReadySignal(args.ready_fd), args.engine_python))
 
 
 if __name__ == "__main__":
