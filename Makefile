@@ -63,6 +63,7 @@ bench-autoscaler: install
 
 bench-runtime-fleet: install
 	$(BIN)/python bench/runtime_fleet.py
+	$(BIN)/python bench/warm_start.py
 
 # Needs wrk, haproxy and nginx-light from Debian (router_peers.sh installs them) and PyPI's vllm-router.
 bench-router: install

@@ -15,6 +15,9 @@ Restart events from inside the pod: with ``--state-dir`` on a volume that outliv
 container (a Kubernetes emptyDir survives container restarts within the pod), the pod counts
 its starts there and reports a ``restart`` event when it starts again. The local supervisor
 reports restarts itself and does not pass ``--state-dir``.
+
+``run_pod`` takes the function that starts the engine (``spawn_engine`` by default); a warm pod
+(``warm``) passes one that hands the command to an engine interpreter it started beforehand.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from dataplane.runtime import launcher
 from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
@@ -114,6 +119,28 @@ def _die_with_parent() -> None:
         pass  # not Linux/glibc: the supervisor's process-group kill still applies
 
 
+class EngineProcess(Protocol):
+    """What the pod needs of its engine process (``asyncio.subprocess.Process`` has it)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, sig: int, /) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+# Starts the engine from its command and environment. The default spawns a new process; a warm
+# pod (``warm``) hands the command to an engine interpreter it started and imported beforehand.
+EngineLauncher = Callable[[list[str], dict[str, str]], Awaitable[EngineProcess]]
+
+
+async def spawn_engine(cmd: list[str], env: dict[str, str]) -> EngineProcess:
+    return await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
+
+
 def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
     """Count this start in ``state_dir``; returns the previous state ({} on the first)."""
     path = Path(state_dir) / "pod-state.json"
@@ -129,7 +156,9 @@ def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
     return dict(previous)
 
 
-async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
+async def run_pod(
+    args: argparse.Namespace, extra: list[str], launch_engine: EngineLauncher = spawn_engine
+) -> int:
     config = ProberConfig(
         idle_interval_s=args.idle_interval,
         completion_deadline_s=args.completion_deadline,
@@ -159,7 +188,7 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
         loop.add_signal_handler(sig, stop.set)
     cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
-    engine = await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
+    engine = await launch_engine(cmd, env)
     probe = ProbeLoop(
         config,
         args.host,
@@ -197,12 +226,12 @@ async def run_pod(args: argparse.Namespace, extra: list[str]) -> int:
         await asyncio.to_thread(reporter.close, 2.0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, launch_engine: EngineLauncher = spawn_engine) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
-    sys.exit(asyncio.run(run_pod(args, extra)))
+    sys.exit(asyncio.run(run_pod(args, extra, launch_engine)))
 
 
 if __name__ == "__main__":
