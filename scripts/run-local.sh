@@ -27,7 +27,7 @@ trap cleanup EXIT INT TERM
 "$BIN/celery" -A controlplane worker --beat --pool=solo --loglevel=INFO \
     --schedule=var/celerybeat-schedule >var/celery.log 2>&1 &
 pids+=($!)
-"$BIN/python" -m dataplane.cluster.agent --listen 127.0.0.1:8700 --log-dir var/pods \
+"$BIN/python" -m dataplane.cluster.agent --listen 127.0.0.1:8700 --log-dir var/pods --warm-pool 2 \
     --control-plane "$CP" --key "$OPERATOR_KEY" >var/agent.log 2>&1 &
 pids+=($!)
 ROUTER_KEY=$OPERATOR_KEY "$BIN/python" -m dataplane.router --listen 127.0.0.1:8080 \

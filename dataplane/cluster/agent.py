@@ -2,6 +2,10 @@
 
     python -m dataplane.cluster.agent --listen 127.0.0.1:8700 [--warm-pool 2] [--log-dir var/pods]
 
+With --warm-pool N the supervisor keeps N runtime processes pre-started (interpreters up,
+modules imported; see dataplane.runtime.warm), and a new replica takes one: only the model
+loads. GET /pods reports, per pod, whether it started warm and its start-to-ready time.
+
 What a kubelet and a ReplicaSet controller do on one machine, for the local cluster driver
 (`dataplane.cluster.local`). Its HTTP API, JSON in and out:
 
@@ -47,7 +51,6 @@ class Replica:
     port: int
     probe_port: int
     started_at: float  # monotonic s
-    ready_after_s: float | None = None  # first seen ready, seconds after start
     retiring_since: float | None = None  # monotonic s; None while it serves
 
 
@@ -129,7 +132,6 @@ class Agent:
     def pods(self) -> list[PodState]:
         status = {p.name: p for p in self.supervisor.list_pods()}
         with self._lock:
-            self._note_ready({name for name, s in status.items() if s.ready}, self.clock())
             replicas = list(self.replicas.values())
         out = []
         for r in sorted(replicas, key=lambda r: r.name):
@@ -141,8 +143,8 @@ class Agent:
                     f"http://{self.host}:{r.port}",
                     ready=bool(s and s.ready) and r.retiring_since is None,
                     restarts=s.restarts if s else 0,
-                    warm=bool(getattr(s, "warm", False)),
-                    ready_after_s=r.ready_after_s,
+                    warm=bool(s and s.warm),
+                    ready_after_s=s.ready_after_s if s else None,
                 )
             )
         return out
@@ -152,7 +154,6 @@ class Agent:
         now = self.clock()
         ready = {p.name for p in self.supervisor.list_pods() if p.ready}
         with self._lock:
-            self._note_ready(ready, now)
             start, retire = plan(self.deployments, list(self.replicas.values()), ready)
             for name in retire:
                 self.replicas[name].retiring_since = now
@@ -172,12 +173,6 @@ class Agent:
         for d, n in starts:
             for _ in range(n):
                 self._start(d, now)
-
-    def _note_ready(self, ready: set[str], now: float) -> None:
-        """Start-to-ready time of pods seen ready for the first time (the lock is held)."""
-        for r in self.replicas.values():
-            if r.ready_after_s is None and r.name in ready:
-                r.ready_after_s = round(now - r.started_at, 3)
 
     def _start(self, d: Deployment, now: float) -> None:
         r = Replica(f"{d.name}-{next(self._serial)}", d.name, free_port(self.host), free_port(self.host), now)
@@ -245,7 +240,14 @@ def control_plane_args(url: str | None, key: str) -> Callable[[Deployment], tupl
 async def serve(args: argparse.Namespace) -> None:
     reporter = EventReporter(ReporterConfig(url=args.control_plane, key=args.key or "", pod="agent"))
     supervisor = Supervisor(
-        SupervisorConfig(check_interval_s=0.5, stop_grace_s=args.grace, log_dir=args.log_dir), reporter
+        SupervisorConfig(
+            check_interval_s=0.5,
+            stop_grace_s=args.grace,
+            log_dir=args.log_dir,
+            warm_pool=args.warm_pool,
+            warm_engine=args.warm_engine,
+        ),
+        reporter,
     )
     agent = Agent(
         supervisor, args.host, args.drain_delay, control_plane_args(args.control_plane, args.key or "")
@@ -283,6 +285,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--grace", type=float, default=30.0, help="SIGTERM to SIGKILL of a stopping pod, s")
     p.add_argument("--log-dir", default=None, help="pods' stdout/stderr go to <dir>/<pod>.log")
+    p.add_argument(
+        "--warm-pool",
+        type=int,
+        default=0,
+        help="pre-started runtime processes kept ready, so a new replica only loads its model",
+    )
+    p.add_argument("--warm-engine", choices=("sim", "vllm"), default="sim", help="engine of the warm pool")
     p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
     p.add_argument("--key", default=None, help="operator key for pod events")
     p.add_argument("--log-level", default="info")

@@ -47,9 +47,10 @@ def test_deployments_refuse_bad_fields_naming_them():
 
 
 @pytest.fixture
-def agent():
+def agent(request):
     """A real agent: its HTTP API on a loop thread, its reconcile loop on another."""
-    supervisor = Supervisor(SupervisorConfig(check_interval_s=0.2, stop_grace_s=5))
+    warm = getattr(request, "param", 0)
+    supervisor = Supervisor(SupervisorConfig(check_interval_s=0.2, stop_grace_s=5, warm_pool=warm))
     a = Agent(supervisor, drain_delay_s=0.5)
     supervisor.start()
     loop = asyncio.new_event_loop()
@@ -74,7 +75,7 @@ def agent():
     serving.join(timeout=5)
     loop.close()
     a.close()
-    assert supervisor.list_pods() == []
+    assert supervisor.list_pods() == [] and supervisor.list_warm() == []
 
 
 def test_the_local_driver_scales_real_pods_up_and_down(agent):
@@ -99,6 +100,18 @@ def test_the_local_driver_scales_real_pods_up_and_down(agent):
     assert http("GET", url + "/deployments")[2].count(b'"target_concurrency": 6') == 1
     driver.apply([])  # undeclared: removed
     wait_until(lambda: not driver.list_pods(), timeout=15)
+
+
+@pytest.mark.parametrize("agent", [1], indirect=True)
+def test_with_a_warm_pool_a_new_replica_starts_from_a_pre_started_process(agent):
+    a, url = agent
+    wait_until(lambda: any(w.ready for w in a.supervisor.list_warm()), timeout=30)
+    driver = LocalDriver(url)
+    driver.apply([Deployment("ep-1", 1, "sim", SIM)])
+    wait_until(lambda: any(p.ready for p in driver.list_pods()), timeout=30)
+    (pod,) = driver.list_pods()
+    assert pod.warm and pod.ready_after_s is not None
+    wait_until(lambda: len(a.supervisor.list_warm()) == 1, timeout=30)  # the pool is refilled
 
 
 def test_the_agent_refuses_bad_requests_with_the_reason(agent):
