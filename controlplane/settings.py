@@ -154,6 +154,10 @@ LOCAL_POD_TIME_SCALE = envfloat("LOCAL_POD_TIME_SCALE", 1.0, minimum=0.001)
 AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 5.0, minimum=0.5)
 AUTOSCALER_VERTICAL_INTERVAL_S = envfloat("AUTOSCALER_VERTICAL_INTERVAL_S", 30.0, minimum=1.0)
 POD_SYNC_INTERVAL_S = envfloat("POD_SYNC_INTERVAL_S", 1.0, minimum=0.2)
+# A rollout's old pods take no new request this long before they go; a new version that is not
+# ready within the deadline is rolled back.
+ROLLOUT_DRAIN_S = envfloat("ROLLOUT_DRAIN_S", 10.0, minimum=0.0)
+ROLLOUT_READY_DEADLINE_S = envfloat("ROLLOUT_READY_DEADLINE_S", 600.0, minimum=1.0)
 # Router samples posted to the database (no Redis) and 5-second load buckets are kept this long.
 ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
 LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)

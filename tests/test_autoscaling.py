@@ -142,11 +142,11 @@ def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
     report = scaling.horizontal_pass(cluster, NOW)
     assert (report.decided, report.changed, report.failed) == (1, 1, 0)
     chat.refresh_from_db()
-    assert chat.desired_replicas == 5 and cluster.applied[f"ep-{chat.pk}"].replicas == 5
+    assert chat.desired_replicas == 5 and cluster.applied[f"ep-{chat.pk}-v1"].replicas == 5
     event = Event.objects.get(kind="scale", endpoint=chat)
     assert event.message.startswith("chat: replicas 1 -> 5:") and "need 5.36" in event.message
     assert event.detail["from"] == 1 and event.detail["to"] == 5
-    d = cluster.applied[f"ep-{chat.pk}"]
+    d = cluster.applied[f"ep-{chat.pk}-v1"]
     assert d.args[-2:] == ("--served-model-name", "chat") and d.labels["endpoint"] == str(chat.pk)
 
 
@@ -176,7 +176,7 @@ def test_no_samples_no_decision_never_zero(owner, make_endpoint):
     report = scaling.horizontal_pass(cluster, NOW)
     assert (report.decided, report.changed) == (0, 0)
     idle.refresh_from_db()
-    assert idle.desired_replicas == 1 and cluster.applied[f"ep-{idle.pk}"].replicas == 1
+    assert idle.desired_replicas == 1 and cluster.applied[f"ep-{idle.pk}-v1"].replicas == 1
 
 
 def test_a_refusing_cluster_changes_nothing_and_says_so(chat):
@@ -209,7 +209,7 @@ def test_a_router_wakes_an_endpoint_at_zero_at_once(monkeypatch, operator_client
     monkeypatch.setattr(scaling, "driver", lambda: cluster)
     answer = operator_client.post(f"/api/v1/endpoints/{e.pk}/wake/")
     assert answer.status_code == 202 and answer.json()["desired_replicas"] == 1
-    assert cluster.calls == [("scale", f"ep-{e.pk}", 1)]
+    assert cluster.calls == [("scale", f"ep-{e.pk}-v1", 1)]
     assert Event.objects.get(kind="scale", endpoint=e).detail["to"] == 1
     # Again while it starts: nothing more to do.
     assert operator_client.post(f"/api/v1/endpoints/{e.pk}/wake/").status_code == 200
@@ -253,7 +253,7 @@ def test_slow_replicas_get_a_smaller_target(chat):
     cluster = Recorder()
     report = scaling.vertical_pass(cluster, NOW)
     assert (report.decided, report.changed) == (1, 1)
-    assert cluster.calls == [("target", f"ep-{chat.pk}", 12)]  # 16 x 0.75
+    assert cluster.calls == [("target", f"ep-{chat.pk}-v1", 12)]  # 16 x 0.75
     chat.refresh_from_db()
     assert chat.target_concurrency_per_replica == 12
     assert "16 -> 12" in Event.objects.get(kind="concurrency").message
@@ -284,8 +284,8 @@ def test_cluster_pods_become_the_routing_tables_pods(chat):
     Endpoint.objects.filter(pk=chat.pk).update(desired_replicas=2)
     cluster = Recorder(
         pods=[
-            PodState(f"ep-{chat.pk}-1", f"ep-{chat.pk}", "http://127.0.0.1:7001", True),
-            PodState(f"ep-{chat.pk}-2", f"ep-{chat.pk}", "http://127.0.0.1:7002", False),
+            PodState(f"ep-{chat.pk}-v1-1", f"ep-{chat.pk}-v1", "http://127.0.0.1:7001", True),
+            PodState(f"ep-{chat.pk}-v1-2", f"ep-{chat.pk}-v1", "http://127.0.0.1:7002", False),
             PodState("other-1", "other", "http://127.0.0.1:7003", True),  # not ours
         ]
     )
@@ -293,12 +293,12 @@ def test_cluster_pods_become_the_routing_tables_pods(chat):
     chat.refresh_from_db()
     assert (chat.ready_replicas, chat.state) == (1, "scaling")
     names = set(Pod.objects.values_list("name", flat=True))
-    assert names == {"registered-by-hand", f"ep-{chat.pk}-1", f"ep-{chat.pk}-2"}
-    cluster.pods = [PodState(f"ep-{chat.pk}-2", f"ep-{chat.pk}", "http://127.0.0.1:7002", True)]
+    assert names == {"registered-by-hand", f"ep-{chat.pk}-v1-1", f"ep-{chat.pk}-v1-2"}
+    cluster.pods = [PodState(f"ep-{chat.pk}-v1-2", f"ep-{chat.pk}-v1", "http://127.0.0.1:7002", True)]
     assert scaling.sync_pods(cluster) == 2  # one gone, one ready
     chat.refresh_from_db()
     assert (chat.ready_replicas, chat.state) == (1, "scaling")
     assert set(Pod.objects.values_list("name", "ready")) == {
         ("registered-by-hand", True),
-        (f"ep-{chat.pk}-2", True),
+        (f"ep-{chat.pk}-v1-2", True),
     }

@@ -6,7 +6,7 @@ from rest_framework import serializers
 from capacity.autoscaler import AutoscalerConfig
 from capacity.ledger import as_json_number
 from capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation, sell
-from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 
@@ -188,6 +188,15 @@ class EndpointSerializer(serializers.ModelSerializer):
         help_text='Autoscaler settings over the defaults, e.g. {"target_utilisation": 0.6} '
         "(capacity.autoscaler.AutoscalerConfig lists every key, default and range).",
     )
+    canary_percent = serializers.IntegerField(
+        min_value=0,
+        max_value=99,
+        required=False,
+        write_only=True,
+        help_text="With a new model: the new version takes this share of traffic and holds there "
+        'until promoted (POST .../rollout/ {"action": "promote"}); 0 goes straight through.',
+    )
+    rollout = serializers.SerializerMethodField(help_text="The rollout in progress, or null")
     min_replicas = serializers.SerializerMethodField()
     max_replicas = serializers.SerializerMethodField()
     reserved_mu_per_minute = serializers.SerializerMethodField()
@@ -207,6 +216,9 @@ class EndpointSerializer(serializers.ModelSerializer):
             "target_concurrency_per_replica",
             "routing_policy",
             "autoscaler",
+            "version",
+            "canary_percent",
+            "rollout",
             "min_replicas",
             "max_replicas",
             "desired_replicas",
@@ -218,6 +230,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = [
+            "version",
             "desired_replicas",
             "ready_replicas",
             "state",
@@ -236,6 +249,22 @@ class EndpointSerializer(serializers.ModelSerializer):
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value
+
+    def get_rollout(self, endpoint) -> dict | None:
+        active = getattr(endpoint, "active_rollouts", None)
+        if active is None:  # not loaded through with_related()
+            active = list(Rollout.objects.active().filter(endpoint=endpoint)) if endpoint.pk else []
+        r = next(iter(active), None)
+        if r is None:
+            return None
+        return {
+            "from_version": r.from_version,
+            "to_version": r.to_version,
+            "phase": r.phase,
+            "new_percent": r.new_percent,
+            "canary_percent": r.canary_percent,
+            "started_at": r.started_at,
+        }
 
     def get_min_replicas(self, endpoint) -> int:
         return endpoint.replica_bounds[0]
@@ -319,6 +348,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(endpoint, field, value)
         endpoint.save_checked()
+        endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
         self.instance = endpoint
         return endpoint
 

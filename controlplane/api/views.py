@@ -5,8 +5,9 @@ from typing import NamedTuple
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
+from rest_framework import serializers as drf_serializers
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,14 +16,18 @@ from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, pool_le
 from controlplane.api import filters, serializers
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
-from controlplane.endpoints import samples, scaling
-from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints import rollouts, samples, scaling
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 from dataplane.cluster.driver import ClusterError
 
 AUTHENTICATED = permissions.IsAuthenticated
+
+
+class RolloutCommand(drf_serializers.Serializer):
+    action = drf_serializers.ChoiceField(choices=["promote", "abort"])
 
 
 class ScopedViewSet(viewsets.ModelViewSet):
@@ -118,6 +123,23 @@ class EndpointViewSet(ScopedViewSet):
         endpoint.refresh_from_db()
         body = {"desired_replicas": endpoint.desired_replicas, "ready_replicas": endpoint.ready_replicas}
         return Response(body, status=status.HTTP_202_ACCEPTED if woke else status.HTTP_200_OK)
+
+    @extend_schema(request=RolloutCommand, responses={202: dict, 404: dict})
+    @action(detail=True, methods=["post"])
+    def rollout(self, request, pk=None):
+        """Promote the canary of the rollout in progress, or abort it (back to the old version);
+        the next autoscaler pass acts on it."""
+        endpoint = self.get_object()
+        command = RolloutCommand(data=request.data)
+        command.is_valid(raise_exception=True)
+        try:
+            r = rollouts.command(endpoint, command.validated_data["action"])
+        except Rollout.DoesNotExist:
+            raise NotFound(f"{endpoint.name} has no rollout in progress") from None
+        return Response(
+            {"rollout": r.pk, "action": command.validated_data["action"], "phase": r.phase},
+            status=status.HTTP_202_ACCEPTED,
+        )
 
 
 class PodViewSet(ScopedViewSet):

@@ -287,8 +287,8 @@ def endpoints(request):
 ENDPOINT_FIELDS = [
     name
     for name, field in EndpointSerializer().fields.items()
-    # Per-endpoint autoscaler settings are an API-only JSON object, not a form field (yet).
-    if not field.read_only and name not in ("tenant", "scale_to_zero_enabled", "autoscaler")
+    # Per-endpoint autoscaler settings and canary rollouts are API-only, not form fields (yet).
+    if not field.read_only and name not in ("tenant", "scale_to_zero_enabled", "autoscaler", "canary_percent")
 ]
 
 

@@ -20,6 +20,7 @@ from capacity.models import (
 )
 from capacity.provisioning import replica_bounds
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
+from dataplane.cluster.rollout import Phase
 
 MAX_CONCURRENCY = 1_000_000  # a sanity bound; beyond it a value is a typo, not a plan
 MAX_TARGET_CONCURRENCY = 4096
@@ -27,7 +28,16 @@ MAX_TARGET_CONCURRENCY = 4096
 
 class EndpointQuerySet(TenantScopedQuerySet):
     def with_related(self) -> "EndpointQuerySet":
-        return self.select_related("tenant", "pool__gpu_type", "profile__gpu_type", "reservation")
+        """With tenant, pool, profile, reservation, and `active_rollouts` (a list of 0 or 1)."""
+        return self.select_related(
+            "tenant", "pool__gpu_type", "profile__gpu_type", "reservation"
+        ).prefetch_related(
+            models.Prefetch(
+                "rollouts",
+                queryset=Rollout.objects.active().select_related("from_profile", "to_profile"),
+                to_attr="active_rollouts",
+            )
+        )
 
 
 class Endpoint(models.Model):
@@ -73,6 +83,9 @@ class Endpoint(models.Model):
     autoscaler = models.JSONField(default=dict, blank=True)
     # When a request woke it from zero: the autoscaler keeps a replica for a grace period after.
     woken_at = models.DateTimeField(null=True, blank=True)
+    # The pod template's version: a new model (profile) is a new version, rolled out without
+    # downtime (controlplane.endpoints.rollouts); one cluster deployment per version.
+    version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -146,7 +159,73 @@ class Endpoint(models.Model):
                 )
             if self._state.adding:
                 self.desired_replicas = self.replica_bounds[0]
+            if self.pk and not self._state.adding:
+                self._start_rollout_if_the_model_changed()
             self.save()
+
+    def _start_rollout_if_the_model_changed(self) -> None:
+        """A new profile is a new version: start its rollout (one at a time), in this transaction."""
+        before = Endpoint.objects.filter(pk=self.pk).values_list("profile_id", "version").first()
+        if before is None or before[0] == self.profile_id:
+            return
+        active = Rollout.objects.filter(endpoint_id=self.pk).active().first()
+        if active is not None:
+            raise ValidationError(
+                {
+                    "model": f"a rollout to version {active.to_version} is in progress ({active.phase});"
+                    " promote, abort or let it finish first"
+                }
+            )
+        # Versions only grow: a rolled-back version's number is not reused (nor its pods' names).
+        tried = Rollout.objects.filter(endpoint_id=self.pk).aggregate(v=models.Max("to_version"))["v"] or 0
+        self.version = max(before[1], tried) + 1
+        Rollout.objects.create(
+            endpoint_id=self.pk,
+            from_version=before[1],
+            to_version=self.version,
+            from_profile_id=before[0],
+            to_profile_id=self.profile_id,
+            canary_percent=getattr(self, "canary_percent", 0),
+        )
+
+
+class RolloutQuerySet(models.QuerySet):
+    def active(self) -> "RolloutQuerySet":
+        return self.filter(phase__in=[p.value for p in Phase if p.active])
+
+
+class Rollout(models.Model):
+    """An endpoint moving from one version to the next; its phases are dataplane.cluster.rollout's."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="rollouts")
+    from_version = models.PositiveIntegerField()
+    to_version = models.PositiveIntegerField()
+    from_profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="+")
+    to_profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="+")
+    phase = models.CharField(
+        max_length=16, choices=[(p.value, p.value) for p in Phase], default=Phase.STARTING.value
+    )
+    new_percent = models.PositiveSmallIntegerField(default=0)  # share of traffic on the new version
+    canary_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(99)])
+    promoted = models.BooleanField(default=False)
+    aborted = models.BooleanField(default=False)
+    phase_since = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(default=timezone.now)
+
+    objects = RolloutQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["endpoint"],
+                condition=models.Q(phase__in=[p.value for p in Phase if p.active]),
+                name="one_active_rollout_per_endpoint",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} v{self.from_version} -> v{self.to_version} ({self.phase})"
 
 
 class PodQuerySet(TenantScopedQuerySet):
@@ -160,6 +239,9 @@ class Pod(models.Model):
     name = models.CharField(max_length=253, unique=True)
     url = models.URLField(max_length=300, help_text="Base URL of the pod's OpenAI-compatible server")
     ready = models.BooleanField(default=False)
+    # The endpoint version it runs; null: whatever the endpoint's current version is (pods
+    # registered through the API by hand).
+    version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

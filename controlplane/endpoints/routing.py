@@ -12,6 +12,7 @@ import json
 from django.db.models import Prefetch
 
 from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints.rollouts import traffic
 from controlplane.tenants.models import ApiKey
 
 
@@ -58,5 +59,10 @@ def _endpoint(endpoint: Endpoint) -> dict:
             if reservation
             else None
         ),
-        "pods": [{"name": p.name, "url": p.url, "ready": p.ready} for p in endpoint.pods.all()],
+        # Each version's share of requests (rollouts, canaries); a pod serves its version's share.
+        "traffic": traffic(endpoint, next(iter(endpoint.active_rollouts), None)),
+        "pods": [
+            {"name": p.name, "url": p.url, "ready": p.ready, "version": str(p.version or endpoint.version)}
+            for p in endpoint.pods.all()
+        ],
     }

@@ -28,17 +28,17 @@ from django.db import transaction
 from django.db.models import Q
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
-from controlplane.endpoints import samples
+from controlplane.endpoints import rollouts, samples
+from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_name, parse_deployment
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
 from controlplane.oncall.models import Event
-from dataplane.cluster.driver import ClusterDriver, ClusterError, Deployment
+from dataplane.cluster.driver import ClusterDriver, ClusterError
 
 log = logging.getLogger("controlplane.scaling")
 
 HORIZONTAL = "autoscaler-horizontal"
 VERTICAL = "autoscaler-vertical"
 LEASE_TTL_S = 60
-DEPLOYMENT_PREFIX = "ep-"
 
 
 def driver() -> ClusterDriver | None:
@@ -48,42 +48,6 @@ def driver() -> ClusterDriver | None:
 
         return LocalDriver(settings.CLUSTER_AGENT_URL)
     return None
-
-
-def deployment_name(endpoint_id: int) -> str:
-    return f"{DEPLOYMENT_PREFIX}{endpoint_id}"
-
-
-def endpoint_id_of(deployment: str) -> int | None:
-    tail = deployment.removeprefix(DEPLOYMENT_PREFIX)
-    return int(tail) if deployment.startswith(DEPLOYMENT_PREFIX) and tail.isdigit() else None
-
-
-def deployment(endpoint: Endpoint, replicas: int | None = None) -> Deployment:
-    """An endpoint's pods: its simulated engine profile, served under the endpoint's name."""
-    return Deployment(
-        deployment_name(endpoint.pk),
-        endpoint.desired_replicas if replicas is None else replicas,
-        "sim",
-        (
-            "--profile",
-            sim_profile(endpoint.profile.gpu_type.name),
-            "--time-scale",
-            str(settings.LOCAL_POD_TIME_SCALE),
-            "--served-model-name",
-            endpoint.name,
-        ),
-        endpoint.target_concurrency_per_replica,
-        {"endpoint": str(endpoint.pk), "tenant": endpoint.tenant.name},
-    )
-
-
-def sim_profile(gpu_type: str) -> str:
-    """The simulated engine profile standing in for a GPU type (h100 unless named)."""
-    from dataplane.runtime.profiles import PROFILES
-
-    name = gpu_type.lower()
-    return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
 
 
 def config_for(endpoint: Endpoint) -> AutoscalerConfig:
@@ -169,7 +133,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                     )
                     e.desired_replicas = d.replicas
                     changes.append(e)
-            failed = _declare(cluster, endpoints, changes) if cluster else 0
+            failed = _declare(cluster, endpoints, changes, now) if cluster else 0
             Endpoint.objects.bulk_update(endpoints, ["desired_replicas", "used_mu_per_minute", "state"])
             if not failed:
                 Event.objects.bulk_create(events)
@@ -193,11 +157,15 @@ def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
     )
 
 
-def _declare(cluster: ClusterDriver, endpoints: list[Endpoint], changes: list[Endpoint]) -> int:
-    """Declare every endpoint's deployment; on failure, undo this pass's changes in memory (the
-    database keeps the old counts) and report it. Returns the number of changes lost."""
+def _declare(
+    cluster: ClusterDriver, endpoints: list[Endpoint], changes: list[Endpoint], now: datetime
+) -> int:
+    """Advance rollouts, then declare every endpoint's deployments (two while a rollout runs); on
+    failure, undo this pass's replica changes in memory (the database keeps the old counts) and
+    report it. Returns the number of changes lost."""
+    declared = rollouts.advance(endpoints, now)
     try:
-        cluster.apply([deployment(e) for e in endpoints])
+        cluster.apply(declared)
     except ClusterError as exc:
         for e in changes:
             e.refresh_from_db(fields=["desired_replicas"])
@@ -256,7 +224,7 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
             if d.target is None or d.target == e.target_concurrency_per_replica:
                 continue
             try:
-                cluster.set_target_concurrency(deployment_name(e.pk), d.target)
+                cluster.set_target_concurrency(deployment_name(e.pk, e.version), d.target)
             except ClusterError as exc:
                 failed += 1
                 log.warning("target concurrency of %s not pushed: %s", e, exc)
@@ -279,8 +247,9 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
 
 def sync_pods(cluster: ClusterDriver) -> int:
     """Mirror the cluster's pods (of our deployments) into Pod rows, which the routing table
-    serves to routers, and each endpoint's ready count and state. Returns rows changed."""
-    seen = {p.name: p for p in cluster.list_pods() if endpoint_id_of(p.deployment) is not None}
+    serves to routers, and each endpoint's ready count (all versions) and state. Returns rows
+    changed."""
+    seen = {p.name: (p, ids) for p in cluster.list_pods() if (ids := parse_deployment(p.deployment))}
     known = set(Endpoint.objects.values_list("pk", flat=True))
     changed = 0
     with transaction.atomic():
@@ -288,22 +257,20 @@ def sync_pods(cluster: ClusterDriver) -> int:
         gone = [name for name in rows if name not in seen]
         changed += Pod.objects.filter(name__in=gone).delete()[0]
         create, update = [], []
-        for name, state in seen.items():
-            endpoint_id = endpoint_id_of(state.deployment)
+        ready: dict[int, int] = defaultdict(int)
+        for name, (state, (endpoint_id, version)) in seen.items():
+            ready[endpoint_id] += state.ready
             row = rows.get(name)
             if row is None and endpoint_id in known:
-                create.append(Pod(endpoint_id=endpoint_id, name=name, url=state.url, ready=state.ready))
+                create.append(
+                    Pod(endpoint_id=endpoint_id, name=name, url=state.url, ready=state.ready, version=version)
+                )
             elif row is not None and (row.ready, row.url) != (state.ready, state.url):
                 row.ready, row.url = state.ready, state.url
                 update.append(row)
         Pod.objects.bulk_create(create)
         Pod.objects.bulk_update(update, ["ready", "url", "updated_at"])
         changed += len(create) + len(update)
-        ready: dict[int, int] = defaultdict(int)
-        for state in seen.values():
-            endpoint_id = endpoint_id_of(state.deployment)
-            if state.ready and endpoint_id is not None:
-                ready[endpoint_id] += 1
         endpoints = list(
             Endpoint.objects.select_for_update().filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))
         )
@@ -323,7 +290,8 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
             return False
         low, high = e.replica_bounds
         replicas = min(max(1, low), max(1, high))
-        cluster.scale(deployment_name(e.pk), replicas)  # its deployment is declared, at 0, by every pass
+        # its deployment is declared, at 0, by every pass
+        cluster.scale(deployment_name(e.pk, e.version), replicas)
         _scale_event(
             e, 0, replicas, "a request is waiting and the endpoint had no replica", None, None
         ).save()

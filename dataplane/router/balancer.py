@@ -133,6 +133,16 @@ class RoundRobin:
         return pod
 
 
+def pick_weighted(groups: Sequence[tuple[float, list[PodLoad]]], rng: random.Random) -> list[PodLoad]:
+    """One group, with probability proportional to its weight: (90, a), (10, b) -> a 9 times in 10."""
+    point = rng.random() * sum(w for w, _ in groups)
+    for weight, pods in groups:
+        point -= weight
+        if point < 0:
+            return pods
+    return groups[-1][1]
+
+
 def pick_random(pods: Sequence[PodLoad], rng: random.Random) -> PodLoad:
     return pods[rng.randrange(len(pods))]
 

@@ -44,6 +44,7 @@ class PodSpec:
     name: str  # pod name, stable identity across snapshots
     url: str  # http://host:port
     ready: bool  # serving (readiness probe passed)
+    version: str = ""  # the endpoint version it runs (see EndpointSpec.traffic)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class EndpointSpec:
     scale_to_zero_enabled: bool  # hold requests and wake the endpoint when no pod is ready
     reservation: Reservation | None  # the tenant's reserved rate, or None (all best-effort)
     pods: tuple[PodSpec, ...]
+    # Percent of requests per version during a rollout or canary, e.g. (("1", 90), ("2", 10)); a
+    # version at 0 takes no new request. Empty: one version, every pod.
+    traffic: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,18 @@ def parse_routing_table(doc: Any) -> RoutingTable:
         for j, p in enumerate(pods_doc):
             if not isinstance(p, dict) or not isinstance(p.get("url"), str):
                 raise ValueError(f"{where}.pods[{j}].url must be a string")
-            pods.append(PodSpec(str(p.get("name") or p["url"]), p["url"], bool(p.get("ready", True))))
+            pods.append(
+                PodSpec(
+                    str(p.get("name") or p["url"]),
+                    p["url"],
+                    bool(p.get("ready", True)),
+                    str(p.get("version", "")),
+                )
+            )
+        traffic_doc = e.get("traffic") or {}
+        if not isinstance(traffic_doc, dict):
+            raise ValueError(f"{where}.traffic must be an object of version: percent")
+        traffic = tuple((str(v), _num(traffic_doc, v, f"{where}.traffic")) for v in sorted(traffic_doc))
         endpoints.append(
             EndpointSpec(
                 id=e["id"],
@@ -141,6 +156,7 @@ def parse_routing_table(doc: Any) -> RoutingTable:
                 scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),
                 reservation=reservation,
                 pods=tuple(pods),
+                traffic=traffic,
             )
         )
     api_keys = {}

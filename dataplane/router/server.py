@@ -69,6 +69,7 @@ class EndpointState:
         self.wake_sent_at = -1e9  # monotonic s of the last wake call
         self.limit: GcraLimit | None = None  # the reservation as a GCRA limit, None without one
         self.limit_key = str(spec.id)
+        self.split: list[tuple[float, list[balancer.PodLoad]]] = []  # (percent, pods) per version
         self.update(spec, {})
 
     def update(self, spec: EndpointSpec, old_pods: dict[str, balancer.PodLoad]) -> None:
@@ -82,12 +83,18 @@ class EndpointState:
             else None
         )
         pods = []
+        weights = dict(spec.traffic)
+        groups: dict[str, list[balancer.PodLoad]] = {}
         for ps in spec.pods:
             pod = old_pods.get(ps.name) or balancer.PodLoad(ps.name, ps.url)
             pod.url = ps.url
-            pod.ready = ps.ready
+            # A version at 0 % (a rollout's old pods draining, a new version still starting)
+            # takes no new request; its in-flight requests hold their PodLoad and finish.
+            share = weights.get(ps.version, 100.0 if not weights else 0.0)
+            pod.ready = ps.ready and share > 0
             pod.target_concurrency = spec.target_concurrency
             pods.append(pod)
+            groups.setdefault(ps.version, []).append(pod)
             if ps.url not in self.addresses:
                 host, port = split_url(ps.url)
                 self.addresses[ps.url] = (
@@ -97,6 +104,9 @@ class EndpointState:
                     b"x-pod: %s\r\n" % ps.name.encode(),
                 )
         self.pods = pods
+        # Two versions both taking traffic (a canary): pick the version first, by its share.
+        split = [(weights[v], group) for v, group in sorted(groups.items()) if weights.get(v, 0) > 0]
+        self.split = split if len(split) > 1 else []
         self.changed.set()
         self.changed = asyncio.Event()
         self.wake_all()  # target concurrency may have grown: let waiters look again
@@ -284,13 +294,17 @@ class Router:
     def pick(
         self, ep: EndpointState, workload: str | None, exclude: list[balancer.PodLoad]
     ) -> balancer.PodLoad | None:
-        cands = balancer.candidates(ep.pods, exclude)
+        pods = ep.pods
+        if ep.split:  # a canary: this request's version by the traffic shares, else the other
+            chosen = balancer.pick_weighted(ep.split, self.rng)
+            pods = chosen if balancer.candidates(chosen, exclude) else ep.pods
+        cands = balancer.candidates(pods, exclude)
         if not cands:
             return None
         cfg = self.config
         return pick_sticky(
             ep.policy,
-            ep.pods,
+            pods,
             cands,
             workload,
             cfg.sticky_subset_size,

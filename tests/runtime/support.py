@@ -51,7 +51,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
     raise AssertionError(f"condition not met within {timeout} s")
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
     try:
         return http("GET", url, timeout=1.0)[0] == 200
     except OSError:
@@ -117,7 +117,7 @@ def sim_engine(*args: str) -> Iterator[SimProcess]:
         [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port), *args], stderr=subprocess.DEVNULL
     )
     try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout=15)
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=15)
         yield SimProcess(port, proc)
     finally:
         proc.kill()

@@ -1,0 +1,57 @@
+"""What an endpoint version runs in the cluster: one deployment per version, named ep-{id}-v{version}.
+
+Locally the pods run the simulated engine standing in for the profile's GPU type; the
+Kubernetes driver maps the same Deployment onto a real one.
+"""
+
+import re
+
+from django.conf import settings
+
+from capacity.models import ModelProfile
+from controlplane.endpoints.models import Endpoint
+from dataplane.cluster.driver import Deployment
+
+DEPLOYMENT_PREFIX = "ep-"
+DEPLOYMENT_NAME = re.compile(r"ep-(\d+)-v(\d+)")
+
+
+def deployment_name(endpoint_id: int, version: int) -> str:
+    return f"{DEPLOYMENT_PREFIX}{endpoint_id}-v{version}"
+
+
+def parse_deployment(name: str) -> tuple[int, int] | None:
+    """'ep-42-v3' -> (42, 3): the endpoint and version a deployment of ours runs; else None."""
+    match = DEPLOYMENT_NAME.fullmatch(name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def deployment(
+    endpoint: Endpoint, version: int | None = None, profile: ModelProfile | None = None
+) -> Deployment:
+    """An endpoint version's pods: its simulated engine profile, served under the endpoint's name."""
+    profile = profile or endpoint.profile
+    version = endpoint.version if version is None else version
+    return Deployment(
+        deployment_name(endpoint.pk, version),
+        endpoint.desired_replicas,
+        "sim",
+        (
+            "--profile",
+            sim_profile(profile.gpu_type.name),
+            "--time-scale",
+            str(settings.LOCAL_POD_TIME_SCALE),
+            "--served-model-name",
+            endpoint.name,
+        ),
+        endpoint.target_concurrency_per_replica,
+        {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name},
+    )
+
+
+def sim_profile(gpu_type: str) -> str:
+    """The simulated engine profile standing in for a GPU type (h100 unless named)."""
+    from dataplane.runtime.profiles import PROFILES
+
+    name = gpu_type.lower()
+    return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")

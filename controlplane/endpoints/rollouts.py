@@ -1,0 +1,113 @@
+"""Rollouts, the control plane's side: the pure phases (dataplane.cluster.rollout) applied to the
+database every horizontal pass, the deployments they declare, and the traffic split routers get.
+
+A rollout starts when an endpoint's model changes (Endpoint.save_checked: a new version). Each
+pass advances it from the new version's ready pods, records a `rollout` Event at every phase
+change, and declares both versions' deployments while it runs. The routing table carries the
+split ({"1": 100, "2": 0} while the new version starts; {"1": 90, "2": 10} for a canary), so a
+version at 0 % takes no new request while its pods finish what they have.
+"""
+
+from collections import defaultdict
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Count
+
+from controlplane.endpoints.deployments import deployment
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
+from controlplane.oncall.models import Event
+from dataplane.cluster import rollout as phases
+from dataplane.cluster.driver import Deployment
+
+
+def config() -> phases.RolloutConfig:
+    return phases.RolloutConfig(settings.ROLLOUT_DRAIN_S, settings.ROLLOUT_READY_DEADLINE_S)
+
+
+def state_of(r: Rollout) -> phases.Rollout:
+    return phases.Rollout(
+        phases.Phase(r.phase),
+        r.new_percent,
+        r.phase_since.timestamp(),
+        r.canary_percent,
+        r.promoted,
+        r.aborted,
+    )
+
+
+def traffic(endpoint: Endpoint, active: Rollout | None) -> dict[str, int]:
+    """Each running version's share of the endpoint's requests, in percent."""
+    if active is None:
+        return {str(endpoint.version): 100}
+    return {str(active.from_version): 100 - active.new_percent, str(active.to_version): active.new_percent}
+
+
+def advance(endpoints: list[Endpoint], now: datetime) -> list[Deployment]:
+    """Move every active rollout on, and return the deployments all endpoints need now."""
+    active = {
+        r.endpoint_id: r
+        for r in Rollout.objects.active()
+        .filter(endpoint__in=endpoints)
+        .select_related("from_profile__gpu_type", "to_profile__gpu_type")
+    }  # fresh, not with_related()'s: an operator's promote or abort may have come since
+    ready: dict[tuple[int, int], int] = defaultdict(int)
+    if active:
+        rows = (
+            Pod.objects.filter(endpoint_id__in=active, ready=True)
+            .values_list("endpoint_id", "version")
+            .annotate(n=Count("id"))
+        )
+        for endpoint_id, version, n in rows:
+            ready[(endpoint_id, version)] = n
+    declared = []
+    for e in endpoints:
+        r = active.get(e.pk)
+        if r is None:
+            declared.append(deployment(e))
+            continue
+        step = phases.advance(
+            state_of(r), ready[(e.pk, r.to_version)], e.desired_replicas, now.timestamp(), config()
+        )
+        if step.event:
+            _record(e, r, step.rollout, step.event, now)  # a rollback reverts e's version and model
+        if step.rollout.phase.active:
+            declared.append(deployment(e, r.from_version, r.from_profile))
+            declared.append(deployment(e, r.to_version, r.to_profile))
+        else:
+            declared.append(deployment(e))
+    return declared
+
+
+def _record(e: Endpoint, r: Rollout, new: phases.Rollout, why: str, now: datetime) -> None:
+    r.phase, r.new_percent, r.phase_since = new.phase.value, new.new_percent, now
+    r.save(update_fields=["phase", "new_percent", "phase_since"])
+    severity = Event.Severity.INFO
+    if new.phase is phases.Phase.ROLLED_BACK:
+        # Back to the old model: the endpoint serves what it served before the change.
+        e.version, e.profile = r.from_version, r.from_profile
+        Endpoint.objects.filter(pk=e.pk).update(version=r.from_version, profile=r.from_profile)
+        severity = Event.Severity.CRITICAL if not r.aborted else Event.Severity.WARNING
+    Event.record(
+        Event.Kind.ROLLOUT,
+        f"{e.name} v{r.from_version} -> v{r.to_version} ({r.to_profile.model}): {why}",
+        severity=severity,
+        tenant=e.tenant,
+        endpoint=e,
+        reported_by="rollout",
+        detail={"rollout": r.pk, "phase": r.phase, "new_percent": r.new_percent},
+    )
+
+
+def command(endpoint: Endpoint, action: str) -> Rollout:
+    """An operator's word on the active rollout: "promote" a canary or "abort"; the next pass
+    acts on it. Raises Rollout.DoesNotExist when none is active."""
+    r = Rollout.objects.active().get(endpoint=endpoint)
+    if action == "promote":
+        r.promoted = True
+    elif action == "abort":
+        r.aborted = True
+    else:
+        raise ValueError(f"rollout action {action!r}: use promote or abort")
+    r.save(update_fields=["promoted", "aborted"])
+    return r
