@@ -134,3 +134,18 @@ def endpoint_body(**overrides) -> dict:
     }
     body.update(overrides)
     return body
+
+
+@pytest.fixture
+def metrics():
+    """The routers' metering keys in the test Redis (REDIS_URL), removed after the test."""
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+    yield client
+    for pattern in ("mu:load:*", "mu:routers:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+    client.close()

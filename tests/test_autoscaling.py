@@ -2,11 +2,9 @@
 the lease, the no-data rule, wake from zero and the pod mirror. The cluster here records what
 it is told (`Recorder`); tests/test_autoscaling_stack.py runs the real agent, router and Celery."""
 
-import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import redis
 from django.utils import timezone
 
 from controlplane.endpoints import samples, scaling
@@ -62,16 +60,6 @@ def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=No
         )
         for end in range(TS - seconds_back + 5, TS + 1, 5)
     )
-
-
-@pytest.fixture
-def metrics():
-    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
-    yield client
-    for pattern in ("mu:load:*", "mu:routers:*"):
-        for key in client.scan_iter(pattern):
-            client.delete(key)
-    client.close()
 
 
 @pytest.fixture

@@ -1,25 +1,13 @@
 """Routers' metering in Redis becomes each endpoint's used MU/min, and the ledger's USED."""
 
-import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import redis
 
 from controlplane.endpoints import samples, scaling
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 TS = int(NOW.timestamp())
-
-
-@pytest.fixture
-def metrics():
-    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
-    yield client
-    for pattern in ("mu:load:*", "mu:routers:*"):
-        for key in client.scan_iter(pattern):
-            client.delete(key)
-    client.close()
 
 
 def test_the_last_minute_of_router_rows_is_the_used_rate(metrics, owner, make_endpoint, operator_client):

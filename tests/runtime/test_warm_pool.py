@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -96,7 +96,15 @@ def test_a_spec_the_pool_cannot_honour_starts_cold(supervisor: Supervisor) -> No
     assert len(supervisor.list_warm()) == 1  # still there for the next pod
 
 
-def test_killing_a_warm_pods_group_leaves_no_engine(supervisor: Supervisor) -> None:
+@pytest.mark.parametrize(
+    "kill",
+    [
+        pytest.param(lambda pid: os.killpg(pid, signal.SIGKILL), id="the-pods-group"),
+        # the pod alone, not its group: the engine gets SIGTERM (PR_SET_PDEATHSIG)
+        pytest.param(lambda pid: os.kill(pid, signal.SIGKILL), id="the-pod-alone"),
+    ],
+)
+def test_a_sigkilled_warm_pod_leaves_no_engine(supervisor: Supervisor, kill: Callable[[int], None]) -> None:
     supervisor.refill_warm_pool()
     wait_until(lambda: warm_ready(supervisor, 1), timeout=20)
     pod = spec("pod-kill")
@@ -105,21 +113,7 @@ def test_killing_a_warm_pods_group_leaves_no_engine(supervisor: Supervisor) -> N
     pid = pod_status(supervisor, "pod-kill").pid
     assert pid is not None
     [engine] = child_pids(pid)
-    os.killpg(pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(engine), timeout=10)
-    assert not engine_up(pod.port)
-
-
-def test_engine_dies_with_its_warm_pod_even_on_sigkill(supervisor: Supervisor) -> None:
-    supervisor.refill_warm_pool()
-    wait_until(lambda: warm_ready(supervisor, 1), timeout=20)
-    pod = spec("pod-orphan")
-    supervisor.start_pod(pod)
-    wait_until(lambda: engine_up(pod.port), timeout=15)
-    pid = pod_status(supervisor, "pod-orphan").pid
-    assert pid is not None
-    [engine] = child_pids(pid)
-    os.kill(pid, signal.SIGKILL)  # the pod alone, not its group: the engine gets SIGTERM
+    kill(pid)
     wait_until(lambda: not pid_alive(engine), timeout=10)
     assert not engine_up(pod.port)
 
