@@ -26,7 +26,14 @@ sys.path.insert(0, str(ROOT))
 from capacity.benchmark import SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
-from tests.runtime.support import MAKE_TINY_LLAMA, _answers, free_port, sim_engine, wait_until  # noqa: E402
+from tests.runtime.support import (  # noqa: E402
+    answers,
+    free_port,
+    make_tiny_vllm,
+    sim_engine,
+    tiny_vllm_args,
+    wait_until,
+)
 
 VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (1, 16, 64, 128)), (50, 50))
 
@@ -77,22 +84,8 @@ def simulated() -> None:
 
 def real_vllm() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "tiny-llama"
-        subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_CACHE_ROOT": f"{tmp}/vllm-cache",
-            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-            "HF_HOME": f"{tmp}/hf",
-            "TMPDIR": tmp,
-        }
+        model, tiny_env = make_tiny_vllm(Path(tmp))
+        env = {**os.environ, **tiny_env}
         port, probe = free_port(), free_port()
         with open(f"{tmp}/pod.log", "wb") as log:
             pod = subprocess.Popen(
@@ -108,17 +101,7 @@ def real_vllm() -> None:
                     str(probe),
                     "--name",
                     "bench-vllm",
-                    "--model",
-                    str(model),
-                    "--served-model-name",
-                    "tiny",
-                    "--dtype",
-                    os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
-                    "--max-model-len",
-                    "512",
-                    "--max-num-seqs",
-                    "16",
-                    "--enforce-eager",
+                    *tiny_vllm_args(model, max_num_seqs=16),
                 ],
                 env=env,
                 stdout=log,
@@ -126,7 +109,7 @@ def real_vllm() -> None:
                 start_new_session=True,
             )
             try:
-                wait_until(lambda: _answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
+                wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
                 started = time.perf_counter()
                 result = asyncio.run(
                     sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=VLLM_SHAPES), Slo())

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig  # noqa: E402
-from tests.runtime.support import MAKE_TINY_LLAMA, free_port  # noqa: E402
+from tests.runtime.support import free_port, make_tiny_vllm, tiny_vllm_args  # noqa: E402
 
 SIM_ARGS = ("--profile", "tiny-test", "--time-scale", "100")
 PROBE_ARGS = ("--scrape-interval", "0.01", "--grace", "5")
@@ -117,21 +116,11 @@ def main() -> None:
         args: tuple[str, ...] = SIM_ARGS
         engine_python = None
         if opts.engine == "vllm":
-            model = Path(tmp) / "tiny-llama"
-            subprocess.run([opts.vllm_python, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)], check=True)
+            model, tiny_env = make_tiny_vllm(Path(tmp), opts.vllm_python)
             # Set here, not per pod: a warm vLLM interpreter has imported with this environment.
-            os.environ.update(
-                {
-                    "VLLM_CPU_KVCACHE_SPACE": "1",
-                    "HF_HUB_OFFLINE": "1",
-                    "VLLM_CACHE_ROOT": f"{tmp}/vllm-cache",
-                    "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-                    "HF_HOME": f"{tmp}/hf",
-                    "PYTHONPATH": str(ROOT),  # the vllm venv's interpreter imports our warm module
-                }
-            )
-            args = ("--model", str(model), "--vllm-python", opts.vllm_python, "--dtype", "float32")
-            args += ("--max-model-len", "512", "--max-num-seqs", "2", "--enforce-eager")
+            tiny_env.pop("TMPDIR")
+            os.environ.update({**tiny_env, "PYTHONPATH": str(ROOT)})  # the vllm venv imports our warm module
+            args = ("--vllm-python", opts.vllm_python, *tiny_vllm_args(model, max_num_seqs=2))
             args += ("--completion-deadline", "60")
             engine_python = opts.vllm_python
         args += PROBE_ARGS

@@ -252,3 +252,41 @@ MAKE_TINY_LLAMA = textwrap.dedent("""
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
 """)
+
+
+def make_tiny_vllm(folder: Path, python: str = sys.executable) -> tuple[Path, dict[str, str]]:
+    """The tiny Llama made under ``folder`` with ``python`` (the vLLM venv's), and the environment
+    a vLLM pod serving it needs: 1 GiB of KV cache, no hub, every cache inside ``folder``."""
+    model = folder / "tiny-llama"
+    subprocess.run(
+        [python, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+        "HF_HOME": str(folder / "hf"),
+        "TMPDIR": str(folder),
+    }
+    return model, env
+
+
+def tiny_vllm_args(model: Path, max_num_seqs: int) -> list[str]:
+    """`python -m dataplane.runtime.pod --engine vllm` arguments serving the tiny model as "tiny"."""
+    return [
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--enforce-eager",
+    ]

@@ -26,7 +26,15 @@ from pathlib import Path
 import pytest
 
 from dataplane.runtime.metrics import sample_sum
-from tests.runtime.support import MAKE_TINY_LLAMA, CompletionRace, free_port, http, metric_value, wait_until
+from tests.runtime.support import (
+    CompletionRace,
+    free_port,
+    http,
+    make_tiny_vllm,
+    metric_value,
+    tiny_vllm_args,
+    wait_until,
+)
 
 
 def _vllm_import_error() -> str | None:
@@ -81,24 +89,10 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 @pytest.fixture(scope="module")
 def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
     tmp = tmp_path_factory.mktemp("vllm")
-    model = tmp / "tiny-llama"
     started = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", MAKE_TINY_LLAMA, str(model)],
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    model, tiny_env = make_tiny_vllm(tmp)
     made_s = time.monotonic() - started
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
-        "HF_HOME": str(tmp / "hf"),
-        "TMPDIR": str(tmp),
-    }
+    env = {**os.environ, **tiny_env}
     port, probe_port = free_port(), free_port()
     log = (tmp / "pod.log").open("wb")
     proc = subprocess.Popen(
@@ -114,17 +108,7 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
             str(probe_port),
             "--name",
             "vllm-test",
-            "--model",
-            str(model),
-            "--served-model-name",
-            "tiny",
-            "--dtype",
-            os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "2",
-            "--enforce-eager",
+            *tiny_vllm_args(model, max_num_seqs=2),
             "--idle-interval",
             "1",
             "--completion-deadline",
