@@ -50,6 +50,9 @@ log = logging.getLogger("dataplane.router")
 COMPLETIONS = b"/v1/completions"
 CHAT = b"/v1/chat/completions"
 JSON_HEADERS = b"content-type: application/json\r\n"
+# Answers that say the pod is broken count toward its ejection like a refused connection; a 503
+# (overloaded, draining) or a 4xx is the pod working as it should.
+POD_FAULTS = frozenset({500, 502, 504})
 
 
 class EndpointState:
@@ -477,7 +480,10 @@ class Router:
                 return exch.status if exch.status >= 500 else 502, None, exch.events
             finally:
                 exch.cancel_timer()
-            balancer.record_success(pod)
+            if exch.status in POD_FAULTS:
+                self._failed(pod, f"answered {exch.status}")
+            else:
+                balancer.record_success(pod)
             reusable = True
             return exch.status, parse_usage(exch.tail), exch.events
         finally:

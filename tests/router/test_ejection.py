@@ -64,3 +64,19 @@ def test_failed_probe_keeps_the_pod_out():
             assert pod.ejected and pods[0].health_checks >= 2 and pod.ejections >= 2
 
     asyncio.run(go())
+
+
+def test_a_pod_answering_500s_is_ejected():
+    async def go():
+        pods = [await FakePod("a", mode="error").start(), await FakePod("b").start()]
+        cfg = with_config(eject_after_failures=2, eject_backoff_s=60)
+        table = static_table([p.url for p in pods], "round-robin", 0)
+        async with running(pods, table=table, config=cfg) as (router, _):
+            broken = router.endpoints[0].pods[0]
+            statuses = [(await call(router, body={"model": "m", "prompt": "hi"}))[0] for _ in range(6)]
+            # a 500 is answered to its client (bytes came back: never retried), and counts
+            assert statuses[:4].count(500) == 2 and broken.ejected
+            assert statuses[4:] == [200, 200]  # ejected: the healthy pod takes everything
+            await assert_idle(router)
+
+    asyncio.run(go())
