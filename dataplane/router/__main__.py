@@ -17,8 +17,10 @@ import gc
 import logging
 import os
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import fields, replace
 
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
@@ -71,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             help=f"RouterConfig.{f.name} (default {f.default})",
         )
     args = p.parse_args(argv)
+    args.metrics_dir = None  # set by main() for --workers > 1
     if args.control_plane and not args.key:
         p.error("--control-plane needs --key (or $ROUTER_KEY)")
     return args
@@ -93,7 +96,14 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
 
         redis = Redis.from_url(args.redis, socket_timeout=0.5, socket_connect_timeout=0.5)
         limiter = RedisLimiter(redis, fallback=InProcessLimiter(asyncio.get_running_loop().time))
-    router = Router(config, limiter=limiter, control_plane=args.control_plane, key=args.key, redis=redis)
+    router = Router(
+        config,
+        limiter=limiter,
+        control_plane=args.control_plane,
+        key=args.key,
+        redis=redis,
+        metrics_dir=args.metrics_dir,
+    )
     discovery: Discovery
     if args.backends:
         table = static_table(
@@ -151,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers <= 1:
         run_worker(args, reuse_port=False)
         return 0
+    # The workers' counters meet in one directory, so any worker's /metrics shows them all.
+    args.metrics_dir = tempfile.mkdtemp(prefix="router-metrics-")
     children = []
     for _ in range(args.workers):
         pid = os.fork()
@@ -175,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in children:
         _, st = os.waitpid(c, 0)
         status = status or os.waitstatus_to_exitcode(st)
+    shutil.rmtree(args.metrics_dir, ignore_errors=True)
     return status
 
 

@@ -25,8 +25,10 @@ Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by defaul
 Every router adds its share, so a key holds the fleet's totals for that second; with two
 routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
 
-GET /metrics renders the cumulative counters in Prometheus text format (per process: with
-``--workers N`` each worker has its own counters, and a scrape reaches one of them).
+GET /metrics renders the cumulative counters in Prometheus text format. With ``--workers N``
+each worker has its own counters, so every worker writes a snapshot of them once a second to a
+directory they share (``snapshot``), and a scrape, whichever worker it reaches, renders the sum
+of all snapshots (``merge``): the multiprocess mode of the Prometheus client, in 50 lines.
 """
 
 from __future__ import annotations
@@ -265,3 +267,55 @@ def prometheus_text(
     for ep, pod, _req, _mu, ej in pod_rows:
         out.append(f'router_pod_ejected{{endpoint_id="{ep}",pod="{pod}"}} {int(ej)}')
     return "\n".join(out) + "\n"
+
+
+Snapshot = dict[str, Any]  # one worker's totals and pod gauges, JSON-able
+
+
+def snapshot(
+    totals: dict[Key, Stats], names: dict[int, str], pods: list[tuple[int, str, int, float, bool]]
+) -> Snapshot:
+    """What one worker knows, as JSON: cumulative counters per key, endpoint names, pod gauges."""
+    return {
+        "totals": [
+            [ep, tenant, {name: getattr(st, name) for name in SNAPSHOT_FIELDS}]
+            for (ep, tenant), st in totals.items()
+        ],
+        "names": {str(k): v for k, v in names.items()},
+        "pods": [list(p) for p in pods],
+    }
+
+
+SNAPSHOT_FIELDS = (
+    "requests", "mu", "tokens_in", "tokens_out", "latency_sum_s", "latency_buckets", "errors", "throttled",
+    "inflight",
+)  # fmt: skip
+
+
+def merge(
+    snapshots: Iterable[Snapshot],
+) -> tuple[dict[Key, Stats], dict[int, str], list[tuple[int, str, int, float, bool]]]:
+    """The sum of the workers' snapshots: counters and gauges add up; a pod's ejection is any's.
+
+    Worker A served 3 requests of (7, acme) and worker B 2 -> 5; pod p has 1 in flight at A
+    and 2 at B -> 3 in flight."""
+    totals: dict[Key, Stats] = {}
+    names: dict[int, str] = {}
+    pods: dict[tuple[int, str], list[Any]] = {}
+    for snap in snapshots:
+        for ep, tenant, fields in snap["totals"]:
+            st = totals.setdefault((int(ep), str(tenant)), Stats())
+            for name in SNAPSHOT_FIELDS:
+                if name == "latency_buckets":
+                    st.latency_buckets = [
+                        a + b for a, b in zip(st.latency_buckets, fields[name], strict=True)
+                    ]
+                else:
+                    setattr(st, name, getattr(st, name) + fields[name])
+        names.update({int(k): v for k, v in snap["names"].items()})
+        for ep, pod, req, mu, ejected in snap["pods"]:
+            row = pods.setdefault((int(ep), str(pod)), [0, 0.0, False])
+            row[0] += req
+            row[1] += mu
+            row[2] = row[2] or bool(ejected)
+    return totals, names, [(ep, pod, r[0], r[1], r[2]) for (ep, pod), r in sorted(pods.items())]

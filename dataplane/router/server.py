@@ -19,11 +19,13 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
 import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 from dataplane.router import balancer
@@ -31,7 +33,7 @@ from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, EndpointSpec, RoutingTable
 from dataplane.router.http import ClientConnection, Request, ServerState
-from dataplane.router.metering import Meter, RateWindow, prometheus_text, publish
+from dataplane.router.metering import Meter, RateWindow, merge, prometheus_text, publish, snapshot
 from dataplane.router.pricing import estimate_input_tokens, price, requested_output_tokens
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
 from dataplane.router.ratelimit import (
@@ -181,8 +183,10 @@ class Router:
         key: str | None = None,
         redis: Any = None,
         seed: int | None = None,
+        metrics_dir: str | None = None,
     ) -> None:
         self.config = config
+        self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
         self.clock = time.monotonic
         self.limiter: Limiter = limiter or InProcessLimiter(self.clock)
         self.control_plane = control_plane.rstrip("/") if control_plane else None
@@ -582,6 +586,7 @@ class Router:
         while True:
             await asyncio.sleep(interval_s)
             rows = self.tick()
+            self.write_snapshot()
             second = int(time.time()) - 1
             try:
                 if self.redis is not None:
@@ -609,14 +614,35 @@ class Router:
         async for table in discovery.snapshots():
             self.apply(table)
 
-    def metrics_text(self) -> str:
+    def metrics_parts(self) -> tuple[dict[int, str], list[tuple[int, str, int, float, bool]]]:
         names = {ep.spec.id: ep.spec.name for ep in self.endpoints.values()}
         pods = [
             (ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.ejected)
             for ep in self.endpoints.values()
             for p in ep.pods
         ]
-        return prometheus_text(self.meter.totals, names, pods)
+        return names, pods
+
+    def metrics_text(self) -> str:
+        """This process's counters; with a metrics directory (several workers), all workers'."""
+        names, pods = self.metrics_parts()
+        if self.metrics_dir is None:
+            return prometheus_text(self.meter.totals, names, pods)
+        self.write_snapshot()  # this worker's freshest numbers
+        snaps = []
+        for path in Path(self.metrics_dir).glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):  # a worker that is gone, or mid-rename
+                snaps.append(json.loads(path.read_text()))
+        return prometheus_text(*merge(snaps))
+
+    def write_snapshot(self) -> None:
+        if self.metrics_dir is None:
+            return
+        names, pods = self.metrics_parts()
+        path = Path(self.metrics_dir) / f"{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(snapshot(self.meter.totals, names, pods)))
+        tmp.replace(path)  # atomic: a scrape never reads half a file
 
     # --- lifecycle
     async def start(

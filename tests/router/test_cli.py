@@ -52,6 +52,22 @@ def test_static_mode_command_line_serves_and_drains_on_sigterm():
                 except OSError:
                     await asyncio.sleep(0.1)
             assert status == 200 and b'"pod": "p"' in body
+            # Each worker counts its own requests; any worker's /metrics shows the sum.
+            for _ in range(9):
+                await fetch(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    "POST",
+                    {},
+                    b'{"model": "m", "prompt": "hi"}',
+                    2,
+                )
+            line = b'router_requests_total{endpoint="*",endpoint_id="0",tenant=""} 10'
+            for _ in range(60):  # the other worker's snapshot is at most a second old
+                _, _, metrics = await fetch(f"http://127.0.0.1:{port}/metrics", "GET", {}, b"", 2)
+                if line in metrics:
+                    break
+                await asyncio.sleep(0.1)
+            assert line in metrics, metrics.decode()[:2000]
             proc.send_signal(signal.SIGTERM)
             for _ in range(100):
                 if proc.poll() is not None:

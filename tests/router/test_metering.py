@@ -1,6 +1,7 @@
 """Per-second metering: time-averaged in-flight, the MU rate window, Prometheus text, Redis rows."""
 
 import asyncio
+import json
 import os
 import uuid
 
@@ -134,3 +135,22 @@ def test_publish_to_redis_key_layout():
             await redis.aclose()
 
     asyncio.run(go())
+
+
+def test_workers_snapshots_add_up():
+    from dataplane.router.metering import merge, snapshot
+
+    a, b = Meter(0.0), Meter(0.0)
+    for m, n in ((a, 3), (b, 2)):
+        for _ in range(n):
+            m.start(KEY, 0.0)
+            m.finish(KEY, 0.03, 0.03, 2.0, 5, 6, False)
+    a.start(KEY, 1.0)  # one still in flight at worker A
+    snaps = [
+        snapshot(a.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)]),
+        snapshot(b.totals, {7: "chat"}, [(7, "pod-0", 2, 1.0, True)]),
+    ]
+    totals, names, pods = merge(json.loads(json.dumps(s)) for s in snaps)  # as read from the files
+    t = totals[KEY]
+    assert (t.requests, t.mu, t.inflight, sum(t.latency_buckets)) == (5, 10.0, 1, 5)
+    assert names == {7: "chat"} and pods == [(7, "pod-0", 3, 3.5, True)]
