@@ -69,16 +69,18 @@ class RuntimePodConfig:
     probe_port: int = 8001  # the prober's /livez and /readyz
     # Resources per pod. GPUs are added to the vLLM limits (tensor x pipeline parallel size).
     sim_resources: Mapping[str, Mapping[str, str]] = field(
+        hash=False,  # the config stays hashable (one driver per config); equality still compares it
         default_factory=lambda: {
             "requests": {"cpu": "250m", "memory": "128Mi"},
             "limits": {"cpu": "1", "memory": "256Mi"},
-        }
+        },
     )
     vllm_resources: Mapping[str, Mapping[str, str]] = field(
+        hash=False,
         default_factory=lambda: {
             "requests": {"cpu": "4", "memory": "32Gi"},
             "limits": {"cpu": "8", "memory": "64Gi"},
-        }
+        },
     )
     # Hang events from the pods' probers go to this control plane (empty: logged only), with the
     # bearer key under `key` in this Secret of the runtime namespace (optional: may be absent).

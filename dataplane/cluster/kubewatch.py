@@ -62,7 +62,9 @@ def api_client_from_environment(context: str | None = None, retries: int = 1) ->
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config(context=context, client_configuration=configuration)
+        # $KUBECONFIG read now: the client reads it once, when it is first imported
+        config_file = os.environ.get("KUBECONFIG") or None
+        config.load_kube_config(config_file=config_file, context=context, client_configuration=configuration)
     configuration.retries = retries  # our callers retry with backoff; urllib3's default is 3
     return client.ApiClient(configuration)
 
