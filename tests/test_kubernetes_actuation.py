@@ -16,6 +16,7 @@ from django.db import connection
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
+from dataplane.cluster.driver import ClusterError
 from dataplane.cluster.kubernetes import KubernetesDriver
 from dataplane.runtime.events import Event as PodEvent
 from tests.cluster.kube_standin import KubeStandIn, pod
@@ -50,6 +51,12 @@ def test_one_kubernetes_driver_per_process_from_the_settings(kube):
     first = scaling.driver()
     assert isinstance(first, KubernetesDriver) and scaling.driver() is first
     assert first.config.sim_image == "mu/runtime-sim:dev" and first.namespace == "mu-runtime"
+
+
+def test_no_kubernetes_configuration_is_a_cluster_error(kube, monkeypatch, tmp_path):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ClusterError, match="no Kubernetes configuration"):
+        scaling.driver()
 
 
 def test_a_pass_declares_every_endpoint_and_the_mirror_reads_readiness_back(kube, owner, make_endpoint):

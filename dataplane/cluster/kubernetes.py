@@ -75,7 +75,14 @@ class KubernetesDriver:
 
         self.config = config
         self.namespace = config.namespace
-        self.api_client = api_client if api_client is not None else api_client_from_environment()
+        if api_client is None:
+            try:
+                api_client = api_client_from_environment()
+            except Exception as exc:  # ConfigException, a missing or unreadable kubeconfig
+                raise ClusterError(
+                    f"no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}"
+                ) from None
+        self.api_client = api_client
         self.apps = client.AppsV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.retries = retries  # extra attempts after a 409/429, count
