@@ -143,12 +143,28 @@ BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimu
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
-# at CLUSTER_AGENT_URL; the embedded default) or "none" (pods are registered through
-# /api/v1/pods/ by someone else; the autoscaler still collects load and usage, decides nothing).
+# at CLUSTER_AGENT_URL; the embedded default), "kubernetes" (a Deployment per endpoint in
+# KUBERNETES_NAMESPACE, through the API server of the cluster we run in, or of the current
+# kubeconfig) or "none" (pods are registered through /api/v1/pods/ by someone else; the
+# autoscaler still collects load and usage, decides nothing).
 CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "local" if EMBEDDED else "none")
-if CLUSTER_DRIVER not in ("none", "local"):
-    raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none' or 'local'")
+if CLUSTER_DRIVER not in ("none", "local", "kubernetes"):
+    raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none', 'local' or 'kubernetes'")
 CLUSTER_AGENT_URL = envstr("CLUSTER_AGENT_URL", "http://127.0.0.1:8700")
+# The Kubernetes driver: where the runtime pods run and from which images (their entrypoints
+# start `python -m dataplane.runtime.pod`); RUNTIME_EVENTS_URL is where the pods' probers post
+# hang events (empty: logged only), with the key under `key` in the Secret
+# RUNTIME_EVENTS_KEY_SECRET of that namespace.
+KUBERNETES_NAMESPACE = envstr("KUBERNETES_NAMESPACE", "mu-runtime")
+RUNTIME_SIM_IMAGE = envstr("RUNTIME_SIM_IMAGE", "mu/runtime-sim:0.1.0")
+RUNTIME_VLLM_IMAGE = envstr("RUNTIME_VLLM_IMAGE", "mu/runtime-vllm:0.1.0")
+RUNTIME_IMAGE_PULL_POLICY = envstr("RUNTIME_IMAGE_PULL_POLICY", "IfNotPresent")
+if RUNTIME_IMAGE_PULL_POLICY not in ("Always", "IfNotPresent", "Never"):
+    raise ImproperlyConfigured(
+        f"RUNTIME_IMAGE_PULL_POLICY={RUNTIME_IMAGE_PULL_POLICY!r}: use 'Always', 'IfNotPresent' or 'Never'"
+    )
+RUNTIME_EVENTS_URL = envstr("RUNTIME_EVENTS_URL", "")
+RUNTIME_EVENTS_KEY_SECRET = envstr("RUNTIME_EVENTS_KEY_SECRET", "runtime-events-key")
 # Local pods run the simulated engine at this speed-up (1.0: real time).
 LOCAL_POD_TIME_SCALE = envfloat("LOCAL_POD_TIME_SCALE", 1.0, minimum=0.001)
 AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 5.0, minimum=0.5)

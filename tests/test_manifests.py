@@ -86,9 +86,89 @@ def test_rbac_is_least_privilege(documents):
     ]
 
 
+def test_the_control_plane_may_run_runtime_deployments_and_nothing_more(documents):
+    role = next(
+        d for d in documents if d["kind"] == "Role" and d["metadata"]["name"] == "controlplane-runtime"
+    )
+    assert role["metadata"]["namespace"] == "mu-runtime"
+    rights = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert rights == {
+        ("apps", "deployments"): {"get", "list", "create", "patch", "delete"},  # apply and prune
+        ("apps", "deployments/scale"): {"get", "patch"},
+        ("", "services"): {"get", "list", "create", "patch", "delete"},  # one per deployment
+        ("", "pods"): {"get", "list", "watch"},  # readiness, restarts
+    }
+    bindings = {
+        (d["metadata"]["namespace"], d["roleRef"]["name"]): d["subjects"]
+        for d in documents
+        if d["kind"] == "RoleBinding"
+    }
+    assert set(bindings) == {("mu-runtime", "controlplane-runtime"), ("mu-runtime", "router-discovery")}
+
+
 def test_exactly_one_beat(documents):
     beat = next(d for d in documents if d["metadata"]["name"] == "controlplane-beat")
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_exactly_one_pod_watcher(documents):
+    watcher = next(d for d in documents if d["metadata"]["name"] == "controlplane-podwatch")
+    assert watcher["spec"]["replicas"] == 1 and watcher["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = watcher["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "manage.py", "watch_pods"]
+
+
+def test_the_router_and_the_driver_agree_on_the_runtime_namespace(documents):
+    env = next(
+        d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "controlplane-env"
+    )
+    router = next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "router")
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert env["data"]["CLUSTER_DRIVER"] == "kubernetes"
+    assert args[args.index("--endpointslices") + 1] == env["data"]["KUBERNETES_NAMESPACE"] == "mu-runtime"
+
+
+def test_the_runtime_deployments_the_driver_generates_validate(documents):
+    """What the control plane will create at run time, with the dev overlay's settings."""
+    from dataplane.cluster.driver import Deployment
+    from dataplane.cluster.k8s_objects import RuntimePodConfig, deployment_manifest, service_manifest
+
+    env = next(
+        d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "controlplane-env"
+    )
+    config = RuntimePodConfig(
+        namespace=env["data"]["KUBERNETES_NAMESPACE"],
+        sim_image=env["data"]["RUNTIME_SIM_IMAGE"],
+        vllm_image=env["data"]["RUNTIME_VLLM_IMAGE"],
+        image_pull_policy=env["data"]["RUNTIME_IMAGE_PULL_POLICY"],
+        events_url=env["data"]["RUNTIME_EVENTS_URL"],
+    )
+    assert config.sim_image == "mu/runtime-sim:dev"
+    for d in (
+        Deployment(
+            "ep-1",
+            2,
+            "sim",
+            ("--profile", "h100-llama-8b", "--served-model-name", "chat"),
+            8,
+            {"endpoint": "1"},
+        ),
+        Deployment(
+            "ep-2", 1, "vllm", ("--model", "/models/m", "-tp", "2"), 16, {"endpoint": "2", "tenant": "acme"}
+        ),
+    ):
+        for manifest in (deployment_manifest(d, config), service_manifest(d, config)):
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+            spec = manifest["spec"].get("template", {}).get("spec")
+            if spec:
+                assert spec["securityContext"]["runAsNonRoot"] is True
+                for container in spec["containers"]:
+                    assert container["resources"]["limits"] and "readinessProbe" in container
 
 
 def test_images_are_pinned_and_run_as_non_root():

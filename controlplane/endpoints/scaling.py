@@ -16,6 +16,7 @@ Every change writes an Event whose message and detail carry the numbers that cau
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -33,6 +34,8 @@ from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_nam
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterDriver, ClusterError
+from dataplane.cluster.k8s_objects import RuntimePodConfig
+from dataplane.runtime.events import Event as PodEvent
 
 log = logging.getLogger("controlplane.scaling")
 
@@ -47,7 +50,29 @@ def driver() -> ClusterDriver | None:
         from dataplane.cluster.local import LocalDriver
 
         return LocalDriver(settings.CLUSTER_AGENT_URL)
+    if settings.CLUSTER_DRIVER == "kubernetes":
+        return kubernetes_driver(runtime_pod_config())
     return None
+
+
+@functools.cache
+def kubernetes_driver(config: RuntimePodConfig) -> ClusterDriver:
+    """One per process and configuration: it keeps its API connections and the hashes of what
+    it applied, so that the passes' unchanged declarations cost no API call."""
+    from dataplane.cluster.kubernetes import KubernetesDriver
+
+    return KubernetesDriver(config)
+
+
+def runtime_pod_config() -> RuntimePodConfig:
+    return RuntimePodConfig(
+        namespace=settings.KUBERNETES_NAMESPACE,
+        sim_image=settings.RUNTIME_SIM_IMAGE,
+        vllm_image=settings.RUNTIME_VLLM_IMAGE,
+        image_pull_policy=settings.RUNTIME_IMAGE_PULL_POLICY,
+        events_url=settings.RUNTIME_EVENTS_URL,
+        events_key_secret=settings.RUNTIME_EVENTS_KEY_SECRET,
+    )
 
 
 def config_for(endpoint: Endpoint) -> AutoscalerConfig:
@@ -299,3 +324,23 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
         e.state = state_of(e)
         e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])
     return True
+
+
+def record_pod_event(event: PodEvent) -> Event:
+    """A pod event from the Kubernetes pod watcher (restart, crash loop) as an on-call Event,
+    on its endpoint when the pod's `mu/endpoint` label names one that still exists."""
+    endpoint = (
+        Endpoint.objects.select_related("tenant").filter(pk=event.endpoint).first()
+        if event.endpoint is not None
+        else None
+    )
+    severity = {"warning": Event.Severity.WARNING, "critical": Event.Severity.CRITICAL}
+    return Event.record(
+        event.kind,
+        event.message,
+        endpoint=endpoint,
+        pod=event.pod,
+        severity=severity.get(event.severity, Event.Severity.INFO),
+        detail=event.detail,
+        reported_by="kubernetes",
+    )

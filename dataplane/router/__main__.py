@@ -2,7 +2,12 @@
 
     python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
     python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 --key <operator key> \\
-        [--redis redis://...] [--workers 4]
+        [--redis redis://...] [--workers 4] [--endpointslices mu-runtime]
+
+``--endpointslices NAMESPACE`` (on Kubernetes) takes each endpoint's pods from the
+EndpointSlices of that namespace instead of the control plane's pod list
+(``dataplane.router.endpointslices``); the rest of the routing table still comes from the
+control plane. The router's service account needs get/list/watch on endpointslices there.
 
 ``--workers N`` forks N processes, each with its own SO_REUSEPORT listening socket on the same
 address (the kernel spreads connections), its own pools and counters. SIGTERM/SIGINT drain:
@@ -48,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--backends", help="static mode: comma-separated pod URLs")
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
     p.add_argument("--key", default=os.environ.get("ROUTER_KEY"), help="operator key (or $ROUTER_KEY)")
+    p.add_argument(
+        "--endpointslices",
+        metavar="NAMESPACE",
+        default=None,
+        help="control-plane mode on Kubernetes: pods from the EndpointSlices of this namespace",
+    )
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES, help="static mode policy")
     p.add_argument(
         "--target-concurrency",
@@ -76,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.metrics_dir = None  # set by main() for --workers > 1
     if args.control_plane and not args.key:
         p.error("--control-plane needs --key (or $ROUTER_KEY)")
+    if args.endpointslices and not args.control_plane:
+        p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
     return args
 
 
@@ -119,6 +132,10 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         discovery = ControlPlaneDiscovery(
             args.control_plane, args.key, fetch, config.poll_interval_s, config.control_plane_timeout_s
         )
+        if args.endpointslices:
+            from dataplane.router.endpointslices import EndpointSliceDiscovery
+
+            discovery = EndpointSliceDiscovery(discovery, args.endpointslices)
     await router.start(host, int(port), discovery, reuse_port=sock_reuse)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

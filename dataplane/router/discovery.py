@@ -9,8 +9,8 @@ reload drops nothing). Two sources today:
                          bearer key and ``If-None-Match: <etag>``; 304 = unchanged; a control
                          plane that is down or answers garbage leaves the last good table in use.
 
-A Kubernetes EndpointSlice source (later) would yield the same snapshots, pods from slices and
-the rest from the control plane.
+On Kubernetes, ``endpointslices.EndpointSliceDiscovery`` wraps the control-plane source and
+yields the same snapshots with each endpoint's pods taken from its EndpointSlices.
 
 The contract (the control plane's side is in controlplane/api):
   {"version": "<etag>", "endpoints": [{"id", "tenant", "name", "model", "policy", "alpha", "beta",
