@@ -61,7 +61,7 @@ def test_no_kubernetes_configuration_is_a_cluster_error(kube, monkeypatch, tmp_p
 
 def test_a_pass_declares_every_endpoint_and_the_mirror_reads_readiness_back(kube, owner, make_endpoint):
     chat = make_endpoint(owner, "chat", min_provisioned_concurrency=16)  # 2 replicas at 8 each
-    name = f"ep-{chat.pk}"
+    name = f"ep-{chat.pk}-v1"
     cluster = scaling.driver()
     scaling.horizontal_pass(cluster, NOW)
     assert kube.names("deployments") == [name] and kube.names("services") == [name]
@@ -106,7 +106,7 @@ def test_a_pod_event_lands_on_its_endpoint(owner, make_endpoint):
 @pytest.mark.django_db(transaction=True)
 def test_watch_pods_records_restarts_until_sigterm(kube, owner, make_endpoint):
     chat = make_endpoint(owner, "chat")
-    name = f"ep-{chat.pk}"
+    name = f"ep-{chat.pk}-v1"
     kube.put("pods", pod(f"{name}-a", deployment=name, endpoint=str(chat.pk)))
     outcome = {}
 
