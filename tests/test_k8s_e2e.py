@@ -20,9 +20,9 @@ What it does, in order:
      prober fails /livez, the kubelet restarts the container, the pod watcher records a
      `restart` event and the prober a `hang` event.
 
-TODO(rollout): a zero-downtime rollout (new endpoint version under load, no failed request)
-belongs here once the rollout work (traffic weights per version, another branch) exposes how a
-version is started; `test_rollout_under_load` is skipped until then.
+  5. Rollout: under load, the endpoint's model changes (a new version, Deployment ...-v2); the
+     control plane rolls it out (new pods ready, traffic moved, old pods drained and removed)
+     and the load generator sees no failed request.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def stack():
     kubectl("-n", SYSTEM, "rollout", "status", "deploy/router", "--timeout=300s", timeout=330)
     endpoint = shell(SETUP)
     assert isinstance(endpoint, dict)
-    name = f"ep-{endpoint['id']}"
+    name = f"ep-{endpoint['id']}-v1"
     eventually(
         f"Deployment {name} with a ready pod",
         lambda: (deployment(name).get("status", {}).get("readyReplicas") or 0) >= 1,
@@ -273,7 +273,44 @@ def event_kinds(pod: str) -> list[str]:
     return [str(k) for k in kinds]
 
 
-@pytest.mark.skip(reason="TODO(rollout): needs the rollout work's way to start a new endpoint version")
 def test_rollout_under_load(stack):
-    """A new version rolled out under load: no failed request, old pods drained (EndpointSlice
-    `terminating` first, then preStop, then SIGTERM)."""
+    """A new version rolled out under load: no failed request, the old Deployment removed after
+    its pods drained (weight 0 in the routers' split, then EndpointSlice `terminating`)."""
+    load = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"], "--key", stack["key"]),
+            *("--model", stack["name"], "--stages", "180x4", "--max-tokens", "32"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(10)  # the load runs on v1 first
+        shell(
+            "import json\nfrom capacity.models import ModelProfile\n"
+            "from controlplane.endpoints.models import Endpoint\n"
+            f"e = Endpoint.objects.get(pk={stack['id']})\n"
+            "e.profile, _ = ModelProfile.objects.get_or_create(model='e2e-sim-v2',"
+            " gpu_type=e.profile.gpu_type,"
+            " defaults={'alpha': 0.0004, 'beta': 0.004, 'gamma': 0.02, 'gpus_per_replica': 1})\n"
+            "e.save_checked()\nprint(json.dumps(e.version))"
+        )
+        old = stack["deployment"]
+        eventually(
+            f"the rollout to remove {old}",
+            lambda: old not in kubectl("-n", RUNTIME, "get", "deploy", "-o", "name"),
+            timeout=600,
+            every=5,
+        )
+    finally:
+        output, _ = load.communicate(timeout=240)
+    total = next(line for line in output.splitlines() if line.startswith("total "))
+    assert "errors -" in total, output
+    phases = shell(
+        "import json\nfrom controlplane.endpoints.models import Rollout\n"
+        f"print(json.dumps(list(Rollout.objects.filter(endpoint_id={stack['id']})"
+        ".values_list('phase', flat=True))))"
+    )
+    assert phases == ["done"], phases
