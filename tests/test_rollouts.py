@@ -134,3 +134,5 @@ def test_the_console_form_changes_the_model_through_the_same_rollout(owner, chat
     }
     assert owner_web.post(f"/console/endpoints/{chat.pk}/edit/", body).status_code == 302
     assert Rollout.objects.get(endpoint=chat).to_version == 2
+    page = owner_web.get(f"/console/endpoints/{chat.pk}/").content.decode()
+    assert "v2 <span" in page and "starting: 0% on v2" in page and "rollout from v1 (llama-8b)" in page
