@@ -71,6 +71,16 @@ def envdatabase(name: str, default: str) -> dict[str, object]:
             f"{name}={raw!r}: only postgres://... and sqlite:///... URLs are supported"
         )
     try:
-        return dict(dj_database_url.parse(raw, conn_max_age=60, conn_health_checks=True))
+        config = dict(dj_database_url.parse(raw, conn_max_age=60, conn_health_checks=True))
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a database URL: {exc}") from None
+    if raw.startswith("sqlite://"):
+        # The embedded stack writes from several processes and threads (web, worker, beat): take
+        # the write lock when a transaction begins (a deferred one that upgrades fails at once
+        # with "database is locked"), wait for it, and let readers run beside the writer (WAL).
+        config["OPTIONS"] = {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    return config

@@ -24,7 +24,7 @@ cleanup() {
     wait "${pids[@]}" 2>/dev/null || true  # the agent stops its pods before it exits
 }
 trap cleanup EXIT INT TERM
-"$BIN/celery" -A controlplane worker --beat --pool=solo --loglevel=INFO \
+"$BIN/celery" -A controlplane worker --beat --pool=threads --concurrency=4 --loglevel=INFO \
     --schedule=var/celerybeat-schedule >var/celery.log 2>&1 &
 pids+=($!)
 "$BIN/python" -m dataplane.cluster.agent --listen 127.0.0.1:8700 --log-dir var/pods --warm-pool 2 \
