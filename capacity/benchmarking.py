@@ -90,6 +90,12 @@ def benchmark_engine(
     if url:
         yield url, 1.0, url
         return
+    from controlplane.endpoints import scaling
+
+    cluster = scaling.driver()
+    if cluster is not None:
+        yield cluster_engine(cluster, profile)
+        return  # the claim's release undeclares the pod: the next pass removes it
     if not settings.BENCHMARK_SIMULATED_PROFILE:
         raise BenchmarkError(None, "no engine: set BENCHMARK_ENGINE_URL (or BENCHMARK_SIMULATED_PROFILE)")
     from dataplane.runtime.supervisor import PodSpec, Supervisor
@@ -118,6 +124,31 @@ def benchmark_engine(
     finally:
         supervisor.stop_pod(name, grace_s=5)
         supervisor.close()
+
+
+def cluster_engine(cluster, profile: ModelProfile) -> tuple[str, float, str]:  # type: ignore[no-untyped-def]
+    """The benchmark deployment's pod, once ready: the autoscaler's pass declares it for as long
+    as this benchmark holds the profile's claim."""
+    from controlplane.endpoints.deployments import benchmark_deployment_name, sim_profile
+
+    name = benchmark_deployment_name(profile.pk)
+    deadline = time.monotonic() + settings.BENCHMARK_POD_READY_TIMEOUT_S
+    while True:
+        ready = [p for p in cluster.list_pods() if p.deployment == name and p.ready]
+        if ready:
+            break
+        if time.monotonic() > deadline:
+            raise BenchmarkError(
+                None,
+                f"benchmark pod of {name} not ready within {settings.BENCHMARK_POD_READY_TIMEOUT_S:g} s"
+                " (the autoscaler's pass declares it: is Celery beat running?)",
+            )
+        time.sleep(0.5)  # waiting on the cluster, not faking time
+    vllm = settings.BENCHMARK_POD_ENGINE == "vllm"
+    scale = 1.0 if vllm else settings.BENCHMARK_SIMULATED_TIME_SCALE
+    simulated = settings.BENCHMARK_SIMULATED_PROFILE or sim_profile(profile.gpu_type.name)
+    engine = "vllm" if vllm else f"simulated:{simulated}"
+    return ready[0].url, scale, f"{engine} (cluster pod {ready[0].name}, time scale {scale:g})"
 
 
 def run_benchmark(

@@ -140,6 +140,18 @@ BENCHMARK_SHAPES = envstr("BENCHMARK_SHAPES", "")  # "16x1,128x16,..."; empty: t
 BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a crashed worker's claim expires
 BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day
 BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimum=0.1)
+# Without BENCHMARK_ENGINE_URL and with a cluster driver, a benchmark runs against a pod of its
+# own: the deployment bench-{profile id}, declared by the autoscaler's pass while the benchmark
+# holds its claim (gone with the claim). It runs BENCHMARK_POD_ENGINE: "sim" (the profile
+# BENCHMARK_SIMULATED_PROFILE) or "vllm" (BENCHMARK_VLLM_MODEL, a path or hub id; the engine in
+# BENCHMARK_VLLM_PYTHON's environment; BENCHMARK_VLLM_ARGS added, e.g. "--max-num-seqs 16").
+BENCHMARK_POD_ENGINE = envstr("BENCHMARK_POD_ENGINE", "sim")
+if BENCHMARK_POD_ENGINE not in ("sim", "vllm"):
+    raise ImproperlyConfigured(f"BENCHMARK_POD_ENGINE={BENCHMARK_POD_ENGINE!r}: use 'sim' or 'vllm'")
+BENCHMARK_VLLM_MODEL = envstr("BENCHMARK_VLLM_MODEL", "")
+BENCHMARK_VLLM_PYTHON = envstr("BENCHMARK_VLLM_PYTHON", "")
+BENCHMARK_VLLM_ARGS = envstr("BENCHMARK_VLLM_ARGS", "")
+BENCHMARK_POD_READY_TIMEOUT_S = envfloat("BENCHMARK_POD_READY_TIMEOUT_S", 300.0, minimum=1.0)
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`

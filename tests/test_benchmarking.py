@@ -237,3 +237,65 @@ def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model,
         os.killpg(worker.pid, 15)
         worker.wait(timeout=30)
         log.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(settings, small_model, tmp_path):
+    """The real local agent: while the benchmark holds its claim, the autoscaler's pass declares
+    bench-{profile}; the benchmark measures that pod; the released claim makes the pass remove it."""
+    import os
+    import sys
+    import threading
+
+    from django.db import connection
+
+    from controlplane.endpoints import scaling
+    from tests.runtime.support import answers, free_port, wait_until
+
+    port = free_port()
+    settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{port}"
+    settings.BENCHMARK_ENGINE_URL, settings.BENCHMARK_POD_ENGINE = "", "sim"
+    settings.BENCHMARK_SIMULATED_PROFILE, settings.BENCHMARK_SIMULATED_TIME_SCALE = "tiny-test", 20.0
+    settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
+    settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0  # the wiring is under test here, not accuracy
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dataplane.cluster.agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--drain-delay",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    cluster = scaling.driver()
+    stop = threading.Event()
+
+    def beat():  # the horizontal pass, as beat runs it (its lease lets one through every 2.5 s)
+        try:
+            while not stop.wait(0.5):
+                scaling.horizontal_pass(cluster, timezone.now())
+        finally:
+            connection.close()
+
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout=30)
+        passes = threading.Thread(target=beat)
+        passes.start()
+        try:
+            assert benchmarking.claim(small_model.pk, timezone.now())
+            fit = benchmarking.run_benchmark(small_model)
+            assert fit.status == "published", fit.reason
+            assert fit.engine.startswith(f"simulated:tiny-test (cluster pod bench-{small_model.pk}-")
+            # The claim is released: the next pass undeclares the deployment, the agent stops it.
+            wait_until(lambda: not cluster.list_pods(), timeout=30)
+        finally:
+            stop.set()
+            passes.join(timeout=10)
+    finally:
+        os.killpg(agent.pid, 15)
+        agent.wait(timeout=30)

@@ -5,6 +5,8 @@ Kubernetes driver maps the same Deployment onto a real one.
 """
 
 import re
+import shlex
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
@@ -14,6 +16,7 @@ from dataplane.cluster.driver import Deployment
 
 DEPLOYMENT_PREFIX = "ep-"
 DEPLOYMENT_NAME = re.compile(r"ep-(\d+)-v(\d+)")
+BENCHMARK_PREFIX = "bench-"  # a benchmark's own engine (capacity.benchmarking); never routed to
 
 
 def deployment_name(endpoint_id: int, version: int) -> str:
@@ -55,3 +58,36 @@ def sim_profile(gpu_type: str) -> str:
 
     name = gpu_type.lower()
     return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
+
+
+def benchmark_deployment_name(profile_id: int) -> str:
+    return f"{BENCHMARK_PREFIX}{profile_id}"
+
+
+def benchmark_deployment(profile: ModelProfile) -> Deployment:
+    """The engine a benchmark of `profile` measures (BENCHMARK_POD_ENGINE): one replica."""
+    if settings.BENCHMARK_POD_ENGINE == "vllm":
+        engine = "vllm"
+        args: tuple[str, ...] = ("--model", settings.BENCHMARK_VLLM_MODEL or profile.model)
+        if settings.BENCHMARK_VLLM_PYTHON:
+            args += ("--vllm-python", settings.BENCHMARK_VLLM_PYTHON)
+        args += tuple(shlex.split(settings.BENCHMARK_VLLM_ARGS))
+    else:
+        engine = "sim"
+        args = (
+            "--profile",
+            settings.BENCHMARK_SIMULATED_PROFILE or sim_profile(profile.gpu_type.name),
+            "--time-scale",
+            str(settings.BENCHMARK_SIMULATED_TIME_SCALE),
+        )
+    name = benchmark_deployment_name(profile.pk)
+    return Deployment(name, 1, engine, args, 1, {"benchmark": str(profile.pk)})
+
+
+def benchmark_deployments(now: datetime) -> list[Deployment]:
+    """A deployment for every benchmark under way that needs an engine of its own."""
+    if settings.BENCHMARK_ENGINE_URL:
+        return []
+    live = now - timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S)
+    claimed = ModelProfile.objects.filter(benchmark_claimed_at__gt=live).select_related("gpu_type")
+    return [benchmark_deployment(p) for p in claimed.order_by("id")]

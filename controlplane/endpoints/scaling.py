@@ -30,7 +30,12 @@ from django.db.models import Q
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
 from controlplane.endpoints import rollouts, samples
-from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_name, parse_deployment
+from controlplane.endpoints.deployments import (
+    DEPLOYMENT_PREFIX,
+    benchmark_deployments,
+    deployment_name,
+    parse_deployment,
+)
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterDriver, ClusterError
@@ -185,10 +190,11 @@ def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
 def _declare(
     cluster: ClusterDriver, endpoints: list[Endpoint], changes: list[Endpoint], now: datetime
 ) -> int:
-    """Advance rollouts, then declare every endpoint's deployments (two while a rollout runs); on
+    """Advance rollouts, then declare every endpoint's deployments (two while a rollout runs) and
+    the benchmarks' engines; on
     failure, undo this pass's replica changes in memory (the database keeps the old counts) and
     report it. Returns the number of changes lost."""
-    declared = rollouts.advance(endpoints, now)
+    declared = rollouts.advance(endpoints, now) + benchmark_deployments(now)
     try:
         cluster.apply(declared)
     except ClusterError as exc:
