@@ -16,7 +16,8 @@ Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by defaul
         errors          5xx answers and upstream failures, count
         throttled       429 answers, count
         lat{i}          requests whose latency fell in LATENCY_BUCKETS_S[i] (i = len: above all)
-        queued          requests waiting for a pod at the end of the second, count
+        queued          requests waiting for a pod (or a wake) at the end of the second, count
+        queued_mu       their estimated MU: the backlog the autoscaler sizes replicas to drain
         mu:{tenant}     MU consumed by that tenant, MU (per-tenant accounting)
 
     mu:routers:{unix_second}   routers that reported that second (every router, every second,
@@ -130,11 +131,14 @@ class Meter:
             elif status >= 500:
                 st.errors += 1
 
-    def roll(self, now: float, queued: dict[int, int] | None = None) -> list[tuple[Key, dict[str, float]]]:
+    def roll(
+        self, now: float, queued: dict[int, tuple[int, float]] | None = None
+    ) -> list[tuple[Key, dict[str, float]]]:
         """Close the current window: one row per key with traffic; in-flight requests carry over.
 
         In-flight 2 for the whole of a 1 s window -> inflight 2.0; 4 for half of it -> 2.0.
-        ``queued`` (endpoint id -> waiting requests) lands on a row of its own, tenant "".
+        ``queued`` (endpoint id -> (waiting requests, their MU)) lands on a row of its own,
+        tenant "".
         """
         elapsed = max(now - self.window_start, 1e-9)
         rows = []
@@ -163,7 +167,10 @@ class Meter:
                 c.inflight_since = now
         self.current = carry
         self.window_start = now
-        rows += [((endpoint_id, ""), {"queued": n}) for endpoint_id, n in (queued or {}).items() if n]
+        rows += [
+            ((endpoint_id, ""), {"queued": n, "queued_mu": mu})
+            for endpoint_id, (n, mu) in (queued or {}).items()
+        ]
         return rows
 
 

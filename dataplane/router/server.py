@@ -8,8 +8,8 @@ concurrency; 503 + Retry-After beyond) -> forward, retrying another pod when the
 fails before any response byte -> meter.
 
 Counters that must return to zero when the router is idle (tests assert them): every
-``PodLoad.inflight_requests``, ``EndpointState.inflight``, ``ServerState.active_requests``,
-``Pool.active`` and the queue lengths.
+``PodLoad.inflight_requests``, ``EndpointState.inflight`` and ``queued_mu``,
+``ServerState.active_requests``, ``Pool.active`` and the queue lengths.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class EndpointState:
         self.pods: list[balancer.PodLoad] = []
         self.addresses: dict[str, tuple[str, int, bytes, bytes]] = {}  # url -> host, port, host hdr, pod hdr
         self.inflight = 0  # requests of this endpoint at pods, count
+        self.queued_mu = 0.0  # estimated MU of the requests waiting for a pod (or a wake), MU
         self.waiters_priority: deque[asyncio.Future[bool]] = deque()  # probes and reserved traffic
         self.waiters: deque[asyncio.Future[bool]] = deque()  # best effort
         self.rate = RateWindow(int(config.best_effort_window_s))  # MU admitted, for headroom
@@ -367,20 +368,24 @@ class Router:
             while outcome is None:
                 pod = self.pick(ep, workload, tried)
                 if pod is None:
-                    if not any(p.available() for p in ep.pods if p not in tried):
-                        if tried:  # every pod failed to connect
-                            raise RequestError(502, "no pod could be reached", "upstream_unreachable")
-                        await self.wait_for_pods(ep)
-                        deadline = self.clock() + cfg.queue_wait_s
+                    ep.queued_mu += cost  # the backlog the autoscaler drains (metered each second)
+                    try:
+                        if not any(p.available() for p in ep.pods if p not in tried):
+                            if tried:  # every pod failed to connect
+                                raise RequestError(502, "no pod could be reached", "upstream_unreachable")
+                            await self.wait_for_pods(ep)
+                            deadline = self.clock() + cfg.queue_wait_s
+                            continue
+                        if not await ep.wait_for_room(priority, deadline - self.clock()):
+                            raise RequestError(
+                                503,
+                                f"all pods of {model!r} are at their concurrency limit",
+                                "overloaded",
+                                b"retry-after: %d\r\n" % cfg.retry_after_s,
+                            )
                         continue
-                    if not await ep.wait_for_room(priority, deadline - self.clock()):
-                        raise RequestError(
-                            503,
-                            f"all pods of {model!r} are at their concurrency limit",
-                            "overloaded",
-                            b"retry-after: %d\r\n" % cfg.retry_after_s,
-                        )
-                    continue
+                    finally:
+                        ep.queued_mu -= cost
                 attempts += 1
                 if not started:
                     self.meter.start(key, self.clock())
@@ -577,7 +582,9 @@ class Router:
                     self._probing.add(pod)
                     self._spawn(self.probe(pod))
         self.pool.sweep(now)
-        queued = {ep.spec.id: ep.queued() for ep in self.endpoints.values() if ep.queued()}
+        queued = {
+            ep.spec.id: (ep.queued(), ep.queued_mu) for ep in self.endpoints.values() if ep.queued_mu > 0
+        }
         return self.meter.roll(now, queued)
 
     async def maintenance(self, interval_s: float = 1.0) -> None:

@@ -132,7 +132,10 @@ async def assert_idle(router: Router, timeout: float = 2.0) -> None:
             router.state.active_requests == 0
             and router.pool.active == 0
             and all(p.inflight_requests == 0 and p.inflight_mu == 0 for p in pods)
-            and all(ep.inflight == 0 and ep.queued() == 0 for ep in router.endpoints.values())
+            and all(
+                ep.inflight == 0 and ep.queued() == 0 and abs(ep.queued_mu) < 1e-9
+                for ep in router.endpoints.values()
+            )
             and all(s.inflight == 0 for s in router.meter.totals.values())
         ):
             return

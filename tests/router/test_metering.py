@@ -45,7 +45,7 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     assert rows[0][1]["throttled"] == 1
     assert m.roll(104.0) == []  # idle keys leave the table
     # waiting requests, per endpoint, on a row of their own
-    assert m.roll(105.0, queued={7: 3, 8: 0}) == [((7, ""), {"queued": 3})]
+    assert m.roll(105.0, queued={7: (3, 1.5)}) == [((7, ""), {"queued": 3, "queued_mu": 1.5})]
     t = m.totals[KEY]
     assert (t.requests, t.inflight, t.errors, t.throttled) == (2, 0, 1, 1)
 
