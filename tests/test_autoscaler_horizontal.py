@@ -31,13 +31,20 @@ def test_need_is_the_larger_of_mu_and_concurrency():
 
 
 def test_scale_up_follows_the_last_20_seconds():
-    # Quiet at 80 MU/min (1 replica) for 5 min, then 20 s at 700 MU/min: 700 / 80 = 8.75.
+    # Quiet at 80 MU/min (1 replica) for 5 min, then 20 s at 700 MU/min: 700 / 80 = 8.75 -> 9,
+    # within one tick's cap of max(1 x 10, 1 + 4) = 10.
     buckets = steady(80, end=T0 - 20) + steady(700, start=T0 - 20)
     decision = decide(spec(1), buckets, T0)
     assert decision.need == pytest.approx(8.75)
-    assert decision.replicas == 5  # capped: max(1 x 2, 1 + 4) = 5 this tick
-    assert "capped at 5" in decision.reason
-    assert decide(spec(5), buckets, T0 + 5).replicas == 9  # next tick: max(10, 9) allows 9
+    assert decision.replicas == 9
+    # 10 s at 2,000 MU/min after 10 s at 80: (2000 + 80) / 2 / 80 = 13 replicas, capped at 10
+    # this tick; the next tick (cap max(100, 14)) reaches what the window then says, 2000 / 80 = 25.
+    burst = steady(80, end=T0 - 10) + steady(2000, start=T0 - 10)
+    decision = decide(spec(1), burst, T0)
+    assert decision.need == pytest.approx(13) and decision.replicas == 10
+    assert "capped at 10" in decision.reason
+    burst += steady(2000, start=T0, end=T0 + 10)
+    assert decide(spec(10), burst, T0 + 10).replicas == 25
 
 
 def test_scale_down_waits_for_the_highest_need_of_60_seconds():

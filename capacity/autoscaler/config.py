@@ -26,7 +26,10 @@ class AutoscalerConfig:
     # window; HPA's 300 s suits a controller that takes minutes to scale back up (see horizontal).
     scale_down_window_s: float = 60.0
     tolerance: float = 0.1  # no change while need / current is within 1 +- this; [0, 1)
-    max_scale_up_factor: float = 2.0  # per tick at most current x this ...; >= 1
+    # Per tick at most current x this ...; >= 1. Knative allows 1000; 10 reaches a 10,000 QPS
+    # ramp as fast (the simulator: 6 % rejected instead of 11 % at 2) and still keeps a broken
+    # meter from asking thousands of replicas in one tick.
+    max_scale_up_factor: float = 10.0
     max_scale_up_step: int = 4  # ... or current + this, whichever is larger (from 0: this many); >= 1
     scale_to_zero_grace_s: float = 300.0  # idle this long before zero replicas (when allowed); >= 0
     min_coverage: float = 0.5  # share of a window the samples must cover, else no decision; (0, 1]

@@ -10,7 +10,7 @@ against 80 % of 8 per replica is 4.69; the endpoint needs max(0.5, 4.69) -> 5 re
 *at the latency SLO* (what the capacity benchmark publishes), so 80 % leaves 20 % for Poisson
 noise and imperfect balancing, not for latency.
 
-Up fast, down soon after: a scale-up follows the last 20 s, capped per tick at max(current x 2,
+Up fast, down soon after: a scale-up follows the last 20 s, capped per tick at max(current x 10,
 current + 4). A scale-down follows the *highest* MU need (arrivals) of the scale-down window
 (60 s: Knative's stable window, two pod starts), so a dip shorter than that does not shed
 replicas a returning load needs (no flapping). What the window remembers is the arrival rate,

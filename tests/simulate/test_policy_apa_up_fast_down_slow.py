@@ -23,17 +23,17 @@ def test_apa_merge_keeps_the_latest_router_backlog():
 
 def test_apa_scales_up_fast_and_down_slowly():
     apa = Apa(mu_per_replica_minute=100.0)
-    # 800 MU/min against 80 % of 100 per replica: need 10; from 4, capped at max(4 x 2, 4 + 4) = 8.
-    history = buckets(0, 20, mu_per_minute=800.0)
-    assert apa.decide(state(4, target=256), history, 20.0) == 8
-    assert apa.decide(state(8, target=256), history + buckets(20, 25, mu_per_minute=800.0), 25.0) == 10
-    history += buckets(20, 25, mu_per_minute=800.0)
-    # The load falls to 80 MU/min (need 1): the window of 800 ending at 25 s is remembered 60 s.
+    # 2,400 MU/min against 80 % of 100 per replica: need 30; from 2, capped at max(2 x 10, 2 + 4).
+    history = buckets(0, 20, mu_per_minute=2400.0)
+    assert apa.decide(state(2, target=256), history, 20.0) == 20
+    assert apa.decide(state(20, target=256), history + buckets(20, 25, mu_per_minute=2400.0), 25.0) == 30
+    history += buckets(20, 25, mu_per_minute=2400.0)
+    # The load falls to 80 MU/min (need 1): the window of 2,400 ending at 25 s is remembered 60 s.
     t = 25.0
     while t < 80.0:
         history += buckets(t, t + 5, mu_per_minute=80.0)
         t += 5.0
-        assert apa.decide(state(10), history, t) == 10, t
+        assert apa.decide(state(30), history, t) == 30, t
     # Past 60 s + 20 s from the high load, the highest need is 1.
     history += buckets(t, 105.0, mu_per_minute=80.0)
-    assert apa.decide(state(10), history, 105.0) == 1
+    assert apa.decide(state(30), history, 105.0) == 1
