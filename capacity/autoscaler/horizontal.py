@@ -12,7 +12,7 @@ noise and imperfect balancing, not for latency.
 
 Up fast, down soon after: a scale-up follows the last 20 s, capped per tick at max(current x 10,
 current + 4). A scale-down follows the *highest* MU need (arrivals) of the scale-down window
-(60 s: Knative's stable window, two pod starts), so a dip shorter than that does not shed
+(60 s: Knative's stable window, two 30-s pod starts), so a dip shorter than that does not shed
 replicas a returning load needs (no flapping). What the window remembers is the arrival rate,
 the load that comes back; in-flight requests and the router's backlog are the work in the
 system now and count only in the current window (after a burst, replicas busy with its backlog
@@ -26,8 +26,9 @@ zero by accident.
 
 Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
 100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
-doubles per tick, so it costs one pod start. In the fleet simulator 300 s held a one-minute 15x
-burst's replicas for five minutes after it: 5 x the oracle's GPU-hours on the diurnal trace.
+scales up to 10x per tick, so it costs one pod start. In the fleet simulator 300 s holds a
+one-minute 15x burst's replicas for five minutes after it: 3.1x the oracle's GPU-hours on the
+diurnal trace, against 1.6x at 60 s, for the same attainment (bench/autoscaler_policies.py).
 """
 
 from __future__ import annotations
