@@ -1,6 +1,6 @@
 """Scaling policies against each other in the fleet simulator: GPU-hours vs SLO attainment.
 
-    .venv/bin/python bench/autoscaler_policies.py [--quick] [--only NAME]
+    .venv/bin/python bench/autoscaler_policies.py [--quick] [--only NAME] [--variants]
 
 Traces (each played after a warm-up under the oracle, see capacity.simulate.scenario):
   azure     the shared Azure conversation hour, amplified 20x and time-scaled 2x (30 min,
@@ -13,6 +13,7 @@ Traces (each played after a warm-up under the oracle, see capacity.simulate.scen
 Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
 p99 latency/deadline <= 1), p99 end-to-end latency, rejected share, scale events, minutes
 violating the SLO from the ramp's start (ramp10k only), and the CPU seconds of the run.
+--variants adds apa rows with one default changed (see VARIANTS): what each default buys.
 """
 
 import argparse
@@ -32,9 +33,11 @@ AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
 RAMP_BEFORE_S = 120.0
 # Sensitivity rows (--variants): apa with one setting changed, to show what each default costs.
 VARIANTS = {
-    "apa-u80": {"target_utilisation": 0.8},
-    "apa-down120": {"scale_down_window_s": 120.0},
+    "apa-u70": {"target_utilisation": 0.7},  # Knative's target utilisation
+    "apa-down300": {"scale_down_window_s": 300.0},  # HPA's scale-down stabilisation
+    "apa-down30": {"scale_down_window_s": 30.0},
     "apa-up10": {"scale_up_window_s": 10.0},
+    "apa-nodrain": {"backlog_drain_s": 1e9},  # the router's backlog ignored
 }
 
 

@@ -1,5 +1,7 @@
 """Scenario tests of the horizontal decider on synthetic time, with worked numbers."""
 
+from dataclasses import replace
+
 import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide
@@ -22,30 +24,43 @@ def spec(current, **kw):
 
 
 def test_need_is_the_larger_of_mu_and_concurrency():
-    # 42 MU/min vs 70 % of 100 -> 0.6; 30 in flight vs 70 % of 8 = 5.6 -> 5.36 -> 6 replicas.
-    decision = decide(spec(6), steady(42, in_flight=30), T0)
-    assert decision.need == pytest.approx(30 / 5.6)
-    assert decision.replicas == 6
+    # 40 MU/min vs 80 % of 100 -> 0.5; 30 in flight vs 80 % of 8 = 6.4 -> 4.69 -> 5 replicas.
+    decision = decide(spec(5), steady(40, in_flight=30), T0)
+    assert decision.need == pytest.approx(30 / 6.4)
+    assert decision.replicas == 5
 
 
 def test_scale_up_follows_the_last_20_seconds():
-    # Quiet at 70 MU/min (1 replica) for 5 min, then 20 s at 700 MU/min: need 10.
-    buckets = steady(70, end=T0 - 20) + steady(700, start=T0 - 20)
+    # Quiet at 80 MU/min (1 replica) for 5 min, then 20 s at 700 MU/min: 700 / 80 = 8.75 -> 9,
+    # within one tick's cap of max(1 x 10, 1 + 4) = 10.
+    buckets = steady(80, end=T0 - 20) + steady(700, start=T0 - 20)
     decision = decide(spec(1), buckets, T0)
-    assert decision.need == pytest.approx(10)
-    assert decision.replicas == 5  # capped: max(1 x 2, 1 + 4) = 5 this tick
-    assert "capped at 5" in decision.reason
-    assert decide(spec(5), buckets, T0 + 5).replicas == 10  # next tick: max(10, 9) allows 10
+    assert decision.need == pytest.approx(8.75)
+    assert decision.replicas == 9
+    # 10 s at 2,000 MU/min after 10 s at 80: (2000 + 80) / 2 / 80 = 13 replicas, capped at 10
+    # this tick; the next tick (cap max(100, 14)) reaches what the window then says, 2000 / 80 = 25.
+    burst = steady(80, end=T0 - 10) + steady(2000, start=T0 - 10)
+    decision = decide(spec(1), burst, T0)
+    assert decision.need == pytest.approx(13) and decision.replicas == 10
+    assert "capped at 10" in decision.reason
+    burst += steady(2000, start=T0, end=T0 + 10)
+    assert decide(spec(10), burst, T0 + 10).replicas == 25
 
 
-def test_scale_down_waits_for_the_highest_need_of_five_minutes():
-    # 700 MU/min until 60 s ago, then 70: the 5-minute max still says 10.
-    buckets = steady(700, end=T0 - 60) + steady(70, start=T0 - 60)
-    assert decide(spec(10), buckets, T0).replicas == 10
-    # 301 s after the drop only quiet windows remain: 70 / 70 = 1 replica.
-    later = buckets + steady(70, start=T0, end=T0 + 301)
-    decision = decide(spec(10), later, T0 + 301)
-    assert decision.replicas == 1 and "300 s" in decision.reason
+def test_scale_down_waits_for_the_highest_need_of_60_seconds():
+    # 700 MU/min until 30 s ago, then 80: the 20-s window that ended then, all 700 MU/min, is in
+    # the 60-s memory: 700 / 80 = 8.75 -> hold 9.
+    buckets = steady(700, end=T0 - 30) + steady(80, start=T0 - 30)
+    decision = decide(spec(9), buckets, T0)
+    assert decision.replicas == 9 and decision.down_need == pytest.approx(8.75)
+    later = buckets + steady(80, start=T0, end=T0 + 45)
+    assert decide(spec(9), later, T0 + 25).replicas == 9
+    # At T0 + 30 that window has left; the highest is the next, 3 buckets of 700 and 1 of 80:
+    # 545 / 80 = 6.8 -> 7. At T0 + 45 no window holds a 700 bucket: 80 / 80 = 1 replica.
+    decision = decide(spec(9), later, T0 + 30)
+    assert decision.replicas == 7 and decision.down_need == pytest.approx(545 / 80)
+    decision = decide(spec(7), later, T0 + 45)
+    assert decision.replicas == 1 and "60 s" in decision.reason
 
 
 def test_a_short_dip_never_scales_down():
@@ -55,10 +70,10 @@ def test_a_short_dip_never_scales_down():
 
 
 def test_within_the_tolerance_band_nothing_moves():
-    # Need 10.5 replicas with 10 running: 5 % over, inside the 10 % band.
-    assert decide(spec(10), steady(735), T0).replicas == 10
-    # Need 11.2: outside the band.
-    assert decide(spec(10), steady(784), T0).replicas == 12
+    # Need 840 / 80 = 10.5 replicas with 10 running: 5 % over, inside the 10 % band.
+    assert decide(spec(10), steady(840), T0).replicas == 10
+    # Need 896 / 80 = 11.2: outside the band.
+    assert decide(spec(10), steady(896), T0).replicas == 12
 
 
 def test_clamped_to_the_provisioned_bounds():
@@ -95,10 +110,58 @@ def test_the_predicted_minimum_raises_the_floor():
 
 
 def test_per_endpoint_overrides():
-    # At 50 % target utilisation 350 MU/min needs 7 replicas instead of 5.
+    # At 50 % target utilisation 350 MU/min needs 7 replicas instead of 350 / 80 = 4.4 -> 5.
     cfg = AutoscalerConfig.from_overrides({"target_utilisation": 0.5})
     assert decide(spec(7, config=cfg), steady(350), T0).replicas == 7
     assert decide(spec(5), steady(350), T0).replicas == 5
+
+
+def with_backlog(buckets, mu):
+    """The same buckets, the last one ending with `mu` MU waiting at the router."""
+    return [*buckets[:-1], replace(buckets[-1], backlog_mu=mu)]
+
+
+def test_a_backlog_at_the_router_is_planned_to_drain_in_30_seconds():
+    # 80 MU/min arrive (1 replica) and 100 MU wait at the router: draining them in 30 s is
+    # 200 MU/min more, (80 + 200) / 80 = 3.5 -> 4. The window's backlog is its latest bucket's.
+    buckets = with_backlog(steady(80), 100.0)
+    buckets[-2] = replace(buckets[-2], backlog_mu=300.0)  # 5 s earlier: more waited, some left
+    decision = decide(spec(1), buckets, T0)
+    assert decision.need == pytest.approx(3.5)
+    assert decision.replicas == 4
+    # Drained in 60 s instead: (80 + 100) / 80 = 2.25 -> 3.
+    slow = AutoscalerConfig.from_overrides({"backlog_drain_s": 60.0})
+    assert decide(spec(1, config=slow), buckets, T0).replicas == 3
+
+
+def test_no_scale_down_while_a_backlog_waits():
+    # 8 replicas asked for, 80 MU/min for 5 min (1 replica) and 10 MU still waiting at the router
+    # (pods are starting): (80 + 20) / 80 = 1.25 -> 2 would do, but the fleet is behind: hold 8.
+    decision = decide(spec(8), with_backlog(steady(80), 10.0), T0)
+    assert decision.replicas == 8 and "backlog" in decision.reason
+    # Once nothing waits: 80 / 80 = 1.
+    assert decide(spec(8), steady(80), T0).replicas == 1
+
+
+def test_no_scale_down_before_the_down_window_is_covered():
+    # A collector restarted 25 s ago: 80 MU/min (1 replica) against 10 running, but 25 s cover
+    # 42 % of the 60-s window, under the 50 % needed: hold. At 30 s (50 %), scale down.
+    decision = decide(spec(10), steady(80, start=T0 - 25), T0)
+    assert decision.replicas == 10 and "cover 42%" in decision.reason
+    assert decide(spec(10), steady(80, start=T0 - 30), T0).replicas == 1
+
+
+def test_the_down_window_remembers_arrivals_not_work_in_flight():
+    # After a burst: 80 MU/min arrive all along, but until 30 s ago 64 requests were in flight
+    # (its backlog, drained): 64 / 6.4 = 10 replicas then, 1 now. Work drained does not come
+    # back, so 10 replicas go down to 1 at once.
+    buckets = steady(80, in_flight=64, end=T0 - 30) + steady(80, in_flight=5, start=T0 - 30)
+    decision = decide(spec(10), buckets, T0)
+    assert decision.down_need == pytest.approx(1.0)
+    assert decision.replicas == 1
+    # The same 10 replicas' worth of arrivals (800 MU/min) 30 s ago are remembered: hold 10.
+    buckets = steady(800, end=T0 - 30) + steady(80, in_flight=5, start=T0 - 30)
+    assert decide(spec(10), buckets, T0).replicas == 10
 
 
 @pytest.mark.parametrize(
@@ -107,6 +170,7 @@ def test_per_endpoint_overrides():
         ({"target_utilisation": 1.5}, "target_utilisation=1.5 is out of range"),
         ({"tolerance": -0.1}, "tolerance=-0.1 is out of range"),
         ({"scale_down_window_s": 10.0}, "scale_down_window_s=10.0 is out of range"),
+        ({"backlog_drain_s": 0}, "backlog_drain_s=0.0 is out of range"),
         ({"max_scale_up_step": 2.5}, "max_scale_up_step=2.5 must be an integer"),
         ({"predictive_min": "yes"}, "predictive_min='yes' must be true or false"),
         ({"target_utilisaton": 0.5}, "unknown autoscaler setting 'target_utilisaton'"),

@@ -1,5 +1,7 @@
 """Scenario tests of the vertical decider (target concurrency per replica), with worked numbers."""
 
+from dataclasses import replace
+
 from capacity.autoscaler import AutoscalerConfig, Bucket, decide_concurrency
 from capacity.autoscaler.forecast import DAY, predicted_min_replicas, predicted_peak
 
@@ -17,6 +19,17 @@ def test_shrinks_fast_on_stable_overload():
     assert decide_concurrency(16, 4, window(9.5), T0, CFG).target == 12
     # KV cache at 95 % is overload too; at target 2 the step is at least one: 2 -> 1.
     assert decide_concurrency(2, 4, window(1.0, kv=0.95), T0, CFG).target == 1
+
+
+def test_latency_behind_a_router_backlog_does_not_shrink():
+    # The same p99 9.5 s, but every bucket ends with 50 MU waiting at the router: the requests
+    # waited for a replica (too few replicas), not in a too-large batch: hold 16.
+    backlog = [replace(b, backlog_mu=50.0) for b in window(9.5)]
+    decision = decide_concurrency(16, 4, backlog, T0, CFG)
+    assert decision.target == 16 and "hold 16" in decision.reason
+    # KV cache at 95 % is still the replica's own overload, backlog or not: 16 -> 12.
+    full = [replace(b, backlog_mu=50.0) for b in window(2.0, kv=0.95)]
+    assert decide_concurrency(16, 4, full, T0, CFG).target == 12
 
 
 def test_a_single_spike_does_not_shrink():

@@ -4,13 +4,18 @@ It reads the last 30 s of 5-second buckets. A bucket is *overloaded* when p99 la
 90 % of the SLO, or KV-cache usage passes 90 %, or more than one request per replica waits; it
 has *room* when p99 is under half the SLO, KV-cache under 70 %, nothing waits, and the replicas
 use at least 80 % of their target (growing the target of idle replicas proves nothing).
+Latency in a bucket that ends with a backlog at the router (`backlog_mu` > 0) is no evidence
+against the target: those requests waited for a free replica, too few replicas is the
+horizontal decider's to fix, and shrinking the target would only lengthen the queue (a ratchet:
+each burst would cut the target for good, as idle replicas never earn it back).
 
 Shrink fast, grow slowly, only on stable signals: shrink when more than half the window's
 buckets, the latest among them, are overloaded (target x 0.75, at least -1); grow when every
 bucket has room (+10 %, at least +1); otherwise hold. Always within [min, max].
 
-Worked numbers: target 16, p99 9.5 s against a 10 s SLO in 5 of 6 buckets -> 12. Target 8, p99
-2 s, KV 40 %, no queue, 7 in flight per replica for the whole 30 s -> 9.
+Worked numbers: target 16, p99 9.5 s against a 10 s SLO in 5 of 6 buckets -> 12; the same
+with 50 MU waiting at the router in every bucket -> 16. Target 8, p99 2 s, KV 40 %, no queue,
+7 in flight per replica for the whole 30 s -> 9.
 """
 
 from __future__ import annotations
@@ -68,7 +73,11 @@ def decide_concurrency(
 
 def _overload(b: Bucket, replicas: int, c: AutoscalerConfig) -> str:
     """Why this bucket is overloaded, or '' when it is not."""
-    if b.p99_latency_s is not None and b.p99_latency_s > c.latency_high * c.latency_slo_s:
+    if (
+        b.p99_latency_s is not None
+        and b.p99_latency_s > c.latency_high * c.latency_slo_s
+        and b.backlog_mu <= 0
+    ):
         return f"p99 {b.p99_latency_s:.2f} s > {c.latency_high:.0%} of the {c.latency_slo_s:g} s SLO"
     if b.kv_cache_usage is not None and b.kv_cache_usage > c.kv_cache_high:
         return f"KV cache {b.kv_cache_usage:.0%} > {c.kv_cache_high:.0%}"

@@ -2,7 +2,8 @@
 
 The collector sums each endpoint's per-second router samples into 5-second buckets; a window
 is the buckets that end within (now - seconds, now]. Averages weigh buckets by the seconds they
-cover, so a missing bucket lowers coverage instead of pretending the load was zero.
+cover, so a missing bucket lowers coverage instead of pretending the load was zero. The router's
+backlog is a level, not a rate: a window's is its latest bucket's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Bucket:
     p99_latency_s: float | None = None  # end-to-end, of requests completed in the bucket
     kv_cache_usage: float | None = None  # highest KV-cache usage of any replica, 0..1
     errors: int = 0  # failed requests
+    backlog_mu: float = 0.0  # MU of requests waiting at the router for a replica, at the bucket's end
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Load:
     p99_latency_s: float | None  # max of the buckets' p99 (None without completions)
     kv_cache_usage: float | None  # max
     errors: int
+    backlog_mu: float = 0.0  # the latest bucket's (a level, not a rate: what waits now)
 
 
 def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
@@ -61,6 +64,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         p99_latency_s=max(latencies) if latencies else None,
         kv_cache_usage=max(kv) if kv else None,
         errors=sum(b.errors for b in inside),
+        backlog_mu=max(inside, key=lambda b: b.end).backlog_mu,
     )
 
 

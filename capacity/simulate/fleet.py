@@ -143,6 +143,7 @@ class Fleet:
         self.room: list[Replica] = []  # ready, not draining, under the limit
         self.room_at: dict[int, int] = {}  # replica name -> index in room
         self.queue: deque[Request] = deque()
+        self.queue_mu = 0.0  # MU of the requests in the router's queue
         self.next_name = 0
         self.desired = 0
         self.scale_events = 0
@@ -257,6 +258,12 @@ class Fleet:
             self._reject(req)
         else:
             self.queue.append(req)
+            self.queue_mu += req.mu
+
+    def _dequeue(self) -> Request:
+        req = self.queue.popleft()
+        self.queue_mu -= req.mu
+        return req
 
     # --- the clock --------------------------------------------------------------------------
 
@@ -270,12 +277,15 @@ class Fleet:
                 self._update_room(rep, now)
         self.replicas = [r for r in self.replicas if not (r.draining and not r.has_work())]
         while self.queue and self.queue[0].arrival_s < now - cfg.queue_timeout_s:
-            self._reject(self.queue.popleft())
+            self._reject(self._dequeue())
         while self.queue and self._dispatch(self.queue[0], now):
-            self.queue.popleft()
+            self._dequeue()
+        if not self.queue:
+            self.queue_mu = 0.0  # no float drift
         # As the Bucket says: requests at the replicas ("all replicas together"); the router's
         # queue is a backlog, not concurrency (counted in, a 15x burst held 30 s for pods reads as
-        # 200+ replicas of need and the 5-minute down window keeps them).
+        # 200+ replicas of need). It goes in the bucket as `backlog_mu`, which apa's decider
+        # plans to drain and does not remember once drained.
         in_flight = sum(r.in_flight for r in self.replicas)
         # The engines' real queue only (no slot or no KV). The router's own queue is a backlog
         # of demand (its MU is in mu_per_minute at arrival); fed to the vertical decider as
@@ -316,6 +326,7 @@ class Fleet:
                 p99_latency_s=None if math.isnan(p99) else p99 * self.slo_scale,
                 kv_cache_usage=m.kv,
                 errors=m.errors,
+                backlog_mu=max(self.queue_mu, 0.0),
             )
         )
         while self.buckets and self.buckets[0].end <= now - 660.0:
@@ -357,8 +368,9 @@ def run(
 
     With `warmup_s`, the trace's first `warmup_s` play once before it, unmeasured, scaled by
     `warmup_policy` (the oracle), so that every policy takes over a fleet sized for the load with
-    the metering history a running deployment has (apa's decider, given 10 s of history, scales
-    a warm fleet of 18 down to 2: its 5-minute down window is not yet covered)."""
+    the metering history a running deployment has (given 10 s of history, apa's decider would
+    hold the warm fleet until its samples cover half its down window, hpa's and kpa's would
+    judge on seconds of metrics)."""
     batch = full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale

@@ -5,8 +5,9 @@ algorithm keeps (HPA's recommendations, KPA's panic mode); time is always passed
 calls `decide` every `tick_s` with the router's 1-second `Bucket`s (in-flight time-averaged,
 MU/min, arrivals, queue depth, p99, KV) and `concurrency` to learn the router's per-replica limit.
 
-- `apa`: ours, `capacity.autoscaler` unchanged: `decide` every 5 s on 5-second buckets,
-  `decide_concurrency` every 30 s (the router's per-replica limit).
+- `apa`: ours, `capacity.autoscaler` unchanged: `decide` every 5 s on 5-second buckets (each
+  with the MU waiting at the router, `backlog_mu`), `decide_concurrency` every 30 s (the router's
+  per-replica limit); its replica capacity is the trace's rate at the SLO (see scenario).
 - `hpa`: Kubernetes HorizontalPodAutoscaler v2 (pkg/controller/podautoscaler/horizontal.go) with
   its defaults: 15 s sync (--horizontal-pod-autoscaler-sync-period), tolerance 0.1,
   desired = ceil(ready x metric / target) unless |metric / target - 1| <= 0.1, scale-up
@@ -86,6 +87,7 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
                 p99_latency_s=load.p99_latency_s,
                 kv_cache_usage=load.kv_cache_usage,
                 errors=load.errors,
+                backlog_mu=load.backlog_mu,
             )
         )
     return out

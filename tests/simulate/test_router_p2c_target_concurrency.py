@@ -48,3 +48,18 @@ def test_scaled_to_zero_holds_requests_until_a_pod_is_ready():
     assert result.rejected_fraction == 0.0
     # Asked for at the first tick (0.5 s), ready at 30.5 s: the first request waited ~30.4 s.
     assert 30.4 <= result.p99_latency_s <= 31.0
+
+
+def test_router_meters_its_backlog_in_mu():
+    # apa's horizontal decider drains what waits at the router (Bucket.backlog_mu, a level at the
+    # bucket's end); hpa and kpa have no limit, so nothing waits there for them.
+    fleet = _fleet()
+    for k in range(5):  # 2 replicas x target 2 full, the fifth waits
+        fleet.arrive(Arrival(0.01 * k, 100, 400), k)
+    waiting = fleet.queue[0].mu
+    fleet.tick(0.5, counting=True)
+    fleet.tick(1.0, counting=True)  # a whole second: the bucket closes
+    assert fleet.buckets[-1].backlog_mu == waiting > 0
+    fleet.tick(1.5, counting=True)  # waited 1.49 s > 1 s: rejected, nothing waits
+    fleet.tick(2.0, counting=True)
+    assert fleet.buckets[-1].backlog_mu == 0.0
