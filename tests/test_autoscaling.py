@@ -75,15 +75,19 @@ def chat(owner, make_endpoint):
 def test_a_slot_of_router_seconds_becomes_one_bucket(metrics, chat):
     # The slot ending at TS covers seconds TS-5..TS-1. Two routers reported each second; the
     # rows are their sums: in flight 2.0 each second, 30 requests and 6 MU in all, latencies
-    # of 29 requests in the 0.5-1 s bucket (index 7) and one in 5-10 s (index 10).
+    # of 29 requests in the 0.5-1 s bucket (index 7) and one in 5-10 s (index 10); at the end, 3
+    # requests of 1.5 MU wait for a pod.
     for s in range(TS - 5, TS):
         metrics.incrby(f"mu:routers:{s}", 2)
         metrics.hset(f"mu:load:{chat.pk}:{s}", mapping={"inflight": 2.0, "requests": 6, "mu": 1.2})
-    metrics.hset(f"mu:load:{chat.pk}:{TS - 1}", mapping={"lat7": 29, "lat10": 1, "queued": 3})
+    metrics.hset(
+        f"mu:load:{chat.pk}:{TS - 1}", mapping={"lat7": 29, "lat10": 1, "queued": 3, "queued_mu": 1.5}
+    )
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.requests) == (5, 30)
-    assert b.in_flight == pytest.approx((5 * 2.0 + 3) / 5)  # at pods, plus waiting for one
+    assert b.in_flight == pytest.approx((5 * 2.0 + 3) / 5)  # at pods, and waiting for one
+    assert b.backlog_mu == 1.5  # what waits for a pod at the slot's end
     assert b.mu_per_minute == pytest.approx(6 / 5 * 60)  # 72 MU/min
     assert b.queue_depth == 3
     # p50: rank 15 of 30 lies in (0.5, 1] -> 0.5 + 0.5 x 15/29; p99: rank 29.7 in (5, 10] -> 8.5
@@ -123,8 +127,8 @@ def test_without_redis_routers_post_their_seconds(settings, operator_client, own
 
 
 def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
-    # 30 in flight against 70 % of 8 per replica needs 5.36 replicas; from 1 a tick may add at
-    # most max(1 x 2, 1 + 4) = 5.
+    # 30 in flight against 80 % of 8 per replica needs 4.69 replicas -> 5 (from 1 a tick may
+    # reach max(1 x 10, 1 + 4) = 10).
     buckets(chat, 20, in_flight=30.0, mu=10.0, requests=50)
     cluster = Recorder()
     report = scaling.horizontal_pass(cluster, NOW)
@@ -132,7 +136,7 @@ def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
     chat.refresh_from_db()
     assert chat.desired_replicas == 5 and cluster.applied[f"ep-{chat.pk}-v1"].replicas == 5
     event = Event.objects.get(kind="scale", endpoint=chat)
-    assert event.message.startswith("chat: replicas 1 -> 5:") and "need 5.36" in event.message
+    assert event.message.startswith("chat: replicas 1 -> 5:") and "need 4.69 replicas -> 5" in event.message
     assert event.detail["from"] == 1 and event.detail["to"] == 5
     d = cluster.applied[f"ep-{chat.pk}-v1"]
     assert d.args[-2:] == ("--served-model-name", "chat") and d.labels["endpoint"] == str(chat.pk)
@@ -256,7 +260,7 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
         f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"target_utilisation": 0.5}}, format="json"
     )
     assert ok.status_code == 200 and ok.json()["autoscaler"] == {"target_utilisation": 0.5}
-    # 16 in flight against 50 % of 8 per replica needs 4.00 replicas (the default 70 %: 2.86 -> 3).
+    # 16 in flight against 50 % of 8 per replica needs 4.00 replicas (the default 80 %: 2.5 -> 3).
     buckets(chat, 20, in_flight=16.0)
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()

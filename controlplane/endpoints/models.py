@@ -265,6 +265,7 @@ class LoadBucket(models.Model):
     mu_per_minute = models.FloatField()
     requests = models.PositiveIntegerField()
     queue_depth = models.FloatField()  # most requests waiting for a pod in any second
+    backlog_mu = models.FloatField(default=0.0)  # MU of the requests waiting for a pod at its end
     p50_latency_s = models.FloatField(null=True)
     p99_latency_s = models.FloatField(null=True)
     errors = models.PositiveIntegerField()

@@ -6,8 +6,9 @@ and `mu:routers:{second}`) when REDIS_URL is set, else the database (RouterSampl
 to /api/v1/load-samples/, the embedded default). `collect` reads the seconds of each finished
 5-second slot and writes a LoadBucket per endpoint that has replicas or traffic:
 
-    30 requests in the slot, in-flight 2.0 in each of its 5 seconds and 3 waiting in the last,
-    6 MU in all -> in_flight (10 + 3) / 5 = 2.6, mu_per_minute 6 / 5 s x 60 = 72.0, requests 30
+    30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all, and 3 requests
+    of 1.5 MU waiting for a pod in its last second -> in_flight (10 + 3) / 5 = 2.6 (at pods and
+    waiting), mu_per_minute 6 / 5 s x 60 = 72.0, requests 30, backlog_mu 1.5
 
 A slot no router reported is missing data and gets no bucket (the autoscaler then decides
 nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
@@ -111,13 +112,18 @@ def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[
     return {
         "end": end,
         "seconds": observed,
-        # Requests in the system: at pods, and waiting in the routers' queues because every pod
-        # is at its target concurrency (Knative counts them too). Without the waiting ones a
-        # saturated endpoint reads as exactly at target and scales up one replica per window.
+        # Requests in the system: at pods, and waiting at the routers because every pod is at its
+        # target concurrency (as Knative counts them). Without the waiting ones a saturated
+        # endpoint reads as 1/utilisation of its replicas and grows by that factor per window.
+        # The decider counts in-flight requests only in the current window (its scale-down
+        # memory is arrivals), so a drained queue is not remembered as load.
         "in_flight": (total["inflight"] + total["queued"]) / observed,
         "mu_per_minute": total["mu"] / observed * 60.0,
         "requests": round(total["requests"]),
         "queue_depth": max((row.get("queued", 0.0) for row in seconds), default=0.0),
+        # A level, not a rate: what waits for a pod at the slot's end (the last second reported),
+        # which the horizontal decider sizes replicas to drain.
+        "backlog_mu": seconds[-1].get("queued_mu", 0.0) if seconds else 0.0,
         "p50_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.5),
         "p99_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.99),
         "errors": round(total["errors"]),

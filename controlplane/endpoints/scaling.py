@@ -120,14 +120,16 @@ class PassReport:
 def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket]]:
     history: dict[int, list[Bucket]] = defaultdict(list)
     rows = LoadBucket.objects.filter(endpoint_id__in=endpoint_ids, end__gt=since).values_list(
-        "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "queue_depth",
-        "p99_latency_s", "errors",
+        "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "p99_latency_s",
+        "errors", "backlog_mu",
     )  # fmt: skip
-    for endpoint_id, end, secs, in_flight, mu, requests, _router_queue, p99, errors in rows:
-        # The routers' queue is demand held back at the target concurrency (in_flight counts it);
-        # as the vertical decider's "engine queue" it would shrink the target, which lengthens
-        # the routers' queue: a ratchet. The engines' own queue is not collected yet: 0.
-        history[endpoint_id].append(Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors))
+    for endpoint_id, end, secs, in_flight, mu, requests, p99, errors, backlog in rows:
+        # The routers' queue is demand held back at the target concurrency (backlog_mu); as the
+        # vertical decider's "engine queue" it would shrink the target, which lengthens the
+        # routers' queue: a ratchet. The engines' own queue is not collected yet: 0.
+        history[endpoint_id].append(
+            Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors, backlog_mu=backlog)
+        )
     return history
 
 
@@ -146,7 +148,14 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             endpoints = list(Endpoint.objects.with_related().select_for_update(of=("self",)).order_by("id"))
             cursor = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
-            horizon = max((c.scale_down_window_s + c.scale_up_window_s for c in configs.values()), default=0)
+            # The decider reads back as far as its scale-down memory or the idle grace period.
+            horizon = max(
+                (
+                    max(c.scale_down_window_s + c.scale_up_window_s, c.scale_to_zero_grace_s)
+                    for c in configs.values()
+                ),
+                default=0,
+            )
             history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
             changes, events = [], []
             decided = 0
