@@ -138,3 +138,30 @@ def test_watch_pods_records_restarts_until_sigterm(kube, owner, make_endpoint):
     assert (
         event["pod"] == f"{name}-a" and event["endpoint"] == chat.pk and "exit code 137" in event["message"]
     )
+
+
+def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, owner, make_endpoint, h100):
+    """The same rollout as on the local agent (tests/test_rollouts.py), through the Kubernetes
+    driver: v2's Deployment and Service appear beside v1's, and v1's go once v2 is ready and drained."""
+    from datetime import timedelta
+
+    from capacity.models import ModelProfile
+
+    chat = make_endpoint(owner, "chat")
+    newer = ModelProfile.objects.create(model="llama-8b-v2", gpu_type=h100, alpha=0, beta=0.004, gamma=0)
+    cluster = scaling.driver()
+    v1, v2 = f"ep-{chat.pk}-v1", f"ep-{chat.pk}-v2"
+    scaling.horizontal_pass(cluster, NOW)
+    assert kube.names("deployments") == [v1]
+    chat.profile = newer
+    chat.save_checked()
+    scaling.horizontal_pass(cluster, NOW + timedelta(seconds=5))
+    assert kube.names("deployments") == [v1, v2] and kube.names("services") == [v1, v2]
+    assert kube.get("deployments", v2)["metadata"]["labels"]["mu/version"] == "2"
+    kube.put("pods", pod(f"{v2}-a", deployment=v2, endpoint=str(chat.pk), ip="10.1.0.9"))
+    scaling.sync_pods(cluster)
+    assert Pod.objects.get(name=f"{v2}-a").version == 2
+    scaling.horizontal_pass(cluster, NOW + timedelta(seconds=10))  # v2 ready: traffic moves
+    assert kube.names("deployments") == [v1, v2]
+    scaling.horizontal_pass(cluster, NOW + timedelta(seconds=25))  # drained: v1 goes
+    assert kube.names("deployments") == [v2] and kube.names("services") == [v2]
