@@ -149,3 +149,13 @@ def metrics():
         for key in client.scan_iter(pattern):
             client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def standin():
+    """The stand-in Kubernetes API server (tests/cluster/kube_standin.py) on 127.0.0.1."""
+    from tests.cluster.kube_standin import KubeStandIn
+
+    s = KubeStandIn().start()
+    yield s
+    s.stop()

@@ -19,7 +19,7 @@ from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError
 from dataplane.cluster.kubernetes import KubernetesDriver
 from dataplane.runtime.events import Event as PodEvent
-from tests.cluster.kube_standin import KubeStandIn, pod
+from tests.cluster.kube_standin import KubeStandIn, pod, write_kubeconfig
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -28,13 +28,7 @@ NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 def kube(monkeypatch, tmp_path, settings):
     """The stand-in as the current kubeconfig's cluster, and CLUSTER_DRIVER=kubernetes."""
     standin = KubeStandIn().start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
-        f"clusters: [{{name: standin, cluster: {{server: '{standin.url}'}}}}]\n"
-        "users: [{name: me, user: {token: t}}]\n"
-        "contexts: [{name: standin, context: {cluster: standin, user: me}}]\n"
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     settings.CLUSTER_DRIVER = "kubernetes"

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -542,3 +543,14 @@ def endpoint_slice(name: str, endpoint: str, pods: list[tuple[str, str, Obj]], p
             for pod_name, ip, conditions in pods
         ],
     }
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig whose current context is the stand-in at `server`, as a client reads it."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
+        f"clusters: [{{name: standin, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: me, user: {token: t}}]\n"
+        "contexts: [{name: standin, context: {cluster: standin, user: me}}]\n"
+    )
+    return path

@@ -7,7 +7,7 @@ import pytest
 from dataplane.cluster.driver import ClusterError, Deployment
 from dataplane.cluster.k8s_objects import RuntimePodConfig
 from dataplane.cluster.kubernetes import KubernetesDriver
-from tests.cluster.kube_standin import KubeStandIn, pod
+from tests.cluster.kube_standin import pod
 
 ARGS = ("--profile", "h100-llama-8b", "--served-model-name", "chat")
 
@@ -22,13 +22,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def standin():
-    s = KubeStandIn().start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dataplane.cluster.kubernetes import PodWatcher
-from tests.cluster.kube_standin import KubeStandIn, pod
+from tests.cluster.kube_standin import pod
 
 
 def wait_for(predicate, timeout=5.0, what="the condition"):
@@ -19,13 +19,6 @@ def wait_for(predicate, timeout=5.0, what="the condition"):
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def standin():
-    s = KubeStandIn().start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

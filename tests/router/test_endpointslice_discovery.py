@@ -15,7 +15,7 @@ import pytest
 from dataplane.router.discovery import PodSpec, StaticDiscovery, parse_routing_table
 from dataplane.router.endpointslices import EndpointSliceDiscovery, pods_by_endpoint, slice_pods
 from dataplane.router.server import Router
-from tests.cluster.kube_standin import KubeStandIn, endpoint_slice
+from tests.cluster.kube_standin import endpoint_slice, write_kubeconfig
 from tests.router.conftest import FAST, TENANT_KEY, call, free_port, table_doc, wait_until
 from tests.router.fakepod import FakePod
 
@@ -75,13 +75,6 @@ def pod_slice(fake: FakePod, conditions: dict) -> dict:
 
 def pod_named(ep, name):
     return next(p for p in ep.pods if p.name == name)
-
-
-@pytest.fixture
-def standin():
-    s = KubeStandIn().start()
-    yield s
-    s.stop()
 
 
 def run(coro):
@@ -179,13 +172,7 @@ def test_the_router_command_line_takes_pods_from_endpointslices(standin, tmp_pat
     """`python -m dataplane.router --control-plane ... --endpointslices NS` with a kubeconfig."""
     from tests.router.test_control_plane_discovery import StandInControlPlane
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: standin\n"
-        f"clusters: [{{name: standin, cluster: {{server: '{standin.url}'}}}}]\n"
-        "users: [{name: me, user: {token: t}}]\n"
-        "contexts: [{name: standin, context: {cluster: standin, user: me}}]\n"
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
 
     async def go():
         pod = await FakePod("ep-1-a").start()
