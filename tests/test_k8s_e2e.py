@@ -207,18 +207,23 @@ def stack():
             )
 
 
-def test_scale_up_under_load_through_the_router(stack):
-    name = stack["deployment"]
-    load = subprocess.Popen(
+def load_generator(stack: dict, stages: str, max_tokens: int) -> subprocess.Popen[str]:
+    """`python -m dataplane.loadgen` against the stack's endpoint, through the router."""
+    return subprocess.Popen(
         [
             *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"], "--key", stack["key"]),
-            *("--model", stack["name"], "--stages", "240x16", "--max-tokens", "64"),
+            *("--model", stack["name"], "--stages", stages, "--max-tokens", str(max_tokens)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
     )
+
+
+def test_scale_up_under_load_through_the_router(stack):
+    name = stack["deployment"]
+    load = load_generator(stack, "240x16", max_tokens=64)
     try:
         eventually(
             f"{name} to scale past one ready replica under load",
@@ -276,16 +281,7 @@ def event_kinds(pod: str) -> list[str]:
 def test_rollout_under_load(stack):
     """A new version rolled out under load: no failed request, the old Deployment removed after
     its pods drained (weight 0 in the routers' split, then EndpointSlice `terminating`)."""
-    load = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"], "--key", stack["key"]),
-            *("--model", stack["name"], "--stages", "180x4", "--max-tokens", "32"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
+    load = load_generator(stack, "180x4", max_tokens=32)
     try:
         time.sleep(10)  # the load runs on v1 first
         shell(
