@@ -98,8 +98,9 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         assert replicas(nightly)[0] == 1
         assert Event.objects.filter(endpoint=nightly, kind="scale", message__contains="0 -> 1").exists()
 
-        # 24 clients with 300-token answers keep ~24 requests in flight: 24 / (0.7 x 8) = 4.3
-        # replicas -> 5. The load generator is the one a newcomer runs (README).
+        # 24 clients with 300-token answers keep 24 requests in the system (at pods or waiting at
+        # the router): 24 / (0.8 x 8) = 3.75 replicas -> 4. The load generator is the one a
+        # newcomer runs (README).
         load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
                       "--stages", "40x24", "--max-tokens", "300"], env, log)  # fmt: skip
         try:
