@@ -127,6 +127,14 @@ class _Pod:
     last_ready: bool = False
     warm: bool = False  # proc came from the warm pool
     ready_after_s: float | None = None  # real seconds from the start request to /readyz 200
+    requested_at: float = 0.0  # real monotonic seconds of the start request
+
+    def mark_ready(self, ready: bool) -> None:
+        """Record a /readyz answer; the first 200 also records the start-to-ready time, so a
+        pod reported ready always has one, whichever thread saw it first."""
+        if ready and self.ready_after_s is None:
+            self.ready_after_s = time.monotonic() - self.requested_at
+        self.last_ready = ready
 
 
 @dataclass
@@ -342,7 +350,7 @@ class Supervisor:
         pod.proc = proc
         pod.restart_at = None
         pod.last_live, pod.last_ready = None, False
-        pod.ready_after_s = None
+        pod.ready_after_s, pod.requested_at = None, requested_at
         log.info("pod %s started %s, pid %d", spec.name, "warm" if pod.warm else "cold", proc.pid)
         timer = threading.Thread(
             target=self._time_readiness, args=(pod, proc, requested_at), name=f"ready-{spec.name}"
@@ -437,8 +445,7 @@ class Supervisor:
             if _get_status(spec.host, spec.probe_port, "/readyz", config.probe_timeout_s) == 200:
                 with self._lock:
                     if pod.proc is proc:
-                        pod.ready_after_s = time.monotonic() - requested_at
-                        pod.last_ready = True
+                        pod.mark_ready(True)
                 return
             self._stop.wait(config.ready_poll_interval_s)
 
@@ -475,7 +482,10 @@ class Supervisor:
         spec, timeout = pod.spec, self.config.probe_timeout_s
         live_status = _get_status(spec.host, spec.probe_port, "/livez", timeout)
         pod.last_live = None if live_status is None else live_status == 200
-        pod.last_ready = _get_status(spec.host, spec.probe_port, "/readyz", timeout) == 200
+        ready = _get_status(spec.host, spec.probe_port, "/readyz", timeout) == 200
+        with self._lock:
+            if pod.proc is not None:
+                pod.mark_ready(ready)
         if live_status == 503:
             self._restart(pod, "liveness failed (/livez 503)", {"livez": 503})
 
