@@ -32,7 +32,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 from urllib.parse import urlparse
 
@@ -398,10 +398,40 @@ async def sweep(
             results.append(result)
             if on_shape:
                 on_shape(result)
+        for i in implausible(results):  # a stall or a noisy neighbour: measure it once more
+            again = await _measure_shape(
+                driver, (results[i].input_tokens, results[i].output_tokens), slo, config
+            )
+            if again.sustainable_per_minute > results[i].sustainable_per_minute:
+                results[i] = replace(again, note=(again.note + " re-measured").strip())
+            if on_shape:
+                on_shape(results[i])
     finally:
         if isinstance(driver, HttpDriver):
             driver.close()
     return SweepResult(driver.name, driver.model, tuple(results), time.perf_counter() - started)
+
+
+def implausible(results: Sequence[ShapeResult], slack: float = 0.25) -> list[int]:
+    """Shapes that sustained a lower rate than a larger shape (as many or more tokens in and
+    out) by more than `slack`: more work can never be served faster, so one of the two
+    measurements was disturbed, and it is the slow one. Pure.
+
+    Worked numbers: 256 in x 16 out at 1,505 req/min beside 256 x 64 at 2,257 -> re-measure
+    256 x 16 (2,257 / 1,505 = 1.5 > 1.25); 16 x 16 at 17,000 beside 64 x 16 at 17,500 is noise.
+    """
+    out = []
+    for i, a in enumerate(results):
+        if a.sustainable_per_minute <= 0:
+            continue
+        for b in results:
+            larger = (b.input_tokens, b.output_tokens) != (a.input_tokens, a.output_tokens) and (
+                b.input_tokens >= a.input_tokens and b.output_tokens >= a.output_tokens
+            )
+            if larger and b.sustainable_per_minute > a.sustainable_per_minute * (1 + slack):
+                out.append(i)
+                break
+    return out
 
 
 async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:

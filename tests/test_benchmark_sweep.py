@@ -74,3 +74,19 @@ def test_bad_sweep_settings_are_refused(kwargs, message):
 def test_a_bad_engine_url_is_refused():
     with pytest.raises(BenchmarkError, match="engine URL must be http://host:port"):
         asyncio.run(sweep("ftp://nowhere", SweepConfig(), Slo()))
+
+
+def test_a_shape_slower_than_a_larger_one_is_measured_again():
+    from capacity.benchmark import ShapeResult, implausible
+
+    def shape(i, o, rate):
+        return ShapeResult(i, o, rate, 0.1, ())
+
+    results = [
+        shape(256, 16, 1505.0),  # slower than 256 x 64: disturbed
+        shape(256, 64, 2257.0),
+        shape(16, 16, 17000.0),  # within 25 % of 64 x 16: noise, kept
+        shape(64, 16, 17500.0),
+        shape(512, 512, 0.0),  # not even one request met the SLO: nothing to compare
+    ]
+    assert implausible(results) == [0]
