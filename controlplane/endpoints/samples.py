@@ -17,6 +17,7 @@ what scale to zero needs to see).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -99,10 +100,16 @@ def source() -> SecondsSource:
     from django.conf import settings
 
     if settings.REDIS_URL:
-        import redis
-
-        return RedisSeconds(redis.Redis.from_url(settings.REDIS_URL))
+        return RedisSeconds(_redis(settings.REDIS_URL))
     return DatabaseSeconds()
+
+
+@functools.cache
+def _redis(url: str):  # type: ignore[no-untyped-def]
+    """One client (and connection pool) per process, not one per pass every 5 s."""
+    import redis
+
+    return redis.Redis.from_url(url)
 
 
 def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[str, float | int | None]:

@@ -146,6 +146,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
     try:
         with transaction.atomic():
             endpoints = list(Endpoint.objects.with_related().select_for_update(of=("self",)).order_by("id"))
+            before = {e.pk: _written(e) for e in endpoints}
             cursor = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
             # The decider reads back as far as its scale-down memory or the idle grace period.
@@ -173,12 +174,18 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                     e.desired_replicas = d.replicas
                     changes.append(e)
             failed = _declare(cluster, endpoints, changes, now) if cluster else 0
-            Endpoint.objects.bulk_update(endpoints, ["desired_replicas", "used_mu_per_minute", "state"])
+            written = [e for e in endpoints if _written(e) != before[e.pk]]  # most passes change few
+            Endpoint.objects.bulk_update(written, ["desired_replicas", "used_mu_per_minute", "state"])
             if not failed:
                 Event.objects.bulk_create(events)
         return PassReport(decided, len(changes) - failed, failed)
     finally:
         release_lease(lease, now, cursor)
+
+
+def _written(e: Endpoint) -> tuple[int, float, str]:
+    """What a horizontal pass may change on an endpoint row."""
+    return e.desired_replicas, e.used_mu_per_minute, e.state
 
 
 def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
@@ -200,9 +207,8 @@ def _declare(
     cluster: ClusterDriver, endpoints: list[Endpoint], changes: list[Endpoint], now: datetime
 ) -> int:
     """Advance rollouts, then declare every endpoint's deployments (two while a rollout runs) and
-    the benchmarks' engines; on
-    failure, undo this pass's replica changes in memory (the database keeps the old counts) and
-    report it. Returns the number of changes lost."""
+    the benchmarks' engines. On failure, undo this pass's replica changes in memory (the database
+    keeps the old counts) and report it. Returns the number of changes lost."""
     declared = rollouts.advance(endpoints, now) + benchmark_deployments(now)
     try:
         cluster.apply(declared)
@@ -290,7 +296,9 @@ def sync_pods(cluster: ClusterDriver) -> int:
     serves to routers, and each endpoint's ready count (all versions) and state. Returns rows
     changed."""
     seen = {p.name: (p, ids) for p in cluster.list_pods() if (ids := parse_deployment(p.deployment))}
-    known = set(Endpoint.objects.values_list("pk", flat=True))
+    known = set(
+        Endpoint.objects.filter(pk__in={ids[0] for _, ids in seen.values()}).values_list("pk", flat=True)
+    )
     changed = 0
     with transaction.atomic():
         rows = {p.name: p for p in Pod.objects.select_for_update().filter(name__startswith=DEPLOYMENT_PREFIX)}
