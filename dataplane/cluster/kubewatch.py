@@ -155,6 +155,10 @@ class Reflector:
         self._response = resp
         count = 0
         try:
+            # stop() sets the flag, then reads _response: checking the flag after publishing the
+            # response means a stop that raced the request either sees it or is seen here
+            if self._stop.is_set():
+                return count
             for line in iter_lines(resp):
                 if self._stop.is_set():
                     break

@@ -145,3 +145,35 @@ def test_a_failing_sink_does_not_stop_the_watch(standin):
     finally:
         watcher.stop()
         thread.join(5)
+
+
+def test_a_stop_that_races_the_watch_request_is_not_lost():
+    """stop() arrives while the watch request is on its way (before its response is known to the
+    reflector): run() must still return instead of blocking on a stream nobody will end."""
+    from dataplane.cluster.kubewatch import Reflector
+
+    class Endless:  # a watch stream the server never ends
+        def stream(self, **_):
+            threading.Event().wait(30)
+            yield b""
+
+        def release_conn(self):
+            pass
+
+    class Listed:
+        data = b'{"metadata": {"resourceVersion": "1"}, "items": []}'
+
+        def release_conn(self):
+            pass
+
+    def list_pods(namespace, watch=False, **_):
+        if not watch:
+            return Listed()
+        reflector.stop()  # the race: stop() sees no response yet
+        return Endless()
+
+    reflector = Reflector(list_pods, "mu-runtime")
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive() and reflector.lists == 1
