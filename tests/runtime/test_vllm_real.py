@@ -223,16 +223,18 @@ def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPo
     done_before = len(race.finished())  # low requests that finished before the probe was sent
     probe = race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1, "priority": -1_000_000})
     probe.join(timeout=300)
-    real_pod.measurements["probe_under_saturation_s"] = time.monotonic() - saturated_at
+    probe_s = time.monotonic() - saturated_at
+    real_pod.measurements["probe_under_saturation_s"] = probe_s
     real_pod.measurements["rss_saturated_mib"] = tree_rss_mib(real_pod.proc.pid)
-    finished = race.join()  # in the order the responses came back
-    # First come, first served would answer every low request first (the probe last, nothing
-    # after it). Priority gives it a free slot ahead of the queue: on a quiet machine only the
-    # two running come back first; on this CPU the API server can take a batch or two to hand
-    # the probe to the engine (6 seen). Either way most of the queue must finish after it.
+    finished = race.join()  # in the order the client threads saw the answers
+    drain_s = time.monotonic() - saturated_at
+    real_pod.measurements["queue_drain_s"] = drain_s
     real_pod.measurements["probe_overtaken_by"] = finished.index("probe") - done_before
-    outstanding = 48 - done_before  # low requests not yet answered when the probe went out
-    after = len(finished) - 1 - finished.index("probe")
-    assert outstanding >= 6, f"the queue drained before the probe was sent ({done_before} done)"
-    assert after >= outstanding // 2, (done_before, finished)
+    # First come, first served would answer the probe last, when the queue has drained.
+    # Priority gives it a free slot ahead of the queue: on this CPU the API server can take a
+    # batch or two to hand it to the engine. Timed, not ordered: with 49 client threads on two
+    # cores the order in which threads record their answers can lag the answers themselves
+    # (a probe answered in 26 ms was once recorded behind 34 long requests).
+    assert 48 - done_before >= 6, f"the queue drained before the probe was sent ({done_before} done)"
+    assert probe_s <= drain_s / 2, (probe_s, drain_s, done_before, finished)
     assert http("GET", real_pod.probe + "/livez")[0] == 200  # busy is not hung
