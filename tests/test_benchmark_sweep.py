@@ -31,7 +31,9 @@ def test_sustained_rates_track_the_engine_s_capacity(tiny_sim):
         )
         assert 0.5 * ceiling <= measured.sustainable_per_minute <= 1.05 * ceiling, (measured, ceiling)
         modes = [s.mode for s in measured.steps]
-        assert modes[0] == "closed" and modes[-1] == "open" and measured.steps[-1].met_slo
+        assert modes[0] == "closed" and modes[-1] == "open"
+        met = [s.offered_per_s for s in measured.steps if s.mode == "open" and s.met_slo]
+        assert measured.sustainable_per_minute == pytest.approx(max(met) * 60)
     assert too_long.sustainable_per_minute == 0 and "max_model_len 512" in too_long.note
     assert "req/min" in table(result)
 
@@ -90,3 +92,41 @@ def test_a_shape_slower_than_a_larger_one_is_measured_again():
         shape(512, 512, 0.0),  # not even one request met the SLO: nothing to compare
     ]
     assert implausible(results) == [0]
+
+
+class ScriptedEngine:
+    """A Driver whose answers are set by the test: closed-loop throughput per concurrency (a
+    step longer than C x 4 requests measures the true 10 req/s), and open-loop steps that meet
+    the SLO up to 8.6 req/s."""
+
+    name, model, max_model_len = "scripted", "m", 4096
+
+    def __init__(self, short_steps):
+        self.short_steps = short_steps  # concurrency -> req/s of a short closed step
+        self.offered = []
+
+    async def closed(self, shape, concurrency, total):
+        if total == 2:  # the warm-up pair
+            return [0.1, 0.1], 0.2
+        rate = 10.0 if total > concurrency * 4 and total > 16 else self.short_steps[concurrency]
+        return [0.5] * total, total / rate
+
+    async def open(self, shape, rate, count, in_flight_bound):
+        self.offered.append(rate)
+        latency = 0.5 if rate <= 8.6 else 60.0  # past 8.6 req/s the queue outgrows the SLO
+        return [latency] * count, count, False, count / rate
+
+
+def test_a_noisy_short_step_is_confirmed_by_a_long_one_and_the_open_loop_bisects():
+    # Climb: C=1 5 req/s, C=2 9, C=4 12 (noise), then 10 and 10: two doublings without 5 % more
+    # end it at the knee C=4, 12 req/s. One 3-s step there (ceil(12 x 3) = 36 requests) measures
+    # 10 req/s: the open loop starts from 10, not from 12. Poisson at 9.5 and 9.0 miss, 8.0 meets,
+    # then halfway back, 8.5, meets too -> 8.5 req/s = 510 req/min. Without the long step the
+    # noisy 12 would have priced the shape at 12 x 0.75 = 9.0, past what the engine sustains.
+    engine = ScriptedEngine({1: 5.0, 2: 9.0, 4: 12.0, 8: 10.0, 16: 10.0})
+    result = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo()))
+    (shape,) = result.shapes
+    closed = [(s.concurrency, s.sent) for s in shape.steps if s.mode == "closed"]
+    assert closed == [(1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36)]
+    assert engine.offered == pytest.approx([9.5, 9.0, 8.0, 8.5])
+    assert shape.sustainable_per_minute == pytest.approx(510.0)
