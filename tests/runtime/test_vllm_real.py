@@ -199,10 +199,9 @@ def test_completions_flow(real_pod: RealPod) -> None:
     assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPod) -> None:
-    # --max-num-seqs 2: 48 long low-priority requests (priority 10, 450 tokens, EOS ignored)
-    # fill both slots and queue the rest, for 24 batches. A probe-shaped request (max_tokens 1,
-    # priority -1e6) must take a free slot ahead of the queued ones.
+def probe_race(real_pod: RealPod) -> tuple[float, float, int, list[str]]:
+    """48 long low-priority requests, then a top-priority probe once both slots run:
+    (probe latency, queue drain time, low requests done before the probe, finish order)."""
     race = CompletionRace(real_pod.engine, timeout=300)
     for i in range(48):
         race.send(
@@ -224,17 +223,32 @@ def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPo
     probe = race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1, "priority": -1_000_000})
     probe.join(timeout=300)
     probe_s = time.monotonic() - saturated_at
-    real_pod.measurements["probe_under_saturation_s"] = probe_s
-    real_pod.measurements["rss_saturated_mib"] = tree_rss_mib(real_pod.proc.pid)
-    finished = race.join()  # in the order the client threads saw the answers
+    finished = race.join()
     drain_s = time.monotonic() - saturated_at
-    real_pod.measurements["queue_drain_s"] = drain_s
-    real_pod.measurements["probe_overtaken_by"] = finished.index("probe") - done_before
-    # First come, first served would answer the probe last, when the queue has drained.
-    # Priority gives it a free slot ahead of the queue: on this CPU the API server can take a
-    # batch or two to hand it to the engine. Timed, not ordered: with 49 client threads on two
-    # cores the order in which threads record their answers can lag the answers themselves
-    # (a probe answered in 26 ms was once recorded behind 34 long requests).
-    assert 48 - done_before >= 6, f"the queue drained before the probe was sent ({done_before} done)"
-    assert probe_s <= drain_s / 2, (probe_s, drain_s, done_before, finished)
+    return probe_s, drain_s, done_before, finished
+
+
+def test_top_priority_probe_completes_while_engine_is_saturated(real_pod: RealPod) -> None:
+    # --max-num-seqs 2: 48 long low-priority requests (priority 10, 450 tokens, EOS ignored)
+    # fill both slots and queue the rest, for 24 batches. A probe-shaped request (max_tokens 1,
+    # priority -1e6) must take a free slot ahead of the queued ones: first come, first served
+    # would answer it last, when the queue has drained; priority answers it within a batch or
+    # two (1.2 s against a 27.7-s drain, measured).
+    #
+    # Timed, not ordered: vLLM's API server on this 2-core machine (beside a busy-polling engine
+    # core, the OpenMP worker and 49 client threads) delivers answers in bursts, up to 28
+    # within 50 ms, so the order threads record them in is loose (a probe answered in 26 ms was
+    # once recorded behind 34 requests). Once in ~10 runs it held everything back to the end,
+    # the probe included: that run cannot tell priority from first come, first served, so the
+    # race is run once more. First come, first served answers the probe last in both.
+    tries = []
+    for _ in range(2):
+        probe_s, drain_s, done_before, finished = probe_race(real_pod)
+        assert 48 - done_before >= 6, f"the queue drained before the probe was sent ({done_before} done)"
+        tries.append({"probe_s": round(probe_s, 3), "drain_s": round(drain_s, 3), "done_before": done_before})
+        if probe_s <= drain_s / 2:
+            break
+    real_pod.measurements["probe_tries"] = tries
+    real_pod.measurements["rss_saturated_mib"] = tree_rss_mib(real_pod.proc.pid)
+    assert probe_s <= drain_s / 2, (tries, finished)
     assert http("GET", real_pod.probe + "/livez")[0] == 200  # busy is not hung
