@@ -19,15 +19,14 @@ from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError
 from dataplane.cluster.kubernetes import KubernetesDriver
 from dataplane.runtime.events import Event as PodEvent
-from tests.cluster.kube_standin import KubeStandIn, pod, write_kubeconfig
+from tests.cluster.kube_standin import pod, write_kubeconfig
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def kube(monkeypatch, tmp_path, settings):
+def kube(standin, monkeypatch, tmp_path, settings):
     """The stand-in as the current kubeconfig's cluster, and CLUSTER_DRIVER=kubernetes."""
-    standin = KubeStandIn().start()
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", standin.url)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -38,7 +37,6 @@ def kube(monkeypatch, tmp_path, settings):
     scaling.kubernetes_driver.cache_clear()
     yield standin
     scaling.kubernetes_driver.cache_clear()
-    standin.stop()
 
 
 def test_one_kubernetes_driver_per_process_from_the_settings(kube):

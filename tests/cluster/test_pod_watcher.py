@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dataplane.cluster.kubernetes import PodWatcher
+from dataplane.cluster.kubewatch import Reflector
 from tests.cluster.kube_standin import pod
 
 
@@ -150,7 +151,6 @@ def test_a_failing_sink_does_not_stop_the_watch(standin):
 def test_a_stop_that_races_the_watch_request_is_not_lost():
     """stop() arrives while the watch request is on its way (before its response is known to the
     reflector): run() must still return instead of blocking on a stream nobody will end."""
-    from dataplane.cluster.kubewatch import Reflector
 
     class Endless:  # a watch stream the server never ends
         def stream(self, **_):
