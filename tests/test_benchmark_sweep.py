@@ -95,20 +95,24 @@ def test_a_shape_slower_than_a_larger_one_is_measured_again():
 
 
 class ScriptedEngine:
-    """A Driver whose answers are set by the test: closed-loop throughput per concurrency (a
-    step longer than C x 4 requests measures the true 10 req/s), and open-loop steps that meet
-    the SLO up to 8.6 req/s."""
+    """A Driver whose answers are set by the test: closed-loop throughput per concurrency for
+    short steps (a list: one per step at that concurrency, in turn), `long_step` req/s for a
+    step longer than C x 4 requests, and open-loop steps that meet the SLO up to 8.6 req/s."""
 
     name, model, max_model_len = "scripted", "m", 4096
 
-    def __init__(self, short_steps):
+    def __init__(self, short_steps, long_step=10.0):
         self.short_steps = short_steps  # concurrency -> req/s of a short closed step
+        self.long_step = long_step
         self.offered = []
 
     async def closed(self, shape, concurrency, total):
         if total == 2:  # the warm-up pair
             return [0.1, 0.1], 0.2
-        rate = 10.0 if total > concurrency * 4 and total > 16 else self.short_steps[concurrency]
+        long = total > concurrency * 4 and total > 16
+        rate = self.long_step if long else self.short_steps[concurrency]
+        if isinstance(rate, list):  # successive steps at this concurrency
+            rate = rate.pop(0)
         return [0.5] * total, total / rate
 
     async def open(self, shape, rate, count, in_flight_bound):
@@ -117,16 +121,43 @@ class ScriptedEngine:
         return [latency] * count, count, False, count / rate
 
 
-def test_a_noisy_short_step_is_confirmed_by_a_long_one_and_the_open_loop_bisects():
-    # Climb: C=1 5 req/s, C=2 9, C=4 12 (noise), then 10 and 10: two doublings without 5 % more
-    # end it at the knee C=4, 12 req/s. One 3-s step there (ceil(12 x 3) = 36 requests) measures
-    # 10 req/s: the open loop starts from 10, not from 12. Poisson at 9.5 and 9.0 miss, 8.0 meets,
-    # then halfway back, 8.5, meets too -> 8.5 req/s = 510 req/min. Without the long step the
-    # noisy 12 would have priced the shape at 12 x 0.75 = 9.0, past what the engine sustains.
-    engine = ScriptedEngine({1: 5.0, 2: 9.0, 4: 12.0, 8: 10.0, 16: 10.0})
-    result = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo()))
-    (shape,) = result.shapes
-    closed = [(s.concurrency, s.sent) for s in shape.steps if s.mode == "closed"]
-    assert closed == [(1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36)]
+def closed_steps(shape):
+    return [(s.concurrency, s.sent) for s in shape.steps if s.mode == "closed"]
+
+
+def test_a_long_step_at_the_knee_rescues_a_disturbed_climb_and_the_open_loop_bisects():
+    # Climb: C=1 5 req/s, C=2 6, C=4 6.2, C=8 6.1: two doublings without 5 % more end it at the
+    # knee C=4, 6.2 req/s (every short step was slowed). One 3-s step there (ceil(6.2 x 3) = 19
+    # requests) measures the engine's 10 req/s: the open loop starts from 10. Poisson at 9.5 and
+    # 9.0 miss, 8.0 meets, then halfway back, 8.5, meets too -> 8.5 req/s = 510 req/min.
+    engine = ScriptedEngine({1: 5.0, 2: 6.0, 4: 6.2, 8: 6.1})
+    (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo())).shapes
+    assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (4, 19)]
     assert engine.offered == pytest.approx([9.5, 9.0, 8.0, 8.5])
     assert shape.sustainable_per_minute == pytest.approx(510.0)
+
+
+def test_a_stall_in_the_long_step_does_not_lower_the_knee():
+    # Climb: 5, 9, 12 at C=4, then 10 and 10 -> knee C=4 at 12 req/s. The 3-s step there (36
+    # requests) is stalled at 3 req/s and does not count: a stall only takes away. The open
+    # loop brings 12 down to what meets the SLO: 11.4, 10.8 and 9.6 miss, 0.7 x 12 = 8.4 meets,
+    # halfway back 9.0 misses -> 8.4 req/s = 504 req/min.
+    engine = ScriptedEngine({1: 5.0, 2: 9.0, 4: 12.0, 8: 10.0, 16: 10.0}, long_step=3.0)
+    (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo())).shapes
+    assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36)]
+    assert engine.offered == pytest.approx([11.4, 10.8, 9.6, 8.4, 9.0])
+    assert shape.sustainable_per_minute == pytest.approx(504.0)
+
+
+def test_a_collapsed_climb_step_is_measured_again_before_it_can_end_the_climb():
+    # C=1 3 req/s, C=2 5, C=4 7, then C=8 stalls at 2 (under 0.7 x 7 = 4.9) and is measured
+    # again: 9. C=16 stalls at 2.5 (under 0.7 x 9), again: 9.2; C=32 9.3: two doublings without
+    # 5 % more -> knee C=32 at 9.3. The open loop: 0.95 x 9.3 = 8.84 misses, 0.9 x 9.3 = 8.37
+    # meets (0.05 apart: nothing to bisect) -> 8.37 req/s = 502 req/min. Without the repeats,
+    # the two stalls would have ended the climb at C=4, 7 req/s (the long step there is slow
+    # too), and priced the shape at 399.
+    engine = ScriptedEngine({1: 3.0, 2: 5.0, 4: 7.0, 8: [2.0, 9.0], 16: [2.5, 9.2], 32: 9.3}, long_step=7.0)
+    (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo())).shapes
+    assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (8, 32), (16, 64), (16, 64), (32, 128)]
+    assert engine.offered == pytest.approx([0.95 * 9.3, 0.9 * 9.3])
+    assert shape.sustainable_per_minute == pytest.approx(0.9 * 9.3 * 60)
