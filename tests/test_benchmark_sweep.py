@@ -94,6 +94,27 @@ def test_a_shape_slower_than_a_larger_one_is_measured_again():
     assert implausible(results) == [0]
 
 
+def test_a_shape_is_priced_at_least_at_the_rate_of_a_larger_one():
+    from capacity.benchmark import ShapeResult, at_least_larger
+
+    def shape(i, o, rate, note=""):
+        return ShapeResult(i, o, rate, 0.1, (), note)
+
+    raised = at_least_larger(
+        [
+            shape(128, 16, 1633.0, "re-measured"),  # stalled twice: 256 x 16 did 9,048
+            shape(256, 16, 9048.0),
+            shape(128, 64, 5243.0),  # smaller than 256 x 16 in output only: not comparable
+            shape(16, 16, 17000.0),  # 64 x 16 did 17,500: within noise, raised all the same
+            shape(64, 16, 17500.0),
+            shape(16, 1, 0.0, "longer than max_model_len 8"),  # skipped: stays skipped
+        ]
+    )
+    assert [r.sustainable_per_minute for r in raised] == [9048.0, 9048.0, 5243.0, 17500.0, 17500.0, 0.0]
+    assert raised[0].note == "re-measured raised from 1633: 256x16 sustained more"
+    assert raised[1].note == raised[2].note == "" and raised[5].note == "longer than max_model_len 8"
+
+
 class ScriptedEngine:
     """A Driver whose answers are set by the test: closed-loop throughput per concurrency for
     short steps (a list: one per step at that concurrency, in turn), `long_step` req/s for a
