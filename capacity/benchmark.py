@@ -440,16 +440,21 @@ def implausible(results: Sequence[ShapeResult], slack: float = 0.25) -> list[int
     """
     out = []
     for i, a in enumerate(results):
-        if a.sustainable_per_minute <= 0:
-            continue
-        for b in results:
-            larger = (b.input_tokens, b.output_tokens) != (a.input_tokens, a.output_tokens) and (
-                b.input_tokens >= a.input_tokens and b.output_tokens >= a.output_tokens
-            )
-            if larger and b.sustainable_per_minute > a.sustainable_per_minute * (1 + slack):
-                out.append(i)
-                break
+        rate = a.sustainable_per_minute
+        if rate > 0 and any(b.sustainable_per_minute > rate * (1 + slack) for b in _larger(a, results)):
+            out.append(i)
     return out
+
+
+def _larger(a: ShapeResult, results: Sequence[ShapeResult]) -> list[ShapeResult]:
+    """The other shapes with as many or more tokens in and out than `a`: at most as fast."""
+    return [
+        b
+        for b in results
+        if (b.input_tokens, b.output_tokens) != (a.input_tokens, a.output_tokens)
+        and b.input_tokens >= a.input_tokens
+        and b.output_tokens >= a.output_tokens
+    ]
 
 
 def at_least_larger(results: Sequence[ShapeResult]) -> tuple[ShapeResult, ...]:
@@ -463,14 +468,7 @@ def at_least_larger(results: Sequence[ShapeResult]) -> tuple[ShapeResult, ...]:
     """
     out = []
     for a in results:
-        larger = [
-            b
-            for b in results
-            if (b.input_tokens, b.output_tokens) != (a.input_tokens, a.output_tokens)
-            and b.input_tokens >= a.input_tokens
-            and b.output_tokens >= a.output_tokens
-        ]
-        best = max(larger, key=lambda b: b.sustainable_per_minute, default=None)
+        best = max(_larger(a, results), key=lambda b: b.sustainable_per_minute, default=None)
         if a.sustainable_per_minute > 0 and best and best.sustainable_per_minute > a.sustainable_per_minute:
             note = (
                 f"{a.note} raised from {a.sustainable_per_minute:.0f}: "
