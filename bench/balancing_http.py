@@ -38,6 +38,10 @@ import sys
 import time
 from pathlib import Path
 
+from dataplane.runtime import perf_model
+from dataplane.runtime.openai_api import estimate_text_tokens
+from dataplane.runtime.profiles import get_profile
+
 # the repository root once the runtime is merged; its worktree while both are being built
 _HERE = Path(__file__).resolve().parent.parent
 RUNTIME_DIR = Path(
@@ -54,10 +58,6 @@ PROMPT = "x" * 200
 @functools.cache
 def service_s(max_tokens: int) -> float:
     """A request's own service time at a full batch and no wait, by the engine's performance model."""
-    from dataplane.runtime import perf_model
-    from dataplane.runtime.openai_api import estimate_text_tokens
-    from dataplane.runtime.profiles import get_profile
-
     profile = get_profile("tiny-test")
     ttft, _ = perf_model.solo_latency_s(profile, estimate_text_tokens(PROMPT), max_tokens)
     return ttft + (max_tokens - 1) * perf_model.decode_step_s(profile, SLOTS)
