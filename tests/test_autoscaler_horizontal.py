@@ -30,6 +30,30 @@ def test_need_is_the_larger_of_mu_and_concurrency():
     assert decision.replicas == 5
 
 
+def test_requests_waiting_at_the_router_count_up_to_twice_those_in_flight_unless_they_drain():
+    # A closed loop of 24 clients against 1 pod of target 8: 8 at the pod, 16 waiting.
+    # (8 + 16) / 6.4 = 3.75 -> 4 replicas.
+    def waiting(queued, in_flight):
+        return [replace(b, queued=queued) for b in steady(10, in_flight=in_flight)]
+
+    decision = decide(spec(1), waiting(16.0, 8), T0)
+    assert decision.need == pytest.approx(3.75) and decision.replicas == 4
+    assert "8.0 in flight + 16.0 waiting" in decision.reason
+    # 100 clients: (8 + 2 x 8) / 6.4 -> 4; at 4 pods, 32 and 68 waiting: (32 + 64) / 6.4 -> 15.
+    assert decide(spec(1), waiting(92.0, 8), T0).replicas == 4
+    assert decide(spec(4), waiting(68.0, 32), T0).replicas == 15
+    # An open-loop burst waiting for pods: 5 at the pod, 40 waiting -> (5 + 10) / 6.4 = 2.34,
+    # not (5 + 40) / 6.4 = 7.03: its arrivals (the MU rule) and backlog size it instead.
+    assert decide(spec(1), waiting(40.0, 5), T0).need == pytest.approx(15 / 6.4)
+    # Its pods are up and the queue drains: 40, 30, 20, 10 waiting over the last 20 s (mean 25,
+    # the latest bucket under 90 % of it) -> not counted: 40 / 6.4 = 6.25, not 80 / 6.4 = 12.5.
+    draining = steady(10, in_flight=40)
+    queues = (40.0, 30.0, 20.0, 10.0)
+    draining[-4:] = [replace(b, queued=q) for b, q in zip(draining[-4:], queues, strict=True)]
+    decision = decide(spec(7), draining, T0)
+    assert decision.need == pytest.approx(40 / 6.4) and "waiting" in decision.reason
+
+
 def test_scale_up_follows_the_last_20_seconds():
     # Quiet at 80 MU/min (1 replica) for 5 min, then 20 s at 700 MU/min: 700 / 80 = 8.75 -> 9,
     # within one tick's cap of max(1 x 10, 1 + 4) = 10.

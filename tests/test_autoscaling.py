@@ -86,7 +86,8 @@ def test_a_slot_of_router_seconds_becomes_one_bucket(metrics, chat):
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.requests) == (5, 30)
-    assert b.in_flight == pytest.approx((5 * 2.0 + 3) / 5)  # at pods, and waiting for one
+    assert b.in_flight == pytest.approx(5 * 2.0 / 5)  # at pods
+    assert b.queued == pytest.approx(3 / 5)  # waiting for one, apart
     assert b.backlog_mu == 1.5  # what waits for a pod at the slot's end
     assert b.mu_per_minute == pytest.approx(6 / 5 * 60)  # 72 MU/min
     assert b.queue_depth == 3

@@ -99,12 +99,17 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         assert Event.objects.filter(endpoint=nightly, kind="scale", message__contains="0 -> 1").exists()
 
         # 24 clients with 300-token answers keep 24 requests in the system (at pods or waiting at
-        # the router): 24 / (0.8 x 8) = 3.75 replicas -> 4. The load generator is the one a
-        # newcomer runs (README).
+        # the router): 8 at the pod and 16 waiting -> (8 + 16) / (0.8 x 8) = 3.75 replicas -> 4
+        # once the 20-s window is full of it. The first passes see the window partly loaded and
+        # ask for 2, then 3; their pods drain the queue, which then no longer counts, and the
+        # requests in flight fill the window alone: 4 about 40 s into the load. The load
+        # generator is the one a newcomer runs (README).
         load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
-                      "--stages", "40x24", "--max-tokens", "300"], env, log)  # fmt: skip
+                      "--stages", "70x24", "--max-tokens", "300"], env, log)  # fmt: skip
+        loaded = time.monotonic()
         try:
-            wait_until(lambda: replicas(chat)[0] >= 4, timeout=45, interval=0.5)
+            wait_until(lambda: replicas(chat)[0] >= 4, timeout=75, interval=0.5)
+            up_in = time.monotonic() - loaded
             wait_until(lambda: replicas(chat)[1] >= 4, timeout=30, interval=0.5)
             peak = replicas(chat)[0]
         finally:
@@ -118,7 +123,10 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         assert down.detail["to"] == 1 and "highest need over 20 s" in down.message
         pods = http("GET", f"http://127.0.0.1:{agent_port}/pods")
         assert pods[0] == 200
-        print(f"woke from zero in {woke_in:.1f} s; chat peaked at {peak} replicas")
+        print(
+            f"woke from zero in {woke_in:.1f} s; chat asked for 4 replicas {up_in:.1f} s into the load"
+            f" and peaked at {peak}"
+        )
     finally:
         for p in reversed(procs):
             stop(p)

@@ -2,8 +2,10 @@
 
 The collector sums each endpoint's per-second router samples into 5-second buckets; a window
 is the buckets that end within (now - seconds, now]. Averages weigh buckets by the seconds they
-cover, so a missing bucket lowers coverage instead of pretending the load was zero. The router's
-backlog is a level, not a rate: a window's is its latest bucket's.
+cover, so a missing bucket lowers coverage instead of pretending the load was zero. Requests
+at the replicas (`in_flight`) and requests waiting at the router for one (`queued`) are kept
+apart: the decider weighs them differently. The router's backlog is a level, not a rate: a
+window's is its latest bucket's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 class Bucket:
     end: float  # unix seconds at the end of the bucket
     seconds: float  # how long it covers, normally 5; > 0
-    in_flight: float  # time-averaged concurrent requests, all replicas together
+    in_flight: float  # time-averaged concurrent requests at the replicas, all together
     mu_per_minute: float  # model units consumed, as a per-minute rate
     requests: int = 0  # requests that arrived
     queue_depth: float = 0.0  # most requests waiting at once (router queue and engines)
@@ -24,6 +26,7 @@ class Bucket:
     kv_cache_usage: float | None = None  # highest KV-cache usage of any replica, 0..1
     errors: int = 0  # failed requests
     backlog_mu: float = 0.0  # MU of requests waiting at the router for a replica, at the bucket's end
+    queued: float = 0.0  # time-averaged requests waiting at the router for a replica (not in in_flight)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Load:
 
     seconds: float  # the window's length
     coverage: float  # share of the window the buckets cover, 0..1
-    in_flight: float  # mean concurrent requests
+    in_flight: float  # mean concurrent requests at the replicas
     mu_per_minute: float  # mean MU/min
     requests: int  # arrivals
     queue_depth: float  # max
@@ -40,6 +43,8 @@ class Load:
     kv_cache_usage: float | None  # max
     errors: int
     backlog_mu: float = 0.0  # the latest bucket's (a level, not a rate: what waits now)
+    queued: float = 0.0  # mean requests waiting at the router
+    queued_last: float = 0.0  # the latest bucket's: below the mean, the queue is draining
 
 
 def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
@@ -54,6 +59,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         return None
     latencies = [b.p99_latency_s for b in inside if b.p99_latency_s is not None]
     kv = [b.kv_cache_usage for b in inside if b.kv_cache_usage is not None]
+    latest = max(inside, key=lambda b: b.end)
     return Load(
         seconds=seconds,
         coverage=min(covered / seconds, 1.0),
@@ -64,7 +70,9 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         p99_latency_s=max(latencies) if latencies else None,
         kv_cache_usage=max(kv) if kv else None,
         errors=sum(b.errors for b in inside),
-        backlog_mu=max(inside, key=lambda b: b.end).backlog_mu,
+        backlog_mu=latest.backlog_mu,
+        queued=sum(b.queued * b.seconds for b in inside) / covered,
+        queued_last=latest.queued,
     )
 
 

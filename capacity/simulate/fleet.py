@@ -110,6 +110,7 @@ class _Meter:
 
     samples: int = 0
     in_flight: float = 0.0
+    queued: float = 0.0
     mu: float = 0.0
     requests: int = 0
     queue_depth: int = 0
@@ -282,10 +283,8 @@ class Fleet:
             self._dequeue()
         if not self.queue:
             self.queue_mu = 0.0  # no float drift
-        # As the Bucket says: requests at the replicas ("all replicas together"); the router's
-        # queue is a backlog, not concurrency (counted in, a 15x burst held 30 s for pods reads as
-        # 200+ replicas of need). It goes in the bucket as `backlog_mu`, which apa's decider
-        # plans to drain and does not remember once drained.
+        # As the Bucket says: requests at the replicas, and apart from them the router's queue
+        # (`queued`, and its MU as `backlog_mu`), as the production router meters them.
         in_flight = sum(r.in_flight for r in self.replicas)
         # The engines' real queue only (no slot or no KV). The router's own queue is a backlog
         # of demand (its MU is in mu_per_minute at arrival); fed to the vertical decider as
@@ -297,6 +296,7 @@ class Fleet:
         m = self.meter
         m.samples += 1
         m.in_flight += in_flight
+        m.queued += len(self.queue)
         m.queue_depth = max(m.queue_depth, waiting)
         m.kv = max([m.kv, *(r.kv_usage() for r in self.replicas)])
         if counting:
@@ -327,6 +327,7 @@ class Fleet:
                 kv_cache_usage=m.kv,
                 errors=m.errors,
                 backlog_mu=max(self.queue_mu, 0.0),
+                queued=m.queued / max(m.samples, 1),
             )
         )
         while self.buckets and self.buckets[0].end <= now - 660.0:

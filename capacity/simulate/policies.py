@@ -2,8 +2,9 @@
 
 Each policy is a small object with its own cadence (`tick_s`) and whatever memory its upstream
 algorithm keeps (HPA's recommendations, KPA's panic mode); time is always passed in. The fleet
-calls `decide` every `tick_s` with the router's 1-second `Bucket`s (in-flight time-averaged,
-MU/min, arrivals, queue depth, p99, KV) and `concurrency` to learn the router's per-replica limit.
+calls `decide` every `tick_s` with the router's 1-second `Bucket`s (in flight at the replicas
+and waiting at the router, time-averaged; MU/min, arrivals, queue depth, p99, KV) and
+`concurrency` to learn the router's per-replica limit.
 
 - `apa`: ours, `capacity.autoscaler` unchanged: `decide` every 5 s on 5-second buckets (each
   with the MU waiting at the router, `backlog_mu`), `decide_concurrency` every 30 s (the router's
@@ -14,9 +15,11 @@ MU/min, arrivals, queue depth, p99, KV) and `concurrency` to learn the router's 
   policies "4 pods or 100 % per 15 s, whichever is more" and no up stabilisation, scale-down
   stabilisation 300 s (the highest recommendation of the last 5 min), down policy 100 % per
   15 s. The metric is a Pods metric, average in-flight requests per ready pod over the last
-  sync period, against a target of 70 (Knative's default, so the two peers share a metric).
+  sync period, against a target of 70 (Knative's default, so the two peers share a metric);
+  requests waiting at the router are on no pod, so they are not in it.
 - `kpa`: Knative Serving's KPA (pkg/autoscaler/scaling/autoscaler.go) with config-autoscaler
-  defaults: target 100 x 70 % = 70 concurrent requests per pod, stable window 60 s, panic
+  defaults: target 100 x 70 % = 70 concurrent requests per pod (those the router holds
+  included, as the activator reports its buffer), stable window 60 s, panic
   window 10 % of it (6 s), panic threshold 200 %, max scale-up rate 1000, max scale-down rate 2,
   2 s tick. Panic mode never scales down and holds until the stable window has passed without
   crossing the threshold.
@@ -88,6 +91,7 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
                 kv_cache_usage=load.kv_cache_usage,
                 errors=load.errors,
                 backlog_mu=load.backlog_mu,
+                queued=load.queued,
             )
         )
     return out
@@ -190,10 +194,13 @@ class Kpa(Policy):
         ready = max(1, state.ready)
         up_cap = math.ceil(self.max_scale_up_rate * ready)
         down_cap = math.floor(ready / self.max_scale_down_rate)
-        stable_pods = min(max(math.ceil(stable.in_flight / self.target_per_pod), down_cap), up_cap)
-        panic_pods = min(max(math.ceil(panic.in_flight / self.target_per_pod), down_cap), up_cap)
+        # Every request in the system counts, those the router holds for a pod too (Knative's
+        # activator reports the requests it buffers).
+        stable_load, panic_load = stable.in_flight + stable.queued, panic.in_flight + panic.queued
+        stable_pods = min(max(math.ceil(stable_load / self.target_per_pod), down_cap), up_cap)
+        panic_pods = min(max(math.ceil(panic_load / self.target_per_pod), down_cap), up_cap)
         # Worked numbers: 2 ready pods, 300 in flight over 6 s -> 300 / 70 / 2 = 2.1 >= 2: panic.
-        over = panic.in_flight / self.target_per_pod / ready >= self.panic_threshold
+        over = panic_load / self.target_per_pod / ready >= self.panic_threshold
         if over:
             self.panic_since = now
         elif self.panic_since is not None and self.panic_since + self.stable_window_s < now:

@@ -374,7 +374,7 @@ def endpoint_live_context(endpoint: Endpoint) -> dict:
         LoadBucket.objects.filter(endpoint=endpoint, end__gt=since.timestamp())
         .order_by("end")
         .values_list("end", "desired_replicas", "ready_replicas", "in_flight", "requests", "seconds",
-                     "p50_latency_s", "p99_latency_s")
+                     "p50_latency_s", "p99_latency_s", "queued")
     )  # fmt: skip
     marks = [
         charts.Mark(t.timestamp(), f"{k}: {m}", f"mark {k}")
@@ -400,7 +400,7 @@ def endpoint_live_context(endpoint: Endpoint) -> dict:
         charts.Chart(
             title="load over the last hour: requests in flight (at pods and queued) and per second",
             series=[
-                charts.Series("in flight", [(r[0], r[3]) for r in rows], "sold"),
+                charts.Series("in flight", [(r[0], r[3] + r[8]) for r in rows], "sold"),
                 charts.Series("requests/s", [(r[0], r[4] / r[5]) for r in rows], "have"),
             ],
             marks=marks,

@@ -261,7 +261,8 @@ class LoadBucket(models.Model):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="load")
     end = models.BigIntegerField(help_text="unix seconds at the bucket's end, a multiple of its length")
     seconds = models.PositiveSmallIntegerField(help_text="seconds some router reported")
-    in_flight = models.FloatField()  # time-averaged concurrent requests
+    in_flight = models.FloatField()  # time-averaged concurrent requests at pods
+    queued = models.FloatField(default=0.0)  # time-averaged requests waiting at the routers for a pod
     mu_per_minute = models.FloatField()
     requests = models.PositiveIntegerField()
     queue_depth = models.FloatField()  # most requests waiting for a pod in any second

@@ -7,8 +7,8 @@ to /api/v1/load-samples/, the embedded default). `collect` reads the seconds of 
 5-second slot and writes a LoadBucket per endpoint that has replicas or traffic:
 
     30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all, and 3 requests
-    of 1.5 MU waiting for a pod in its last second -> in_flight (10 + 3) / 5 = 2.6 (at pods and
-    waiting), mu_per_minute 6 / 5 s x 60 = 72.0, requests 30, backlog_mu 1.5
+    of 1.5 MU waiting for a pod in its last second -> in_flight 10 / 5 = 2.0 (at pods), queued
+    3 / 5 = 0.6 (waiting), mu_per_minute 6 / 5 s x 60 = 72.0, requests 30, backlog_mu 1.5
 
 A slot no router reported is missing data and gets no bucket (the autoscaler then decides
 nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
@@ -119,12 +119,10 @@ def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[
     return {
         "end": end,
         "seconds": observed,
-        # Requests in the system: at pods, and waiting at the routers because every pod is at its
-        # target concurrency (as Knative counts them). Without the waiting ones a saturated
-        # endpoint reads as 1/utilisation of its replicas and grows by that factor per window.
-        # The decider counts in-flight requests only in the current window (its scale-down
-        # memory is arrivals), so a drained queue is not remembered as load.
-        "in_flight": (total["inflight"] + total["queued"]) / observed,
+        # Requests at pods, and apart from them those waiting at the routers because every pod
+        # is at its target concurrency: the horizontal decider weighs the two differently.
+        "in_flight": total["inflight"] / observed,
+        "queued": total["queued"] / observed,
         "mu_per_minute": total["mu"] / observed * 60.0,
         "requests": round(total["requests"]),
         "queue_depth": max((row.get("queued", 0.0) for row in seconds), default=0.0),

@@ -121,14 +121,14 @@ def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket
     history: dict[int, list[Bucket]] = defaultdict(list)
     rows = LoadBucket.objects.filter(endpoint_id__in=endpoint_ids, end__gt=since).values_list(
         "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "p99_latency_s",
-        "errors", "backlog_mu",
+        "errors", "backlog_mu", "queued",
     )  # fmt: skip
-    for endpoint_id, end, secs, in_flight, mu, requests, p99, errors, backlog in rows:
+    for endpoint_id, end, secs, in_flight, mu, requests, p99, errors, backlog, queued in rows:
         # The routers' queue is demand held back at the target concurrency (backlog_mu); as the
         # vertical decider's "engine queue" it would shrink the target, which lengthens the
         # routers' queue: a ratchet. The engines' own queue is not collected yet: 0.
         history[endpoint_id].append(
-            Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors, backlog_mu=backlog)
+            Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors, backlog, queued)
         )
     return history
 
