@@ -116,11 +116,7 @@ def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.
     mean = sum(costs) / len(costs)
     total = sum((y - mean) ** 2 for y in costs)
     r2 = 1 - sum((y - p) ** 2 for y, p in zip(costs, predicted, strict=True)) / total if total else 1.0
-    heldout = []
-    for i in range(len(rows)):
-        others = [j for j in range(len(rows)) if j != i]
-        loo, _ = _nnls([rows[j] for j in others], [costs[j] for j in others])
-        heldout.append(abs(_dot(loo, rows[i]) - costs[i]) / costs[i])
+    heldout = [abs(e) for e in _heldout_errors(rows, costs)]
     return Fit(
         alpha=coef[0],
         beta=coef[1],
@@ -131,6 +127,25 @@ def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.
         residuals=tuple(p / y - 1 for y, p in zip(costs, predicted, strict=True)),
         samples=len(measurements),
     )
+
+
+def heldout_errors(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.0) -> list[float]:
+    """Per measurement, the cost a fit of all the others predicts for it, relative to what it
+    measured, minus 1: -0.3 means the others price it 30 % cheaper than it measured (it read
+    slow). The held-out MAPE is the mean of their absolute values."""
+    for m in measurements:
+        _check(m)
+    rows = [(float(m.input_tokens), float(m.output_tokens), 1.0) for m in measurements]
+    return _heldout_errors(rows, [m.cost(mu_per_replica_minute) for m in measurements])
+
+
+def _heldout_errors(rows: Sequence[tuple[float, ...]], costs: Sequence[float]) -> list[float]:
+    errors = []
+    for i in range(len(rows)):
+        others = [j for j in range(len(rows)) if j != i]
+        loo, _ = _nnls([rows[j] for j in others], [costs[j] for j in others])
+        errors.append(_dot(loo, rows[i]) / costs[i] - 1)
+    return errors
 
 
 def _check(m: Measurement) -> None:

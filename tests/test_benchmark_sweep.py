@@ -1,6 +1,7 @@
 """The capacity benchmark against a real simulated engine over HTTP on 127.0.0.1."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -182,3 +183,54 @@ def test_a_collapsed_climb_step_is_measured_again_before_it_can_end_the_climb():
     assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (8, 32), (16, 64), (16, 64), (32, 128)]
     assert engine.offered == pytest.approx([0.95 * 9.3, 0.9 * 9.3])
     assert shape.sustainable_per_minute == pytest.approx(0.9 * 9.3 * 60)
+
+
+class StalledOnce:
+    """The in-process simulated H100, except that `shape`'s first measurement runs 2.5x slow
+    (a stall on a shared machine: every step of it takes longer, and so does every request)."""
+
+    def __init__(self, shape):
+        from capacity.benchmark import SimulatedDriver
+
+        self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
+        self.name, self.model, self.max_model_len = "stalled", self.inner.model, self.inner.max_model_len
+        self.shape, self.measurements = shape, 0
+
+    def slow(self, shape):
+        return 2.5 if shape == self.shape and self.measurements == 1 else 1.0
+
+    async def closed(self, shape, concurrency, total):
+        if shape == self.shape and total == 2:  # the warm-up pair opens a measurement of the shape
+            self.measurements += 1
+        latencies, elapsed = await self.inner.closed(shape, concurrency, total)
+        k = self.slow(shape)
+        return [t * k for t in latencies], elapsed * k
+
+    async def open(self, shape, rate, count, in_flight_bound):
+        latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
+        k = self.slow(shape)
+        return [t * k for t in latencies], sent, saturated, elapsed * k
+
+
+def test_a_shape_the_others_price_far_cheaper_is_measured_again():
+    from capacity.benchmark import ShapeResult, slow_outliers
+
+    shapes = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
+    clean = asyncio.run(sweep(StalledOnce(None), SweepConfig(shapes=shapes), Slo()))
+    stalled = asyncio.run(sweep(StalledOnce((128, 128)), SweepConfig(shapes=shapes), Slo()))
+    by_shape = {(s.input_tokens, s.output_tokens): s for s in stalled.shapes}
+    again = by_shape[(128, 128)]
+    assert again.note == "re-measured"  # read ~2.5x slow, then measured again
+    assert again.sustainable_per_minute == pytest.approx(clean.shapes[4].sustainable_per_minute)
+    assert stalled.fit().heldout_mape == pytest.approx(clean.fit().heldout_mape)
+    # Costs exactly linear (0.01 in + 0.1 out + 1, per 60,000): nothing is suspect. 128 x 128
+    # read 2x slow: suspect; 15 % slow is within the slack. 30 % fast: only the slow side is
+    # suspect (it shifts the others' errors by at most 16 %).
+    results = [ShapeResult(i, o, 60_000 / (1 + i / 100 + o / 10), 0.1, ()) for i, o in shapes]
+    assert slow_outliers(results) == []
+
+    def with_128x128(factor):
+        return slow_outliers([*results[:4], replace(results[4], sustainable_per_minute=
+                              results[4].sustainable_per_minute * factor), *results[5:]])  # fmt: skip
+
+    assert (with_128x128(0.5), with_128x128(1 / 1.15), with_128x128(1.3)) == ([4], [], [])
