@@ -2,11 +2,9 @@
 
     .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85]
 
-Runs the runtime helper's simulated engine (``python -m dataplane.runtime.sim``, from this checkout
-once merged, else its worktree /work/wt-runtime, or RUNTIME_DIR) with the ``tiny-test`` profile:
+Runs the simulated engine (``python -m dataplane.runtime.sim``) with the ``tiny-test`` profile:
 4 sequences at most, a 10 ms step +1 ms per sequence, so a pod is a handful of slots and a long
-generation holds one for seconds,
-as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
+generation holds one for seconds, as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
 is started and an open-loop Poisson client sends the same request sequence: 80 % short
 (max_tokens 16) and 20 % long (max_tokens 256), streamed; it records time to first token and
 end-to-end latency. The rate is ``--utilisation`` of the fleet's capacity, computed from the
@@ -42,12 +40,7 @@ from dataplane.runtime import perf_model
 from dataplane.runtime.openai_api import estimate_text_tokens
 from dataplane.runtime.profiles import get_profile
 
-# the repository root once the runtime is merged; its worktree while both are being built
-_HERE = Path(__file__).resolve().parent.parent
-RUNTIME_DIR = Path(
-    os.environ.get("RUNTIME_DIR")
-    or (_HERE if (_HERE / "dataplane/runtime/sim.py").exists() else "/work/wt-runtime")
-)
+ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SHORT, LONG, LONG_SHARE = 16, 256, 0.2
 STEP_S = 0.010 + 0.001 * 4  # tiny-test step at a full batch of 4, s
@@ -182,7 +175,7 @@ async def main() -> None:
         f"load {os.getloadavg()[0]:.2f}"
     )
     ports = [18701 + i for i in range(args.engines)]
-    env = {**os.environ, "PYTHONPATH": str(RUNTIME_DIR)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sims = [
         subprocess.Popen(
             [
@@ -196,7 +189,7 @@ async def main() -> None:
                 "--time-scale",
                 "1",
             ],
-            cwd=RUNTIME_DIR,
+            cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
