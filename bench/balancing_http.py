@@ -4,11 +4,12 @@
 
 Runs the simulated engine (``python -m dataplane.runtime.sim``) with the ``tiny-test`` profile:
 4 sequences at most, a 10 ms step +1 ms per sequence, so a pod is a handful of slots and a long
-generation holds one for seconds, as on a GPU serving a large model. For each policy a fresh router (``python -m dataplane.router``)
-is started and an open-loop Poisson client sends the same request sequence: 80 % short
-(max_tokens 16) and 20 % long (max_tokens 256), streamed; it records time to first token and
-end-to-end latency. The rate is ``--utilisation`` of the fleet's capacity, computed from the
-profile: mean tokens per request x step time per token per slot.
+generation holds one for seconds, as on a GPU serving a large model. For each policy a fresh
+router (``python -m dataplane.router``) is started and an open-loop Poisson client sends the
+same request sequence: 80 % short (max_tokens 16) and 20 % long (max_tokens 256), streamed; it
+records time to first token and end-to-end latency. The rate is ``--utilisation`` of the
+fleet's capacity, computed from the profile: mean tokens per request x step time per token per
+slot.
 
 End-to-end p99 has a floor no router can beat: the p99 request is a long one, and its own service
 time (256 decode steps at a full batch, ~3.6 s) is most of it. So besides TTFT and end-to-end it

@@ -81,6 +81,7 @@ class Slo:
 
 OPEN_LOOP_FRACTIONS = (0.95, 0.9, 0.8, 0.7, 0.5)  # of the closed-loop capacity, tried in order
 STALL_DROP = 0.7  # a climb step under this fraction of the best throughput so far is repeated once
+CLIMB_RESUME = 1.25  # a long step at the knee this much faster than the climb's best resumes it, once
 
 
 @dataclass(frozen=True)
@@ -563,41 +564,60 @@ async def _measure_shape(driver: Driver, shape: tuple[int, int], slo: Slo, cfg: 
         steps.append(Step("closed", concurrency, 0.0, total, len(latencies), throughput, p99, False, met))
         return throughput, met
 
-    capacity, concurrency, knee, flat, retried = 0.0, 1, 1, 0, False
-    while concurrency <= cfg.max_concurrency:
-        throughput, met = await closed_step(concurrency, max(16, concurrency * cfg.requests_per_concurrency))
-        if not met:
-            break
-        # Doubling the requests in flight can flatten throughput, not collapse it: a step below
-        # STALL_DROP of the best so far was most likely stalled (real vLLM, 128 x 64: 52.8 req/s
-        # at C=8, then 24.8 and 30.4 with p99 12x higher) and is measured once more.
-        if throughput < capacity * STALL_DROP and not retried:
-            retried = True
-            continue
-        retried = False
-        # Two doublings in a row without 5 % more throughput end the climb: one noisy step
-        # (a busy neighbour on a shared machine) must not stop it at a fraction of the knee.
-        flat = 0 if throughput > capacity * 1.05 else flat + 1
-        if throughput > capacity:
-            capacity, knee = throughput, concurrency
-        if flat >= 2:
-            break
-        concurrency *= 2
+    async def climb(concurrency: int, capacity: float, knee: int) -> tuple[float, int, bool]:
+        """Double C from `concurrency` on: (best throughput, its C, whether it ended flat)."""
+        flat, retried = 0, False
+        while concurrency <= cfg.max_concurrency:
+            total = max(16, concurrency * cfg.requests_per_concurrency)
+            throughput, met = await closed_step(concurrency, total)
+            if not met:
+                break
+            # Doubling the requests in flight can flatten throughput, not collapse it: a step
+            # below STALL_DROP of the best so far was most likely stalled (real vLLM, 128 x 64:
+            # 52.8 req/s at C=8, then 24.8 and 30.4 with p99 12x higher): measured once more.
+            if throughput < capacity * STALL_DROP and not retried:
+                retried = True
+                continue
+            retried = False
+            # Two doublings in a row without 5 % more throughput end the climb: one noisy step
+            # (a busy neighbour on a shared machine) must not stop it at a fraction of the knee.
+            flat = 0 if throughput > capacity * 1.05 else flat + 1
+            if throughput > capacity:
+                capacity, knee = throughput, concurrency
+            if flat >= 2:
+                return capacity, knee, True
+            concurrency *= 2
+        return capacity, knee, False
+
+    capacity, knee, flat = await climb(1, 0.0, 1)
     if capacity <= 0:
         return ShapeResult(
             *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
         )
-    # One long step at the knee: a second chance for a shape whose short steps were all
-    # disturbed. The noise is one-sided: a closed step measures what was completed, never more
-    # than the engine sustains, and a stall only takes away (real vLLM on the shared 2-core
-    # machine: 64 x 16 measured 276 req/s in a 0.5-s step at C=32, then 77 in a 10-s step at
-    # the same C, while the larger 128 x 16 sustained 264). So the better of the two stands;
-    # an estimate too high for the SLO is the open loop's to bring down.
-    total = math.ceil(capacity * cfg.confirm_s)
-    if total > max(16, knee * cfg.requests_per_concurrency):
+    for resumed in (False, True):
+        # One long step at the knee: a second chance for a shape whose short steps were all
+        # disturbed. The noise is one-sided: a closed step measures what was completed, never
+        # more than the engine sustains, and a stall only takes away (real vLLM on the shared
+        # 2-core machine: 64 x 16 measured 276 req/s in a 0.5-s step at C=32, then 77 in a 10-s
+        # step at the same C, while the larger 128 x 16 sustained 264). So the better of the two
+        # stands; an estimate too high for the SLO is the open loop's to bring down.
+        total = math.ceil(capacity * cfg.confirm_s)
+        if total <= max(16, knee * cfg.requests_per_concurrency):
+            break
         throughput, met = await closed_step(knee, total)
-        if met:
-            capacity = max(capacity, throughput)
+        if not met:
+            break
+        stalled = flat and throughput > capacity * CLIMB_RESUME
+        capacity = max(capacity, throughput)
+        # The long step beat the climb by far: its short steps ran through a stall (real vLLM,
+        # 256 x 16: 25.5, 26.7 and 26.9 req/s at C=1, 2 and 4, one request at a time, then 63.6
+        # in the long step at C=4), so the climb goes on from there, once.
+        if resumed or not stalled or knee * 2 > cfg.max_concurrency:
+            break
+        capacity, higher, flat = await climb(knee * 2, capacity, knee)
+        if higher == knee:
+            break  # no higher knee: nothing new to measure at length
+        knee = higher
 
     async def open_step(fraction: float) -> bool:
         rate = capacity * fraction

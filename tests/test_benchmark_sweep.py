@@ -133,6 +133,8 @@ class ScriptedEngine:
             return [0.1, 0.1], 0.2
         long = total > concurrency * 4 and total > 16
         rate = self.long_step if long else self.short_steps[concurrency]
+        if long and isinstance(rate, list):  # successive long steps
+            rate = rate.pop(0)
         if isinstance(rate, list):  # successive steps at this concurrency
             rate = rate.pop(0)
         return [0.5] * total, total / rate
@@ -150,11 +152,15 @@ def closed_steps(shape):
 def test_a_long_step_at_the_knee_rescues_a_disturbed_climb_and_the_open_loop_bisects():
     # Climb: C=1 5 req/s, C=2 6, C=4 6.2, C=8 6.1: two doublings without 5 % more end it at the
     # knee C=4, 6.2 req/s (every short step was slowed). One 3-s step there (ceil(6.2 x 3) = 19
-    # requests) measures the engine's 10 req/s: the open loop starts from 10. Poisson at 9.5 and
-    # 9.0 miss, 8.0 meets, then halfway back, 8.5, meets too -> 8.5 req/s = 510 req/min.
-    engine = ScriptedEngine({1: 5.0, 2: 6.0, 4: 6.2, 8: 6.1})
+    # requests) measures the engine's 10 req/s, over 1.25 x 6.2: the climb was stalled and goes
+    # on from C=8: 6.1 and 6.0 at C=16 (each under 0.7 x 10, so each measured twice), no higher
+    # knee. The open loop starts from 10. Poisson at 9.5 and 9.0 miss, 8.0 meets, then halfway
+    # back, 8.5, meets too -> 8.5 req/s = 510 req/min.
+    engine = ScriptedEngine({1: 5.0, 2: 6.0, 4: 6.2, 8: 6.1, 16: 6.0})
     (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((64, 64),)), Slo())).shapes
-    assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (4, 19)]
+    assert closed_steps(shape) == [
+        (1, 16), (2, 16), (4, 16), (8, 32), (4, 19), (8, 32), (8, 32), (16, 64), (16, 64)
+    ]  # fmt: skip
     assert engine.offered == pytest.approx([9.5, 9.0, 8.0, 8.5])
     assert shape.sustainable_per_minute == pytest.approx(510.0)
 
@@ -169,6 +175,18 @@ def test_a_stall_in_the_long_step_does_not_lower_the_knee():
     assert closed_steps(shape) == [(1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36)]
     assert engine.offered == pytest.approx([11.4, 10.8, 9.6, 8.4, 9.0])
     assert shape.sustainable_per_minute == pytest.approx(504.0)
+
+
+def test_a_climb_stalled_from_the_start_goes_on_after_the_long_step():
+    # Real vLLM, 256 x 16, served one request at a time for a few seconds: C=1 25.5 req/s, C=2
+    # 26.7, C=4 26.9 -> flat twice, knee C=4. The 3-s step there (81 requests) does 63.6, over
+    # 1.25 x 26.9: the climb goes on, C=8 110, C=16 150, C=32 152, C=64 150 -> knee C=32 at 152,
+    # measured at length again (456 requests, 160). Without it the shape was priced from 63.6.
+    engine = ScriptedEngine({1: 25.5, 2: 26.7, 4: 26.9, 8: 110.0, 16: 150.0, 32: 152.0, 64: 150.0})
+    engine.long_step = [63.6, 160.0]
+    (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((256, 16),)), Slo())).shapes
+    assert closed_steps(shape)[3:] == [(4, 81), (8, 32), (16, 64), (32, 128), (64, 256), (32, 456)]
+    assert engine.offered[0] == pytest.approx(0.95 * 160.0)
 
 
 def test_a_collapsed_climb_step_is_measured_again_before_it_can_end_the_climb():
