@@ -9,7 +9,8 @@ For each shape (input tokens, output tokens):
    C with the best throughput within the SLO is measured again in one step of `confirm_s`
    (3 s) when that is longer than the climb's step, and the better of the two is the shape's
    capacity estimate X (a closed step can only measure less than the engine sustains, so the
-   best measurement is the least disturbed one);
+   best measurement is the least disturbed one); a long step over 1.25x the climb's best shows
+   the climb ran through a stall, and it goes on from there, once;
 2. open loop: Poisson arrivals at 0.95, 0.9, 0.8, 0.7, 0.5 x X until a step meets the SLO with
    every request answered, then once halfway back to the step that missed (0.85 after 0.9
    missed and 0.8 met); the highest rate that met is the sustainable rate R_s. A step stops
@@ -18,8 +19,8 @@ For each shape (input tokens, output tokens):
 3. across shapes: one slower than a larger shape by more than 25 % (`implausible`), or priced
    more than 20 % above what a fit of all the other shapes predicts for it (`slow_outliers`), is
    measured again once, worst first, within `remeasure_share` of the first pass's time; the
-   faster of the two measurements stands. Then every rate is raised to the best
-   of the larger shapes' (`at_least_larger`): more work is never served faster.
+   faster of the two measurements stands. Then every rate is raised to the best of the larger
+   shapes' (`at_least_larger`): more work is never served faster.
 
 Closed loops find the knee in few requests; the open-loop check is what production traffic looks
 like (arrivals do not wait for completions). Every step is recorded.
