@@ -141,6 +141,9 @@ class ShapeResult:
     steps: tuple[Step, ...]
     note: str = ""  # why a shape was skipped or gave 0
 
+    def measurement(self) -> Measurement:
+        return Measurement(self.input_tokens, self.output_tokens, self.sustainable_per_minute)
+
 
 @dataclass(frozen=True)
 class SweepResult:
@@ -150,11 +153,7 @@ class SweepResult:
     wall_s: float  # how long the sweep took
 
     def measurements(self) -> list[Measurement]:
-        return [
-            Measurement(s.input_tokens, s.output_tokens, s.sustainable_per_minute)
-            for s in self.shapes
-            if s.sustainable_per_minute > 0
-        ]
+        return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0]
 
     def fit(self, mu_per_replica_minute: float = 100.0) -> Fit:
         return fit(self.measurements(), mu_per_replica_minute)
@@ -471,10 +470,7 @@ def slow_outliers(results: Sequence[ShapeResult], slack: float = 0.2) -> list[in
     measured = [i for i, r in enumerate(results) if r.sustainable_per_minute > 0]
     if len(measured) <= MIN_SHAPES:
         return []
-    shapes = [results[i] for i in measured]
-    errors = heldout_errors(
-        [Measurement(s.input_tokens, s.output_tokens, s.sustainable_per_minute) for s in shapes]
-    )
+    errors = heldout_errors([results[i].measurement() for i in measured])
     slow = sorted((e, i) for i, e in zip(measured, errors, strict=True) if e < -slack)
     return [i for _, i in slow]
 

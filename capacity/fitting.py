@@ -109,8 +109,7 @@ def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.
         raise ValueError(
             f"need at least {MIN_SHAPES} distinct shapes to fit and hold one out, got {len(measurements)}"
         )
-    rows = [(float(m.input_tokens), float(m.output_tokens), 1.0) for m in measurements]
-    costs = [m.cost(mu_per_replica_minute) for m in measurements]
+    rows, costs = _rows_and_costs(measurements, mu_per_replica_minute)
     coef, active = _nnls(rows, costs)
     predicted = [_dot(coef, x) for x in rows]
     mean = sum(costs) / len(costs)
@@ -135,8 +134,15 @@ def heldout_errors(measurements: Sequence[Measurement], mu_per_replica_minute: f
     slow). The held-out MAPE is the mean of their absolute values."""
     for m in measurements:
         _check(m)
+    return _heldout_errors(*_rows_and_costs(measurements, mu_per_replica_minute))
+
+
+def _rows_and_costs(
+    measurements: Sequence[Measurement], mu_per_replica_minute: float
+) -> tuple[list[tuple[float, float, float]], list[float]]:
+    """The fit's design rows (input, output, 1) and each measurement's cost in MU."""
     rows = [(float(m.input_tokens), float(m.output_tokens), 1.0) for m in measurements]
-    return _heldout_errors(rows, [m.cost(mu_per_replica_minute) for m in measurements])
+    return rows, [m.cost(mu_per_replica_minute) for m in measurements]
 
 
 def _heldout_errors(rows: Sequence[tuple[float, ...]], costs: Sequence[float]) -> list[float]:

@@ -133,9 +133,7 @@ class ScriptedEngine:
             return [0.1, 0.1], 0.2
         long = total > concurrency * 4 and total > 16
         rate = self.long_step if long else self.short_steps[concurrency]
-        if long and isinstance(rate, list):  # successive long steps
-            rate = rate.pop(0)
-        if isinstance(rate, list):  # successive steps at this concurrency
+        if isinstance(rate, list):  # successive steps (long ones, or at this concurrency)
             rate = rate.pop(0)
         return [0.5] * total, total / rate
 
@@ -182,8 +180,9 @@ def test_a_climb_stalled_from_the_start_goes_on_after_the_long_step():
     # 26.7, C=4 26.9 -> flat twice, knee C=4. The 3-s step there (81 requests) does 63.6, over
     # 1.25 x 26.9: the climb goes on, C=8 110, C=16 150, C=32 152, C=64 150 -> knee C=32 at 152,
     # measured at length again (456 requests, 160). Without it the shape was priced from 63.6.
-    engine = ScriptedEngine({1: 25.5, 2: 26.7, 4: 26.9, 8: 110.0, 16: 150.0, 32: 152.0, 64: 150.0})
-    engine.long_step = [63.6, 160.0]
+    engine = ScriptedEngine(
+        {1: 25.5, 2: 26.7, 4: 26.9, 8: 110.0, 16: 150.0, 32: 152.0, 64: 150.0}, long_step=[63.6, 160.0]
+    )
     (shape,) = asyncio.run(sweep(engine, SweepConfig(shapes=((256, 16),)), Slo())).shapes
     assert closed_steps(shape)[3:] == [(4, 81), (8, 32), (16, 64), (32, 128), (64, 256), (32, 456)]
     assert engine.offered[0] == pytest.approx(0.95 * 160.0)
