@@ -66,6 +66,7 @@ def test_an_engine_that_hangs_mid_sweep_fails_naming_the_shape(tiny_sim):
     [
         ({"requests_per_step": 5}, "requests_per_step must be >= 20"),
         ({"time_scale": 0}, "time_scale must be > 0"),
+        ({"remeasure_share": -0.1}, "remeasure_share must be >= 0"),
         ({"shapes": ((0, 8),)}, r"shape \(0 in, 8 out\): token counts must be >= 1"),
     ],
 )
