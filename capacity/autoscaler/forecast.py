@@ -20,6 +20,20 @@ from collections.abc import Sequence
 
 DAY = 86400.0
 WEEK = 7 * DAY
+DAYS, WEEKS = 7, 4  # how many previous days, and previous weeks, a forecast looks at
+HISTORY_S = WEEKS * WEEK + DAY  # the per-minute history a forecast may read, seconds
+
+
+def slots(
+    now: float, lead_s: float = 300.0, horizon_s: float = 300.0, period: float = DAY, count: int = DAYS
+) -> list[tuple[float, float]]:
+    """[start, end] of the slot now + lead .. + horizon on each of `count` previous periods."""
+    return [(now + lead_s - k * period, now + lead_s - k * period + horizon_s) for k in range(1, count + 1)]
+
+
+def windows(now: float, lead_s: float = 300.0, horizon_s: float = 300.0) -> list[tuple[float, float]]:
+    """Every span of history `predicted_peak` reads: what a caller needs to load."""
+    return slots(now, lead_s, horizon_s, DAY, DAYS) + slots(now, lead_s, horizon_s, WEEK, WEEKS)
 
 
 def predicted_peak(
@@ -27,20 +41,18 @@ def predicted_peak(
     now: float,
     lead_s: float = 300.0,
     horizon_s: float = 300.0,
-    days: int = 7,
-    weeks: int = 4,
 ) -> float | None:
     """The recurring peak expected in [now + lead, now + lead + horizon]; None without 2 periods."""
     times = [t for t, _ in history]
 
-    def peak(start: float) -> float | None:
+    def peak(start: float, end: float) -> float | None:
         lo = bisect.bisect_left(times, start)
-        hi = bisect.bisect_right(times, start + horizon_s)
+        hi = bisect.bisect_right(times, end)
         return max((v for _, v in history[lo:hi]), default=None)
 
     estimates = []
-    for period, count in ((DAY, days), (WEEK, weeks)):
-        peaks = [p for k in range(1, count + 1) if (p := peak(now + lead_s - k * period)) is not None]
+    for period, count in ((DAY, DAYS), (WEEK, WEEKS)):
+        peaks = [p for span in slots(now, lead_s, horizon_s, period, count) if (p := peak(*span)) is not None]
         if len(peaks) >= 2:
             estimates.append(statistics.median(peaks))
     return max(estimates) if estimates else None
@@ -57,4 +69,5 @@ def predicted_min_replicas(
     peak = predicted_peak(history, now, lead_s=lead_s)
     if peak is None or peak <= 0:
         return 0
-    return math.ceil(peak / (target_utilisation * mu_per_replica_minute))
+    # 1e-9: 6 x 0.8 x 100 / (0.8 x 100) is 6.000000000000001 in floats; 6 replicas carry it.
+    return math.ceil(peak / (target_utilisation * mu_per_replica_minute) - 1e-9)

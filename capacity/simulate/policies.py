@@ -8,7 +8,9 @@ and waiting at the router, time-averaged; MU/min, arrivals, queue depth, p99, KV
 
 - `apa`: ours, `capacity.autoscaler` unchanged: `decide` every 5 s on 5-second buckets (each
   with the MU waiting at the router, `backlog_mu`), `decide_concurrency` every 30 s (the router's
-  per-replica limit); its replica capacity is the trace's rate at the SLO (see scenario).
+  per-replica limit); its replica capacity is the trace's rate at the SLO (see scenario). With
+  `predictive_min` on, it keeps each minute's MU/min, as the control plane's history does, and
+  `forecast` raises its floor ahead of a peak that recurs daily or weekly.
 - `hpa`: Kubernetes HorizontalPodAutoscaler v2 (pkg/controller/podautoscaler/horizontal.go) with
   its defaults: 15 s sync (--horizontal-pod-autoscaler-sync-period), tolerance 0.1,
   desired = ceil(ready x metric / target) unless |metric / target - 1| <= 0.1, scale-up
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
+from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.window import aggregate
 
 
@@ -106,12 +109,30 @@ class Apa(Policy):
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     name: str = "apa"
     last_vertical: float = -math.inf  # simulated seconds of the last vertical decision
+    history: list[tuple[float, float]] = field(default_factory=list)  # (minute's end, MU/min)
+    predicted_min: int = 0  # the forecast's floor, replicas; updated once a minute
 
     def __post_init__(self) -> None:
         self.tick_s = self.config.tick_s
 
+    def _forecast(self, buckets: Sequence[Bucket], now: float) -> None:
+        """Once a minute: record the minute's MU/min and ask the forecast for a floor."""
+        if self.history and now - self.history[-1][0] < 60.0:
+            return
+        minute = aggregate(buckets, now, 60.0)
+        self.history.append((now, minute.mu_per_minute if minute else 0.0))
+        self.predicted_min = predicted_min_replicas(
+            self.history,
+            now,
+            self.mu_per_replica_minute,
+            self.config.target_utilisation,
+            lead_s=self.config.forecast_lead_s,
+        )
+
     def decide(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:
         span = self.config.scale_down_window_s + self.config.scale_up_window_s + 5
+        if self.config.predictive_min:
+            self._forecast(buckets, now)
         spec = EndpointSpec(
             min_replicas=state.min_replicas,
             max_replicas=state.max_replicas,
@@ -119,6 +140,7 @@ class Apa(Policy):
             target_concurrency_per_replica=state.target_concurrency,
             mu_per_replica_minute=self.mu_per_replica_minute,
             scale_to_zero_enabled=self.scale_to_zero,
+            predicted_min_replicas=self.predicted_min,
             config=self.config,
         )
         decision = decide(spec, merge(buckets, 5.0, now, span), now)

@@ -8,7 +8,8 @@ the trace's first arrival. `amplify(trace, 10)` replays each arrival 10 times, j
 
 Synthetic traces (seeded), the same CSV: `diurnal` (a sine day with bursts: the peak minute is
 ~10 x the mean minute), `bursty` (flat load with one-minute bursts, also ~10 x), `steps` (step ramps up and
-down) and `ramp` (10 QPS, then 10 -> 10,000 QPS linearly in 60 s, then hold):
+down), `ramp` (10 QPS, then 10 -> 10,000 QPS linearly in 60 s, then hold) and `daily` (real
+days, each with the same 10-minute 15 x peak at 09:00, which a forecast can learn):
 
     python -m capacity.simulate.traces --kind diurnal --seed 1 --out /tmp/diurnal.csv
 """
@@ -201,11 +202,29 @@ def ramp(
     return from_rate(rate, before_s + ramp_s + hold_s, seed)
 
 
+def daily(
+    seed: int,
+    days: int = 3,
+    base_qps: float = 2.0,
+    peak_qps: float = 30.0,
+    peak_at_s: float = 9 * 3600.0,
+    peak_s: float = 600.0,
+) -> list[Arrival]:
+    """`days` real days of flat `base_qps`, each with a step to `peak_qps` at `peak_at_s` after
+    midnight for `peak_s`: a recurring peak, faster than a pod start, at the same time every day."""
+
+    def rate(t: float) -> float:
+        return peak_qps if peak_at_s <= t % 86400.0 < peak_at_s + peak_s else base_qps
+
+    return from_rate(rate, days * 86400.0, seed)
+
+
 KINDS: dict[str, Callable[[int], list[Arrival]]] = {
     "diurnal": diurnal,
     "bursty": bursty,
     "steps": steps,
     "ramp": ramp,
+    "daily": daily,
 }
 
 

@@ -283,6 +283,24 @@ class LoadBucket(models.Model):
         return f"endpoint {self.endpoint_id} to {self.end}"
 
 
+class LoadMinute(models.Model):
+    """One minute of an endpoint's MU/min, kept for the predictive minimum's daily and weekly
+    look-back (capacity.autoscaler.forecast.HISTORY_S), only for endpoints that have it on.
+    Written by the horizontal pass from the minute's LoadBuckets."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="minutes")
+    end = models.BigIntegerField(help_text="unix seconds at the minute's end, a multiple of 60")
+    mu_per_minute = models.FloatField()
+
+    class Meta:
+        ordering = ["endpoint_id", "end"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "end"], name="load_minute_unique")]
+        indexes = [models.Index(fields=["end"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} minute to {self.end}"
+
+
 class RouterSample(models.Model):
     """One router's row for one second, posted when there is no Redis (the embedded default).
     endpoint_id 0 marks the router's heartbeat for that second (no foreign key: a router may

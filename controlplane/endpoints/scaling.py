@@ -28,7 +28,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
+from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency, forecast
+from capacity.autoscaler.window import aggregate
 from controlplane.endpoints import rollouts, samples
 from controlplane.endpoints.deployments import (
     DEPLOYMENT_PREFIX,
@@ -36,7 +37,7 @@ from controlplane.endpoints.deployments import (
     deployment_name,
     parse_deployment,
 )
-from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, Pod
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterDriver, ClusterError
 from dataplane.cluster.k8s_objects import RuntimePodConfig
@@ -47,6 +48,8 @@ log = logging.getLogger("controlplane.scaling")
 HORIZONTAL = "autoscaler-horizontal"
 VERTICAL = "autoscaler-vertical"
 LEASE_TTL_S = 60
+# A minute is recorded for the forecast this long after it ends, when its seconds are collected.
+MINUTE_SETTLE_S = 10
 
 
 def driver() -> ClusterDriver | None:
@@ -149,7 +152,8 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             before = {e.pk: _written(e) for e in endpoints}
             cursor = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
-            # The decider reads back as far as its scale-down memory or the idle grace period.
+            # The decider reads back as far as its scale-down memory or the idle grace period, the
+            # forecast's recorder to the last settled minute.
             horizon = max(
                 (
                     max(c.scale_down_window_s + c.scale_up_window_s, c.scale_to_zero_grace_s)
@@ -157,7 +161,9 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                 ),
                 default=0,
             )
+            horizon = max(horizon, 120 + MINUTE_SETTLE_S)
             history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
+            floors = predicted_minimums(endpoints, configs, history, ts)
             changes, events = [], []
             decided = 0
             for e in endpoints:
@@ -165,7 +171,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                 e.used_mu_per_minute = sum(b.mu_per_minute * b.seconds for b in recent) / 60.0
                 if cluster is None:
                     continue
-                d = decide(_spec(e, configs[e.pk], now), history.get(e.pk, []), ts)
+                d = decide(_spec(e, configs[e.pk], now, floors.get(e.pk, 0)), history.get(e.pk, []), ts)
                 decided += d.replicas is not None
                 if d.replicas is not None and d.changes(e.desired_replicas):
                     events.append(
@@ -183,12 +189,48 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
         release_lease(lease, now, cursor)
 
 
+def predicted_minimums(
+    endpoints: list[Endpoint],
+    configs: dict[int, AutoscalerConfig],
+    history: dict[int, list[Bucket]],
+    ts: float,
+) -> dict[int, int]:
+    """For the endpoints with the predictive minimum on: record the last settled minute's
+    MU/min (a LoadMinute, once: a later pass finds it there) and return the floor that a peak
+    recurring at this time on previous days or weeks needs (capacity.autoscaler.forecast)."""
+    predictive = [e for e in endpoints if configs[e.pk].predictive_min]
+    minute = (int(ts) - MINUTE_SETTLE_S) // 60 * 60
+    rows = []
+    for e in predictive:
+        load = aggregate(history.get(e.pk, []), minute, 60.0)
+        if load is not None and load.coverage >= configs[e.pk].min_coverage:  # no data: no minute
+            rows.append(LoadMinute(endpoint=e, end=minute, mu_per_minute=load.mu_per_minute))
+    LoadMinute.objects.bulk_create(rows, ignore_conflicts=True)
+    floors = {}
+    for e in predictive:
+        cfg = configs[e.pk]
+        spans = Q()
+        for start, end in forecast.windows(ts, cfg.forecast_lead_s):
+            spans |= Q(end__gte=start, end__lte=end)
+        minutes = (
+            LoadMinute.objects.filter(spans, endpoint=e).order_by("end").values_list("end", "mu_per_minute")
+        )
+        floors[e.pk] = forecast.predicted_min_replicas(
+            list(minutes),
+            ts,
+            float(e.profile.mu_per_replica_minute),
+            cfg.target_utilisation,
+            cfg.forecast_lead_s,
+        )
+    return floors
+
+
 def _written(e: Endpoint) -> tuple[int, float, str]:
     """What a horizontal pass may change on an endpoint row."""
     return e.desired_replicas, e.used_mu_per_minute, e.state
 
 
-def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
+def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime, predicted_min: int = 0) -> EndpointSpec:
     low, high = e.replica_bounds
     # A request woke it: the router holds that request, which no sample shows yet; keep a replica.
     woken = e.woken_at is not None and (now - e.woken_at).total_seconds() < cfg.scale_to_zero_grace_s
@@ -199,6 +241,7 @@ def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime) -> EndpointSpec:
         target_concurrency_per_replica=e.target_concurrency_per_replica,
         mu_per_replica_minute=float(e.profile.mu_per_replica_minute),
         scale_to_zero_enabled=e.scale_to_zero_enabled and not woken,
+        predicted_min_replicas=predicted_min,
         config=cfg,
     )
 

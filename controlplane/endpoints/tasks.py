@@ -4,8 +4,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from capacity.autoscaler.forecast import HISTORY_S
 from controlplane.endpoints import scaling
-from controlplane.endpoints.models import LoadBucket, RouterSample
+from controlplane.endpoints.models import LoadBucket, LoadMinute, RouterSample
 
 
 @shared_task
@@ -18,6 +19,7 @@ def autoscale_horizontal() -> str:
     ts = int(now.timestamp())
     RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S).delete()
     LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
+    LoadMinute.objects.filter(end__lt=ts - HISTORY_S).delete()  # older than any forecast reads
     return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
 
 
