@@ -60,6 +60,7 @@ bench-model-units: install
 bench-autoscaler: install
 	$(BIN)/python bench/autoscaler_cost.py
 	$(BIN)/python bench/autoscaler_policies.py
+	$(BIN)/python bench/simulator_cost.py
 
 bench-runtime-fleet: install
 	$(BIN)/python bench/runtime_fleet.py
