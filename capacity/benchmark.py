@@ -487,21 +487,22 @@ def slow_outliers(results: Sequence[ShapeResult], slack: float = 0.2) -> list[in
     Worked numbers (real vLLM): 256 x 128 measured 1,524 req/min, 0.0656 MU, where the other 12
     shapes predict 0.0385 MU: -41 % -> measure again; 256 x 64 at -13 % is within the slack.
     """
-    measured = [i for i, r in enumerate(results) if r.sustainable_per_minute > 0]
-    if len(measured) <= MIN_SHAPES:
-        return []
-    errors = heldout_errors([results[i].measurement() for i in measured])
-    slow = sorted((e, i) for i, e in zip(measured, errors, strict=True) if e < -slack)
-    return [i for _, i in slow]
+    return [i for e, i in _heldout_slowest_first(results) if e < -slack]
 
 
 def _slowest_first(results: Sequence[ShapeResult]) -> list[int]:
     """The measured shapes, the one the others' fit prices furthest below its measurement first."""
+    return [i for _, i in _heldout_slowest_first(results)]
+
+
+def _heldout_slowest_first(results: Sequence[ShapeResult]) -> list[tuple[float, int]]:
+    """(held-out error, index) of every measured shape, most negative first; errors are 0, in
+    the shapes' order, when too few shapes are measured to fit without one."""
     measured = [i for i, r in enumerate(results) if r.sustainable_per_minute > 0]
     if len(measured) <= MIN_SHAPES:
-        return measured
+        return [(0.0, i) for i in measured]
     errors = heldout_errors([results[i].measurement() for i in measured])
-    return [i for _, i in sorted(zip(errors, measured, strict=True))]
+    return sorted(zip(errors, measured, strict=True))
 
 
 def _larger(a: ShapeResult, results: Sequence[ShapeResult]) -> list[ShapeResult]:
