@@ -199,6 +199,8 @@ def predicted_minimums(
     MU/min (a LoadMinute, once: a later pass finds it there) and return the floor that a peak
     recurring at this time on previous days or weeks needs (capacity.autoscaler.forecast)."""
     predictive = [e for e in endpoints if configs[e.pk].predictive_min]
+    if not predictive:
+        return {}
     minute = (int(ts) - MINUTE_SETTLE_S) // 60 * 60
     rows = []
     for e in predictive:
@@ -206,17 +208,21 @@ def predicted_minimums(
         if load is not None and load.coverage >= configs[e.pk].min_coverage:  # no data: no minute
             rows.append(LoadMinute(endpoint=e, end=minute, mu_per_minute=load.mu_per_minute))
     LoadMinute.objects.bulk_create(rows, ignore_conflicts=True)
+    # One query for every such endpoint: the slots each one's forecast reads.
+    spans = Q()
+    for e in predictive:
+        for start, end in forecast.windows(ts, configs[e.pk].forecast_lead_s):
+            spans |= Q(endpoint=e, end__gte=start, end__lte=end)
+    minutes: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for endpoint_id, end, mu in (
+        LoadMinute.objects.filter(spans).order_by("end").values_list("endpoint_id", "end", "mu_per_minute")
+    ):
+        minutes[endpoint_id].append((end, mu))
     floors = {}
     for e in predictive:
         cfg = configs[e.pk]
-        spans = Q()
-        for start, end in forecast.windows(ts, cfg.forecast_lead_s):
-            spans |= Q(end__gte=start, end__lte=end)
-        minutes = (
-            LoadMinute.objects.filter(spans, endpoint=e).order_by("end").values_list("end", "mu_per_minute")
-        )
         floors[e.pk] = forecast.predicted_min_replicas(
-            list(minutes),
+            minutes[e.pk],
             ts,
             float(e.profile.mu_per_replica_minute),
             cfg.target_utilisation,
