@@ -18,11 +18,14 @@ requests drains: no new requests, gone once empty (GPU time counts until then).
 The SLO is the benchmark's (`capacity.benchmark.Slo`): a deadline of first_token_s +
 per_output_token_s x output tokens per request (5 + 0.1 x 211 = 26.1 s for the trace's mean
 answer). A minute (by arrival) meets the SLO when the p99 of latency / deadline over its
-requests is <= 1, a rejected request counting as infinitely late.
+requests is <= 1, a rejected request counting as infinitely late. A minute's numbers are kept
+only until its requests have all ended, and the run's p99s are counted in `Percentiles`: memory
+follows the requests in flight, not the trace (a day of a 200-replica fleet is ~10^8 requests).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -30,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaler import Bucket
+from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, Policy
 from capacity.simulate.replica import Replica, Request
 from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, cost_model_for, fit_shape, full_batch
-from capacity.simulate.traces import Arrival
+from capacity.simulate.traces import Arrival, Trace
 from dataplane.runtime.perf_model import EngineProfile
 
 BUCKET_S = 1.0  # the router's metering resolution, seconds
@@ -94,14 +98,23 @@ class Result:
     gpu_hours: float  # provisioned replicas x GPUs, integrated over the trace, hours
     static_peak_gpu_hours: float  # the peak minute's replicas all the time, hours
     slo_attainment: float  # share of minutes with traffic whose p99 latency / deadline <= 1
-    p99_latency_s: float  # end to end, completed requests, seconds
-    p99_slo_ratio: float  # p99 of latency / deadline over all requests (rejected: inf)
+    p99_latency_s: float  # end to end, completed requests, seconds (to 0.1 %: `Percentiles`)
+    p99_slo_ratio: float  # p99 of latency / deadline over all requests (rejected: inf; to 0.1 %)
     rejected_fraction: float  # share of arrivals rejected by the router
     scale_events: int  # changes of the desired replica count
     mean_replicas: float
     peak_replicas: int  # most replicas provisioned at once
     violating_minutes: tuple[int, ...]  # minutes whose p99 missed the SLO
     minutes: tuple[MinuteStats, ...]
+
+
+@dataclass(slots=True)
+class _Minute:
+    """A minute's requests (by arrival) while some still run: the minute is scored once all end."""
+
+    running: int = 0
+    ratios: list[float] = field(default_factory=list)  # latency / deadline; rejected: inf
+    latencies: list[float] = field(default_factory=list)  # completed, seconds
 
 
 @dataclass
@@ -153,9 +166,11 @@ class Fleet:
         self.gpu_seconds = 0.0
         self.peak = 0
         self.rejected = 0
-        self.minute_ratios: dict[int, list[float]] = {}
+        self.open_minutes: dict[int, _Minute] = {}  # by arrival, measured only
+        self.minute_p99: dict[int, tuple[int, float]] = {}  # closed: minute -> (requests, p99 ratio)
         self.minute_replicas: dict[int, float] = {}
-        self.latencies: list[float] = []
+        self.latencies = Percentiles()  # end to end, completed requests, of closed minutes
+        self.ratios = Percentiles()  # latency / deadline (rejected: inf), of closed minutes
         self.next_policy = 0.0
         self.measure_from = 0.0  # simulated seconds: before this is warm-up, not measured
         self.warmup_policy: Policy | None = None  # scales the fleet during the warm-up
@@ -208,30 +223,45 @@ class Fleet:
             ratio = latency / req.deadline_s
             self.meter.ratios.append(ratio)
             if req.arrival_s >= self.measure_from:
-                self.latencies.append(latency)
-                self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(ratio)
-        if done:
-            self._update_room(rep, now)
+                minute = self.open_minutes[self._minute(req.arrival_s)]
+                minute.ratios.append(ratio)
+                minute.latencies.append(latency)
+                minute.running -= 1
+        self._update_room(rep, now)
 
     def _minute(self, t: float) -> int:
         return int((t - self.measure_from) // 60)
+
+    def _close_minutes(self, now: float) -> None:
+        """Score every minute that is over and whose requests have all ended, and let go of its
+        requests' numbers (a day of a large fleet has 10^8 of them)."""
+        for key, minute in list(self.open_minutes.items()):
+            if minute.running == 0 and self.measure_from + 60.0 * (key + 1) <= now:
+                self.minute_p99[key] = (len(minute.ratios), _p99(minute.ratios))
+                self.ratios.add_many(minute.ratios)
+                self.latencies.add_many(minute.latencies)
+                del self.open_minutes[key]
 
     def _reject(self, req: Request) -> None:
         self.meter.errors += 1
         if req.arrival_s >= self.measure_from:
             self.rejected += 1
-            self.minute_ratios.setdefault(self._minute(req.arrival_s), []).append(math.inf)
+            minute = self.open_minutes[self._minute(req.arrival_s)]
+            minute.ratios.append(math.inf)
+            minute.running -= 1
 
     def _pick(self, now: float) -> Replica | None:
         """Power of two choices on in-flight MU among replicas with room."""
-        while self.room:
-            if len(self.room) == 1:
-                a = b = self.room[0]
-            else:
-                i, j = self.rng.sample(range(len(self.room)), 2)
-                a, b = self.room[i], self.room[j]
+        room, random = self.room, self.rng.random
+        while room:
+            n = len(room)
+            # Two distinct replicas, uniformly: i, then j among the other n - 1.
+            i = int(random() * n)
+            j = int(random() * (n - 1))
+            a, b = room[i], room[j + (j >= i)] if n > 1 else room[i]
             for rep in (a, b) if a is not b else (a,):
-                self._finish(rep, rep.advance_to(now), now)
+                if rep.clock < now and (done := rep.advance_to(now)):
+                    self._finish(rep, done, now)
             best = a if a.in_flight_mu <= b.in_flight_mu else b
             if best.name in self.room_at:
                 return best
@@ -245,12 +275,17 @@ class Fleet:
         self._update_room(rep, now)
         return True
 
-    def arrive(self, arrival: Arrival, seq: int) -> None:
-        prompt, output = fit_shape(self.profile, arrival.prompt_tokens, arrival.output_tokens)
-        now = arrival.time_s
-        req = Request(
-            now, prompt, output, self.config.deadline_s(output), self.cost.cost(prompt, output), seq
-        )
+    def arrive(self, now: float, prompt_tokens: int, output_tokens: int, seq: int) -> None:
+        """A request reaches the router at `now` (the caller advanced the fleet to the tick before)."""
+        prompt, output = fit_shape(self.profile, prompt_tokens, output_tokens)
+        deadline = self.config.deadline_s(output)
+        req = Request(now, prompt, output, deadline, self.cost.cost(prompt, output), seq)
+        if now >= self.measure_from:
+            key = self._minute(now)
+            minute = self.open_minutes.get(key)
+            if minute is None:
+                minute = self.open_minutes[key] = _Minute()
+            minute.running += 1
         self.meter.requests += 1
         self.meter.mu += req.mu
         if not self.queue and self._dispatch(req, now):
@@ -271,9 +306,11 @@ class Fleet:
     def tick(self, now: float, counting: bool) -> None:
         cfg = self.config
         for rep in self.replicas:
-            self._finish(rep, rep.advance_to(now), now)
-            for req in rep.expire(now - cfg.queue_timeout_s):  # the same patience in an engine queue
-                self._reject(req)
+            if rep.clock < now and (done := rep.advance_to(now)):
+                self._finish(rep, done, now)
+            if rep.waiting:
+                for req in rep.expire(now - cfg.queue_timeout_s):  # the same patience in an engine queue
+                    self._reject(req)
             if rep.ready_at <= now and rep.name not in self.room_at:
                 self._update_room(rep, now)
         self.replicas = [r for r in self.replicas if not (r.draining and not r.has_work())]
@@ -306,6 +343,7 @@ class Fleet:
             self.minute_replicas[minute] = self.minute_replicas.get(minute, 0.0) + len(self.replicas)
         if now + 1e-9 >= math.ceil(now - 1e-9):  # a whole second: close the bucket
             self._close_bucket(now)
+            self._close_minutes(now)
         if now + 1e-9 >= self.next_policy:
             self._decide(now)
             self.next_policy = now + self.policy.tick_s
@@ -377,39 +415,43 @@ def run(
     fleet.slo_scale = slo_scale
     duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0
     measured = len(trace)
-    if warmup_s > 0:
-        prefix = [a for a in trace if a.time_s < warmup_s]
-        trace = prefix + [Arrival(a.time_s + warmup_s, a.prompt_tokens, a.output_tokens) for a in trace]
+    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    times, prompts, outputs = columns.times, columns.prompts, columns.outputs
+    # The warm-up plays the trace's first `warmup_s` (arrivals 0..prefix-1), then the whole
+    # trace follows, shifted by warmup_s: arrival k is row k, then row k - prefix.
+    prefix = bisect.bisect_left(times, warmup_s) if warmup_s > 0 else 0
+    total = prefix + measured
     fleet.measure_from = warmup_s
     fleet.warmup_policy = warmup_policy
     duration += warmup_s
     tick = config.tick_s
     steps = 0
-    i = 0
+    k = 0
     while True:
         steps += 1
         now = steps * tick
-        while i < len(trace) and trace[i].time_s < now:
-            fleet.arrive(trace[i], i)
-            i += 1
+        while k < total:
+            row, shift = (k, 0.0) if k < prefix else (k - prefix, warmup_s)
+            t = times[row] + shift
+            if t >= now:
+                break
+            fleet.arrive(t, prompts[row], outputs[row], k)
+            k += 1
         fleet.tick(now, counting=warmup_s < now <= duration + 1e-9)
-        if now >= duration and i >= len(trace) and not fleet.has_work():
+        if now >= duration and k >= total and not fleet.has_work():
             break
         if now > duration + 4 * config.queue_timeout_s + 3600:
             raise RuntimeError("fleet did not drain an hour after the trace ended")
+    fleet._close_minutes(math.inf)
 
-    ratios_all: list[float] = []
     minutes = []
     violating = []
-    for minute in sorted(fleet.minute_ratios):
-        ratios = fleet.minute_ratios[minute]
-        ratios_all.extend(ratios)
-        p99 = _p99(ratios)
+    for minute, (requests, p99) in sorted(fleet.minute_p99.items()):
         if p99 > 1.0:
             violating.append(minute)
         samples_per_minute = 60.0 / tick
         minutes.append(
-            MinuteStats(minute, len(ratios), p99, fleet.minute_replicas.get(minute, 0.0) / samples_per_minute)
+            MinuteStats(minute, requests, p99, fleet.minute_replicas.get(minute, 0.0) / samples_per_minute)
         )
     gpu_hours = fleet.gpu_seconds / 3600.0
     duration -= warmup_s
@@ -420,8 +462,8 @@ def run(
         gpu_hours=gpu_hours,
         static_peak_gpu_hours=static_peak_replicas * config.gpus_per_replica * duration / 3600.0,
         slo_attainment=1.0 - len(violating) / len(minutes) if minutes else 1.0,
-        p99_latency_s=_p99(fleet.latencies),
-        p99_slo_ratio=_p99(ratios_all),
+        p99_latency_s=fleet.latencies.value(0.99),
+        p99_slo_ratio=fleet.ratios.value(0.99),
         rejected_fraction=fleet.rejected / measured if measured else 0.0,
         scale_events=fleet.scale_events,
         mean_replicas=gpu_hours * 3600.0 / config.gpus_per_replica / duration if duration else 0.0,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from dataplane.runtime.perf_model import EngineProfile
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     arrival_s: float  # when it reached the router, simulated seconds
     prompt_tokens: int  # tokens, >= 1
@@ -46,7 +46,7 @@ class Request:
         return self.prompt_tokens + self.output_tokens
 
 
-@dataclass
+@dataclass(slots=True)
 class Replica:
     profile: EngineProfile
     name: int  # an index, for reports
@@ -108,34 +108,40 @@ class Replica:
         """Run every step that starts before `t`; returns the requests that finished."""
         done: list[Request] = []
         p = self.profile
-        while True:
-            if not self.has_work():
-                self.clock = max(self.clock, t)
-                return done
-            if self.clock >= t:
-                return done
-            self._admit()
-            if self.prefilling:
+        # The hot loop of a fleet simulation: attributes are read once per step, not per use.
+        waiting, prefilling, decoding = self.waiting, self.prefilling, self.decoding
+        while self.clock < t:
+            if waiting:
+                self._admit()
+            if prefilling:
                 self._mixed_step(done)
                 continue
-            if not self.decoding:  # head of line cannot fit the KV cache even when empty
-                raise RuntimeError(f"replica {self.name}: request larger than the KV cache")
-            step_s = p.step_base_s + p.decode_per_seq_s * len(self.decoding)
-            owed = self.decoding[0][0] - self.decode_steps
+            if not decoding:
+                if waiting:  # head of line cannot fit the KV cache even when empty
+                    raise RuntimeError(f"replica {self.name}: request larger than the KV cache")
+                self.clock = t  # idle until then
+                break
+            step_s = p.step_base_s + p.decode_per_seq_s * len(decoding)
+            owed = decoding[0][0] - self.decode_steps
             steps = owed if t == math.inf else min(owed, max(1, math.ceil((t - self.clock) / step_s)))
             self.decode_steps += steps
             self.clock += steps * step_s
             self._pop_finished(done)
+        return done
 
     def _admit(self) -> None:
         p = self.profile
-        while self.waiting and self.running() < p.max_num_seqs:
-            head = self.waiting[0]
-            if self.kv_used_tokens + head.kv_tokens > p.kv_capacity_tokens:
+        waiting = self.waiting
+        slots = p.max_num_seqs - len(self.prefilling) - len(self.decoding)
+        while waiting and slots > 0:
+            head = waiting[0]
+            kv = head.prompt_tokens + head.output_tokens
+            if self.kv_used_tokens + kv > p.kv_capacity_tokens:
                 return  # head of line waits for KV
-            self.waiting.popleft()
-            self.kv_used_tokens += head.kv_tokens
+            waiting.popleft()
+            self.kv_used_tokens += kv
             self.prefilling.append(head)
+            slots -= 1
 
     def _mixed_step(self, done: list[Request]) -> None:
         """One step with prompt chunks: exactly perf_model.step's arithmetic."""

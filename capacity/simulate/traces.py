@@ -1,9 +1,11 @@
 """Traces of arrivals with token counts: load, reshape, generate. Pure (files only in `load`/`save`).
 
 A trace is the CSV of the shared Azure sample: TIMESTAMP ("2023-11-16 18:15:46.6805900"),
-ContextTokens, GeneratedTokens. In memory it is a sorted list of `Arrival`s in seconds since
-the trace's first arrival. `amplify(trace, 10)` replays each arrival 10 times, jittered within
-`jitter_s`; `amplify(trace, 0.5)` keeps each with probability 0.5 (both seeded).
+ContextTokens, GeneratedTokens. In memory it is a `Trace`: `Arrival`s sorted by seconds since
+the trace's first arrival, stored as three columns (16 bytes an arrival, so that a simulated
+day of a 200-replica fleet, ~10^8 arrivals, fits in 2 GB). `amplify(trace, 10)` replays each
+arrival 10 times, jittered within `jitter_s`; `amplify(trace, 0.5)` keeps each with
+probability 0.5 (both seeded).
 `time_scale(trace, 60)` compresses time: one hour in one minute, 60 x the rate.
 
 Synthetic traces (seeded), the same CSV: `diurnal` (a sine day with bursts: the peak minute is
@@ -17,23 +19,70 @@ days, each with the same 10-minute 15 x peak at 09:00, which a forecast can lear
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import math
 import random
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
+from typing import NamedTuple, overload
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 EPOCH = datetime(2024, 1, 1)  # synthetic traces start here
 
 
-@dataclass(frozen=True)
-class Arrival:
+MAX_TOKENS = 2**31 - 1  # a column holds 32-bit counts
+
+
+class Arrival(NamedTuple):
     time_s: float  # seconds since the trace's first arrival, >= 0
     prompt_tokens: int  # ContextTokens, >= 1
     output_tokens: int  # GeneratedTokens, >= 1
+
+
+class Trace(Sequence[Arrival]):
+    """Arrivals in time order as columns: a list of 10^8 `Arrival` objects would take ~15 GB."""
+
+    __slots__ = ("outputs", "prompts", "times")
+
+    def __init__(self, arrivals: Iterable[Arrival] = ()) -> None:
+        self.times = array("d")
+        self.prompts = array("i")
+        self.outputs = array("i")
+        for a in arrivals:
+            self.append(*a)
+
+    def append(self, time_s: float, prompt_tokens: int, output_tokens: int) -> None:
+        self.times.append(time_s)
+        self.prompts.append(prompt_tokens)
+        self.outputs.append(output_tokens)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    @overload
+    def __getitem__(self, index: int) -> Arrival: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Trace: ...
+
+    def __getitem__(self, index: int | slice) -> Arrival | Trace:
+        if isinstance(index, slice):
+            part = Trace()
+            part.times, part.prompts = self.times[index], self.prompts[index]
+            part.outputs = self.outputs[index]
+            return part
+        return Arrival(self.times[index], self.prompts[index], self.outputs[index])
+
+    def __iter__(self) -> Iterator[Arrival]:
+        return map(Arrival, self.times, self.prompts, self.outputs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(map(tuple.__eq__, self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
 
 
 class TraceError(ValueError):
@@ -50,7 +99,7 @@ def parse_timestamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S")
 
 
-def load(path: str) -> list[Arrival]:
+def load(path: str) -> Trace:
     """Read a trace CSV; a bad header or row raises TraceError naming the line."""
     rows: list[tuple[datetime, int, int]] = []
     with open(path, newline="") as f:
@@ -66,15 +115,14 @@ def load(path: str) -> list[Arrival]:
                 prompt, output = int(row[1]), int(row[2])
             except (ValueError, IndexError) as e:
                 raise TraceError(f"{path}:{line}: bad row {row!r}: {e}") from None
-            if prompt < 0 or output < 0:
-                raise TraceError(f"{path}:{line}: negative token count in {row!r}")
+            if not (0 <= prompt <= MAX_TOKENS and 0 <= output <= MAX_TOKENS):
+                raise TraceError(f"{path}:{line}: token count out of range [0, {MAX_TOKENS}] in {row!r}")
             rows.append((when, max(prompt, 1), max(output, 1)))
     if not rows:
         raise TraceError(f"{path}: no arrivals")
     start = min(r[0] for r in rows)
-    trace = [Arrival((when - start).total_seconds(), p, o) for when, p, o in rows]
-    trace.sort(key=lambda a: a.time_s)
-    return trace
+    rows.sort(key=lambda r: r[0])
+    return Trace(Arrival((when - start).total_seconds(), p, o) for when, p, o in rows)
 
 
 def save(trace: Sequence[Arrival], path: str) -> None:
@@ -86,7 +134,7 @@ def save(trace: Sequence[Arrival], path: str) -> None:
             writer.writerow([when.strftime("%Y-%m-%d %H:%M:%S.%f") + "0", a.prompt_tokens, a.output_tokens])
 
 
-def amplify(trace: Sequence[Arrival], factor: float, seed: int = 0, jitter_s: float = 1.0) -> list[Arrival]:
+def amplify(trace: Sequence[Arrival], factor: float, seed: int = 0, jitter_s: float = 1.0) -> Trace:
     """Each arrival floor(factor) times, plus once more with probability frac(factor); copies
     after the first are moved by up to `jitter_s` (uniform), so 10 x 5 QPS is 50 QPS, not 5
     bursts of 10. factor 2.5 -> 2 or 3 copies; 0.3 -> kept with probability 0.3."""
@@ -101,14 +149,14 @@ def amplify(trace: Sequence[Arrival], factor: float, seed: int = 0, jitter_s: fl
             shift = 0.0 if k == 0 else rng.uniform(0.0, jitter_s)
             out.append(Arrival(a.time_s + shift, a.prompt_tokens, a.output_tokens))
     out.sort(key=lambda a: a.time_s)
-    return out
+    return Trace(out)
 
 
-def time_scale(trace: Sequence[Arrival], factor: float) -> list[Arrival]:
+def time_scale(trace: Sequence[Arrival], factor: float) -> Trace:
     """Compress time by `factor`: 60 plays an hour in a minute (and 60 x the rate)."""
     if not (factor > 0 and math.isfinite(factor)):
         raise ValueError(f"time-scale factor={factor!r} must be a finite number > 0")
-    return [Arrival(a.time_s / factor, a.prompt_tokens, a.output_tokens) for a in trace]
+    return Trace(Arrival(a.time_s / factor, a.prompt_tokens, a.output_tokens) for a in trace)
 
 
 # --- synthetic traces ---------------------------------------------------------------------------
@@ -122,19 +170,18 @@ def _shape(rng: random.Random) -> tuple[int, int]:
     return prompt, output
 
 
-def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> list[Arrival]:
+def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trace:
     """A Poisson process of `rate(t)` requests per second over [0, seconds), by thinning."""
     rng = random.Random(seed)
     peak = max(rate(t / 10.0) for t in range(int(seconds * 10) + 1))
-    out: list[Arrival] = []
+    out = Trace()
     t = 0.0
     while peak > 0:
         t += rng.expovariate(peak)
         if t >= seconds:
             break
         if rng.random() * peak < rate(t):
-            prompt, output = _shape(rng)
-            out.append(Arrival(t, prompt, output))
+            out.append(t, *_shape(rng))
     return out
 
 
@@ -144,7 +191,7 @@ def _minute_starts(rng: random.Random, seconds: float, count: int) -> list[float
     return sorted(60.0 * m for m in rng.sample(minutes, min(count, len(minutes))))
 
 
-def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 2) -> list[Arrival]:
+def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 2) -> Trace:
     """A day squeezed into `seconds` (sine around `base_qps`: trough 0.2 x, crest 1.8 x) with
     `bursts` one-minute bursts at 15 x base, aligned to minutes. Worked numbers, an hour: the
     mean minute is base x (1 + 2 x 14 / 60) = 1.47 x base; the burst minutes 15 x base: per
@@ -159,7 +206,7 @@ def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: 
     return from_rate(rate, seconds, seed)
 
 
-def bursty(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 3) -> list[Arrival]:
+def bursty(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 3) -> Trace:
     """Flat `base_qps` with `bursts` one-minute bursts at 20 x base: per minute, peak / mean =
     20 / (1 + 3 x 19 / 60) = 10.3 over an hour."""
     starts = _minute_starts(random.Random(seed), seconds, bursts)
@@ -170,9 +217,7 @@ def bursty(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: i
     return from_rate(rate, seconds, seed)
 
 
-def steps(
-    seed: int, seconds: float = 3600.0, low_qps: float = 10.0, high_qps: float = 200.0
-) -> list[Arrival]:
+def steps(seed: int, seconds: float = 3600.0, low_qps: float = 10.0, high_qps: float = 200.0) -> Trace:
     """Step ramps: low, then up in four equal steps to high, then down again (eighths of the run)."""
     levels = [low_qps + (high_qps - low_qps) * k / 4 for k in (0, 1, 2, 3, 4, 3, 2, 0)]
 
@@ -189,7 +234,7 @@ def ramp(
     hold_s: float = 300.0,
     low_qps: float = 10.0,
     high_qps: float = 10_000.0,
-) -> list[Arrival]:
+) -> Trace:
     """`low_qps` for `before_s`, linearly to `high_qps` over `ramp_s`, then `hold_s` at the top."""
 
     def rate(t: float) -> float:
@@ -209,7 +254,7 @@ def daily(
     peak_qps: float = 30.0,
     peak_at_s: float = 9 * 3600.0,
     peak_s: float = 600.0,
-) -> list[Arrival]:
+) -> Trace:
     """`days` real days of flat `base_qps`, each with a step to `peak_qps` at `peak_at_s` after
     midnight for `peak_s`: a recurring peak, faster than a pod start, at the same time every day."""
 
@@ -219,7 +264,7 @@ def daily(
     return from_rate(rate, days * 86400.0, seed)
 
 
-KINDS: dict[str, Callable[[int], list[Arrival]]] = {
+KINDS: dict[str, Callable[[int], Trace]] = {
     "diurnal": diurnal,
     "bursty": bursty,
     "steps": steps,
@@ -246,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trace = KINDS[args.kind](args.seed)
     if args.minutes > 0:
-        trace = [a for a in trace if a.time_s < args.minutes * 60]
+        trace = trace[: bisect.bisect_left(trace.times, args.minutes * 60)]
     save(trace, args.out)
     counts = per_minute_counts(trace)
     mean = sum(counts) / len(counts)

@@ -20,20 +20,20 @@ def _load(fleet: Fleet) -> list[tuple[int, float]]:
 
 def test_router_sends_to_the_replica_with_less_in_flight_mu():
     fleet = _fleet()
-    fleet.arrive(Arrival(0.00, 400, 100), 0)  # big: 0.0004 x 400 + ... MU, on either replica
-    fleet.arrive(Arrival(0.01, 10, 100), 1)  # the other replica holds 0 MU: it goes there
+    fleet.arrive(0.00, 400, 100, 0)  # big: 0.0004 x 400 + ... MU, on either replica
+    fleet.arrive(0.01, 10, 100, 1)  # the other replica holds 0 MU: it goes there
     assert [r.in_flight for r in fleet.replicas] == [1, 1]
     small = min(fleet.replicas, key=lambda r: r.in_flight_mu)
-    fleet.arrive(Arrival(0.02, 10, 100), 2)  # both hold 1 request; the small one holds less MU
+    fleet.arrive(0.02, 10, 100, 2)  # both hold 1 request; the small one holds less MU
     assert small.in_flight == 2
 
 
 def test_router_queues_beyond_every_limit_and_rejects_after_the_timeout():
     fleet = _fleet()
     for k in range(4):  # 2 replicas x target 2: full
-        fleet.arrive(Arrival(0.01 * k, 100, 400), k)
+        fleet.arrive(0.01 * k, 100, 400, k)
     assert _load(fleet)[0][0] == 2 and _load(fleet)[1][0] == 2
-    fleet.arrive(Arrival(0.1, 100, 400), 4)
+    fleet.arrive(0.1, 100, 400, 4)
     assert len(fleet.queue) == 1
     fleet.tick(0.5, counting=True)
     assert len(fleet.queue) == 1  # 400 tokens at >= 14 ms a step: nobody has finished
@@ -55,7 +55,7 @@ def test_router_meters_its_backlog_in_mu():
     # bucket's end); hpa and kpa have no limit, so nothing waits there for them.
     fleet = _fleet()
     for k in range(5):  # 2 replicas x target 2 full, the fifth waits
-        fleet.arrive(Arrival(0.01 * k, 100, 400), k)
+        fleet.arrive(0.01 * k, 100, 400, k)
     waiting = fleet.queue[0].mu
     fleet.tick(0.5, counting=True)
     fleet.tick(1.0, counting=True)  # a whole second: the bucket closes
