@@ -126,7 +126,8 @@ class Replica:
             steps = owed if t == math.inf else min(owed, max(1, math.ceil((t - self.clock) / step_s)))
             self.decode_steps += steps
             self.clock += steps * step_s
-            self._pop_finished(done)
+            if steps == owed:
+                self._pop_finished(done)
         return done
 
     def _admit(self) -> None:
@@ -161,7 +162,8 @@ class Replica:
             completed.append(self.prefilling.popleft())
         self.clock += p.step_base_s + p.decode_per_seq_s * decoders + p.prefill_per_token_s * prefilled
         self.decode_steps += 1
-        self._pop_finished(done)
+        if self.decoding and self.decoding[0][0] <= self.decode_steps:
+            self._pop_finished(done)
         for req in completed:
             req.first_token_s = self.clock
             if req.output_tokens == 1:

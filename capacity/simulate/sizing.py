@@ -74,9 +74,9 @@ def slo_capacity_mu_per_s(
     the Azure mix, but prefill stalls stretch each decode step, and the SLO holds only to ~12
     QPS: the fleet's "100 MU/min" is not a replica's capacity at the SLO; this is."""
     rng = random.Random(seed)
-    shapes = [fit_shape(profile, a.prompt_tokens, a.output_tokens) for a in trace]
-    if len(shapes) > 2000:
-        shapes = rng.sample(shapes, 2000)
+    # A sample of 2,000 shapes (the same ones as sampling the fitted list: `sample` draws indices).
+    rows = rng.sample(range(len(trace)), 2000) if len(trace) > 2000 else range(len(trace))
+    shapes = [fit_shape(profile, trace[i].prompt_tokens, trace[i].output_tokens) for i in rows]
     cost = cost_model_for(profile, full_batch(profile, trace))
     mean_mu = sum(cost.cost(p, o) for p, o in shapes) / len(shapes)
 
