@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaler import Bucket
+from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, Policy
 from capacity.simulate.replica import Replica, Request
 from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, cost_model_for, fit_shape, full_batch
-from capacity.simulate.traces import Arrival, Trace
 from dataplane.runtime.perf_model import EngineProfile
 
 BUCKET_S = 1.0  # the router's metering resolution, seconds

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from capacity.autoscaler import AutoscalerConfig
+from capacity.simulate.arrivals import Arrival
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
 from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, oracle_schedule, slo_capacity_mu_per_s
-from capacity.simulate.traces import Arrival
 from dataplane.runtime.perf_model import EngineProfile
 
 POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")

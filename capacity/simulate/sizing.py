@@ -21,8 +21,8 @@ import random
 from collections.abc import Sequence
 from itertools import repeat
 
+from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.replica import Replica, Request
-from capacity.simulate.traces import Arrival, Trace
 from capacity.units import CostModel
 from dataplane.runtime.perf_model import EngineProfile
 

@@ -1,10 +1,9 @@
 """Traces of arrivals with token counts: load, reshape, generate. Pure (files only in `load`/`save`).
 
 A trace is the CSV of the shared Azure sample: TIMESTAMP ("2023-11-16 18:15:46.6805900"),
-ContextTokens, GeneratedTokens. In memory it is a `Trace`: `Arrival`s sorted by seconds since
-the trace's first arrival, stored as three columns (16 bytes an arrival, so that a simulated
-day of a 200-replica fleet, ~10^8 arrivals, fits in 2 GB). `amplify(trace, 10)` replays each
-arrival 10 times, jittered within `jitter_s`; `amplify(trace, 0.5)` keeps each with
+ContextTokens, GeneratedTokens. In memory it is a `Trace` (`capacity.simulate.arrivals`):
+`Arrival`s sorted by seconds since the trace's first arrival. `amplify(trace, 10)` replays
+each arrival 10 times, jittered within `jitter_s`; `amplify(trace, 0.5)` keeps each with
 probability 0.5 (both seeded).
 `time_scale(trace, 60)` compresses time: one hour in one minute, 60 x the rate.
 
@@ -24,65 +23,32 @@ import csv
 import math
 import random
 import sys
-from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple, overload
+
+from capacity.simulate.arrivals import MAX_TOKENS, Arrival, Trace, from_rate
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 EPOCH = datetime(2024, 1, 1)  # synthetic traces start here
 
-
-MAX_TOKENS = 2**31 - 1  # a column holds 32-bit counts
-
-
-class Arrival(NamedTuple):
-    time_s: float  # seconds since the trace's first arrival, >= 0
-    prompt_tokens: int  # ContextTokens, >= 1
-    output_tokens: int  # GeneratedTokens, >= 1
-
-
-class Trace(Sequence[Arrival]):
-    """Arrivals in time order as columns: a list of 10^8 `Arrival` objects would take ~15 GB."""
-
-    __slots__ = ("outputs", "prompts", "times")
-
-    def __init__(self, arrivals: Iterable[Arrival] = ()) -> None:
-        self.times = array("d")
-        self.prompts = array("i")
-        self.outputs = array("i")
-        for a in arrivals:
-            self.append(*a)
-
-    def append(self, time_s: float, prompt_tokens: int, output_tokens: int) -> None:
-        self.times.append(time_s)
-        self.prompts.append(prompt_tokens)
-        self.outputs.append(output_tokens)
-
-    def __len__(self) -> int:
-        return len(self.times)
-
-    @overload
-    def __getitem__(self, index: int) -> Arrival: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Trace: ...
-
-    def __getitem__(self, index: int | slice) -> Arrival | Trace:
-        if isinstance(index, slice):
-            part = Trace()
-            part.times, part.prompts = self.times[index], self.prompts[index]
-            part.outputs = self.outputs[index]
-            return part
-        return Arrival(self.times[index], self.prompts[index], self.outputs[index])
-
-    def __iter__(self) -> Iterator[Arrival]:
-        return map(Arrival, self.times, self.prompts, self.outputs)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and len(self) == len(other) and all(map(tuple.__eq__, self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+__all__ = [
+    "COLUMNS",
+    "KINDS",
+    "Arrival",
+    "Trace",
+    "TraceError",
+    "amplify",
+    "bursty",
+    "daily",
+    "diurnal",
+    "from_rate",
+    "load",
+    "per_minute_counts",
+    "ramp",
+    "save",
+    "steps",
+    "time_scale",
+]
 
 
 class TraceError(ValueError):
@@ -162,33 +128,16 @@ def time_scale(trace: Sequence[Arrival], factor: float) -> Trace:
 # --- synthetic traces ---------------------------------------------------------------------------
 
 
-def _shape(rng: random.Random) -> tuple[int, int]:
-    """A chat-like shape: log-normal prompt (median ~800) and answer (median ~150), like the
-    Azure conversation trace (means 1,155 in / 211 out), clamped to fit an 8k context."""
-    prompt = min(6000, max(1, int(rng.lognormvariate(math.log(800), 0.8))))
-    output = min(1000, max(1, int(rng.lognormvariate(math.log(150), 0.8))))
-    return prompt, output
-
-
-def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trace:
-    """A Poisson process of `rate(t)` requests per second over [0, seconds), by thinning."""
-    rng = random.Random(seed)
-    peak = max(rate(t / 10.0) for t in range(int(seconds * 10) + 1))
-    out = Trace()
-    t = 0.0
-    while peak > 0:
-        t += rng.expovariate(peak)
-        if t >= seconds:
-            break
-        if rng.random() * peak < rate(t):
-            out.append(t, *_shape(rng))
-    return out
-
-
 def _minute_starts(rng: random.Random, seconds: float, count: int) -> list[float]:
     """`count` distinct whole minutes in the middle 80 % of the run, where bursts start."""
     minutes = list(range(max(1, int(seconds * 0.1 / 60)), max(2, int(seconds * 0.9 / 60))))
     return sorted(60.0 * m for m in rng.sample(minutes, min(count, len(minutes))))
+
+
+def _in_burst(starts: list[float], t: float) -> bool:
+    """Whether t falls in the minute after one of the sorted `starts`."""
+    at = bisect.bisect_right(starts, t)
+    return at > 0 and t < starts[at - 1] + 60.0
 
 
 def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: int = 2) -> Trace:
@@ -199,7 +148,7 @@ def diurnal(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: 
     starts = _minute_starts(random.Random(seed), seconds, bursts)
 
     def rate(t: float) -> float:
-        if any(s <= t < s + 60.0 for s in starts):
+        if _in_burst(starts, t):
             return 15.0 * base_qps
         return base_qps * (1.0 - 0.8 * math.cos(2 * math.pi * t / seconds))
 
@@ -212,7 +161,7 @@ def bursty(seed: int, seconds: float = 3600.0, base_qps: float = 20.0, bursts: i
     starts = _minute_starts(random.Random(seed), seconds, bursts)
 
     def rate(t: float) -> float:
-        return 20.0 * base_qps if any(s <= t < s + 60.0 for s in starts) else base_qps
+        return 20.0 * base_qps if _in_burst(starts, t) else base_qps
 
     return from_rate(rate, seconds, seed)
 
