@@ -402,6 +402,7 @@ def run(
     slo_scale: float = 10.0,
     warmup_s: float = 0.0,
     warmup_policy: Policy | None = None,
+    batch: int | None = None,  # full_batch(profile, trace), when the caller has it
 ) -> Result:
     """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.
 
@@ -410,7 +411,7 @@ def run(
     the metering history a running deployment has (given 10 s of history, apa's decider would
     hold the warm fleet until its samples cover half its down window, hpa's and kpa's would
     judge on seconds of metrics)."""
-    batch = full_batch(profile, trace)
+    batch = batch or full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale
     duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0

@@ -1,30 +1,31 @@
-"""Percentiles of a stream too long to keep: counts in log-spaced buckets. Pure.
+"""Percentiles of a stream too long to keep: counts in log-linear buckets. Pure.
 
 A simulated day of a 200-replica fleet finishes ~10^8 requests; keeping every latency to sort
-at the end would take gigabytes. A value x > 0 is counted in bucket floor(ln x / ln g), with
-g = 1 + 2e and e the `relative_error`; a percentile (nearest rank, as `sorted(xs)[ceil(q n) -
-1]`) is reported as its bucket's geometric middle, g^(b + 1/2), within e of the exact value.
-Worked numbers, e = 0.001: 20.0 s falls in bucket floor(2.99573 / 0.0019980) = 1499, which
-spans [19.9855, 20.0255) and reports 20.0055. Zero and negative values sort below every bucket
-(reported 0.0), inf above them all (reported inf: a rejected request is infinitely late).
+at the end would take gigabytes. As in HdrHistogram, a value x > 0 is counted by the top bits
+of its IEEE 754 double: the exponent and the first 10 bits of the mantissa, so a bucket spans
+2^-10 (0.098 %) of its values and a percentile (nearest rank, as `sorted(xs)[ceil(q n) - 1]`)
+is reported as its bucket's middle, within 0.05 % of the exact value. The bits are read in C
+(`array`), not one Python call per value. Worked numbers: 20.0 = 1.25 x 2^4 falls in the
+bucket [20.0, 20.0156) and reports 20.0078. Zero and negative values (their sign bit makes
+their buckets negative) are reported as 0.0, inf (whose bits top every finite double's) as
+inf: a rejected request is infinitely late. NaN is not a latency; it is never added.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from array import array
 from collections import Counter
 from collections.abc import Iterable
+from itertools import repeat
 
-_ZERO = -(2**62)  # the bucket of values <= 0
-_INF = 2**62  # the bucket of inf
+_SHIFT = 52 - 10  # mantissa bits dropped: 10 kept
+_INF = 0x7FF0_0000_0000_0000 >> _SHIFT  # inf's bucket: above every finite double's
 
 
 class Percentiles:
-    def __init__(self, relative_error: float = 1e-3) -> None:
-        if not 0 < relative_error < 0.5:
-            raise ValueError(f"relative_error={relative_error!r} must be in (0, 0.5)")
-        self._log_g = math.log1p(2 * relative_error)
-        self._per_log = 1.0 / self._log_g
+    def __init__(self) -> None:
         self._counts: Counter[int] = Counter()
         self._n = 0
 
@@ -35,14 +36,10 @@ class Percentiles:
         self.add_many((value,))
 
     def add_many(self, values: Iterable[float]) -> None:
-        """Count values without a Python loop per value: a simulated day adds 10^8 of them."""
-        values = list(values)
-        positive = list(filter(math.isfinite, filter((0.0).__lt__, values)))
-        infinite = values.count(math.inf)
-        self._counts[_INF] += infinite
-        self._counts[_ZERO] += len(values) - len(positive) - infinite
-        self._counts.update(map(math.floor, map(self._per_log.__mul__, map(math.log, positive))))
-        self._n += len(values)
+        # A positive double's bits, read as an int64, grow with its value.
+        bits = array("q", array("d", values).tobytes())
+        self._counts.update(map(operator.rshift, bits, repeat(_SHIFT)))
+        self._n += len(bits)
 
     def value(self, q: float) -> float:
         """The q-th quantile (0 < q <= 1) by nearest rank; nan when nothing was added."""
@@ -51,11 +48,12 @@ class Percentiles:
         rank = max(1, math.ceil(q * self._n))
         seen = 0
         for bucket in sorted(self._counts):
-            seen += self._counts[bucket]  # empty ends (count 0) never reach the rank
+            seen += self._counts[bucket]
             if seen >= rank:
-                if bucket == _ZERO:
+                if bucket <= 0:
                     return 0.0
-                if bucket == _INF:
+                if bucket >= _INF:
                     return math.inf
-                return math.exp((bucket + 0.5) * self._log_g)
+                middle = (bucket << _SHIFT) | (1 << (_SHIFT - 1))
+                return array("d", array("q", [middle]).tobytes())[0]
         raise AssertionError("unreachable: the counts add up to n")

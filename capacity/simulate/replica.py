@@ -29,17 +29,40 @@ from dataclasses import dataclass, field
 from dataplane.runtime.perf_model import EngineProfile
 
 
-@dataclass(slots=True)
 class Request:
-    arrival_s: float  # when it reached the router, simulated seconds
-    prompt_tokens: int  # tokens, >= 1
-    output_tokens: int  # tokens to generate, >= 1
-    deadline_s: float  # the SLO's end-to-end bound for this request, seconds
-    mu: float  # model units, priced by the router's CostModel
-    seq: int = 0  # arrival order, breaks ties
-    prefilled: int = 0  # prompt tokens prefilled so far
-    first_token_s: float = math.nan  # simulated seconds, once known
-    finished_s: float = math.nan  # simulated seconds, once known
+    """One request through the fleet. A plain class, not a dataclass: a simulated day makes
+    10^8 of them, and the compiled build (make sim-native) builds this one natively."""
+
+    __slots__ = (
+        "arrival_s",
+        "deadline_s",
+        "finished_s",
+        "first_token_s",
+        "mu",
+        "output_tokens",
+        "prefilled",
+        "prompt_tokens",
+        "seq",
+    )
+
+    def __init__(
+        self,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        deadline_s: float,
+        mu: float,
+        seq: int = 0,
+    ) -> None:
+        self.arrival_s = arrival_s  # when it reached the router, simulated seconds
+        self.prompt_tokens = prompt_tokens  # tokens, >= 1
+        self.output_tokens = output_tokens  # tokens to generate, >= 1
+        self.deadline_s = deadline_s  # the SLO's end-to-end bound for this request, seconds
+        self.mu = mu  # model units, priced by the router's CostModel
+        self.seq = seq  # arrival order, breaks ties
+        self.prefilled = 0  # prompt tokens prefilled so far
+        self.first_token_s = math.nan  # simulated seconds, once known
+        self.finished_s = math.nan  # simulated seconds, once known
 
     @property
     def kv_tokens(self) -> int:

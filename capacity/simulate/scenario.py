@@ -10,7 +10,12 @@ from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.arrivals import Arrival
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
-from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, oracle_schedule, slo_capacity_mu_per_s
+from capacity.simulate.sizing import (
+    MU_PER_REPLICA_MINUTE,
+    full_batch,
+    oracle_schedule,
+    slo_capacity_mu_per_s,
+)
 from dataplane.runtime.perf_model import EngineProfile
 
 POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")
@@ -65,8 +70,11 @@ def simulate(
     apa_config = apa_config or AutoscalerConfig()
     # A replica's capacity at the SLO, as the capacity benchmark would publish it: apa's
     # mu_per_replica_minute and the oracle's unit. hpa and kpa keep their own defaults.
-    capacity = slo_capacity_mu_per_s(profile, trace, fleet.slo_first_token_s, fleet.slo_per_output_token_s)
-    schedule = oracle_schedule(profile, trace, capacity, margin=oracle_margin)
+    batch = full_batch(profile, trace)  # one pass over the trace for all three below
+    capacity = slo_capacity_mu_per_s(
+        profile, trace, fleet.slo_first_token_s, fleet.slo_per_output_token_s, batch=batch
+    )
+    schedule = oracle_schedule(profile, trace, capacity, margin=oracle_margin, batch=batch)
     peak = max(schedule)
     first = max(schedule[0], fleet.min_replicas, 1)
     start = peak if policy == "static-peak" else first
@@ -83,4 +91,5 @@ def simulate(
         slo_scale=apa_config.latency_slo_s,
         warmup_s=warmup_s,
         warmup_policy=make_policy("oracle", schedule, fleet, apa_config, warmup_s),
+        batch=batch,
     )

@@ -67,6 +67,7 @@ def slo_capacity_mu_per_s(
     per_output_token_s: float,
     seed: int = 0,
     seconds: float = 300.0,
+    batch: int | None = None,  # full_batch(profile, trace), when the caller has it
 ) -> float:
     """The MU per second one replica serves with the p99 of latency / deadline <= 1, found by
     bisection on Poisson arrivals of this trace's shapes through one simulated replica (what the
@@ -77,7 +78,7 @@ def slo_capacity_mu_per_s(
     # A sample of 2,000 shapes (the same ones as sampling the fitted list: `sample` draws indices).
     rows = rng.sample(range(len(trace)), 2000) if len(trace) > 2000 else range(len(trace))
     shapes = [fit_shape(profile, trace[i].prompt_tokens, trace[i].output_tokens) for i in rows]
-    cost = cost_model_for(profile, full_batch(profile, trace))
+    cost = cost_model_for(profile, batch or full_batch(profile, trace))
     mean_mu = sum(cost.cost(p, o) for p, o in shapes) / len(shapes)
 
     def p99_ratio(rate: float) -> float:
@@ -114,6 +115,7 @@ def oracle_schedule(
     capacity_mu_per_s: float,
     margin: float = 0.9,
     window_s: float = 10.0,
+    batch: int | None = None,  # full_batch(profile, trace), when the caller has it
 ) -> list[int]:
     """The fewest replicas each minute needs: the busiest `window_s` of the minute, in MU/s,
     over a replica's capacity at the SLO x `margin` (< 1 leaves room for Poisson bursts and
@@ -123,7 +125,7 @@ def oracle_schedule(
         raise ValueError(f"oracle margin={margin!r} must be in (0, 1]")
     if not trace:
         return []
-    cost = cost_model_for(profile, full_batch(profile, trace))
+    cost = cost_model_for(profile, batch or full_batch(profile, trace))
     columns = trace if isinstance(trace, Trace) else Trace(trace)
     windows: dict[int, float] = {}
     for t, prompt, output in zip(columns.times, columns.prompts, columns.outputs, strict=True):

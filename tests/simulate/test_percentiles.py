@@ -1,4 +1,4 @@
-"""Percentiles of a stream: within 0.1 % of the exact nearest-rank value, in bounded memory."""
+"""Percentiles of a stream: within 0.05 % of the exact nearest-rank value, in bounded memory."""
 
 import math
 import random
@@ -16,19 +16,20 @@ def exact(values, q):
 def test_worked_numbers():
     p = Percentiles()
     p.add(20.0)
-    assert p.value(0.99) == pytest.approx(20.0055, abs=1e-4)  # bucket 1499: [19.9855, 20.0255)
+    assert p.value(0.99) == 20.0078125  # the middle of [20.0, 20.015625): 1.25 x 2^4, 10 bits kept
     assert math.isnan(Percentiles().value(0.99))
 
 
 def test_within_the_relative_error_of_the_exact_percentile_on_a_long_tail():
     rng = random.Random(4)
     values = [rng.lognormvariate(1.0, 1.5) for _ in range(20_000)]
-    p = Percentiles(relative_error=1e-3)
-    for v in values:
+    p = Percentiles()
+    p.add_many(values[:10_000])
+    for v in values[10_000:]:
         p.add(v)
     assert len(p) == 20_000
     for q in (0.5, 0.9, 0.99, 0.999, 1.0):
-        assert p.value(q) == pytest.approx(exact(values, q), rel=1e-3)
+        assert p.value(q) == pytest.approx(exact(values, q), rel=5e-4)
     assert len(p._counts) < 20_000 / 2  # buckets, not values
 
 
@@ -37,7 +38,5 @@ def test_zero_and_inf_sort_at_the_ends():
     for v in [0.0, 1.0, 2.0, math.inf]:
         p.add(v)
     assert p.value(0.25) == 0.0
-    assert p.value(0.75) == pytest.approx(2.0, rel=1e-3)
+    assert p.value(0.75) == pytest.approx(2.0, rel=5e-4)
     assert p.value(1.0) == math.inf  # a rejected request is infinitely late
-    with pytest.raises(ValueError, match="relative_error"):
-        Percentiles(relative_error=0.0)
