@@ -83,7 +83,7 @@ bench-model-units: install
 
 bench-autoscaler: install
 	$(BIN)/python bench/autoscaler_cost.py
-	$(BIN)/python bench/autoscaler_policies.py
+	scripts/sim-native.sh $(BIN)/python bench/autoscaler_policies.py
 	$(BIN)/python bench/simulator_cost.py --native
 
 bench-runtime-fleet: install

@@ -1,6 +1,7 @@
 """Scaling policies against each other in the fleet simulator: GPU-hours vs SLO attainment.
 
     .venv/bin/python bench/autoscaler_policies.py [--quick] [--only NAME] [--variants]
+    scripts/sim-native.sh .venv/bin/python bench/autoscaler_policies.py   # compiled, as make does
 
 Traces (each played after a warm-up under the oracle, see capacity.simulate.scenario):
   azure     the shared Azure conversation hour, amplified 20x and time-scaled 2x (30 min,
@@ -26,9 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Appended, not inserted: under scripts/sim-native.sh the compiled simulator comes first.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from capacity.autoscaler import AutoscalerConfig
+from capacity.simulate import fleet as fleet_module
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import POLICIES, simulate
@@ -79,6 +82,8 @@ def main() -> int:
     args = parser.parse_args()
     profile = get_profile("h100-llama-8b")
     fleet = FleetConfig(pod_start_s=30.0)
+    build = "native (make sim-native)" if fleet_module.__file__.endswith(".so") else "python"
+    print(f"simulator build: {build}", flush=True)
     header = (
         f"{'trace':9} {'policy':14} {'gpu_h':>8} {'x_oracle':>8} {'x_static':>8} {'slo_att':>7} "
         f"{'p99_s':>6} {'reject':>6} {'events':>6} {'viol_ramp':>9} {'cpu_s':>6}"

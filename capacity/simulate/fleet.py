@@ -98,8 +98,8 @@ class Result:
     gpu_hours: float  # provisioned replicas x GPUs, integrated over the trace, hours
     static_peak_gpu_hours: float  # the peak minute's replicas all the time, hours
     slo_attainment: float  # share of minutes with traffic whose p99 latency / deadline <= 1
-    p99_latency_s: float  # end to end, completed requests, seconds (to 0.1 %: `Percentiles`)
-    p99_slo_ratio: float  # p99 of latency / deadline over all requests (rejected: inf; to 0.1 %)
+    p99_latency_s: float  # end to end, completed requests, seconds (to 0.05 %: `Percentiles`)
+    p99_slo_ratio: float  # p99 of latency / deadline over all requests (rejected: inf; to 0.05 %)
     rejected_fraction: float  # share of arrivals rejected by the router
     scale_events: int  # changes of the desired replica count
     mean_replicas: float
