@@ -40,7 +40,7 @@ test: install /usr/bin/chromium
 	$(MAKE) test-sim-native
 
 # Optional, for long simulations (a day of a large fleet): the simulator's hot modules compiled
-# by mypyc, about 2.5x faster (bench/simulator_cost.py --native), in a copy of the tree under
+# by mypyc, 2-3x faster (bench/simulator_cost.py --native), in a copy of the tree under
 # build/sim-native that is rebuilt whenever a source changes; the product never imports it.
 # scripts/sim-native.sh runs a command with it, e.g. python -m capacity.simulate.
 SIM_NATIVE := build/sim-native
