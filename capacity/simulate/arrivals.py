@@ -83,26 +83,26 @@ _NV_MAGICCONST = 4 * math.exp(-0.5) / math.sqrt(2.0)
 _LOG_PROMPT, _LOG_OUTPUT = math.log(800), math.log(150)
 
 
-def _lognormal(random: Callable[[], float], mu: float, sigma: float) -> float:
+def _lognormal(uniform: Callable[[], float], mu: float, sigma: float) -> float:
     while True:  # Kinderman and Monahan's ratio method
-        u1 = random()
-        u2 = 1.0 - random()
+        u1 = uniform()
+        u2 = 1.0 - uniform()
         z = _NV_MAGICCONST * (u1 - 0.5) / u2
         if z * z / 4.0 <= -math.log(u2):
             return math.exp(mu + z * sigma)
 
 
-def _shape(random: Callable[[], float]) -> tuple[int, int]:
+def _shape(uniform: Callable[[], float]) -> tuple[int, int]:
     """A chat-like shape: log-normal prompt (median ~800) and answer (median ~150), like the
     Azure conversation trace (means 1,155 in / 211 out), clamped to fit an 8k context."""
-    prompt = min(6000, max(1, int(_lognormal(random, _LOG_PROMPT, 0.8))))
-    output = min(1000, max(1, int(_lognormal(random, _LOG_OUTPUT, 0.8))))
+    prompt = min(6000, max(1, int(_lognormal(uniform, _LOG_PROMPT, 0.8))))
+    output = min(1000, max(1, int(_lognormal(uniform, _LOG_OUTPUT, 0.8))))
     return prompt, output
 
 
 def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trace:
     """A Poisson process of `rate(t)` requests per second over [0, seconds), by thinning."""
-    random_ = random.Random(seed).random
+    uniform = random.Random(seed).random  # [0, 1)
     peak = max(rate(t / 10.0) for t in range(int(seconds * 10) + 1))
     out = Trace()
     times: list[float] = []
@@ -110,11 +110,11 @@ def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trac
     outputs: list[int] = []
     t = 0.0
     while peak > 0:
-        t += -math.log(1.0 - random_()) / peak  # expovariate(peak)
+        t += -math.log(1.0 - uniform()) / peak  # expovariate(peak)
         if t >= seconds:
             break
-        if random_() * peak < rate(t):
-            prompt, output = _shape(random_)
+        if uniform() * peak < rate(t):
+            prompt, output = _shape(uniform)
             times.append(t)
             prompts.append(prompt)
             outputs.append(output)
