@@ -55,7 +55,7 @@ HEADROOM = {f"apa-u{round(u * 100)}": {"target_utilisation": u} for u in (0.4, 0
 PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
 
-def load_traces(quick: bool, only: str | None) -> dict[str, tuple[list[traces.Arrival], float]]:
+def load_traces(quick: bool, only: str | None) -> dict[str, tuple[traces.Trace, float]]:
     """name -> (trace, warm-up seconds), only `only` when given (daily takes seconds to make)."""
     high = 1_000.0 if quick else 10_000.0
     makers = {

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from capacity.benchmark import HttpDriver, SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
+from dataplane.runtime.metrics import sample_sum  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
 from tests.runtime.support import (  # noqa: E402
     answers,
@@ -137,13 +138,9 @@ class EngineSampler(threading.Thread):
                 text = urllib.request.urlopen(self.url, timeout=2).read().decode()
             except OSError:
                 continue
-            values = dict.fromkeys(self.GAUGES, 0.0)
-            for line in text.splitlines():
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in values:
-                    values[name] += float(line.rsplit(" ", 1)[1])
+            running, waiting = (sample_sum(text, gauge) or 0.0 for gauge in self.GAUGES)
             at = round(time.perf_counter() - started, 2)
-            self.samples.append((at, self.shape, self.client_in_flight, *values.values()))
+            self.samples.append((at, self.shape, self.client_in_flight, running, waiting))
 
 
 def real_vllm(args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 DAY = 86400.0
 WEEK = 7 * DAY
 DAYS, WEEKS = 7, 4  # how many previous days, and previous weeks, a forecast looks at
+PERIODS = ((DAY, DAYS), (WEEK, WEEKS))  # (period, how many back) a forecast compares
 HISTORY_S = WEEKS * WEEK + DAY  # the per-minute history a forecast may read, seconds
 
 
@@ -33,7 +34,7 @@ def slots(
 
 def windows(now: float, lead_s: float = 300.0, horizon_s: float = 300.0) -> list[tuple[float, float]]:
     """Every span of history `predicted_peak` reads: what a caller needs to load."""
-    return slots(now, lead_s, horizon_s, DAY, DAYS) + slots(now, lead_s, horizon_s, WEEK, WEEKS)
+    return [span for period, count in PERIODS for span in slots(now, lead_s, horizon_s, period, count)]
 
 
 def predicted_peak(
@@ -51,7 +52,7 @@ def predicted_peak(
         return max((v for _, v in history[lo:hi]), default=None)
 
     estimates = []
-    for period, count in ((DAY, DAYS), (WEEK, WEEKS)):
+    for period, count in PERIODS:
         peaks = [p for span in slots(now, lead_s, horizon_s, period, count) if (p := peak(*span)) is not None]
         if len(peaks) >= 2:
             estimates.append(statistics.median(peaks))

@@ -159,11 +159,10 @@ class Replica:
         slots = p.max_num_seqs - len(self.prefilling) - len(self.decoding)
         while waiting and slots > 0:
             head = waiting[0]
-            kv = head.prompt_tokens + head.output_tokens
-            if self.kv_used_tokens + kv > p.kv_capacity_tokens:
+            if self.kv_used_tokens + head.kv_tokens > p.kv_capacity_tokens:
                 return  # head of line waits for KV
             waiting.popleft()
-            self.kv_used_tokens += kv
+            self.kv_used_tokens += head.kv_tokens
             self.prefilling.append(head)
             slots -= 1
 
