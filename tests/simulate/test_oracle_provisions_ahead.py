@@ -1,8 +1,10 @@
 """The oracle sizes each minute from the future arrivals and asks a pod start time ahead."""
 
+import random
+
 from capacity.simulate.fleet import FleetConfig, run
 from capacity.simulate.policies import Schedule
-from capacity.simulate.sizing import oracle_schedule
+from capacity.simulate.sizing import fit_shape, full_batch, oracle_schedule
 from capacity.simulate.traces import Arrival
 from dataplane.runtime.profiles import get_profile
 
@@ -31,3 +33,15 @@ def test_oracle_replicas_are_ready_when_the_minute_starts():
     # Minute 0: 3 replicas for 30 s, then 9 (6 of them starting): a mean of ~6.
     assert 5.9 <= minute0.replicas <= 6.1
     assert minute1.replicas == 9.0
+
+
+def test_full_batch_sums_the_fitted_shapes_kv():
+    # full_batch sums min(p + o, max_model_len) in C; that is sum(fit_shape(p, o)) for p, o >= 1.
+    rng = random.Random(3)
+    h100 = get_profile("h100-llama-8b")
+    shapes = [(rng.randint(1, 12_000), rng.randint(1, 12_000)) for _ in range(20_000)]
+    trace = [Arrival(float(k), p, o) for k, (p, o) in enumerate(shapes)]
+    total = sum(sum(fit_shape(h100, p, o)) for p, o in shapes)
+    expected = max(1, min(h100.max_num_seqs, int(h100.kv_capacity_tokens // (total / len(shapes)))))
+    assert full_batch(h100, trace) == expected
+    assert full_batch(h100, [Arrival(0.0, 100, 100)]) == h100.max_num_seqs  # 200 tokens: slots bind
