@@ -19,10 +19,11 @@ For each shape (input tokens, output tokens):
 3. across shapes, within `remeasure_share` of the first pass's time, the faster of two
    measurements standing: one slower than a larger shape by more than 25 % (`implausible`), or
    priced more than 20 % above what a fit of all the other shapes predicts for it
-   (`slow_outliers`), is measured again whole, once, worst first; then the others have a second
-   look (a step at the first climb's knee and the open loop again), slowest against the
-   others' fit first. Then every rate is raised to the best of the larger shapes'
-   (`at_least_larger`): more work is never served faster.
+   (`slow_outliers`), is measured again whole, once, worst first; then, round after round
+   while the time lasts (and within `max_wall_s`), every shape has a second look (the climb
+   again from its knee, the long step and the open loop), slowest against the others' fit
+   first. Then every rate is raised to the best of the larger shapes' (`at_least_larger`):
+   more work is never served faster.
 
 Closed loops find the knee in few requests; the open-loop check is what production traffic looks
 like (arrivals do not wait for completions). Every step is recorded.
@@ -99,9 +100,10 @@ class SweepConfig:
     saturation_factor: float = 2.0  # in flight beyond rate x SLO x this ends a step early; > 1
     # Re-measures and second looks take at most about this share of the first pass's wall time:
     # a re-measure starts if an average shape's time still fits, a second look if half of one
-    # does (a 400-s real-vLLM pass of 13 shapes: 120 s, a re-measure or two and second looks at
-    # the slowest few; a 450-s pass ends by 585 s, inside the 10-minute budget); >= 0.
+    # does (a 400-s pass of 13 shapes: 120 s, a re-measure or two and second looks at the
+    # slowest few); >= 0.
     remeasure_share: float = 0.3
+    max_wall_s: float | None = None  # and none starts that would end the sweep later than this; > 0
     seed: int = 0  # arrival times and prompts are reproducible
 
     def __post_init__(self) -> None:
@@ -117,6 +119,8 @@ class SweepConfig:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if not self.remeasure_share >= 0:
             raise ValueError(f"remeasure_share must be >= 0, got {self.remeasure_share}")
+        if self.max_wall_s is not None and not self.max_wall_s > 0:
+            raise ValueError(f"max_wall_s must be > 0, got {self.max_wall_s}")
         for i, o in self.shapes:
             if i < 1 or o < 1:
                 raise ValueError(f"shape ({i} in, {o} out): token counts must be >= 1")
@@ -408,9 +412,11 @@ async def sweep(
     config: SweepConfig = SweepConfig(),
     slo: Slo = Slo(),
     on_shape: Callable[[ShapeResult], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SweepResult:
-    """Measure every shape of `config` on an engine URL (or a Driver, such as SimulatedDriver)."""
-    started = time.perf_counter()
+    """Measure every shape of `config` on an engine URL (or a Driver, such as SimulatedDriver).
+    `clock` (wall seconds) decides how many second looks the time allows."""
+    started = clock()
     driver = await connect(engine, config) if isinstance(engine, str) else engine
     results = []
     try:
@@ -423,11 +429,13 @@ async def sweep(
             results.append(result)
             if on_shape:
                 on_shape(result)
-        first_pass = time.perf_counter() - started
+        first_pass = clock() - started
         per_shape = first_pass / len(results)  # what one more measurement is likely to take
 
         def fits(cost: float) -> bool:
-            return time.perf_counter() - started - first_pass + cost <= config.remeasure_share * first_pass
+            now = clock() - started
+            within_wall = config.max_wall_s is None or now + cost <= config.max_wall_s
+            return within_wall and now - first_pass + cost <= config.remeasure_share * first_pass
 
         # A stall or a noisy neighbour: measure it again, once. A second round caught shapes
         # disturbed twice, but on a slow day it pushed a 17-shape real-vLLM sweep past the
@@ -443,23 +451,31 @@ async def sweep(
                 results[i] = replace(again, note=(again.note + " re-measured").strip())
             if on_shape:
                 on_shape(results[i])
-        # With the time left, a second look at the other shapes, slowest against the others' fit
-        # first: the knee's step and the open loop again (a third to a half of a measurement). A
+        # With the time left, second looks, round after round, each round slowest against the
+        # others' fit first (the shapes just re-measured wait for the second round): the climb
+        # again from the knee, its long step and the open loop (about half a measurement). A
         # disturbance that slowed a whole shape, too little for the rules above, is seldom there
         # minutes later (real vLLM, 256 x 128: 1,704 and 1,290 req/min in two runs).
-        for i in _slowest_first(results):
-            if i in suspects or not fits(per_shape / 2):
-                continue
-            again = await _measure_shape(driver, (results[i].input_tokens, results[i].output_tokens), slo,
-                                         config, known=results[i])  # fmt: skip
-            if again.sustainable_per_minute > results[i].sustainable_per_minute:
-                results[i] = again
-                if on_shape:
-                    on_shape(again)
+        waiting = set(suspects)
+        while True:
+            looked = False
+            for i in _slowest_first(results):
+                if i in waiting or not fits(per_shape / 2):
+                    continue
+                looked = True
+                again = await _measure_shape(driver, (results[i].input_tokens, results[i].output_tokens),
+                                             slo, config, known=results[i])  # fmt: skip
+                if again.sustainable_per_minute > results[i].sustainable_per_minute:
+                    results[i] = again
+                    if on_shape:
+                        on_shape(again)
+            if not looked and not waiting:
+                break
+            waiting = set()
     finally:
         if isinstance(driver, HttpDriver):
             driver.close()
-    return SweepResult(driver.name, driver.model, at_least_larger(results), time.perf_counter() - started)
+    return SweepResult(driver.name, driver.model, at_least_larger(results), clock() - started)
 
 
 def implausible(results: Sequence[ShapeResult], slack: float = 0.25) -> list[int]:
@@ -576,9 +592,9 @@ async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:
 async def _measure_shape(
     driver: Driver, shape: tuple[int, int], slo: Slo, cfg: SweepConfig, known: ShapeResult | None = None
 ) -> ShapeResult:
-    """Measure a shape; with `known` (its earlier measurement), only a second look: from the
-    earlier climb's best step, the long step at its knee and the open loop, with the earlier
-    steps kept in front of the new ones."""
+    """Measure a shape; with `known` (its earlier measurement), a second look: the climb again
+    from the earlier climb's best step, the long step at the knee and the open loop, with the
+    earlier steps kept in front of the new ones."""
     deadline = slo.deadline_s(shape)
     if known is None:
         warm, _ = await driver.closed(shape, 1, 2)  # the first request may pay a warm-up
@@ -628,11 +644,16 @@ async def _measure_shape(
             return ShapeResult(
                 *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
             )
-    else:  # a flat end, as the climb's was: a long step far faster resumes the climb
+    else:
+        # A second look climbs again from the earlier knee: a climb that a disturbance ended early
+        # stays at the wrong knee however often that knee is measured again (real vLLM, 128 x 64:
+        # 24 req/s at C=4, then 21 and 14 at C=8 and 16 -> knee C=4, where four more long steps
+        # read 6 to 23 req/s; 64 x 64 and 256 x 64 sustained ~60, at C=32).
         best = max(
             (s for s in known.steps if s.mode == "closed" and s.met_slo), key=lambda s: s.throughput_per_s
         )
-        capacity, knee, flat, solo = best.throughput_per_s, best.concurrency, True, known.solo_latency_s
+        solo = known.solo_latency_s
+        capacity, knee, flat = await climb(best.concurrency, best.throughput_per_s, best.concurrency)
     for resumed in (False, True):
         # One long step at the knee: a second chance for a shape whose short steps were all
         # disturbed. The noise is one-sided: a closed step measures what was completed, never

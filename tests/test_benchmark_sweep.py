@@ -67,6 +67,7 @@ def test_an_engine_that_hangs_mid_sweep_fails_naming_the_shape(tiny_sim):
         ({"requests_per_step": 5}, "requests_per_step must be >= 20"),
         ({"time_scale": 0}, "time_scale must be > 0"),
         ({"remeasure_share": -0.1}, "remeasure_share must be >= 0"),
+        ({"max_wall_s": 0}, "max_wall_s must be > 0"),
         ({"shapes": ((0, 8),)}, r"shape \(0 in, 8 out\): token counts must be >= 1"),
     ],
 )
@@ -120,12 +121,14 @@ def test_a_shape_is_priced_at_least_at_the_rate_of_a_larger_one():
 class ScriptedEngine:
     """A Driver whose answers are set by the test: closed-loop throughput per concurrency for
     short steps (a list: one per step at that concurrency, in turn), `long_step` req/s for a
-    step longer than C x 4 requests, and open-loop steps that meet the SLO up to 8.6 req/s."""
+    step longer than C x 4 requests, and open-loop steps that meet the SLO up to `open_limit`
+    req/s."""
 
     name, model, max_model_len = "scripted", "m", 4096
 
-    def __init__(self, short_steps, long_step=10.0):
+    def __init__(self, short_steps, long_step=10.0, open_limit=8.6):
         self.short_steps = short_steps  # concurrency -> req/s of a short closed step
+        self.open_limit = open_limit
         self.long_step = long_step
         self.offered = []
 
@@ -140,7 +143,7 @@ class ScriptedEngine:
 
     async def open(self, shape, rate, count, in_flight_bound):
         self.offered.append(rate)
-        latency = 0.5 if rate <= 8.6 else 60.0  # past 8.6 req/s the queue outgrows the SLO
+        latency = 0.5 if rate <= self.open_limit else 60.0  # past it the queue outgrows the SLO
         return [latency] * count, count, False, count / rate
 
 
@@ -299,3 +302,99 @@ def test_every_shape_gets_a_second_look_and_the_faster_stands():
     once = SweepConfig(shapes=shapes, remeasure_share=0)
     slow = asyncio.run(sweep(SlowWhileFirstMeasured((128, 128), 1.15), once, Slo())).shapes[4]
     assert slow.note == "" and slow.sustainable_per_minute < 0.9 * clean.sustainable_per_minute
+
+
+class Clocked:
+    """A driver whose every step advances a fake wall clock by the step's duration, so how many
+    second looks fit in the sweep's time is decided by the steps alone."""
+
+    def __init__(self, inner):
+        self.inner, self.now = inner, 0.0
+        self.name, self.model, self.max_model_len = inner.name, inner.model, inner.max_model_len
+
+    def clock(self):
+        return self.now
+
+    async def closed(self, shape, concurrency, total):
+        latencies, elapsed = await self.inner.closed(shape, concurrency, total)
+        self.now += elapsed
+        return latencies, elapsed
+
+    async def open(self, shape, rate, count, in_flight_bound):
+        latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
+        self.now += elapsed
+        return latencies, sent, saturated, elapsed
+
+
+def test_a_second_look_climbs_again_from_the_knee():
+    # Real vLLM, 128 x 64: a disturbance ended the climb at C=4. First look: C=1 5 req/s, C=2 9,
+    # C=4 12, then 10 and 10 at C=8 and 16 (two doublings without 5 % more) -> knee C=4; the
+    # 3-s step there (36 requests) also reads 12; Poisson at 0.95 x 12 = 11.4 meets -> 684
+    # req/min, in 27.9 s. The second look (share 0.6 of 27.9 s: one look of about half a shape)
+    # climbs again from C=4: 12, then 20 at C=8, 24 at C=16, 24.5 at C=32 and 24 at C=64 ->
+    # knee C=32, its long step (ceil(24.5 x 3) = 74 requests) 24.5; 0.95 x 24.5 = 23.275 meets
+    # -> 1,396.5 req/min. Measuring the knee C=4 again, however long, could not find it.
+    engine = Clocked(
+        ScriptedEngine(
+            {1: 5.0, 2: 9.0, 4: 12.0, 8: [10.0, 20.0], 16: [10.0, 24.0], 32: 24.5, 64: 24.0},
+            long_step=12.0,
+            open_limit=30.0,
+        )
+    )
+    config = SweepConfig(shapes=((128, 64),), remeasure_share=0.6)
+    (shape,) = asyncio.run(sweep(engine, config, Slo(), clock=engine.clock)).shapes
+    assert closed_steps(shape) == [
+        (1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36),  # the first look
+        (4, 16), (8, 32), (16, 64), (32, 128), (64, 256), (32, 74),  # the second
+    ]  # fmt: skip
+    assert engine.inner.offered == pytest.approx([11.4, 23.275])
+    assert shape.note == "second look" and shape.sustainable_per_minute == pytest.approx(1396.5)
+
+
+class SlowForVisits:
+    """The in-process simulated H100, except that `shape` runs `factor` x slow during its first
+    `visits` visits (a visit: the sweep's steps at the shape until it moves to another)."""
+
+    def __init__(self, shape, factor, visits):
+        from capacity.benchmark import SimulatedDriver
+
+        self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
+        self.name, self.model, self.max_model_len = "slowed", self.inner.model, self.inner.max_model_len
+        self.shape, self.factor, self.visits, self.seen, self.last = shape, factor, visits, 0, None
+
+    def slow(self, shape):
+        if shape == self.shape and self.last != shape:
+            self.seen += 1
+        self.last = shape
+        return self.factor if shape == self.shape and self.seen <= self.visits else 1.0
+
+    async def closed(self, shape, concurrency, total):
+        k = self.slow(shape)
+        latencies, elapsed = await self.inner.closed(shape, concurrency, total)
+        return [t * k for t in latencies], elapsed * k
+
+    async def open(self, shape, rate, count, in_flight_bound):
+        k = self.slow(shape)
+        latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
+        return [t * k for t in latencies], sent, saturated, elapsed * k
+
+
+def test_second_looks_go_round_after_round_while_the_time_lasts():
+    # 128 x 128 reads 15 % slow through its first measurement and its first second look (the
+    # first of the first round: slowest against the others' fit); the second round looks at it
+    # first again and finds the clean rate. With max_wall_s at the first pass's end, no second
+    # look starts and the slow rate stands.
+    shapes = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
+
+    def run(visits, **settings):
+        engine = Clocked(SlowForVisits((128, 128), 1.15 if visits else 1.0, visits))
+        result = asyncio.run(sweep(engine, SweepConfig(shapes=shapes, **settings), Slo(), clock=engine.clock))
+        return result, engine.inner.seen
+
+    clean = run(0, remeasure_share=0)[0].shapes[4]
+    looked, visits = run(2, remeasure_share=3.0)
+    assert visits >= 3 and looked.shapes[4].note == "second look"
+    assert looked.shapes[4].sustainable_per_minute == pytest.approx(clean.sustainable_per_minute, rel=0.02)
+    first_pass = run(2, remeasure_share=0)[0]
+    capped, visits = run(2, remeasure_share=3.0, max_wall_s=first_pass.wall_s + 1e-6)
+    assert visits == 1 and capped.shapes[4].sustainable_per_minute < 0.9 * clean.sustainable_per_minute
