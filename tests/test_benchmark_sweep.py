@@ -209,39 +209,10 @@ def test_a_collapsed_climb_step_is_measured_again_before_it_can_end_the_climb():
     assert shape.sustainable_per_minute == pytest.approx(0.9 * 9.3 * 60)
 
 
-class StalledOnce:
-    """The in-process simulated H100, except that `shape`'s first measurement runs 2.5x slow
-    (a stall on a shared machine: every step of it takes longer, and so does every request)."""
-
-    def __init__(self, shape):
-        from capacity.benchmark import SimulatedDriver
-
-        self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
-        self.name, self.model, self.max_model_len = "stalled", self.inner.model, self.inner.max_model_len
-        self.shape, self.measurements = shape, 0
-
-    def slow(self, shape):
-        return 2.5 if shape == self.shape and self.measurements == 1 else 1.0
-
-    async def closed(self, shape, concurrency, total):
-        if shape == self.shape and total == 2:  # the warm-up pair opens a measurement of the shape
-            self.measurements += 1
-        latencies, elapsed = await self.inner.closed(shape, concurrency, total)
-        k = self.slow(shape)
-        return [t * k for t in latencies], elapsed * k
-
-    async def open(self, shape, rate, count, in_flight_bound):
-        latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
-        k = self.slow(shape)
-        return [t * k for t in latencies], sent, saturated, elapsed * k
-
-
 def test_a_shape_the_others_price_far_cheaper_is_measured_again():
     from capacity.benchmark import ShapeResult, slow_outliers
 
-    shapes = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
-    clean = asyncio.run(sweep(StalledOnce(None), SweepConfig(shapes=shapes), Slo()))
-    stalled = asyncio.run(sweep(StalledOnce((128, 128)), SweepConfig(shapes=shapes), Slo()))
+    clean, stalled = slowed_sweep(0)[0], slowed_sweep(1, factor=2.5)[0]
     by_shape = {(s.input_tokens, s.output_tokens): s for s in stalled.shapes}
     again = by_shape[(128, 128)]
     assert again.note == "re-measured"  # read ~2.5x slow, then measured again
@@ -250,7 +221,7 @@ def test_a_shape_the_others_price_far_cheaper_is_measured_again():
     # Costs exactly linear (0.01 in + 0.1 out + 1, per 60,000): nothing is suspect. 128 x 128
     # read 2x slow: suspect; 15 % slow is within the slack. 30 % fast: only the slow side is
     # suspect (it shifts the others' errors by at most 16 %).
-    results = [ShapeResult(i, o, 60_000 / (1 + i / 100 + o / 10), 0.1, ()) for i, o in shapes]
+    results = [ShapeResult(i, o, 60_000 / (1 + i / 100 + o / 10), 0.1, ()) for i, o in SEVEN]
     assert slow_outliers(results) == []
 
     def with_128x128(factor):
@@ -258,50 +229,6 @@ def test_a_shape_the_others_price_far_cheaper_is_measured_again():
                               results[4].sustainable_per_minute * factor), *results[5:]])  # fmt: skip
 
     assert (with_128x128(0.5), with_128x128(1 / 1.15), with_128x128(1.3)) == ([4], [], [])
-
-
-class SlowWhileFirstMeasured:
-    """The in-process simulated H100, except that `shape` runs `factor` x slow until the sweep
-    has moved on to another shape (a disturbance as long as one shape's measurement)."""
-
-    def __init__(self, shape, factor):
-        from capacity.benchmark import SimulatedDriver
-
-        self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
-        self.name, self.model, self.max_model_len = "slowed", self.inner.model, self.inner.max_model_len
-        self.shape, self.factor, self.seen, self.left = shape, factor, False, False
-
-    def slow(self, shape):
-        self.left = self.left or (self.seen and shape != self.shape)
-        self.seen = self.seen or shape == self.shape
-        return self.factor if shape == self.shape and not self.left else 1.0
-
-    async def closed(self, shape, concurrency, total):
-        k = self.slow(shape)
-        latencies, elapsed = await self.inner.closed(shape, concurrency, total)
-        return [t * k for t in latencies], elapsed * k
-
-    async def open(self, shape, rate, count, in_flight_bound):
-        k = self.slow(shape)
-        latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
-        return [t * k for t in latencies], sent, saturated, elapsed * k
-
-
-def test_every_shape_gets_a_second_look_and_the_faster_stands():
-    # 128 x 128 reads 15 % slow through its whole first measurement: within slow_outliers' 20 %
-    # slack, so only the second look (its long step and open loop, after the other shapes)
-    # brings it back to the clean rate; without the time for it, the slow rate stands.
-    shapes = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
-    clean = asyncio.run(sweep(SlowWhileFirstMeasured(None, 1.0), SweepConfig(shapes=shapes), Slo())).shapes[4]
-    looked = asyncio.run(sweep(SlowWhileFirstMeasured((128, 128), 1.15), SweepConfig(shapes=shapes), Slo()))
-    again = looked.shapes[4]
-    assert again.note == "second look"
-    assert again.sustainable_per_minute == pytest.approx(clean.sustainable_per_minute, rel=0.02)
-    first = [s for s in again.steps if s.mode == "open"]
-    assert len(first) > len([s for s in clean.steps if s.mode == "open"])  # both looks recorded
-    once = SweepConfig(shapes=shapes, remeasure_share=0)
-    slow = asyncio.run(sweep(SlowWhileFirstMeasured((128, 128), 1.15), once, Slo())).shapes[4]
-    assert slow.note == "" and slow.sustainable_per_minute < 0.9 * clean.sustainable_per_minute
 
 
 class Clocked:
@@ -324,31 +251,6 @@ class Clocked:
         latencies, sent, saturated, elapsed = await self.inner.open(shape, rate, count, in_flight_bound)
         self.now += elapsed
         return latencies, sent, saturated, elapsed
-
-
-def test_a_second_look_climbs_again_from_the_knee():
-    # Real vLLM, 128 x 64: a disturbance ended the climb at C=4. First look: C=1 5 req/s, C=2 9,
-    # C=4 12, then 10 and 10 at C=8 and 16 (two doublings without 5 % more) -> knee C=4; the
-    # 3-s step there (36 requests) also reads 12; Poisson at 0.95 x 12 = 11.4 meets -> 684
-    # req/min, in 27.9 s. The second look (share 0.6 of 27.9 s: one look of about half a shape)
-    # climbs again from C=4: 12, then 20 at C=8, 24 at C=16, 24.5 at C=32 and 24 at C=64 ->
-    # knee C=32, its long step (ceil(24.5 x 3) = 74 requests) 24.5; 0.95 x 24.5 = 23.275 meets
-    # -> 1,396.5 req/min. Measuring the knee C=4 again, however long, could not find it.
-    engine = Clocked(
-        ScriptedEngine(
-            {1: 5.0, 2: 9.0, 4: 12.0, 8: [10.0, 20.0], 16: [10.0, 24.0], 32: 24.5, 64: 24.0},
-            long_step=12.0,
-            open_limit=30.0,
-        )
-    )
-    config = SweepConfig(shapes=((128, 64),), remeasure_share=0.6)
-    (shape,) = asyncio.run(sweep(engine, config, Slo(), clock=engine.clock)).shapes
-    assert closed_steps(shape) == [
-        (1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36),  # the first look
-        (4, 16), (8, 32), (16, 64), (32, 128), (64, 256), (32, 74),  # the second
-    ]  # fmt: skip
-    assert engine.inner.offered == pytest.approx([11.4, 23.275])
-    assert shape.note == "second look" and shape.sustainable_per_minute == pytest.approx(1396.5)
 
 
 class SlowForVisits:
@@ -379,22 +281,65 @@ class SlowForVisits:
         return [t * k for t in latencies], sent, saturated, elapsed * k
 
 
+SEVEN = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
+
+
+def slowed_sweep(visits, factor=1.15, **settings):
+    """A sweep of SEVEN on a fake clock, 128 x 128 `factor` x slow for its first `visits`
+    visits: (the result, how many visits 128 x 128 had)."""
+    engine = Clocked(SlowForVisits((128, 128), factor, visits))
+    result = asyncio.run(sweep(engine, SweepConfig(shapes=SEVEN, **settings), Slo(), clock=engine.clock))
+    return result, engine.inner.seen
+
+
+def test_every_shape_gets_a_second_look_and_the_faster_stands():
+    # 128 x 128 reads 15 % slow through its whole first measurement: within slow_outliers' 20 %
+    # slack, so only the second look (its climb, long step and open loop, after the other
+    # shapes) brings it back to the clean rate; without the time for it, the slow rate stands.
+    clean = slowed_sweep(0)[0].shapes[4]
+    again = slowed_sweep(1)[0].shapes[4]
+    assert again.note == "second look"
+    assert again.sustainable_per_minute == pytest.approx(clean.sustainable_per_minute, rel=0.02)
+    first = [s for s in again.steps if s.mode == "open"]
+    assert len(first) > len([s for s in clean.steps if s.mode == "open"])  # both looks recorded
+    slow = slowed_sweep(1, remeasure_share=0)[0].shapes[4]
+    assert slow.note == "" and slow.sustainable_per_minute < 0.9 * clean.sustainable_per_minute
+
+
 def test_second_looks_go_round_after_round_while_the_time_lasts():
     # 128 x 128 reads 15 % slow through its first measurement and its first second look (the
     # first of the first round: slowest against the others' fit); the second round looks at it
     # first again and finds the clean rate. With max_wall_s at the first pass's end, no second
     # look starts and the slow rate stands.
-    shapes = ((16, 16), (128, 16), (512, 16), (16, 128), (128, 128), (512, 128), (50, 50))
-
-    def run(visits, **settings):
-        engine = Clocked(SlowForVisits((128, 128), 1.15 if visits else 1.0, visits))
-        result = asyncio.run(sweep(engine, SweepConfig(shapes=shapes, **settings), Slo(), clock=engine.clock))
-        return result, engine.inner.seen
-
-    clean = run(0, remeasure_share=0)[0].shapes[4]
-    looked, visits = run(2, remeasure_share=3.0)
+    clean = slowed_sweep(0, remeasure_share=0)[0].shapes[4]
+    looked, visits = slowed_sweep(2, remeasure_share=3.0)
     assert visits >= 3 and looked.shapes[4].note == "second look"
     assert looked.shapes[4].sustainable_per_minute == pytest.approx(clean.sustainable_per_minute, rel=0.02)
-    first_pass = run(2, remeasure_share=0)[0]
-    capped, visits = run(2, remeasure_share=3.0, max_wall_s=first_pass.wall_s + 1e-6)
+    first_pass = slowed_sweep(2, remeasure_share=0)[0]
+    capped, visits = slowed_sweep(2, remeasure_share=3.0, max_wall_s=first_pass.wall_s + 1e-6)
     assert visits == 1 and capped.shapes[4].sustainable_per_minute < 0.9 * clean.sustainable_per_minute
+
+
+def test_a_second_look_climbs_again_from_the_knee():
+    # Real vLLM, 128 x 64: a disturbance ended the climb at C=4. First look: C=1 5 req/s, C=2 9,
+    # C=4 12, then 10 and 10 at C=8 and 16 (two doublings without 5 % more) -> knee C=4; the
+    # 3-s step there (36 requests) also reads 12; Poisson at 0.95 x 12 = 11.4 meets -> 684
+    # req/min, in 27.9 s. The second look (share 0.6 of 27.9 s: one look of about half a shape)
+    # climbs again from C=4: 12, then 20 at C=8, 24 at C=16, 24.5 at C=32 and 24 at C=64 ->
+    # knee C=32, its long step (ceil(24.5 x 3) = 74 requests) 24.5; 0.95 x 24.5 = 23.275 meets
+    # -> 1,396.5 req/min. Measuring the knee C=4 again, however long, could not find it.
+    engine = Clocked(
+        ScriptedEngine(
+            {1: 5.0, 2: 9.0, 4: 12.0, 8: [10.0, 20.0], 16: [10.0, 24.0], 32: 24.5, 64: 24.0},
+            long_step=12.0,
+            open_limit=30.0,
+        )
+    )
+    config = SweepConfig(shapes=((128, 64),), remeasure_share=0.6)
+    (shape,) = asyncio.run(sweep(engine, config, Slo(), clock=engine.clock)).shapes
+    assert closed_steps(shape) == [
+        (1, 16), (2, 16), (4, 16), (8, 32), (16, 64), (4, 36),  # the first look
+        (4, 16), (8, 32), (16, 64), (32, 128), (64, 256), (32, 74),  # the second
+    ]  # fmt: skip
+    assert engine.inner.offered == pytest.approx([11.4, 23.275])
+    assert shape.note == "second look" and shape.sustainable_per_minute == pytest.approx(1396.5)
