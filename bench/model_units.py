@@ -86,7 +86,7 @@ def simulated() -> None:
                     perf_model.steady_state_requests_per_s(profile, s.input_tokens, s.output_tokens, batch)
                     * 60
                 )
-                truth[(s.input_tokens, s.output_tokens)] = 100 / rate
+                truth[s.shape] = 100 / rate
         report(
             f"simulated {name} (in-process, virtual clock)", result, fit, time.perf_counter() - started, truth
         )

@@ -148,6 +148,10 @@ class ShapeResult:
     steps: tuple[Step, ...]
     note: str = ""  # why a shape was skipped or gave 0
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.input_tokens, self.output_tokens
+
     def measurement(self) -> Measurement:
         return Measurement(self.input_tokens, self.output_tokens, self.sustainable_per_minute)
 
@@ -445,8 +449,7 @@ async def sweep(
         for i in suspects:
             if not fits(per_shape):
                 break
-            shape = (results[i].input_tokens, results[i].output_tokens)
-            again = await _measure_shape(driver, shape, slo, config)
+            again = await _measure_shape(driver, results[i].shape, slo, config)
             if again.sustainable_per_minute > results[i].sustainable_per_minute:
                 results[i] = replace(again, note=(again.note + " re-measured").strip())
             if on_shape:
@@ -463,8 +466,7 @@ async def sweep(
                 if i in waiting or not fits(per_shape / 2):
                     continue
                 looked = True
-                again = await _measure_shape(driver, (results[i].input_tokens, results[i].output_tokens),
-                                             slo, config, known=results[i])  # fmt: skip
+                again = await _measure_shape(driver, results[i].shape, slo, config, known=results[i])
                 if again.sustainable_per_minute > results[i].sustainable_per_minute:
                     results[i] = again
                     if on_shape:
@@ -526,9 +528,7 @@ def _larger(a: ShapeResult, results: Sequence[ShapeResult]) -> list[ShapeResult]
     return [
         b
         for b in results
-        if (b.input_tokens, b.output_tokens) != (a.input_tokens, a.output_tokens)
-        and b.input_tokens >= a.input_tokens
-        and b.output_tokens >= a.output_tokens
+        if b.shape != a.shape and b.input_tokens >= a.input_tokens and b.output_tokens >= a.output_tokens
     ]
 
 
