@@ -77,7 +77,7 @@ def sweep_config() -> SweepConfig:
                 f"BENCHMARK_SHAPES={settings.BENCHMARK_SHAPES!r}: write shapes as 16x1,128x16,..."
             ) from None
     time_scale = 1.0 if settings.BENCHMARK_ENGINE_URL else settings.BENCHMARK_SIMULATED_TIME_SCALE
-    return SweepConfig(shapes=shapes, time_scale=time_scale)
+    return SweepConfig(shapes=shapes, time_scale=time_scale, max_wall_s=settings.BENCHMARK_MAX_WALL_S or None)
 
 
 @contextmanager

@@ -137,6 +137,9 @@ BENCHMARK_MAX_HELDOUT_MAPE = envfloat("BENCHMARK_MAX_HELDOUT_MAPE", 0.10, minimu
 BENCHMARK_SLO_FIRST_TOKEN_S = envfloat("BENCHMARK_SLO_FIRST_TOKEN_S", 5.0, minimum=0.001)
 BENCHMARK_SLO_PER_OUTPUT_TOKEN_S = envfloat("BENCHMARK_SLO_PER_OUTPUT_TOKEN_S", 0.1, minimum=0.0001)
 BENCHMARK_SHAPES = envstr("BENCHMARK_SHAPES", "")  # "16x1,128x16,..."; empty: the default grid
+# Wall seconds a sweep may take: the first pass always runs whole, then no re-measure or second
+# look starts that would end it later (0: only their share of the first pass bounds them).
+BENCHMARK_MAX_WALL_S = envfloat("BENCHMARK_MAX_WALL_S", 0.0, minimum=0.0)
 BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a crashed worker's claim expires
 BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day
 BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimum=0.1)

@@ -299,3 +299,15 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
     finally:
         os.killpg(agent.pid, 15)
         agent.wait(timeout=30)
+
+
+def test_the_sweep_takes_its_shapes_and_wall_budget_from_settings(settings):
+    settings.BENCHMARK_SHAPES = "16x1,128x16"
+    settings.BENCHMARK_MAX_WALL_S = 600.0
+    config = benchmarking.sweep_config()
+    assert config.shapes == ((16, 1), (128, 16)) and config.max_wall_s == 600.0
+    settings.BENCHMARK_MAX_WALL_S = 0.0
+    assert benchmarking.sweep_config().max_wall_s is None  # no cap but the share of the first pass
+    settings.BENCHMARK_SHAPES = "16x1,big"
+    with pytest.raises(ValueError, match="BENCHMARK_SHAPES='16x1,big': write shapes as 16x1"):
+        benchmarking.sweep_config()
