@@ -213,7 +213,7 @@ def test_a_shape_the_others_price_far_cheaper_is_measured_again():
     from capacity.benchmark import ShapeResult, slow_outliers
 
     clean, stalled = slowed_sweep(0)[0], slowed_sweep(1, factor=2.5)[0]
-    by_shape = {(s.input_tokens, s.output_tokens): s for s in stalled.shapes}
+    by_shape = {s.shape: s for s in stalled.shapes}
     again = by_shape[(128, 128)]
     assert again.note == "re-measured"  # read ~2.5x slow, then measured again
     assert again.sustainable_per_minute == pytest.approx(clean.shapes[4].sustainable_per_minute)

@@ -31,6 +31,7 @@ from tests.runtime.support import (
     free_port,
     http,
     make_tiny_vllm,
+    metric_value,
     tiny_vllm_args,
     wait_until,
 )
@@ -162,10 +163,7 @@ def test_prober_sees_real_vllm_healthy_and_probes_it(real_pod: RealPod) -> None:
     assert http("GET", real_pod.engine + "/health")[0] == 200
 
     def successes() -> float:
-        return (
-            sample_sum(http("GET", real_pod.engine + "/metrics")[2].decode(), "vllm:request_success_total")
-            or 0.0
-        )
+        return metric_value(real_pod.engine, "vllm:request_success_total")
 
     # Nobody else sends requests here: finished requests that appear are the prober's probes
     # (idle interval 1 s), end to end through the real engine.
