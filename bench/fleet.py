@@ -46,7 +46,7 @@ def load() -> tuple[str, list[str]]:
     from django.db import connection
     from django.utils import timezone
 
-    from capacity.models import CapacitySnapshot, GpuPool, GpuType, ModelProfile, Reservation
+    from controlplane.capacity.models import CapacitySnapshot, GpuPool, GpuType, ModelProfile, Reservation
     from controlplane.endpoints.models import Endpoint
     from controlplane.oncall.models import Event
     from controlplane.tenants.models import ApiKey, Tenant

@@ -1,6 +1,7 @@
-"""Capacity: GPU types and pools, model-unit profiles, reservations, and the ledger.
+"""Capacity: the pure library of model units, the ledger, fitting, benchmark sweeps, the
+autoscaler's deciders and the fleet simulator.
 
-The Django app (models.py, tasks.py) stores them. The pure modules (ledger.py, provisioning.py,
-units.py and later fitting.py, autoscaler/, simulate/) import neither Django nor controlplane,
-so the data plane and notebooks can use them.
+No module here imports Django, DRF, Celery or controlplane (tests/test_boundaries.py), so the
+data plane, the control plane and notebooks can all use it. The Django app that stores GPU
+types, pools, profiles and reservations is controlplane.capacity.
 """

@@ -35,7 +35,7 @@ INSTALLED_APPS = [
     "controlplane.endpoints",
     "controlplane.oncall",
     "controlplane.console",
-    "capacity",
+    "controlplane.capacity",
 ]
 
 MIDDLEWARE = [
@@ -211,7 +211,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE = {
     "record-capacity-snapshot": {
-        "task": "capacity.tasks.record_capacity_snapshot",
+        "task": "controlplane.capacity.tasks.record_capacity_snapshot",
         "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
     },
     "autoscale-horizontal": {
@@ -230,7 +230,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": POD_SYNC_INTERVAL_S},
     },
     "benchmark-due-profiles": {
-        "task": "capacity.tasks.benchmark_due_profiles",
+        "task": "controlplane.capacity.tasks.benchmark_due_profiles",
         "schedule": BENCHMARK_CHECK_INTERVAL_S,
     },
 }

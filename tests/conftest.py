@@ -4,8 +4,9 @@ first, and an operator, each with an API client holding its own key."""
 import pytest
 from rest_framework.test import APIClient
 
-from capacity.models import GpuPool, GpuType, ModelProfile
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.endpoints.models import Endpoint
+from controlplane.selling import save_endpoint
 from controlplane.tenants.models import ApiKey, Tenant
 
 
@@ -86,7 +87,7 @@ def make_endpoint(pool, small_model):
             target_concurrency_per_replica=fields.pop("target_concurrency_per_replica", 8),
             **fields,
         )
-        endpoint.save_checked()
+        save_endpoint(endpoint)
         return endpoint
 
     return make
@@ -98,9 +99,9 @@ def grow_fleet(make_endpoint, h100):
     an API key and events, so that list pages have more rows of every kind."""
     from datetime import UTC, datetime
 
-    from capacity.models import sell
     from controlplane.endpoints.models import Pod
     from controlplane.oncall.models import Event
+    from controlplane.selling import sell
 
     settled = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,9 +13,10 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from capacity.models import ModelProfile, sell
+from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
+from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
 from tests.runtime.support import free_port, http, wait_until
 from tests.test_stack import post

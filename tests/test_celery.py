@@ -7,8 +7,8 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
-from capacity.models import CapacitySnapshot
-from capacity.tasks import record_capacity_snapshot, record_snapshots
+from controlplane.capacity.models import CapacitySnapshot
+from controlplane.capacity.tasks import record_capacity_snapshot, record_snapshots
 from controlplane.celery import app
 
 
@@ -19,7 +19,7 @@ def test_the_beat_schedule_names_registered_tasks():
 
 
 def test_a_snapshot_records_each_pool(pool, owner, make_endpoint):
-    from capacity.models import sell
+    from controlplane.selling import sell
 
     sell(make_endpoint(owner, "chat"), mu_per_minute=300, best_effort_allowed=True, sold_by="t")
     assert record_snapshots() == 1

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from capacity.models import GpuPool, Reservation
+from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint
 from controlplane.tenants.models import ApiKey, Tenant
 

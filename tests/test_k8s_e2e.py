@@ -131,8 +131,9 @@ def put_secret(namespace: str, name: str, key: str) -> None:
 
 SETUP = """
 import json, time
-from capacity.models import GpuPool, GpuType, ModelProfile
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.endpoints.models import Endpoint
+from controlplane.selling import save_endpoint
 from controlplane.tenants.models import ApiKey, Tenant
 gpu, _ = GpuType.objects.get_or_create(
     name="h100-80gb", defaults={"memory_gib": 80, "hourly_cost_usd": "2.49"}
@@ -150,7 +151,7 @@ endpoint = Endpoint(
     min_provisioned_concurrency=2, max_provisioned_concurrency=8, target_concurrency_per_replica=2,
     autoscaler={"scale_down_window_s": 60},
 )
-endpoint.save_checked()
+save_endpoint(endpoint)
 _, key = ApiKey.issue(name="e2e", tenant=tenant)
 print(json.dumps({"id": endpoint.pk, "name": endpoint.name, "key": key}))
 """
@@ -285,13 +286,14 @@ def test_rollout_under_load(stack):
     try:
         time.sleep(10)  # the load runs on v1 first
         shell(
-            "import json\nfrom capacity.models import ModelProfile\n"
+            "import json\nfrom controlplane.capacity.models import ModelProfile\n"
             "from controlplane.endpoints.models import Endpoint\n"
+            "from controlplane.selling import save_endpoint\n"
             f"e = Endpoint.objects.get(pk={stack['id']})\n"
             "e.profile, _ = ModelProfile.objects.get_or_create(model='e2e-sim-v2',"
             " gpu_type=e.profile.gpu_type,"
             " defaults={'alpha': 0.0004, 'beta': 0.004, 'gamma': 0.02, 'gpus_per_replica': 1})\n"
-            "e.save_checked()\nprint(json.dumps(e.version))"
+            "save_endpoint(e)\nprint(json.dumps(e.version))"
         )
         old = stack["deployment"]
         eventually(

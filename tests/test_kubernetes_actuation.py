@@ -16,6 +16,7 @@ from django.db import connection
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
+from controlplane.selling import save_endpoint
 from dataplane.cluster.driver import ClusterError
 from dataplane.cluster.kubernetes import KubernetesDriver
 from dataplane.runtime.events import Event as PodEvent
@@ -137,7 +138,7 @@ def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, o
     driver: v2's Deployment and Service appear beside v1's, and v1's go once v2 is ready and drained."""
     from datetime import timedelta
 
-    from capacity.models import ModelProfile
+    from controlplane.capacity.models import ModelProfile
 
     chat = make_endpoint(owner, "chat")
     newer = ModelProfile.objects.create(model="llama-8b-v2", gpu_type=h100, alpha=0, beta=0.004, gamma=0)
@@ -146,7 +147,7 @@ def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, o
     scaling.horizontal_pass(cluster, NOW)
     assert kube.names("deployments") == [v1]
     chat.profile = newer
-    chat.save_checked()
+    save_endpoint(chat)
     scaling.horizontal_pass(cluster, NOW + timedelta(seconds=5))
     assert kube.names("deployments") == [v1, v2] and kube.names("services") == [v1, v2]
     assert kube.get("deployments", v2)["metadata"]["labels"]["mu/version"] == "2"

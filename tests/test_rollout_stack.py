@@ -12,10 +12,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from capacity.models import ModelProfile, sell
+from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
+from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
 from tests.runtime.support import answers, free_port, wait_until
 from tests.test_autoscaling_stack import spawn, stop

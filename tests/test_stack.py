@@ -14,9 +14,9 @@ import pytest
 import redis
 from django.utils import timezone
 
-from capacity.models import sell
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Pod
+from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
 from tests.runtime.support import free_port, sim_engine
 

@@ -3,7 +3,7 @@
 import django_filters
 from django.utils import timezone
 
-from capacity.models import GpuPool, ModelProfile, Reservation
+from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 

@@ -5,7 +5,8 @@ from rest_framework import serializers
 
 from capacity.autoscaler import AutoscalerConfig
 from capacity.ledger import as_json_number
-from capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation, sell
+from controlplane import selling
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
@@ -82,7 +83,7 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         pool = self.instance or GpuPool()
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(pool, field, value)
-        pool.save_checked()
+        selling.save_pool(pool)
         self.instance = pool
         return pool
 
@@ -157,7 +158,7 @@ class ModelProfileSerializer(serializers.ModelSerializer):
         profile = self.instance or ModelProfile()
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(profile, field, value)
-        profile.save_checked()
+        selling.save_profile(profile)
         self.instance = profile
         return profile
 
@@ -314,7 +315,7 @@ class EndpointSerializer(serializers.ModelSerializer):
                 attrs["profile"] = profile
                 pool = attrs.get("pool")
                 if pool is None and (endpoint is None or endpoint.pool.gpu_type_id != gpu_type.pk):
-                    pool = Endpoint.roomiest_pool(profile)
+                    pool = selling.roomiest_pool(profile)
                     if pool is None:
                         errors["gpu_type"] = f"no GPU pool holds {gpu_type.name} GPUs"
                     attrs["pool"] = pool
@@ -347,7 +348,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         )
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(endpoint, field, value)
-        endpoint.save_checked()
+        selling.save_endpoint(endpoint)
         endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
         self.instance = endpoint
         return endpoint
@@ -402,20 +403,8 @@ class ReservationSerializer(serializers.ModelSerializer):
         best_effort = self.validated_data.get(
             "best_effort_allowed", self.instance.best_effort_allowed if self.instance else True
         )
-        principal = principal_of(self)
-        self.instance = sell(
-            endpoint, mu_per_minute=mu, best_effort_allowed=best_effort, sold_by=principal.name
-        )
-        Event.record(
-            Event.Kind.RESERVATION,
-            f"{principal.name} sold {mu} MU/min on {endpoint.name} (was {before})",
-            endpoint=endpoint,
-            reported_by=principal.name,
-            detail={
-                "mu_per_minute": mu,
-                "previous_mu_per_minute": before,
-                "best_effort_allowed": best_effort,
-            },
+        self.instance = selling.sell(
+            endpoint, mu_per_minute=mu, best_effort_allowed=best_effort, sold_by=principal_of(self).name
         )
         return self.instance
 

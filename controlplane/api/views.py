@@ -12,10 +12,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
-from capacity.models import GpuPool, GpuType, ModelProfile, Reservation, pool_ledgers
+from controlplane import selling
 from controlplane.api import filters, serializers
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
 from controlplane.endpoints import rollouts, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
@@ -196,15 +197,7 @@ class ReservationViewSet(ScopedViewSet):
     filterset_class = filters.ReservationFilterSet
 
     def perform_destroy(self, instance):
-        endpoint = instance.endpoint
-        instance.delete()
-        Event.record(
-            Event.Kind.RESERVATION,
-            f"{self.request.user.name} released {instance.mu_per_minute} MU/min on {endpoint.name}",
-            endpoint=endpoint,
-            reported_by=self.request.user.name,
-            detail={"mu_per_minute": 0, "previous_mu_per_minute": instance.mu_per_minute},
-        )
+        selling.release(instance, released_by=self.request.user.name)
 
 
 class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -250,7 +243,7 @@ class CapacityViewSet(viewsets.ViewSet):
     )
     def list(self, request):
         pools = list(self._pools())
-        ledgers = pool_ledgers(pools)
+        ledgers = selling.pool_ledgers(pools)
         rows = [PoolCapacity(pool, ledgers[pool.pk]) for pool in pools]
         return Response(serializers.PoolCapacitySerializer(rows, many=True).data)
 
@@ -260,7 +253,7 @@ class CapacityViewSet(viewsets.ViewSet):
     )
     def retrieve(self, request, pk=None):
         pool = self._pools().get(pk=pk)
-        row = PoolCapacity(pool, pool_ledgers([pool])[pool.pk])
+        row = PoolCapacity(pool, selling.pool_ledgers([pool])[pool.pk])
         return Response(serializers.PoolCapacitySerializer(row).data)
 
 

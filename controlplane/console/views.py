@@ -19,19 +19,19 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from capacity.ledger import Oversold
-from capacity.models import (
+from controlplane import selling
+from controlplane.api.errors import oversold_body
+from controlplane.api.filters import EndpointFilterSet, EventFilterSet
+from controlplane.api.pagination import LateJoinPaginator
+from controlplane.api.serializers import EndpointSerializer, ReservationSerializer
+from controlplane.capacity.models import (
     CapacitySnapshot,
     GpuPool,
     GpuType,
     ModelProfile,
     ProfileFit,
     Reservation,
-    pool_ledgers,
 )
-from controlplane.api.errors import oversold_body
-from controlplane.api.filters import EndpointFilterSet, EventFilterSet
-from controlplane.api.pagination import LateJoinPaginator
-from controlplane.api.serializers import EndpointSerializer, ReservationSerializer
 from controlplane.console import charts
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
@@ -111,7 +111,7 @@ def capacity_context(window: str) -> dict:
     window = window if window in WINDOWS else "hour"
     now = timezone.now()
     pools = list(GpuPool.objects.select_related("gpu_type").order_by("gpu_type__name", "name"))
-    ledgers = pool_ledgers(pools)
+    ledgers = selling.pool_ledgers(pools)
     groups: dict[str, dict] = {}
     for pool in pools:
         ledger = ledgers[pool.pk]

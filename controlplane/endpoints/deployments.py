@@ -10,13 +10,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from capacity.models import ModelProfile
+from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint
 from dataplane.cluster.driver import Deployment
 
 DEPLOYMENT_PREFIX = "ep-"
 DEPLOYMENT_NAME = re.compile(r"ep-(\d+)-v(\d+)")
-BENCHMARK_PREFIX = "bench-"  # a benchmark's own engine (capacity.benchmarking); never routed to
+BENCHMARK_PREFIX = (
+    "bench-"  # a benchmark's own engine (controlplane.capacity.profile_benchmarks); never routed to
+)
 
 
 def deployment_name(endpoint_id: int, version: int) -> str:

@@ -7,18 +7,11 @@ the state and target_concurrency_per_replica after creation; the router meters u
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models, transaction
+from django.db import models
 from django.utils import timezone
 
-from capacity.models import (
-    GpuPool,
-    ModelProfile,
-    Reservation,
-    ensure_capacity,
-    locked_pools,
-    pool_ledgers,
-)
 from capacity.provisioning import replica_bounds
+from controlplane.capacity.models import GpuPool, ModelProfile
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
 from dataplane.cluster.rollout import Phase
 
@@ -132,38 +125,7 @@ class Endpoint(models.Model):
         if errors:
             raise ValidationError(errors)
 
-    @staticmethod
-    def roomiest_pool(profile: ModelProfile) -> GpuPool | None:
-        """The pool of the profile's GPU type with the most unsold GPUs (ties: by name)."""
-        pools = list(GpuPool.objects.filter(gpu_type_id=profile.gpu_type_id).order_by("name"))
-        ledgers = pool_ledgers(pools)
-        return max(pools, key=lambda p: ledgers[p.pk].headroom_gpus, default=None)
-
-    def save_checked(self) -> None:
-        """Save, refusing a move or model change that would oversell the endpoint's pool.
-
-        A reserved endpoint moved to another pool, or switched to a model that needs more GPUs
-        per MU, takes its reservation along; the pool it lands in must hold it.
-        """
-        with transaction.atomic():
-            reservation = None
-            if self.pk:
-                (pool,) = locked_pools([self.pool_id])
-                reservation = Reservation.objects.filter(endpoint_id=self.pk).first()
-            if reservation is not None:
-                ensure_capacity(
-                    pool,
-                    shape=self.profile.shape,
-                    asked_mu_per_minute=reservation.mu_per_minute,
-                    excluding_endpoint_id=self.pk,
-                )
-            if self._state.adding:
-                self.desired_replicas = self.replica_bounds[0]
-            if self.pk and not self._state.adding:
-                self._start_rollout_if_the_model_changed()
-            self.save()
-
-    def _start_rollout_if_the_model_changed(self) -> None:
+    def start_rollout_if_the_model_changed(self) -> None:
         """A new profile is a new version: start its rollout (one at a time), in this transaction."""
         before = Endpoint.objects.filter(pk=self.pk).values_list("profile_id", "version").first()
         if before is None or before[0] == self.profile_id:

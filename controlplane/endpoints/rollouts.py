@@ -1,7 +1,7 @@
 """Rollouts, the control plane's side: the pure phases (dataplane.cluster.rollout) applied to the
 database every horizontal pass, the deployments they declare, and the traffic split routers get.
 
-A rollout starts when an endpoint's model changes (Endpoint.save_checked: a new version). Each
+A rollout starts when an endpoint's model changes (controlplane.selling.save_endpoint: a new version). Each
 pass advances it from the new version's ready pods, records a `rollout` Event at every phase
 change, and declares both versions' deployments while it runs. The routing table carries the
 split ({"1": 100, "2": 0} while the new version starts; {"1": 90, "2": 10} for a canary), so a

@@ -1,7 +1,8 @@
 """The capacity summary and every write that could oversell a pool behind the ledger's back."""
 
-from capacity.models import GpuPool, sell
+from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint
+from controlplane.selling import sell
 
 
 def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpoint, big_model):

@@ -88,7 +88,7 @@ def test_a_duplicate_name_in_one_tenant_is_refused_but_another_tenant_may_reuse_
 
 
 def test_a_pool_of_another_gpu_type_is_refused(owner_client, pool, small_model, l40s):
-    from capacity.models import GpuPool
+    from controlplane.capacity.models import GpuPool
 
     GpuPool.objects.create(name="l40s-pool", gpu_type=l40s, region="r", gpu_count=4)
     response = owner_client.post("/api/v1/endpoints/", endpoint_body(pool="l40s-pool"), format="json")
@@ -103,7 +103,8 @@ def test_no_pool_of_the_gpu_type_is_a_clear_error(owner_client, small_model):
 
 
 def test_the_roomiest_pool_is_chosen(owner_client, h100, small_model, owner):
-    from capacity.models import GpuPool, sell
+    from controlplane.capacity.models import GpuPool
+    from controlplane.selling import save_endpoint, sell
 
     busy = GpuPool.objects.create(name="a-busy", gpu_type=h100, region="r", gpu_count=8)
     GpuPool.objects.create(name="b-free", gpu_type=h100, region="r", gpu_count=4)
@@ -115,7 +116,7 @@ def test_the_roomiest_pool_is_chosen(owner_client, h100, small_model, owner):
         max_provisioned_concurrency=8,
         target_concurrency_per_replica=8,
     )
-    filler.save_checked()
+    save_endpoint(filler)
     sell(filler, mu_per_minute=600, best_effort_allowed=True, sold_by="t")  # busy: 2 GPUs free
     response = owner_client.post("/api/v1/endpoints/", endpoint_body(), format="json")
     assert response.json()["pool"] == "b-free"  # 4 free beats 2 free

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from capacity.models import Reservation
+from controlplane.capacity.models import Reservation
 from controlplane.oncall.models import Event
 
 

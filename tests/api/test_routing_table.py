@@ -1,7 +1,7 @@
 """The routing table routers pull: contents, scoping to operators, and ETag revalidation."""
 
-from capacity.models import sell
 from controlplane.endpoints.models import Pod
+from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey, hash_secret
 
 

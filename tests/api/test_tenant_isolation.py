@@ -2,8 +2,8 @@
 
 import pytest
 
-from capacity.models import sell
 from controlplane.oncall.models import Event
+from controlplane.selling import sell
 
 
 @pytest.fixture

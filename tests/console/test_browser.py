@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from capacity.models import Reservation
+from controlplane.capacity.models import Reservation
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Member, Tenant

@@ -10,10 +10,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from capacity.models import Reservation, sell
-from capacity.tasks import record_snapshots
+from controlplane.capacity.models import Reservation
+from controlplane.capacity.tasks import record_snapshots
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
+from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey, Tenant
 from tests.console.conftest import member_client
 
@@ -260,12 +261,12 @@ def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, 
 
 
 def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, owner_web, small_model):
-    from capacity import benchmarking
     from capacity.benchmark import SimulatedDriver, SweepConfig
+    from controlplane.capacity import profile_benchmarks
     from dataplane.runtime.profiles import get_profile
 
     shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200))
-    benchmarking.run_benchmark(
+    profile_benchmarks.run_benchmark(
         small_model, config=SweepConfig(shapes=shapes), driver=SimulatedDriver(get_profile("tiny-test"))
     )
     html = operator_web.get("/console/capacity/").content.decode()

@@ -5,24 +5,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('endpoints', '0006_load_queued'),
+        ("endpoints", "0006_load_queued"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LoadMinute',
+            name="LoadMinute",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('end', models.BigIntegerField(help_text="unix seconds at the minute's end, a multiple of 60")),
-                ('mu_per_minute', models.FloatField()),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='minutes', to='endpoints.endpoint')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "end",
+                    models.BigIntegerField(help_text="unix seconds at the minute's end, a multiple of 60"),
+                ),
+                ("mu_per_minute", models.FloatField()),
+                (
+                    "endpoint",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="minutes",
+                        to="endpoints.endpoint",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['endpoint_id', 'end'],
-                'indexes': [models.Index(fields=['end'], name='endpoints_l_end_c000b8_idx')],
-                'constraints': [models.UniqueConstraint(fields=('endpoint', 'end'), name='load_minute_unique')],
+                "ordering": ["endpoint_id", "end"],
+                "indexes": [models.Index(fields=["end"], name="endpoints_l_end_c000b8_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("endpoint", "end"), name="load_minute_unique")
+                ],
             },
         ),
     ]

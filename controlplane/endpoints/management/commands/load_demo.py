@@ -9,9 +9,10 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from capacity.models import GpuPool, GpuType, ModelProfile, sell
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
+from controlplane.selling import save_endpoint, sell
 from controlplane.tenants.models import ApiKey, Tenant
 
 GPU_TYPES = [("h100-80gb", 80, "2.4900"), ("l40s-48gb", 48, "0.9900")]
@@ -81,7 +82,7 @@ class Command(BaseCommand):
                 scale_to_zero_enabled=to_zero,
                 target_concurrency_per_replica=8,
             )
-            endpoint.save_checked()
+            save_endpoint(endpoint)
             if reserved:
                 sell(endpoint, mu_per_minute=reserved, best_effort_allowed=True, sold_by="demo")
         chat = Endpoint.objects.get(tenant__name="acme", name="chat")

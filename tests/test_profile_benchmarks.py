@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from capacity import benchmarking
 from capacity.benchmark import SimulatedDriver, SweepConfig
-from capacity.models import ModelProfile, ProfileFit
+from controlplane.capacity import profile_benchmarks
+from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
 from dataplane.runtime.profiles import get_profile
 from tests.runtime.support import http, sim_engine
@@ -31,8 +31,8 @@ def tiny_sim():
 
 def test_a_good_fit_is_published_with_its_history(small_model, settings):
     settings.BENCHMARK_ENGINE_VERSION = "sim-1"
-    assert benchmarking.claim(small_model.pk, timezone.now())
-    record = benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
+    assert profile_benchmarks.claim(small_model.pk, timezone.now())
+    record = profile_benchmarks.run_benchmark(small_model, config=QUICK, driver=TINY)
     assert record.status == "published", record.reason
     small_model.refresh_from_db()
     assert (small_model.alpha, small_model.beta, small_model.gamma) == (
@@ -51,7 +51,7 @@ def test_a_good_fit_is_published_with_its_history(small_model, settings):
 
 def test_a_poor_fit_is_refused_and_the_old_price_stays(small_model, settings):
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 0.0  # nothing real is that good
-    record = benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
+    record = profile_benchmarks.run_benchmark(small_model, config=QUICK, driver=TINY)
     assert record.status == "refused" and "exceeds the 0.0% threshold" in record.reason
     small_model.refresh_from_db()
     assert (small_model.alpha, small_model.source) == (0.0004, "manual")
@@ -62,15 +62,15 @@ def test_a_failing_engine_is_reported_naming_the_shape_and_retried_later(small_m
     settings.BENCHMARK_RETRY_BASE_S = 60
     http("POST", f"{tiny_sim.url}/_sim/fault", {"mode": "errors", "fraction": 1.0})
     before = timezone.now()
-    record = benchmarking.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
+    record = profile_benchmarks.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
     assert record.status == "failed" and "shape (16 in, 1 out): engine answered 500" in record.reason
     small_model.refresh_from_db()
     assert small_model.alpha == 0.0004 and small_model.benchmark_failures == 1
     assert small_model.benchmark_retry_at >= before + timedelta(seconds=60)
     event = Event.objects.get(kind="benchmark")
     assert event.severity == "critical" and "shape (16 in, 1 out)" in event.message
-    assert not benchmarking.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
-    benchmarking.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
+    assert not profile_benchmarks.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
+    profile_benchmarks.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
     small_model.refresh_from_db()
     assert small_model.benchmark_failures == 2  # backs off: 120 s now
     assert small_model.benchmark_retry_at >= timezone.now() + timedelta(seconds=110)
@@ -78,32 +78,32 @@ def test_a_failing_engine_is_reported_naming_the_shape_and_retried_later(small_m
 
 def test_which_profiles_are_due(small_model, big_model, settings):
     now = timezone.now()
-    assert set(benchmarking.due_profiles(now)) == {small_model, big_model}  # never benchmarked
+    assert set(profile_benchmarks.due_profiles(now)) == {small_model, big_model}  # never benchmarked
     ModelProfile.objects.update(source="benchmark", fitted_at=now, engine_version="v1")
     settings.BENCHMARK_ENGINE_VERSION = "v1"
-    assert not benchmarking.due_profiles(now).exists()
+    assert not profile_benchmarks.due_profiles(now).exists()
     ModelProfile.objects.filter(pk=small_model.pk).update(fitted_at=now - timedelta(days=8))  # stale
     ModelProfile.objects.filter(pk=big_model.pk).update(benchmark_requested_at=now)  # asked for
-    assert set(benchmarking.due_profiles(now)) == {small_model, big_model}
+    assert set(profile_benchmarks.due_profiles(now)) == {small_model, big_model}
     settings.BENCHMARK_ENGINE_VERSION = "v2"  # a new engine makes every fit stale
     ModelProfile.objects.update(fitted_at=now, benchmark_requested_at=None)
-    assert benchmarking.due_profiles(now).count() == 2
+    assert profile_benchmarks.due_profiles(now).count() == 2
 
 
 def test_one_benchmark_per_pair_at_a_time(small_model, settings):
     now = timezone.now()
-    assert benchmarking.claim(small_model.pk, now)
-    assert not benchmarking.claim(small_model.pk, now)
-    assert not benchmarking.claim(small_model.pk, now, only_if_due=False)
-    assert not benchmarking.due_profiles(now).filter(pk=small_model.pk).exists()
+    assert profile_benchmarks.claim(small_model.pk, now)
+    assert not profile_benchmarks.claim(small_model.pk, now)
+    assert not profile_benchmarks.claim(small_model.pk, now, only_if_due=False)
+    assert not profile_benchmarks.due_profiles(now).filter(pk=small_model.pk).exists()
     # A worker that died holding the claim does not block the pair for ever.
     later = now + timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S + 1)
-    assert benchmarking.claim(small_model.pk, later)
+    assert profile_benchmarks.claim(small_model.pk, later)
 
 
 def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
     # Beat queued the profile twice; the first run fitted it, so the second finds nothing due.
-    from capacity.tasks import run_profile_benchmark
+    from controlplane.capacity.tasks import run_profile_benchmark
 
     ModelProfile.objects.filter(pk=small_model.pk).update(source="benchmark", fitted_at=timezone.now())
     assert run_profile_benchmark(small_model.pk) == "not due, or claimed elsewhere"
@@ -115,7 +115,7 @@ def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, sett
     settings.BENCHMARK_ENGINE_URL = ""
     settings.BENCHMARK_SIMULATED_PROFILE = "tiny-test"
     settings.BENCHMARK_SIMULATED_TIME_SCALE = 20.0
-    record = benchmarking.run_benchmark(small_model, config=QUICK)
+    record = profile_benchmarks.run_benchmark(small_model, config=QUICK)
     assert record.status == "published", record.reason
     assert record.engine == "simulated:tiny-test (local pod, time scale 20)"
     running = subprocess.run(
@@ -127,7 +127,7 @@ def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, sett
 def test_no_engine_configured_is_a_clear_failure(small_model, settings):
     settings.BENCHMARK_ENGINE_URL = ""
     settings.BENCHMARK_SIMULATED_PROFILE = ""
-    record = benchmarking.run_benchmark(small_model, config=QUICK)
+    record = profile_benchmarks.run_benchmark(small_model, config=QUICK)
     assert record.status == "failed" and "no engine: set BENCHMARK_ENGINE_URL" in record.reason
 
 
@@ -164,7 +164,7 @@ def test_the_command_refuses_an_unknown_gpu(db):
 
 
 def test_the_api_shows_history_and_takes_a_rerun_request(operator_client, owner_client, small_model):
-    benchmarking.run_benchmark(small_model, config=QUICK, driver=TINY)
+    profile_benchmarks.run_benchmark(small_model, config=QUICK, driver=TINY)
     fits = operator_client.get(f"/api/v1/model-profiles/{small_model.pk}/fits/").json()
     assert [f["status"] for f in fits] == ["published"]
     assert {"alpha", "beta", "gamma", "r2", "heldout_mape", "intervals", "shapes"} <= set(fits[0])
@@ -173,7 +173,7 @@ def test_the_api_shows_history_and_takes_a_rerun_request(operator_client, owner_
     assert owner_client.post(f"/api/v1/model-profiles/{small_model.pk}/benchmark/").status_code == 403
     asked = operator_client.post(f"/api/v1/model-profiles/{small_model.pk}/benchmark/")
     assert asked.status_code == 202 and asked.json()["benchmark_requested_at"]
-    assert benchmarking.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
+    assert profile_benchmarks.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
 
 
 @pytest.mark.celery
@@ -287,8 +287,8 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
         passes = threading.Thread(target=beat)
         passes.start()
         try:
-            assert benchmarking.claim(small_model.pk, timezone.now())
-            fit = benchmarking.run_benchmark(small_model)
+            assert profile_benchmarks.claim(small_model.pk, timezone.now())
+            fit = profile_benchmarks.run_benchmark(small_model)
             assert fit.status == "published", fit.reason
             assert fit.engine.startswith(f"simulated:tiny-test (cluster pod bench-{small_model.pk}-")
             # The claim is released: the next pass undeclares the deployment, the agent stops it.
@@ -304,10 +304,10 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
 def test_the_sweep_takes_its_shapes_and_wall_budget_from_settings(settings):
     settings.BENCHMARK_SHAPES = "16x1,128x16"
     settings.BENCHMARK_MAX_WALL_S = 600.0
-    config = benchmarking.sweep_config()
+    config = profile_benchmarks.sweep_config()
     assert config.shapes == ((16, 1), (128, 16)) and config.max_wall_s == 600.0
     settings.BENCHMARK_MAX_WALL_S = 0.0
-    assert benchmarking.sweep_config().max_wall_s is None  # no cap but the share of the first pass
+    assert profile_benchmarks.sweep_config().max_wall_s is None  # no cap but the share of the first pass
     settings.BENCHMARK_SHAPES = "16x1,big"
     with pytest.raises(ValueError, match="BENCHMARK_SHAPES='16x1,big': write shapes as 16x1"):
-        benchmarking.sweep_config()
+        profile_benchmarks.sweep_config()

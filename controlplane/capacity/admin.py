@@ -1,5 +1,5 @@
 from django.contrib import admin
 
-from capacity.models import GpuPool, GpuType, ModelProfile, Reservation
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
 
 admin.site.register([GpuType, GpuPool, ModelProfile, Reservation])

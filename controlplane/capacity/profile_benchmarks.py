@@ -24,10 +24,10 @@ from django.utils import timezone
 
 from capacity.benchmark import DEFAULT_SHAPES, BenchmarkError, Driver, Slo, SweepConfig, SweepResult, sweep
 from capacity.fitting import Fit
-from capacity.models import ModelProfile, ProfileFit
+from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
 
-log = logging.getLogger("capacity.benchmarking")
+log = logging.getLogger("controlplane.capacity.profile_benchmarks")
 
 
 def due_profiles(now: datetime) -> QuerySet[ModelProfile]:

@@ -5,8 +5,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from capacity import benchmarking
-from capacity.models import GpuType, ModelProfile, ProfileFit
+from controlplane.capacity import profile_benchmarks
+from controlplane.capacity.models import GpuType, ModelProfile, ProfileFit
 
 
 class Command(BaseCommand):
@@ -29,10 +29,10 @@ class Command(BaseCommand):
         profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
         if profile is None:
             profile = ModelProfile(model=model, gpu_type=gpu_type, alpha=0, beta=0, gamma=0)
-        elif not benchmarking.claim(profile.pk, timezone.now(), only_if_due=False):
+        elif not profile_benchmarks.claim(profile.pk, timezone.now(), only_if_due=False):
             raise CommandError(f"a benchmark of {profile} is already running")
         self.stderr.write(f"Benchmarking {model} on {gpu} at {engine_url or 'the configured engine'} ...")
-        record = benchmarking.run_benchmark(profile, engine_url=engine_url)
+        record = profile_benchmarks.run_benchmark(profile, engine_url=engine_url)
         self.stdout.write(_table(record))
         summary = {
             "alpha": record.alpha,

@@ -4,8 +4,9 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from capacity import benchmarking
-from capacity.models import CapacitySnapshot, GpuPool, ModelProfile, pool_ledgers
+from controlplane.capacity import profile_benchmarks
+from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
+from controlplane.selling import pool_ledgers
 
 
 def record_snapshots(now=None) -> int:
@@ -39,7 +40,7 @@ def record_capacity_snapshot() -> int:
 @shared_task
 def benchmark_due_profiles() -> int:
     """Beat: queue a benchmark for every due profile; returns how many were queued."""
-    due = list(benchmarking.due_profiles(timezone.now()).values_list("pk", flat=True))
+    due = list(profile_benchmarks.due_profiles(timezone.now()).values_list("pk", flat=True))
     for profile_id in due:
         run_profile_benchmark.delay(profile_id)
     return len(due)
@@ -48,7 +49,7 @@ def benchmark_due_profiles() -> int:
 @shared_task
 def run_profile_benchmark(profile_id: int) -> str:
     """Benchmark one profile unless it is no longer due or another worker has it (safe twice)."""
-    if not benchmarking.claim(profile_id, timezone.now()):
+    if not profile_benchmarks.claim(profile_id, timezone.now()):
         return "not due, or claimed elsewhere"
     profile = ModelProfile.objects.select_related("gpu_type").get(pk=profile_id)
-    return benchmarking.run_benchmark(profile).status
+    return profile_benchmarks.run_benchmark(profile).status

@@ -5,7 +5,7 @@ import django.db.models.deletion
 import django.utils.timezone
 from django.db import migrations, models
 
-import capacity.models
+import controlplane.capacity.models
 
 
 class Migration(migrations.Migration):
@@ -153,20 +153,21 @@ class Migration(migrations.Migration):
                     "alpha",
                     models.FloatField(
                         help_text="MU per input token",
-                        validators=[capacity.models.validate_finite_non_negative],
+                        validators=[controlplane.capacity.models.validate_finite_non_negative],
                     ),
                 ),
                 (
                     "beta",
                     models.FloatField(
                         help_text="MU per output token",
-                        validators=[capacity.models.validate_finite_non_negative],
+                        validators=[controlplane.capacity.models.validate_finite_non_negative],
                     ),
                 ),
                 (
                     "gamma",
                     models.FloatField(
-                        help_text="MU per request", validators=[capacity.models.validate_finite_non_negative]
+                        help_text="MU per request",
+                        validators=[controlplane.capacity.models.validate_finite_non_negative],
                     ),
                 ),
                 (

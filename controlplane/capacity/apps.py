@@ -2,6 +2,6 @@ from django.apps import AppConfig
 
 
 class CapacityConfig(AppConfig):
-    name = "capacity"
+    name = "controlplane.capacity"
     label = "capacity"
     verbose_name = "Capacity"

@@ -1,23 +1,18 @@
 """GPU types, pools, model-unit profiles, reservations (sold capacity) and ledger snapshots.
 
-Every write that can change what a pool holds goes through `locked_pools()` and
-`ensure_capacity()`: lock the pool rows, then read the ledger, then refuse an oversell. Two
-concurrent sales on one pool therefore serialise on the pool row and the second sees the first.
+Every write that can change what a pool holds goes through controlplane.selling, which locks the
+pool rows, reads the ledger and refuses an oversell.
 """
 
 import math
-from collections import defaultdict
-from collections.abc import Iterable
-from fractions import Fraction
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models, transaction
-from django.db.models import Count, Sum
+from django.db import models
 from django.utils import timezone
 
-from capacity.ledger import Allocation, PoolLedger, Shape, check_sale, pool_ledger
+from capacity.ledger import Shape
 from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
 
 
@@ -55,14 +50,6 @@ class GpuPool(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def save_checked(self) -> None:
-        """Save; a pool shrunk below what is sold in it is refused (Oversold)."""
-        with transaction.atomic():
-            if self.pk:
-                locked_pools([self.pk])
-            self.save()
-            ensure_capacity(self)
 
 
 class ModelProfile(models.Model):
@@ -115,14 +102,6 @@ class ModelProfile(models.Model):
     @property
     def shape(self) -> Shape:
         return Shape(self.mu_per_replica_minute, self.gpus_per_replica)
-
-    def save_checked(self) -> None:
-        """Save; a re-pricing that makes reservations need more GPUs than a pool has is refused."""
-        with transaction.atomic():
-            pools = locked_pools(self.endpoints.values_list("pool_id", flat=True)) if self.pk else []
-            self.save()
-            for pool in pools:
-                ensure_capacity(pool)
 
 
 class ProfileFit(models.Model):
@@ -204,94 +183,3 @@ class CapacitySnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id} at {self.at:%Y-%m-%d %H:%M}"
-
-
-# --- The ledger over the database -------------------------------------------------------------
-
-
-def default_shape() -> Shape:
-    return Shape(settings.MU_PER_REPLICA_MINUTE, 1)
-
-
-def overcommit() -> Fraction:
-    return Fraction(str(settings.CAPACITY_OVERCOMMIT))
-
-
-def pool_ledgers(
-    pools: Iterable[GpuPool], *, excluding_endpoint_id: int | None = None
-) -> dict[int, PoolLedger]:
-    """Ledgers of these pools in two queries, whatever the number of endpoints."""
-    pools = list(pools)
-    from controlplane.endpoints.models import Endpoint  # the endpoints app depends on this one
-
-    rows = (
-        Endpoint.objects.filter(pool__in=pools)
-        .exclude(pk=excluding_endpoint_id)
-        .values("pool_id", "profile__model", "profile__mu_per_replica_minute", "profile__gpus_per_replica")
-        .annotate(sold=Sum("reservation__mu_per_minute"), used=Sum("used_mu_per_minute"), n=Count("id"))
-        .order_by()
-    )
-    allocations: dict[int, list[Allocation]] = defaultdict(list)
-    for row in rows:
-        allocations[row["pool_id"]].append(
-            Allocation(
-                shape=Shape(row["profile__mu_per_replica_minute"], row["profile__gpus_per_replica"]),
-                model=row["profile__model"],
-                sold_mu_per_minute=Fraction(row["sold"] or 0),
-                used_mu_per_minute=Fraction(str(row["used"] or 0)),
-            )
-        )
-    return {
-        pool.pk: pool_ledger(pool.gpu_count, overcommit(), allocations[pool.pk], default_shape())
-        for pool in pools
-    }
-
-
-def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
-    """Lock pool rows (in id order, so two writers never deadlock). Call inside atomic()."""
-    return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
-
-
-def ensure_capacity(
-    pool: GpuPool,
-    *,
-    shape: Shape | None = None,
-    asked_mu_per_minute: int = 0,
-    excluding_endpoint_id: int | None = None,
-    replacing_mu: int = 0,
-) -> PoolLedger:
-    """Raise Oversold unless `pool` holds what is sold (minus one endpoint) plus what is asked.
-
-    The caller holds the pool's lock (locked_pools) inside a transaction.
-    """
-    ledger = pool_ledgers([pool], excluding_endpoint_id=excluding_endpoint_id)[pool.pk]
-    check_sale(pool.name, ledger, shape or default_shape(), asked_mu_per_minute, replacing_mu)
-    return ledger
-
-
-def sell(endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: str) -> Reservation:
-    """Sell (or change) the endpoint's reservation; Oversold leaves everything as it was.
-
-    Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
-    """
-    with transaction.atomic():
-        (pool,) = locked_pools([endpoint.pool_id])
-        current = (
-            Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
-        )
-        ensure_capacity(
-            pool,
-            shape=endpoint.profile.shape,
-            asked_mu_per_minute=mu_per_minute,
-            excluding_endpoint_id=endpoint.pk,
-            replacing_mu=current or 0,
-        )
-        reservation, _ = Reservation.objects.update_or_create(
-            endpoint=endpoint,
-            defaults={
-                "mu_per_minute": mu_per_minute,
-                "best_effort_allowed": best_effort_allowed,
-                "sold_by": sold_by,
-            },
-        )
-    return reservation
