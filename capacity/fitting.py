@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
+from capacity.units import MU_PER_REPLICA_MINUTE, price
+
 NAMES = ("alpha", "beta", "gamma")
 MIN_SHAPES = 5  # three coefficients, one left out, and at least one degree of freedom to spare
 # Two-sided 97.5 % quantiles of Student's t by degrees of freedom; 1.96 beyond 30.
@@ -86,7 +88,7 @@ class Fit:
     samples: int  # shapes measured
 
     def predict(self, input_tokens: int, output_tokens: int) -> float:
-        return self.alpha * input_tokens + self.beta * output_tokens + self.gamma
+        return price(self.alpha, self.beta, self.gamma, input_tokens, output_tokens)
 
     def verdict(self, max_heldout_mape: float) -> tuple[bool, str]:
         """(publish?, why): a fit is published only if shapes it did not see are priced well."""
@@ -101,7 +103,7 @@ class Fit:
         )
 
 
-def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.0) -> Fit:
+def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE) -> Fit:
     """Fit alpha, beta, gamma >= 0; refuses bad measurements naming the shape."""
     for m in measurements:
         _check(m)
@@ -128,7 +130,9 @@ def fit(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.
     )
 
 
-def heldout_errors(measurements: Sequence[Measurement], mu_per_replica_minute: float = 100.0) -> list[float]:
+def heldout_errors(
+    measurements: Sequence[Measurement], mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE
+) -> list[float]:
     """Per measurement, the cost a fit of all the others predicts for it, relative to what it
     measured, minus 1: -0.3 means the others price it 30 % cheaper than it measured (it read
     slow). The held-out MAPE is the mean of their absolute values."""

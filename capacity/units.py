@@ -1,5 +1,6 @@
-"""Model units: what one request costs, before it runs and after. Pure; used by the router,
-the ledger and the benchmarks.
+"""Model units: what one request costs, before it runs and after. Pure, and the ground floor:
+it imports nothing of ours, so the router, the ledger, the fitting and the simulator all price
+with the one rule here (`price`) and the one normalisation (`MU_PER_REPLICA_MINUTE`).
 
     cost = alpha * input_tokens + beta * output_tokens + gamma        [MU]
 
@@ -15,6 +16,18 @@ from dataclasses import dataclass
 
 # Without a tokenizer at hand, English text runs about 4 bytes per token (OpenAI's rule of thumb).
 BYTES_PER_TOKEN = 4
+# What one replica of a model does per minute on its GPU type, by definition of the model unit.
+# The default of the MU_PER_REPLICA_MINUTE setting and of every profile; fits scale with it.
+MU_PER_REPLICA_MINUTE = 100
+
+
+def price(alpha: float, beta: float, gamma: float, input_tokens: float, output_tokens: float) -> float:
+    """The MU price rule: alpha * input_tokens + beta * output_tokens + gamma.
+
+    0.0004 * 50 + 0.004 * 50 + 0.02 = 0.24 MU. Input tokens may be fractional: prefix-cache
+    hits count at a share of a token (CostModel.cost).
+    """
+    return alpha * input_tokens + beta * output_tokens + gamma
 
 
 @dataclass(frozen=True)
@@ -36,8 +49,8 @@ class CostModel:
         """MU of a request with these token counts (cached_tokens <= input_tokens)."""
         cached = min(max(cached_tokens, 0), input_tokens)
         fresh = input_tokens - cached
-        return (
-            self.alpha * (fresh + self.cached_token_factor * cached) + self.beta * output_tokens + self.gamma
+        return price(
+            self.alpha, self.beta, self.gamma, fresh + self.cached_token_factor * cached, output_tokens
         )
 
     def estimate(self, prompt_bytes: int, max_tokens: int) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from capacity import units
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -115,7 +116,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- Capacity -------------------------------------------------------------------------------
 # Work one replica of any model does per minute on its GPU type; the unit of the whole ledger.
-MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", 100, minimum=1)
+MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", units.MU_PER_REPLICA_MINUTE, minimum=1)
 # Sold GPUs may reach have x this factor (1.0 = never sell more than the fleet holds).
 CAPACITY_OVERCOMMIT = envfloat("CAPACITY_OVERCOMMIT", 1.0, minimum=0.01)
 # Starting point of the vertical autoscaler for a new endpoint (concurrent requests per pod).

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from capacity.autoscaler.config import AutoscalerConfig
 from capacity.autoscaler.window import Bucket, Load, aggregate
+from capacity.units import MU_PER_REPLICA_MINUTE
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class EndpointSpec:
     max_replicas: int  # >= min_replicas
     current_replicas: int  # what was last asked for (desired), >= 0
     target_concurrency_per_replica: int  # the vertical decider's value, >= 1
-    mu_per_replica_minute: float = 100.0  # a replica's capacity in MU/min, > 0
+    mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE  # a replica's capacity in MU/min, > 0
     scale_to_zero_enabled: bool = False
     predicted_min_replicas: int = 0  # from forecast, when predictive_min is on
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)

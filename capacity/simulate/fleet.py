@@ -37,7 +37,7 @@ from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, Policy
 from capacity.simulate.replica import Replica, Request
-from capacity.simulate.sizing import MU_PER_REPLICA_MINUTE, cost_model_for, fit_shape, full_batch
+from capacity.simulate.sizing import cost_model_for, fit_shape, full_batch
 from dataplane.runtime.perf_model import EngineProfile
 
 BUCKET_S = 1.0  # the router's metering resolution, seconds
@@ -474,4 +474,4 @@ def run(
     )
 
 
-__all__ = ["MU_PER_REPLICA_MINUTE", "FleetConfig", "MinuteStats", "Result", "run"]
+__all__ = ["FleetConfig", "MinuteStats", "Result", "run"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
 from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.window import aggregate
+from capacity.units import MU_PER_REPLICA_MINUTE
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
 class Apa(Policy):
     """capacity.autoscaler in the loop, as the actuator would call it."""
 
-    mu_per_replica_minute: float = 100.0  # a replica's capacity, MU/min
+    mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE  # a replica's capacity, MU/min
     scale_to_zero: bool = False
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     name: str = "apa"

@@ -11,11 +11,11 @@ from capacity.simulate.arrivals import Arrival
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
 from capacity.simulate.sizing import (
-    MU_PER_REPLICA_MINUTE,
     full_batch,
     oracle_schedule,
     slo_capacity_mu_per_s,
 )
+from capacity.units import MU_PER_REPLICA_MINUTE
 from dataplane.runtime.perf_model import EngineProfile
 
 POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")

@@ -23,10 +23,9 @@ from itertools import repeat
 
 from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.replica import Replica, Request
-from capacity.units import CostModel
+from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.runtime.perf_model import EngineProfile
 
-MU_PER_REPLICA_MINUTE = 100.0  # by construction of `cost_model_for`
 SECONDS_PER_MU = 60.0 / MU_PER_REPLICA_MINUTE
 
 
