@@ -153,6 +153,24 @@ def test_two_ticks_at_once_decide_once(chat):
     assert Event.objects.filter(kind="scale").count() == 1
 
 
+def test_the_beat_interval_is_the_passes_cadence(settings, chat):
+    # Beat every 2 s: each tick runs its pass (a lease from the 5-s default skipped every other).
+    settings.AUTOSCALER_HORIZONTAL_INTERVAL_S = 2.0
+    ran = [scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=t)) is not None for t in (0, 2, 4, 6)]
+    assert ran == [True, True, True, True]
+    assert scaling.config_for(chat).tick_s == 2.0
+    # ... and a second beat within the same tick is still skipped.
+    assert scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=6.5)) is None
+
+
+def test_the_vertical_cadence_and_window_come_from_the_setting(settings, chat):
+    settings.AUTOSCALER_VERTICAL_INTERVAL_S = 10.0
+    assert scaling.config_for(chat).vertical_tick_s == 10.0
+    assert scaling.vertical_pass(Recorder(), NOW) is not None
+    assert scaling.vertical_pass(Recorder(), NOW + timedelta(seconds=4)) is None
+    assert scaling.vertical_pass(Recorder(), NOW + timedelta(seconds=10)) is not None
+
+
 def test_a_crashed_pass_holds_the_lease_until_it_expires(chat):
     Lease.objects.create(
         name=scaling.HORIZONTAL, holder="dead-worker", expires_at=NOW + timedelta(seconds=30)
@@ -296,6 +314,13 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
     assert bad.status_code == 400 and "tolerance=2" in str(bad.json())
     unknown = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"speed": 1}}, format="json")
     assert unknown.status_code == 400 and "'speed'" in str(unknown.json())
+    for key, setting in [
+        ("tick_s", "AUTOSCALER_HORIZONTAL_INTERVAL_S"),
+        ("vertical_tick_s", "AUTOSCALER_VERTICAL_INTERVAL_S"),
+    ]:
+        cadence = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {key: 1}}, format="json")
+        assert cadence.status_code == 400, cadence.json()
+        assert f"'{key}' cannot be set per endpoint" in str(cadence.json()) and setting in str(cadence.json())
     ok = owner_client.patch(
         f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"target_utilisation": 0.5}}, format="json"
     )

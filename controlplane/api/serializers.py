@@ -3,10 +3,10 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from capacity.autoscaler import AutoscalerConfig
 from capacity.ledger import as_json_number
 from controlplane import selling
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation
+from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
@@ -187,7 +187,8 @@ class EndpointSerializer(serializers.ModelSerializer):
     autoscaler = serializers.JSONField(
         required=False,
         help_text='Autoscaler settings over the defaults, e.g. {"target_utilisation": 0.6} '
-        "(capacity.autoscaler.AutoscalerConfig lists every key, default and range).",
+        "(capacity.autoscaler.AutoscalerConfig lists every key, default and range; the cadences"
+        " tick_s and vertical_tick_s are the control plane's, not per endpoint).",
     )
     canary_percent = serializers.IntegerField(
         min_value=0,
@@ -246,7 +247,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         if not isinstance(value, dict):
             raise serializers.ValidationError(f"{value!r} must be an object of setting: value")
         try:
-            AutoscalerConfig.from_overrides(value)
+            scaling.config_from_overrides(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value

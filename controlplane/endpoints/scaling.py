@@ -83,8 +83,35 @@ def runtime_pod_config() -> RuntimePodConfig:
     )
 
 
+# One pass decides every endpoint, on beat's schedule, so the passes' cadence is the settings'
+# and no endpoint has its own: an override of these keys is refused, naming the setting.
+CADENCE_SETTINGS = {
+    "tick_s": "AUTOSCALER_HORIZONTAL_INTERVAL_S",
+    "vertical_tick_s": "AUTOSCALER_VERTICAL_INTERVAL_S",
+}
+
+
+def base_config() -> AutoscalerConfig:
+    """The defaults, with the decider's ticks from the beat intervals (the one cadence)."""
+    return AutoscalerConfig(
+        tick_s=settings.AUTOSCALER_HORIZONTAL_INTERVAL_S,
+        vertical_tick_s=settings.AUTOSCALER_VERTICAL_INTERVAL_S,
+    )
+
+
+def config_from_overrides(overrides: dict[str, object]) -> AutoscalerConfig:
+    """An endpoint's config: the base with its overrides; ValueError naming a bad key or value."""
+    for key, setting in CADENCE_SETTINGS.items():
+        if key in overrides:
+            raise ValueError(
+                f"autoscaler setting {key!r} cannot be set per endpoint: every endpoint is decided"
+                f" on the control plane's cadence ({setting})"
+            )
+    return AutoscalerConfig.from_overrides(overrides, base=base_config())
+
+
 def config_for(endpoint: Endpoint) -> AutoscalerConfig:
-    return AutoscalerConfig.from_overrides(endpoint.autoscaler or {})
+    return config_from_overrides(endpoint.autoscaler or {})
 
 
 # --- leases
@@ -141,7 +168,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
     endpoint and declare them. None when another pass holds the lease or ran less than half a
     tick ago. The endpoints stay locked for the pass (one short transaction), so a wake cannot
     be undone by a stale count."""
-    lease = take_lease(HORIZONTAL, now, AutoscalerConfig().tick_s / 2)
+    lease = take_lease(HORIZONTAL, now, base_config().tick_s / 2)
     if lease is None:
         return None
     ts = now.timestamp()
@@ -300,7 +327,7 @@ def state_of(e: Endpoint) -> str:
 
 def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
     """Retune each serving endpoint's target concurrency per replica from its last 30 s."""
-    lease = take_lease(VERTICAL, now, AutoscalerConfig().vertical_tick_s / 2)
+    lease = take_lease(VERTICAL, now, base_config().vertical_tick_s / 2)
     if lease is None:
         return None
     try:
