@@ -8,6 +8,16 @@ one replica even when its provisioned minimum is 0.
 from math import ceil
 
 
+def bounds_error(min_provisioned_concurrency: int, max_provisioned_concurrency: int) -> str | None:
+    """What is wrong with these provisioned-concurrency bounds, or None when nothing is."""
+    if min_provisioned_concurrency > max_provisioned_concurrency:
+        return (
+            f"min_provisioned_concurrency ({min_provisioned_concurrency}) must not exceed"
+            f" max_provisioned_concurrency ({max_provisioned_concurrency})"
+        )
+    return None
+
+
 def replica_bounds(
     min_provisioned_concurrency: int,
     max_provisioned_concurrency: int,

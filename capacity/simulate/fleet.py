@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from capacity.autoscaler import Bucket
 from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.percentiles import Percentiles
-from capacity.simulate.policies import FleetState, Policy
+from capacity.simulate.policies import FleetState, ScalingPolicy
 from capacity.simulate.replica import Replica, Request
 from capacity.simulate.sizing import cost_model_for, fit_shape, full_batch
 from dataplane.runtime.perf_model import EngineProfile
@@ -143,7 +143,7 @@ class Fleet:
     def __init__(
         self,
         profile: EngineProfile,
-        policy: Policy,
+        policy: ScalingPolicy,
         config: FleetConfig,
         batch: int,
         static_peak_replicas: int,
@@ -173,7 +173,7 @@ class Fleet:
         self.ratios = Percentiles()  # latency / deadline (rejected: inf), of closed minutes
         self.next_policy = 0.0
         self.measure_from = 0.0  # simulated seconds: before this is warm-up, not measured
-        self.warmup_policy: Policy | None = None  # scales the fleet during the warm-up
+        self.warmup_policy: ScalingPolicy | None = None  # scales the fleet during the warm-up
         for _ in range(config.initial_replicas):
             self._add(0.0, ready_at=0.0)
         self.desired = config.initial_replicas
@@ -396,12 +396,12 @@ class Fleet:
 def run(
     profile: EngineProfile,
     trace: Sequence[Arrival],
-    policy: Policy,
+    policy: ScalingPolicy,
     config: FleetConfig,
     static_peak_replicas: int,
     slo_scale: float = 10.0,
     warmup_s: float = 0.0,
-    warmup_policy: Policy | None = None,
+    warmup_policy: ScalingPolicy | None = None,
     batch: int | None = None,  # full_batch(profile, trace), when the caller has it
 ) -> Result:
     """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.

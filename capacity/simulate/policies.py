@@ -52,7 +52,7 @@ class FleetState:
     max_replicas: int  # the endpoint's ceiling, >= min_replicas
 
 
-class Policy:
+class ScalingPolicy:
     """Hold what you have: the base every policy refines."""
 
     name = "hold"
@@ -102,7 +102,7 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
 
 
 @dataclass
-class Apa(Policy):
+class Apa(ScalingPolicy):
     """capacity.autoscaler in the loop, as the actuator would call it."""
 
     mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE  # a replica's capacity, MU/min
@@ -157,7 +157,7 @@ class Apa(Policy):
 
 
 @dataclass
-class Hpa(Policy):
+class Hpa(ScalingPolicy):
     """Kubernetes HPA v2 on a Pods metric (in-flight per pod), real defaults; see the module doc."""
 
     target_per_pod: float = 70.0  # average in-flight requests per ready pod, > 0
@@ -193,7 +193,7 @@ class Hpa(Policy):
 
 
 @dataclass
-class Kpa(Policy):
+class Kpa(ScalingPolicy):
     """Knative's KPA, real defaults; see the module doc."""
 
     target_per_pod: float = 100.0 * 0.7  # container-concurrency-target-default x target-percentage
@@ -236,7 +236,7 @@ class Kpa(Policy):
 
 
 @dataclass
-class Schedule(Policy):
+class Schedule(ScalingPolicy):
     """Replicas from a per-minute schedule, asked for `lead_s` ahead: the oracle, or static."""
 
     per_minute: Sequence[int] = ()  # replicas each minute needs, from minute 0

@@ -9,7 +9,7 @@ from dataclasses import replace
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.arrivals import Arrival
 from capacity.simulate.fleet import FleetConfig, Result, run
-from capacity.simulate.policies import Apa, Hpa, Kpa, Policy, Schedule
+from capacity.simulate.policies import Apa, Hpa, Kpa, ScalingPolicy, Schedule
 from capacity.simulate.sizing import (
     full_batch,
     oracle_schedule,
@@ -34,7 +34,7 @@ def make_policy(
     apa_config: AutoscalerConfig,
     warmup_s: float = 0.0,
     mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE,
-) -> Policy:
+) -> ScalingPolicy:
     if name == "apa":
         return Apa(mu_per_replica_minute, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
     if name == "hpa":

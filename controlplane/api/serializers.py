@@ -4,6 +4,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
+from capacity.provisioning import bounds_error
 from controlplane import selling
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation
 from controlplane.endpoints import scaling
@@ -327,10 +328,9 @@ class EndpointSerializer(serializers.ModelSerializer):
 
         low = attrs.get("min_provisioned_concurrency", getattr(endpoint, "min_provisioned_concurrency", 0))
         high = attrs.get("max_provisioned_concurrency", getattr(endpoint, "max_provisioned_concurrency", 1))
-        if low > high:
-            errors["min_provisioned_concurrency"] = (
-                f"min_provisioned_concurrency ({low}) must not exceed max_provisioned_concurrency ({high})"
-            )
+        bounds = bounds_error(low, high)
+        if bounds:
+            errors["min_provisioned_concurrency"] = bounds
 
         name = attrs.get("name", getattr(endpoint, "name", None))
         if tenant is not None and name is not None:

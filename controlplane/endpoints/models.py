@@ -10,7 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from capacity.provisioning import replica_bounds
+from capacity.provisioning import bounds_error, replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
 from dataplane.cluster.rollout import Phase
@@ -112,11 +112,9 @@ class Endpoint(models.Model):
 
     def clean(self) -> None:
         errors = {}
-        if self.min_provisioned_concurrency > self.max_provisioned_concurrency:
-            errors["min_provisioned_concurrency"] = (
-                f"min_provisioned_concurrency ({self.min_provisioned_concurrency}) must not exceed"
-                f" max_provisioned_concurrency ({self.max_provisioned_concurrency})"
-            )
+        bounds = bounds_error(self.min_provisioned_concurrency, self.max_provisioned_concurrency)
+        if bounds:
+            errors["min_provisioned_concurrency"] = bounds
         if self.pool_id and self.profile_id and self.pool.gpu_type_id != self.profile.gpu_type_id:
             errors["pool"] = (
                 f"pool {self.pool.name!r} holds {self.pool.gpu_type.name} GPUs, but the model"

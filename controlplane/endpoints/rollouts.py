@@ -25,8 +25,8 @@ def config() -> phases.RolloutConfig:
     return phases.RolloutConfig(settings.ROLLOUT_DRAIN_S, settings.ROLLOUT_READY_DEADLINE_S)
 
 
-def state_of(r: Rollout) -> phases.Rollout:
-    return phases.Rollout(
+def state_of(r: Rollout) -> phases.RolloutState:
+    return phases.RolloutState(
         phases.Phase(r.phase),
         r.new_percent,
         r.phase_since.timestamp(),
@@ -79,7 +79,7 @@ def advance(endpoints: list[Endpoint], now: datetime) -> list[Deployment]:
     return declared
 
 
-def _record(e: Endpoint, r: Rollout, new: phases.Rollout, why: str, now: datetime) -> None:
+def _record(e: Endpoint, r: Rollout, new: phases.RolloutState, why: str, now: datetime) -> None:
     r.phase, r.new_percent, r.phase_since = new.phase.value, new.new_percent, now
     r.save(update_fields=["phase", "new_percent", "phase_since"])
     severity = Event.Severity.INFO

@@ -45,7 +45,7 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class Rollout:
+class RolloutState:
     phase: Phase
     new_percent: int  # share of the endpoint's traffic the new version takes, 0..100
     since: float  # when the phase began, unix s
@@ -56,52 +56,54 @@ class Rollout:
 
 @dataclass(frozen=True)
 class Step:
-    rollout: Rollout
+    rollout: RolloutState
     event: str | None  # what changed, for the Event; None when nothing did
 
 
-def start(now: float, canary_percent: int = 0) -> Rollout:
+def start(now: float, canary_percent: int = 0) -> RolloutState:
     if not 0 <= canary_percent < 100:
         raise ValueError(f"canary_percent={canary_percent!r} must be in [0, 100)")
-    return Rollout(Phase.STARTING, 0, now, canary_percent)
+    return RolloutState(Phase.STARTING, 0, now, canary_percent)
 
 
 def advance(
-    r: Rollout, new_ready: int, replicas: int, now: float, cfg: RolloutConfig = RolloutConfig()
+    r: RolloutState, new_ready: int, replicas: int, now: float, cfg: RolloutConfig = RolloutConfig()
 ) -> Step:
     """The next state, from how many of the new version's pods are ready out of `replicas`."""
     if not r.phase.active:
         return Step(r, None)
     if r.aborted:
         return Step(
-            Rollout(Phase.ROLLED_BACK, 0, now, r.canary_percent), "aborted: traffic back on the old version"
+            RolloutState(Phase.ROLLED_BACK, 0, now, r.canary_percent),
+            "aborted: traffic back on the old version",
         )
     if r.phase is Phase.STARTING:
         if new_ready >= replicas:
             if r.canary_percent and not r.promoted:
                 return Step(
-                    Rollout(Phase.CANARY, r.canary_percent, now, r.canary_percent),
+                    RolloutState(Phase.CANARY, r.canary_percent, now, r.canary_percent),
                     f"{new_ready} new pods ready: canary at {r.canary_percent}% until promoted",
                 )
             return Step(
-                Rollout(Phase.DRAINING, 100, now, r.canary_percent, r.promoted),
+                RolloutState(Phase.DRAINING, 100, now, r.canary_percent, r.promoted),
                 f"{new_ready} new pods ready: 100% of traffic on the new version, old pods draining",
             )
         if now - r.since >= cfg.ready_deadline_s:
             return Step(
-                Rollout(Phase.ROLLED_BACK, 0, now, r.canary_percent),
+                RolloutState(Phase.ROLLED_BACK, 0, now, r.canary_percent),
                 f"{new_ready} of {replicas} new pods ready after {cfg.ready_deadline_s:g} s: rolled back",
             )
         return Step(r, None)
     if r.phase is Phase.CANARY:
         if r.promoted:
             return Step(
-                Rollout(Phase.DRAINING, 100, now, r.canary_percent, True),
+                RolloutState(Phase.DRAINING, 100, now, r.canary_percent, True),
                 "promoted: 100% of traffic on the new version, old pods draining",
             )
         return Step(r, None)
     if now - r.since >= cfg.drain_s:  # draining
         return Step(
-            Rollout(Phase.DONE, 100, now, r.canary_percent, r.promoted), "old version removed: rollout done"
+            RolloutState(Phase.DONE, 100, now, r.canary_percent, r.promoted),
+            "old version removed: rollout done",
         )
     return Step(r, None)

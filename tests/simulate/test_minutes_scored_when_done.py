@@ -4,14 +4,14 @@ simulated day keeps only the requests in flight, not 10^8 latencies."""
 import pytest
 
 from capacity.simulate.fleet import Fleet, FleetConfig
-from capacity.simulate.policies import Policy
+from capacity.simulate.policies import ScalingPolicy
 from dataplane.runtime.profiles import get_profile
 
 TINY = get_profile("tiny-test")
 
 
 def test_a_minute_is_scored_when_its_last_request_ends():
-    fleet = Fleet(TINY, Policy(), FleetConfig(), batch=4, static_peak_replicas=1)
+    fleet = Fleet(TINY, ScalingPolicy(), FleetConfig(), batch=4, static_peak_replicas=1)
     now = 0.0
     while now < 59.5:
         now += 0.5

@@ -2,7 +2,7 @@
 beyond every limit a bounded queue; too long a wait is a rejection."""
 
 from capacity.simulate.fleet import Fleet, FleetConfig, run
-from capacity.simulate.policies import Policy, Schedule
+from capacity.simulate.policies import ScalingPolicy, Schedule
 from capacity.simulate.traces import Arrival
 from dataplane.runtime.profiles import get_profile
 
@@ -11,7 +11,7 @@ TINY = get_profile("tiny-test")
 
 def _fleet(**overrides) -> Fleet:
     config = FleetConfig(initial_replicas=2, target_concurrency=2, queue_timeout_s=1.0, **overrides)
-    return Fleet(TINY, Policy(), config, batch=4, static_peak_replicas=2)
+    return Fleet(TINY, ScalingPolicy(), config, batch=4, static_peak_replicas=2)
 
 
 def _load(fleet: Fleet) -> list[tuple[int, float]]:
