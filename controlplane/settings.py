@@ -202,6 +202,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(VAR_DIR / "broker"),
         "data_folder_out": str(VAR_DIR / "broker"),
         "processed_folder": str(VAR_DIR / "broker-processed"),
+        # kombu's exchange tables; its default is ./control, wherever the process was started.
+        "control_folder": str(VAR_DIR / "broker-control"),
     }
     if CELERY_BROKER_URL.startswith("filesystem://")
     else {}

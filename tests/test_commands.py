@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 
 from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint
+from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 
 
@@ -56,3 +57,11 @@ def test_load_demo_is_idempotent(db, tmp_path):
     written = tmp_path / "keys" / "operator.key"
     assert written.read_text().strip() == operator and written.stat().st_mode & 0o777 == 0o600
     assert whoami((tmp_path / "keys" / "acme.key").read_text().strip())["tenant"] == "acme"
+
+
+def test_the_demo_sales_are_events_like_any_other_sale(db):
+    run("load_demo")
+    sold = {r.endpoint_id: r.mu_per_minute for r in Reservation.objects.all()}
+    events = Event.objects.filter(kind=Event.Kind.RESERVATION)
+    assert {e.endpoint_id: e.detail["mu_per_minute"] for e in events} == sold
+    assert all(e.reported_by == "demo" and e.message.startswith("demo sold ") for e in events)
