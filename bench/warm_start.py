@@ -32,7 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig  # noqa: E402
+from dataplane.runtime.pod_process import PodLaunch  # noqa: E402
+from dataplane.runtime.supervisor import Supervisor, SupervisorConfig  # noqa: E402
+from dataplane.runtime.warm_pool import WarmPoolConfig  # noqa: E402
 from tests.runtime.support import free_port, make_tiny_vllm, tiny_vllm_args  # noqa: E402
 
 SIM_ARGS = ("--profile", "tiny-test", "--time-scale", "100")
@@ -62,24 +64,22 @@ def start_times(
             stop_grace_s=10.0,
             ready_poll_interval_s=0.01,
             log_dir=log_dir,
-            warm_pool=pods if warm else 0,
-            warm_engine=engine,
-            warm_engine_python=engine_python,
+            warm_pool=WarmPoolConfig(size=pods if warm else 0, engine=engine, engine_python=engine_python),
         )
     )
     times: list[float] = []
     try:
         if warm:
-            sup.refill_warm_pool()  # no thread: nothing refills while pods start
+            sup.warm_pool.refill()  # no thread: nothing refills while pods start
             wait_for(
-                lambda: sum(w.ready for w in sup.list_warm()) == pods,
+                lambda: sum(w.ready for w in sup.warm_pool.waiting()) == pods,
                 timeout_s,
                 f"{pods} warm processes imported",
             )
         for i in range(pods):
             name = f"{'warm' if warm else 'cold'}-{i}"
             sup.start_pod(
-                PodSpec(name=name, engine=engine, port=free_port(), probe_port=free_port(), args=args)
+                PodLaunch(name=name, engine=engine, port=free_port(), probe_port=free_port(), args=args)
             )
 
             def started(name: str = name) -> bool:

@@ -98,14 +98,15 @@ def benchmark_engine(
         return  # the claim's release undeclares the pod: the next pass removes it
     if not settings.BENCHMARK_SIMULATED_PROFILE:
         raise BenchmarkError(None, "no engine: set BENCHMARK_ENGINE_URL (or BENCHMARK_SIMULATED_PROFILE)")
-    from dataplane.runtime.supervisor import PodSpec, Supervisor
+    from dataplane.runtime.pod_process import PodLaunch
+    from dataplane.runtime.supervisor import Supervisor
 
     supervisor = Supervisor()
     port, probe_port = _free_port(), _free_port()
     name = f"benchmark-{profile.pk}-{port}"
     scale = settings.BENCHMARK_SIMULATED_TIME_SCALE
     supervisor.start_pod(
-        PodSpec(
+        PodLaunch(
             name,
             "sim",
             port,

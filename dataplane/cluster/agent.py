@@ -39,7 +39,9 @@ from dataclasses import dataclass, replace
 from dataplane.cluster.driver import Deployment, PodState
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.minihttp import HttpServer, Request, Response, json_response
-from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig
+from dataplane.runtime.pod_process import PodLaunch
+from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
+from dataplane.runtime.warm_pool import WarmPoolConfig
 
 log = logging.getLogger("dataplane.cluster.agent")
 
@@ -176,8 +178,10 @@ class Agent:
 
     def _start(self, d: Deployment, now: float) -> None:
         r = Replica(f"{d.name}-{next(self._serial)}", d.name, free_port(self.host), free_port(self.host), now)
-        spec = PodSpec(r.name, d.engine, r.port, r.probe_port, args=d.args + self.pod_args(d), host=self.host)
-        self.supervisor.start_pod(spec)
+        launch = PodLaunch(
+            r.name, d.engine, r.port, r.probe_port, args=d.args + self.pod_args(d), host=self.host
+        )
+        self.supervisor.start_pod(launch)
         with self._lock:
             self.replicas[r.name] = r
         log.info("deployment %s: started pod %s on port %d", d.name, r.name, r.port)
@@ -244,8 +248,7 @@ async def serve(args: argparse.Namespace) -> None:
             check_interval_s=0.5,
             stop_grace_s=args.grace,
             log_dir=args.log_dir,
-            warm_pool=args.warm_pool,
-            warm_engine=args.warm_engine,
+            warm_pool=WarmPoolConfig(size=args.warm_pool, engine=args.warm_engine),
         ),
         reporter,
     )

@@ -5,6 +5,7 @@ simulated engine (``sim`` driven by the pure ``perf_model``), plus a prober (``p
 machine, ``probe_server`` I/O) that sends a tiny top-priority completion when the engine has
 been quiet, fails ``/livez`` when it hangs, and reports events to the control plane
 (``events``). ``pod`` runs one pod in the foreground; ``supervisor`` runs many locally and
-restarts the ones that hang or die, starting new ones from a pool of ``warm`` processes that
-have imported already. Pure modules take time as a parameter and do no I/O.
+restarts the ones that hang or die (``pod_process``: what to run for a pod, and how it is
+started and killed), starting new ones from a ``warm_pool`` of ``warm`` processes that have
+imported already. Pure modules take time as a parameter and do no I/O.
 """

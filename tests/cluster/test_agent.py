@@ -11,6 +11,7 @@ from dataplane.cluster.driver import ClusterError, Deployment
 from dataplane.cluster.local import LocalDriver
 from dataplane.runtime.minihttp import HttpServer
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
+from dataplane.runtime.warm_pool import WarmPoolConfig
 from tests.runtime.support import free_port, http, wait_until
 
 SIM = ("--profile", "tiny-test", "--time-scale", "20", "--served-model-name", "chat")
@@ -50,7 +51,9 @@ def test_deployments_refuse_bad_fields_naming_them():
 def agent(request):
     """A real agent: its HTTP API on a loop thread, its reconcile loop on another."""
     warm = getattr(request, "param", 0)
-    supervisor = Supervisor(SupervisorConfig(check_interval_s=0.2, stop_grace_s=5, warm_pool=warm))
+    supervisor = Supervisor(
+        SupervisorConfig(check_interval_s=0.2, stop_grace_s=5, warm_pool=WarmPoolConfig(size=warm))
+    )
     a = Agent(supervisor, drain_delay_s=0.5)
     supervisor.start()
     loop = asyncio.new_event_loop()
@@ -75,7 +78,7 @@ def agent(request):
     serving.join(timeout=5)
     loop.close()
     a.close()
-    assert supervisor.list_pods() == [] and supervisor.list_warm() == []
+    assert supervisor.list_pods() == [] and supervisor.warm_pool.waiting() == []
 
 
 def test_the_local_driver_scales_real_pods_up_and_down(agent):
@@ -107,13 +110,13 @@ def test_the_local_driver_scales_real_pods_up_and_down(agent):
 @pytest.mark.parametrize("agent", [1], indirect=True)
 def test_with_a_warm_pool_a_new_replica_starts_from_a_pre_started_process(agent):
     a, url = agent
-    wait_until(lambda: any(w.ready for w in a.supervisor.list_warm()), timeout=30)
+    wait_until(lambda: any(w.ready for w in a.supervisor.warm_pool.waiting()), timeout=30)
     driver = LocalDriver(url)
     driver.apply([Deployment("ep-1", 1, "sim", SIM)])
     wait_until(lambda: any(p.ready for p in driver.list_pods()), timeout=30)
     (pod,) = driver.list_pods()
     assert pod.warm and pod.ready_after_s is not None
-    wait_until(lambda: len(a.supervisor.list_warm()) == 1, timeout=30)  # the pool is refilled
+    wait_until(lambda: len(a.supervisor.warm_pool.waiting()) == 1, timeout=30)  # the pool is refilled
 
 
 def test_the_agent_refuses_bad_requests_with_the_reason(agent):

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from dataplane.runtime.events import EventReporter, ReporterConfig
+from dataplane.runtime.pod_process import PodLaunch
 from dataplane.runtime.restart_policy import RestartPolicy
-from dataplane.runtime.supervisor import PodSpec, Supervisor, SupervisorConfig
+from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from tests.runtime.support import EventSink, free_port, http, start_pod, stop_group, wait_until
 
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
@@ -57,8 +58,8 @@ def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
         reporter.close()
 
 
-def spec(name: str, *extra: str) -> PodSpec:
-    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD + extra)
+def launch(name: str, *extra: str) -> PodLaunch:
+    return PodLaunch(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD + extra)
 
 
 def status(sup: Supervisor, name: str) -> tuple[int | None, bool, int]:
@@ -66,7 +67,7 @@ def status(sup: Supervisor, name: str) -> tuple[int | None, bool, int]:
     return pod.pid, pod.ready, pod.restarts
 
 
-def livez(pod: PodSpec) -> int | None:
+def livez(pod: PodLaunch) -> int | None:
     try:
         return http("GET", f"http://127.0.0.1:{pod.probe_port}/livez", timeout=1)[0]
     except OSError:
@@ -74,7 +75,7 @@ def livez(pod: PodSpec) -> int | None:
 
 
 def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, event_sink: EventSink) -> None:
-    pod = spec("pod-hang")
+    pod = launch("pod-hang")
     supervisor.start_pod(pod)
     wait_until(lambda: status(supervisor, "pod-hang")[1], timeout=15)
     first_pid = status(supervisor, "pod-hang")[0]
@@ -103,7 +104,7 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, eve
 
 def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
     # The pod's prober reports "hang" to the event API, with the pod's name and endpoint.
-    pod = spec("pod-self")
+    pod = launch("pod-self")
     proc = start_pod(
         *pod.command()[3:],
         "--control-plane-url",
@@ -135,7 +136,7 @@ def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
 ) -> None:
     # The engine crashes 0.5 s after every start: the pod exits, the supervisor restarts it;
     # the third restart within the window is a crash loop, reported once, and backed off.
-    supervisor.start_pod(spec("pod-crash", "--fault", "crash", "--fault-after", "0.5"))
+    supervisor.start_pod(launch("pod-crash", "--fault", "crash", "--fault-after", "0.5"))
     wait_until(lambda: "crash_loop" in event_sink.kinds(), timeout=30)
     restarts = [e for e in event_sink.received if e["kind"] == "restart"]
     assert len(restarts) >= 3
@@ -146,7 +147,7 @@ def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
 
 
 def test_stop_pod_terminates_pod_and_engine(supervisor: Supervisor) -> None:
-    pod = spec("pod-stop")
+    pod = launch("pod-stop")
     supervisor.start_pod(pod)
     wait_until(lambda: status(supervisor, "pod-stop")[1], timeout=15)
     assert supervisor.stop_pod("pod-stop", grace_s=5) == 0
@@ -158,7 +159,7 @@ def test_stop_pod_terminates_pod_and_engine(supervisor: Supervisor) -> None:
 def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink, tmp_path: object) -> None:
     # As in Kubernetes, where an emptyDir outlives the container: the second start of the
     # pod with the same state dir reports a restart; the first does not.
-    pod = spec("pod-k8s")
+    pod = launch("pod-k8s")
     args = [*pod.command()[3:], "--control-plane-url", event_sink.url, "--state-dir", str(tmp_path)]
     for start in (1, 2):
         proc = start_pod(*args)
@@ -176,7 +177,7 @@ def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink, tmp
 
 
 def test_engine_dies_with_its_pod_even_on_sigkill() -> None:
-    pod = spec("pod-orphan")
+    pod = launch("pod-orphan")
     proc = start_pod(*pod.command()[3:])
     engine_health = f"http://127.0.0.1:{pod.port}/health"
 

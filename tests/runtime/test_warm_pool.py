@@ -9,8 +9,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from dataplane.runtime.pod_process import PodLaunch
 from dataplane.runtime.restart_policy import RestartPolicy
-from dataplane.runtime.supervisor import PodSpec, PodStatus, Supervisor, SupervisorConfig
+from dataplane.runtime.supervisor import PodStatus, Supervisor, SupervisorConfig
+from dataplane.runtime.warm_pool import WarmPoolConfig
 from tests.runtime.support import child_pids, free_port, http, pid_alive, wait_until
 
 # Readiness follows the engine within 50 ms (the prober scrapes every 0.05 s), so that the
@@ -25,7 +27,7 @@ def make_supervisor(tmp_path: object, warm_pool: int) -> Supervisor:
             probe_timeout_s=1.0,
             stop_grace_s=3.0,
             log_dir=str(tmp_path),
-            warm_pool=warm_pool,
+            warm_pool=WarmPoolConfig(size=warm_pool),
         )
     )
 
@@ -40,8 +42,10 @@ def supervisor(tmp_path: object) -> Iterator[Supervisor]:
         sup.close()
 
 
-def spec(name: str, *env: tuple[str, str]) -> PodSpec:
-    return PodSpec(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD, env=env)
+def launch(name: str, *env: tuple[str, str]) -> PodLaunch:
+    return PodLaunch(
+        name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD, env=env
+    )
 
 
 def pod_status(sup: Supervisor, name: str) -> PodStatus:
@@ -50,7 +54,7 @@ def pod_status(sup: Supervisor, name: str) -> PodStatus:
 
 
 def warm_ready(sup: Supervisor, count: int) -> bool:
-    warm = sup.list_warm()
+    warm = sup.warm_pool.waiting()
     return len(warm) == count and all(w.ready for w in warm)
 
 
@@ -66,8 +70,8 @@ def test_pod_from_the_warm_pool_serves_and_the_pool_is_refilled(tmp_path: object
     sup.start()
     try:
         wait_until(lambda: warm_ready(sup, 1), timeout=20)
-        [warm] = sup.list_warm()
-        pod = spec("pod-warm")
+        [warm] = sup.warm_pool.waiting()
+        pod = launch("pod-warm")
         sup.start_pod(pod)
         assert pod_status(sup, "pod-warm").pid == warm.pid  # the warm process became the pod
         wait_until(lambda: pod_status(sup, "pod-warm").ready_after_s is not None, timeout=15)
@@ -77,7 +81,7 @@ def test_pod_from_the_warm_pool_serves_and_the_pool_is_refilled(tmp_path: object
         assert http("POST", f"http://127.0.0.1:{pod.port}/v1/completions", completion)[0] == 200
 
         # The next check pass starts a new warm process in its place.
-        wait_until(lambda: warm_ready(sup, 1) and sup.list_warm()[0].pid != warm.pid, timeout=20)
+        wait_until(lambda: warm_ready(sup, 1) and sup.warm_pool.waiting()[0].pid != warm.pid, timeout=20)
 
         # SIGTERM drains the warm pod's engine as it would a cold one's: a clean exit.
         assert sup.stop_pod("pod-warm", grace_s=5) == 0
@@ -86,14 +90,14 @@ def test_pod_from_the_warm_pool_serves_and_the_pool_is_refilled(tmp_path: object
         sup.close()
 
 
-def test_a_spec_the_pool_cannot_honour_starts_cold(supervisor: Supervisor) -> None:
+def test_a_launch_the_pool_cannot_honour_starts_cold(supervisor: Supervisor) -> None:
     # PYTHONHASHSEED is read when an interpreter starts: too late for a warm one.
-    supervisor.refill_warm_pool()
+    supervisor.warm_pool.refill()
     wait_until(lambda: warm_ready(supervisor, 1), timeout=20)
-    supervisor.start_pod(spec("pod-cold", ("PYTHONHASHSEED", "7")))
+    supervisor.start_pod(launch("pod-cold", ("PYTHONHASHSEED", "7")))
     wait_until(lambda: pod_status(supervisor, "pod-cold").ready_after_s is not None, timeout=15)
     assert not pod_status(supervisor, "pod-cold").warm
-    assert len(supervisor.list_warm()) == 1  # still there for the next pod
+    assert len(supervisor.warm_pool.waiting()) == 1  # still there for the next pod
 
 
 @pytest.mark.parametrize(
@@ -105,9 +109,9 @@ def test_a_spec_the_pool_cannot_honour_starts_cold(supervisor: Supervisor) -> No
     ],
 )
 def test_a_sigkilled_warm_pod_leaves_no_engine(supervisor: Supervisor, kill: Callable[[int], None]) -> None:
-    supervisor.refill_warm_pool()
+    supervisor.warm_pool.refill()
     wait_until(lambda: warm_ready(supervisor, 1), timeout=20)
-    pod = spec("pod-kill")
+    pod = launch("pod-kill")
     supervisor.start_pod(pod)
     wait_until(lambda: engine_up(pod.port), timeout=15)
     pid = pod_status(supervisor, "pod-kill").pid
@@ -121,17 +125,17 @@ def test_a_sigkilled_warm_pod_leaves_no_engine(supervisor: Supervisor, kill: Cal
 def test_close_leaves_no_warm_process(tmp_path: object) -> None:
     sup = make_supervisor(tmp_path, warm_pool=2)
     try:
-        sup.refill_warm_pool()
+        sup.warm_pool.refill()
         wait_until(lambda: warm_ready(sup, 2), timeout=20)
-        pids = [w.pid for w in sup.list_warm()]
+        pids = [w.pid for w in sup.warm_pool.waiting()]
         engines = [engine for pid in pids for engine in child_pids(pid)]
         assert len(engines) == 2  # each has its engine interpreter waiting
     finally:
         sup.close()
-    assert sup.list_warm() == []
+    assert sup.warm_pool.waiting() == []
     assert not [pid for pid in pids + engines if pid_alive(pid)]
-    sup.refill_warm_pool()  # a check pass racing close() starts nothing
-    assert sup.list_warm() == []
+    sup.warm_pool.refill()  # a check pass racing close() starts nothing
+    assert sup.warm_pool.waiting() == []
 
 
 def test_a_pool_that_cannot_start_backs_off(tmp_path: object) -> None:
@@ -141,23 +145,22 @@ def test_a_pool_that_cannot_start_backs_off(tmp_path: object) -> None:
     sup = Supervisor(
         SupervisorConfig(
             log_dir=str(tmp_path),
-            warm_pool=1,
-            warm_engine_python=str(tmp_path) + "/no-such-python",
+            warm_pool=WarmPoolConfig(size=1, engine_python=str(tmp_path) + "/no-such-python"),
             restart_policy=RestartPolicy(crash_loop_restarts=1, backoff_base_s=10.0),
         ),
         clock=lambda: now[0],
     )
     try:
-        sup.refill_warm_pool()
-        [first] = sup.list_warm()
-        wait_until(lambda: sup.list_warm() == [], timeout=20)  # it died
-        sup.refill_warm_pool()  # notes the death, starts nothing
+        sup.warm_pool.refill()
+        [first] = sup.warm_pool.waiting()
+        wait_until(lambda: sup.warm_pool.waiting() == [], timeout=20)  # it died
+        sup.warm_pool.refill()  # notes the death, starts nothing
         wait_until(lambda: not pid_alive(first.pid), timeout=5)
-        sup.refill_warm_pool()
-        assert sup.list_warm() == []
+        sup.warm_pool.refill()
+        assert sup.warm_pool.waiting() == []
         now[0] += 10.0
-        sup.refill_warm_pool()
-        [second] = sup.list_warm()
+        sup.warm_pool.refill()
+        [second] = sup.warm_pool.waiting()
         assert second.pid != first.pid
     finally:
         sup.close()

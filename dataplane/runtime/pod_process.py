@@ -1,0 +1,88 @@
+"""A runtime pod as a local process: what to run for it, how it starts and how it is killed.
+
+``PodLaunch`` is the ``python -m dataplane.runtime.pod`` command line of one pod. A pod's process,
+or a warm process that will become one, starts in a session of its own with its output appended
+to ``<log_dir>/<name>.log``, and is killed with its whole process group, so that no engine is
+left behind. The supervisor starts pods this way, and its warm pool the processes that become pods.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PodLaunch:
+    """What to run for one pod."""
+
+    name: str  # unique pod name
+    engine: str  # "sim" or "vllm"
+    port: int  # engine port
+    probe_port: int  # prober's /livez, /readyz port
+    args: tuple[str, ...] = ()  # further `python -m dataplane.runtime.pod` arguments
+    env: tuple[tuple[str, str], ...] = ()  # extra environment variables
+    host: str = "127.0.0.1"  # listen address
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "dataplane.runtime.pod", *self.pod_args()]
+
+    def pod_args(self) -> list[str]:
+        """The arguments after ``python -m dataplane.runtime.pod``."""
+        return [
+            "--engine",
+            self.engine,
+            "--port",
+            str(self.port),
+            "--probe-port",
+            str(self.probe_port),
+            "--host",
+            self.host,
+            "--name",
+            self.name,
+            *self.args,
+        ]
+
+
+def log_path(log_dir: str | None, name: str) -> str | None:
+    """Where the process ``name`` writes its stdout and stderr; None: it inherits ours."""
+    if not log_dir:
+        return None
+    os.makedirs(log_dir, exist_ok=True)
+    return os.path.join(log_dir, f"{name}.log")
+
+
+def start_in_own_session(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: str | None,
+    stdin: int | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    out = open(log_path, "ab") if log_path else None
+    try:
+        # A new session makes the pod the leader of a process group that holds its
+        # engine too, so a SIGKILL of the group leaves no orphaned engine behind.
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            stdin=stdin,
+            pass_fds=pass_fds,
+        )
+    finally:
+        if out is not None:
+            out.close()
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group that ``pid`` leads, if it is still there."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
