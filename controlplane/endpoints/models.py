@@ -34,7 +34,7 @@ class EndpointQuerySet(TenantScopedQuerySet):
 
 
 class Endpoint(models.Model):
-    class Policy(models.TextChoices):
+    class RoutingPolicy(models.TextChoices):
         """How the router spreads this endpoint's requests over its pods."""
 
         P2C_MU = "p2c-mu"  # power of two choices on in-flight model units (default)
@@ -65,7 +65,9 @@ class Endpoint(models.Model):
     target_concurrency_per_replica = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(MAX_TARGET_CONCURRENCY)]
     )
-    routing_policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.P2C_MU)
+    routing_policy = models.CharField(
+        max_length=16, choices=RoutingPolicy.choices, default=RoutingPolicy.P2C_MU
+    )
     desired_replicas = models.PositiveIntegerField(default=0)
     ready_replicas = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

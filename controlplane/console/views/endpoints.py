@@ -97,7 +97,7 @@ def endpoint_form(request, pk=None):
         "models": sorted(set(ModelProfile.objects.values_list("model", flat=True))),
         "gpu_types": GpuType.objects.values_list("name", flat=True),
         "pools": GpuPool.objects.select_related("gpu_type").order_by("name"),
-        "policies": Endpoint.Policy.choices,
+        "policies": Endpoint.RoutingPolicy.choices,
         "tenants": Tenant.objects.values_list("name", flat=True) if request.principal.is_operator else [],
     }
     return render(request, "console/endpoint_form.html", context, status=400 if errors else 200)
