@@ -9,7 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from capacity.benchmark import SimulatedDriver, SweepConfig
+from capacity.benchmark.config import SweepConfig
+from capacity.benchmark.drivers import SimulatedDriver
 from controlplane.capacity import profile_benchmarks
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
