@@ -29,7 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from capacity.benchmark import HttpDriver, SimulatedDriver, Slo, SweepConfig, sweep, table  # noqa: E402
+from capacity.benchmark.config import Slo, SweepConfig  # noqa: E402
+from capacity.benchmark.drivers import HttpDriver, SimulatedDriver  # noqa: E402
+from capacity.benchmark.report import table  # noqa: E402
+from capacity.benchmark.sweep import sweep  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.metrics import sample_sum  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
@@ -46,7 +49,7 @@ from tests.runtime.support import (  # noqa: E402
 # (500-800 req/s through the API server, on the 2 cores the client shares), and it does not
 # repeat: minutes apart, same code, 128 x 1 measured 15.5k then 39.0k req/min, 256 x 1 14.0k
 # then 7.4k. No price is within 10 % of numbers that move 2.5x between runs. The default grid
-# (capacity.benchmark.DEFAULT_SHAPES, for GPUs, where the prefill dominates) keeps them.
+# (capacity.benchmark.config.DEFAULT_SHAPES, for GPUs, where the prefill dominates) keeps them.
 VLLM_SHAPES = (*tuple((i, o) for i in (16, 64, 128, 256) for o in (16, 64, 128)), (50, 50))
 # The closed-loop climb stops at 4x the engine's batch (--max-num-seqs 16): steps at C=256
 # (1,024 requests each) took 71-202 s of 369-650-s sweeps and added at most 8 % (client-side

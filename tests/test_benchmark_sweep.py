@@ -5,7 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.benchmark import BenchmarkError, Slo, SweepConfig, sweep, table
+from capacity.benchmark.config import Slo, SweepConfig
+from capacity.benchmark.report import table
+from capacity.benchmark.results import BenchmarkError
+from capacity.benchmark.sweep import sweep
 from dataplane.runtime import perf_model
 from dataplane.runtime.profiles import get_profile
 from tests.runtime.support import free_port, http, sim_engine
@@ -82,7 +85,8 @@ def test_a_bad_engine_url_is_refused():
 
 
 def test_a_shape_slower_than_a_larger_one_is_measured_again():
-    from capacity.benchmark import ShapeResult, implausible
+    from capacity.benchmark.checks import implausible
+    from capacity.benchmark.results import ShapeResult
 
     def shape(i, o, rate):
         return ShapeResult(i, o, rate, 0.1, ())
@@ -98,7 +102,8 @@ def test_a_shape_slower_than_a_larger_one_is_measured_again():
 
 
 def test_a_shape_is_priced_at_least_at_the_rate_of_a_larger_one():
-    from capacity.benchmark import ShapeResult, at_least_larger
+    from capacity.benchmark.checks import at_least_larger
+    from capacity.benchmark.results import ShapeResult
 
     def shape(i, o, rate, note=""):
         return ShapeResult(i, o, rate, 0.1, (), note)
@@ -210,7 +215,8 @@ def test_a_collapsed_climb_step_is_measured_again_before_it_can_end_the_climb():
 
 
 def test_a_shape_the_others_price_far_cheaper_is_measured_again():
-    from capacity.benchmark import ShapeResult, slow_outliers
+    from capacity.benchmark.checks import slow_outliers
+    from capacity.benchmark.results import ShapeResult
 
     clean, stalled = slowed_sweep(0)[0], slowed_sweep(1, factor=2.5)[0]
     by_shape = {s.shape: s for s in stalled.shapes}
@@ -258,7 +264,7 @@ class SlowForVisits:
     `visits` visits (a visit: the sweep's steps at the shape until it moves to another)."""
 
     def __init__(self, shape, factor, visits):
-        from capacity.benchmark import SimulatedDriver
+        from capacity.benchmark.drivers import SimulatedDriver
 
         self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
         self.name, self.model, self.max_model_len = "slowed", self.inner.model, self.inner.max_model_len

@@ -4,17 +4,20 @@ import json
 import subprocess
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from capacity.benchmark import SimulatedDriver, SweepConfig
+from capacity.benchmark.config import SweepConfig
+from capacity.benchmark.drivers import SimulatedDriver
+from capacity.benchmark.results import BenchmarkError
 from controlplane.capacity import profile_benchmarks
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
 from dataplane.runtime.profiles import get_profile
-from tests.runtime.support import http, sim_engine
+from tests.runtime.support import http, pid_alive, sim_engine
 
 SHAPES = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200), (200, 64))
 QUICK = SweepConfig(shapes=SHAPES, requests_per_step=40)
@@ -27,6 +30,48 @@ TINY = SimulatedDriver(get_profile("tiny-test"))
 def tiny_sim():
     with sim_engine("--profile", "tiny-test", "--time-scale", "20") as sim:
         yield sim
+
+
+@pytest.fixture
+def local_pods(monkeypatch, settings):
+    """Benchmarks on a local simulated pod; the pod processes their supervisor starts, as
+    (pid, pod name), filled in as they start: a test checks those and no other process on the
+    machine (other tests' and other runs' pods are not this benchmark's to stop)."""
+    from dataplane.runtime import supervisor
+
+    settings.BENCHMARK_ENGINE_URL = ""
+    settings.BENCHMARK_SIMULATED_PROFILE = "tiny-test"
+    settings.BENCHMARK_SIMULATED_TIME_SCALE = 20.0
+    started: set[tuple[int, str]] = set()
+
+    class RecordingSupervisor(supervisor.Supervisor):
+        # Every process the supervisor reports: the one start_pod spawned, and any restart that
+        # replaced it while the benchmark waited for the pod to be ready.
+        def list_pods(self) -> list[supervisor.PodStatus]:
+            pods = super().list_pods()
+            started.update((p.pid, p.name) for p in pods if p.pid is not None)
+            return pods
+
+        def start_pod(self, spec: supervisor.PodSpec) -> None:
+            super().start_pod(spec)
+            self.list_pods()
+
+    monkeypatch.setattr(supervisor, "Supervisor", RecordingSupervisor)
+    return started
+
+
+def still_running(pods: set[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The pods still running: the pid is alive and its command line names the pod (a pid that
+    another process took since does not count)."""
+    running = []
+    for pid, name in pods:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if pid_alive(pid) and name.encode() in args:
+            running.append((pid, name))
+    return running
 
 
 def test_a_good_fit_is_published_with_its_history(small_model, settings):
@@ -110,18 +155,24 @@ def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
     assert not ProfileFit.objects.exists()
 
 
-def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, settings):
+def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, settings, local_pods):
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0  # the pod's lifecycle is under test, not accuracy
-    settings.BENCHMARK_ENGINE_URL = ""
-    settings.BENCHMARK_SIMULATED_PROFILE = "tiny-test"
-    settings.BENCHMARK_SIMULATED_TIME_SCALE = 20.0
     record = profile_benchmarks.run_benchmark(small_model, config=QUICK)
     assert record.status == "published", record.reason
     assert record.engine == "simulated:tiny-test (local pod, time scale 20)"
-    running = subprocess.run(
-        ["pgrep", "-f", "dataplane.runtime.pod --engine sim"], capture_output=True, text=True
-    )
-    assert running.stdout.strip() == "", "the benchmark pod must not outlive its benchmark"
+    assert local_pods, "the benchmark started no pod"
+    assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
+
+
+def test_a_local_simulated_pod_is_torn_down_when_the_sweep_fails(small_model, local_pods, monkeypatch):
+    async def failing_sweep(url, config, slo):
+        raise BenchmarkError((16, 1), "engine answered 500: injected")
+
+    monkeypatch.setattr(profile_benchmarks, "sweep", failing_sweep)
+    record = profile_benchmarks.run_benchmark(small_model, config=QUICK)
+    assert record.status == "failed" and "engine answered 500: injected" in record.reason
+    assert local_pods, "the benchmark started no pod"
+    assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
 
 
 def test_no_engine_configured_is_a_clear_failure(small_model, settings):

@@ -15,7 +15,7 @@ New replicas become ready `pod_start_s` after they are asked for (GPU time count
 ask); a removed replica first cancels a starting one, else the ready one with the fewest
 requests drains: no new requests, gone once empty (GPU time counts until then).
 
-The SLO is the benchmark's (`capacity.benchmark.Slo`): a deadline of first_token_s +
+The SLO is the benchmark's (`capacity.benchmark.config.Slo`): a deadline of first_token_s +
 per_output_token_s x output tokens per request (5 + 0.1 x 211 = 26.1 s for the trace's mean
 answer). A minute (by arrival) meets the SLO when the p99 of latency / deadline over its
 requests is <= 1, a rejected request counting as infinitely late. A minute's numbers are kept

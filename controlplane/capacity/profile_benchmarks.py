@@ -1,6 +1,6 @@
 """Benchmarks from the control plane: which profiles are due, one at a time, and their history.
 
-`run_benchmark(profile)` measures a model x GPU pair (capacity.benchmark), fits its price
+`run_benchmark(profile)` measures a model x GPU pair (capacity.benchmark.sweep), fits its price
 (capacity.fitting), keeps every attempt as a ProfileFit, publishes a good fit as the profile's
 coefficients, and writes a benchmark Event either way. A profile is due when it was never
 benchmarked, its fit is older than BENCHMARK_MAX_AGE_S, the engine version changed, or an
@@ -22,7 +22,10 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from capacity.benchmark import DEFAULT_SHAPES, BenchmarkError, Driver, Slo, SweepConfig, SweepResult, sweep
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig
+from capacity.benchmark.drivers import Driver
+from capacity.benchmark.results import BenchmarkError, SweepResult
+from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event

@@ -261,7 +261,8 @@ def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, 
 
 
 def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, owner_web, small_model):
-    from capacity.benchmark import SimulatedDriver, SweepConfig
+    from capacity.benchmark.config import SweepConfig
+    from capacity.benchmark.drivers import SimulatedDriver
     from controlplane.capacity import profile_benchmarks
     from dataplane.runtime.profiles import get_profile
 

@@ -1,0 +1,328 @@
+"""How a benchmark sweep talks to an engine: the Driver protocol and its two drivers.
+
+HttpDriver drives any OpenAI-compatible engine (vLLM, or the simulated engine) over HTTP on
+kept-alive connections; `connect` builds one from an engine URL. Prompts are token-id lists, so
+their length is exact on any engine: ids come from the engine's /tokenize when it has one (vLLM
+does), else from a small range every vocabulary has. Each prompt is drawn afresh so prefix
+caches do not flatter the numbers. Outputs are forced to length with vLLM's `min_tokens` and
+`ignore_eos`. An engine that is down, answers errors or stops answering raises a
+`BenchmarkError` naming the shape and the error.
+
+SimulatedDriver runs the simulated engine's performance model in-process on a virtual clock
+(SIMULATED): the same numbers without HTTP, in a fraction of the time.
+
+Time: latencies and durations are engine seconds; `time_scale` is engine seconds per wall
+second (a simulated engine run 100x faster says 100).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+from urllib.parse import urlparse
+
+from capacity.benchmark.config import SweepConfig
+from capacity.benchmark.results import BenchmarkError
+from dataplane.runtime import perf_model
+from dataplane.runtime.minihttp import ClientResponse, request
+
+FALLBACK_TOKEN_IDS = range(100, 1000)  # inside any real vocabulary (the tiny test model has ~2k)
+IDLE_REUSE_S = 2.0  # reuse a kept-alive connection only this long after its last answer, s
+
+
+class Driver(Protocol):
+    """How a sweep talks to an engine. Latencies and durations are engine seconds."""
+
+    name: str  # what was measured, for the record: a URL or "simulated:<profile>"
+    model: str
+    max_model_len: int
+
+    async def closed(self, shape: tuple[int, int], concurrency: int, total: int) -> tuple[list[float], float]:
+        """Hold `concurrency` in flight until `total` complete: (latencies, elapsed)."""
+        ...
+
+    async def open(
+        self, shape: tuple[int, int], rate: float, count: int, in_flight_bound: float
+    ) -> tuple[list[float], int, bool, float]:
+        """Poisson arrivals at `rate`: (latencies, sent, saturated, elapsed)."""
+        ...
+
+
+@dataclass
+class HttpDriver:
+    """A real engine (or the simulated one) over HTTP."""
+
+    name: str
+    host: str
+    port: int
+    model: str
+    max_model_len: int
+    token_ids: list[int]
+    config: SweepConfig
+    rng: random.Random = field(default_factory=random.Random)
+    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = field(default_factory=list)
+
+    async def complete(self, shape: tuple[int, int]) -> float:
+        """One request of this shape; its end-to-end latency in engine seconds."""
+        prompt = [self.rng.choice(self.token_ids) for _ in range(shape[0])]
+        body = json.dumps(
+            {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": shape[1],
+                "min_tokens": shape[1],
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
+        ).encode()
+        started = time.perf_counter()
+        try:
+            response = await asyncio.wait_for(self._post(body), self.config.request_timeout_s)
+        except TimeoutError:
+            raise BenchmarkError(
+                shape, f"no answer within {self.config.request_timeout_s:g} s: the engine hangs"
+            ) from None
+        except OSError as exc:
+            raise BenchmarkError(shape, f"engine unreachable: {exc}") from None
+        if response.status != 200:
+            raise BenchmarkError(shape, f"engine answered {response.status}: {_error_text(response)}")
+        return (time.perf_counter() - started) * self.config.time_scale
+
+    async def _post(self, body: bytes) -> ClientResponse:
+        """POST /v1/completions on a kept-alive connection (a fresh one per request would cost
+        the client more CPU than the engine spends on a small request, on this 2-core machine).
+
+        Servers close idle connections (uvicorn after 5 s), so connections idle longer than
+        IDLE_REUSE_S are dropped, and a reused one that the engine closed before answering is
+        retried once on a fresh connection.
+        """
+        now = time.monotonic()
+        while self._idle:
+            reader, writer, idle_since = self._idle.pop()
+            if now - idle_since > IDLE_REUSE_S:
+                writer.close()
+                continue
+            try:
+                return await self._exchange(reader, writer, body)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # closed by the engine while idle: one fresh try below
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            return await self._exchange(reader, writer, body)
+        except asyncio.IncompleteReadError:
+            raise ConnectionError("the engine closed the connection without answering") from None
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
+    ) -> ClientResponse:
+        try:
+            head = (
+                f"POST /v1/completions HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            )
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+            status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)
+            }
+            if "content-length" in headers:
+                payload = await reader.readexactly(int(headers["content-length"]))
+            else:  # chunked (or close-delimited): read to the end, then the connection is done
+                payload = await reader.read()
+                headers["connection"] = "close"
+        except BaseException:
+            writer.close()
+            raise
+        if headers.get("connection", "").lower() == "close":
+            writer.close()
+        else:
+            self._idle.append((reader, writer, time.monotonic()))
+        return ClientResponse(int(status_line.split(" ", 2)[1]), headers, payload)
+
+    def close(self) -> None:
+        for _, writer, _ in self._idle:
+            writer.close()
+        self._idle.clear()
+
+    async def closed(self, shape: tuple[int, int], concurrency: int, total: int) -> tuple[list[float], float]:
+        latencies: list[float] = []
+        remaining = iter(range(total))
+
+        async def worker() -> None:
+            for _ in remaining:
+                latencies.append(await self.complete(shape))
+
+        started = time.perf_counter()
+        await _all(worker() for _ in range(concurrency))
+        return latencies, (time.perf_counter() - started) * self.config.time_scale
+
+    async def open(
+        self, shape: tuple[int, int], rate: float, count: int, in_flight_bound: float
+    ) -> tuple[list[float], int, bool, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        latencies: list[float] = []
+        running: set[asyncio.Task[None]] = set()
+        saturated, due, sent = False, 0.0, 0
+
+        async def one() -> None:
+            latencies.append(await self.complete(shape))
+
+        try:
+            for _ in range(count):
+                due += self.rng.expovariate(rate)
+                await asyncio.sleep(max(0.0, start + due / self.config.time_scale - loop.time()))
+                _raise_failures(running)
+                if len(running) > in_flight_bound:
+                    saturated = True
+                    break
+                running.add(asyncio.create_task(one()))
+                sent += 1
+            await _all(running)
+        finally:
+            for task in running:
+                task.cancel()
+        return latencies, sent, saturated, (loop.time() - start) * self.config.time_scale
+
+
+@dataclass
+class SimulatedDriver:
+    """The simulated engine's performance model run in-process on a virtual clock (SIMULATED).
+
+    The same numbers the simulated HTTP engine produces, without HTTP: a sweep of a fast engine
+    profile finishes in seconds, and the true capacities are known, so fit accuracy can be
+    measured. It never stands in for a real engine: its name says "simulated".
+    """
+
+    profile: perf_model.EngineProfile
+    seed: int = 0
+    name: str = ""
+    model: str = ""
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        self.name = f"simulated:{self.profile.name} (in-process performance model)"
+        self.model, self.max_model_len = self.profile.model, self.profile.max_model_len
+        self._rng = random.Random(self.seed)
+        self._ids = itertools.count()
+
+    def _request(self, shape: tuple[int, int]) -> perf_model.SimRequest:
+        return perf_model.SimRequest(f"r{next(self._ids)}", shape[0], shape[1])
+
+    async def closed(self, shape: tuple[int, int], concurrency: int, total: int) -> tuple[list[float], float]:
+        state, now = perf_model.EngineState(), 0.0
+        latencies: list[float] = []
+        arrived: dict[str, float] = {}
+        for _ in range(min(concurrency, total)):
+            req = self._request(shape)
+            perf_model.submit(state, req)
+            arrived[req.request_id] = now
+        submitted = min(concurrency, total)
+        while len(latencies) < total:
+            result = perf_model.step(self.profile, state)
+            if result is None:
+                raise BenchmarkError(shape, "the simulated engine went idle with requests outstanding")
+            now += result.duration_s
+            for req in result.finished:
+                latencies.append(now - arrived.pop(req.request_id))
+                if submitted < total:
+                    nxt = self._request(shape)
+                    perf_model.submit(state, nxt)
+                    arrived[nxt.request_id] = now
+                    submitted += 1
+        return latencies, now
+
+    async def open(
+        self, shape: tuple[int, int], rate: float, count: int, in_flight_bound: float
+    ) -> tuple[list[float], int, bool, float]:
+        times, t = [], 0.0
+        for _ in range(count):
+            t += self._rng.expovariate(rate)
+            times.append(t)
+        state, now = perf_model.EngineState(), 0.0
+        latencies: list[float] = []
+        arrived: dict[str, float] = {}
+        sent, saturated = 0, False
+        while True:
+            while sent < len(times) and times[sent] <= now and not saturated:
+                if len(arrived) > in_flight_bound:
+                    saturated = True
+                    break
+                req = self._request(shape)
+                perf_model.submit(state, req)
+                arrived[req.request_id] = times[sent]
+                sent += 1
+            result = perf_model.step(self.profile, state)
+            if result is None:
+                if sent >= len(times) or saturated:
+                    return latencies, sent, saturated, now
+                now = times[sent]
+                continue
+            now += result.duration_s
+            for req in result.finished:
+                latencies.append(now - arrived.pop(req.request_id))
+
+
+async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:
+    url = urlparse(engine_url)
+    if url.scheme != "http" or not url.hostname:
+        raise BenchmarkError(None, f"engine URL must be http://host:port, got {engine_url!r}")
+    host, port = url.hostname, url.port or 80
+    try:
+        models = await request("GET", host, port, "/v1/models", timeout_s=10)
+    except (OSError, TimeoutError) as exc:
+        raise BenchmarkError(None, f"engine at {engine_url} unreachable: {exc!r}") from None
+    if models.status != 200:
+        raise BenchmarkError(None, f"GET /v1/models answered {models.status}: {_error_text(models)}")
+    card = models.json()["data"][0]
+    model, max_len = card["id"], int(card.get("max_model_len") or 1 << 30)
+    if card.get("time_scale") and config.time_scale == 1.0:
+        # A simulated engine says how much faster than real time it runs; measure in its time.
+        config = SweepConfig(**{**asdict(config), "time_scale": float(card["time_scale"])})
+    token_ids = list(FALLBACK_TOKEN_IDS)
+    try:
+        sample = " ".join(["capacity", "planning", "with", "model", "units", "for", "every", "tenant"] * 8)
+        tokenized = await request(
+            "POST",
+            host,
+            port,
+            "/tokenize",
+            body=json.dumps({"model": model, "prompt": sample}).encode(),
+            headers={"content-type": "application/json"},
+            timeout_s=10,
+        )
+        if tokenized.status == 200 and tokenized.json().get("tokens"):
+            token_ids = sorted(set(tokenized.json()["tokens"]))
+    except (OSError, TimeoutError, ValueError):
+        pass  # no tokenizer endpoint: the fallback ids serve
+    return HttpDriver(engine_url, host, port, model, max_len, token_ids, config, random.Random(config.seed))
+
+
+async def _all(awaitables) -> None:  # type: ignore[no-untyped-def]
+    """Await all; the first BenchmarkError (the engine failed) is raised after all settle."""
+    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+def _raise_failures(running: set[asyncio.Task[None]]) -> None:
+    for task in [t for t in running if t.done()]:
+        running.discard(task)
+        if task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def _error_text(response: ClientResponse) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.body[:200].decode("utf-8", "replace")
+    error = body.get("error", body) if isinstance(body, dict) else body
+    return str(error.get("message", error) if isinstance(error, dict) else error)[:300]

@@ -1,0 +1,60 @@
+"""What a benchmark sweep records: every step (Step), each shape's sustainable rate
+(ShapeResult) and the whole sweep (SweepResult, which fits its price); BenchmarkError when the
+engine fails, naming the shape. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capacity.fitting import Fit, Measurement, fit
+
+
+@dataclass(frozen=True)
+class Step:
+    mode: str  # "closed" (concurrency held) or "open" (Poisson arrivals)
+    concurrency: int  # closed: requests held in flight; open: 0
+    offered_per_s: float  # open: the arrival rate; closed: 0. Engine time
+    sent: int  # requests sent (fewer than planned when the step stopped early)
+    completed: int
+    throughput_per_s: float  # completions per engine second
+    p99_e2e_s: float | None  # engine seconds
+    saturated: bool  # stopped early: too many in flight
+    met_slo: bool
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    input_tokens: int
+    output_tokens: int
+    sustainable_per_minute: float  # highest rate that met the SLO; 0 if not even one request does
+    solo_latency_s: float  # one request alone, engine seconds
+    steps: tuple[Step, ...]
+    note: str = ""  # why a shape was skipped or gave 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.input_tokens, self.output_tokens
+
+    def measurement(self) -> Measurement:
+        return Measurement(self.input_tokens, self.output_tokens, self.sustainable_per_minute)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    engine_url: str
+    model: str
+    shapes: tuple[ShapeResult, ...]
+    wall_s: float  # how long the sweep took
+
+    def measurements(self) -> list[Measurement]:
+        return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0]
+
+    def fit(self, mu_per_replica_minute: float = 100.0) -> Fit:
+        return fit(self.measurements(), mu_per_replica_minute)
+
+
+class BenchmarkError(Exception):
+    def __init__(self, shape: tuple[int, int] | None, message: str):
+        self.shape = shape
+        where = f"shape ({shape[0]} in, {shape[1]} out): " if shape else ""
+        super().__init__(f"{where}{message}")
