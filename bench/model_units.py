@@ -33,6 +33,7 @@ from capacity.benchmark.config import Slo, SweepConfig  # noqa: E402
 from capacity.benchmark.drivers import HttpDriver, SimulatedDriver  # noqa: E402
 from capacity.benchmark.report import table  # noqa: E402
 from capacity.benchmark.sweep import sweep  # noqa: E402
+from capacity.units import MU_PER_REPLICA_MINUTE  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.metrics import sample_sum  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
@@ -89,7 +90,7 @@ def simulated() -> None:
                     perf_model.steady_state_requests_per_s(profile, s.input_tokens, s.output_tokens, batch)
                     * 60
                 )
-                truth[s.shape] = 100 / rate
+                truth[s.shape] = MU_PER_REPLICA_MINUTE / rate
         report(
             f"simulated {name} (in-process, virtual clock)", result, fit, time.perf_counter() - started, truth
         )

@@ -1,16 +1,17 @@
-"""A benchmark sweep as text: the table the bench and the command print, and a count of the
-shapes measured. Pure."""
+"""A benchmark sweep as text: the table the bench and the command print. Pure."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from capacity.benchmark.results import ShapeResult, SweepResult
+from capacity.benchmark.results import SweepResult
 from capacity.fitting import Fit
+from capacity.units import MU_PER_REPLICA_MINUTE
 
 
-def table(result: SweepResult, fitted: Fit | None = None, mu_per_replica_minute: float = 100.0) -> str:
+def table(
+    result: SweepResult, fitted: Fit | None = None, mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE
+) -> str:
     """The sweep as a text table: shape, solo latency, sustained rate, measured vs fitted cost."""
     lines = [f"{'in':>6} {'out':>5} {'solo s':>8} {'req/min':>10} {'cost MU':>9} {'fit MU':>9}  note"]
     for s in result.shapes:
@@ -21,7 +22,3 @@ def table(result: SweepResult, fitted: Fit | None = None, mu_per_replica_minute:
             f" {s.sustainable_per_minute:>10.1f} {cost:>9.4f} {predicted:>9.4f}  {s.note}"
         )
     return "\n".join(lines)
-
-
-def summary(shapes: Sequence[ShapeResult]) -> dict[str, int]:
-    return {"shapes": len(shapes), "measured": sum(1 for s in shapes if s.sustainable_per_minute > 0)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capacity.fitting import Fit, Measurement, fit
+from capacity.units import MU_PER_REPLICA_MINUTE
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class SweepResult:
     def measurements(self) -> list[Measurement]:
         return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0]
 
-    def fit(self, mu_per_replica_minute: float = 100.0) -> Fit:
+    def fit(self, mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE) -> Fit:
         return fit(self.measurements(), mu_per_replica_minute)
 
 
