@@ -173,7 +173,8 @@ class LoadSamplesView(APIView):
 
     @extend_schema(request=dict, responses={201: dict})
     def post(self, request):
-        data = request.data
+        # A body that is not an object (a JSON list) has no second either: 400, not a 500.
+        data = request.data if isinstance(request.data, dict) else {}
         second, rows = data.get("second"), data.get("rows")
         if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
             raise ValidationError({"second": f"{second!r} must be a unix second (a positive integer)"})
