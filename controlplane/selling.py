@@ -39,7 +39,8 @@ def pool_ledgers(
     pools = list(pools)
     rows = (
         Endpoint.objects.filter(pool__in=pools)
-        .exclude(pk=excluding_endpoint_id)
+        # None excludes nothing (Django reads pk=None as IS NULL); the plugin wants a key here.
+        .exclude(pk=excluding_endpoint_id)  # type: ignore[misc]
         .values("pool_id", "profile__model", "profile__mu_per_replica_minute", "profile__gpus_per_replica")
         .annotate(sold=Sum("reservation__mu_per_minute"), used=Sum("used_mu_per_minute"), n=Count("id"))
         .order_by()

@@ -1,12 +1,12 @@
 from django.contrib import admin
 from django.db import connection
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 
-def healthz(request):
+def healthz(request: HttpRequest) -> HttpResponse:
     """Liveness and readiness for the kubelet: the process answers and the database does too."""
     try:
         with connection.cursor() as cursor:

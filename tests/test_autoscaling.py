@@ -124,6 +124,11 @@ def test_without_redis_routers_post_their_seconds(settings, operator_client, own
     )
 
 
+def test_load_samples_body_that_is_not_an_object_is_a_400(operator_client):
+    answer = operator_client.post("/api/v1/load-samples/", [{"second": 1, "rows": []}], format="json")
+    assert answer.status_code == 400 and "second" in answer.json()["fields"]
+
+
 # --- horizontal decisions reach the cluster
 
 

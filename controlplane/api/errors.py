@@ -6,10 +6,12 @@ the cluster driver cannot act (with Retry-After). The request's
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
 
+from typing import Any
+
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
-from django.db.models import ProtectedError
+from django.db.models import Model, ProtectedError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -19,13 +21,13 @@ from capacity.ledger import Oversold, as_json_number
 from dataplane.cluster.driver import ClusterError
 
 
-def exception_handler(exc, context):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     response = _response_for(exc, context)
     set_rollback()  # after building the body: a rolled-back transaction runs no more queries
     return response
 
 
-def _response_for(exc, context):
+def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ClusterError):
         return Response(
             {"error": "cluster_unavailable", "detail": str(exc)},
@@ -53,11 +55,11 @@ def _response_for(exc, context):
     if isinstance(exc, exceptions.ValidationError):
         return Response(validation_body(exc.detail, context), status=exc.status_code)
     if isinstance(exc, exceptions.APIException):
-        headers = {}
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
-        if getattr(exc, "wait", None):
-            headers["Retry-After"] = str(int(exc.wait))
+        headers: dict[str, str] = {}
+        if auth_header := getattr(exc, "auth_header", None):  # DRF's view sets it on a 401
+            headers["WWW-Authenticate"] = auth_header
+        if wait := getattr(exc, "wait", None):  # Throttled's seconds (None when unknown)
+            headers["Retry-After"] = str(int(wait))
         code = exc.get_codes() if isinstance(exc.get_codes(), str) else "error"
         return Response({"error": code, "detail": str(exc.detail)}, status=exc.status_code, headers=headers)
     if _is_not_found(exc):
@@ -65,7 +67,7 @@ def _response_for(exc, context):
     return None  # a bug: let Django answer 500 and log it
 
 
-def oversold_body(exc: Oversold) -> dict:
+def oversold_body(exc: Oversold) -> dict[str, Any]:
     ledger = exc.ledger
     return {
         "error": "oversold",
@@ -83,14 +85,14 @@ def oversold_body(exc: Oversold) -> dict:
     }
 
 
-def validation_body(detail, context) -> dict:
+def validation_body(detail: Any, context: dict[str, Any]) -> dict[str, Any]:
     sent = _sent_data(context)
     if isinstance(detail, dict):
-        fields = {}
+        fields: dict[str, dict[str, Any]] = {}
         lines = []
         for field, errors in detail.items():
             messages = _flatten(errors)
-            entry = {"errors": messages}
+            entry: dict[str, Any] = {"errors": messages}
             if field in sent:
                 entry["value"] = sent[field]
             fields[field] = entry
@@ -100,7 +102,7 @@ def validation_body(detail, context) -> dict:
     return {"error": "invalid", "detail": " ".join(_flatten(detail)), "fields": {}}
 
 
-def _flatten(errors) -> list[str]:
+def _flatten(errors: Any) -> list[str]:
     if isinstance(errors, dict):
         return [f"{key}: {msg}" for key, value in errors.items() for msg in _flatten(value)]
     if isinstance(errors, list):
@@ -108,7 +110,7 @@ def _flatten(errors) -> list[str]:
     return [str(errors)]
 
 
-def _sent_data(context) -> dict:
+def _sent_data(context: dict[str, Any]) -> dict[str, Any]:
     request = context.get("request") if context else None
     try:
         data = request.data if request is not None else {}
@@ -117,10 +119,10 @@ def _sent_data(context) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _describe(obj) -> str:
+def _describe(obj: Model) -> str:
     # No query here: the failed delete may have left the transaction unusable.
     return f"{obj._meta.verbose_name} {getattr(obj, 'name', None) or obj.pk!r}"
 
 
-def _is_not_found(exc) -> bool:
+def _is_not_found(exc: Exception) -> bool:
     return isinstance(exc, Http404 | ObjectDoesNotExist)

@@ -1,6 +1,9 @@
 """Pages of 50 by default (?page=, ?page_size= up to 500); events use a cursor instead."""
 
-from django.core.paginator import Paginator
+from typing import TYPE_CHECKING, Any
+
+from django.core.paginator import Page, Paginator
+from django.db.models import Model, QuerySet
 from rest_framework import pagination
 
 
@@ -11,13 +14,21 @@ class LateJoinPaginator(Paginator):
     reservation for every skipped row; the key-only scan skips them through the index.
     """
 
-    def page(self, number):
+    object_list: QuerySet[Model]  # DRF pages querysets only (the viewsets' get_queryset())
+
+    def page(self, number: int | str) -> Page[Any]:
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = min(bottom + self.per_page, self.count)
         keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
         rows = {row.pk: row for row in self.object_list.filter(pk__in=keys)}
         return self._get_page([rows[key] for key in keys], number, self)
+
+    if TYPE_CHECKING:  # the hook Django's own page() calls to make the Page; django-stubs leave it out
+
+        def _get_page(
+            self, object_list: list[Model], number: int, paginator: Paginator[Model]
+        ) -> Page[Any]: ...
 
 
 class PageNumberPagination(pagination.PageNumberPagination):

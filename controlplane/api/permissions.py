@@ -1,17 +1,21 @@
 """Who may write what: operators write the fleet; tenants write their own endpoints and keys."""
 
 from rest_framework import permissions
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from controlplane.api.auth import request_principal
 
 
 class OperatorWrites(permissions.BasePermission):
     message = "only operators may change this"
 
-    def has_permission(self, request, view):
-        return request.method in permissions.SAFE_METHODS or request.user.is_operator
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return request.method in permissions.SAFE_METHODS or request_principal(request).is_operator
 
 
 class OperatorOnly(permissions.BasePermission):
     message = "only operators may see this"
 
-    def has_permission(self, request, view):
-        return request.user.is_operator
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return request_principal(request).is_operator

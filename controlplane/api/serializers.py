@@ -1,38 +1,43 @@
 """Serializers: names in, names out (GPU types, pools, tenants by name; endpoints by id)."""
 
+from fractions import Fraction
+from typing import Any, cast
+
 from django.conf import settings
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
 from capacity.provisioning import bounds_error
 from controlplane import selling
+from controlplane.api.auth import request_principal
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
-from controlplane.tenants.models import ApiKey, Tenant
+from controlplane.tenants.models import ApiKey, Principal, Tenant
 
 
 class ExactNumberField(serializers.FloatField):
     """A ledger figure (an exact Fraction) as JSON: an integer when whole, else 6 decimals."""
 
-    def to_representation(self, value):
+    def to_representation(self, value: Fraction | float) -> float | int:  # type: ignore[override]
+        # The stubs say a FloatField renders a str; DRF's renders a float, and this one an int too.
         return as_json_number(value)
 
 
-def principal_of(serializer: serializers.Serializer):
+def principal_of(serializer: serializers.Serializer[Any]) -> Principal:
     """The API puts the Principal on request.user; the console passes it as `principal`."""
-    return serializer.context.get("principal") or serializer.context["request"].user
+    return serializer.context.get("principal") or request_principal(serializer.context["request"])
 
 
-class TenantSerializer(serializers.ModelSerializer):
+class TenantSerializer(serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
         fields = ["id", "name", "display_name", "created_at"]
         read_only_fields = ["created_at"]
 
 
-class ApiKeySerializer(serializers.ModelSerializer):
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     tenant = serializers.SlugRelatedField(
         slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
     )
@@ -42,7 +47,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "tenant", "is_operator", "prefix", "created_at", "last_used_at", "revoked_at"]
         read_only_fields = ["is_operator", "prefix", "created_at", "last_used_at", "revoked_at"]
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         principal = principal_of(self)
         if not principal.is_operator:
             if attrs.get("tenant") not in (None, principal.tenant):
@@ -50,37 +55,38 @@ class ApiKeySerializer(serializers.ModelSerializer):
             attrs["tenant"] = principal.tenant
         return attrs
 
-    def create(self, validated_data):
+    def create(self, validated_data: dict[str, Any]) -> ApiKey:
         key, secret = ApiKey.issue(name=validated_data["name"], tenant=validated_data.get("tenant"))
-        key.secret = secret  # shown once, in this response only
+        # Shown once, in this response only: an attribute of this instance, never a model field.
+        key.secret = secret  # type: ignore[attr-defined]
         return key
 
-    def to_representation(self, instance):
+    def to_representation(self, instance: ApiKey) -> dict[str, Any]:
         data = super().to_representation(instance)
-        if getattr(instance, "secret", None):
-            data["key"] = instance.secret
+        if secret := getattr(instance, "secret", None):
+            data["key"] = secret
         return data
 
 
-class GpuTypeSerializer(serializers.ModelSerializer):
+class GpuTypeSerializer(serializers.ModelSerializer[GpuType]):
     class Meta:
         model = GpuType
         fields = ["id", "name", "memory_gib", "hourly_cost_usd"]
 
 
-class GpuPoolSerializer(serializers.ModelSerializer):
+class GpuPoolSerializer(serializers.ModelSerializer[GpuPool]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
         model = GpuPool
         fields = ["id", "name", "gpu_type", "region", "cluster", "gpu_count"]
 
-    def validate_gpu_type(self, value):
+    def validate_gpu_type(self, value: GpuType) -> GpuType:
         if self.instance and self.instance.gpu_type_id != value.pk and self.instance.endpoints.exists():
             raise serializers.ValidationError("cannot change the GPU type of a pool that has endpoints")
         return value
 
-    def save(self, **kwargs):
+    def save(self, **kwargs: Any) -> GpuPool:
         pool = self.instance or GpuPool()
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(pool, field, value)
@@ -89,7 +95,7 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         return pool
 
 
-class ProfileFitSerializer(serializers.ModelSerializer):
+class ProfileFitSerializer(serializers.ModelSerializer[ProfileFit]):
     class Meta:
         model = ProfileFit
         fields = [
@@ -111,7 +117,7 @@ class ProfileFitSerializer(serializers.ModelSerializer):
         ]
 
 
-class ModelProfileSerializer(serializers.ModelSerializer):
+class ModelProfileSerializer(serializers.ModelSerializer[ModelProfile]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
@@ -135,9 +141,11 @@ class ModelProfileSerializer(serializers.ModelSerializer):
             "engine_version",
             "benchmark_requested_at",
         ]
-        validators = []  # the (model, gpu_type) clash is checked in validate() with a clear message
+        validators: list[
+            Any
+        ] = []  # the (model, gpu_type) clash is checked in validate() with a clear message
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         model = attrs.get("model", getattr(self.instance, "model", None))
         gpu_type = attrs.get("gpu_type", getattr(self.instance, "gpu_type", None))
         clash = ModelProfile.objects.filter(model=model, gpu_type=gpu_type)
@@ -155,7 +163,7 @@ class ModelProfileSerializer(serializers.ModelSerializer):
             )
         return attrs
 
-    def save(self, **kwargs):
+    def save(self, **kwargs: Any) -> ModelProfile:
         profile = self.instance or ModelProfile()
         for field, value in {**self.validated_data, **kwargs}.items():
             setattr(profile, field, value)
@@ -164,7 +172,7 @@ class ModelProfileSerializer(serializers.ModelSerializer):
         return profile
 
 
-class EndpointSerializer(serializers.ModelSerializer):
+class EndpointSerializer(serializers.ModelSerializer[Endpoint]):
     tenant = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Tenant.objects.all(),
@@ -242,9 +250,9 @@ class EndpointSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         extra_kwargs = {"min_provisioned_concurrency": {"required": True}}
-        validators = []  # the per-tenant name clash is checked in validate() with a clear message
+        validators: list[Any] = []  # the per-tenant name clash is checked in validate() with a clear message
 
-    def validate_autoscaler(self, value):
+    def validate_autoscaler(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise serializers.ValidationError(f"{value!r} must be an object of setting: value")
         try:
@@ -253,7 +261,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc)) from None
         return value
 
-    def get_rollout(self, endpoint) -> dict | None:
+    def get_rollout(self, endpoint: Endpoint) -> dict[str, Any] | None:
         active = getattr(endpoint, "active_rollouts", None)
         if active is None:  # not loaded through with_related()
             active = list(Rollout.objects.active().filter(endpoint=endpoint)) if endpoint.pk else []
@@ -269,20 +277,20 @@ class EndpointSerializer(serializers.ModelSerializer):
             "started_at": r.started_at,
         }
 
-    def get_min_replicas(self, endpoint) -> int:
+    def get_min_replicas(self, endpoint: Endpoint) -> int:
         return endpoint.replica_bounds[0]
 
-    def get_max_replicas(self, endpoint) -> int:
+    def get_max_replicas(self, endpoint: Endpoint) -> int:
         return endpoint.replica_bounds[1]
 
-    def get_reserved_mu_per_minute(self, endpoint) -> int:
+    def get_reserved_mu_per_minute(self, endpoint: Endpoint) -> int:
         reservation = getattr(endpoint, "reservation", None)
         return reservation.mu_per_minute if reservation else 0
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         endpoint = self.instance
         principal = principal_of(self)
-        errors = {}
+        errors: dict[str, str] = {}
 
         tenant = attrs.get("tenant")
         if endpoint is not None:
@@ -343,7 +351,7 @@ class EndpointSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(errors)
         return attrs
 
-    def save(self, **kwargs):
+    def save(self, **kwargs: Any) -> Endpoint:
         endpoint = self.instance or Endpoint(
             target_concurrency_per_replica=settings.DEFAULT_TARGET_CONCURRENCY
         )
@@ -355,7 +363,7 @@ class EndpointSerializer(serializers.ModelSerializer):
         return endpoint
 
 
-class PodSerializer(serializers.ModelSerializer):
+class PodSerializer(serializers.ModelSerializer[Pod]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
 
     class Meta:
@@ -364,7 +372,7 @@ class PodSerializer(serializers.ModelSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
 
-class ReservationSerializer(serializers.ModelSerializer):
+class ReservationSerializer(serializers.ModelSerializer[Reservation]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.with_related())
     tenant = serializers.CharField(source="endpoint.tenant.name", read_only=True)
     gpus = serializers.SerializerMethodField(help_text="GPUs this reservation takes in its pool")
@@ -385,10 +393,10 @@ class ReservationSerializer(serializers.ModelSerializer):
         read_only_fields = ["sold_by", "created_at", "updated_at"]
         extra_kwargs = {"mu_per_minute": {"min_value": 1}}
 
-    def get_gpus(self, reservation) -> float:
+    def get_gpus(self, reservation: Reservation) -> float:
         return round(float(reservation.endpoint.profile.shape.gpus(reservation.mu_per_minute)), 6)
 
-    def validate_endpoint(self, endpoint):
+    def validate_endpoint(self, endpoint: Endpoint) -> Endpoint:
         if self.instance is not None and endpoint != self.instance.endpoint:
             raise serializers.ValidationError("a reservation cannot move to another endpoint")
         if self.instance is None and Reservation.objects.filter(endpoint=endpoint).exists():
@@ -397,8 +405,9 @@ class ReservationSerializer(serializers.ModelSerializer):
             )
         return endpoint
 
-    def save(self, **kwargs):
-        endpoint = self.validated_data.get("endpoint") or self.instance.endpoint
+    def save(self, **kwargs: Any) -> Reservation:
+        # A create always names the endpoint (a required field); only an update may leave it out.
+        endpoint = self.validated_data.get("endpoint") or cast(Reservation, self.instance).endpoint
         before = self.instance.mu_per_minute if self.instance else 0
         mu = self.validated_data.get("mu_per_minute", before)
         best_effort = self.validated_data.get(
@@ -410,7 +419,7 @@ class ReservationSerializer(serializers.ModelSerializer):
         return self.instance
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(serializers.ModelSerializer[Event]):
     tenant = serializers.CharField(source="tenant.name", read_only=True, default=None)
     endpoint = serializers.PrimaryKeyRelatedField(
         queryset=Endpoint.objects.select_related("tenant"), required=False, allow_null=True
@@ -442,12 +451,12 @@ class EventSerializer(serializers.ModelSerializer):
             "acknowledged_by",
         ]
 
-    def validate_detail(self, value):
+    def validate_detail(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise serializers.ValidationError("must be a JSON object")
         return value
 
-    def create(self, validated_data):
+    def create(self, validated_data: dict[str, Any]) -> Event:
         return Event.record(
             validated_data.pop("kind"),
             validated_data.pop("message"),
@@ -456,7 +465,7 @@ class EventSerializer(serializers.ModelSerializer):
         )
 
 
-class ModelCapacitySerializer(serializers.Serializer):
+class ModelCapacitySerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     gpus_per_replica = serializers.IntegerField(source="shape.gpus_per_replica")
     mu_per_replica_minute = serializers.IntegerField(source="shape.mu_per_replica_minute")
@@ -464,7 +473,7 @@ class ModelCapacitySerializer(serializers.Serializer):
     headroom_mu_per_minute = ExactNumberField(help_text="If the unsold GPUs ran only this model")
 
 
-class PoolCapacitySerializer(serializers.Serializer):
+class PoolCapacitySerializer(serializers.Serializer[Any]):
     """One pool's ledger (capacity.ledger.PoolLedger) beside the pool it describes."""
 
     id = serializers.IntegerField(source="pool.pk")

@@ -1,19 +1,22 @@
 """Viewsets. Scoping, permissions and error mapping come from the bases; views stay short."""
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework import serializers as drf_serializers
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
 from controlplane import selling
 from controlplane.api import filters, serializers
+from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import OperatorOnly, OperatorWrites
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
@@ -21,59 +24,66 @@ from controlplane.endpoints import rollouts, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
-from controlplane.tenants.models import ApiKey, Tenant
+from controlplane.tenants.models import ApiKey, Tenant, TenantScopedQuerySet
 from dataplane.cluster.driver import ClusterError
 
 AUTHENTICATED = permissions.IsAuthenticated
 
+_M = TypeVar("_M", bound=Model)
 
-class RolloutCommand(drf_serializers.Serializer):
+
+def visible(queryset: QuerySet[_M], request: Request) -> QuerySet[_M]:
+    """What the principal may see of a scoped viewset's queryset (always a TenantScopedQuerySet)."""
+    return cast(TenantScopedQuerySet[_M], queryset).visible_to(request_principal(request))
+
+
+class RolloutCommand(drf_serializers.Serializer[Any]):
     action = drf_serializers.ChoiceField(choices=["promote", "abort"])
 
 
-class ScopedViewSet(viewsets.ModelViewSet):
+class ScopedViewSet(viewsets.ModelViewSet[_M]):
     """Lists and looks up only what the principal may see: another tenant's object is a 404."""
 
-    def get_queryset(self):
-        return super().get_queryset().visible_to(self.request.user)
+    def get_queryset(self) -> QuerySet[_M]:
+        return visible(super().get_queryset(), self.request)
 
 
-class TenantViewSet(ScopedViewSet):
+class TenantViewSet(ScopedViewSet[Tenant]):
     queryset = Tenant.objects.all()
     serializer_class = serializers.TenantSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_fields = ["name"]
 
 
-class ApiKeyViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
+class ApiKeyViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet[ApiKey]):
     """Keys: the secret appears once, in the create response. DELETE revokes (the row stays)."""
 
     queryset = ApiKey.objects.select_related("tenant")
     serializer_class = serializers.ApiKeySerializer
     permission_classes = [AUTHENTICATED]
 
-    def get_queryset(self):
-        return super().get_queryset().visible_to(self.request.user)
+    def get_queryset(self) -> QuerySet[ApiKey]:
+        return visible(super().get_queryset(), self.request)
 
-    def perform_destroy(self, instance):
+    def perform_destroy(self, instance: ApiKey) -> None:
         instance.revoke()
 
 
-class GpuTypeViewSet(viewsets.ModelViewSet):
+class GpuTypeViewSet(viewsets.ModelViewSet[GpuType]):
     queryset = GpuType.objects.all()
     serializer_class = serializers.GpuTypeSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_fields = ["name"]
 
 
-class GpuPoolViewSet(viewsets.ModelViewSet):
+class GpuPoolViewSet(viewsets.ModelViewSet[GpuPool]):
     queryset = GpuPool.objects.select_related("gpu_type")
     serializer_class = serializers.GpuPoolSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.GpuPoolFilterSet
 
 
-class ModelProfileViewSet(viewsets.ModelViewSet):
+class ModelProfileViewSet(viewsets.ModelViewSet[ModelProfile]):
     queryset = ModelProfile.objects.select_related("gpu_type")
     serializer_class = serializers.ModelProfileSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
@@ -81,14 +91,14 @@ class ModelProfileViewSet(viewsets.ModelViewSet):
 
     @extend_schema(responses=serializers.ProfileFitSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)
-    def fits(self, request, pk=None):
+    def fits(self, request: Request, pk: str | None = None) -> Response:
         """Every benchmark of this profile, newest first: published, refused and failed."""
         fits = self.get_object().fits.order_by("-id")[:100]
         return Response(serializers.ProfileFitSerializer(fits, many=True).data)
 
     @extend_schema(request=None, responses=serializers.ModelProfileSerializer)
     @action(detail=True, methods=["post"])
-    def benchmark(self, request, pk=None):
+    def benchmark(self, request: Request, pk: str | None = None) -> Response:
         """Ask for a new benchmark; the next beat tick (within a minute) runs it."""
         profile = self.get_object()
         ModelProfile.objects.filter(pk=profile.pk).update(
@@ -98,7 +108,7 @@ class ModelProfileViewSet(viewsets.ModelViewSet):
         return Response(self.get_serializer(profile).data, status=status.HTTP_202_ACCEPTED)
 
 
-class EndpointViewSet(ScopedViewSet):
+class EndpointViewSet(ScopedViewSet[Endpoint]):
     queryset = Endpoint.objects.with_related()
     serializer_class = serializers.EndpointSerializer
     permission_classes = [AUTHENTICATED]
@@ -106,7 +116,7 @@ class EndpointViewSet(ScopedViewSet):
 
     @extend_schema(request=None, responses={200: dict, 202: dict, 409: dict, 503: dict})
     @action(detail=True, methods=["post"])
-    def wake(self, request, pk=None):
+    def wake(self, request: Request, pk: str | None = None) -> Response:
         """Scale from zero now: routers call this while they hold a request for the endpoint.
         202 when a replica was asked for, 200 when it already has replicas."""
         endpoint = self.get_object()
@@ -127,7 +137,7 @@ class EndpointViewSet(ScopedViewSet):
 
     @extend_schema(request=RolloutCommand, responses={202: dict, 404: dict})
     @action(detail=True, methods=["post"])
-    def rollout(self, request, pk=None):
+    def rollout(self, request: Request, pk: str | None = None) -> Response:
         """Promote the canary of the rollout in progress, or abort it (back to the old version);
         the next autoscaler pass acts on it."""
         endpoint = self.get_object()
@@ -143,7 +153,7 @@ class EndpointViewSet(ScopedViewSet):
         )
 
 
-class PodViewSet(ScopedViewSet):
+class PodViewSet(ScopedViewSet[Pod]):
     """Pods as the cluster driver reports them; tenants read their endpoints' pods."""
 
     queryset = Pod.objects.select_related("endpoint")
@@ -158,7 +168,7 @@ class RoutingTableView(APIView):
     permission_classes = [AUTHENTICATED, OperatorOnly]
 
     @extend_schema(responses={200: dict, 304: None})
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         table = routing_table()
         etag = f'"{table["version"]}"'
         if request.headers.get("If-None-Match") == etag:
@@ -172,8 +182,9 @@ class LoadSamplesView(APIView):
     permission_classes = [AUTHENTICATED, OperatorOnly]
 
     @extend_schema(request=dict, responses={201: dict})
-    def post(self, request):
-        data = request.data
+    def post(self, request: Request) -> Response:
+        # A body that is not an object (a JSON list) has no second either: 400, not a 500.
+        data = request.data if isinstance(request.data, dict) else {}
         second, rows = data.get("second"), data.get("rows")
         if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
             raise ValidationError({"second": f"{second!r} must be a unix second (a positive integer)"})
@@ -188,7 +199,7 @@ class LoadSamplesView(APIView):
         )
 
 
-class ReservationViewSet(ScopedViewSet):
+class ReservationViewSet(ScopedViewSet[Reservation]):
     """Sold capacity. Operators sell (POST), change (PATCH) and release (DELETE); tenants read."""
 
     queryset = Reservation.objects.select_related("endpoint__tenant", "endpoint__profile", "endpoint__pool")
@@ -196,11 +207,11 @@ class ReservationViewSet(ScopedViewSet):
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.ReservationFilterSet
 
-    def perform_destroy(self, instance):
-        selling.release(instance, released_by=self.request.user.name)
+    def perform_destroy(self, instance: Reservation) -> None:
+        selling.release(instance, released_by=request_principal(self.request).name)
 
 
-class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]):
     """Events, newest first, with a cursor. Operators (and the probers' keys) write them."""
 
     queryset = Event.objects.select_related("tenant")
@@ -209,15 +220,15 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.EventFilterSet
     pagination_class = EventCursorPagination
 
-    def get_queryset(self):
-        return super().get_queryset().visible_to(self.request.user)
+    def get_queryset(self) -> QuerySet[Event]:
+        return visible(super().get_queryset(), self.request)
 
     @extend_schema(request=None, responses=serializers.EventSerializer)
     @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED])
-    def acknowledge(self, request, pk=None):
+    def acknowledge(self, request: Request, pk: str | None = None) -> Response:
         """Whoever can see an event may acknowledge it; the first acknowledgement stands."""
         event = self.get_object()
-        event.acknowledge(request.user.name, timezone.now())
+        event.acknowledge(request_principal(request).name, timezone.now())
         return Response(self.get_serializer(event).data)
 
 
@@ -232,7 +243,7 @@ class CapacityViewSet(viewsets.ViewSet):
     permission_classes = [AUTHENTICATED, OperatorOnly]
     lookup_value_regex = r"\d+"
 
-    def _pools(self):
+    def _pools(self) -> QuerySet[GpuPool]:
         pools = GpuPool.objects.select_related("gpu_type")
         gpu_type = self.request.query_params.get("gpu_type")
         return pools.filter(gpu_type__name=gpu_type) if gpu_type else pools
@@ -241,7 +252,7 @@ class CapacityViewSet(viewsets.ViewSet):
         responses=serializers.PoolCapacitySerializer(many=True),
         parameters=[OpenApiParameter("gpu_type", str, description="Only pools of this GPU type")],
     )
-    def list(self, request):
+    def list(self, request: Request) -> Response:
         pools = list(self._pools())
         ledgers = selling.pool_ledgers(pools)
         rows = [PoolCapacity(pool, ledgers[pool.pk]) for pool in pools]
@@ -251,7 +262,7 @@ class CapacityViewSet(viewsets.ViewSet):
         responses=serializers.PoolCapacitySerializer,
         parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH)],
     )
-    def retrieve(self, request, pk=None):
+    def retrieve(self, request: Request, pk: str) -> Response:
         pool = self._pools().get(pk=pk)
         row = PoolCapacity(pool, selling.pool_ledgers([pool])[pool.pk])
         return Response(serializers.PoolCapacitySerializer(row).data)
@@ -259,8 +270,8 @@ class CapacityViewSet(viewsets.ViewSet):
 
 @extend_schema(responses={200: dict})
 @api_view(["GET"])
-def whoami(request):
-    principal = request.user
+def whoami(request: Request) -> Response:
+    principal = request_principal(request)
     return Response(
         {
             "name": principal.name,

@@ -136,7 +136,7 @@ class ProfileFit(models.Model):
         return f"{self.profile_id} {self.status} at {self.finished_at:%Y-%m-%d %H:%M}"
 
 
-class ReservationQuerySet(TenantScopedQuerySet):
+class ReservationQuerySet(TenantScopedQuerySet["Reservation"]):
     tenant_field = "endpoint__tenant"
 
 

@@ -1,5 +1,7 @@
 """Celery tasks of the capacity app: thin wrappers over plain functions."""
 
+from datetime import datetime
+
 from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
@@ -9,7 +11,7 @@ from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
 from controlplane.selling import pool_ledgers
 
 
-def record_snapshots(now=None) -> int:
+def record_snapshots(now: datetime | None = None) -> int:
     """Write one CapacitySnapshot per pool; returns how many were written."""
     now = now or timezone.now()
     pools = list(GpuPool.objects.all())

@@ -3,7 +3,7 @@
 Pure functions from numbers to SVG markup (escaped), so they are cheap to test and to render.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -98,7 +98,7 @@ def capacity_bar(have: float, sellable: float, sold: float, used: float, width: 
     The scale is the larger of sellable and sold, so an oversold pool still fits on the bar.
     """
     scale = max(have, sellable, sold, 1e-9)
-    px = lambda v: max(0.0, v / scale * width)  # noqa: E731 - a local unit conversion
+    px: Callable[[float], float] = lambda v: max(0.0, v / scale * width)  # noqa: E731 - a unit conversion
     over = max(0.0, sold - have)
     title = f"have {_fmt(have)}, sellable {_fmt(sellable)}, sold {_fmt(sold)}, used {_fmt(used)}"
     return (

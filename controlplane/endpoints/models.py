@@ -19,7 +19,7 @@ MAX_CONCURRENCY = 1_000_000  # a sanity bound; beyond it a value is a typo, not 
 MAX_TARGET_CONCURRENCY = 4096
 
 
-class EndpointQuerySet(TenantScopedQuerySet):
+class EndpointQuerySet(TenantScopedQuerySet["Endpoint"]):
     def with_related(self) -> "EndpointQuerySet":
         """With tenant, pool, profile, reservation, and `active_rollouts` (a list of 0 or 1)."""
         return self.select_related(
@@ -151,7 +151,7 @@ class Endpoint(models.Model):
         )
 
 
-class RolloutQuerySet(models.QuerySet):
+class RolloutQuerySet(models.QuerySet["Rollout"]):
     def active(self) -> "RolloutQuerySet":
         return self.filter(phase__in=[p.value for p in Phase if p.active])
 
@@ -190,7 +190,7 @@ class Rollout(models.Model):
         return f"endpoint {self.endpoint_id} v{self.from_version} -> v{self.to_version} ({self.phase})"
 
 
-class PodQuerySet(TenantScopedQuerySet):
+class PodQuerySet(TenantScopedQuerySet["Pod"]):
     tenant_field = "endpoint__tenant"
 
 

@@ -9,16 +9,20 @@ in short transactions for that reason.
 """
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.utils import timezone
 
-from controlplane.tenants.models import TenantScopedQuerySet
+from controlplane.tenants.models import Tenant, TenantScopedQuerySet
+
+if TYPE_CHECKING:  # for the annotation only: on-call's models load without the endpoints app's
+    from controlplane.endpoints.models import Endpoint
 
 SETTLE = timedelta(seconds=1)
 
 
-class EventQuerySet(TenantScopedQuerySet):
+class EventQuerySet(TenantScopedQuerySet["Event"]):
     def tail(self, after: int, now: datetime) -> "EventQuerySet":
         """Events after the cursor `after`, oldest first, that can no longer be overtaken."""
         return self.filter(id__gt=after, recorded_at__lte=now - SETTLE).order_by("id")
@@ -100,7 +104,15 @@ class Event(models.Model):
         return claimed == 1
 
     @classmethod
-    def record(cls, kind: str, message: str, *, endpoint=None, tenant=None, **fields) -> "Event":
+    def record(
+        cls,
+        kind: str,
+        message: str,
+        *,
+        endpoint: "Endpoint | None" = None,
+        tenant: Tenant | None = None,
+        **fields: Any,
+    ) -> "Event":
         """Write an event; the endpoint, when given, also sets the tenant."""
         if endpoint is not None:
             tenant = endpoint.tenant

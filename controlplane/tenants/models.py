@@ -9,6 +9,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Self, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -52,12 +53,15 @@ def tenant_xor_operator(name: str) -> models.CheckConstraint:
     )
 
 
-class TenantScopedQuerySet(models.QuerySet):
+_M = TypeVar("_M", bound=models.Model)
+
+
+class TenantScopedQuerySet(models.QuerySet[_M]):
     """The one place tenant scoping is decided. Subclasses name the path to the tenant."""
 
     tenant_field = "tenant"
 
-    def visible_to(self, principal: Principal) -> "TenantScopedQuerySet":
+    def visible_to(self, principal: Principal) -> Self:
         if principal.is_operator:
             return self
         if principal.tenant is None:
@@ -65,7 +69,7 @@ class TenantScopedQuerySet(models.QuerySet):
         return self.filter(**{self.tenant_field: principal.tenant_id})
 
 
-class TenantQuerySet(TenantScopedQuerySet):
+class TenantQuerySet(TenantScopedQuerySet["Tenant"]):
     tenant_field = "pk"
 
 
@@ -83,7 +87,7 @@ class Tenant(models.Model):
         return self.name
 
 
-class ApiKeyQuerySet(TenantScopedQuerySet):
+class ApiKeyQuerySet(TenantScopedQuerySet["ApiKey"]):
     def active(self) -> "ApiKeyQuerySet":
         return self.filter(revoked_at__isnull=True)
 

@@ -5,8 +5,9 @@ placeholders (source=manual) until the benchmarks fit real ones.
 """
 
 from pathlib import Path
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
@@ -40,7 +41,7 @@ ENDPOINTS = [
 class Command(BaseCommand):
     help = "Load the demo fleet (idempotent); prints new API keys when it creates tenants."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--write-keys",
             metavar="DIR",
@@ -49,7 +50,7 @@ class Command(BaseCommand):
         )
 
     @transaction.atomic
-    def handle(self, **options):
+    def handle(self, **options: Any) -> None:
         if Tenant.objects.filter(name="acme").exists():
             self.stdout.write("Demo fleet already loaded.")
             return

@@ -13,12 +13,15 @@ watch does; a fresh start takes the counts it finds as history).
 import logging
 import signal
 import threading
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections, connections
 
 from controlplane.endpoints import scaling
+from dataplane.runtime.events import Event as PodEvent
 
 log = logging.getLogger("controlplane.watch_pods")
 
@@ -26,15 +29,15 @@ log = logging.getLogger("controlplane.watch_pods")
 class Command(BaseCommand):
     help = "Watch the runtime pods on Kubernetes; record restarts and crash loops as on-call events."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--namespace", default=None, help="default: KUBERNETES_NAMESPACE")
 
-    def handle(self, namespace=None, **options):
+    def handle(self, namespace: str | None = None, **options: Any) -> None:
         from dataplane.cluster.kubernetes import PodWatcher
 
         namespace = namespace or settings.KUBERNETES_NAMESPACE
 
-        def record(event):
+        def record(event: PodEvent) -> None:
             close_old_connections()  # a long-lived process: drop a connection the database closed
             scaling.record_pod_event(event)
             log.info("%s: %s", event.kind, event.message)
@@ -42,14 +45,14 @@ class Command(BaseCommand):
         watcher = PodWatcher(namespace, record)
         stop = threading.Event()
 
-        def on_signal(signum, _frame):
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
             stop.set()
             watcher.stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.stderr.write(f"watching pods in namespace {namespace}")
 
-        def run():
+        def run() -> None:
             try:
                 watcher.run()
             finally:

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.tenants.models import ApiKey
 
@@ -6,10 +8,10 @@ from controlplane.tenants.models import ApiKey
 class Command(BaseCommand):
     help = "Create an operator API key (sees and sells for every tenant); prints it on the last line."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="who or what holds the key, e.g. 'alice' or 'prober'")
 
-    def handle(self, name, **options):
+    def handle(self, name: str, **options: Any) -> None:
         if not name.strip() or len(name) > 100:
             raise CommandError(f"name must be 1-100 characters, got {name!r}")
         _, secret = ApiKey.issue(name=name, tenant=None)

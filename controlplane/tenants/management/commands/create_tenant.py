@@ -1,5 +1,7 @@
+from typing import Any
+
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.tenants.models import ApiKey, Tenant
@@ -8,11 +10,11 @@ from controlplane.tenants.models import ApiKey, Tenant
 class Command(BaseCommand):
     help = "Create a tenant and print its first API key (alone, on the last line)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="lowercase letters, digits and '-'")
         parser.add_argument("--display-name", default="")
 
-    def handle(self, name, display_name, **options):
+    def handle(self, name: str, display_name: str, **options: Any) -> None:
         tenant = Tenant(name=name, display_name=display_name)
         try:
             tenant.full_clean()
