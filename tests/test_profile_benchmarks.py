@@ -38,6 +38,7 @@ def local_pods(monkeypatch, settings):
     (pid, pod name), filled in as they start: a test checks those and no other process on the
     machine (other tests' and other runs' pods are not this benchmark's to stop)."""
     from dataplane.runtime import supervisor
+    from dataplane.runtime.pod_process import PodLaunch
 
     settings.BENCHMARK_ENGINE_URL = ""
     settings.BENCHMARK_SIMULATED_PROFILE = "tiny-test"
@@ -52,8 +53,8 @@ def local_pods(monkeypatch, settings):
             started.update((p.pid, p.name) for p in pods if p.pid is not None)
             return pods
 
-        def start_pod(self, spec: supervisor.PodSpec) -> None:
-            super().start_pod(spec)
+        def start_pod(self, launch: PodLaunch) -> None:
+            super().start_pod(launch)
             self.list_pods()
 
     monkeypatch.setattr(supervisor, "Supervisor", RecordingSupervisor)
