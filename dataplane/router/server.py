@@ -1,4 +1,4 @@
-"""The router: routing state, the request handler, and the server's lifecycle.
+"""The router: the request handler, the routing table it serves, and the server's lifecycle.
 
 Per request (``Router.handle``), in order, each step answering with an OpenAI-style error when
 it fails: parse the JSON body (400) -> tenant from the bearer key (401) -> endpoint from
@@ -23,7 +23,6 @@ import os
 import random
 import socket
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -31,13 +30,13 @@ from typing import Any, cast
 from dataplane.router import balancer
 from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
-from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, EndpointSpec, RoutingTable
-from dataplane.router.http import ClientConnection, Request, ServerState
-from dataplane.router.metering import Meter, RateWindow, merge, prometheus_text, publish, snapshot
+from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, RoutingTable
+from dataplane.router.endpoint_state import EndpointState
+from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
+from dataplane.router.metering import Meter, merge, prometheus_text, publish, snapshot
 from dataplane.router.pricing import estimate_input_tokens, price, requested_output_tokens
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
 from dataplane.router.ratelimit import (
-    GcraLimit,
     InProcessLimiter,
     Limiter,
     TrafficClass,
@@ -45,7 +44,7 @@ from dataplane.router.ratelimit import (
     has_headroom,
     retry_after_header,
 )
-from dataplane.router.upstream import Pool, fetch, split_url
+from dataplane.router.upstream import Pool, fetch
 
 log = logging.getLogger("dataplane.router")
 
@@ -55,124 +54,6 @@ JSON_HEADERS = b"content-type: application/json\r\n"
 # Answers that say the pod is broken count toward its ejection like a refused connection; a 503
 # (overloaded, draining) or a 4xx is the pod working as it should.
 POD_FAULTS = frozenset({500, 502, 504})
-
-
-class EndpointState:
-    """One endpoint's live state: spec (replaced on reload), pods, queue, policy, MU rate."""
-
-    def __init__(self, spec: EndpointSpec, config: RouterConfig) -> None:
-        self.spec = spec
-        self.config = config
-        self.policy = balancer.make_policy(spec.policy)
-        self.pods: list[balancer.PodLoad] = []
-        self.addresses: dict[str, tuple[str, int, bytes, bytes]] = {}  # url -> host, port, host hdr, pod hdr
-        self.inflight = 0  # requests of this endpoint at pods, count
-        self.queued_mu = 0.0  # estimated MU of the requests waiting for a pod (or a wake), MU
-        self.waiters_priority: deque[asyncio.Future[bool]] = deque()  # probes and reserved traffic
-        self.waiters: deque[asyncio.Future[bool]] = deque()  # best effort
-        self.rate = RateWindow(int(config.best_effort_window_s))  # MU admitted, for headroom
-        self.changed = asyncio.Event()  # set on every reload that touches this endpoint
-        self.wake_sent_at = -1e9  # monotonic s of the last wake call
-        self.limit: GcraLimit | None = None  # the reservation as a GCRA limit, None without one
-        self.limit_key = str(spec.id)
-        self.split: list[tuple[float, list[balancer.PodLoad]]] = []  # (percent, pods) per version
-        self.update(spec, {})
-
-    def update(self, spec: EndpointSpec, old_pods: dict[str, balancer.PodLoad]) -> None:
-        if spec.policy != self.spec.policy:
-            self.policy = balancer.make_policy(spec.policy)
-        self.spec = spec
-        self.limit_key = str(spec.id)  # GCRA key: the reservation is per endpoint
-        self.limit = (
-            GcraLimit(spec.reservation.mu_per_minute, self.config.gcra_burst_s)
-            if spec.reservation is not None and spec.reservation.mu_per_minute > 0
-            else None
-        )
-        pods = []
-        weights = dict(spec.traffic)
-        groups: dict[str, list[balancer.PodLoad]] = {}
-        for ps in spec.pods:
-            pod = old_pods.get(ps.name) or balancer.PodLoad(ps.name, ps.url)
-            pod.url = ps.url
-            # A version at 0 % (a rollout's old pods draining, a new version still starting)
-            # takes no new request; its in-flight requests hold their PodLoad and finish.
-            share = weights.get(ps.version, 100.0 if not weights else 0.0)
-            pod.ready = ps.ready and share > 0
-            pod.target_concurrency = spec.target_concurrency
-            pods.append(pod)
-            groups.setdefault(ps.version, []).append(pod)
-            if ps.url not in self.addresses:
-                host, port = split_url(ps.url)
-                self.addresses[ps.url] = (
-                    host,
-                    port,
-                    f"{host}:{port}".encode(),
-                    b"x-pod: %s\r\n" % ps.name.encode(),
-                )
-        self.pods = pods
-        # Two versions both taking traffic (a canary): pick the version first, by its share.
-        split = [(weights[v], group) for v, group in sorted(groups.items()) if weights.get(v, 0) > 0]
-        self.split = split if len(split) > 1 else []
-        self.changed.set()
-        self.changed = asyncio.Event()
-        self.wake_all()  # target concurrency may have grown: let waiters look again
-
-    def capacity_mu_per_min(self) -> float:
-        """Ready pods x MU/min per replica; 0 per replica means unknown, i.e. unlimited. An
-        endpoint that scales to zero counts the replica a waiting request wakes, so its first
-        best-effort request is held for the wake, not refused for want of headroom."""
-        if self.spec.mu_per_replica_minute <= 0:
-            return float("inf")
-        ready = sum(1 for p in self.pods if p.available())
-        if ready == 0 and self.spec.scale_to_zero_enabled:
-            ready = 1
-        return self.spec.mu_per_replica_minute * ready
-
-    def queued(self) -> int:
-        return len(self.waiters_priority) + len(self.waiters)
-
-    def wake_one(self) -> None:
-        self._wake(1)
-
-    def wake_all(self) -> None:
-        self._wake(self.queued())
-
-    def _wake(self, n: int) -> None:
-        """Let the first n live waiters (priority class first) look for a pod again."""
-        for q in (self.waiters_priority, self.waiters):
-            while q and n > 0:
-                fut = q.popleft()
-                if not fut.done():
-                    fut.set_result(True)
-                    n -= 1
-
-    async def wait_for_room(self, priority: bool, timeout_s: float) -> bool:
-        """Queue until a pod frees up. False: queue full, shed, or timed out (-> 503)."""
-        if timeout_s <= 0:
-            return False
-        if self.queued() >= self.config.max_queued_requests:
-            if priority and self.waiters:  # shed the newest best-effort waiter, never a reserved one
-                victim = self.waiters.pop()
-                if not victim.done():
-                    victim.set_result(False)
-            else:
-                return False
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        q = self.waiters_priority if priority else self.waiters
-        q.append(fut)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            return False
-        finally:
-            with contextlib.suppress(ValueError):
-                q.remove(fut)
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, message: str, code: str, headers: bytes = b"") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.headers = status, message, code, headers
 
 
 class Router:
