@@ -19,12 +19,10 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, cast
 
 from dataplane.router import balancer
@@ -32,8 +30,9 @@ from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, RoutingTable
 from dataplane.router.endpoint_state import EndpointState
+from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
-from dataplane.router.metering import Meter, merge, prometheus_text, publish, snapshot
+from dataplane.router.metering import Meter, publish
 from dataplane.router.pricing import estimate_input_tokens, price, requested_output_tokens
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
 from dataplane.router.ratelimit import (
@@ -50,7 +49,7 @@ log = logging.getLogger("dataplane.router")
 
 COMPLETIONS = b"/v1/completions"
 CHAT = b"/v1/chat/completions"
-JSON_HEADERS = b"content-type: application/json\r\n"
+PROMETHEUS_TEXT = b"content-type: text/plain; version=0.0.4\r\n"
 # Answers that say the pod is broken count toward its ejection like a refused connection; a 503
 # (overloaded, draining) or a 4xx is the pod working as it should.
 POD_FAULTS = frozenset({500, 502, 504})
@@ -133,9 +132,8 @@ class Router:
             except RequestError as e:
                 client.send_error(e.status, e.message, e.code, e.headers)
         elif path == b"/metrics" and req.method == b"GET":
-            client.send_response(
-                200, b"content-type: text/plain; version=0.0.4\r\n", self.metrics_text().encode()
-            )
+            text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
+            client.send_response(200, PROMETHEUS_TEXT, text.encode())
         elif path == b"/health" and req.method == b"GET":
             ready = self.table is not None and not self.state.draining
             client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
@@ -474,7 +472,8 @@ class Router:
         while True:
             await asyncio.sleep(interval_s)
             rows = self.tick()
-            self.write_snapshot()
+            if self.metrics_dir is not None:
+                write_snapshot(self.meter.totals, self.endpoints.values(), self.metrics_dir)
             second = int(time.time()) - 1
             try:
                 if self.redis is not None:
@@ -501,36 +500,6 @@ class Router:
     async def follow(self, discovery: Discovery) -> None:
         async for table in discovery.snapshots():
             self.apply(table)
-
-    def metrics_parts(self) -> tuple[dict[int, str], list[tuple[int, str, int, float, bool]]]:
-        names = {ep.spec.id: ep.spec.name for ep in self.endpoints.values()}
-        pods = [
-            (ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.ejected)
-            for ep in self.endpoints.values()
-            for p in ep.pods
-        ]
-        return names, pods
-
-    def metrics_text(self) -> str:
-        """This process's counters; with a metrics directory (several workers), all workers'."""
-        names, pods = self.metrics_parts()
-        if self.metrics_dir is None:
-            return prometheus_text(self.meter.totals, names, pods)
-        self.write_snapshot()  # this worker's freshest numbers
-        snaps = []
-        for path in Path(self.metrics_dir).glob("*.json"):
-            with contextlib.suppress(OSError, ValueError):  # a worker that is gone, or mid-rename
-                snaps.append(json.loads(path.read_text()))
-        return prometheus_text(*merge(snaps))
-
-    def write_snapshot(self) -> None:
-        if self.metrics_dir is None:
-            return
-        names, pods = self.metrics_parts()
-        path = Path(self.metrics_dir) / f"{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(snapshot(self.meter.totals, names, pods)))
-        tmp.replace(path)  # atomic: a scrape never reads half a file
 
     # --- lifecycle
     async def start(
