@@ -22,12 +22,13 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from dataplane.router import balancer
 from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
+from dataplane.router.control_plane import ControlPlaneClient, Fetch, follow
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, RoutingTable
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
@@ -70,8 +71,6 @@ class Router:
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
         self.clock = time.monotonic
         self.limiter: Limiter = limiter or InProcessLimiter(self.clock)
-        self.control_plane = control_plane.rstrip("/") if control_plane else None
-        self.key = key
         self.redis = redis
         self.rng = random.Random(seed)
         self.table: RoutingTable | None = None
@@ -89,7 +88,12 @@ class Router:
         self._probing: set[balancer.PodLoad] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.AbstractServer | None = None
-        self.fetch: Callable[..., Awaitable[tuple[int, dict[str, str], bytes]]] = fetch
+        self.fetch: Fetch = fetch
+        self.control_plane = (
+            ControlPlaneClient(control_plane, key, self.fetch, config.control_plane_timeout_s)
+            if control_plane
+            else None
+        )
 
     # --- routing table
     def apply(self, table: RoutingTable) -> None:
@@ -405,23 +409,15 @@ class Router:
                 )
             if now - ep.wake_sent_at >= cfg.wake_retry_s:
                 ep.wake_sent_at = now
-                self._spawn(self.wake(ep.spec.id))
+                self.wake(ep.spec.id)
             changed = ep.changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(deadline - now, cfg.wake_retry_s))
 
-    async def wake(self, endpoint_id: int) -> None:
-        if not self.control_plane:
-            return
-        url = f"{self.control_plane}/api/v1/endpoints/{endpoint_id}/wake/"
-        try:
-            status, _, _ = await self.fetch(
-                url, "POST", {"authorization": f"Bearer {self.key}"}, b"", self.config.control_plane_timeout_s
-            )
-            if status not in (200, 202, 204, 404):
-                log.warning("wake %s answered %s", endpoint_id, status)
-        except (OSError, TimeoutError, ConnectionError) as exc:
-            log.warning("wake %s failed: %s", endpoint_id, exc)
+    def wake(self, endpoint_id: int) -> None:
+        """Ask the control plane, in the background, to start a scaled-to-zero endpoint's pod."""
+        if self.control_plane is not None:
+            self._spawn(self.control_plane.wake(endpoint_id))
 
     # --- background work
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -478,28 +474,10 @@ class Router:
             try:
                 if self.redis is not None:
                     await publish(self.redis, rows, second, self.config.metrics_ttl_s)
-                elif self.control_plane:
-                    await self.post_samples(rows, second)
+                elif self.control_plane is not None:
+                    await self.control_plane.post_samples(rows, second)
             except Exception as exc:  # a metrics sink down must not stop the router
                 log.warning("metrics publish failed: %s", exc)
-
-    async def post_samples(self, rows: list[tuple[tuple[int, str], dict[str, float]]], second: int) -> None:
-        body = json.dumps(
-            {"second": second, "rows": [{"endpoint": e, "tenant": t, **f} for (e, t), f in rows]}
-        ).encode()
-        status, _, answer = await self.fetch(
-            f"{self.control_plane}/api/v1/load-samples/",
-            "POST",
-            {"authorization": f"Bearer {self.key}", "content-type": "application/json"},
-            body,
-            self.config.control_plane_timeout_s,
-        )
-        if status != 201:
-            log.warning("load samples answered %s: %s", status, answer[:200])
-
-    async def follow(self, discovery: Discovery) -> None:
-        async for table in discovery.snapshots():
-            self.apply(table)
 
     # --- lifecycle
     async def start(
@@ -510,7 +488,7 @@ class Router:
         reuse_port: bool = False,
         sock: socket.socket | None = None,
     ) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(self.follow(discovery)))
+        self._tasks.append(asyncio.get_running_loop().create_task(follow(discovery, self.apply)))
         self._tasks.append(asyncio.get_running_loop().create_task(self.maintenance()))
         loop = asyncio.get_running_loop()
         if sock is not None:
