@@ -2,14 +2,14 @@
 
 ``EndpointState.update`` installs a new spec from the routing table without dropping anything
 live: pods keep their counters (matched by name), in-flight requests keep the ``PodLoad`` they
-hold, and the requests waiting for a pod (``wait_for_room``) are woken to look again
-(``wake_one`` when a pod frees up, ``wake_all`` on a reload).
+hold, and the requests waiting for a pod (``waiters_priority``, ``waiters``) are woken to look
+again. How requests join and leave those queues is ``admission``'s business; this module only
+holds them and wakes them (``wake_one`` when a pod frees up, ``wake_all`` on a reload).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 
 from dataplane.router import balancer
@@ -108,25 +108,3 @@ class EndpointState:
                 if not fut.done():
                     fut.set_result(True)
                     n -= 1
-
-    async def wait_for_room(self, priority: bool, timeout_s: float) -> bool:
-        """Queue until a pod frees up. False: queue full, shed, or timed out (-> 503)."""
-        if timeout_s <= 0:
-            return False
-        if self.queued() >= self.config.max_queued_requests:
-            if priority and self.waiters:  # shed the newest best-effort waiter, never a reserved one
-                victim = self.waiters.pop()
-                if not victim.done():
-                    victim.set_result(False)
-            else:
-                return False
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        q = self.waiters_priority if priority else self.waiters
-        q.append(fut)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            return False
-        finally:
-            with contextlib.suppress(ValueError):
-                q.remove(fut)
