@@ -26,7 +26,7 @@ Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by defaul
 Every router adds its share, so a key holds the fleet's totals for that second; with two
 routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
 
-GET /metrics renders the cumulative counters in Prometheus text format. With ``--workers N``
+GET /metrics renders the cumulative counters as Prometheus text (``exposition``). With ``--workers N``
 each worker has its own counters, so every worker writes a snapshot of them once a second to a
 directory they share (``snapshot``), and a scrape, whichever worker it reaches, renders the sum
 of all snapshots (``merge``): the multiprocess mode of the Prometheus client, in 50 lines.
