@@ -12,7 +12,8 @@ Queueing: an admitted request that finds no pod under its target concurrency wai
 endpoint's queue (``wait_for_room``: reserved traffic and probes first, the newest best-effort
 waiter shed to make room for them, 503 at ``queue_wait_s``); one that finds no ready pod at all
 is held while a scale-to-zero endpoint wakes (``wait_for_pods``: the wake call repeated every
-``wake_retry_s``, 503 at ``wake_deadline_s``). ``queue_for_pod`` chooses between the two.
+``wake_retry_s``, 503 at ``wake_deadline_s``; 503 at once for an endpoint that cannot scale to
+zero). ``queue_for_pod`` chooses between the two.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ Wake = Callable[[int], None]  # start the wake call of an endpoint (by id) in th
 
 
 class Admission(Protocol):
+    """An admission policy: one per router, asked once per request before any pod is picked."""
+
     async def admit(self, ep: EndpointState, cost_mu: float, is_probe: bool, now: float) -> TrafficClass:
         """The request's class (never REJECTED); raises a 429 ``RequestError`` to refuse it."""
         ...
