@@ -4,9 +4,31 @@ It authenticates a tenant's API key, rate-limits the tenant in model units (MU) 
 reservation, picks a runtime pod by in-flight MU (power of two choices inside a small sticky
 subset per workload), proxies the request (SSE streaming passed through chunk by chunk),
 retries a failed connection on another pod, ejects failing pods, and meters MU, tokens and
-latency per endpoint and tenant. Pure decision logic (pricing, balancer, affinity, GCRA) lives
-in small modules without I/O and with time passed in; sockets, Redis and the control plane are
-at the edges (http, upstream, proxy, discovery, metering, server). No Django imports.
+latency per endpoint and tenant. No Django imports.
+
+Its modules, by job. Pure, without I/O and with time passed in:
+  config          every timeout and limit of the router, with defaults
+  pricing         the MU price of a request: estimated before it runs, metered after
+  balancer        pod load and health (ejection, probes) and the balancing policies
+  affinity        a request's workload and its sticky subset of pods (rendezvous hashing)
+  ratelimit       GCRA and the traffic classes (pure), and the limiters that keep GCRA state
+                  in process or in Redis
+State and policy on the event loop:
+  endpoint_state  one endpoint's live state: spec, pods, waiting requests, admitted MU rate
+  admission       admission policies (probe, reserved, best effort or 429) and the queues
+                  for a pod (target concurrency, scale from zero)
+  server          the request handler (the hot path), the routing table, the lifecycle
+Sockets, Redis and the control plane, at the edges:
+  http            the client side of HTTP/1.1: parsing, limits, responses, backpressure
+  upstream        connections to pods and their pool; ``fetch`` for one-off calls
+  proxy           one exchange with a pod, streamed back to the client
+  discovery       routing-table snapshots (static, or polled from the control plane);
+                  endpointslices takes the pods from Kubernetes EndpointSlices instead
+  control_plane   the router's calls to the control plane: wake, load samples, following
+                  the routing table
+  metering        per-second load samples (published to Redis), the cumulative
+                  counters and the workers' snapshots of them
+  exposition      GET /metrics in Prometheus text, summed over the workers
 
 Run: ``python -m dataplane.router --help`` (static ``--backends`` or ``--control-plane`` mode).
 Measure: bench/router_peers.sh (proxy speed against HAProxy and vllm-router), bench/concurrency.sh

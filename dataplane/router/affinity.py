@@ -20,8 +20,21 @@ import hashlib
 import heapq
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from dataplane.router.balancer import PodLoad, Policy
+
+
+def workload_of(headers: dict[bytes, bytes], body: dict[str, Any]) -> str | None:
+    """A request's workload: its ``x-session-id``, else its ``user``, else its API key (None
+    when it has none of them, as in static mode without keys)."""
+    session = headers.get(b"x-session-id")
+    if session:
+        return session.decode("latin-1")
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return user
+    return headers.get(b"authorization", b"")[7:].decode("latin-1") or None
 
 
 def rendezvous_score(workload: str, pod_name: str) -> int:

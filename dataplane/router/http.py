@@ -74,6 +74,15 @@ def error_body(status: int, message: str, code: str) -> bytes:
     ).encode()
 
 
+class RequestError(Exception):
+    """A request the router answers itself, before any response byte, with an OpenAI-style error
+    (``send_error``); ``headers`` are extra pre-encoded header lines, such as a Retry-After."""
+
+    def __init__(self, status: int, message: str, code: str, headers: bytes = b"") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.headers = status, message, code, headers
+
+
 class Request:
     __slots__ = ("body", "headers", "http11", "keep_alive", "method", "path")
 

@@ -26,7 +26,7 @@ Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by defaul
 Every router adds its share, so a key holds the fleet's totals for that second; with two
 routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
 
-GET /metrics renders the cumulative counters in Prometheus text format. With ``--workers N``
+GET /metrics renders the cumulative counters as Prometheus text (``exposition``). With ``--workers N``
 each worker has its own counters, so every worker writes a snapshot of them once a second to a
 directory they share (``snapshot``), and a scrape, whichever worker it reaches, renders the sum
 of all snapshots (``merge``): the multiprocess mode of the Prometheus client, in 50 lines.
@@ -224,56 +224,6 @@ async def publish(
     for key in keys:
         pipe.expire(key, ttl_s)
     await pipe.execute()
-
-
-def prometheus_text(
-    totals: dict[Key, Stats], names: dict[int, str], pods: Iterable[tuple[int, str, int, float, bool]]
-) -> str:
-    """Cumulative counters (# TYPE lines included); pods: (endpoint id, pod, req, mu, ejected)."""
-    out: list[str] = []
-
-    def family(name: str, kind: str, help_: str) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-
-    def lbl(key: Key) -> str:
-        return f'endpoint="{names.get(key[0], key[0])}",endpoint_id="{key[0]}",tenant="{key[1]}"'
-
-    counters = (
-        ("router_requests_total", "requests", "finished requests"),
-        ("router_mu_total", "mu", "model units consumed"),
-        ("router_tokens_in_total", "tokens_in", "prompt tokens"),
-        ("router_tokens_out_total", "tokens_out", "generated tokens"),
-        ("router_errors_total", "errors", "5xx answers and upstream failures"),
-        ("router_throttled_total", "throttled", "429 answers"),
-    )
-    for metric, attr, help_ in counters:
-        family(metric, "counter", help_)
-        for key, s in sorted(totals.items()):
-            out.append(f"{metric}{{{lbl(key)}}} {getattr(s, attr)}")
-    family("router_inflight_requests", "gauge", "requests in flight")
-    for key, s in sorted(totals.items()):
-        out.append(f"router_inflight_requests{{{lbl(key)}}} {s.inflight}")
-    family("router_request_duration_seconds", "histogram", "request latency")
-    for key, s in sorted(totals.items()):
-        cum = 0
-        for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
-            cum += n
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'router_request_duration_seconds_bucket{{{lbl(key)},le="{le}"}} {cum}')
-        out.append(f"router_request_duration_seconds_sum{{{lbl(key)}}} {s.latency_sum_s}")
-        out.append(f"router_request_duration_seconds_count{{{lbl(key)}}} {s.requests}")
-    family("router_pod_inflight_requests", "gauge", "requests in flight per pod")
-    pod_rows = list(pods)
-    for ep, pod, req, _mu, _ej in pod_rows:
-        out.append(f'router_pod_inflight_requests{{endpoint_id="{ep}",pod="{pod}"}} {req}')
-    family("router_pod_inflight_mu", "gauge", "estimated MU in flight per pod")
-    for ep, pod, _req, mu, _ej in pod_rows:
-        out.append(f'router_pod_inflight_mu{{endpoint_id="{ep}",pod="{pod}"}} {mu}')
-    family("router_pod_ejected", "gauge", "1 while a pod is ejected")
-    for ep, pod, _req, _mu, ej in pod_rows:
-        out.append(f'router_pod_ejected{{endpoint_id="{ep}",pod="{pod}"}} {int(ej)}')
-    return "\n".join(out) + "\n"
 
 
 Snapshot = dict[str, Any]  # one worker's totals and pod gauges, JSON-able

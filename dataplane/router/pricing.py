@@ -22,12 +22,26 @@ from capacity.units import BYTES_PER_TOKEN as CHARS_PER_TOKEN
 from capacity.units import CostModel as Coefficients
 from capacity.units import estimate_tokens as chars_to_tokens
 
-__all__ = ["CHARS_PER_TOKEN", "Coefficients", "chars_to_tokens", "estimate_input_tokens", "price"]
+__all__ = ["CHARS_PER_TOKEN", "Coefficients", "chars_to_tokens", "estimate_input_tokens", "metered", "price"]
 
 
 def price(c: Coefficients, input_tokens: int, output_tokens: int) -> float:
     """MU of one request; 0.002*100 + 0.02*256 + 0.1 = 5.42."""
     return c.cost(input_tokens, output_tokens)
+
+
+def metered(
+    c: Coefficients,
+    estimated_mu: float,
+    estimated_input_tokens: int,
+    usage: tuple[int, int] | None,
+    sse_events: int,
+) -> tuple[float, int, int]:
+    """(MU, input tokens, output tokens) a finished request is metered at: exact from the pod's
+    ``usage`` when it reported it, else the estimate with its SSE events as the output tokens."""
+    if usage is not None:
+        return price(c, usage[0], usage[1]), usage[0], usage[1]
+    return estimated_mu, estimated_input_tokens, sse_events
 
 
 def _content_chars(content: Any) -> int:

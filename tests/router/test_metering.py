@@ -1,4 +1,4 @@
-"""Per-second metering: time-averaged in-flight, the MU rate window, Prometheus text, Redis rows."""
+"""Per-second metering: time-averaged in-flight, the MU rate window, Redis rows, worker snapshots."""
 
 import asyncio
 import json
@@ -7,8 +7,7 @@ import uuid
 
 import pytest
 
-from dataplane.router.metering import Meter, RateWindow, prometheus_text, publish
-from tests.router.conftest import call, running
+from dataplane.router.metering import Meter, RateWindow, publish
 
 KEY = (7, "acme")
 
@@ -57,30 +56,6 @@ def test_rate_window_in_mu_per_minute():
     assert w.rate_per_min(1009.9) == pytest.approx(3000.0)  # 500 MU / 10 s x 60
     assert w.rate_per_min(1015.0) == pytest.approx(1200.0)  # seconds 1006-1009 remain: 200 MU
     assert w.rate_per_min(1100.0) == 0.0
-
-
-def test_prometheus_text_has_counters_histogram_and_pod_gauges():
-    m = Meter(0.0)
-    m.start(KEY, 0.0)
-    m.finish(KEY, 0.03, 0.03, 2.0, 5, 6, False)
-    text = prometheus_text(m.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)])
-    assert 'router_requests_total{endpoint="chat",endpoint_id="7",tenant="acme"} 1' in text
-    labels = 'endpoint="chat",endpoint_id="7",tenant="acme"'
-    assert f'router_request_duration_seconds_bucket{{{labels},le="0.025"}} 0' in text
-    assert f'router_request_duration_seconds_bucket{{{labels},le="0.05"}} 1' in text
-    assert 'router_pod_inflight_mu{endpoint_id="7",pod="pod-0"} 2.5' in text
-    assert "# TYPE router_mu_total counter" in text
-
-
-def test_metrics_endpoint_of_a_running_router():
-    async def go():
-        async with running(1) as (router, _):
-            await call(router, body={"model": "m", "prompt": "hi"})
-            status, headers, body = await call(router, path="/metrics", method="GET")
-            assert status == 200 and headers["content-type"].startswith("text/plain")
-            assert b'router_requests_total{endpoint="*",endpoint_id="0",tenant=""} 1' in body
-
-    asyncio.run(go())
 
 
 def test_publish_to_redis_key_layout():
