@@ -10,6 +10,7 @@ from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Profile
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
+from dataplane.wire import pod_events
 
 
 class ExactNumberField(serializers.FloatField):
@@ -417,17 +418,12 @@ class EventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Event
+        # What a pod posts (its keys are the wire contract's), then what the control plane adds.
         fields = [
             "id",
-            "kind",
-            "severity",
+            *pod_events.FIELDS,
             "tenant",
-            "endpoint",
             "endpoint_name",
-            "pod",
-            "message",
-            "detail",
-            "time",
             "recorded_at",
             "reported_by",
             "acknowledged_at",
@@ -447,12 +443,7 @@ class EventSerializer(serializers.ModelSerializer):
         return value
 
     def create(self, validated_data):
-        return Event.record(
-            validated_data.pop("kind"),
-            validated_data.pop("message"),
-            reported_by=principal_of(self).name,
-            **validated_data,
-        )
+        return Event.record(reported_by=principal_of(self).name, **validated_data)
 
 
 class ModelCapacitySerializer(serializers.Serializer):
