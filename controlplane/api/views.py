@@ -160,10 +160,10 @@ class RoutingTableView(APIView):
     @extend_schema(responses={200: dict, 304: None})
     def get(self, request):
         table = routing_table()
-        etag = f'"{table["version"]}"'
+        etag = f'"{table.version}"'
         if request.headers.get("If-None-Match") == etag:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        return Response(table, headers={"ETag": etag})
+        return Response(table.to_json(), headers={"ETag": etag})
 
 
 class LoadSamplesView(APIView):

@@ -31,7 +31,7 @@ from typing import Any, cast
 from dataplane.router import balancer
 from dataplane.router.affinity import pick_sticky
 from dataplane.router.config import RouterConfig
-from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, EndpointSpec, RoutingTable
+from dataplane.router.discovery import STATIC_ENDPOINT, Discovery
 from dataplane.router.http import ClientConnection, Request, ServerState
 from dataplane.router.metering import Meter, RateWindow, merge, prometheus_text, publish, snapshot
 from dataplane.router.pricing import estimate_input_tokens, price, requested_output_tokens
@@ -46,6 +46,7 @@ from dataplane.router.ratelimit import (
     retry_after_header,
 )
 from dataplane.router.upstream import Pool, fetch, split_url
+from dataplane.wire.routing_table import RoutedEndpoint, RoutingTable
 
 log = logging.getLogger("dataplane.router")
 
@@ -60,7 +61,7 @@ POD_FAULTS = frozenset({500, 502, 504})
 class EndpointState:
     """One endpoint's live state: spec (replaced on reload), pods, queue, policy, MU rate."""
 
-    def __init__(self, spec: EndpointSpec, config: RouterConfig) -> None:
+    def __init__(self, spec: RoutedEndpoint, config: RouterConfig) -> None:
         self.spec = spec
         self.config = config
         self.policy = balancer.make_policy(spec.policy)
@@ -78,7 +79,7 @@ class EndpointState:
         self.split: list[tuple[float, list[balancer.PodLoad]]] = []  # (percent, pods) per version
         self.update(spec, {})
 
-    def update(self, spec: EndpointSpec, old_pods: dict[str, balancer.PodLoad]) -> None:
+    def update(self, spec: RoutedEndpoint, old_pods: dict[str, balancer.PodLoad]) -> None:
         if spec.policy != self.spec.policy:
             self.policy = balancer.make_policy(spec.policy)
         self.spec = spec
