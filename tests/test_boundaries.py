@@ -11,6 +11,7 @@ PURE = [
     "capacity.autoscaler",
     "capacity.autoscaler.forecast",
     "dataplane",
+    "dataplane.wire.load_samples",
     "dataplane.wire.routing_table",
     "dataplane.wire.pod_events",
 ]

@@ -23,6 +23,7 @@ from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant
 from dataplane.cluster.driver import ClusterError
+from dataplane.wire.load_samples import RouterSecond, SampleError
 
 AUTHENTICATED = permissions.IsAuthenticated
 
@@ -173,19 +174,11 @@ class LoadSamplesView(APIView):
 
     @extend_schema(request=dict, responses={201: dict})
     def post(self, request):
-        data = request.data
-        second, rows = data.get("second"), data.get("rows")
-        if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
-            raise ValidationError({"second": f"{second!r} must be a unix second (a positive integer)"})
-        if not isinstance(rows, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
-        ):
-            raise ValidationError(
-                {"rows": "must be a list of objects, each with a positive integer endpoint"}
-            )
-        return Response(
-            {"stored": samples.DatabaseSeconds.store(second, rows)}, status=status.HTTP_201_CREATED
-        )
+        try:
+            posted = RouterSecond.from_json(request.data)
+        except SampleError as exc:
+            raise ValidationError({exc.field: str(exc)} if exc.field else str(exc)) from None
+        return Response({"stored": samples.DatabaseSeconds.store(posted)}, status=status.HTTP_201_CREATED)
 
 
 class ReservationViewSet(ScopedViewSet):

@@ -46,6 +46,7 @@ from dataplane.router.ratelimit import (
     retry_after_header,
 )
 from dataplane.router.upstream import Pool, fetch, split_url
+from dataplane.wire.load_samples import RouterSecond, Sample
 from dataplane.wire.routing_table import RoutedEndpoint, RoutingTable
 
 log = logging.getLogger("dataplane.router")
@@ -574,7 +575,7 @@ class Router:
                 if pod in ep.pods:
                     ep.wake_all()
 
-    def tick(self) -> list[tuple[tuple[int, str], dict[str, float]]]:
+    def tick(self) -> list[Sample]:
         """Once a second: probe ejected pods that are due, sweep idle connections, roll metrics."""
         now = self.clock()
         for ep in self.endpoints.values():
@@ -604,10 +605,8 @@ class Router:
             except Exception as exc:  # a metrics sink down must not stop the router
                 log.warning("metrics publish failed: %s", exc)
 
-    async def post_samples(self, rows: list[tuple[tuple[int, str], dict[str, float]]], second: int) -> None:
-        body = json.dumps(
-            {"second": second, "rows": [{"endpoint": e, "tenant": t, **f} for (e, t), f in rows]}
-        ).encode()
+    async def post_samples(self, rows: list[Sample], second: int) -> None:
+        body = json.dumps(RouterSecond(second, tuple(rows)).to_json()).encode()
         status, _, answer = await self.fetch(
             f"{self.control_plane}/api/v1/load-samples/",
             "POST",
