@@ -9,8 +9,8 @@ With Redis, every router adds its samples into one hash per endpoint and second 
 zero fields left out), so a hash holds the fleet's sums, and counts itself in a heartbeat key;
 both expire after the router's ``metrics_ttl_s`` (120 s by default):
 
-    mu:load:{endpoint_id}:{unix_second}   hash: the sample fields below, summed over routers
-                                          and tenants, and mu:{tenant}, that tenant's MU
+    mu:load:{endpoint_id}:{unix_second}   hash: the samples' fields, summed over routers and
+                                          tenants, and mu:{tenant}, that tenant's MU
     mu:routers:{unix_second}              routers that reported that second (every router,
                                           every second, traffic or not): a second without it
                                           is missing data, not idleness
@@ -72,7 +72,7 @@ def _amount(doc: Mapping[str, Any], key: str, where: str) -> float:
 class TrafficSample:
     """One router's second of one endpoint and tenant: requests finished, refused, in flight."""
 
-    endpoint: int  # control-plane endpoint id (0 in static mode, which posts nowhere)
+    endpoint: int  # control-plane endpoint id, >= 0 (0 in static mode)
     tenant: str  # tenant slug ("" in static mode)
     requests: int = 0  # requests finished in the second, count >= 0
     inflight: float = 0.0  # in-flight requests averaged over the second, >= 0 (4 for half: 2.0)
@@ -147,13 +147,8 @@ class QueueSample:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str = "sample") -> QueueSample:
-        _tenant(doc, where)
+        _tenant(doc, where)  # checked, not kept: always "" on the wire
         return cls(_endpoint(doc, where), _count(doc, "queued", where), _amount(doc, "queued_mu", where))
-
-    @staticmethod
-    def describes(doc: Mapping[str, Any]) -> bool:
-        """Whether a row on the wire is a queue sample (else it is a traffic sample)."""
-        return "queued" in doc
 
 
 Sample = TrafficSample | QueueSample
@@ -181,7 +176,8 @@ def stored_fields(sample: Sample) -> dict[str, Any]:
 
 
 def sample_from_json(doc: Mapping[str, Any], where: str = "sample") -> Sample:
-    return (QueueSample if QueueSample.describes(doc) else TrafficSample).from_json(doc, where)
+    """A row on the wire: a queue sample when it counts queued requests, else a traffic sample."""
+    return (QueueSample if "queued" in doc else TrafficSample).from_json(doc, where)
 
 
 @dataclass(frozen=True)
