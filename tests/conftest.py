@@ -8,6 +8,7 @@ from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.endpoints.models import Endpoint
 from controlplane.selling import save_endpoint
 from controlplane.tenants.models import ApiKey, Tenant
+from dataplane.wire import load_samples
 
 
 def client_for(tenant: Tenant | None, name: str = "test") -> APIClient:
@@ -146,10 +147,41 @@ def metrics():
 
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
     yield client
-    for pattern in ("mu:load:*", "mu:routers:*"):
+    for pattern in (load_samples.load_key("*", "*"), load_samples.routers_key("*")):
         for key in client.scan_iter(pattern):
             client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def publish_seconds(metrics):
+    """Publish router seconds to the test Redis the way routers do (metering.publish):
+    ``publish_seconds({second: [router 1's samples, router 2's samples, ...]})``."""
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.metering import publish
+
+    def write(seconds: dict[int, list[list[load_samples.Sample]]]) -> None:
+        async def go() -> None:
+            client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+            try:
+                for second, routers in seconds.items():
+                    for samples in routers:
+                        await publish(client, samples, second, ttl_s=120)
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+
+    return write
+
+
+def latencies(counts: dict[int, int]) -> tuple[int, ...]:
+    """A sample's latency histogram: {6: 1} is one request in LATENCY_BUCKETS_S[6]."""
+    return tuple(counts.get(i, 0) for i in range(len(load_samples.NO_LATENCIES)))
 
 
 @pytest.fixture

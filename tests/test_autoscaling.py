@@ -2,6 +2,7 @@
 the lease, the no-data rule, wake from zero and the pod mirror. The cluster here records what
 it is told (`Recorder`); tests/test_autoscaling_stack.py runs the real agent, router and Celery."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,8 @@ from controlplane.endpoints import samples, scaling
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError, Deployment, PodState
+from dataplane.wire.load_samples import QueueSample, RouterSecond, TrafficSample
+from tests.conftest import latencies
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 TS = int(NOW.timestamp())  # a multiple of 5
@@ -72,17 +75,16 @@ def chat(owner, make_endpoint):
 # --- samples into buckets
 
 
-def test_a_slot_of_router_seconds_becomes_one_bucket(metrics, chat):
-    # The slot ending at TS covers seconds TS-5..TS-1. Two routers reported each second; the
-    # rows are their sums: in flight 2.0 each second, 30 requests and 6 MU in all, latencies
-    # of 29 requests in the 0.5-1 s bucket (index 7) and one in 5-10 s (index 10); at the end, 3
+def test_a_slot_of_router_seconds_becomes_one_bucket(publish_seconds, chat):
+    # The slot ending at TS covers seconds TS-5..TS-1. Two routers reported each second, each
+    # half of it: in flight 2.0 each second, 30 requests and 6 MU in all, latencies of 29
+    # requests in the 0.5-1 s bucket (index 7) and one in 5-10 s (index 10); at the end, 3
     # requests of 1.5 MU wait for a pod.
-    for s in range(TS - 5, TS):
-        metrics.incrby(f"mu:routers:{s}", 2)
-        metrics.hset(f"mu:load:{chat.pk}:{s}", mapping={"inflight": 2.0, "requests": 6, "mu": 1.2})
-    metrics.hset(
-        f"mu:load:{chat.pk}:{TS - 1}", mapping={"lat7": 29, "lat10": 1, "queued": 3, "queued_mu": 1.5}
-    )
+    half = TrafficSample(chat.pk, "owner", requests=3, inflight=1.0, mu=0.6)
+    seconds = {s: [[half], [half]] for s in range(TS - 5, TS)}
+    slow = replace(half, latency_buckets=latencies({7: 29, 10: 1}))
+    seconds[TS - 1] = [[slow, QueueSample(chat.pk, queued=3, queued_mu=1.5)], [half]]
+    publish_seconds(seconds)
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.requests) == (5, 30)
@@ -98,8 +100,8 @@ def test_a_slot_of_router_seconds_becomes_one_bucket(metrics, chat):
     assert chat.used_mu_per_minute == pytest.approx(6.0)  # 6 MU in the last minute
 
 
-def test_seconds_no_router_reported_are_missing_not_idle(metrics, chat):
-    metrics.set(f"mu:routers:{TS - 3}", 1)  # one second of the slot TS-5..TS-1 was reported
+def test_seconds_no_router_reported_are_missing_not_idle(publish_seconds, chat):
+    publish_seconds({TS - 3: [[]]})  # one second of the slot TS-5..TS-1 was reported
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.in_flight, b.requests) == (1, 0.0, 0)
@@ -109,24 +111,26 @@ def test_seconds_no_router_reported_are_missing_not_idle(metrics, chat):
 
 def test_without_redis_routers_post_their_seconds(settings, operator_client, owner_client, chat):
     settings.REDIS_URL = ""
-    rows = [{"endpoint": chat.pk, "tenant": "acme", "inflight": 4.0, "requests": 2, "mu": 0.5}]
+    rows = (TrafficSample(chat.pk, "acme", inflight=4.0, requests=2, mu=0.5),)
     for s in range(TS - 5, TS):
-        answer = operator_client.post("/api/v1/load-samples/", {"second": s, "rows": rows}, format="json")
+        body = RouterSecond(s, rows).to_json()
+        answer = operator_client.post("/api/v1/load-samples/", body, format="json")
         assert answer.status_code == 201 and answer.json() == {"stored": 1}
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.in_flight, b.requests, b.mu_per_minute) == (5, 4.0, 10, pytest.approx(30.0))
-    bad = operator_client.post("/api/v1/load-samples/", {"second": "now", "rows": []}, format="json")
+    bad = {**RouterSecond(TS, ()).to_json(), "second": "now"}
+    bad = operator_client.post("/api/v1/load-samples/", bad, format="json")
     assert bad.status_code == 400 and bad.json()["fields"]["second"]["value"] == "now"
     assert (
-        owner_client.post("/api/v1/load-samples/", {"second": 1, "rows": []}, format="json").status_code
+        owner_client.post("/api/v1/load-samples/", RouterSecond(1, ()).to_json(), format="json").status_code
         == 403
     )
 
 
 def test_load_samples_body_that_is_not_an_object_is_a_400(operator_client):
     answer = operator_client.post("/api/v1/load-samples/", [{"second": 1, "rows": []}], format="json")
-    assert answer.status_code == 400 and "second" in answer.json()["fields"]
+    assert answer.status_code == 400 and "must be a JSON object" in str(answer.json()), answer.json()
 
 
 # --- horizontal decisions reach the cluster

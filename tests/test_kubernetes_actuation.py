@@ -19,7 +19,7 @@ from controlplane.oncall.models import Event
 from controlplane.selling import save_endpoint
 from dataplane.cluster.driver import ClusterError
 from dataplane.cluster.kubernetes import KubernetesDriver
-from dataplane.runtime.events import Event as PodEvent
+from dataplane.wire.pod_events import PodEvent
 from tests.cluster.kube_standin import pod, write_kubeconfig
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

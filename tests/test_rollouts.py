@@ -11,6 +11,7 @@ from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
+from dataplane.wire.routing_table import RoutingTable
 from tests.console.conftest import member_client
 from tests.test_autoscaling import Recorder
 
@@ -28,8 +29,9 @@ def newer(h100):
 
 
 def table(operator_client, endpoint):
+    """The endpoint as routers read it from the routing table."""
     doc = operator_client.get("/api/v1/routing-table/").json()
-    return next(e for e in doc["endpoints"] if e["id"] == endpoint.pk)
+    return next(e for e in RoutingTable.from_json(doc).endpoints if e.id == endpoint.pk)
 
 
 def ready_pod(endpoint, version, n=1):
@@ -56,12 +58,12 @@ def test_a_new_model_rolls_out_with_no_gap_in_serving_pods(owner_client, operato
     t0 = timezone.now()
     # Both versions run; all traffic stays on v1 while v2 starts.
     assert tick(t0) == [f"ep-{chat.pk}-v1", f"ep-{chat.pk}-v2"]
-    assert table(operator_client, chat)["traffic"] == {"1": 100, "2": 0}
+    assert dict(table(operator_client, chat).traffic) == {"1": 100, "2": 0}
     ready_pod(chat, 2)
     assert tick(t0 + timedelta(seconds=5)) == [f"ep-{chat.pk}-v1", f"ep-{chat.pk}-v2"]
     routed = table(operator_client, chat)
-    assert routed["traffic"] == {"1": 0, "2": 100}  # v1 drains: no new request, in-flight ones finish
-    assert {p["version"] for p in routed["pods"]} == {"1", "2"}
+    assert dict(routed.traffic) == {"1": 0, "2": 100}  # v1 drains: no new request, in-flight ones finish
+    assert {p.version for p in routed.pods} == {"1", "2"}
     # After the 10 s drain, v1 goes.
     assert tick(t0 + timedelta(seconds=15)) == [f"ep-{chat.pk}-v2"]
     rollout = Rollout.objects.get()
@@ -77,7 +79,7 @@ def test_a_canary_holds_ninety_ten_until_promoted(owner_client, operator_client,
     ready_pod(chat, 2)
     t0 = timezone.now()
     tick(t0)
-    assert table(operator_client, chat)["traffic"] == {"1": 90, "2": 10}
+    assert dict(table(operator_client, chat).traffic) == {"1": 90, "2": 10}
     tick(t0 + timedelta(seconds=3600))
     assert Rollout.objects.get().phase == "canary"  # holds however long
     promoted = owner_client.post(
@@ -85,7 +87,7 @@ def test_a_canary_holds_ninety_ten_until_promoted(owner_client, operator_client,
     )
     assert promoted.status_code == 202
     tick(t0 + timedelta(seconds=3605))
-    assert table(operator_client, chat)["traffic"] == {"1": 0, "2": 100}
+    assert dict(table(operator_client, chat).traffic) == {"1": 0, "2": 100}
 
 
 def test_a_version_that_never_gets_ready_is_rolled_back(settings, owner_client, chat, newer):

@@ -18,6 +18,7 @@ from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
+from dataplane.wire.load_samples import EndpointSecond, load_key
 from tests.runtime.support import free_port, sim_engine
 
 
@@ -45,7 +46,7 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
     _, other_key = ApiKey.issue(name="app", tenant=other)
     broker = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
     metrics = redis.Redis.from_url(broker)
-    metrics.delete(*metrics.keys(f"mu:load:{chat.pk}:*") or ["none"])
+    metrics.delete(*metrics.keys(load_key(chat.pk, "*")) or ["none"])
     port = free_port()
     # Pods serve under their endpoint's name (the cluster driver passes --served-model-name), so
     # the router passes a tenant's body through untouched: `model` names the endpoint.
@@ -88,11 +89,14 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
             assert post(url, body, other_key)[0] == 404
             assert post(url, body, "mu_not-a-key")[0] == 401
             deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not metrics.keys(f"mu:load:{chat.pk}:*"):
+            while time.monotonic() < deadline and not metrics.keys(load_key(chat.pk, "*")):
                 time.sleep(0.1)  # the router flushes its meter once a second
-            rows = [metrics.hgetall(k) for k in metrics.keys(f"mu:load:{chat.pk}:*")]
-            assert sum(float(r.get(b"requests", 0)) for r in rows) >= 1
-            assert sum(float(r.get(b"mu", 0)) for r in rows) > 0
+            rows = [
+                EndpointSecond.from_redis_hash(metrics.hgetall(k))
+                for k in metrics.keys(load_key(chat.pk, "*"))
+            ]
+            assert sum(r.requests for r in rows) >= 1
+            assert sum(r.mu for r in rows) > 0
             # ...and the control plane turns it into the endpoint's used MU/min (the ledger's USED).
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not chat.used_mu_per_minute:

@@ -15,6 +15,7 @@ from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Principal, Tenant
+from dataplane.wire import pod_events
 
 
 class ExactNumberField(serializers.FloatField):
@@ -427,17 +428,12 @@ class EventSerializer(serializers.ModelSerializer[Event]):
 
     class Meta:
         model = Event
+        # What a pod posts (its keys are the wire contract's), then what the control plane adds.
         fields = [
             "id",
-            "kind",
-            "severity",
+            *pod_events.FIELDS,
             "tenant",
-            "endpoint",
             "endpoint_name",
-            "pod",
-            "message",
-            "detail",
-            "time",
             "recorded_at",
             "reported_by",
             "acknowledged_at",

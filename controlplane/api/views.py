@@ -26,6 +26,7 @@ from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant, TenantScopedQuerySet
 from dataplane.cluster.driver import ClusterError
+from dataplane.wire.load_samples import RouterSecond, SampleError
 
 AUTHENTICATED = permissions.IsAuthenticated
 
@@ -170,10 +171,10 @@ class RoutingTableView(APIView):
     @extend_schema(responses={200: dict, 304: None})
     def get(self, request: Request) -> Response:
         table = routing_table()
-        etag = f'"{table["version"]}"'
+        etag = f'"{table.version}"'
         if request.headers.get("If-None-Match") == etag:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        return Response(table, headers={"ETag": etag})
+        return Response(table.to_json(), headers={"ETag": etag})
 
 
 class LoadSamplesView(APIView):
@@ -183,20 +184,11 @@ class LoadSamplesView(APIView):
 
     @extend_schema(request=dict, responses={201: dict})
     def post(self, request: Request) -> Response:
-        # A body that is not an object (a JSON list) has no second either: 400, not a 500.
-        data = request.data if isinstance(request.data, dict) else {}
-        second, rows = data.get("second"), data.get("rows")
-        if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
-            raise ValidationError({"second": f"{second!r} must be a unix second (a positive integer)"})
-        if not isinstance(rows, list) or not all(
-            isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
-        ):
-            raise ValidationError(
-                {"rows": "must be a list of objects, each with a positive integer endpoint"}
-            )
-        return Response(
-            {"stored": samples.DatabaseSeconds.store(second, rows)}, status=status.HTTP_201_CREATED
-        )
+        try:
+            posted = RouterSecond.from_json(request.data)
+        except SampleError as exc:
+            raise ValidationError({exc.field: str(exc)} if exc.field else str(exc)) from None
+        return Response({"stored": samples.DatabaseSeconds.store(posted)}, status=status.HTTP_201_CREATED)
 
 
 class ReservationViewSet(ScopedViewSet[Reservation]):

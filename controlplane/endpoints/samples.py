@@ -1,10 +1,10 @@
 """The routers' per-second samples, folded into each endpoint's 5-second LoadBuckets.
 
-Routers write one row per endpoint per second (see dataplane.router.metering for the fields)
-and say, every second, that they were up. Two stores hold them: Redis (`mu:load:{id}:{second}`
-and `mu:routers:{second}`) when REDIS_URL is set, else the database (RouterSample rows posted
-to /api/v1/load-samples/, the embedded default). `collect` reads the seconds of each finished
-5-second slot and writes a LoadBucket per endpoint that has replicas or traffic:
+Routers write samples per endpoint per second (dataplane.wire.load_samples, the contract with
+the routers) and say, every second, that they were up. Two stores hold them: Redis when
+REDIS_URL is set, else the database (RouterSample rows posted to /api/v1/load-samples/, the
+embedded default). `collect` reads the seconds of each finished 5-second slot and writes a
+LoadBucket per endpoint that has replicas or traffic:
 
     30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all, and 3 requests
     of 1.5 MU waiting for a pod in its last second -> in_flight 10 / 5 = 2.0 (at pods), queued
@@ -20,19 +20,24 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Protocol
 
 from capacity.autoscaler.window import quantile
 from controlplane.endpoints.models import Endpoint, LoadBucket, RouterSample
-from dataplane.router.metering import LATENCY_BUCKETS_S
+from dataplane.wire.load_samples import (
+    LATENCY_BUCKETS_S,
+    EndpointSecond,
+    RouterSecond,
+    load_key,
+    routers_key,
+    stored_fields,
+)
 
 BUCKET_S = 5
 LAG_S = 2  # routers publish a second about a second after it ends
 MAX_CATCH_UP_S = 360  # after a pause, collect at most the last 6 minutes (the autoscaler's horizon)
-SUMMED = ("requests", "inflight", "queued", "mu", "errors", "throttled")
 
-Rows = dict[tuple[int, int], dict[str, float]]  # (endpoint id, second) -> fields, all routers
+Rows = dict[tuple[int, int], EndpointSecond]  # (endpoint id, second) -> all routers' sum
 
 
 class SecondsSource(Protocol):
@@ -48,10 +53,10 @@ class RedisSeconds:
         seconds = range(first, last + 1)
         pipe = self.redis.pipeline(transaction=False)
         for second in seconds:
-            pipe.get(f"mu:routers:{second}")
+            pipe.get(routers_key(second))
         for endpoint_id in endpoint_ids:
             for second in seconds:
-                pipe.hgetall(f"mu:load:{endpoint_id}:{second}")
+                pipe.hgetall(load_key(endpoint_id, second))
         values = pipe.execute()
         observed = {s for s, v in zip(seconds, values, strict=False) if v}
         rows: Rows = {}
@@ -61,9 +66,7 @@ class RedisSeconds:
                 raw = values[i]
                 i += 1
                 if raw:
-                    rows[(endpoint_id, second)] = {
-                        k.decode(): float(v) for k, v in raw.items() if not k.startswith(b"mu:")
-                    }
+                    rows[(endpoint_id, second)] = EndpointSecond.from_redis_hash(raw)
         return observed, rows
 
 
@@ -78,20 +81,20 @@ class DatabaseSeconds:
         for second, endpoint_id, fields in samples:
             if endpoint_id == 0:
                 observed.add(second)
-            elif endpoint_id in wanted:
-                row = rows.setdefault((endpoint_id, second), {})
-                for name, value in fields.items():  # several routers, tenants: their sum
-                    if name != "tenant" and isinstance(value, int | float):
-                        row[name] = row.get(name, 0.0) + value
+            elif endpoint_id in wanted:  # several routers, tenants: their sum
+                load = EndpointSecond.from_fields(fields)
+                row = rows.get((endpoint_id, second))
+                rows[(endpoint_id, second)] = load if row is None else row + load
         return observed, rows
 
     @staticmethod
-    def store(second: int, rows: Iterable[dict[str, object]]) -> int:
-        """One router's second: a heartbeat and its rows, as posted."""
-        objs = [RouterSample(second=second, endpoint_id=0)]
-        for row in rows:
-            fields = {k: v for k, v in row.items() if k != "endpoint"}
-            objs.append(RouterSample(second=second, endpoint_id=int(row["endpoint"]), fields=fields))  # type: ignore[call-overload]
+    def store(posted: RouterSecond) -> int:
+        """One router's second: a heartbeat and its samples."""
+        objs = [RouterSample(second=posted.second, endpoint_id=0)]
+        objs += [
+            RouterSample(second=posted.second, endpoint_id=s.endpoint, fields=stored_fields(s))
+            for s in posted.samples
+        ]
         RouterSample.objects.bulk_create(objs)
         return len(objs) - 1
 
@@ -112,27 +115,26 @@ def _redis(url: str):  # type: ignore[no-untyped-def]
     return redis.Redis.from_url(url)
 
 
-def summarise(end: int, observed: int, seconds: list[dict[str, float]]) -> dict[str, float | int | None]:
+def summarise(end: int, observed: int, seconds: list[EndpointSecond]) -> dict[str, float | int | None]:
     """Pure: a bucket's fields from the rows of its observed seconds (missing rows are zeros)."""
-    total = {name: sum(row.get(name, 0.0) for row in seconds) for name in SUMMED}
-    histogram = [sum(row.get(f"lat{i}", 0.0) for row in seconds) for i in range(len(LATENCY_BUCKETS_S) + 1)]
+    total = sum(seconds, EndpointSecond())
     return {
         "end": end,
         "seconds": observed,
         # Requests at pods, and apart from them those waiting at the routers because every pod
         # is at its target concurrency: the horizontal decider weighs the two differently.
-        "in_flight": total["inflight"] / observed,
-        "queued": total["queued"] / observed,
-        "mu_per_minute": total["mu"] / observed * 60.0,
-        "requests": round(total["requests"]),
-        "queue_depth": max((row.get("queued", 0.0) for row in seconds), default=0.0),
+        "in_flight": total.inflight / observed,
+        "queued": total.queued / observed,
+        "mu_per_minute": total.mu / observed * 60.0,
+        "requests": round(total.requests),
+        "queue_depth": max((row.queued for row in seconds), default=0.0),
         # A level, not a rate: what waits for a pod at the slot's end (the last second reported),
         # which the horizontal decider sizes replicas to drain.
-        "backlog_mu": seconds[-1].get("queued_mu", 0.0) if seconds else 0.0,
-        "p50_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.5),
-        "p99_latency_s": quantile(histogram, LATENCY_BUCKETS_S, 0.99),
-        "errors": round(total["errors"]),
-        "throttled": round(total["throttled"]),
+        "backlog_mu": seconds[-1].queued_mu if seconds else 0.0,
+        "p50_latency_s": quantile(total.latency_buckets, LATENCY_BUCKETS_S, 0.5),
+        "p99_latency_s": quantile(total.latency_buckets, LATENCY_BUCKETS_S, 0.99),
+        "errors": round(total.errors),
+        "throttled": round(total.throttled),
     }
 
 
@@ -157,7 +159,7 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
         for e in endpoints:
             if e.desired_replicas == 0 and not any(s in traffic[e.pk] for s in slot):
                 continue
-            fields = summarise(end, len(slot), [rows.get((e.pk, s), {}) for s in slot])
+            fields = summarise(end, len(slot), [rows.get((e.pk, s), EndpointSecond()) for s in slot])
             buckets.append(
                 LoadBucket(
                     endpoint_id=e.pk,

@@ -41,7 +41,7 @@ from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinut
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterDriver, ClusterError
 from dataplane.cluster.k8s_objects import RuntimePodConfig
-from dataplane.runtime.events import Event as PodEvent
+from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("controlplane.scaling")
 

@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from dataplane.cluster.driver import Deployment, PodState
-from dataplane.runtime.events import Event
+from dataplane.wire.pod_events import PodEvent
 
 Obj = dict[str, Any]
 
@@ -340,7 +340,7 @@ def _endpoint_id(pod: Obj) -> int | None:
     return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
-def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[Event]:
+def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[PodEvent]:
     """What on-call must hear about from one pod status change: a `restart` per container whose
     restartCount went up (with why the last run ended) and a `crash_loop` when a container enters
     CrashLoopBackOff.
@@ -370,7 +370,7 @@ def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[Event]:
             if last.get("exitCode") is not None:
                 why += f", exit code {last['exitCode']}"
             events.append(
-                Event(
+                PodEvent(
                     "restart",
                     "warning",
                     name,
@@ -391,7 +391,7 @@ def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[Event]:
         prev_waiting = (prev.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == "CrashLoopBackOff" and prev_waiting.get("reason") != "CrashLoopBackOff":
             events.append(
-                Event(
+                PodEvent(
                     "crash_loop",
                     "critical",
                     name,

@@ -51,7 +51,7 @@ from dataplane.cluster.k8s_objects import (
     service_manifest,
 )
 from dataplane.cluster.kubewatch import Reflector, api_client_from_environment, status_of
-from dataplane.runtime.events import Event
+from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("dataplane.cluster.kubernetes")
 
@@ -266,7 +266,7 @@ class PodWatcher:
     def __init__(
         self,
         namespace: str,
-        on_event: Callable[[Event], None],
+        on_event: Callable[[PodEvent], None],
         api_client: Any = None,
         *,
         label_selector: str = MANAGED_SELECTOR,
@@ -296,7 +296,7 @@ class PodWatcher:
         if new is not None:
             self._emit(pod_events(old, new, baseline=False))
 
-    def _emit(self, events: list[Event]) -> None:
+    def _emit(self, events: list[PodEvent]) -> None:
         for event in events:
             try:
                 self.on_event(event)

@@ -16,12 +16,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from dataplane.router.discovery import Discovery, RoutingTable
+from dataplane.router.discovery import Discovery
+from dataplane.wire.load_samples import RouterSecond, Sample
+from dataplane.wire.routing_table import RoutingTable
 
 log = logging.getLogger("dataplane.router")
 
 Fetch = Callable[..., Awaitable[tuple[int, dict[str, str], bytes]]]  # upstream.fetch or a fake
-Rows = list[tuple[tuple[int, str], dict[str, float]]]  # one second's rows, as Meter.roll returns them
 
 
 class ControlPlaneClient:
@@ -44,10 +45,8 @@ class ControlPlaneClient:
         except (OSError, TimeoutError, ConnectionError) as exc:
             log.warning("wake %s failed: %s", endpoint_id, exc)
 
-    async def post_samples(self, rows: Rows, second: int) -> None:
-        body = json.dumps(
-            {"second": second, "rows": [{"endpoint": e, "tenant": t, **f} for (e, t), f in rows]}
-        ).encode()
+    async def post_samples(self, rows: list[Sample], second: int) -> None:
+        body = json.dumps(RouterSecond(second, tuple(rows)).to_json()).encode()
         status, _, answer = await self.fetch(
             f"{self.base_url}/api/v1/load-samples/",
             "POST",

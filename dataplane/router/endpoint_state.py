@@ -14,16 +14,16 @@ from collections import deque
 
 from dataplane.router import balancer
 from dataplane.router.config import RouterConfig
-from dataplane.router.discovery import EndpointSpec
 from dataplane.router.metering import RateWindow
 from dataplane.router.ratelimit import GcraLimit
 from dataplane.router.upstream import split_url
+from dataplane.wire.routing_table import RoutedEndpoint
 
 
 class EndpointState:
     """One endpoint's live state: spec (replaced on reload), pods, queue, policy, MU rate."""
 
-    def __init__(self, spec: EndpointSpec, config: RouterConfig) -> None:
+    def __init__(self, spec: RoutedEndpoint, config: RouterConfig) -> None:
         self.spec = spec
         self.config = config
         self.policy = balancer.make_policy(spec.policy)
@@ -41,7 +41,7 @@ class EndpointState:
         self.split: list[tuple[float, list[balancer.PodLoad]]] = []  # (percent, pods) per version
         self.update(spec, {})
 
-    def update(self, spec: EndpointSpec, old_pods: dict[str, balancer.PodLoad]) -> None:
+    def update(self, spec: RoutedEndpoint, old_pods: dict[str, balancer.PodLoad]) -> None:
         if spec.policy != self.spec.policy:
             self.policy = balancer.make_policy(spec.policy)
         self.spec = spec

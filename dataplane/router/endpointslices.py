@@ -51,15 +51,16 @@ from dataplane.cluster.k8s_objects import (
     Obj,
 )
 from dataplane.cluster.kubewatch import Reflector, api_client_from_environment
-from dataplane.router.discovery import Discovery, PodSpec, RoutingTable
+from dataplane.router.discovery import Discovery
+from dataplane.wire.routing_table import RoutedPod, RoutingTable
 
 log = logging.getLogger("dataplane.router.endpointslices")
 
-PodsByEndpoint = dict[int, tuple[PodSpec, ...]]
+PodsByEndpoint = dict[int, tuple[RoutedPod, ...]]
 VERSION_LABEL = LABEL_PREFIX + "version"  # the Deployment's "version" label (ep-42-v3 -> "3")
 
 
-def slice_pods(slice_: Obj, port_name: str = ENGINE_PORT_NAME) -> tuple[int | None, list[PodSpec]]:
+def slice_pods(slice_: Obj, port_name: str = ENGINE_PORT_NAME) -> tuple[int | None, list[RoutedPod]]:
     """(endpoint id, its pods) of one EndpointSlice; (None, []) when it is not ours or has no
     port of that name."""
     labels = slice_.get("metadata", {}).get("labels") or {}
@@ -81,12 +82,12 @@ def slice_pods(slice_: Obj, port_name: str = ENGINE_PORT_NAME) -> tuple[int | No
         name = str(ref.get("name") or address)
         conditions = e.get("conditions") or {}
         ready = conditions.get("ready") is not False and conditions.get("terminating") is not True
-        pods.append(PodSpec(name, f"http://{host}:{port}", ready, version))
+        pods.append(RoutedPod(name, f"http://{host}:{port}", ready, version))
     return int(endpoint), pods
 
 
 def pods_by_endpoint(slices: Iterable[Obj], port_name: str = ENGINE_PORT_NAME) -> PodsByEndpoint:
-    found: dict[int, dict[str, PodSpec]] = {}
+    found: dict[int, dict[str, RoutedPod]] = {}
     for s in slices:
         endpoint, pods = slice_pods(s, port_name)
         if endpoint is None:
@@ -98,7 +99,7 @@ def pods_by_endpoint(slices: Iterable[Obj], port_name: str = ENGINE_PORT_NAME) -
     return {e: tuple(sorted(pods.values(), key=lambda p: p.name)) for e, pods in found.items()}
 
 
-def with_pods(table: RoutingTable, pods: Mapping[int, tuple[PodSpec, ...]], version: str) -> RoutingTable:
+def with_pods(table: RoutingTable, pods: Mapping[int, tuple[RoutedPod, ...]], version: str) -> RoutingTable:
     """The control plane's table with every endpoint's pods from the slices (none: no pods)."""
     endpoints = tuple(replace(e, pods=pods.get(e.id, ())) for e in table.endpoints)
     return replace(table, version=f"{table.version}+{version}", endpoints=endpoints)

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dataplane.router.endpoint_state import EndpointState
-from dataplane.router.metering import LATENCY_BUCKETS_S, Key, Stats, merge, snapshot
+from dataplane.router.metering import Key, Stats, merge, snapshot
+from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 
 PodGauges = list[tuple[int, str, int, float, bool]]  # (endpoint id, pod, requests, MU, ejected)
 

@@ -4,27 +4,8 @@ The hot path only increments counters on a ``Stats`` object (no I/O, no allocati
 first request of a key in a second). Once a second the server calls ``Meter.roll`` and, when
 ``--redis`` is given, publishes the rows with one pipelined round trip for all keys.
 
-Redis key layout (read by the autoscaler; TTL ``metrics_ttl_s``, 120 s by default):
-
-    mu:load:{endpoint_id}:{unix_second}   hash, fields summed over all routers (HINCRBYFLOAT):
-        requests        requests finished in that second, count
-        inflight        time-averaged in-flight requests over the second, count
-        mu              MU consumed (exact from the response's usage, else the estimate), MU
-        tokens_in       prompt tokens (usage, else the estimate), tokens
-        tokens_out      generated tokens (usage, else SSE events counted), tokens
-        latency_ms_sum  sum of request latencies, ms (divide by requests for the mean)
-        errors          5xx answers and upstream failures, count
-        throttled       429 answers, count
-        lat{i}          requests whose latency fell in LATENCY_BUCKETS_S[i] (i = len: above all)
-        queued          requests waiting for a pod (or a wake) at the end of the second, count
-        queued_mu       their estimated MU: the backlog the autoscaler sizes replicas to drain
-        mu:{tenant}     MU consumed by that tenant, MU (per-tenant accounting)
-
-    mu:routers:{unix_second}   routers that reported that second (every router, every second,
-                               traffic or not): a second without it is missing data, not idleness
-
-Every router adds its share, so a key holds the fleet's totals for that second; with two
-routers each at 3.5 in-flight on average, ``inflight`` reads 7.0.
+The rows are ``dataplane.wire.load_samples`` samples, the contract with the control plane that
+reads them: their fields, the Redis key layout and the body posted when there is no Redis.
 
 GET /metrics renders the cumulative counters as Prometheus text (``exposition``). With ``--workers N``
 each worker has its own counters, so every worker writes a snapshot of them once a second to a
@@ -37,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+from dataplane.wire.load_samples import (
+    LATENCY_BUCKETS_S,
+    QueueSample,
+    Sample,
+    TrafficSample,
+    load_key,
+    routers_key,
+)
 
 Key = tuple[int, str]  # (endpoint id, tenant)
 
@@ -131,34 +119,30 @@ class Meter:
             elif status >= 500:
                 st.errors += 1
 
-    def roll(
-        self, now: float, queued: dict[int, tuple[int, float]] | None = None
-    ) -> list[tuple[Key, dict[str, float]]]:
-        """Close the current window: one row per key with traffic; in-flight requests carry over.
+    def roll(self, now: float, queued: dict[int, tuple[int, float]] | None = None) -> list[Sample]:
+        """Close the current window: one sample per key with traffic; in-flight requests carry over.
 
         In-flight 2 for the whole of a 1 s window -> inflight 2.0; 4 for half of it -> 2.0.
-        ``queued`` (endpoint id -> (waiting requests, their MU)) lands on a row of its own,
-        tenant "".
+        ``queued`` (endpoint id -> (waiting requests, their MU)) becomes a queue sample each.
         """
         elapsed = max(now - self.window_start, 1e-9)
-        rows = []
+        rows: list[Sample] = []
         carry: dict[Key, Stats] = {}
         for key, s in self.current.items():
             integral = s.inflight_integral + s.inflight * (now - s.inflight_since)
             rows.append(
-                (
-                    key,
-                    {
-                        "requests": s.requests,
-                        "inflight": integral / elapsed,
-                        "mu": s.mu,
-                        "tokens_in": s.tokens_in,
-                        "tokens_out": s.tokens_out,
-                        "latency_ms_sum": s.latency_sum_s * 1000.0,
-                        "errors": s.errors,
-                        "throttled": s.throttled,
-                        **{f"lat{i}": n for i, n in enumerate(s.latency_buckets) if n},
-                    },
+                TrafficSample(
+                    endpoint=key[0],
+                    tenant=key[1],
+                    requests=s.requests,
+                    inflight=integral / elapsed,
+                    mu=s.mu,
+                    tokens_in=s.tokens_in,
+                    tokens_out=s.tokens_out,
+                    latency_ms_sum=s.latency_sum_s * 1000.0,
+                    errors=s.errors,
+                    throttled=s.throttled,
+                    latency_buckets=tuple(s.latency_buckets),
                 )
             )
             if s.inflight:
@@ -167,10 +151,7 @@ class Meter:
                 c.inflight_since = now
         self.current = carry
         self.window_start = now
-        rows += [
-            ((endpoint_id, ""), {"queued": n, "queued_mu": mu})
-            for endpoint_id, (n, mu) in (queued or {}).items()
-        ]
+        rows += [QueueSample(endpoint_id, n, mu) for endpoint_id, (n, mu) in (queued or {}).items()]
         return rows
 
 
@@ -204,23 +185,18 @@ class RateWindow:
         return total * 60.0 / self.seconds
 
 
-async def publish(
-    redis: Any, rows: Iterable[tuple[Key, dict[str, float]]], unix_second: int, ttl_s: int
-) -> None:
+async def publish(redis: Any, samples: Iterable[Sample], unix_second: int, ttl_s: int) -> None:
     """One pipelined round trip: HINCRBYFLOAT every field, EXPIRE every key, count this router."""
     pipe = redis.pipeline(transaction=False)
-    beat = f"mu:routers:{unix_second}"
+    beat = routers_key(unix_second)
     pipe.incr(beat)
     pipe.expire(beat, ttl_s)
     keys = set()
-    for (endpoint_id, tenant), fields in rows:
-        key = f"mu:load:{endpoint_id}:{unix_second}"
+    for sample in samples:
+        key = load_key(sample.endpoint, unix_second)
         keys.add(key)
-        for name, value in fields.items():
-            if value:
-                pipe.hincrbyfloat(key, name, value)
-        if fields.get("mu"):
-            pipe.hincrbyfloat(key, f"mu:{tenant}", fields["mu"])
+        for name, value in sample.hash_fields().items():
+            pipe.hincrbyfloat(key, name, value)
     for key in keys:
         pipe.expire(key, ttl_s)
     await pipe.execute()

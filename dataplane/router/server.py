@@ -30,7 +30,7 @@ from dataplane.router.admission import DEFAULT_ADMISSION, is_probe, make_admissi
 from dataplane.router.affinity import pick_sticky, workload_of
 from dataplane.router.config import RouterConfig
 from dataplane.router.control_plane import ControlPlaneClient, Fetch, follow
-from dataplane.router.discovery import STATIC_ENDPOINT, Discovery, RoutingTable
+from dataplane.router.discovery import STATIC_ENDPOINT, Discovery
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
@@ -39,6 +39,8 @@ from dataplane.router.pricing import estimate_input_tokens, metered, price, requ
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
+from dataplane.wire.load_samples import Sample
+from dataplane.wire.routing_table import RoutingTable
 
 log = logging.getLogger("dataplane.router")
 
@@ -351,7 +353,7 @@ class Router:
                 if pod in ep.pods:
                     ep.wake_all()
 
-    def tick(self) -> list[tuple[tuple[int, str], dict[str, float]]]:
+    def tick(self) -> list[Sample]:
         """Once a second: probe ejected pods that are due, sweep idle connections, roll metrics."""
         now = self.clock()
         for ep in self.endpoints.values():

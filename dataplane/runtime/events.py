@@ -18,35 +18,15 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from dataplane.wire.pod_events import PodEvent
+
 log = logging.getLogger("dataplane.runtime.events")
 
-KINDS = ("hang", "restart", "crash_loop")
-SEVERITIES = ("info", "warning", "critical")
 RETRYABLE_STATUSES = (408, 429)
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: str  # one of KINDS
-    severity: str  # one of SEVERITIES
-    pod: str  # pod name
-    message: str
-    endpoint: int | None = None  # control-plane endpoint id
-    detail: dict[str, Any] = field(default_factory=dict)
-    time: str = ""  # ISO 8601 UTC; filled at report time when empty
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"event kind {self.kind!r} not in {KINDS}")
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"event severity {self.severity!r} not in {SEVERITIES}")
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
 
 
 @dataclass(frozen=True)
@@ -73,7 +53,7 @@ def utc_now_iso() -> str:
 class EventReporter:
     def __init__(self, config: ReporterConfig):
         self.config = config
-        self._queue: deque[Event] = deque()
+        self._queue: deque[PodEvent] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self.sent = 0  # delivered events
@@ -91,8 +71,8 @@ class EventReporter:
         message: str,
         detail: dict[str, Any] | None = None,
         pod: str | None = None,
-    ) -> Event:
-        event = Event(
+    ) -> PodEvent:
+        event = PodEvent(
             kind, severity, pod or self.config.pod, message, self.config.endpoint, detail or {}, utc_now_iso()
         )
         log.warning("event %s/%s pod=%s: %s %s", kind, severity, event.pod, message, json.dumps(event.detail))
@@ -148,12 +128,12 @@ class EventReporter:
                 else:
                     self.dropped += 1
 
-    def _post(self, event: Event) -> str:
+    def _post(self, event: PodEvent) -> str:
         assert self.config.url is not None
         self.attempts += 1
         request = urllib.request.Request(
             self.config.url.rstrip("/") + "/api/v1/events/",
-            data=event.to_json(),
+            data=json.dumps(event.to_json()).encode(),
             method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.config.key}"},
         )

@@ -1,8 +1,10 @@
 """The routing table routers pull: contents, scoping to operators, and ETag revalidation."""
 
+from capacity.units import CostModel
 from controlplane.endpoints.models import Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey, hash_secret
+from dataplane.wire.routing_table import ReservedRate, RoutingTable
 
 
 def test_the_table_lists_endpoints_pricing_pods_and_keys(operator_client, owner_client, owner, make_endpoint):
@@ -12,15 +14,15 @@ def test_the_table_lists_endpoints_pricing_pods_and_keys(operator_client, owner_
     Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9001", ready=True)
     response = operator_client.get("/api/v1/routing-table/")
     assert response.status_code == 200
-    table = response.json()
-    (entry,) = table["endpoints"]
-    assert entry["tenant"] == "owner" and entry["name"] == "chat" and entry["model"] == "llama-8b"
-    assert entry["policy"] == "p2c-mu"
-    assert (entry["alpha"], entry["beta"], entry["gamma"]) == (0.0004, 0.004, 0.02)
-    assert entry["reservation"] == {"mu_per_minute": 300, "best_effort_allowed": False}
-    assert [p["name"] for p in entry["pods"]] == ["chat-0", "chat-1"]
-    assert {"hash": hash_secret(owner_client.secret), "tenant": "owner"} in table["api_keys"]
-    assert all(k["tenant"] for k in table["api_keys"])  # operator keys are not for routing
+    table = RoutingTable.from_json(response.json())
+    (entry,) = table.endpoints
+    assert entry.tenant == "owner" and entry.name == "chat" and entry.model == "llama-8b"
+    assert entry.policy == "p2c-mu"
+    assert entry.coefficients == CostModel(0.0004, 0.004, 0.02)
+    assert entry.reservation == ReservedRate(300, best_effort_allowed=False)
+    assert [p.name for p in entry.pods] == ["chat-0", "chat-1"]
+    assert table.api_keys[hash_secret(owner_client.secret)] == "owner"
+    assert all(table.api_keys.values())  # operator keys are not for routing
 
 
 def test_only_operators_read_it(owner_client):
@@ -31,7 +33,7 @@ def test_etag_answers_304_until_something_changes(operator_client, owner, make_e
     chat = make_endpoint(owner, "chat")
     first = operator_client.get("/api/v1/routing-table/")
     etag = first["ETag"]
-    assert etag == f'"{first.json()["version"]}"'
+    assert etag == f'"{RoutingTable.from_json(first.json()).version}"'
     same = operator_client.get("/api/v1/routing-table/", HTTP_IF_NONE_MATCH=etag)
     assert same.status_code == 304 and same["ETag"] == etag
     chat.target_concurrency_per_replica = 4  # the vertical autoscaler moved

@@ -4,6 +4,7 @@ import pytest
 
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
+from dataplane.wire.pod_events import PodEvent
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_tenants_cannot_write_the_fleet(owner_client, pool, small_model):
             {"model": "m", "gpu_type": "h100-80gb", "alpha": 0, "beta": 0, "gamma": 1},
         ),
         ("/api/v1/tenants/", {"name": "new"}),
-        ("/api/v1/events/", {"kind": "hang", "message": "x"}),
+        ("/api/v1/events/", PodEvent("hang", "critical", "chat-0", "x").to_json()),
     ]:
         response = owner_client.post(url, body, format="json")
         assert response.status_code == 403, url

@@ -13,8 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from dataplane.router.config import RouterConfig
-from dataplane.router.discovery import StaticDiscovery, parse_routing_table, static_table
+from dataplane.router.discovery import StaticDiscovery, static_table
+from dataplane.router.pricing import Coefficients
 from dataplane.router.server import Router
+from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 from tests.router.fakepod import FakePod
 
 FAST = RouterConfig(
@@ -45,31 +47,29 @@ def sha(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def table_doc(pods: Sequence[FakePod], version: str = "v1", **endpoint: Any) -> dict[str, Any]:
-    ep = {
-        "id": 1,
-        "tenant": "acme",
-        "name": "chat",
-        "model": "llama-3.1-70b-instruct",
-        "policy": "p2c-mu",
-        "alpha": 0.002,
-        "beta": 0.02,
-        "gamma": 0.1,
-        "mu_per_replica_minute": 100,
-        "target_concurrency_per_replica": 8,
-        "scale_to_zero_enabled": False,
-        "reservation": {"mu_per_minute": 800, "best_effort_allowed": True},
-        "pods": [{"name": p.name, "url": p.url, "ready": True} for p in pods],
-    }
-    ep.update(endpoint)
-    return {
-        "version": version,
-        "endpoints": [ep],
-        "api_keys": [
-            {"hash": sha(TENANT_KEY), "tenant": "acme"},
-            {"hash": sha(OTHER_KEY), "tenant": "globex"},
-        ],
-    }
+def routing_table(fakes: Sequence[FakePod], version: str = "v1", **endpoint: Any) -> RoutingTable:
+    """One endpoint, "chat" of tenant acme, on these fake pods, with RoutedEndpoint fields
+    overridden by ``endpoint``."""
+    chat = RoutedEndpoint(
+        id=1,
+        tenant="acme",
+        name="chat",
+        model="llama-3.1-70b-instruct",
+        policy="p2c-mu",
+        coefficients=Coefficients(0.002, 0.02, 0.1),
+        mu_per_replica_minute=100,
+        target_concurrency=8,
+        scale_to_zero_enabled=False,
+        reservation=ReservedRate(800, best_effort_allowed=True),
+        pods=tuple(RoutedPod(p.name, p.url, True) for p in fakes),
+    )
+    keys = {sha(TENANT_KEY): "acme", sha(OTHER_KEY): "globex"}
+    return RoutingTable(version, (replace(chat, **endpoint),), keys)
+
+
+def table_doc(fakes: Sequence[FakePod], version: str = "v1", **endpoint: Any) -> dict[str, Any]:
+    """The table as the control plane serves it."""
+    return routing_table(fakes, version, **endpoint).to_json()
 
 
 @contextlib.asynccontextmanager
@@ -94,7 +94,8 @@ async def running(
 
 
 def cp_table(**endpoint: Any):
-    return lambda pods: parse_routing_table(table_doc(pods, **endpoint))
+    """The table as a router reads it from the control plane."""
+    return lambda pods: RoutingTable.from_json(table_doc(pods, **endpoint))
 
 
 async def call(

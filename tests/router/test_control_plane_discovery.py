@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from dataplane.router.discovery import ControlPlaneDiscovery, parse_routing_table
+from dataplane.router.discovery import ControlPlaneDiscovery
 from dataplane.router.upstream import fetch
+from dataplane.wire.routing_table import RoutedPod, RoutingTable
 from tests.router.conftest import FAST, TENANT_KEY, call, sha, table_doc, wait_until
 from tests.router.fakepod import FakePod
 
@@ -72,10 +73,9 @@ class StandInControlPlane:
             writer.close()
 
 
-def test_parse_routing_table_contract():
-    doc = table_doc([], reservation=None)
-    doc["endpoints"][0]["pods"] = [{"name": "chat-0", "url": "http://127.0.0.1:9001", "ready": True}]
-    t = parse_routing_table(doc)
+def test_the_routing_table_contract():
+    doc = table_doc([], reservation=None, pods=(RoutedPod("chat-0", "http://127.0.0.1:9001", True),))
+    t = RoutingTable.from_json(doc)
     ep = t.endpoints[0]
     assert (ep.id, ep.tenant, ep.name, ep.policy, ep.target_concurrency) == (1, "acme", "chat", "p2c-mu", 8)
     assert ep.coefficients.beta == 0.02 and ep.reservation is None and ep.pods[0].name == "chat-0"
@@ -96,7 +96,7 @@ def test_parse_rejects_garbage_naming_the_field(mutate, message):
     doc = table_doc([])
     mutate(doc)
     with pytest.raises(ValueError, match=message):
-        parse_routing_table(doc)
+        RoutingTable.from_json(doc)
 
 
 def test_etag_304_unreachable_and_garbage_keep_the_last_good_table():

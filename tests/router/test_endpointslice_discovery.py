@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from dataplane.router.discovery import PodSpec, StaticDiscovery, parse_routing_table
+from dataplane.router.discovery import StaticDiscovery
 from dataplane.router.endpointslices import EndpointSliceDiscovery, pods_by_endpoint, slice_pods
 from dataplane.router.server import Router
+from dataplane.wire.routing_table import RoutedPod, RoutingTable
 from tests.cluster.kube_standin import endpoint_slice, write_kubeconfig
 from tests.router.conftest import FAST, TENANT_KEY, call, free_port, table_doc, wait_until
 from tests.router.fakepod import FakePod
@@ -63,8 +64,8 @@ def test_a_pod_in_two_slices_is_ready_only_if_both_say_so():
         endpoint_slice("ep-2-a", "2", [("ep-2-x", "10.0.0.2", READY)]),
     ]
     assert pods_by_endpoint(moving) == {
-        1: (PodSpec("ep-1-x", "http://10.0.0.1:8000", False),),
-        2: (PodSpec("ep-2-x", "http://10.0.0.2:8000", True),),
+        1: (RoutedPod("ep-1-x", "http://10.0.0.1:8000", False),),
+        2: (RoutedPod("ep-2-x", "http://10.0.0.2:8000", True),),
     }
 
 
@@ -86,7 +87,7 @@ def test_a_terminating_pod_gets_no_new_requests_but_finishes_those_in_flight(sta
         pods = [await FakePod(f"pod-{i}").start() for i in range(2)]
         for p in pods:
             standin.put("endpointslices", pod_slice(p, READY))
-        cp = StaticDiscovery(parse_routing_table(table_doc([])))  # the control plane lists no pods
+        cp = StaticDiscovery(RoutingTable.from_json(table_doc([])))  # the control plane lists no pods
         discovery = EndpointSliceDiscovery(cp, "mu-runtime", standin.api_client(), backoff_base_s=0.05)
         router = Router(FAST, seed=1)
         try:
@@ -136,7 +137,7 @@ def test_a_terminating_pod_gets_no_new_requests_but_finishes_those_in_flight(sta
 def test_control_plane_pods_until_the_first_list_then_slices_and_the_last_slices_when_away(standin):
     async def go():
         pods = [await FakePod(f"pod-{i}").start() for i in range(2)]
-        cp = StaticDiscovery(parse_routing_table(table_doc(pods[:1])))  # the control plane: pod-0
+        cp = StaticDiscovery(RoutingTable.from_json(table_doc(pods[:1])))  # the control plane: pod-0
         standin.fail("GET", "/endpointslices", 503, times=2, message="apiserver starting")
         standin.put("endpointslices", pod_slice(pods[1], READY))
         discovery = EndpointSliceDiscovery(cp, "mu-runtime", standin.api_client(), backoff_base_s=0.05)

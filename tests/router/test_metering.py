@@ -8,6 +8,14 @@ import uuid
 import pytest
 
 from dataplane.router.metering import Meter, RateWindow, publish
+from dataplane.wire.load_samples import (
+    EndpointSecond,
+    QueueSample,
+    TrafficSample,
+    load_key,
+    routers_key,
+)
+from tests.conftest import latencies
 
 KEY = (7, "acme")
 
@@ -19,32 +27,30 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     m.finish(KEY, 100.5, 0.5, mu=1.5, tokens_in=10, tokens_out=20, error=False)  # 1 for 0.5 s
     rows = m.roll(101.0)
     assert rows == [
-        (
-            KEY,
-            {
-                "requests": 1,
-                "inflight": pytest.approx(1.5),
-                "mu": 1.5,
-                "tokens_in": 10,
-                "tokens_out": 20,
-                "latency_ms_sum": 500.0,
-                "errors": 0,
-                "throttled": 0,
-                "lat6": 1,  # 0.5 s lies in (0.25, 0.5], LATENCY_BUCKETS_S[6]
-            },
+        TrafficSample(
+            *KEY,
+            requests=1,
+            inflight=pytest.approx(1.5),
+            mu=1.5,
+            tokens_in=10,
+            tokens_out=20,
+            latency_ms_sum=500.0,
+            errors=0,
+            throttled=0,
+            latency_buckets=latencies({6: 1}),  # 0.5 s lies in (0.25, 0.5], LATENCY_BUCKETS_S[6]
         )
     ]
     # the request still in flight carries into the next second: 1 for the whole of it
     rows = m.roll(102.0)
-    assert rows[0][1]["inflight"] == pytest.approx(1.0) and rows[0][1]["requests"] == 0
+    assert rows[0].inflight == pytest.approx(1.0) and rows[0].requests == 0
     m.finish(KEY, 102.2, 2.2, 1.0, 1, 1, True)
     m.reject(KEY, 102.3, 429)
     rows = m.roll(103.0)
-    assert rows[0][1]["inflight"] == pytest.approx(0.2) and rows[0][1]["errors"] == 1
-    assert rows[0][1]["throttled"] == 1
+    assert rows[0].inflight == pytest.approx(0.2) and rows[0].errors == 1
+    assert rows[0].throttled == 1
     assert m.roll(104.0) == []  # idle keys leave the table
     # waiting requests, per endpoint, on a row of their own
-    assert m.roll(105.0, queued={7: (3, 1.5)}) == [((7, ""), {"queued": 3, "queued_mu": 1.5})]
+    assert m.roll(105.0, queued={7: (3, 1.5)}) == [QueueSample(7, queued=3, queued_mu=1.5)]
     t = m.totals[KEY]
     assert (t.requests, t.inflight, t.errors, t.throttled) == (2, 0, 1, 1)
 
@@ -72,40 +78,42 @@ def test_publish_to_redis_key_layout():
             pytest.skip(f"no Redis at {url}: {exc}")
         endpoint = int(uuid.uuid4().int % 10**9) + 10**9
         try:
-            rows = [
-                (
-                    (endpoint, "acme"),
-                    {
-                        "requests": 3,
-                        "inflight": 1.5,
-                        "mu": 4.5,
-                        "tokens_in": 30,
-                        "tokens_out": 60,
-                        "latency_ms_sum": 90.0,
-                        "errors": 0,
-                        "throttled": 1,
-                    },
-                )
-            ]
-            await publish(redis, rows, 1_700_000_000, 120)
-            await publish(redis, rows, 1_700_000_000, 120)  # a second router adds its share
-            key = f"mu:load:{endpoint}:1700000000"
-            h = {k.decode(): float(v) for k, v in (await redis.hgetall(key)).items()}
-            assert h == {
-                "requests": 6,
-                "inflight": 3.0,
-                "mu": 9.0,
-                "tokens_in": 60,
-                "tokens_out": 120,
-                "latency_ms_sum": 180.0,
-                "throttled": 2,
-                "mu:acme": 9.0,
-            }
+            one = TrafficSample(
+                endpoint,
+                "acme",
+                requests=3,
+                inflight=1.5,
+                mu=4.5,
+                tokens_in=30,
+                tokens_out=60,
+                latency_ms_sum=90.0,
+                errors=0,
+                throttled=1,
+            )
+            await publish(redis, [one], 1_700_000_000, 120)
+            await publish(redis, [one], 1_700_000_000, 120)  # a second router adds its share
+            key = load_key(endpoint, 1_700_000_000)
+            raw = await redis.hgetall(key)
+            # the sums, zero fields left out, and the MU again under the tenant
+            both = TrafficSample(
+                endpoint,
+                "acme",
+                requests=6,
+                inflight=3.0,
+                mu=9.0,
+                tokens_in=60,
+                tokens_out=120,
+                latency_ms_sum=180.0,
+                errors=0,
+                throttled=2,
+            )
+            assert {k.decode(): float(v) for k, v in raw.items()} == both.hash_fields()
+            assert EndpointSecond.from_redis_hash(raw) == EndpointSecond.from_fields(both.fields())
             assert 0 < await redis.ttl(key) <= 120
             # every publish says its router was up that second, traffic or not
             await publish(redis, [], 1_700_000_000, 120)
-            assert await redis.get("mu:routers:1700000000") == b"3"
-            await redis.delete(key, "mu:routers:1700000000")
+            assert await redis.get(routers_key(1_700_000_000)) == b"3"
+            await redis.delete(key, routers_key(1_700_000_000))
         finally:
             await redis.aclose()
 

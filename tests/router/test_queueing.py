@@ -2,7 +2,7 @@
 
 import asyncio
 
-from dataplane.router.discovery import parse_routing_table
+from dataplane.wire.routing_table import RoutingTable
 from tests.router.conftest import (
     TENANT_KEY,
     assert_idle,
@@ -22,9 +22,7 @@ def body():
 
 def one_slot(**kw):
     """One pod with target concurrency 1 and no reservation; ``kw`` overrides the config."""
-    return running(
-        1, table=cp_table(target_concurrency_per_replica=1, reservation=None), config=with_config(**kw)
-    )
+    return running(1, table=cp_table(target_concurrency=1, reservation=None), config=with_config(**kw))
 
 
 async def occupy(router, pods, headers=None):
@@ -109,9 +107,7 @@ def test_target_concurrency_is_hot_reloaded_and_wakes_waiters():
             first = await occupy(router, pods)
             second = await enqueue(router)
             router.apply(
-                parse_routing_table(
-                    table_doc(pods, version="v2", target_concurrency_per_replica=2, reservation=None)
-                )
+                RoutingTable.from_json(table_doc(pods, version="v2", target_concurrency=2, reservation=None))
             )
             await wait_until(lambda: pods[0].requests == 2, what="the waiter to go")
             assert router.endpoints[1].pods[0].target_concurrency == 2

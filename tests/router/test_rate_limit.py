@@ -2,6 +2,7 @@
 
 import asyncio
 
+from dataplane.wire.routing_table import ReservedRate
 from tests.router.conftest import TENANT_KEY, assert_idle, call, cp_table, error_of, running, with_config
 
 # alpha 0.002, beta 0.02, gamma 0.1: 40-char prompt (10 tokens), max_tokens 20 -> 0.02 + 0.4 + 0.1
@@ -13,7 +14,7 @@ def test_reservation_exhausted_without_best_effort_gives_429_with_retry_after():
     async def go():
         # 12 MU/min -> 5 s per MU; burst 10 s = 2 MU: three 0.52-MU requests fit (TAT 7.8 s), the
         # fourth would take TAT to 10.4 s > 10 s
-        table = cp_table(reservation={"mu_per_minute": 12, "best_effort_allowed": False})
+        table = cp_table(reservation=ReservedRate(12, best_effort_allowed=False))
         async with running(1, table=table, config=with_config(gcra_burst_s=10)) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(4)]
             assert statuses == [200, 200, 200, 429]
@@ -31,9 +32,7 @@ def test_best_effort_beyond_reservation_only_with_headroom_and_probes_always():
         # the reservation (12 MU/min, 2 MU burst) admits 3 requests; then best effort runs while the
         # endpoint's MU rate stays below capacity 1 pod x 30 MU/min: after n admitted requests the
         # 10-s window holds 0.52 n MU -> 6 x 0.52 n MU/min; + 0.52 < 30 while n <= 9
-        table = cp_table(
-            reservation={"mu_per_minute": 12, "best_effort_allowed": True}, mu_per_replica_minute=30
-        )
+        table = cp_table(reservation=ReservedRate(12, best_effort_allowed=True), mu_per_replica_minute=30)
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(12)]
             assert statuses == [200] * 10 + [429] * 2
@@ -51,9 +50,7 @@ def test_reserved_traffic_is_admitted_while_best_effort_is_shed():
     async def go():
         # capacity 0.5 MU/min (1 pod x 0.5): never headroom for a 0.52-MU best-effort request;
         # requests within a generous reservation (6000 MU/min) still pass
-        table = cp_table(
-            reservation={"mu_per_minute": 6000, "best_effort_allowed": True}, mu_per_replica_minute=0.5
-        )
+        table = cp_table(reservation=ReservedRate(6000, best_effort_allowed=True), mu_per_replica_minute=0.5)
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(10)]
             assert statuses == [200] * 10  # all within the reservation

@@ -3,7 +3,7 @@ endpoint (404 tolerated), serve it when a pod appears, or 503 with Retry-After a
 
 import asyncio
 
-from dataplane.router.discovery import parse_routing_table
+from dataplane.wire.routing_table import RoutingTable
 from tests.router.conftest import TENANT_KEY, assert_idle, call, error_of, running, table_doc, with_config
 from tests.router.test_control_plane_discovery import StandInControlPlane
 
@@ -12,7 +12,7 @@ def test_wake_then_503_at_the_deadline():
     async def go():
         cp = await StandInControlPlane().start()
         cfg = with_config(wake_deadline_s=0.4, wake_retry_s=0.1)
-        table = parse_routing_table(table_doc([], scale_to_zero_enabled=True))
+        table = RoutingTable.from_json(table_doc([], scale_to_zero_enabled=True))
         try:
             async with running([], table=table, config=cfg, control_plane=cp.url, key="op-key") as (
                 router,
@@ -38,12 +38,12 @@ def test_wake_then_503_at_the_deadline():
 def test_held_request_is_served_when_a_pod_becomes_ready():
     async def go():
         cfg = with_config(wake_deadline_s=3.0)
-        table = parse_routing_table(table_doc([], scale_to_zero_enabled=True))
+        table = RoutingTable.from_json(table_doc([], scale_to_zero_enabled=True))
         async with running(1, table=table, config=cfg) as (router, pods):
             held = asyncio.ensure_future(call(router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY))
             await asyncio.sleep(0.2)
             assert not held.done()
-            router.apply(parse_routing_table(table_doc(pods, version="v2", scale_to_zero_enabled=True)))
+            router.apply(RoutingTable.from_json(table_doc(pods, version="v2", scale_to_zero_enabled=True)))
             status, _, _ = await asyncio.wait_for(held, 2)
             assert status == 200
             await assert_idle(router)
@@ -53,7 +53,7 @@ def test_held_request_is_served_when_a_pod_becomes_ready():
 
 def test_no_ready_pod_without_scale_to_zero_is_503_at_once():
     async def go():
-        table = parse_routing_table(table_doc([]))
+        table = RoutingTable.from_json(table_doc([]))
         async with running([], table=table) as (router, _):
             status, headers, payload = await call(
                 router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY
@@ -69,13 +69,13 @@ def test_best_effort_traffic_is_held_for_the_wake_not_refused():
 
     async def go():
         cfg = with_config(wake_deadline_s=3.0)
-        table = parse_routing_table(table_doc([], scale_to_zero_enabled=True, reservation=None))
+        table = RoutingTable.from_json(table_doc([], scale_to_zero_enabled=True, reservation=None))
         async with running(1, table=table, config=cfg) as (router, pods):
             held = asyncio.ensure_future(call(router, body={"model": "chat", "prompt": "hi"}, key=TENANT_KEY))
             await asyncio.sleep(0.2)
             assert not held.done()
             doc = table_doc(pods, version="v2", scale_to_zero_enabled=True, reservation=None)
-            router.apply(parse_routing_table(doc))
+            router.apply(RoutingTable.from_json(doc))
             status, _, _ = await asyncio.wait_for(held, 2)
             assert status == 200
             await assert_idle(router)

@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from dataplane.wire.pod_events import PodEvent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -127,10 +129,10 @@ def sim_engine(*args: str) -> Iterator[SimProcess]:
 @dataclass
 class EventSink:
     """Stand-in for ``POST /api/v1/events/``: answers 503 to the first ``fail_first`` posts,
-    then 201, recording what it accepted."""
+    then 201, recording what it accepted as the control plane reads it."""
 
     fail_first: int = 0
-    received: list[dict[str, Any]] = field(default_factory=list)
+    received: list[PodEvent] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
     attempts: int = 0
     port: int = 0
@@ -141,7 +143,7 @@ class EventSink:
         return f"http://127.0.0.1:{self.port}"
 
     def kinds(self) -> list[str]:
-        return [e["kind"] for e in self.received]
+        return [e.kind for e in self.received]
 
     def start(self, port: int = 0) -> None:
         sink = self
@@ -155,7 +157,7 @@ class EventSink:
                 elif sink.attempts <= sink.fail_first:
                     self.send_response(503)
                 else:
-                    sink.received.append(json.loads(body))
+                    sink.received.append(PodEvent.from_json(json.loads(body)))
                     sink.auth.append(self.headers.get("authorization", ""))
                     self.send_response(201)
                 self.send_header("content-length", "0")

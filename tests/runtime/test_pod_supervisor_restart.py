@@ -96,9 +96,9 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, eve
     assert http("POST", engine + "/v1/completions", {"prompt": "hi", "max_tokens": 3})[0] == 200
 
     wait_until(lambda: "restart" in event_sink.kinds(), timeout=10)
-    restart = next(e for e in event_sink.received if e["kind"] == "restart")
-    assert restart["pod"] == "pod-hang" and restart["severity"] == "warning"
-    assert "liveness failed" in restart["message"]
+    restart = next(e for e in event_sink.received if e.kind == "restart")
+    assert restart.pod == "pod-hang" and restart.severity == "warning"
+    assert "liveness failed" in restart.message
     assert event_sink.auth[0] == "Bearer sup-key"
 
 
@@ -124,7 +124,7 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         assert http("GET", f"http://127.0.0.1:{pod.probe_port}/readyz")[0] == 503
         wait_until(lambda: "hang" in event_sink.kinds(), timeout=5)
         hang = event_sink.received[event_sink.kinds().index("hang")]
-        assert (hang["pod"], hang["endpoint"], hang["severity"]) == ("pod-self", 42, "critical")
+        assert (hang.pod, hang.endpoint, hang.severity) == ("pod-self", 42, "critical")
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0  # SIGTERM: engine drained, clean exit
@@ -138,11 +138,11 @@ def test_dead_engine_restarts_and_repeated_crashes_are_a_crash_loop(
     # the third restart within the window is a crash loop, reported once, and backed off.
     supervisor.start_pod(launch("pod-crash", "--fault", "crash", "--fault-after", "0.5"))
     wait_until(lambda: "crash_loop" in event_sink.kinds(), timeout=30)
-    restarts = [e for e in event_sink.received if e["kind"] == "restart"]
+    restarts = [e for e in event_sink.received if e.kind == "restart"]
     assert len(restarts) >= 3
-    assert "exited" in restarts[0]["message"]
+    assert "exited" in restarts[0].message
     loop = event_sink.received[event_sink.kinds().index("crash_loop")]
-    assert loop["severity"] == "critical" and loop["detail"]["delay_s"] > 0
+    assert loop.severity == "critical" and loop.detail["delay_s"] > 0
     assert status(supervisor, "pod-crash")[2] >= 3
 
 
@@ -173,7 +173,7 @@ def test_pod_with_a_state_dir_reports_its_own_restart(event_sink: EventSink, tmp
             assert "restart" not in event_sink.kinds()
     wait_until(lambda: "restart" in event_sink.kinds(), timeout=5)
     event = event_sink.received[event_sink.kinds().index("restart")]
-    assert event["pod"] == "pod-k8s" and event["detail"]["starts"] == 2
+    assert event.pod == "pod-k8s" and event.detail["starts"] == 2
 
 
 def test_engine_dies_with_its_pod_even_on_sigkill() -> None:

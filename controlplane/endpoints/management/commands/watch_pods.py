@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections, connections
 
 from controlplane.endpoints import scaling
-from dataplane.runtime.events import Event as PodEvent
+from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("controlplane.watch_pods")
 

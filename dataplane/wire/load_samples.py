@@ -1,0 +1,268 @@
+"""The routers' per-second load samples: what each router measured of each endpoint in a second.
+
+Writer: ``dataplane.router.metering`` (``Meter.roll`` makes the samples, ``publish`` adds them
+into Redis; without Redis the router POSTs them to the control plane). Reader:
+``controlplane.endpoints.samples``, which folds them into each endpoint's 5-second buckets for
+the autoscaler, and the ``/api/v1/load-samples/`` view that takes the POSTs.
+
+With Redis, every router adds its samples into one hash per endpoint and second (HINCRBYFLOAT,
+zero fields left out), so a hash holds the fleet's sums, and counts itself in a heartbeat key;
+both expire after the router's ``metrics_ttl_s`` (120 s by default):
+
+    mu:load:{endpoint_id}:{unix_second}   hash: the samples' fields, summed over routers and
+                                          tenants, and mu:{tenant}, that tenant's MU
+    mu:routers:{unix_second}              routers that reported that second (every router,
+                                          every second, traffic or not): a second without it
+                                          is missing data, not idleness
+
+With two routers each at 3.5 in flight on average, ``inflight`` reads 7.0. Without Redis (the
+embedded default) a router POSTs ``RouterSecond.to_json()``, one row per sample with its
+endpoint and tenant:
+
+    {"second": 1700000000, "rows": [{"endpoint": 7, "tenant": "acme", "requests": 3, ...},
+                                    {"endpoint": 7, "tenant": "", "queued": 2, "queued_mu": 1.5}]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Upper bounds of the latency histogram's buckets, s: field lat{i} counts the requests whose
+# latency fell in (LATENCY_BUCKETS_S[i-1], LATENCY_BUCKETS_S[i]], lat{len} those above them all.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+NO_LATENCIES = (0,) * (len(LATENCY_BUCKETS_S) + 1)
+
+
+def load_key(endpoint_id: int | str, second: int | str) -> str:
+    """The Redis hash of one endpoint's second; "*" for either makes a SCAN pattern."""
+    return f"mu:load:{endpoint_id}:{second}"
+
+
+def routers_key(second: int | str) -> str:
+    """The Redis counter of the routers that reported a second; "*" makes a SCAN pattern."""
+    return f"mu:routers:{second}"
+
+
+class SampleError(ValueError):
+    """A router's second that breaks the contract. ``field`` is the top-level key to blame
+    ("second" or "rows"), which the API's 400 names; the message says what was wrong."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _count(doc: Mapping[str, Any], key: str, where: str) -> int:
+    v = doc.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise SampleError("rows", f"{where}.{key} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _amount(doc: Mapping[str, Any], key: str, where: str) -> float:
+    v = doc.get(key, 0.0)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+        raise SampleError("rows", f"{where}.{key} must be a number >= 0, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class TrafficSample:
+    """One router's second of one endpoint and tenant: requests finished, refused, in flight."""
+
+    endpoint: int  # control-plane endpoint id, >= 0 (0 in static mode)
+    tenant: str  # tenant slug ("" in static mode)
+    requests: int = 0  # requests finished in the second, count >= 0
+    inflight: float = 0.0  # in-flight requests averaged over the second, >= 0 (4 for half: 2.0)
+    mu: float = 0.0  # MU consumed (exact from the response's usage, else the estimate), >= 0
+    tokens_in: int = 0  # prompt tokens (usage, else the estimate), >= 0
+    tokens_out: int = 0  # generated tokens (usage, else SSE events counted), >= 0
+    latency_ms_sum: float = 0.0  # sum of request latencies, ms >= 0 (/ requests: the mean)
+    errors: int = 0  # 5xx answers and upstream failures, count >= 0
+    throttled: int = 0  # 429 answers, count >= 0
+    latency_buckets: tuple[int, ...] = NO_LATENCIES  # requests per bucket, len(NO_LATENCIES)
+
+    def fields(self) -> dict[str, float]:
+        """The measured fields by their wire names; latency buckets only where not zero."""
+        return {
+            "requests": self.requests,
+            "inflight": self.inflight,
+            "mu": self.mu,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "latency_ms_sum": self.latency_ms_sum,
+            "errors": self.errors,
+            "throttled": self.throttled,
+            **{f"lat{i}": n for i, n in enumerate(self.latency_buckets) if n},
+        }
+
+    def hash_fields(self) -> dict[str, float]:
+        """What this sample adds to its endpoint's second in Redis: the fields that are not
+        zero, and the MU again under its tenant (per-tenant accounting)."""
+        added = {name: value for name, value in self.fields().items() if value}
+        if self.mu:
+            added[f"mu:{self.tenant}"] = self.mu
+        return added
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "tenant": self.tenant, **self.fields()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str = "sample") -> TrafficSample:
+        """Missing fields are zeros; a bad one is refused, named with its value."""
+        return cls(
+            endpoint=_endpoint(doc, where),
+            tenant=_tenant(doc, where),
+            requests=_count(doc, "requests", where),
+            inflight=_amount(doc, "inflight", where),
+            mu=_amount(doc, "mu", where),
+            tokens_in=_count(doc, "tokens_in", where),
+            tokens_out=_count(doc, "tokens_out", where),
+            latency_ms_sum=_amount(doc, "latency_ms_sum", where),
+            errors=_count(doc, "errors", where),
+            throttled=_count(doc, "throttled", where),
+            latency_buckets=tuple(_count(doc, f"lat{i}", where) for i in range(len(NO_LATENCIES))),
+        )
+
+
+@dataclass(frozen=True)
+class QueueSample:
+    """Requests one router holds for one endpoint at the end of a second, waiting for a pod (or
+    a wake): the backlog the autoscaler sizes replicas to drain. It belongs to no tenant."""
+
+    endpoint: int  # control-plane endpoint id
+    queued: int  # requests waiting, count >= 0
+    queued_mu: float  # their estimated MU, >= 0; > 0 whenever a router sends one
+
+    def fields(self) -> dict[str, float]:
+        return {"queued": self.queued, "queued_mu": self.queued_mu}
+
+    def hash_fields(self) -> dict[str, float]:
+        return {name: value for name, value in self.fields().items() if value}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "tenant": "", **self.fields()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str = "sample") -> QueueSample:
+        _tenant(doc, where)  # checked, not kept: always "" on the wire
+        return cls(_endpoint(doc, where), _count(doc, "queued", where), _amount(doc, "queued_mu", where))
+
+
+Sample = TrafficSample | QueueSample
+
+
+def _endpoint(doc: Mapping[str, Any], where: str) -> int:
+    v = doc.get("endpoint")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise SampleError("rows", f"{where}.endpoint must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _tenant(doc: Mapping[str, Any], where: str) -> str:
+    v = doc.get("tenant")
+    if not isinstance(v, str):
+        raise SampleError("rows", f"{where}.tenant must be a string, got {v!r}")
+    return v
+
+
+def stored_fields(sample: Sample) -> dict[str, Any]:
+    """A sample as the database keeps it: everything but the endpoint, which has its column."""
+    row = sample.to_json()
+    del row["endpoint"]
+    return row
+
+
+def sample_from_json(doc: Mapping[str, Any], where: str = "sample") -> Sample:
+    """A row on the wire: a queue sample when it counts queued requests, else a traffic sample."""
+    return (QueueSample if "queued" in doc else TrafficSample).from_json(doc, where)
+
+
+@dataclass(frozen=True)
+class RouterSecond:
+    """What one router POSTs for one second when there is no Redis: its samples, and by the
+    post itself that it was up (a second without traffic posts no rows)."""
+
+    second: int  # the unix second the samples describe, > 0
+    samples: tuple[Sample, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"second": self.second, "rows": [s.to_json() for s in self.samples]}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RouterSecond:
+        """Refuses what is wrong with a SampleError naming the field and the value."""
+        if not isinstance(doc, Mapping):
+            raise SampleError(None, f"a router's second must be a JSON object, got {doc!r}")
+        second, rows = doc.get("second"), doc.get("rows")
+        if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
+            raise SampleError("second", f"{second!r} must be a unix second (a positive integer)")
+        if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
+        ):
+            raise SampleError("rows", "must be a list of objects, each with a positive integer endpoint")
+        return cls(second, tuple(sample_from_json(r, f"rows[{i}]") for i, r in enumerate(rows)))
+
+
+@dataclass(frozen=True)
+class EndpointSecond:
+    """One endpoint's second as the autoscaler reads it: every router's and tenant's samples
+    summed (Redis sums them as routers write; the database's rows are summed as they are read).
+    All fields are sums over the samples, >= 0; see TrafficSample and QueueSample for units."""
+
+    requests: float = 0.0
+    inflight: float = 0.0
+    mu: float = 0.0
+    tokens_in: float = 0.0
+    tokens_out: float = 0.0
+    latency_ms_sum: float = 0.0
+    errors: float = 0.0
+    throttled: float = 0.0
+    latency_buckets: tuple[float, ...] = tuple(map(float, NO_LATENCIES))
+    queued: float = 0.0
+    queued_mu: float = 0.0
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> EndpointSecond:
+        """From the fields of one sample, or of a Redis hash: missing fields are zeros, others
+        (the per-tenant MU, the tenant) are not this sum's."""
+
+        def get(name: str) -> float:
+            return float(fields.get(name, 0.0))
+
+        return cls(
+            requests=get("requests"),
+            inflight=get("inflight"),
+            mu=get("mu"),
+            tokens_in=get("tokens_in"),
+            tokens_out=get("tokens_out"),
+            latency_ms_sum=get("latency_ms_sum"),
+            errors=get("errors"),
+            throttled=get("throttled"),
+            latency_buckets=tuple(get(f"lat{i}") for i in range(len(NO_LATENCIES))),
+            queued=get("queued"),
+            queued_mu=get("queued_mu"),
+        )
+
+    @classmethod
+    def from_redis_hash(cls, raw: Mapping[bytes, bytes]) -> EndpointSecond:
+        return cls.from_fields({k.decode(): v for k, v in raw.items()})
+
+    def __add__(self, other: EndpointSecond) -> EndpointSecond:
+        return EndpointSecond(
+            requests=self.requests + other.requests,
+            inflight=self.inflight + other.inflight,
+            mu=self.mu + other.mu,
+            tokens_in=self.tokens_in + other.tokens_in,
+            tokens_out=self.tokens_out + other.tokens_out,
+            latency_ms_sum=self.latency_ms_sum + other.latency_ms_sum,
+            errors=self.errors + other.errors,
+            throttled=self.throttled + other.throttled,
+            latency_buckets=tuple(
+                a + b for a, b in zip(self.latency_buckets, other.latency_buckets, strict=True)
+            ),
+            queued=self.queued + other.queued,
+            queued_mu=self.queued_mu + other.queued_mu,
+        )

@@ -1,0 +1,195 @@
+"""The routing table: every endpoint with its pricing, limits, traffic split and pods, and the
+tenants' API keys, as the control plane serves it at ``GET /api/v1/routing-table/``.
+
+Writer: ``controlplane.endpoints.routing`` (served by ``RoutingTableView`` with the version as
+its ETag). Readers: the routers (``dataplane.router.discovery``), which keep the last good table
+when a new one is refused.
+
+    {"version": "<etag>",
+     "endpoints": [{"id", "tenant", "name", "model", "policy", "alpha", "beta", "gamma",
+                    "mu_per_replica_minute", "target_concurrency_per_replica",
+                    "scale_to_zero_enabled",
+                    "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
+                    "traffic": {version: percent},
+                    "pods": [{"name", "url", "ready", "version"}]}],
+     "api_keys": [{"hash": sha256 hex of the bearer secret, "tenant"}]}
+
+Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/min per replica,
+no concurrency limit, a pod ready and named by its URL), so older writers stay readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from capacity.units import CostModel
+from dataplane.router.balancer import POLICY_NAMES
+
+DEFAULT_POLICY = "p2c-mu"
+
+
+def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+        raise ValueError(f"{where}.{key} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class RoutedPod:
+    name: str  # pod name, stable identity across snapshots
+    url: str  # http://host:port
+    ready: bool  # serving (readiness probe passed)
+    version: str = ""  # the endpoint version it runs (see RoutedEndpoint.traffic); "" when one
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "ready": self.ready, "version": self.version}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "pod") -> RoutedPod:
+        if not isinstance(doc, dict) or not isinstance(doc.get("url"), str):
+            raise ValueError(f"{where}.url must be a string")
+        url = doc["url"]
+        return cls(
+            str(doc.get("name") or url), url, bool(doc.get("ready", True)), str(doc.get("version", ""))
+        )
+
+
+@dataclass(frozen=True)
+class ReservedRate:
+    mu_per_minute: float  # the tenant's reserved rate on the endpoint, MU/min >= 0
+    best_effort_allowed: bool  # traffic beyond it may run while the endpoint has headroom
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mu_per_minute": self.mu_per_minute, "best_effort_allowed": self.best_effort_allowed}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "reservation") -> ReservedRate:
+        if not isinstance(doc, dict):
+            raise ValueError(f"{where} must be an object or null")
+        return cls(_num(doc, "mu_per_minute", where), bool(doc.get("best_effort_allowed", True)))
+
+
+@dataclass(frozen=True)
+class RoutedEndpoint:
+    id: int  # control-plane id
+    tenant: str  # tenant slug
+    name: str  # what a request's "model" field names
+    model: str  # the model served
+    policy: str  # balancing policy, one of POLICY_NAMES
+    coefficients: CostModel  # MU price of a request (alpha, beta, gamma on the wire)
+    mu_per_replica_minute: float  # capacity of one pod, MU/min >= 0; 0 = unknown (unlimited)
+    target_concurrency: int  # in-flight requests per pod before queueing, >= 0; 0 = unlimited
+    scale_to_zero_enabled: bool  # hold requests and wake the endpoint when no pod is ready
+    reservation: ReservedRate | None  # the tenant's reserved rate, or None (all best-effort)
+    pods: tuple[RoutedPod, ...]
+    # Percent of requests per version during a rollout or canary, e.g. (("1", 90), ("2", 10)); a
+    # version at 0 takes no new request. Empty: one version, every pod.
+    traffic: tuple[tuple[str, float], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "model": self.model,
+            "policy": self.policy,
+            "alpha": self.coefficients.alpha,
+            "beta": self.coefficients.beta,
+            "gamma": self.coefficients.gamma,
+            "mu_per_replica_minute": self.mu_per_replica_minute,
+            "target_concurrency_per_replica": self.target_concurrency,
+            "scale_to_zero_enabled": self.scale_to_zero_enabled,
+            "reservation": self.reservation.to_json() if self.reservation is not None else None,
+            "traffic": dict(self.traffic),
+            "pods": [p.to_json() for p in self.pods],
+        }
+
+    @classmethod
+    def from_json(cls, e: Any, where: str = "endpoint") -> RoutedEndpoint:
+        if not isinstance(e, dict):
+            raise ValueError(f"{where} must be an object")
+        for key in ("tenant", "name"):
+            if not isinstance(e.get(key), str):
+                raise ValueError(f"{where}.{key} must be a string")
+        if not isinstance(e.get("id"), int):
+            raise ValueError(f"{where}.id must be an integer")
+        policy = e.get("policy") or DEFAULT_POLICY
+        if policy not in POLICY_NAMES:
+            raise ValueError(f"{where}.policy {policy!r} is not one of {POLICY_NAMES}")
+        res = e.get("reservation")
+        reservation = None if res is None else ReservedRate.from_json(res, f"{where}.reservation")
+        pods_doc = e.get("pods") or []
+        if not isinstance(pods_doc, list):
+            raise ValueError(f"{where}.pods must be a list")
+        pods = tuple(RoutedPod.from_json(p, f"{where}.pods[{j}]") for j, p in enumerate(pods_doc))
+        traffic_doc = e.get("traffic") or {}
+        if not isinstance(traffic_doc, dict):
+            raise ValueError(f"{where}.traffic must be an object of version: percent")
+        traffic = tuple((str(v), _num(traffic_doc, v, f"{where}.traffic")) for v in traffic_doc)
+        return cls(
+            id=e["id"],
+            tenant=e["tenant"],
+            name=e["name"],
+            model=str(e.get("model") or e["name"]),
+            policy=policy,
+            coefficients=CostModel(
+                _num(e, "alpha", where, 0.0), _num(e, "beta", where, 0.0), _num(e, "gamma", where, 0.0)
+            ),
+            mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, 100.0),
+            target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),
+            scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),
+            reservation=reservation,
+            pods=pods,
+            traffic=traffic,
+        )
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    version: str  # the ETag: changes whenever anything else in the table does
+    endpoints: tuple[RoutedEndpoint, ...]
+    api_keys: dict[str, str]  # sha256 hex (lower case) of a bearer secret -> tenant
+    auth_required: bool = True  # False in static mode (no keys); not on the wire
+
+    @classmethod
+    def versioned(cls, endpoints: tuple[RoutedEndpoint, ...], api_keys: dict[str, str]) -> RoutingTable:
+        """A table whose version is a hash of its content, so that a router's `If-None-Match`
+        gets 304 until something a router reads changes, whatever changed it."""
+        content = json.dumps(cls("", endpoints, api_keys)._content(), sort_keys=True)
+        return cls(hashlib.sha256(content.encode()).hexdigest()[:32], endpoints, api_keys)
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "endpoints": [e.to_json() for e in self.endpoints],
+            "api_keys": [{"hash": h, "tenant": tenant} for h, tenant in self.api_keys.items()],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, **self._content()}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RoutingTable:
+        """Validate and convert the control plane's JSON; ValueError names the bad field."""
+        if not isinstance(doc, dict):
+            raise ValueError("routing table must be a JSON object")
+        version = doc.get("version")
+        if not isinstance(version, str):
+            raise ValueError("routing table .version must be a string")
+        eps_doc = doc.get("endpoints")
+        keys_doc = doc.get("api_keys")
+        if not isinstance(eps_doc, list) or not isinstance(keys_doc, list):
+            raise ValueError("routing table .endpoints and .api_keys must be lists")
+        endpoints = tuple(RoutedEndpoint.from_json(e, f"endpoints[{i}]") for i, e in enumerate(eps_doc))
+        api_keys: dict[str, str] = {}
+        for k in keys_doc:
+            if not (
+                isinstance(k, dict) and isinstance(k.get("hash"), str) and isinstance(k.get("tenant"), str)
+            ):
+                raise ValueError('api_keys entries must be {"hash": str, "tenant": str}')
+            api_keys[k["hash"].lower()] = k["tenant"]
+        return cls(version, endpoints, api_keys)

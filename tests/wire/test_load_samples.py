@@ -1,0 +1,72 @@
+"""The load-sample contract: what a router publishes or posts is what the autoscaler reads."""
+
+import asyncio
+import os
+
+import pytest
+from redis.asyncio import Redis
+
+from controlplane.endpoints.samples import DatabaseSeconds, RedisSeconds
+from dataplane.router.metering import publish
+from dataplane.wire.load_samples import EndpointSecond, QueueSample, RouterSecond, SampleError, TrafficSample
+from tests.conftest import latencies
+
+SECOND = 1_700_000_000
+TRAFFIC = TrafficSample(
+    7,
+    "acme",
+    requests=3,
+    inflight=1.5,
+    mu=4.5,
+    tokens_in=30,
+    tokens_out=60,
+    latency_ms_sum=90.0,
+    errors=1,
+    throttled=2,
+    latency_buckets=latencies({2: 1, 6: 2}),
+)
+QUEUE = QueueSample(7, queued=2, queued_mu=1.5)
+# What the control plane reads of that second, field by field (no key spelled on either side).
+READ = EndpointSecond(
+    requests=3.0,
+    inflight=1.5,
+    mu=4.5,
+    tokens_in=30.0,
+    tokens_out=60.0,
+    latency_ms_sum=90.0,
+    errors=1.0,
+    throttled=2.0,
+    latency_buckets=tuple(map(float, latencies({2: 1, 6: 2}))),
+    queued=2.0,
+    queued_mu=1.5,
+)
+
+
+def test_samples_round_trip_through_json_redis_and_the_api(metrics, operator_client):
+    posted = RouterSecond(SECOND, (TRAFFIC, QUEUE))
+    assert RouterSecond.from_json(posted.to_json()) == posted
+    # With Redis: the router publishes, the autoscaler reads the endpoint's second.
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+    async def go() -> None:
+        client = Redis.from_url(url)
+        try:
+            await publish(client, posted.samples, SECOND, 120)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+    assert RedisSeconds(metrics).read([7], SECOND, SECOND) == ({SECOND}, {(7, SECOND): READ})
+    # Without Redis: the router posts its second, the database holds it.
+    answer = operator_client.post("/api/v1/load-samples/", posted.to_json(), format="json")
+    assert answer.status_code == 201 and answer.json() == {"stored": 2}
+    assert DatabaseSeconds().read([7], SECOND, SECOND) == ({SECOND}, {(7, SECOND): READ})
+
+
+def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
+    body = RouterSecond(SECOND, (TRAFFIC,)).to_json()
+    body["rows"][0]["requests"] = -1
+    with pytest.raises(SampleError, match=r"rows\[0\]\.requests must be an integer >= 0, got -1"):
+        RouterSecond.from_json(body)
+    answer = operator_client.post("/api/v1/load-samples/", body, format="json")
+    assert answer.status_code == 400 and "rows[0].requests" in answer.json()["fields"]["rows"]["errors"][0]

@@ -1,0 +1,49 @@
+"""The routing-table contract: the table the control plane serves is the table routers read."""
+
+import pytest
+
+from capacity.units import CostModel
+from controlplane.endpoints.models import Pod
+from controlplane.endpoints.routing import routing_table
+from controlplane.selling import sell
+from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
+
+CHAT = RoutedEndpoint(
+    id=7,
+    tenant="acme",
+    name="chat",
+    model="llama-8b",
+    policy="least-request",
+    coefficients=CostModel(0.0004, 0.004, 0.02),
+    mu_per_replica_minute=100.0,
+    target_concurrency=8,
+    scale_to_zero_enabled=True,
+    reservation=ReservedRate(300.0, best_effort_allowed=False),
+    pods=(
+        RoutedPod("chat-0", "http://10.0.0.1:8000", True, "1"),
+        RoutedPod("chat-1", "http://10.0.0.2:8000", False, "2"),
+    ),
+    traffic=(("1", 90.0), ("2", 10.0)),
+)
+
+
+def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_client, owner, make_endpoint):
+    table = RoutingTable("v7", (CHAT,), {"ab" * 32: "acme"})
+    assert RoutingTable.from_json(table.to_json()) == table
+    # The writer and the reader: what the control plane serves reads back as what it wrote.
+    chat = make_endpoint(owner, "chat")
+    sell(chat, mu_per_minute=300, best_effort_allowed=False, sold_by="t")
+    Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9001", ready=True)
+    served = RoutingTable.from_json(operator_client.get("/api/v1/routing-table/").json())
+    assert served == routing_table()
+    assert served.endpoints[0].reservation == ReservedRate(300, best_effort_allowed=False)
+    assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and served.api_keys
+
+
+def test_a_bad_table_is_refused_naming_the_field_and_value():
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    doc["endpoints"][0]["mu_per_replica_minute"] = -1
+    with pytest.raises(
+        ValueError, match=r"endpoints\[0\]\.mu_per_replica_minute must be a number >= 0, got -1"
+    ):
+        RoutingTable.from_json(doc)
