@@ -198,7 +198,7 @@ def run_benchmark(
     if publish:
         # The coefficients price requests; what a pool holds depends only on MU and GPUs per
         # replica, which a fit does not touch, so publishing cannot oversell.
-        _publish(profile, record)
+        _publish(profile, fit, record)
         record.status = ProfileFit.Status.PUBLISHED
     if profile.pk is None:
         return record  # refused: nothing to attach the record to
@@ -230,11 +230,12 @@ def run_benchmark(
     return record
 
 
-def _publish(profile: ModelProfile, record: ProfileFit) -> None:
+def _publish(profile: ModelProfile, fit: Fit, record: ProfileFit) -> None:
     if profile.pk is not None:
         profile.refresh_from_db()
-    profile.alpha, profile.beta, profile.gamma = record.alpha, record.beta, record.gamma
-    profile.r2, profile.samples, profile.heldout_mape = record.r2, record.samples, record.heldout_mape
+    # From the fit, not the record: the same figures, but a record's may be None (a failed run's).
+    profile.alpha, profile.beta, profile.gamma = fit.alpha, fit.beta, fit.gamma
+    profile.r2, profile.samples, profile.heldout_mape = fit.r2, fit.samples, fit.heldout_mape
     profile.fitted_at, profile.source = record.finished_at, ModelProfile.Source.BENCHMARK
     profile.engine, profile.engine_version = record.engine, record.engine_version
     profile.save()

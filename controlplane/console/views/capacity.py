@@ -2,11 +2,13 @@
 history chart, the model profiles with their latest benchmarks, and selling a reservation."""
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Avg, Prefetch
+from django.db.models import Avg, Prefetch, QuerySet
 from django.db.models.functions import TruncHour, TruncMinute
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -17,7 +19,7 @@ from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile, ProfileFit, Reservation
 from controlplane.console import charts
-from controlplane.console.views.base import console_view, page
+from controlplane.console.views.base import ConsoleRequest, console_view, page
 from controlplane.endpoints.models import Endpoint
 
 WINDOWS = {  # name -> (length, bucket)
@@ -28,7 +30,7 @@ WINDOWS = {  # name -> (length, bucket)
 
 
 @console_view(operator_only=True, section="capacity")
-def capacity(request):
+def capacity(request: ConsoleRequest) -> HttpResponse:
     return page(
         request,
         "console/capacity.html",
@@ -37,12 +39,12 @@ def capacity(request):
     )
 
 
-def capacity_context(window: str) -> dict:
+def capacity_context(window: str) -> dict[str, Any]:
     window = window if window in WINDOWS else "hour"
     now = timezone.now()
     pools = list(GpuPool.objects.select_related("gpu_type").order_by("gpu_type__name", "name"))
     ledgers = selling.pool_ledgers(pools)
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for pool in pools:
         ledger = ledgers[pool.pk]
         group = groups.setdefault(
@@ -91,7 +93,9 @@ def capacity_context(window: str) -> dict:
         group["oversold"] = group["sold_gpus"] > group["sellable_gpus"]
     length, bucket = WINDOWS[window]
     since = now - length
-    history: dict[str, dict[str, dict]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    history: dict[str, dict[datetime, dict[str, float]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(float))
+    )
     rows = (
         CapacitySnapshot.objects.filter(at__gte=since)
         .annotate(bucket=bucket("at"))
@@ -103,8 +107,8 @@ def capacity_context(window: str) -> dict:
     )
     for row in rows:  # average within a bucket per pool, then add the pools of a GPU type
         point = history[row["pool__gpu_type__name"]][row["bucket"]]
-        for key in ("have", "sold", "used"):
-            point[key] += row[key]
+        for figure in ("have", "sold", "used"):  # not `key` (a plain str above): a row takes literal keys
+            point[figure] += row[figure]
     for name, group in groups.items():
         buckets = sorted(history[name].items())
         group["chart"] = charts.line_chart(
@@ -131,7 +135,7 @@ def capacity_context(window: str) -> dict:
     }
 
 
-def profiles_with_history():
+def profiles_with_history() -> QuerySet[ModelProfile]:
     """Profiles with their five latest benchmarks, in two queries."""
     recent = Prefetch("fits", queryset=ProfileFit.objects.order_by("-id")[:5], to_attr="recent_fits")
     return (
@@ -143,7 +147,7 @@ def profiles_with_history():
 
 @require_POST
 @console_view(operator_only=True, section="capacity")
-def rerun_benchmark(request, pk):
+def rerun_benchmark(request: ConsoleRequest, pk: int) -> HttpResponse:
     """The re-run button: ask for a benchmark; the next beat tick runs it."""
     ModelProfile.objects.filter(pk=pk).update(benchmark_requested_at=timezone.now(), benchmark_retry_at=None)
     profile = get_object_or_404(profiles_with_history(), pk=pk)
@@ -152,9 +156,9 @@ def rerun_benchmark(request, pk):
 
 @require_POST
 @console_view(operator_only=True, section="capacity")
-def sell(request):
+def sell(request: ConsoleRequest) -> HttpResponse:
     """Sell or change a reservation from the capacity page; an oversell shows its numbers."""
-    form = {k: request.POST.get(k, "").strip() for k in ("endpoint", "mu_per_minute")}
+    form: dict[str, Any] = {k: request.POST.get(k, "").strip() for k in ("endpoint", "mu_per_minute")}
     form["best_effort_allowed"] = request.POST.get("best_effort_allowed") == "on"
     tenant_name, _, endpoint_name = form["endpoint"].partition("/")
     endpoint = (
@@ -163,7 +167,7 @@ def sell(request):
         .filter(tenant__name=tenant_name, name=endpoint_name)
         .first()
     )
-    context = {"form": form, "errors": {}, "refused": None, "sold": None}
+    context: dict[str, Any] = {"form": form, "errors": {}, "refused": None, "sold": None}
     if endpoint is None:
         context["errors"]["endpoint"] = f"no endpoint {form['endpoint']!r}: write it as tenant/endpoint"
         return render(request, "console/_sell_form.html", context, status=400)

@@ -2,8 +2,10 @@
 it) and the detail page with its live panel of replicas, traffic and latency."""
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
@@ -13,7 +15,7 @@ from controlplane.api.pagination import LateJoinPaginator
 from controlplane.api.serializers import EndpointSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.console import charts
-from controlplane.console.views.base import console_view, filled, page
+from controlplane.console.views.base import ConsoleRequest, console_view, filled, page
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
@@ -22,7 +24,7 @@ PAGE_SIZE = 50
 
 
 @console_view(section="endpoints")
-def endpoints(request):
+def endpoints(request: ConsoleRequest) -> HttpResponse:
     visible = Endpoint.objects.visible_to(request.principal).with_related()
     filterset = EndpointFilterSet(filled(request.GET), queryset=visible)
     rows = filterset.qs if filterset.is_valid() else visible.none()
@@ -50,7 +52,7 @@ ENDPOINT_FIELDS = [
 
 
 @console_view(section="endpoints")
-def endpoint_form(request, pk=None):
+def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpResponse:
     """Create or edit an endpoint through the API's serializer: the same validation, one place."""
     endpoint = (
         get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
@@ -59,7 +61,9 @@ def endpoint_form(request, pk=None):
     )
     errors = {}
     if request.method == "POST":
-        data = {field: request.POST.get(field, "").strip() for field in ENDPOINT_FIELDS}
+        data: dict[str, str | bool] = {
+            field: request.POST.get(field, "").strip() for field in ENDPOINT_FIELDS
+        }
         data["scale_to_zero_enabled"] = request.POST.get("scale_to_zero_enabled") == "on"
         if request.principal.is_operator and not endpoint:
             data["tenant"] = request.POST.get("tenant", "")
@@ -79,7 +83,7 @@ def endpoint_form(request, pk=None):
                 return redirect("console:endpoint", pk=saved.pk)
         else:
             errors = {field: " ".join(map(str, errs)) for field, errs in serializer.errors.items()}
-        values = {**data, "tenant": request.POST.get("tenant", "")}
+        values: dict[str, Any] = {**data, "tenant": request.POST.get("tenant", "")}
     else:
         values = (
             EndpointSerializer(endpoint).data
@@ -104,7 +108,7 @@ def endpoint_form(request, pk=None):
 
 
 @console_view(section="endpoints")
-def endpoint_detail(request, pk):
+def endpoint_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
     context = endpoint_live_context(endpoint)
     context["pods"] = endpoint.pods.order_by("name")
@@ -112,12 +116,12 @@ def endpoint_detail(request, pk):
 
 
 @console_view(section="endpoints")
-def endpoint_live(request, pk):
+def endpoint_live(request: ConsoleRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
     return render(request, "console/_endpoint_live.html", endpoint_live_context(endpoint))
 
 
-def endpoint_live_context(endpoint: Endpoint) -> dict:
+def endpoint_live_context(endpoint: Endpoint) -> dict[str, Any]:
     """What the detail page refreshes: replicas, traffic, latency and the last hour's timeline.
 
     The timeline is the autoscaler's 5-second load buckets (desired and ready replicas, requests

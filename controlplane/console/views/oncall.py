@@ -1,30 +1,31 @@
 """The on-call section: the live event tail (a cursor that never misses nor repeats), the
 attention and restarts panels, and acknowledging an event."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count, Max
+from django.db.models import Count, Max, QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.api.filters import EventFilterSet
-from controlplane.console.views.base import console_view, filled
+from controlplane.console.views.base import ConsoleRequest, console_view, filled
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
 
 TAIL_ROWS = 50
 
 
-def oncall_events(request):
+def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Event]]:
     visible = Event.objects.visible_to(request.principal).select_related("tenant")
     filterset = EventFilterSet(filled(request.GET), queryset=visible)
     return filterset, (filterset.qs if filterset.is_valid() else visible.none())
 
 
 @console_view(section="oncall")
-def oncall(request):
+def oncall(request: ConsoleRequest) -> HttpResponse:
     now = timezone.now()
     filterset, events = oncall_events(request)
     cursor = Event.objects.settled_cursor(now)
@@ -44,7 +45,7 @@ def oncall(request):
 
 
 @console_view(section="oncall")
-def oncall_tail(request):
+def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     """New settled events after the cursor, newest first, with the next cursor (never misses nor repeats)."""
     now = timezone.now()
     try:
@@ -67,12 +68,12 @@ def oncall_tail(request):
 
 
 @console_view(section="oncall")
-def oncall_attention(request):
+def oncall_attention(request: ConsoleRequest) -> HttpResponse:
     """The attention and restarts panels: every 30 s, and at once after an acknowledgement."""
     return render(request, "console/_oncall_panels.html", attention(request, timezone.now()))
 
 
-def attention(request, now) -> dict:
+def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     """What on-call must see first: crash loops, endpoints that hang again and again, and
     critical events of the last day nobody has acknowledged."""
     visible = Event.objects.visible_to(request.principal)
@@ -100,7 +101,7 @@ def attention(request, now) -> dict:
 
 @require_POST
 @console_view(section="oncall")
-def acknowledge(request, pk):
+def acknowledge(request: ConsoleRequest, pk: int) -> HttpResponse:
     event = get_object_or_404(Event.objects.visible_to(request.principal), pk=pk)
     event.acknowledge(request.user.username, timezone.now())
     response = render(request, "console/_event_row.html", {"event": event})

@@ -1,8 +1,9 @@
 """python manage.py benchmark --model M --gpu G [--engine-url URL] [--json]"""
 
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from controlplane.capacity import profile_benchmarks
@@ -15,13 +16,13 @@ class Command(BaseCommand):
         " line is one JSON object (alpha, beta, gamma, r2, heldout_mape, samples, published, ...)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--model", required=True, help="model name, as endpoints and profiles name it")
         parser.add_argument("--gpu", required=True, help="GPU type name, e.g. h100-80gb")
         parser.add_argument("--engine-url", help="an OpenAI-compatible engine serving the model on that GPU")
         parser.add_argument("--json", action="store_true", help="end with one JSON line")
 
-    def handle(self, model, gpu, engine_url, json: bool, **options):
+    def handle(self, model: str, gpu: str, engine_url: str | None, json: bool, **options: Any) -> None:
         gpu_type = GpuType.objects.filter(name=gpu).first()
         if gpu_type is None:
             known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
@@ -45,7 +46,9 @@ class Command(BaseCommand):
             "status": record.status,
             "reason": record.reason,
             "engine": record.engine,
-            "beta_over_alpha": (record.beta / record.alpha) if record.alpha else None,
+            "beta_over_alpha": (record.beta / record.alpha)
+            if record.alpha and record.beta is not None
+            else None,
             "seconds": round((record.finished_at - record.started_at).total_seconds(), 1),
         }
         self.stdout.write(f"{record.status}: {record.reason}")
