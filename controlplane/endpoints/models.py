@@ -104,6 +104,12 @@ class Endpoint(models.Model):
         return f"{self.tenant_id}/{self.name}"
 
     @property
+    def active_rollout(self) -> "Rollout | None":
+        """The rollout in progress, from the prefetch of EndpointQuerySet.with_related."""
+        prefetched: list[Rollout] = self.__dict__["active_rollouts"]
+        return prefetched[0] if prefetched else None
+
+    @property
     def replica_bounds(self) -> tuple[int, int]:
         return replica_bounds(
             self.min_provisioned_concurrency,

@@ -50,5 +50,5 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
             RoutedPod(p.name, p.url, p.ready, str(p.version or endpoint.version)) for p in endpoint.pods.all()
         ),
         # Each version's share of requests (rollouts, canaries); a pod serves its version's share.
-        traffic=tuple(traffic(endpoint, next(iter(endpoint.active_rollouts), None)).items()),
+        traffic=tuple(traffic(endpoint, endpoint.active_rollout).items()),
     )

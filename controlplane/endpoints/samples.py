@@ -165,7 +165,7 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
                     endpoint_id=e.pk,
                     ready_replicas=e.ready_replicas,
                     desired_replicas=e.desired_replicas,
-                    **fields,  # type: ignore[arg-type]
+                    **fields,
                 )
             )
     LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)  # a re-run writes nothing twice
