@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capacity.units import CostModel
+from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.router.balancer import POLICY_NAMES
 
 DEFAULT_POLICY = "p2c-mu"
@@ -140,7 +140,7 @@ class RoutedEndpoint:
             coefficients=CostModel(
                 _num(e, "alpha", where, 0.0), _num(e, "beta", where, 0.0), _num(e, "gamma", where, 0.0)
             ),
-            mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, 100.0),
+            mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, MU_PER_REPLICA_MINUTE),
             target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),
             scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),
             reservation=reservation,
