@@ -32,8 +32,13 @@ load: install
 	apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
+# promtool (Debian's prometheus package) checks the router's and the engines' scrapes in the tests.
+/usr/bin/promtool:
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus
+
 # Runs against the real PostgreSQL and Redis (.ci/run starts them when they are down).
-test: install /usr/bin/chromium
+test: install /usr/bin/chromium /usr/bin/promtool
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest
 	$(BIN)/ruff check .
 	$(BIN)/mypy
