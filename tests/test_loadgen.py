@@ -1,4 +1,4 @@
-"""The load generator as a user runs it, over real sockets: against a
+"""The load generator and the locustfile as a user runs them, over real sockets: against a
 SIMULATED engine (``python -m dataplane.runtime.sim``) and through a router in static mode in
 front of it, each a process started here on a free port. What they print is checked against
 what the engine counted."""
@@ -236,6 +236,52 @@ def test_a_trace_replay_stops_sending_at_the_duration(engine, tmp_path):
     total = summary(run)
     # At 10x the rows fall 0.1 s apart: those at 0.0 .. 0.9 s go, the other 10 do not.
     assert total["sent"] == total["ok"] == 10 and total["ttft"].startswith("p50 ")
+
+
+@pytest.fixture(scope="module")
+def locust_run(
+    router, tmp_path_factory
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict[str, str]]]:
+    """bench/locustfile.py headless through the router for 5 s: its run and its CSV stats by name."""
+    folder = tmp_path_factory.mktemp("locust")
+    locust = Path(sys.executable).with_name("locust")
+    bench = Path(__file__).resolve().parent.parent / "bench" / "locustfile.py"
+    run = subprocess.run(
+        [
+            *(
+                str(locust),
+                "-f",
+                str(bench),
+                "--headless",
+                "-u",
+                "4",
+                "-r",
+                "4",
+                "-t",
+                "5s",
+                "--only-summary",
+            ),
+            *("--host", router, "--model", MODEL, "--csv", str(folder / "locust")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=folder,
+    )
+    with (folder / "locust_stats.csv").open() as f:
+        return run, {row["Name"]: row for row in csv.DictReader(f)}
+
+
+def test_locust_streams_completions_through_the_router(locust_run):
+    run, rows = locust_run
+    assert int(rows["/v1/completions"]["Request Count"]) > 0, run.stderr[-3000:]
+
+
+@ROUTER_CUTS_CLOSE_DELIMITED_STREAMS
+def test_locust_streams_through_the_router_without_failures(locust_run):
+    run, rows = locust_run
+    assert int(rows["/v1/completions"]["Failure Count"]) == 0, run.stderr[-3000:]
+    assert int(rows["time to first token"]["Request Count"]) > 0
 
 
 def test_nothing_answering_is_a_clear_error():
