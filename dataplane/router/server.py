@@ -40,13 +40,14 @@ from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pars
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
 from dataplane.wire.load_samples import Sample
+from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
 
 log = logging.getLogger("dataplane.router")
 
 COMPLETIONS = b"/v1/completions"
 CHAT = b"/v1/chat/completions"
-PROMETHEUS_TEXT = b"content-type: text/plain; version=0.0.4\r\n"
+PROMETHEUS_TEXT = b"content-type: %s\r\n" % CONTENT_TYPE.encode()
 # Answers that say the pod is broken count toward its ejection like a refused connection; a 503
 # (overloaded, draining) or a 4xx is the pod working as it should.
 POD_FAULTS = frozenset({500, 502, 504})
