@@ -10,5 +10,6 @@ COPY capacity capacity
 COPY dataplane dataplane
 RUN pip install . && python -c "import dataplane"
 USER 10001
-EXPOSE 8080
+# 8080 tenants; 9090 operators (--admin-listen: /metrics), kept off the tenants' Service
+EXPOSE 8080 9090
 ENTRYPOINT ["python", "-m", "dataplane.router"]

@@ -133,6 +133,21 @@ def test_the_router_and_the_driver_agree_on_the_runtime_namespace(documents):
     assert args[args.index("--endpointslices") + 1] == env["data"]["KUBERNETES_NAMESPACE"] == "mu-runtime"
 
 
+def test_the_router_serves_metrics_on_its_admin_port_and_prometheus_scrapes_it(documents):
+    router = next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "router")
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    admin_port = int(args[args.index("--admin-listen") + 1].rpartition(":")[2])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["admin"] == admin_port != ports["http"]
+    annotations = router["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(admin_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    service = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "router")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]  # tenants never reach it
+
+
 def test_the_runtime_deployments_the_driver_generates_validate(documents):
     """What the control plane will create at run time, with the dev overlay's settings."""
     from dataplane.cluster.driver import Deployment

@@ -2,7 +2,11 @@
 
     python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
     python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 --key <operator key> \\
-        [--redis redis://...] [--workers 4] [--endpointslices mu-runtime]
+        [--redis redis://...] [--workers 4] [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090]
+
+``--admin-listen HOST:PORT`` serves the operator endpoints (``/metrics``, and ``/health`` for
+probes) on a listener of their own, to be kept off the tenants' network; without it they answer
+on the main listener to loopback clients only.
 
 ``--endpointslices NAMESPACE`` (on Kubernetes) takes each endpoint's pods from the
 EndpointSlices of that namespace instead of the control plane's pod list
@@ -46,9 +50,25 @@ def raise_nofile_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def listen_address(text: str) -> tuple[str, int]:
+    """ "host:port" (an IPv6 host in brackets) -> (host, port); argparse reports the error."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected host:port (port 0-65535), got {text!r}")
+    return host, int(port)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dataplane.router", description=__doc__.split("\n")[0])
-    p.add_argument("--listen", default="127.0.0.1:8080", help="host:port")
+    p.add_argument("--listen", type=listen_address, default="127.0.0.1:8080", help="host:port")
+    p.add_argument(
+        "--admin-listen",
+        type=listen_address,
+        default=None,
+        help="host:port of the operator endpoints (/metrics); without it they answer on --listen "
+        "to loopback clients only",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--backends", help="static mode: comma-separated pod URLs")
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
@@ -101,7 +121,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
 
 async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
     config = build_config(args)
-    host, _, port = args.listen.rpartition(":")
+    host, port = args.listen
     redis = None
     limiter: Limiter = InProcessLimiter(asyncio.get_running_loop().time)
     if args.redis:
@@ -116,6 +136,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         key=args.key,
         redis=redis,
         metrics_dir=args.metrics_dir,
+        admin_listen=args.admin_listen,
     )
     discovery: Discovery
     if args.backends:
@@ -136,13 +157,14 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
             from dataplane.router.endpointslices import EndpointSliceDiscovery
 
             discovery = EndpointSliceDiscovery(discovery, args.endpointslices)
-    await router.start(host, int(port), discovery, reuse_port=sock_reuse)
+    await router.start(host, port, discovery, reuse_port=sock_reuse)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a SIGTERM that came early lands now
-    log.warning("router listening on %s (pid %d)", args.listen, os.getpid())
+    admin = f", operator endpoints on {args.admin_listen[0]}:{router.admin_port}" if args.admin_listen else ""
+    log.warning("router listening on %s:%d%s (pid %d)", host, router.port, admin, os.getpid())
     await stop.wait()
     cut = await router.shutdown()
     if redis is not None:

@@ -70,7 +70,8 @@ class EndpointState:
                     host,
                     port,
                     f"{host}:{port}".encode(),
-                    b"x-pod: %s\r\n" % ps.name.encode(),
+                    # escaped: a name the API took with a line feed must not end the header
+                    b"x-pod: %s\r\n" % ps.name.encode("unicode_escape"),
                 )
         self.pods = pods
         # Two versions both taking traffic (a canary): pick the version first, by its share.

@@ -18,6 +18,7 @@ from pathlib import Path
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.metering import Key, Stats, merge, snapshot
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
+from dataplane.wire.prometheus_text import family_header, label_value
 
 PodGauges = list[tuple[int, str, int, float, bool]]  # (endpoint id, pod, requests, MU, ejected)
 
@@ -25,15 +26,16 @@ PodGauges = list[tuple[int, str, int, float, bool]]  # (endpoint id, pod, reques
 def prometheus_text(
     totals: dict[Key, Stats], names: dict[int, str], pods: Iterable[tuple[int, str, int, float, bool]]
 ) -> str:
-    """Cumulative counters (# TYPE lines included); pods: (endpoint id, pod, req, mu, ejected)."""
+    """Cumulative counters, with # HELP and # TYPE for every family and every label value
+    escaped; pods: (endpoint id, pod, req, mu, ejected)."""
     out: list[str] = []
-
-    def family(name: str, kind: str, help_: str) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-
-    def lbl(key: Key) -> str:
-        return f'endpoint="{names.get(key[0], key[0])}",endpoint_id="{key[0]}",tenant="{key[1]}"'
+    # each key's label set escaped once per scrape, not once per family
+    keys = sorted(totals)
+    labels = {
+        key: f'endpoint="{label_value(names.get(key[0], key[0]))}",endpoint_id="{key[0]}",'
+        f'tenant="{label_value(key[1])}"'
+        for key in keys
+    }
 
     counters = (
         ("router_requests_total", "requests", "finished requests"),
@@ -44,31 +46,34 @@ def prometheus_text(
         ("router_throttled_total", "throttled", "429 answers"),
     )
     for metric, attr, help_ in counters:
-        family(metric, "counter", help_)
-        for key, s in sorted(totals.items()):
-            out.append(f"{metric}{{{lbl(key)}}} {getattr(s, attr)}")
-    family("router_inflight_requests", "gauge", "requests in flight")
-    for key, s in sorted(totals.items()):
-        out.append(f"router_inflight_requests{{{lbl(key)}}} {s.inflight}")
-    family("router_request_duration_seconds", "histogram", "request latency")
-    for key, s in sorted(totals.items()):
+        out += family_header(metric, "counter", help_)
+        for key in keys:
+            out.append(f"{metric}{{{labels[key]}}} {getattr(totals[key], attr)}")
+    out += family_header("router_inflight_requests", "gauge", "requests in flight")
+    for key in keys:
+        out.append(f"router_inflight_requests{{{labels[key]}}} {totals[key].inflight}")
+    out += family_header("router_request_duration_seconds", "histogram", "request latency")
+    for key in keys:
+        s, lbl = totals[key], labels[key]
         cum = 0
         for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
             cum += n
             le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'router_request_duration_seconds_bucket{{{lbl(key)},le="{le}"}} {cum}')
-        out.append(f"router_request_duration_seconds_sum{{{lbl(key)}}} {s.latency_sum_s}")
-        out.append(f"router_request_duration_seconds_count{{{lbl(key)}}} {s.requests}")
-    family("router_pod_inflight_requests", "gauge", "requests in flight per pod")
-    pod_rows = list(pods)
-    for ep, pod, req, _mu, _ej in pod_rows:
-        out.append(f'router_pod_inflight_requests{{endpoint_id="{ep}",pod="{pod}"}} {req}')
-    family("router_pod_inflight_mu", "gauge", "estimated MU in flight per pod")
-    for ep, pod, _req, mu, _ej in pod_rows:
-        out.append(f'router_pod_inflight_mu{{endpoint_id="{ep}",pod="{pod}"}} {mu}')
-    family("router_pod_ejected", "gauge", "1 while a pod is ejected")
-    for ep, pod, _req, _mu, ej in pod_rows:
-        out.append(f'router_pod_ejected{{endpoint_id="{ep}",pod="{pod}"}} {int(ej)}')
+            out.append(f'router_request_duration_seconds_bucket{{{lbl},le="{le}"}} {cum}')
+        out.append(f"router_request_duration_seconds_sum{{{lbl}}} {s.latency_sum_s}")
+        out.append(f"router_request_duration_seconds_count{{{lbl}}} {s.requests}")
+    out += family_header("router_pod_inflight_requests", "gauge", "requests in flight per pod")
+    pod_rows = [
+        (f'endpoint_id="{ep}",pod="{label_value(pod)}"', req, mu, ej) for ep, pod, req, mu, ej in pods
+    ]
+    for lbl, req, _mu, _ej in pod_rows:
+        out.append(f"router_pod_inflight_requests{{{lbl}}} {req}")
+    out += family_header("router_pod_inflight_mu", "gauge", "estimated MU in flight per pod")
+    for lbl, _req, mu, _ej in pod_rows:
+        out.append(f"router_pod_inflight_mu{{{lbl}}} {mu}")
+    out += family_header("router_pod_ejected", "gauge", "1 while a pod is ejected")
+    for lbl, _req, _mu, ej in pod_rows:
+        out.append(f"router_pod_ejected{{{lbl}}} {int(ej)}")
     return "\n".join(out) + "\n"
 
 

@@ -15,6 +15,7 @@ about high water + one socket read.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -72,6 +73,20 @@ def error_body(status: int, message: str, code: str) -> bytes:
             }
         }
     ).encode()
+
+
+def loopback_peer(peer: object) -> bool:
+    """Whether a socket's peer address is loopback (127.0.0.0/8 or ::1, IPv4-mapped too); not
+    an IP address (a Unix socket) never is."""
+    if not isinstance(peer, tuple):
+        return False
+    try:
+        ip = ipaddress.ip_address(peer[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
 
 
 class RequestError(Exception):
@@ -142,6 +157,7 @@ class ClientConnection(asyncio.Protocol):
         self.flow_peer: FlowPeer | None = None  # the upstream to pause while our buffer is full
         self.response_started = False
         self.response_chunked = False
+        self._head_only = False  # answering a HEAD request: the head of the GET answer, no body
         self._head = b""  # response head not yet written: it goes out with the first body bytes
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
@@ -284,6 +300,7 @@ class ClientConnection(asyncio.Protocol):
     # --- request lifecycle
     def _start(self, req: Request) -> None:
         self.response_started = False
+        self._head_only = req.method == b"HEAD"
         self._keep_alive = req.keep_alive and not self.state.draining
         self._http11 = req.http11
         self.state.active_requests += 1
@@ -342,13 +359,15 @@ class ClientConnection(asyncio.Protocol):
 
     # --- responses (used by the handler)
     def send_response(self, status: int, headers: bytes, body: bytes) -> None:
-        """A complete response; ``headers`` are pre-encoded "Name: value\\r\\n" lines."""
+        """A complete response; ``headers`` are pre-encoded "Name: value\\r\\n" lines. To a HEAD
+        request the same head, Content-Length included, without the body (RFC 9110 9.3.2)."""
         if self.transport is None or self.closed:
             return
         self.response_started = True
         conn = b"" if self._keep_alive else b"connection: close\r\n"
         self.transport.write(
-            b"%scontent-length: %d\r\n%s%s\r\n%s" % (status_line(status), len(body), headers, conn, body)
+            b"%scontent-length: %d\r\n%s%s\r\n%s"
+            % (status_line(status), len(body), headers, conn, b"" if self._head_only else body)
         )
 
     def send_error(self, status: int, message: str, code: str, extra_headers: bytes = b"") -> None:
@@ -401,6 +420,12 @@ class ClientConnection(asyncio.Protocol):
         if self._head or tail:
             self.transport.write(self._head + tail)
         self._head = b""
+
+    def peer_is_loopback(self) -> bool:
+        """Whether the client connects from this host (asked only by operator endpoints)."""
+        return loopback_peer(
+            self.transport.get_extra_info("peername") if self.transport is not None else None
+        )
 
     def abort(self) -> None:
         """Cut the connection mid-response: the client sees a truncated body, never a wrong one."""

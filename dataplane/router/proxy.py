@@ -10,6 +10,10 @@ Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`
       -> nothing reached the client: safe to try another pod;
   lost after the head was sent -> the client's connection is cut (a truncated stream is
       detectable, a spliced one from another pod would not be): never retried.
+A body the pod delimits by closing the connection (no Content-Length, not chunked; RFC 9112
+section 6.3) ends cleanly at that close (``upstream_done``, see ``upstream``): the client gets
+it re-framed, chunked (or close-delimited to an HTTP/1.0 client), and its usage is read from
+the tail as for any other body; only a reset, or a close short of the framing, is a lost pod.
 A pod silent for ``upstream_read_timeout_s`` is treated as lost (504 before the head).
 """
 

@@ -7,6 +7,12 @@ on headroom (429 + Retry-After) -> pick a pod (queue up to ``queue_wait_s`` when
 its target concurrency; 503 + Retry-After beyond) -> forward, retrying another pod when the
 connection fails before any response byte -> meter.
 
+The router's own paths (``Router.answer``): ``/v1/models``, ``/health`` and the operator
+endpoints (``/metrics``) answer GET, HEAD (the GET head, no body) and OPTIONS (``Allow``); another
+method on a known path is 405 with ``Allow``. Operator endpoints are off the tenants' port: on the
+``--admin-listen`` listener when there is one; without it on the main listener to loopback
+clients only, and to anyone else a 404 as for an unknown path.
+
 Counters that must return to zero when the router is idle (tests assert them): every
 ``PodLoad.inflight_requests``, ``EndpointState.inflight`` and ``queued_mu``,
 ``ServerState.active_requests``, ``Pool.active`` and the queue lengths.
@@ -40,13 +46,20 @@ from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pars
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
 from dataplane.wire.load_samples import Sample
+from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
 
 log = logging.getLogger("dataplane.router")
 
 COMPLETIONS = b"/v1/completions"
 CHAT = b"/v1/chat/completions"
-PROMETHEUS_TEXT = b"content-type: text/plain; version=0.0.4\r\n"
+PROMETHEUS_TEXT = b"content-type: %s\r\n" % CONTENT_TYPE.encode()
+# The methods each path answers (the Allow header of OPTIONS and 405); HEAD is GET without a body.
+PROXIED = (b"POST", b"OPTIONS")
+READ_ONLY = (b"GET", b"HEAD", b"OPTIONS")
+TENANT_PATHS = {COMPLETIONS: PROXIED, CHAT: PROXIED, b"/v1/models": READ_ONLY, b"/health": READ_ONLY}
+# Served on the admin listener (/health too, for probes there); on the main one to loopback only.
+OPERATOR_PATHS = {b"/metrics": READ_ONLY, b"/health": READ_ONLY}
 # Answers that say the pod is broken count toward its ejection like a refused connection; a 503
 # (overloaded, draining) or a 4xx is the pod working as it should.
 POD_FAULTS = frozenset({500, 502, 504})
@@ -76,9 +89,12 @@ class Router:
         redis: Any = None,
         seed: int | None = None,
         metrics_dir: str | None = None,
+        admin_listen: tuple[str, int] | None = None,
     ) -> None:
         self.config = config
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
+        # (host, port) of the operator endpoints' listener; None: the main one, loopback only
+        self.admin_listen = admin_listen
         self.clock = time.monotonic
         self.admission = make_admission(DEFAULT_ADMISSION, limiter or InProcessLimiter(self.clock), config)
         self.fetch: Fetch = fetch
@@ -99,35 +115,63 @@ class Router:
         )
         self.meter = Meter(self.clock())
         self.state = ServerState(config, self.handle)
+        self.admin_state = ServerState(config, self.handle_admin)
         self.table_loaded = asyncio.Event()
         self._probe_header = config.probe_header.lower().encode()
         self._probing: set[balancer.PodLoad] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.AbstractServer | None = None
+        self._admin_server: asyncio.AbstractServer | None = None
 
     # --- the hot path
     async def handle(self, client: ClientConnection, req: Request) -> None:
-        """Route by path; a ``RequestError`` on the way becomes its OpenAI-style answer."""
+        """The main listener: proxy completions, else the router's own answers."""
         path = req.path.partition(b"?")[0]
         try:
-            if path == COMPLETIONS or path == CHAT:
-                if req.method != b"POST":
-                    raise RequestError(405, "use POST", "method_not_allowed")
+            if req.method == b"POST" and (path == COMPLETIONS or path == CHAT):
                 await self.proxy(client, req)
-            elif path == b"/v1/models" and req.method == b"GET":
-                client.send_json(200, self.models(req))
-            elif path == b"/metrics" and req.method == b"GET":
-                text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
-                client.send_response(200, PROMETHEUS_TEXT, text.encode())
-            elif path == b"/health" and req.method == b"GET":
-                ready = self.table is not None and not self.state.draining
-                client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
-            else:
-                raise RequestError(
-                    404, f"no route for {req.method.decode()} {path.decode('latin-1')}", "not_found"
-                )
+                return
+            methods = TENANT_PATHS.get(path)
+            if methods is None and self.admin_listen is None and path in OPERATOR_PATHS:
+                methods = OPERATOR_PATHS[path] if client.peer_is_loopback() else None
+            self.answer(client, req, path, methods)
         except RequestError as e:
             client.send_error(e.status, e.message, e.code, e.headers)
+
+    async def handle_admin(self, client: ClientConnection, req: Request) -> None:
+        """The admin listener (``--admin-listen``): the operator endpoints only."""
+        path = req.path.partition(b"?")[0]
+        try:
+            self.answer(client, req, path, OPERATOR_PATHS.get(path))
+        except RequestError as e:
+            client.send_error(e.status, e.message, e.code, e.headers)
+
+    def answer(
+        self, client: ClientConnection, req: Request, path: bytes, methods: tuple[bytes, ...] | None
+    ) -> None:
+        """The router's own answer on ``path``, which takes ``methods`` (None: not served here)."""
+        method = req.method
+        if methods is None:
+            raise RequestError(404, f"no route for {method.decode()} {path.decode('latin-1')}", "not_found")
+        allow = b"allow: %s\r\n" % b", ".join(methods)
+        if method == b"OPTIONS":
+            client.send_response(200, allow, b"")
+        elif method not in methods:
+            raise RequestError(
+                405,
+                f"{method.decode()} is not allowed on {path.decode('latin-1')}; "
+                f"use {b', '.join(m for m in methods if m != b'OPTIONS').decode()}",
+                "method_not_allowed",
+                allow,
+            )
+        elif path == b"/v1/models":
+            client.send_json(200, self.models(req))
+        elif path == b"/metrics":
+            text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
+            client.send_response(200, PROMETHEUS_TEXT, text.encode())
+        else:  # /health
+            ready = self.table is not None and not self.state.draining
+            client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
 
     async def proxy(self, client: ClientConnection, req: Request) -> None:
         """Price the request, admit it, forward it (queueing, retrying), meter what it cost."""
@@ -408,10 +452,23 @@ class Router:
                 reuse_port=reuse_port or None,
                 backlog=self.config.backlog,
             )
+        if self.admin_listen is not None:
+            admin_host, admin_port = self.admin_listen
+            self._admin_server = await loop.create_server(
+                lambda: ClientConnection(self.admin_state),
+                admin_host,
+                admin_port,
+                reuse_port=reuse_port or None,
+            )
 
     @property
     def port(self) -> int:
         server = cast(asyncio.Server, self._server)
+        return int(server.sockets[0].getsockname()[1])
+
+    @property
+    def admin_port(self) -> int:
+        server = cast(asyncio.Server, self._admin_server)
         return int(server.sockets[0].getsockname()[1])
 
     async def shutdown(self, drain_timeout_s: float | None = None) -> int:
@@ -422,6 +479,10 @@ class Router:
         st.draining = True
         if self._server is not None:
             self._server.close()
+        if self._admin_server is not None:
+            self._admin_server.close()  # its answers are immediate: nothing to drain
+            for c in list(self.admin_state.connections):
+                c.abort()
         for c in list(st.connections):
             c.close_when_idle()
         deadline = self.clock() + timeout
@@ -448,7 +509,8 @@ class Router:
                 t.cancel()
         await asyncio.sleep(0)  # let aborted connections run connection_lost
         self.pool.close_all()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        for server in (self._server, self._admin_server):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
         return cut

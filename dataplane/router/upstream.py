@@ -6,6 +6,12 @@ An ``UpstreamConnection`` parses the response with httptools and hands head, bod
 the end to a ``Sink`` (the proxy's exchange) synchronously, so a streamed chunk goes from the
 pod's socket to the client's socket without a task switch.
 
+The end of a response (RFC 9112 section 6.3): chunked and Content-Length bodies end where their
+framing says, and a close before that is the pod lost. A body with neither ends when the pod
+closes the connection (``ends_at_close``, asked only then, so it costs the hot path nothing): a
+clean close (FIN) is that body's end, as complete as a chunked body's last chunk; a reset is
+still the pod lost.
+
 ``fetch`` is a small one-shot client for the control plane, pod probes and wake calls.
 """
 
@@ -42,6 +48,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.keep_alive = True
         self.bytes_received = 0  # of the current response, bytes
         self.last_activity = 0.0  # monotonic s of the last byte from the pod
+        self.status = 0  # of the current response once its head is parsed, else 0
         self._headers: list[tuple[bytes, bytes]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -50,7 +57,11 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         sink, self.sink = self.sink, None
-        if sink is not None:
+        if sink is None:
+            return
+        if exc is None and self.status and ends_at_close(self.status, self._headers):
+            sink.upstream_done()  # httptools has no end-of-input call: the clean close ends it here
+        else:
             sink.upstream_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -83,6 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.sink = sink
         self.bytes_received = 0
         self.last_activity = time.monotonic()
+        self.status = 0
         self._headers = []
         self.transport.write(data)
 
@@ -97,8 +109,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()
+        self.status = self.parser.get_status_code()
         if self.sink is not None:
-            self.sink.upstream_head(self.parser.get_status_code(), self._headers)
+            self.sink.upstream_head(self.status, self._headers)
 
     def on_body(self, body: bytes) -> None:
         if self.sink is not None:
@@ -108,6 +121,26 @@ class UpstreamConnection(asyncio.Protocol):
         sink, self.sink = self.sink, None
         if sink is not None:
             sink.upstream_done()
+
+
+def ends_at_close(status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a response's body is delimited by the connection closing (RFC 9112 6.3): a status
+    that has a body, and neither chunked as the final transfer coding nor a Content-Length (a
+    Transfer-Encoding without chunked last also reads to the close). Only asked of responses to
+    requests with a body allowed: the router sends pods no HEAD and no CONNECT."""
+    if status < 200 or status in (204, 304):
+        return False
+    codings = b""
+    length = False
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            codings = value  # repeated: the last one holds the final coding
+        elif lower == b"content-length":
+            length = True
+    if codings:
+        return codings.rpartition(b",")[2].strip().lower() != b"chunked"
+    return not length
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -201,9 +234,7 @@ class _Collect:
         pass
 
     def upstream_lost(self, exc: BaseException | None) -> None:
-        if self.status and exc is None and not self.done.done():
-            self.done.set_result(None)  # a body delimited by the connection closing
-        elif not self.done.done():
+        if not self.done.done():
             self.done.set_exception(ConnectionError(f"connection lost: {exc!r}"))
 
 

@@ -40,6 +40,7 @@ from dataplane.runtime.minihttp import (
 )
 from dataplane.runtime.openai_api import ApiError, ParsedRequest
 from dataplane.runtime.profiles import PROFILES, get_profile
+from dataplane.wire.prometheus_text import family_header, label_value
 
 log = logging.getLogger("dataplane.runtime.sim")
 
@@ -286,33 +287,44 @@ class SimEngine:
             perf_model.abort(self.state, request_id)
 
     def render_metrics(self) -> str:
-        labels = f'model_name="{self.profile.model}",engine="0"'
+        """vLLM's families and HELP texts (vllm/v1/metrics/loggers.py of vllm 0.32.0), label
+        values escaped: a served model name is the endpoint's, whatever characters it holds."""
+        labels = f'model_name="{label_value(self.profile.model)}",engine="0"'
         waiting = len(self.state.waiting)
         running = len(self.state.running)
         lines = [
-            "# HELP vllm:sim_info Simulated engine (no model, no GPU).",
-            "# TYPE vllm:sim_info gauge",
-            f'vllm:sim_info{{{labels},profile="{self.profile.name}"}} 1',
-            "# TYPE vllm:num_requests_running gauge",
+            *family_header("vllm:sim_info", "gauge", "Simulated engine (no model, no GPU)."),
+            f'vllm:sim_info{{{labels},profile="{label_value(self.profile.name)}"}} 1',
+            *family_header(
+                "vllm:num_requests_running", "gauge", "Number of requests in model execution batches."
+            ),
             f"vllm:num_requests_running{{{labels}}} {running}",
-            "# TYPE vllm:num_requests_waiting gauge",
+            *family_header(
+                "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."
+            ),
             f"vllm:num_requests_waiting{{{labels}}} {waiting}",
-            "# TYPE vllm:kv_cache_usage_perc gauge",
+            *family_header("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
             f"vllm:kv_cache_usage_perc{{{labels}}} {perf_model.kv_usage(self.profile, self.state)}",
-            "# TYPE vllm:prompt_tokens_total counter",
+            *family_header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
             f"vllm:prompt_tokens_total{{{labels}}} {self.prompt_tokens_total}",
-            "# TYPE vllm:generation_tokens_total counter",
+            *family_header(
+                "vllm:generation_tokens_total", "counter", "Number of generation tokens processed."
+            ),
             f"vllm:generation_tokens_total{{{labels}}} {self.generation_tokens_total}",
-            "# TYPE vllm:request_success_total counter",
+            *family_header(
+                "vllm:request_success_total", "counter", "Count of successfully processed requests."
+            ),
         ]
         for reason, n in self.success_total.items():
-            lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}')
-        for name, hist in (
-            ("vllm:e2e_request_latency_seconds", self.e2e),
-            ("vllm:time_to_first_token_seconds", self.ttft),
-            ("vllm:inter_token_latency_seconds", self.itl),
+            lines.append(
+                f'vllm:request_success_total{{{labels},finished_reason="{label_value(reason)}"}} {n}'
+            )
+        for name, help_, hist in (
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e),
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl),
         ):
-            lines.append(f"# TYPE {name} histogram")
+            lines += family_header(name, "histogram", help_)
             lines += hist.render(name, labels)
         return "\n".join(lines) + "\n"
 

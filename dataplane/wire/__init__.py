@@ -9,6 +9,8 @@ of these formats is spelled outside its module, so a rename on one side cannot g
                    -> autoscaler)
     routing_table  the routing table (control plane -> routers)
     pod_events     the events a pod posts (prober, supervisor, agent -> control plane)
+    prometheus_text  the rules of the Prometheus text scrapes we serve (router, simulated
+                   engine -> Prometheus): label escaping, HELP and TYPE per family
 
 The control plane imports these modules; they import neither Django nor ``controlplane``.
 """

@@ -119,6 +119,16 @@ async def call(
     return await fetch(f"http://127.0.0.1:{router.port}{path}", method, h, data, timeout)
 
 
+async def scrape(router: Router) -> dict[str, Any]:
+    """GET /metrics from loopback, parsed by prometheus_client: family name -> family (a
+    counter's family drops the ``_total`` of its samples' name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, _, body = await call(router, path="/metrics", method="GET")
+    assert status == 200, body
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
 def error_of(body: bytes) -> dict[str, Any]:
     doc = json.loads(body)
     assert set(doc["error"]) >= {"message", "type", "code"}

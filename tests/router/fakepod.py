@@ -4,9 +4,12 @@ Behaviour per request, chosen by the pod's ``mode`` or the request's ``x-fake`` 
   ok        JSON completion with usage (prompt 10, completion 20 tokens)
   stream    SSE: ``chunks`` events ``delay_s`` apart, then a usage event and [DONE]
   close     read the request, close the connection without answering (retry before first byte)
-  break     start a stream, send one event, then close (no retry after the first byte)
+  break     start a stream, send one event, then close, or reset when the framing is "close"
+            (no retry after the first byte)
   hold      answer nothing until released (queueing, drain)
   error     500 JSON
+A 200 answer is framed by ``framing``: "chunked" (streams; JSON has a Content-Length) or "close"
+(no Content-Length, no chunks: the body ends when the pod closes the connection, RFC 9112 6.3).
 Counts requests and open connections so tests can assert what reached which pod.
 """
 
@@ -15,6 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Drop the connection with a TCP reset (SO_LINGER 0), not the FIN of a clean close."""
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 class FakePod:
@@ -24,6 +35,7 @@ class FakePod:
         self.chunks = chunks
         self.delay_s = delay_s
         self.pad = 0  # extra bytes of text per streamed event
+        self.framing = "chunked"  # or "close": 200 bodies delimited by closing the connection
         self.requests = 0
         self.health_checks = 0
         self.health_ok = True
@@ -87,27 +99,33 @@ class FakePod:
                         b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
                     )
                 elif mode in ("stream", "break"):
+                    framed = self.framing == "chunked"
                     writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                        b"transfer-encoding: chunked\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n%s\r\n"
+                        % (b"transfer-encoding: chunked\r\n" if framed else b"")
                     )
                     n = 1 if mode == "break" else self.chunks
                     try:
                         for i in range(n):
                             ev = b'data: {"choices": [{"text": "t%d%s"}]}\n\n' % (i, b"y" * self.pad)
-                            writer.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                            writer.write(b"%x\r\n%s\r\n" % (len(ev), ev) if framed else ev)
                             await writer.drain()
                             await asyncio.sleep(self.delay_s)
                         if mode == "break":
+                            if not framed:  # a clean close would end the body: only a reset cuts it
+                                reset(writer)
                             return
                         ev = (
                             b'data: {"choices": [], "usage": {"prompt_tokens": 10, '
                             b'"completion_tokens": %d, "total_tokens": %d}}\n\ndata: [DONE]\n\n' % (n, 10 + n)
                         )
-                        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev) if framed else ev)
                     except (ConnectionError, OSError):
                         self.cancelled += 1
                         return
+                    if not framed:
+                        await writer.drain()
+                        return  # the close ends the body
                 else:
                     payload = json.dumps(
                         {
@@ -118,10 +136,13 @@ class FakePod:
                             "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
                         }
                     ).encode()
+                    length = b"content-length: %d\r\n" % len(payload) if self.framing == "chunked" else b""
                     writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%s\r\n%s" % (length, payload)
                     )
+                    if not length:
+                        await writer.drain()
+                        return  # the close ends the body
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.LimitOverrunError):
             pass
