@@ -104,10 +104,9 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # once the 20-s window is full of it. The first passes see the window partly loaded and
         # ask for 2, then 3; their pods drain the queue, which then no longer counts, and the
         # requests in flight fill the window alone: 4 about 40 s into the load. The load
-        # generator is the one a newcomer runs (README); whole answers (--no-stream) until the
-        # router ends the simulated engine's close-delimited streams cleanly (issue 18 item 2).
+        # generator is the one a newcomer runs (README).
         load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
-                      "--stages", "70x24", "--max-tokens", "300", "--no-stream"], env, log)  # fmt: skip
+                      "--stages", "70x24", "--max-tokens", "300"], env, log)  # fmt: skip
         loaded = time.monotonic()
         try:
             wait_until(lambda: replicas(chat)[0] >= 4, timeout=75, interval=0.5)

@@ -25,12 +25,6 @@ from dataplane.loadgen.__main__ import main
 from tests.runtime.support import SimProcess, answers, free_port, metric_value, sim_engine, wait_until
 
 MODEL = "sim-tiny"  # what the tiny-test profile serves
-ROUTER_CUTS_CLOSE_DELIMITED_STREAMS = pytest.mark.xfail(
-    strict=True,
-    reason="the router takes the simulated engine's close-delimited end of a stream for a lost pod "
-    "and cuts the client's chunked stream (issue 18 item 2, dataplane/router/proxy.py; or item 1, "
-    "an engine that sends chunked streams): remove this mark when that fix lands",
-)
 SUMMARY = re.compile(
     r"^total (?P<elapsed>\d+)s\s+sent\s+(?P<sent>\d+)\s+ok\s+(?P<ok>\d+)\s+errors (?P<errors>.+?)"
     r"\s+req/s .*\s+ttft (?P<ttft>-|p50 \S+ p99 \S+)\s+itl (?P<itl>-|p50 \S+ p99 \S+)$",
@@ -148,7 +142,6 @@ def test_a_run_through_the_router_counts_every_request_it_sent(router_run):
     assert total["ok"] + sum(int(n) for n in total["errors"].values()) == total["sent"]
 
 
-@ROUTER_CUTS_CLOSE_DELIMITED_STREAMS
 def test_streams_through_the_router_end_cleanly_with_ttft_and_itl(router_run):
     run, _ = router_run
     total = summary(run)
@@ -277,7 +270,6 @@ def test_locust_streams_completions_through_the_router(locust_run):
     assert int(rows["/v1/completions"]["Request Count"]) > 0, run.stderr[-3000:]
 
 
-@ROUTER_CUTS_CLOSE_DELIMITED_STREAMS
 def test_locust_streams_through_the_router_without_failures(locust_run):
     run, rows = locust_run
     assert int(rows["/v1/completions"]["Failure Count"]) == 0, run.stderr[-3000:]

@@ -66,10 +66,8 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
         hello = {"model": "chat", "prompt": "hi", "max_tokens": 4}
         control_until(lambda: post(f"{router}/v1/completions", hello, tenant_key)[0] == 200, timeout=20)
 
-        # Whole answers (--no-stream) until the router ends the simulated engine's close-delimited
-        # streams cleanly (issue 18 item 2); today it cuts every stream.
         load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
-                      "--stages", "30x8", "--max-tokens", "100", "--no-stream"], env, log)  # fmt: skip
+                      "--stages", "30x8", "--max-tokens", "100"], env, log)  # fmt: skip
         try:
             time.sleep(3)  # the load runs on v1 first
             api = APIClient()  # the tenant changes the model through the API
