@@ -10,10 +10,10 @@ ignores it; ``vllm_serve`` says why the ``vllm`` console script is no use under 
 Scheduling is always ``--scheduling-policy priority`` so that the prober's top-priority probe
 jumps the queue; the queue is the one engine's, whichever API server a request came through.
 Thread pools are sized from the container's CPU limit (``cgroup``). SIGTERM/SIGINT are
-forwarded to the engine's first process, which stops the rest: one API server stops its engine
-client; with N, the parent stops the API servers, then the engine (``run_multi_api_server``,
-vllm/entrypoints/cli/serve.py). vLLM 0.32 aborts in-flight requests on SIGTERM unless
-``--shutdown-timeout S`` (after ``--``) lets them finish for S seconds.
+forwarded to the process the launcher started, which stops the rest: one API server stops its
+engine client and so the engine; with N, vLLM's parent process stops the API servers, then the
+engine (``run_multi_api_server``, vllm/entrypoints/cli/serve.py). Either way vLLM 0.32 aborts
+in-flight requests unless ``--shutdown-timeout S`` (after ``--``) lets them finish for S s.
 """
 
 from __future__ import annotations
