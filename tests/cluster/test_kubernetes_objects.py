@@ -30,7 +30,17 @@ VLLM = Deployment(
     "ep-7",
     1,
     "vllm",
-    ("--model", "/models/llama-70b", "--tensor-parallel-size", "4", "--", "--gpu-memory-utilization", "0.9"),
+    (
+        "--model",
+        "/models/llama-70b",
+        "--tensor-parallel-size",
+        "4",
+        "--api-server-count",
+        "4",
+        "--",
+        "--gpu-memory-utilization",
+        "0.9",
+    ),
     16,
     {"endpoint": "7", "tenant": "Globex Corp."},
 )
@@ -64,7 +74,15 @@ def test_vllm_pods_get_their_gpus_and_the_drain_time_goes_before_vllms_own_argum
     (c,) = d["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "mu/runtime-vllm:0.1.0"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert c["args"][-5:] == ["--grace", "30", "--", "--gpu-memory-utilization", "0.9"]
+    assert c["args"][-7:] == [
+        "--api-server-count",
+        "4",
+        "--grace",
+        "30",
+        "--",
+        "--gpu-memory-utilization",
+        "0.9",
+    ]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert d["metadata"]["labels"]["mu/tenant"] == label_value("Globex Corp.") != "Globex Corp."
     sim = deployment_manifest(SIM, CONFIG)["spec"]["template"]["spec"]["containers"][0]

@@ -102,6 +102,16 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Live descendants of ``pid``: its children, theirs, and so on, from /proc."""
+    found, stack = [], [pid]
+    while stack:
+        children = child_pids(stack.pop())
+        found += children
+        stack += children
+    return found
+
+
 @dataclass
 class SimProcess:
     port: int

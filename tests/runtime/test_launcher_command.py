@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from dataplane.runtime.launcher import VLLM_MODULE, VllmSpec, build_command
+import importlib.util
+
+import pytest
+
+from dataplane.runtime import launcher, pod
+from dataplane.runtime.launcher import SERVE_MODULE, VLLM_MODULE, VllmSpec, build_command
 
 
 def test_minimal_spec_uses_module_entrypoint_and_priority_scheduling() -> None:
@@ -57,3 +62,90 @@ def test_full_spec() -> None:
 def test_kv_cache_quantization_is_opt_in() -> None:
     cmd = build_command(VllmSpec(model="/m", kv_cache_dtype="fp8", python="py"))
     assert cmd[cmd.index("--kv-cache-dtype") + 1] == "fp8"
+
+
+def test_one_api_server_is_the_api_server_module_without_the_flag() -> None:
+    default = build_command(VllmSpec(model="/m", python="py"))
+    assert build_command(VllmSpec(model="/m", api_server_count=1, python="py")) == default
+    assert "--api-server-count" not in default
+
+
+def test_several_api_servers_run_under_vllm_serve_with_the_model_first() -> None:
+    cmd = build_command(VllmSpec(model="/m", api_server_count=4, extra_args=("--seed", "1"), python="py"))
+    assert cmd == [
+        "py",
+        "-m",
+        "dataplane.runtime.vllm_serve",
+        "/m",  # `vllm serve MODEL`: positional (its parser warns on --model)
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--dtype",
+        "auto",
+        "--kv-cache-dtype",
+        "auto",
+        "--scheduling-policy",
+        "priority",
+        "--api-server-count",
+        "4",
+        "--seed",
+        "1",
+    ]
+    assert SERVE_MODULE == "dataplane.runtime.vllm_serve" and importlib.util.find_spec(SERVE_MODULE)
+
+
+@pytest.mark.parametrize("count", [0, -2, True, 1.5])
+def test_an_api_server_count_below_one_or_not_an_integer_is_refused(count: object) -> None:
+    with pytest.raises(ValueError, match=rf"--api-server-count must be an integer >= 1, got {count!r}"):
+        VllmSpec(model="/m", api_server_count=count)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "arg", ["--api-server-count", "-asc", "--api-server-count=2", "--api_server_count", "--api-server"]
+)
+def test_api_server_count_among_vllms_own_arguments_is_refused(arg: str) -> None:
+    # After `--`, vllm.entrypoints.openai.api_server would parse it and run one server all the same.
+    with pytest.raises(ValueError, match=r"after --\): give --api-server-count N to the launcher"):
+        VllmSpec(model="/m", extra_args=(arg, "2"))
+
+
+def test_other_api_flags_pass_through() -> None:
+    cmd = build_command(VllmSpec(model="/m", extra_args=("--api-key", "k"), python="py"))
+    assert cmd[-2:] == ["--api-key", "k"]
+
+
+def test_the_launcher_flag_names_itself_and_the_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match=r"--api-server-count must be an integer >= 1, got 0"):
+        launcher.main(["--model", "/m", "--api-server-count", "0"])
+    with pytest.raises(SystemExit):
+        launcher.main(["--model", "/m", "--api-server-count", "two"])
+    assert "argument --api-server-count: invalid int value: 'two'" in capsys.readouterr().err
+
+
+def test_the_pod_flag_reaches_the_vllm_command() -> None:
+    args, extra = pod.parse_args(
+        [
+            "--engine",
+            "vllm",
+            "--port",
+            "8000",
+            "--probe-port",
+            "8001",
+            "--model",
+            "/m",
+            "--api-server-count",
+            "2",
+        ]
+    )
+    cmd, _ = pod.engine_command(args, extra)
+    assert cmd[1:4] == ["-m", SERVE_MODULE, "/m"]
+    assert cmd[cmd.index("--api-server-count") + 1] == "2"
+
+
+def test_the_simulated_engine_refuses_several_api_servers() -> None:
+    args, extra = pod.parse_args(
+        ["--engine", "sim", "--port", "8000", "--probe-port", "8001", "--api-server-count", "2"]
+    )
+    with pytest.raises(SystemExit, match=r"--api-server-count 2: the simulated engine is one process"):
+        pod.engine_command(args, extra)

