@@ -156,8 +156,9 @@ def test_the_async_client_streams_too(static_router):
 @pytest.mark.django_db(transaction=True)
 def test_the_sdk_gets_openai_errors_from_a_control_plane_router(live_server, owner, other, make_endpoint):
     chat = make_endpoint(owner, "chat")
-    # 1 MU/min, no best effort: the first long request fits the burst, the next are throttled.
-    sell(chat, mu_per_minute=1, best_effort_allowed=False, sold_by="test")
+    # 10 MU/min, no best effort: a burst of 10 s is 1.7 MU, so the small requests below fit and
+    # 400-token ones (1.6 MU each) are soon throttled.
+    sell(chat, mu_per_minute=10, best_effort_allowed=False, sold_by="test")
     _, operator = ApiKey.issue(name="router", tenant=None)
     _, owner_key = ApiKey.issue(name="app", tenant=owner)
     _, other_key = ApiKey.issue(name="app", tenant=other)
@@ -188,5 +189,5 @@ def test_the_sdk_gets_openai_errors_from_a_control_plane_router(live_server, own
             assert "".join(c.choices[0].text for c in streamed if c.choices)
             with pytest.raises(openai.RateLimitError) as throttled:
                 for _ in range(20):
-                    owner_client.completions.create(model="chat", prompt=PROMPT, max_tokens=2000)
+                    owner_client.completions.create(model="chat", prompt=PROMPT, max_tokens=400)
             assert float(throttled.value.response.headers["retry-after"]) > 0

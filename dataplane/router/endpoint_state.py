@@ -10,6 +10,7 @@ holds them and wakes them (``wake_one`` when a pod frees up, ``wake_all`` on a r
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from dataplane.router import balancer
@@ -26,6 +27,7 @@ class EndpointState:
     def __init__(self, spec: RoutedEndpoint, config: RouterConfig) -> None:
         self.spec = spec
         self.config = config
+        self.created = int(time.time())  # unix s this router first served it: the model's `created`
         self.policy = balancer.make_policy(spec.policy)
         self.pods: list[balancer.PodLoad] = []
         self.addresses: dict[str, tuple[str, int, bytes, bytes]] = {}  # url -> host, port, host hdr, pod hdr

@@ -134,7 +134,7 @@ class Router:
             methods = TENANT_PATHS.get(path)
             if methods is None and self.admin_listen is None and path in OPERATOR_PATHS:
                 methods = OPERATOR_PATHS[path] if client.peer_is_loopback() else None
-            self.answer(client, req, path, methods)
+            await self.answer(client, req, path, methods)
         except RequestError as e:
             client.send_error(e.status, e.message, e.code, e.headers)
 
@@ -142,11 +142,11 @@ class Router:
         """The admin listener (``--admin-listen``): the operator endpoints only."""
         path = req.path.partition(b"?")[0]
         try:
-            self.answer(client, req, path, OPERATOR_PATHS.get(path))
+            await self.answer(client, req, path, OPERATOR_PATHS.get(path))
         except RequestError as e:
             client.send_error(e.status, e.message, e.code, e.headers)
 
-    def answer(
+    async def answer(
         self, client: ClientConnection, req: Request, path: bytes, methods: tuple[bytes, ...] | None
     ) -> None:
         """The router's own answer on ``path``, which takes ``methods`` (None: not served here)."""
@@ -165,7 +165,7 @@ class Router:
                 allow,
             )
         elif path == b"/v1/models":
-            client.send_json(200, self.models(req))
+            client.send_json(200, await self.models(req))
         elif path == b"/metrics":
             text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
@@ -360,13 +360,40 @@ class Router:
             )
         return ep
 
-    def models(self, req: Request) -> dict[str, Any]:
+    async def models(self, req: Request) -> dict[str, Any]:
+        """The tenant's endpoints as OpenAI models (vLLM's ModelCard fields). In static mode the
+        router knows no model names, so it lists what a ready pod serves."""
         tenant = self.tenant_of(req)
+        endpoints = self.by_tenant.get(tenant, {})
+        if STATIC_ENDPOINT in endpoints:
+            return await self.pod_models(endpoints[STATIC_ENDPOINT])
         data = [
-            {"id": name, "object": "model", "owned_by": tenant or "router", "root": ep.spec.model}
-            for name, ep in sorted(self.by_tenant.get(tenant, {}).items())
+            {
+                "id": name,
+                "object": "model",
+                "created": ep.created,
+                "owned_by": tenant or "router",
+                "root": ep.spec.model,
+            }
+            for name, ep in sorted(endpoints.items())
         ]
         return {"object": "list", "data": data}
+
+    async def pod_models(self, ep: EndpointState) -> dict[str, Any]:
+        """The model list of the first ready pod that answers it; 503 when none does."""
+        for pod in [p for p in ep.pods if p.ready and not p.ejected]:
+            try:
+                status, _, body = await self.fetch(
+                    f"{pod.url}/v1/models", "GET", {}, b"", self.config.upstream_read_timeout_s
+                )
+                listed = json.loads(body) if status == 200 else None
+            except (OSError, TimeoutError, ConnectionError, ValueError):
+                continue
+            if isinstance(listed, dict) and isinstance(listed.get("data"), list):
+                return listed
+        raise RequestError(
+            503, "no pod answers /v1/models", "no_pods", b"retry-after: %d\r\n" % self.config.retry_after_s
+        )
 
     # --- background work
     def _spawn(self, coro: Awaitable[None]) -> None:
