@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane.runtime import minihttp
+from dataplane.runtime import http_client
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -68,7 +68,8 @@ async def wait_healthy(ports: list[int], timeout_s: float) -> None:
     while pending and time.monotonic() < deadline:
         for port in list(pending):
             try:
-                if (await minihttp.request("GET", "127.0.0.1", port, "/health", timeout_s=1)).status == 200:
+                answer = await http_client.request("GET", "127.0.0.1", port, "/health", timeout_s=1)
+                if answer.status == 200:
                     pending.discard(port)
             except (OSError, TimeoutError):
                 pass
@@ -95,7 +96,7 @@ async def drive_load(
         async with sem:
             start = time.monotonic()
             try:
-                resp = await minihttp.request(
+                resp = await http_client.request(
                     "POST", "127.0.0.1", port, "/v1/completions", body=body, timeout_s=30
                 )
                 ok += resp.status == 200

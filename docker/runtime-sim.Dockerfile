@@ -9,7 +9,10 @@ COPY pyproject.toml ./
 COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
-RUN pip install --no-deps . && python -c "import dataplane.runtime.sim"
+# Of the package's dependencies the pod needs only its HTTP server's (pyproject.toml: uvicorn,
+# httptools), pinned here as tested; the control plane's (Django, Celery, ...) stay out.
+RUN pip install --no-deps . && pip install "uvicorn==0.54.0" "httptools==0.9.0" \
+    && python -c "import dataplane.runtime.sim, dataplane.runtime.pod"
 USER 10001
 EXPOSE 8000 8001
 ENTRYPOINT ["python", "-m", "dataplane.runtime.pod", "--engine", "sim", "--host", "0.0.0.0", "--port", "8000", "--probe-port", "8001"]

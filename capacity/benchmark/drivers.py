@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 from capacity.benchmark.config import SweepConfig
 from capacity.benchmark.results import BenchmarkError
 from dataplane.runtime import perf_model
-from dataplane.runtime.minihttp import ClientResponse, request
+from dataplane.runtime.http_client import ClientResponse, Connection, request
 
 FALLBACK_TOKEN_IDS = range(100, 1000)  # inside any real vocabulary (the tiny test model has ~2k)
 IDLE_REUSE_S = 2.0  # reuse a kept-alive connection only this long after its last answer, s
@@ -65,7 +65,7 @@ class HttpDriver:
     token_ids: list[int]
     config: SweepConfig
     rng: random.Random = field(default_factory=random.Random)
-    _idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = field(default_factory=list)
+    _idle: list[tuple[Connection, float]] = field(default_factory=list)  # kept alive; idle since, monotonic s
 
     async def complete(self, shape: tuple[int, int]) -> float:
         """One request of this shape; its end-to-end latency in engine seconds."""
@@ -103,51 +103,33 @@ class HttpDriver:
         """
         now = time.monotonic()
         while self._idle:
-            reader, writer, idle_since = self._idle.pop()
+            connection, idle_since = self._idle.pop()
             if now - idle_since > IDLE_REUSE_S:
-                writer.close()
+                connection.close()
                 continue
             try:
-                return await self._exchange(reader, writer, body)
-            except (asyncio.IncompleteReadError, ConnectionError):
+                return await self._exchange(connection, body)
+            except ConnectionError:
                 break  # closed by the engine while idle: one fresh try below
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        try:
-            return await self._exchange(reader, writer, body)
-        except asyncio.IncompleteReadError:
-            raise ConnectionError("the engine closed the connection without answering") from None
+        return await self._exchange(await Connection.open(self.host, self.port), body)
 
-    async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
-    ) -> ClientResponse:
+    async def _exchange(self, connection: Connection, body: bytes) -> ClientResponse:
         try:
-            head = (
-                f"POST /v1/completions HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            response = await connection.exchange(
+                "POST", "/v1/completions", body, {"content-type": "application/json"}
             )
-            writer.write(head.encode("latin-1") + body)
-            await writer.drain()
-            status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            headers = {
-                k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)
-            }
-            if "content-length" in headers:
-                payload = await reader.readexactly(int(headers["content-length"]))
-            else:  # chunked (or close-delimited): read to the end, then the connection is done
-                payload = await reader.read()
-                headers["connection"] = "close"
         except BaseException:
-            writer.close()
+            connection.close()
             raise
-        if headers.get("connection", "").lower() == "close":
-            writer.close()
+        if connection.reusable:
+            self._idle.append((connection, time.monotonic()))
         else:
-            self._idle.append((reader, writer, time.monotonic()))
-        return ClientResponse(int(status_line.split(" ", 2)[1]), headers, payload)
+            connection.close()
+        return response
 
     def close(self) -> None:
-        for _, writer, _ in self._idle:
-            writer.close()
+        for connection, _ in self._idle:
+            connection.close()
         self._idle.clear()
 
     async def closed(self, shape: tuple[int, int], concurrency: int, total: int) -> tuple[list[float], float]:

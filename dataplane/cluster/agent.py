@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
 from dataplane.runtime.events import EventReporter, ReporterConfig
-from dataplane.runtime.minihttp import HttpServer, Request, Response, json_response
+from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.pod_process import PodLaunch
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig

@@ -14,9 +14,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from dataplane.runtime import metrics, minihttp
+from dataplane.runtime import http_client, metrics
 from dataplane.runtime.events import EventReporter
-from dataplane.runtime.minihttp import HttpServer, Request, Response, json_response
+from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.prober import Prober, ProberConfig, Status
 
 log = logging.getLogger("dataplane.runtime.probe")
@@ -107,7 +107,7 @@ class ProbeLoop:
 
     async def _scrape(self) -> float | None:
         try:
-            resp = await minihttp.request(
+            resp = await http_client.request(
                 "GET",
                 self.engine_host,
                 self.engine_port,
@@ -122,7 +122,7 @@ class ProbeLoop:
 
     async def _discover_model(self) -> str | None:
         try:
-            resp = await minihttp.request(
+            resp = await http_client.request(
                 "GET", self.engine_host, self.engine_port, "/v1/models", timeout_s=5.0
             )
             return str(resp.json()["data"][0]["id"]) if resp.status == 200 else None
@@ -141,7 +141,7 @@ class ProbeLoop:
         ).encode()
         ok, detail = False, ""
         try:
-            resp = await minihttp.request(
+            resp = await http_client.request(
                 "POST",
                 self.engine_host,
                 self.engine_port,

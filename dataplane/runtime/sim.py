@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from dataplane.runtime import metrics, openai_api, perf_model
-from dataplane.runtime.minihttp import (
+from dataplane.runtime.http_server import (
     HttpServer,
     Request,
     Response,

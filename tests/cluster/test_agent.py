@@ -9,7 +9,7 @@ import pytest
 from dataplane.cluster.agent import Agent, Replica, plan
 from dataplane.cluster.driver import ClusterError, Deployment
 from dataplane.cluster.local import LocalDriver
-from dataplane.runtime.minihttp import HttpServer
+from dataplane.runtime.http_server import HttpServer
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
 from tests.runtime.support import free_port, http, wait_until
