@@ -10,8 +10,8 @@ COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
 # Of the package's dependencies the pod needs only its HTTP server's (pyproject.toml: uvicorn,
-# httptools), pinned here as tested; the control plane's (Django, Celery, ...) stay out.
-RUN pip install --no-deps . && pip install "uvicorn==0.54.0" "httptools==0.9.0" \
+# httptools, uvloop), pinned here as tested; the control plane's (Django, Celery, ...) stay out.
+RUN pip install --no-deps . && pip install "uvicorn==0.54.0" "httptools==0.9.0" "uvloop==0.23.0" \
     && python -c "import dataplane.runtime.sim, dataplane.runtime.pod"
 USER 10001
 EXPOSE 8000 8001

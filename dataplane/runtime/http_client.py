@@ -38,6 +38,8 @@ class _Answer:
     body: bytearray = field(default_factory=bytearray)
     headers_complete: bool = False
     complete: bool = False
+    keep_alive: bool = False  # the answer lets the connection serve another request
+    parser: httptools.HttpResponseParser | None = None  # read in the callbacks: it resets after them
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
@@ -50,6 +52,7 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
 
     def close_delimited(self) -> bool:
         """Neither Content-Length nor chunked: the body runs to the close."""
@@ -81,7 +84,7 @@ class Connection:
         self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         await self.writer.drain()
         answer = _Answer()
-        parser = httptools.HttpResponseParser(answer)
+        parser = answer.parser = httptools.HttpResponseParser(answer)
         while not answer.complete:
             data = await self.reader.read(READ_SIZE)
             if not data:
@@ -93,7 +96,7 @@ class Connection:
                 parser.feed_data(data)
             except httptools.HttpParserError as exc:
                 raise ConnectionError(f"the server's answer is not valid HTTP: {exc}") from None
-        self.reusable = self.reusable and parser.should_keep_alive()
+        self.reusable = self.reusable and answer.keep_alive
         return ClientResponse(parser.get_status_code(), answer.headers, bytes(answer.body))
 
     def close(self) -> None:

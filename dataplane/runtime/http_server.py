@@ -106,20 +106,20 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, config: uvicorn.Config, server_state: ServerState, max_head_bytes: int) -> None:
         super().__init__(config, server_state, app_state={})
         self.max_head_bytes = max_head_bytes
+        self.in_head = False  # from a request's first byte until its headers are complete
         self.parsed_head_bytes = 0  # target and headers of the current request, bytes
         self.unparsed_head_bytes = 0  # bytes received while the current head stays incomplete
-        self.reading_head = True  # between two requests, or inside a request line and headers
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.reading_head and not self.transport.is_closing():
+        if self.in_head and not self.transport.is_closing():
             self.unparsed_head_bytes += len(data)
             if self.unparsed_head_bytes > self.max_head_bytes:
                 self._refuse_head()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.parsed_head_bytes = 0
+        self.in_head, self.parsed_head_bytes, self.unparsed_head_bytes = True, 0, 0
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
@@ -130,12 +130,8 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self.reading_head, self.unparsed_head_bytes = False, 0
+        self.in_head = False
         super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self.reading_head = True
-        super().on_message_complete()
 
     def _count(self, size: int) -> None:
         self.parsed_head_bytes += size
