@@ -24,7 +24,10 @@ class RouterConfig:
     # --- upstream (pods)
     upstream_connect_timeout_s: float = 2.0  # TCP connect to a pod, s (then retry another pod)
     upstream_read_timeout_s: float = 600.0  # longest silence from a pod mid-response, s (then 504/close)
-    upstream_idle_keepalive_s: float = 30.0  # pooled idle connection to a pod is closed after, s
+    # A pooled idle connection to a pod is closed after this, s. Below the pods' own keep-alive
+    # (uvicorn's 5 s, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so the router never reuses a
+    # connection at the moment the pod closes it.
+    upstream_idle_keepalive_s: float = 4.0
     max_idle_connections_per_pod: int = 512  # idle keep-alive connections kept per pod
     max_attempts: int = 3  # pods tried for one request when connections fail before any byte
     # --- admission and queueing
