@@ -12,9 +12,14 @@ prefill) in admission order. The step costs
 A request whose last prompt chunk is prefilled emits its first token in that step (as vLLM
 samples after the last chunk); every later step emits one more, until ``max_tokens``.
 
+A request generates exactly ``max_tokens``: the caller gives the tokens the request will
+generate, which the simulated engine knows when the request arrives (its text is decided then),
+so a request cut short by a stop string frees its slot and KV early; each of the n choices of an
+OpenAI request is a request here, as vLLM schedules them.
+
 Simplifications (stated so that a reader can judge the numbers): KV is reserved for prompt +
-max_tokens at admission, so there is no preemption or swapping; there is no prefix cache, no
-speculative decoding and no EOS (a request always generates exactly ``max_tokens``).
+max_tokens at admission, so there is no preemption or swapping; there is no prefix cache (n
+choices prefill their shared prompt n times), no speculative decoding and no EOS.
 
 ``step`` mutates an ``EngineState`` and returns what happened; the simulated HTTP engine
 sleeps ``duration`` (scaled) and delivers the events, and a fleet simulator can call it with
@@ -63,7 +68,7 @@ class EngineProfile:
 class SimRequest:
     request_id: str
     prompt_tokens: int  # tokens, >= 1
-    max_tokens: int  # output tokens to generate, >= 1
+    max_tokens: int  # output tokens it generates, >= 1
     priority: int = 0  # lower is scheduled earlier (vLLM --scheduling-policy priority)
     arrival_seq: int = 0  # arrival order, set by submit(); breaks priority ties
     prefilled: int = 0  # prompt tokens prefilled so far

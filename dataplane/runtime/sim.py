@@ -3,10 +3,15 @@
     python -m dataplane.runtime.sim --port 8000 --profile h100-llama-8b [--time-scale 100]
 
 It stands in for a GPU in tests, what-if runs and fleet-scale benchmarks, and says so: the
-startup log, an ``x-engine: simulated`` header on every response and a ``simulated`` field in
-the model card. Timing comes from ``perf_model`` (continuous batching, one engine loop); the
-text is a fixed word cycle. ``--time-scale X`` runs simulated time X times faster than real
-time (metrics report simulated seconds, as the simulated GPU would). Faults can be injected by
+startup log, an ``x-engine: simulated`` header on every response, a ``simulated`` field in the
+model card and a ``simulated-<profile>`` system_fingerprint. It reads every request as vLLM
+does (``openai_api``: parameters, validation, error bodies), tokenizes with ``sim_tokenizer``,
+generates with ``sim_generation`` (seeded, stop strings, logprobs) and answers in vLLM's shapes
+(``openai_responses``). Each choice of a request is one sequence of the engine, as vLLM runs
+the n choices of a request as n requests; timing comes from ``perf_model`` (continuous
+batching, one engine loop) with the tokens each sequence actually generates, so a stop string
+frees its slot early. ``--time-scale X`` runs simulated time X times faster than real time
+(metrics report simulated seconds, as the simulated GPU would). Faults can be injected by
 flag or ``POST /_sim/fault {"mode": "hang"|"crash"|"slow"|"errors"|"none", "factor": 3.0,
 "fraction": 0.2}``: hang stops all progress while /health stays 200 (as a hung vLLM does),
 crash exits non-zero, slow multiplies step time, errors fails that fraction of requests with 500.
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 
 import uvloop
 
-from dataplane.runtime import metrics, openai_api, perf_model
+from dataplane.runtime import metrics, openai_api, openai_responses, perf_model, sim_generation
 from dataplane.runtime.http_server import (
     HttpServer,
     Request,
@@ -40,8 +45,9 @@ from dataplane.runtime.http_server import (
     StreamingResponse,
     json_response,
 )
-from dataplane.runtime.openai_api import ApiError, ParsedRequest
+from dataplane.runtime.openai_api import ApiError, ParsedRequest, ServedModel
 from dataplane.runtime.profiles import PROFILES, get_profile
+from dataplane.runtime.sim_generation import SequenceOutput
 from dataplane.wire.prometheus_text import family_header, label_value
 
 log = logging.getLogger("dataplane.runtime.sim")
@@ -49,13 +55,16 @@ log = logging.getLogger("dataplane.runtime.sim")
 FAULT_MODES = ("none", "hang", "crash", "slow", "errors")
 CRASH_EXIT_CODE = 70  # exit status of an injected crash
 MAX_CATCH_UP_S = 0.05  # most real time the engine loop catches up after running late, s
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"  # what vLLM's (Starlette's) streams send
 
 
 @dataclass(frozen=True)
 class SimConfig:
     time_scale: float = 1.0  # simulated seconds per real second, > 0 (100 = 100x faster)
-    default_max_tokens: int = 256  # output tokens when a request sets none, tokens
-    seed: int = 0  # seeds the "errors" fault's choice of requests
+    # Output tokens of a chat request that sets none, tokens. vLLM gives it the context left and
+    # a real model stops at its EOS; the sim has no EOS. (Completions default to 16, as vLLM's.)
+    default_max_tokens: int = 256
+    seed: int = 0  # seeds the "errors" fault's choice of requests, and unseeded sampling
     crash_delay_s: float = 0.05  # real seconds between answering a crash request and exiting
 
     def __post_init__(self) -> None:
@@ -85,13 +94,24 @@ class Fault:
 
 @dataclass
 class _Live:
-    """One request in flight: the engine loop pushes token indexes, then None when done."""
+    """One request in flight: the engine loop pushes (choice, token position) as its sequences
+    generate, then None when all of them are done."""
 
     parsed: ParsedRequest
-    sim: perf_model.SimRequest
+    outputs: list[SequenceOutput]  # what each choice generates, decided when the request arrives
     arrival_s: float  # simulated seconds
-    tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
-    first_token_s: float | None = None
+    sequence_ids: list[str] = field(default_factory=list)  # the engine's ids of its sequences
+    unfinished: int = 0  # sequences still generating
+    events: asyncio.Queue[tuple[int, int] | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Sequence:
+    """One choice of a request, as the engine runs it."""
+
+    live: _Live
+    choice: int  # index into live.outputs
+    first_token_s: float | None = None  # simulated seconds
     last_token_s: float | None = None
 
 
@@ -108,19 +128,21 @@ class SimEngine:
         self.fault = fault or Fault()
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.state = perf_model.EngineState()
-        self.live: dict[str, _Live] = {}
+        self.sequences: dict[str, _Sequence] = {}  # by the engine's sequence id
+        self.served = ServedModel(profile.model, profile.max_model_len, self.config.default_max_tokens)
+        self.fingerprint = f"simulated-{profile.name}"  # system_fingerprint (vLLM: version and config)
         self._ids = itertools.count()
         self._rng = random.Random(self.config.seed)
+        self._sampling_rng = random.Random(f"sampling:{self.config.seed}")
         self._wakeup = asyncio.Event()  # set while there may be work
         self._not_hung = asyncio.Event()
         self._t0 = time.monotonic()
-        self._created = int(time.time())
         self._loop_task: asyncio.Task[None] | None = None
         self.http = HttpServer(self.handle, extra_headers={"x-engine": "simulated"})
         # Metrics, in vLLM's names.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.success_total: dict[str, int] = {"length": 0}
+        self.success_total: dict[str, int] = {"stop": 0, "length": 0}  # by finished_reason
         self.e2e = metrics.Histogram(metrics.REQUEST_LATENCY_BUCKETS)
         self.ttft = metrics.Histogram(metrics.TIME_TO_FIRST_TOKEN_BUCKETS)
         self.itl = metrics.Histogram(metrics.INTER_TOKEN_LATENCY_BUCKETS)
@@ -179,23 +201,25 @@ class SimEngine:
         self.prompt_tokens_total += result.prefilled_tokens
         self.generation_tokens_total += len(result.emitted)
         for req in result.emitted:
-            live = self.live.get(req.request_id)
-            if live is None:
+            seq = self.sequences.get(req.request_id)
+            if seq is None:
                 continue
-            if live.first_token_s is None:
-                live.first_token_s = now
-                self.ttft.observe(now - live.arrival_s)
-            elif live.last_token_s is not None:
-                self.itl.observe(now - live.last_token_s)
-            live.last_token_s = now
-            live.tokens.put_nowait(req.generated - 1)
+            if seq.first_token_s is None:
+                seq.first_token_s = now
+                self.ttft.observe(now - seq.live.arrival_s)
+            elif seq.last_token_s is not None:
+                self.itl.observe(now - seq.last_token_s)
+            seq.last_token_s = now
+            seq.live.events.put_nowait((seq.choice, req.generated - 1))
         for req in result.finished:
-            live = self.live.pop(req.request_id, None)
-            if live is None:
+            seq = self.sequences.pop(req.request_id, None)
+            if seq is None:
                 continue
-            self.success_total["length"] += 1
-            self.e2e.observe(now - live.arrival_s)
-            live.tokens.put_nowait(None)
+            self.success_total[seq.live.outputs[seq.choice].finish_reason] += 1
+            self.e2e.observe(now - seq.live.arrival_s)
+            seq.live.unfinished -= 1
+            if seq.live.unfinished == 0:
+                seq.live.events.put_nowait(None)
 
     # --- HTTP ---
 
@@ -211,14 +235,26 @@ class SimEngine:
             if route == ("GET", "/v1/models"):
                 return json_response(
                     200,
-                    openai_api.models_body(
+                    openai_responses.models_body(
                         self.profile.model,
                         self.profile.max_model_len,
-                        self._created,
+                        int(time.time()),
+                        os.urandom(8).hex(),
                         self.profile.name,
                         self.config.time_scale,
                     ),
                 )
+            if route == ("POST", "/tokenize"):
+                tokenized = openai_api.parse_tokenize(request.body, _content_type(request), self.served)
+                return json_response(
+                    200,
+                    openai_responses.tokenize_body(
+                        tokenized.token_ids, self.served.max_model_len, tokenized.return_token_strs
+                    ),
+                )
+            if route == ("POST", "/detokenize"):
+                ids = openai_api.parse_detokenize(request.body, _content_type(request), self.served)
+                return json_response(200, openai_responses.detokenize_body(ids))
             if route == ("GET", "/metrics"):
                 return Response(
                     200, self.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
@@ -241,52 +277,76 @@ class SimEngine:
         return {"mode": self.fault.mode, "factor": self.fault.factor, "fraction": self.fault.fraction}
 
     async def _completion(self, request: Request, chat: bool) -> Response | StreamingResponse:
-        parsed = openai_api.parse_request(
-            request.body, chat, self.profile.model, self.profile.max_model_len, self.config.default_max_tokens
-        )
+        parsed = openai_api.parse_request(request.body, _content_type(request), chat, self.served)
         if self.fault.mode == "errors" and self._rng.random() < self.fault.fraction:
             raise ApiError(500, "Simulated engine error (fault injection).", "InternalServerError")
-        prefix = "chatcmpl" if chat else "cmpl"
-        request_id = f"{prefix}-sim-{next(self._ids)}"
-        sim_req = perf_model.SimRequest(request_id, parsed.prompt_tokens, parsed.max_tokens, parsed.priority)
-        live = _Live(parsed, sim_req, self.sim_now())
-        self.live[request_id] = live
-        perf_model.submit(self.state, sim_req)
-        self._wakeup.set()
+        # vLLM names a request after the client's X-Request-Id when it sends one.
+        base_id = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{base_id}"
+        created = int(time.time())
+        if parsed.engine_error is not None:
+            if not parsed.stream:
+                raise parsed.engine_error
+            # A stream has answered 200 before the engine refuses: the error is its first event.
+            return StreamingResponse(200, SSE_CONTENT_TYPE, _error_events(parsed.engine_error))
+        live = self._submit(parsed)
         if parsed.stream:
-            return self._stream(request_id, live)
+            return StreamingResponse(200, SSE_CONTENT_TYPE, self._sse_events(live, request_id, created))
         try:
-            while await live.tokens.get() is not None:
+            while await live.events.get() is not None:
                 pass
         except asyncio.CancelledError:
-            self._abort(request_id)
+            self._abort(live)
             raise
-        return json_response(
-            200, openai_api.full_response(parsed, request_id, self._created, sim_req.generated, "length")
+        body = openai_responses.full_response(parsed, live.outputs, request_id, created, self.fingerprint)
+        return json_response(200, body)
+
+    def _submit(self, parsed: ParsedRequest) -> _Live:
+        """Decide what each choice generates, and queue each as a sequence of the engine."""
+        outputs = [
+            sim_generation.generate(
+                sim_generation.sequence_rng(
+                    prompt.token_ids, parsed.seed, choice, parsed.greedy, self._sampling_rng
+                ),
+                max_tokens,
+                parsed.stop,
+                parsed.include_stop_str_in_output,
+                parsed.min_tokens,
+            )
+            for prompt, max_tokens in zip(parsed.prompts, parsed.max_tokens, strict=True)
+            for choice in range(parsed.n)
+        ]
+        live = _Live(parsed, outputs, self.sim_now(), unfinished=len(outputs))
+        for index, output in enumerate(outputs):
+            sequence_id = f"seq-{next(self._ids)}"
+            prompt = parsed.prompts[index // parsed.n]
+            live.sequence_ids.append(sequence_id)
+            self.sequences[sequence_id] = _Sequence(live, index)
+            sim_req = perf_model.SimRequest(
+                sequence_id, len(prompt.token_ids), len(output.token_ids), parsed.priority
+            )
+            perf_model.submit(self.state, sim_req)
+        self._wakeup.set()
+        return live
+
+    async def _sse_events(self, live: _Live, request_id: str, created: int) -> AsyncGenerator[bytes, None]:
+        writer = openai_responses.StreamWriter(
+            live.parsed, live.outputs, request_id, created, self.fingerprint
         )
-
-    def _stream(self, request_id: str, live: _Live) -> StreamingResponse:
-        return StreamingResponse(200, "text/event-stream", self._sse_events(request_id, live))
-
-    async def _sse_events(self, request_id: str, live: _Live) -> AsyncGenerator[bytes, None]:
-        parsed = live.parsed
         try:
-            while (index := await live.tokens.get()) is not None:
-                last = index + 1 >= parsed.max_tokens
-                yield _sse(
-                    openai_api.stream_chunk(
-                        parsed, request_id, self._created, index, "length" if last else None
-                    )
-                )
-            if parsed.include_usage:
-                yield _sse(openai_api.usage_chunk(parsed, request_id, self._created, live.sim.generated))
+            while (event := await live.events.get()) is not None:
+                for chunk in writer.token(*event):
+                    yield _sse(chunk)
+            if (usage := writer.usage_chunk()) is not None:
+                yield _sse(usage)
             yield b"data: [DONE]\n\n"
         finally:
-            self._abort(request_id)  # no-op once finished; frees KV if the client left
+            self._abort(live)  # no-op once finished; frees KV if the client left
 
-    def _abort(self, request_id: str) -> None:
-        if self.live.pop(request_id, None) is not None:
-            perf_model.abort(self.state, request_id)
+    def _abort(self, live: _Live) -> None:
+        for sequence_id in live.sequence_ids:
+            if self.sequences.pop(sequence_id, None) is not None:
+                perf_model.abort(self.state, sequence_id)
 
     def render_metrics(self) -> str:
         """vLLM's families and HELP texts (vllm/v1/metrics/loggers.py of vllm 0.32.0), label
@@ -333,6 +393,15 @@ class SimEngine:
 
 def _sse(payload: object) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def _error_events(err: ApiError) -> AsyncGenerator[bytes, None]:
+    yield _sse(err.body())
+    yield b"data: [DONE]\n\n"
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
