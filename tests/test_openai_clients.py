@@ -119,9 +119,10 @@ def test_n_and_stop_come_back_as_the_engine_honours_them(sync_client):
     model = model_of(sync_client)
     several = sync_client.completions.create(model=model, prompt=PROMPT, max_tokens=4, n=2)
     assert sorted(c.index for c in several.choices) == [0, 1]
-    free = sync_client.completions.create(model=model, prompt=PROMPT, max_tokens=12).choices[0].text
+    # The same seed gives the same text (vLLM's sampling, and the simulated engine's).
+    free = sync_client.completions.create(model=model, prompt=PROMPT, max_tokens=12, seed=7).choices[0].text
     stop = free.split()[2]  # a word the engine will write
-    stopped = sync_client.completions.create(model=model, prompt=PROMPT, max_tokens=12, stop=[stop])
+    stopped = sync_client.completions.create(model=model, prompt=PROMPT, max_tokens=12, seed=7, stop=[stop])
     assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].text
 
 

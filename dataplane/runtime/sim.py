@@ -142,7 +142,8 @@ class SimEngine:
         # Metrics, in vLLM's names.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.success_total: dict[str, int] = {"stop": 0, "length": 0}  # by finished_reason
+        # By finished_reason; "stop" appears with the first stop string (vLLM lists all five at 0).
+        self.success_total: dict[str, int] = {"length": 0}
         self.e2e = metrics.Histogram(metrics.REQUEST_LATENCY_BUCKETS)
         self.ttft = metrics.Histogram(metrics.TIME_TO_FIRST_TOKEN_BUCKETS)
         self.itl = metrics.Histogram(metrics.INTER_TOKEN_LATENCY_BUCKETS)
@@ -215,7 +216,8 @@ class SimEngine:
             seq = self.sequences.pop(req.request_id, None)
             if seq is None:
                 continue
-            self.success_total[seq.live.outputs[seq.choice].finish_reason] += 1
+            reason = seq.live.outputs[seq.choice].finish_reason
+            self.success_total[reason] = self.success_total.get(reason, 0) + 1
             self.e2e.observe(now - seq.live.arrival_s)
             seq.live.unfinished -= 1
             if seq.live.unfinished == 0:
