@@ -372,9 +372,9 @@ def _json_body(raw: bytes, content_type: str) -> dict[str, Any]:
     return body
 
 
-def check_model(body: Body, served: ServedModel) -> str:
+def check_model(raw: dict[str, Any], served: ServedModel) -> str:
     """The served model's name; 404 for another (serve/engine/serving.py _check_model)."""
-    model = body.raw.get("model")
+    model = raw.get("model")
     if model and model != served.name:
         raise ApiError(
             404,
@@ -406,17 +406,19 @@ def _logprobs_checks(raw: dict[str, Any], chat: bool) -> None:
             raise invalid("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
 
 
-def _before_validators(raw: dict[str, Any], chat: bool) -> None:
-    """The request model's ``mode="before"`` validators that can refuse, in the order they run."""
-    if chat:
-        if raw.get("continue_final_message") and raw.get("add_generation_prompt"):
-            raise invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        _logprobs_checks(raw, chat)
-        if raw.get("stream_options") and not raw.get("stream"):
-            raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
-        return
+def _generation_prompt_check(raw: dict[str, Any]) -> None:
+    if raw.get("continue_final_message") and raw.get("add_generation_prompt"):
+        raise invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+
+
+def _stream_options_check(raw: dict[str, Any]) -> None:
+    if raw.get("stream_options") and not raw.get("stream"):
+        raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
+
+
+def _prompt_count_check(raw: dict[str, Any]) -> None:
     prompt = raw.get("prompt")
-    if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt):
         if len(prompt) > MAX_COMPLETION_PROMPTS:
             raise invalid(
                 f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
@@ -424,11 +426,25 @@ def _before_validators(raw: dict[str, Any], chat: bool) -> None:
                 "environment variable.",
                 "prompt",
             )
-    if prompt is None or prompt == "":
+
+
+def _prompt_given_check(raw: dict[str, Any]) -> None:
+    if raw.get("prompt") is None or raw.get("prompt") == "":
         raise invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
-    if raw.get("stream_options") and not raw.get("stream"):
-        raise invalid("Stream options can only be defined when `stream=True`.", "stream_options")
-    _logprobs_checks(raw, chat)
+
+
+def _before_validators(raw: dict[str, Any], chat: bool) -> None:
+    """The request model's ``mode="before"`` validators that can refuse, in the order they run
+    (the reverse of their definition)."""
+    if chat:
+        _generation_prompt_check(raw)
+        _logprobs_checks(raw, chat)
+        _stream_options_check(raw)
+    else:
+        _prompt_count_check(raw)
+        _prompt_given_check(raw)
+        _stream_options_check(raw)
+        _logprobs_checks(raw, chat)
 
 
 @dataclass(frozen=True)
@@ -667,7 +683,7 @@ def parse_request(raw: bytes, content_type: str, chat: bool, served: ServedModel
     if body.errors:
         raise field_errors(body.errors)
 
-    model = check_model(body, served)
+    model = check_model(body.raw, served)
     _max_tokens_budget(requested, budget_name, served)
     echo_text, answer_role = "", "assistant"
     if chat:
@@ -776,11 +792,10 @@ def parse_tokenize(raw: bytes, content_type: str, served: ServedModel) -> Tokeni
     completion.bool_field("add_special_tokens", True, nullable=False)
     with_strs = completion.bool_field("return_token_strs", False)
     if prompt is not None and not completion.errors:
-        check_model(completion, served)
+        check_model(raw_body, served)
         return TokenizeRequest(tuple(sim_tokenizer.encode(prompt)), bool(with_strs))
     # Not a prompt: a conversation, else the errors of both kinds.
-    if raw_body.get("continue_final_message") and raw_body.get("add_generation_prompt"):
-        raise invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    _generation_prompt_check(raw_body)
     chat = Body(raw_body)
     chat.str_field("model")
     messages = _messages(chat)
@@ -788,7 +803,7 @@ def parse_tokenize(raw: bytes, content_type: str, served: ServedModel) -> Tokeni
     with_strs = chat.bool_field("return_token_strs", False)
     if chat.errors:
         raise field_errors(completion.errors + chat.errors)
-    check_model(chat, served)
+    check_model(raw_body, served)
     if not messages:
         raise invalid("Cannot apply chat template to an empty conversation. Provide at least one message.")
     ids = sim_tokenizer.render_chat([(m.role, _message_text(m, served)) for m in messages])
@@ -807,7 +822,7 @@ def parse_detokenize(raw: bytes, content_type: str, served: ServedModel) -> list
             ids.append(body.int_value(token, ("tokens", i), ge=0, le=INT64_MAX) or 0)
     if body.errors:
         raise field_errors(body.errors)
-    check_model(body, served)
+    check_model(body.raw, served)
     if any(t >= sim_tokenizer.VOCAB_SIZE for t in ids):
         raise ApiError(400, "number too large to fit in target type")  # vLLM's tokenizer: u32 ids
     return ids
