@@ -37,8 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane.runtime import perf_model
-from dataplane.runtime.openai_api import estimate_text_tokens
+from dataplane.runtime import perf_model, sim_tokenizer
 from dataplane.runtime.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,7 @@ PROMPT = "x" * 200
 def service_s(max_tokens: int) -> float:
     """A request's own service time at a full batch and no wait, by the engine's performance model."""
     profile = get_profile("tiny-test")
-    ttft, _ = perf_model.solo_latency_s(profile, estimate_text_tokens(PROMPT), max_tokens)
+    ttft, _ = perf_model.solo_latency_s(profile, len(sim_tokenizer.encode(PROMPT)), max_tokens)
     return ttft + (max_tokens - 1) * perf_model.decode_step_s(profile, SLOTS)
 
 

@@ -87,6 +87,7 @@ async def drive_load(
     sem = asyncio.Semaphore(concurrency)
     total_rate = rate_per_pod * len(ports)
     body = json.dumps({"prompt": "benchmark prompt " * 8, "max_tokens": 16}).encode()
+    headers = {"content-type": "application/json"}  # vLLM refuses a body of another type
     ok = failed = 0
     latencies: list[float] = []
     tasks: set[asyncio.Task[None]] = set()
@@ -97,7 +98,7 @@ async def drive_load(
             start = time.monotonic()
             try:
                 resp = await http_client.request(
-                    "POST", "127.0.0.1", port, "/v1/completions", body=body, timeout_s=30
+                    "POST", "127.0.0.1", port, "/v1/completions", body=body, headers=headers, timeout_s=30
                 )
                 ok += resp.status == 200
                 failed += resp.status != 200
