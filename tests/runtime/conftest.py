@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import openai
 import pytest
 
 from tests.runtime.support import EventSink, SimProcess, sim_engine
@@ -35,3 +36,9 @@ def event_sink() -> Iterator[EventSink]:
         yield sink
     finally:
         sink.stop()
+
+
+@pytest.fixture(scope="module")
+def client(sim: SimProcess) -> openai.OpenAI:
+    """The official openai SDK on the module's ``sim`` engine (each module starts its own)."""
+    return openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)

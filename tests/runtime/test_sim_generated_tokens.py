@@ -22,11 +22,6 @@ def sim() -> Iterator[SimProcess]:
         yield engine
 
 
-@pytest.fixture(scope="module")
-def client(sim: SimProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
-
-
 def success(sim: SimProcess, reason: str) -> float:
     """vllm:request_success_total for one finished_reason."""
     text = http("GET", sim.url + "/metrics")[2].decode()

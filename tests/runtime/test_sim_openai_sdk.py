@@ -23,11 +23,6 @@ def sim() -> Iterator[SimProcess]:
         yield engine
 
 
-@pytest.fixture(scope="module")
-def client(sim: SimProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
-
-
 def test_completion_counts_prompt_and_output_tokens(client: openai.OpenAI) -> None:
     # "Hello world!" is 12 bytes -> 3 tokens of 4 bytes.
     done = client.completions.create(model=MODEL, prompt="Hello world!", max_tokens=5)

@@ -27,11 +27,6 @@ def sim() -> Iterator[SimProcess]:
         yield engine
 
 
-@pytest.fixture(scope="module")
-def client(sim: SimProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.url + "/v1", api_key="x", max_retries=0)
-
-
 def tokenize(sim: SimProcess, **body: Any) -> dict[str, Any]:
     response = httpx.post(sim.url + "/tokenize", json=body)
     assert response.status_code == 200, response.text
