@@ -19,6 +19,10 @@ BYTES_PER_TOKEN = 4
 # What one replica of a model does per minute on its GPU type, by definition of the model unit.
 # The default of the MU_PER_REPLICA_MINUTE setting and of every profile; fits scale with it.
 MU_PER_REPLICA_MINUTE = 100
+# A model's context length (prompt + output tokens) when nobody said it: 2**20, above that of
+# every model we price (Llama 3.1: 131,072), so it refuses absurd output budgets (10**26) and
+# nothing an engine accepts. Profiles say the real one (ModelProfile.max_model_len).
+DEFAULT_MAX_MODEL_LEN = 1_048_576
 
 
 def price(alpha: float, beta: float, gamma: float, input_tokens: float, output_tokens: float) -> float:

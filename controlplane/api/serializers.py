@@ -133,6 +133,7 @@ class ModelProfileSerializer(serializers.ModelSerializer[ModelProfile]):
             "gamma",
             "mu_per_replica_minute",
             "gpus_per_replica",
+            "max_model_len",
             "r2",
             "samples",
             "fitted_at",

@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from capacity.ledger import Shape
+from capacity.units import DEFAULT_MAX_MODEL_LEN
 from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
 
 
@@ -68,6 +69,11 @@ class ModelProfile(models.Model):
         default=settings.MU_PER_REPLICA_MINUTE, validators=[MinValueValidator(1)]
     )
     gpus_per_replica = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_model_len = models.PositiveIntegerField(
+        default=DEFAULT_MAX_MODEL_LEN,
+        validators=[MinValueValidator(1)],
+        help_text="Context length (prompt + output tokens) the engine serves; routers refuse more",
+    )
     r2 = models.FloatField(null=True, blank=True, help_text="Fit quality, 1 is perfect")
     samples = models.PositiveIntegerField(null=True, blank=True, help_text="Shapes measured")
     fitted_at = models.DateTimeField(null=True, blank=True)

@@ -51,4 +51,5 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
         ),
         # Each version's share of requests (rollouts, canaries); a pod serves its version's share.
         traffic=tuple(traffic(endpoint, endpoint.active_rollout).items()),
+        max_model_len=profile.max_model_len,
     )

@@ -32,6 +32,7 @@ import sys
 import tempfile
 from dataclasses import fields, replace
 
+from capacity.units import DEFAULT_MAX_MODEL_LEN
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
@@ -93,6 +94,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="static mode: a reservation (MU/min) enforced by the in-process GCRA on every "
         "request (0 = none)",
     )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=DEFAULT_MAX_MODEL_LEN,
+        help="static mode: the pods' context length, tokens; a larger output budget is a 400 "
+        f"(default {DEFAULT_MAX_MODEL_LEN})",
+    )
+    p.add_argument(
+        "--probe-key-file",
+        default=None,
+        help="file holding the prober credential (else $ROUTER_PROBE_KEY): a request whose "
+        "x-probe header carries it is a health probe, never shed; without one, nothing is",
+    )
     p.add_argument("--redis", default=None, help="Redis URL: shared GCRA and per-second load metrics")
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--log-level", default="warning")
@@ -109,7 +123,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--control-plane needs --key (or $ROUTER_KEY)")
     if args.endpointslices and not args.control_plane:
         p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
+    if args.max_model_len < 1:
+        p.error(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    try:
+        args.probe_key = probe_key(args.probe_key_file, os.environ.get("ROUTER_PROBE_KEY"))
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
     return args
+
+
+def probe_key(path: str | None, env_value: str | None) -> bytes | None:
+    """The prober credential: the file's content (one line; surrounding whitespace dropped),
+    else the environment variable's value, else None (no request is a probe)."""
+    if path is not None:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+        if not key:
+            raise ValueError(f"--probe-key-file {path} is empty")
+        return key
+    return env_value.strip().encode() or None if env_value else None
 
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
@@ -137,6 +169,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         redis=redis,
         metrics_dir=args.metrics_dir,
         admin_listen=args.admin_listen,
+        probe_key=args.probe_key,
     )
     discovery: Discovery
     if args.backends:
@@ -145,6 +178,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
             args.policy,
             args.target_concurrency,
             args.rate_limit_mu_per_min or None,
+            max_model_len=args.max_model_len,
         )
         discovery = StaticDiscovery(table)
     else:

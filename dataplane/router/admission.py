@@ -4,9 +4,10 @@ An admission policy gives a priced request its traffic class before it goes anyw
 it with 429 + Retry-After; after the request it settles the difference between the exact price
 and the estimate. The router holds one policy, made by name by ``make_admission`` (as
 ``balancer.make_policy`` makes balancing policies). Policies:
-  reservation-first  probes always; reserved traffic while it conforms to the endpoint's
-                     reservation (GCRA through the router's ``Limiter``); best effort beyond it
-                     while the endpoint has headroom (``ratelimit.classify`` has the table).
+  reservation-first  probes (``is_probe``: the prober credential) always; reserved traffic
+                     while it conforms to the endpoint's reservation (GCRA through the
+                     router's ``Limiter``); best effort beyond it while the endpoint has
+                     headroom (``ratelimit.classify`` has the table).
 
 Queueing: an admitted request that finds no pod under its target concurrency waits in its
 endpoint's queue (``wait_for_room``: reserved traffic and probes first, the newest best-effort
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +30,7 @@ from dataplane.router.config import RouterConfig
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.http import RequestError
 from dataplane.router.ratelimit import Limiter, TrafficClass, classify, has_headroom, retry_after_header
+from dataplane.router.validation import lax_int
 
 Wake = Callable[[int], None]  # start the wake call of an endpoint (by id) in the background
 
@@ -101,12 +104,27 @@ def make_admission(name: str, limiter: Limiter, config: RouterConfig) -> Admissi
     return policy(limiter, config)
 
 
-def is_probe(probe_header: bytes | None, priority: Any, probe_priority: int) -> bool:
-    """A health probe (never shed): the probe header set to anything but 0 or false, or a body
-    ``priority`` at or below ``probe_priority`` (vLLM schedules a lower priority first)."""
-    return (probe_header is not None and probe_header not in (b"0", b"false")) or (
-        isinstance(priority, int) and priority <= probe_priority
-    )
+def is_probe(probe_header: bytes | None, probe_key: bytes | None) -> bool:
+    """A health probe (the probe class: never shed, outside any reservation): the probe header
+    carries the router's prober credential (``--probe-key-file`` / ``$ROUTER_PROBE_KEY``).
+    Without a credential configured nothing is a probe; any other header value is ignored."""
+    if probe_key is None or probe_header is None:
+        return False
+    return hmac.compare_digest(probe_header, probe_key)
+
+
+TENANT_MIN_PRIORITY = 0  # vLLM runs a lower priority first: below 0 is for the probes only
+
+
+def clamp_tenant_priority(body: dict[str, Any]) -> bool:
+    """Raise a tenant's ``priority`` below ``TENANT_MIN_PRIORITY`` to it, in place (the body the
+    pod gets); True when the body changed. A value vLLM would not read as an integer is left
+    for the engine to refuse. The priority never changes what the router admits."""
+    priority = lax_int(body.get("priority"))
+    if priority is None or priority >= TENANT_MIN_PRIORITY:
+        return False
+    body["priority"] = TENANT_MIN_PRIORITY
+    return True
 
 
 # --- queueing -----------------------------------------------------------------------------

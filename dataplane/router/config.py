@@ -37,8 +37,11 @@ class RouterConfig:
     default_max_tokens: int = 256  # output tokens priced when a request sets no max_tokens, tokens
     gcra_burst_s: float = 10.0  # reservation burst tolerance: this many seconds of the rate, s
     best_effort_window_s: float = 10.0  # window of the endpoint MU rate compared with capacity, s
-    probe_header: str = "x-probe"  # requests with this header set are health probes (never shed)
-    probe_priority: int = -1000  # a body "priority" at or below this also marks a probe
+    # A request whose probe header carries the prober credential (--probe-key-file or
+    # $ROUTER_PROBE_KEY, never a flag) is a health probe (never shed); without it, ignored.
+    probe_header: str = "x-probe"
+    # n (sequences per prompt) at most, else 400; OpenAI's own limit (vLLM's is 16,384)
+    max_n: int = 128
     # --- sticky subsets
     sticky_subset_size: int = 2  # pods per workload subset (0 = off); 2 = one spare pod per workload
     sticky_hot_ratio: float = 0.5  # leave the subset when its best pod has > (1+ratio) x fleet mean MU
@@ -61,12 +64,14 @@ class RouterConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int | float) and f.name != "probe_priority" and value < 0:
+            if isinstance(value, int | float) and value < 0:
                 raise ValueError(f"RouterConfig.{f.name} must be >= 0, got {value!r}")
         if self.write_low_water_bytes > self.write_high_water_bytes:
             raise ValueError(
                 f"RouterConfig.write_low_water_bytes ({self.write_low_water_bytes}) must not exceed "
                 f"write_high_water_bytes ({self.write_high_water_bytes})"
             )
+        if self.max_n < 1:
+            raise ValueError(f"RouterConfig.max_n must be >= 1, got {self.max_n}")
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")

@@ -24,6 +24,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
+from capacity.units import DEFAULT_MAX_MODEL_LEN
 from dataplane.router.pricing import Coefficients
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 
@@ -44,8 +45,10 @@ def static_table(
     target_concurrency: int,
     rate_limit_mu_per_min: float | None = None,
     coefficients: Coefficients = STATIC_COEFFICIENTS,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
 ) -> RoutingTable:
-    """One endpoint that takes any model name; pods named by their URLs."""
+    """One endpoint that takes any model name; pods named by their URLs; output budgets above
+    ``max_model_len`` (the pods' context length, tokens) refused."""
     reservation = (
         ReservedRate(rate_limit_mu_per_min, best_effort_allowed=False) if rate_limit_mu_per_min else None
     )
@@ -61,6 +64,7 @@ def static_table(
         scale_to_zero_enabled=False,
         reservation=reservation,
         pods=tuple(RoutedPod(url, url, True) for url in backends),
+        max_model_len=max_model_len,
     )
     return RoutingTable("static", (ep,), {}, auth_required=False)
 

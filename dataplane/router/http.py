@@ -61,14 +61,15 @@ def status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Unknown"))
 
 
-def error_body(status: int, message: str, code: str) -> bytes:
-    """OpenAI-style error: {"error": {"message": ..., "type": ..., "code": ...}}."""
+def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
+    """OpenAI-style error: {"error": {"message", "type", "param", "code"}}; ``param`` names the
+    request parameter at fault, when one is."""
     return json.dumps(
         {
             "error": {
                 "message": message,
                 "type": ERROR_TYPES.get(status, "server_error"),
-                "param": None,
+                "param": param,
                 "code": code,
             }
         }
@@ -91,11 +92,15 @@ def loopback_peer(peer: object) -> bool:
 
 class RequestError(Exception):
     """A request the router answers itself, before any response byte, with an OpenAI-style error
-    (``send_error``); ``headers`` are extra pre-encoded header lines, such as a Retry-After."""
+    (``send_error``); ``headers`` are extra pre-encoded header lines, such as a Retry-After;
+    ``param`` names the request parameter at fault (the error's "param")."""
 
-    def __init__(self, status: int, message: str, code: str, headers: bytes = b"") -> None:
+    def __init__(
+        self, status: int, message: str, code: str, headers: bytes = b"", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers
+        self.param = param
 
 
 class Request:
@@ -370,9 +375,13 @@ class ClientConnection(asyncio.Protocol):
             % (status_line(status), len(body), headers, conn, b"" if self._head_only else body)
         )
 
-    def send_error(self, status: int, message: str, code: str, extra_headers: bytes = b"") -> None:
+    def send_error(
+        self, status: int, message: str, code: str, extra_headers: bytes = b"", param: str | None = None
+    ) -> None:
         self.send_response(
-            status, b"content-type: application/json\r\n" + extra_headers, error_body(status, message, code)
+            status,
+            b"content-type: application/json\r\n" + extra_headers,
+            error_body(status, message, code, param),
         )
 
     def send_json(self, status: int, obj: Any) -> None:

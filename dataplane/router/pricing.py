@@ -5,7 +5,8 @@
 Before the request runs the router knows neither token count, and tokenizing on the hot path
 would cost more than proxying. It estimates input tokens as prompt characters / 4 (the usual
 English rule of thumb for BPE tokenizers; token-id prompts are counted exactly) and output tokens
-as ``max_tokens`` (the most the request may cost: admission errs on the safe side). After the
+as the most the engine may generate (``validation.Demand.output_tokens``: prompts x n x the output
+budget the engine honours; admission errs on the safe side). After the
 response, ``usage`` gives the exact counts when the pod reports them.
 
 Worked numbers (alpha 0.002, beta 0.02, gamma 0.1): a 400-character prompt -> 100 tokens,
@@ -45,22 +46,31 @@ def metered(
 
 
 def _content_chars(content: Any) -> int:
+    """Characters of a message's text: a string, or the text of its content parts (strings, or
+    objects with a ``text``, ``refusal`` or ``thinking`` string); anything else counts 0."""
     if isinstance(content, str):
         return len(content)
+    total = 0
     if isinstance(content, list):  # chat content parts: [{"type": "text", "text": "..."}, ...]
-        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
-    return 0
+        for part in content:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, dict):
+                texts = (part.get(f) for f in ("text", "refusal", "thinking"))
+                total += sum(len(t) for t in texts if isinstance(t, str))
+    return total
 
 
-def estimate_input_tokens(body: dict[str, Any]) -> int:
-    """Input tokens of a completions (``prompt``) or chat (``messages``) request body.
+def estimate_input_tokens(body: dict[str, Any], chat: bool | None = None) -> int:
+    """Input tokens of a completions (``prompt``) or chat (``messages``) request body; ``chat``
+    names the path (True: messages only, False: prompt only, None: prompt, else messages).
 
     A string prompt of 400 chars -> 100; a token-id prompt [1, 2, 3] -> 3; a batch of prompts
     sums its members; chat sums the text of every message (+4 tokens per message for the role
-    and separators the chat template adds).
+    and separators the chat template adds). Shapes ``validation`` refuses count what they can.
     """
-    prompt = body.get("prompt")
-    if prompt is not None:
+    prompt = None if chat else body.get("prompt")
+    if prompt is not None or chat is False:
         if isinstance(prompt, str):
             return chars_to_tokens(len(prompt))
         if isinstance(prompt, list):
@@ -82,17 +92,3 @@ def estimate_input_tokens(body: dict[str, Any]) -> int:
                 chars += _content_chars(m.get("content"))
         return chars_to_tokens(chars) + 4 * len(messages)
     return 0
-
-
-def requested_output_tokens(body: dict[str, Any], default_max_tokens: int) -> int:
-    """``max_completion_tokens`` (newer chat API) or ``max_tokens``, else the default; x ``n``."""
-    value = body.get("max_completion_tokens")
-    if value is None:
-        value = body.get("max_tokens")
-    tokens = default_max_tokens
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        tokens = value
-    n = body.get("n")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
-        tokens *= n
-    return tokens

@@ -2,7 +2,9 @@
 
 Per request (``Router.handle``), in order, each step answering with an OpenAI-style error when
 it fails: tenant from the bearer key (401) -> parse the JSON body (400) -> endpoint from
-``model`` (404) -> price in MU -> admission (``admission``): GCRA on the reservation, best effort
+``model`` (404) -> validate what it asks the engine to generate (``validation``, 400 naming the
+parameter) -> price in MU -> its class: a probe only with the prober credential, a tenant's
+``priority`` clamped -> admission (``admission``): GCRA on the reservation, best effort
 on headroom (429 + Retry-After) -> pick a pod (queue up to ``queue_wait_s`` when every pod is at
 its target concurrency; 503 + Retry-After beyond) -> forward, retrying another pod when the
 connection fails before any response byte -> meter.
@@ -32,7 +34,13 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from dataplane.router import balancer
-from dataplane.router.admission import DEFAULT_ADMISSION, is_probe, make_admission, queue_for_pod
+from dataplane.router.admission import (
+    DEFAULT_ADMISSION,
+    clamp_tenant_priority,
+    is_probe,
+    make_admission,
+    queue_for_pod,
+)
 from dataplane.router.affinity import pick_sticky, workload_of
 from dataplane.router.config import RouterConfig
 from dataplane.router.control_plane import ControlPlaneClient, Fetch, follow
@@ -41,10 +49,11 @@ from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
 from dataplane.router.metering import Meter, publish
-from dataplane.router.pricing import estimate_input_tokens, metered, price, requested_output_tokens
+from dataplane.router.pricing import estimate_input_tokens, metered, price
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
+from dataplane.router.validation import demand
 from dataplane.wire.load_samples import Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
@@ -79,6 +88,12 @@ def json_body(raw: bytes) -> tuple[dict[str, Any], str]:
     return body, model
 
 
+def tenant_body(body: dict[str, Any], raw: bytes) -> bytes:
+    """The body forwarded for a tenant's request: ``raw`` as it came, or re-encoded when its
+    ``priority`` had to be clamped to the tenants' range (``clamp_tenant_priority``)."""
+    return json.dumps(body).encode() if clamp_tenant_priority(body) else raw
+
+
 class Router:
     def __init__(
         self,
@@ -90,8 +105,10 @@ class Router:
         seed: int | None = None,
         metrics_dir: str | None = None,
         admin_listen: tuple[str, int] | None = None,
+        probe_key: bytes | None = None,
     ) -> None:
         self.config = config
+        self.probe_key = probe_key  # the prober credential (the probe header's value); None: no probes
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
         # (host, port) of the operator endpoints' listener; None: the main one, loopback only
         self.admin_listen = admin_listen
@@ -136,7 +153,7 @@ class Router:
                 methods = OPERATOR_PATHS[path] if client.peer_is_loopback() else None
             await self.answer(client, req, path, methods)
         except RequestError as e:
-            client.send_error(e.status, e.message, e.code, e.headers)
+            client.send_error(e.status, e.message, e.code, e.headers, e.param)
 
     async def handle_admin(self, client: ClientConnection, req: Request) -> None:
         """The admin listener (``--admin-listen``): the operator endpoints only."""
@@ -144,7 +161,7 @@ class Router:
         try:
             await self.answer(client, req, path, OPERATOR_PATHS.get(path))
         except RequestError as e:
-            client.send_error(e.status, e.message, e.code, e.headers)
+            client.send_error(e.status, e.message, e.code, e.headers, e.param)
 
     async def answer(
         self, client: ClientConnection, req: Request, path: bytes, methods: tuple[bytes, ...] | None
@@ -181,9 +198,13 @@ class Router:
         ep = self.endpoint_for(tenant, model)
         spec = ep.spec  # this request's, whatever a reload installs meanwhile
         key = (spec.id, tenant)
-        tokens_in = estimate_input_tokens(body)
-        cost = price(spec.coefficients, tokens_in, requested_output_tokens(body, cfg.default_max_tokens))
-        probe = is_probe(req.headers.get(self._probe_header), body.get("priority"), cfg.probe_priority)
+        chat = req.path.partition(b"?")[0] == CHAT
+        need = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens)  # else 400
+        tokens_in = estimate_input_tokens(body, chat)
+        cost = price(spec.coefficients, tokens_in, need.output_tokens)
+        probe = is_probe(req.headers.get(self._probe_header), self.probe_key)
+        if not probe:
+            req.body = tenant_body(body, req.body)
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:

@@ -8,14 +8,16 @@ when a new one is refused.
     {"version": "<etag>",
      "endpoints": [{"id", "tenant", "name", "model", "policy", "alpha", "beta", "gamma",
                     "mu_per_replica_minute", "target_concurrency_per_replica",
-                    "scale_to_zero_enabled",
+                    "scale_to_zero_enabled", "max_model_len",
                     "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
                     "traffic": {version: percent},
                     "pods": [{"name", "url", "ready", "version"}]}],
      "api_keys": [{"hash": sha256 hex of the bearer secret, "tenant"}]}
 
 Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/min per replica,
-no concurrency limit, a pod ready and named by its URL), so older writers stay readable.
+no concurrency limit, a context length of ``DEFAULT_MAX_MODEL_LEN`` tokens, a pod ready and
+named by its URL), so older writers stay readable. ``max_model_len`` is the model's context
+length (prompt + output tokens): the router refuses an output budget above it (400).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
+from capacity.units import DEFAULT_MAX_MODEL_LEN, MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.router.balancer import POLICY_NAMES
 
 DEFAULT_POLICY = "p2c-mu"
@@ -90,6 +92,7 @@ class RoutedEndpoint:
     # Percent of requests per version during a rollout or canary, e.g. (("1", 90), ("2", 10)); a
     # version at 0 takes no new request. Empty: one version, every pod.
     traffic: tuple[tuple[str, float], ...] = ()
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN  # context length (prompt + output), tokens >= 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +107,7 @@ class RoutedEndpoint:
             "mu_per_replica_minute": self.mu_per_replica_minute,
             "target_concurrency_per_replica": self.target_concurrency,
             "scale_to_zero_enabled": self.scale_to_zero_enabled,
+            "max_model_len": self.max_model_len,
             "reservation": self.reservation.to_json() if self.reservation is not None else None,
             "traffic": dict(self.traffic),
             "pods": [p.to_json() for p in self.pods],
@@ -131,6 +135,9 @@ class RoutedEndpoint:
         if not isinstance(traffic_doc, dict):
             raise ValueError(f"{where}.traffic must be an object of version: percent")
         traffic = tuple((str(v), _num(traffic_doc, v, f"{where}.traffic")) for v in traffic_doc)
+        max_model_len = e.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+            raise ValueError(f"{where}.max_model_len must be an integer >= 1, got {max_model_len!r}")
         return cls(
             id=e["id"],
             tenant=e["tenant"],
@@ -146,6 +153,7 @@ class RoutedEndpoint:
             reservation=reservation,
             pods=pods,
             traffic=traffic,
+            max_model_len=max_model_len,
         )
 
 

@@ -7,7 +7,6 @@ from dataplane.router.pricing import (
     chars_to_tokens,
     estimate_input_tokens,
     price,
-    requested_output_tokens,
 )
 
 C = Coefficients(alpha=0.002, beta=0.02, gamma=0.1)
@@ -42,9 +41,10 @@ def test_input_tokens_of_chat_messages():
     assert estimate_input_tokens(body) == 20 + 2 * 4  # 80 chars -> 20 tokens, +4 per message
 
 
-def test_output_tokens_default_max_tokens_and_n():
-    assert requested_output_tokens({}, 256) == 256
-    assert requested_output_tokens({"max_tokens": 50}, 256) == 50
-    assert requested_output_tokens({"max_completion_tokens": 30, "max_tokens": 50}, 256) == 30
-    assert requested_output_tokens({"max_tokens": 50, "n": 3}, 256) == 150
-    assert requested_output_tokens({"max_tokens": "lots"}, 256) == 256
+def test_input_tokens_read_the_path_s_field_only():
+    body = {"prompt": "x", "messages": [{"role": "user", "content": "y" * 400}]}
+    assert estimate_input_tokens(body, chat=True) == 100 + 4  # a stray prompt is not priced
+    assert estimate_input_tokens(body, chat=False) == 1  # nor stray messages on completions
+    # string parts and refusal parts are text too; a malformed part counts 0 (validation refuses it)
+    parts = [{"role": "user", "content": ["x" * 8, {"type": "refusal", "refusal": "y" * 4}, {"text": 5}]}]
+    assert estimate_input_tokens({"messages": parts}, chat=True) == 3 + 4

@@ -20,9 +20,17 @@ def body():
     return {"model": "chat", "prompt": "hi", "max_tokens": 10}
 
 
+PROBE_KEY = b"probe-secret"
+
+
 def one_slot(**kw):
     """One pod with target concurrency 1 and no reservation; ``kw`` overrides the config."""
-    return running(1, table=cp_table(target_concurrency=1, reservation=None), config=with_config(**kw))
+    return running(
+        1,
+        table=cp_table(target_concurrency=1, reservation=None),
+        config=with_config(**kw),
+        probe_key=PROBE_KEY,
+    )
 
 
 async def occupy(router, pods, headers=None):
@@ -91,7 +99,9 @@ def test_probe_displaces_a_best_effort_waiter_from_a_full_queue():
         async with one_slot(queue_wait_s=5.0, max_queued_requests=1) as (router, pods):
             running_one = await occupy(router, pods)
             waiting = await enqueue(router)
-            probe = asyncio.ensure_future(call(router, body=body(), key=TENANT_KEY, headers={"x-probe": "1"}))
+            probe = asyncio.ensure_future(
+                call(router, body=body(), key=TENANT_KEY, headers={"x-probe": PROBE_KEY.decode()})
+            )
             status, _, _ = await waiting
             assert status == 503  # shed for the probe
             pods[0].release.set()

@@ -33,14 +33,14 @@ def test_best_effort_beyond_reservation_only_with_headroom_and_probes_always():
         # endpoint's MU rate stays below capacity 1 pod x 30 MU/min: after n admitted requests the
         # 10-s window holds 0.52 n MU -> 6 x 0.52 n MU/min; + 0.52 < 30 while n <= 9
         table = cp_table(reservation=ReservedRate(12, best_effort_allowed=True), mu_per_replica_minute=30)
-        async with running(1, table=table) as (router, _):
+        async with running(1, table=table, probe_key=b"probe-secret") as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(12)]
             assert statuses == [200] * 10 + [429] * 2
-            # a probe is never shed
-            status, _, _ = await call(router, body=BODY, key=TENANT_KEY, headers={"x-probe": "1"})
-            assert status == 200
-            status, _, _ = await call(router, body={**BODY, "priority": -10_000}, key=TENANT_KEY)
-            assert status == 200
+            # a probe (the prober credential in x-probe) is never shed; a tenant's own claims are
+            headers = {"x-probe": "probe-secret"}
+            assert (await call(router, body=BODY, key=TENANT_KEY, headers=headers))[0] == 200
+            assert (await call(router, body=BODY, key=TENANT_KEY, headers={"x-probe": "1"}))[0] == 429
+            assert (await call(router, body={**BODY, "priority": -10_000}, key=TENANT_KEY))[0] == 429
             await assert_idle(router)
 
     asyncio.run(go())

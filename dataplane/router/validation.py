@@ -1,0 +1,205 @@
+"""The parameters a request is priced from, read as the engine will read them. Pure: no I/O.
+
+The router prices a request before it runs (``pricing``) from what it asks the engine to
+generate: its prompts x ``n`` sequences, each up to the output budget the engine honours. A
+client must not be able to lie about any of them, so ``demand`` reads them as vLLM 0.32 does
+(the simulated engine, ``dataplane.runtime.openai_api``, is our executable copy of its rules)
+and refuses, with a 400 naming the parameter, what would poison the price:
+
+  max_tokens, max_completion_tokens  an integer (vLLM reads JSON in pydantic's lax mode: 12,
+                        12.0, "12" and true are integers; 12.5, "x", [] and 1e400 (inf) are not),
+                        0 <= budget <= the endpoint's context length (``max_model_len``: vLLM
+                        refuses a larger budget too). /v1/chat/completions honours
+                        ``max_completion_tokens`` when set, else ``max_tokens``;
+                        /v1/completions knows only ``max_tokens`` (the other is an unknown field
+                        the engine ignores, so the router ignores it too).
+  n                     an integer, 1 <= n <= the router's ``max_n`` (vLLM's own cap is 16,384).
+  prompt                a string, a list of strings, a list of token ids or a list of token-id
+                        lists (a batch: every prompt generates n sequences).
+  messages              a list of objects whose ``content`` is a string, null or a list of
+                        content parts; a part is a string or an object; a text part's text
+                        field (``text``, or ``refusal`` / ``thinking`` for those types), when
+                        present, is a string (``[{"text": 5}]`` is a 400, never a 500).
+
+``best_of`` is not read: vLLM 0.32's engine (V1) has no best_of and ignores the field, so it
+neither costs anything nor may be refused. Anything else is the engine's to check: the router
+never refuses what vLLM accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dataplane.router.http import RequestError
+
+# Content-part types vLLM reads as text (renderers/chat_utils.py TEXT_PART_TYPES); refusal and
+# thinking parts keep their text in a field named after the type, the others in "text".
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+_OWN_FIELD_PARTS = ("refusal", "thinking")
+
+
+class InvalidParameter(RequestError):
+    """A 400 in OpenAI's error format whose ``param`` names the parameter at fault."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
+        super().__init__(400, message, code, param=param)
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a request asks the engine to generate: ``prompts`` x ``n`` sequences, each up to
+    ``max_tokens`` output tokens."""
+
+    prompts: int  # prompts in the request (a batch counts each), >= 1
+    n: int  # sequences per prompt, >= 1
+    max_tokens: int  # output tokens per sequence at most, >= 0
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.n
+
+    @property
+    def output_tokens(self) -> int:
+        """The most output tokens the engine may generate: 3 prompts x n 2 x 100 -> 600."""
+        return self.sequences * self.max_tokens
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def lax_int(value: Any) -> int | None:
+    """The integer pydantic reads from a JSON value in lax mode, as vLLM does, or None: 12, 12.0,
+    "12", " 12 " and true are integers; 12.5, inf (JSON 1e400), "x", null and [] are not."""
+    if isinstance(value, int):  # bool is an int: pydantic's lax mode reads true as 1
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+        return int(number) if math.isfinite(number) and number.is_integer() else None
+    return None
+
+
+def _int_param(body: dict[str, Any], name: str) -> int | None:
+    """``body[name]`` as an integer; None when absent or null; a 400 when not an integer."""
+    value = body.get(name)
+    if value is None:
+        return None
+    number = lax_int(value)
+    if number is None:
+        raise InvalidParameter(name, f"{name} must be an integer, got {_shown(value)}", "invalid_type")
+    return number
+
+
+def _in_range(name: str, value: int, low: int, high: int, why: str) -> int:
+    if value < low:
+        raise InvalidParameter(
+            name, f"{name} must be at least {low}, got {_shown(value)}", "integer_below_min_value"
+        )
+    if value > high:
+        raise InvalidParameter(
+            name,
+            f"{name}={_shown(value)} cannot be greater than {high} ({why})",
+            "integer_above_max_value",
+        )
+    return value
+
+
+def prompt_count(prompt: Any) -> int:
+    """Prompts in a completions ``prompt``: a string or a token-id list is one, a list of
+    strings or of token-id lists one per member; 400 for another shape."""
+    if isinstance(prompt, str):
+        return 1
+    if not isinstance(prompt, list):
+        raise InvalidParameter(
+            "prompt",
+            f"prompt must be a string, a list of strings, a list of token ids or a list of token-id "
+            f"lists, got {type(prompt).__name__}",
+            "invalid_type",
+        )
+    if not prompt:
+        return 1
+    lists = sum(isinstance(p, list) for p in prompt)
+    if lists == len(prompt) or all(isinstance(p, str) for p in prompt):
+        return len(prompt)  # a batch
+    if lists == 0:
+        return 1  # token ids (in lax mode vLLM reads "12" and 12.0 as ids too; it checks them)
+    raise InvalidParameter(
+        "prompt", "prompt must not mix token-id lists with strings or token ids in one list", "invalid_type"
+    )
+
+
+def check_messages(messages: Any) -> None:
+    """Chat ``messages`` in a shape the price reads (vLLM refuses every fault named here)."""
+    if not isinstance(messages, list):
+        raise InvalidParameter(
+            "messages", f"messages must be a list, got {type(messages).__name__}", "invalid_type"
+        )
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidParameter(
+                where, f"{where} must be an object, got {type(message).__name__}", "invalid_type"
+            )
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise InvalidParameter(
+                f"{where}.content",
+                f"{where}.content must be a string or a list of content parts, got {type(content).__name__}",
+                "invalid_type",
+            )
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if isinstance(part, str):
+                continue
+            if not isinstance(part, dict):
+                raise InvalidParameter(
+                    at, f"{at} must be a content part object, got {type(part).__name__}", "invalid_type"
+                )
+            kind = part.get("type")
+            if kind is not None and kind not in TEXT_PART_TYPES:
+                continue  # media parts: the engine's to read (no text to price)
+            field = kind if kind in _OWN_FIELD_PARTS else "text"
+            if field in part and not isinstance(part[field], str):
+                raise InvalidParameter(
+                    f"{at}.{field}",
+                    f"{at}.{field} must be a string, got {type(part[field]).__name__}",
+                    "invalid_type",
+                )
+
+
+def demand(
+    body: dict[str, Any], chat: bool, max_model_len: int, max_n: int, default_max_tokens: int
+) -> Demand:
+    """What the request asks the engine to generate, read as the engine will read it on its path
+    (``chat``: /v1/chat/completions, else /v1/completions); raises ``InvalidParameter`` (400).
+
+    ``default_max_tokens`` prices a request that sets no budget (the engine's own default is no
+    more than the context left), bounded by ``max_model_len``."""
+    if chat:
+        if "messages" in body:
+            check_messages(body["messages"])
+        prompts = 1
+        max_tokens = _int_param(body, "max_tokens")  # vLLM validates both fields ...
+        completion_tokens = _int_param(body, "max_completion_tokens")
+        name = "max_tokens" if completion_tokens is None else "max_completion_tokens"
+        budget = max_tokens if completion_tokens is None else completion_tokens  # ... honours one
+    else:
+        prompts = prompt_count(body["prompt"]) if body.get("prompt") is not None else 1
+        name, budget = "max_tokens", _int_param(body, "max_tokens")
+    if budget is None:
+        budget = min(default_max_tokens, max_model_len)
+    else:
+        budget = _in_range(name, budget, 0, max_model_len, "the model's context length, max_model_len")
+    n = _int_param(body, "n")
+    n = 1 if n is None else _in_range("n", n, 1, max_n, "the router's max_n")
+    return Demand(prompts, n, budget)
