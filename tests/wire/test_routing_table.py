@@ -2,7 +2,7 @@
 
 import pytest
 
-from capacity.units import CostModel
+from capacity.units import DEFAULT_MAX_MODEL_LEN, CostModel
 from controlplane.endpoints.models import Pod
 from controlplane.endpoints.routing import routing_table
 from controlplane.selling import sell
@@ -24,6 +24,7 @@ CHAT = RoutedEndpoint(
         RoutedPod("chat-1", "http://10.0.0.2:8000", False, "2"),
     ),
     traffic=(("1", 90.0), ("2", 10.0)),
+    max_model_len=8192,
 )
 
 
@@ -32,12 +33,29 @@ def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_c
     assert RoutingTable.from_json(table.to_json()) == table
     # The writer and the reader: what the control plane serves reads back as what it wrote.
     chat = make_endpoint(owner, "chat")
+    chat.profile.max_model_len = 32_768  # the model's context length reaches the routers
+    chat.profile.save()
     sell(chat, mu_per_minute=300, best_effort_allowed=False, sold_by="t")
     Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9001", ready=True)
     served = RoutingTable.from_json(operator_client.get("/api/v1/routing-table/").json())
     assert served == routing_table()
     assert served.endpoints[0].reservation == ReservedRate(300, best_effort_allowed=False)
     assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and served.api_keys
+    assert served.endpoints[0].max_model_len == 32_768
+
+
+def test_an_older_writer_s_table_reads_the_default_context_length():
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    del doc["endpoints"][0]["max_model_len"]
+    assert RoutingTable.from_json(doc).endpoints[0].max_model_len == DEFAULT_MAX_MODEL_LEN
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "8192", True, None])
+def test_a_bad_context_length_is_refused_naming_it(bad):
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    doc["endpoints"][0]["max_model_len"] = bad
+    with pytest.raises(ValueError, match=r"endpoints\[0\]\.max_model_len must be an integer >= 1"):
+        RoutingTable.from_json(doc)
 
 
 def test_a_bad_table_is_refused_naming_the_field_and_value():
