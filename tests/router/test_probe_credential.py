@@ -22,4 +22,3 @@ def test_an_empty_or_missing_key_file_stops_the_router_naming_it(tmp_path, capsy
         with pytest.raises(SystemExit):
             parse_args(["--backends", "http://127.0.0.1:1", "--probe-key-file", path])
         assert path in capsys.readouterr().err
-
