@@ -1,0 +1,78 @@
+"""The router refuses nothing the engine accepts: each body here goes to the real simulated engine
+(our copy of vLLM 0.32's rules, tiny-test: max_model_len 512) and through ``validation.demand``
+with the engine's own limits; whenever the router refuses, the engine answers 400 too."""
+
+import json
+
+import pytest
+
+from dataplane.router.validation import InvalidParameter, demand
+from tests.runtime.support import http, sim_engine
+
+CTX = 512
+MSG = [{"role": "user", "content": "hi"}]
+COMPLETIONS = [
+    {"prompt": "hi", "max_tokens": 5},
+    {"prompt": "hi", "max_tokens": 5.0},
+    {"prompt": "hi", "max_tokens": "5"},
+    {"prompt": "hi", "max_tokens": True},
+    {"prompt": "hi", "max_tokens": 5.5},
+    {"prompt": "hi", "max_tokens": -1},
+    {"prompt": "hi", "max_tokens": CTX},
+    {"prompt": "hi", "max_tokens": CTX + 1},
+    {"prompt": "hi", "max_tokens": 10**26},
+    {"prompt": "hi", "max_tokens": "lots"},
+    {"prompt": "hi", "max_tokens": 4, "max_completion_tokens": 10**26},
+    {"prompt": "hi", "max_tokens": 4, "max_completion_tokens": "junk"},
+    {"prompt": ["a", "b"], "max_tokens": 4, "n": 2, "temperature": 1.0},
+    {"prompt": [1, 2, 3], "max_tokens": 4},
+    {"prompt": [[1, 2], [3]], "max_tokens": 4},
+    {"prompt": ["1", 2.0], "max_tokens": 4},
+    {"prompt": ["a", [1]], "max_tokens": 4},
+    {"prompt": {"a": 1}, "max_tokens": 4},
+    {"prompt": 5, "max_tokens": 4},
+    {"prompt": "hi", "max_tokens": 4, "n": 0},
+    {"prompt": "hi", "max_tokens": 4, "n": "2", "temperature": 1.0},
+    {"prompt": "hi", "max_tokens": 4, "n": 2.5},
+    {"prompt": "hi", "max_tokens": 4, "n": 10**400},
+    {"prompt": "hi", "max_tokens": 4, "best_of": 10**400},
+]
+CHATS = [
+    {"messages": MSG, "max_tokens": 5},
+    {"messages": MSG, "max_completion_tokens": 5, "max_tokens": 10**26},
+    {"messages": MSG, "max_completion_tokens": 10**26, "max_tokens": 5},
+    {"messages": MSG, "max_completion_tokens": 5, "max_tokens": "lots"},
+    {"messages": MSG, "max_tokens": None, "max_completion_tokens": 3},
+    {"messages": "hi", "max_tokens": 5},
+    {"messages": ["hi"], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": 5}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": {"text": "x"}}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"text": 5}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [7]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": ["a", {"type": "text", "text": "b"}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": []}]}], "max_tokens": 5},
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with sim_engine("--profile", "tiny-test", "--time-scale", "100", "--served-model-name", "m") as sim:
+        yield sim
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/completions", b) for b in COMPLETIONS] + [("/v1/chat/completions", b) for b in CHATS],
+)
+def test_what_the_router_refuses_the_engine_refuses(engine, path, body):
+    chat = path.endswith("chat/completions")
+    try:
+        demand(body, chat, CTX, 16_384, 256)  # vLLM's own n limit: this compares the rules, not max_n
+        refused = None
+    except InvalidParameter as exc:
+        refused = exc
+    status, _, answer = http("POST", engine.url + path, json.dumps({"model": "m", **body}).encode())
+    if refused is not None:
+        assert status == 400, (refused.param, answer)
+    else:
+        assert status in (200, 400), answer  # accepted by the router: the engine may still refuse
