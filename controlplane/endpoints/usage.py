@@ -101,7 +101,7 @@ class Usage:
         return datetime.fromtimestamp(self.end, UTC)
 
 
-def usage(endpoints: QuerySet[Endpoint], w: Window) -> QuerySet[UsageHour, dict[str, Any]]:
+def usage(endpoints: QuerySet[Endpoint], w: Window) -> QuerySet[Any, Any]:
     """The endpoints' periods that have usage, oldest first then by endpoint: one query,
     summed by the database (`as_usage` turns a row into a Usage)."""
     period = F("start") if w.step == HOUR else F("start") - Mod(F("start"), DAY)
@@ -121,14 +121,23 @@ def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
         tenant=row["endpoint__tenant__name"],
         start=row["period"],
         end=row["period"] + w.step,
-        **{f: row[f"sum_{f}"] for f in FIGURES},
+        mu=row["sum_mu"],
+        requests=row["sum_requests"],
+        tokens_in=row["sum_tokens_in"],
+        tokens_out=row["sum_tokens_out"],
+        throttled=row["sum_throttled"],
+        errors=row["sum_errors"],
     )
 
 
 def series(endpoint: Endpoint, w: Window) -> list[Usage]:
     """Every period of the window for one endpoint, zeros where nothing was metered."""
     found = {u.start: u for u in (as_usage(r, w) for r in usage(Endpoint.objects.filter(pk=endpoint.pk), w))}
-    blank = {"endpoint": endpoint.pk, "endpoint_name": endpoint.name, "tenant": endpoint.tenant.name}
+    blank: dict[str, Any] = {
+        "endpoint": endpoint.pk,
+        "endpoint_name": endpoint.name,
+        "tenant": endpoint.tenant.name,
+    }
     return [found.get(s) or Usage(**blank, start=s, end=s + w.step) for s in w.periods()]
 
 

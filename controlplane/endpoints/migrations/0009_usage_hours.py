@@ -5,29 +5,45 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('endpoints', '0008_autoscaler_cadence_is_fleet_wide'),
+        ("endpoints", "0008_autoscaler_cadence_is_fleet_wide"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageHour',
+            name="UsageHour",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('start', models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")),
-                ('mu', models.FloatField(default=0.0)),
-                ('requests', models.PositiveBigIntegerField(default=0)),
-                ('tokens_in', models.PositiveBigIntegerField(default=0)),
-                ('tokens_out', models.PositiveBigIntegerField(default=0)),
-                ('throttled', models.PositiveBigIntegerField(default=0)),
-                ('errors', models.PositiveBigIntegerField(default=0)),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage', to='endpoints.endpoint')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "start",
+                    models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600"),
+                ),
+                ("mu", models.FloatField(default=0.0)),
+                ("requests", models.PositiveBigIntegerField(default=0)),
+                ("tokens_in", models.PositiveBigIntegerField(default=0)),
+                ("tokens_out", models.PositiveBigIntegerField(default=0)),
+                ("throttled", models.PositiveBigIntegerField(default=0)),
+                ("errors", models.PositiveBigIntegerField(default=0)),
+                (
+                    "endpoint",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="usage",
+                        to="endpoints.endpoint",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['endpoint_id', 'start'],
-                'indexes': [models.Index(fields=['start'], name='endpoints_u_start_7589ca_idx')],
-                'constraints': [models.UniqueConstraint(fields=('endpoint', 'start'), name='usage_hour_unique')],
+                "ordering": ["endpoint_id", "start"],
+                "indexes": [models.Index(fields=["start"], name="endpoints_u_start_7589ca_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("endpoint", "start"), name="usage_hour_unique")
+                ],
             },
         ),
     ]
