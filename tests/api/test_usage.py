@@ -192,3 +192,9 @@ def test_usage_pages_take_the_same_queries_however_many_rows(operator_client, ow
     many, rows_many = count()
     assert (rows_few, rows_many) == (10, 60)
     assert many == few, f"{few} queries for {rows_few} rows, {many} for {rows_many}"
+
+
+def test_usage_needs_a_key(db):
+    from rest_framework.test import APIClient
+
+    assert APIClient().get("/api/v1/usage/").status_code == 401
