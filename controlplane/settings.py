@@ -193,6 +193,8 @@ ROLLOUT_READY_DEADLINE_S = envfloat("ROLLOUT_READY_DEADLINE_S", 600.0, minimum=1
 # Router samples posted to the database (no Redis) and 5-second load buckets are kept this long.
 ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
 LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
+# Hours of usage per endpoint (/api/v1/usage/, the console's endpoint page) are kept this long.
+USAGE_RETENTION_DAYS = envint("USAGE_RETENTION_DAYS", 400, minimum=8)
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = envstr("REDIS_URL", "")

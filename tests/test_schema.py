@@ -15,8 +15,23 @@ def test_openapi_schema_describes_the_api(db):
         "/api/v1/endpoints/{id}/",
         "/api/v1/reservations/",
         "/api/v1/capacity/",
+        "/api/v1/usage/",
     ]:
         assert path in schema["paths"], path
+    usage = schema["paths"]["/api/v1/usage/"]["get"]
+    assert {p["name"] for p in usage["parameters"]} >= {
+        "granularity",
+        "start",
+        "end",
+        "endpoint",
+        "tenant",
+        "page",
+    }
+    page = usage["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    row = schema["components"]["schemas"][page]["properties"]["results"]["items"]["$ref"].rsplit("/", 1)[-1]
+    assert set(schema["components"]["schemas"][row]["properties"]) >= {
+        "endpoint", "start", "end", "mu", "requests", "tokens_in", "tokens_out", "throttled", "errors",
+    }  # fmt: skip
     assert schema["components"]["securitySchemes"]["bearerKey"]["scheme"] == "bearer"
 
 

@@ -1,7 +1,9 @@
 """Serializers: names in, names out (GPU types, pools, tenants by name; endpoints by id)."""
 
+import difflib
+from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from rest_framework import serializers
@@ -26,19 +28,62 @@ class ExactNumberField(serializers.FloatField):
         return as_json_number(value)
 
 
+if TYPE_CHECKING:
+    _SerializerBase = serializers.Serializer[Any]
+else:
+    _SerializerBase = object
+
+
+class StrictInput(_SerializerBase):
+    """For every serializer that takes a write: a field it does not take, unknown or read-only
+    (ids, what the control plane computes), is a 400 naming it beside the other fields' errors,
+    never silently dropped, so a typo such as `max_provisioned_concurency` cannot pass.
+    Nested input is checked by the nested serializer; JSON fields' contents are their own."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        refused = refused_fields(self.fields, data)
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if refused and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **refused}) from None
+            raise
+        if refused:
+            raise serializers.ValidationError(refused)
+        return value
+
+
+def refused_fields(
+    fields: Mapping[str, serializers.Field[Any, Any, Any, Any]], data: Any
+) -> dict[str, list[str]]:
+    """The keys of a write that name no writable field, each with why."""
+    if not isinstance(data, Mapping):
+        return {}  # DRF refuses a body that is not an object, naming its type
+    writable = [name for name, field in fields.items() if not field.read_only]
+    refused = {}
+    for key in data:
+        field = fields.get(key)
+        if field is not None and field.read_only:
+            refused[key] = ["read-only field"]
+        elif field is None:
+            near = difflib.get_close_matches(str(key), writable, n=1, cutoff=0.8)  # a typo, not a guess
+            refused[key] = [f"unknown field; did you mean {near[0]!r}?" if near else "unknown field"]
+    return refused
+
+
 def principal_of(serializer: serializers.Serializer[Any]) -> Principal:
     """The API puts the Principal on request.user; the console passes it as `principal`."""
     return serializer.context.get("principal") or request_principal(serializer.context["request"])
 
 
-class TenantSerializer(serializers.ModelSerializer[Tenant]):
+class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
         fields = ["id", "name", "display_name", "created_at"]
         read_only_fields = ["created_at"]
 
 
-class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
+class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
     tenant = serializers.SlugRelatedField(
         slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
     )
@@ -69,13 +114,13 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         return data
 
 
-class GpuTypeSerializer(serializers.ModelSerializer[GpuType]):
+class GpuTypeSerializer(StrictInput, serializers.ModelSerializer[GpuType]):
     class Meta:
         model = GpuType
         fields = ["id", "name", "memory_gib", "hourly_cost_usd"]
 
 
-class GpuPoolSerializer(serializers.ModelSerializer[GpuPool]):
+class GpuPoolSerializer(StrictInput, serializers.ModelSerializer[GpuPool]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
@@ -118,7 +163,7 @@ class ProfileFitSerializer(serializers.ModelSerializer[ProfileFit]):
         ]
 
 
-class ModelProfileSerializer(serializers.ModelSerializer[ModelProfile]):
+class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfile]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
@@ -174,7 +219,7 @@ class ModelProfileSerializer(serializers.ModelSerializer[ModelProfile]):
         return profile
 
 
-class EndpointSerializer(serializers.ModelSerializer[Endpoint]):
+class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
     tenant = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Tenant.objects.all(),
@@ -365,7 +410,7 @@ class EndpointSerializer(serializers.ModelSerializer[Endpoint]):
         return endpoint
 
 
-class PodSerializer(serializers.ModelSerializer[Pod]):
+class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
 
     class Meta:
@@ -374,7 +419,7 @@ class PodSerializer(serializers.ModelSerializer[Pod]):
         read_only_fields = ["created_at", "updated_at"]
 
 
-class ReservationSerializer(serializers.ModelSerializer[Reservation]):
+class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.with_related())
     tenant = serializers.CharField(source="endpoint.tenant.name", read_only=True)
     gpus = serializers.SerializerMethodField(help_text="GPUs this reservation takes in its pool")
@@ -421,7 +466,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         return self.instance
 
 
-class EventSerializer(serializers.ModelSerializer[Event]):
+class EventSerializer(StrictInput, serializers.ModelSerializer[Event]):
     tenant = serializers.CharField(source="tenant.name", read_only=True, default=None)
     endpoint = serializers.PrimaryKeyRelatedField(
         queryset=Endpoint.objects.select_related("tenant"), required=False, allow_null=True

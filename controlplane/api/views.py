@@ -38,7 +38,7 @@ def visible(queryset: QuerySet[_M], request: Request) -> QuerySet[_M]:
     return cast(TenantScopedQuerySet[_M], queryset).visible_to(request_principal(request))
 
 
-class RolloutCommand(drf_serializers.Serializer[Any]):
+class RolloutCommand(serializers.StrictInput, drf_serializers.Serializer[Any]):
     action = drf_serializers.ChoiceField(choices=["promote", "abort"])
 
 

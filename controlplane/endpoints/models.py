@@ -269,6 +269,30 @@ class LoadMinute(models.Model):
         return f"endpoint {self.endpoint_id} minute to {self.end}"
 
 
+class UsageHour(models.Model):
+    """One UTC hour of an endpoint's metered usage, all routers and seconds together: what
+    /api/v1/usage/ and the console's endpoint page sum by hour or day. Written by the collector
+    (controlplane.endpoints.usage.record) from the same router seconds as the LoadBuckets, and
+    kept USAGE_RETENTION_DAYS (the buckets only a day)."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="usage")
+    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
+    mu = models.FloatField(default=0.0)  # MU metered
+    requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
+    errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
+
+    class Meta:
+        ordering = ["endpoint_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "start"], name="usage_hour_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} hour from {self.start}"
+
+
 class RouterSample(models.Model):
     """One router's row for one second, posted when there is no Redis (the embedded default).
     endpoint_id 0 marks the router's heartbeat for that second (no foreign key: a router may

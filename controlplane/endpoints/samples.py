@@ -12,7 +12,8 @@ LoadBucket per endpoint that has replicas or traffic:
 
 A slot no router reported is missing data and gets no bucket (the autoscaler then decides
 nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
-what scale to zero needs to see).
+what scale to zero needs to see). The same slots add to each endpoint's hour of usage
+(controlplane.endpoints.usage), kept longer than the buckets.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections import defaultdict
 from typing import Protocol
 
 from capacity.autoscaler.window import quantile
+from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket, RouterSample
 from dataplane.wire.load_samples import (
     LATENCY_BUCKETS_S,
@@ -151,15 +153,24 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
     traffic: dict[int, set[int]] = defaultdict(set)
     for endpoint_id, second in rows:
         traffic[endpoint_id].add(second)
-    buckets = []
+    # A slot collected before (a pass that ended before it could move the cursor) already has
+    # its buckets, and its usage counted: neither is written twice.
+    done = set(
+        LoadBucket.objects.filter(endpoint_id__in=ids, end__gte=first_end, end__lte=last_end).values_list(
+            "endpoint_id", "end"
+        )
+    )
+    buckets, metered = [], []
     for end in range(first_end, last_end + 1, BUCKET_S):
         slot = [s for s in range(end - BUCKET_S, end) if s in observed]
         if not slot:
             continue  # no router reported: missing data, not idleness
         for e in endpoints:
-            if e.desired_replicas == 0 and not any(s in traffic[e.pk] for s in slot):
+            if (e.desired_replicas == 0 and not any(s in traffic[e.pk] for s in slot)) or (e.pk, end) in done:
                 continue
-            fields = summarise(end, len(slot), [rows.get((e.pk, s), EndpointSecond()) for s in slot])
+            seconds = [rows.get((e.pk, s), EndpointSecond()) for s in slot]
+            metered.append((e.pk, end - BUCKET_S, sum(seconds, EndpointSecond())))
+            fields = summarise(end, len(slot), seconds)
             buckets.append(
                 LoadBucket(
                     endpoint_id=e.pk,
@@ -168,5 +179,6 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
                     **fields,
                 )
             )
-    LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)  # a re-run writes nothing twice
+    LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)
+    usage.record(metered)
     return last_end

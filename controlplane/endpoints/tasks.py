@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
 from controlplane.endpoints import scaling
-from controlplane.endpoints.models import LoadBucket, LoadMinute, RouterSample
+from controlplane.endpoints.models import LoadBucket, LoadMinute, RouterSample, UsageHour
 
 
 @shared_task
@@ -20,6 +20,7 @@ def autoscale_horizontal() -> str:
     RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S).delete()
     LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
     LoadMinute.objects.filter(end__lt=ts - HISTORY_S).delete()  # older than any forecast reads
+    UsageHour.objects.filter(start__lt=ts - settings.USAGE_RETENTION_DAYS * 86400).delete()
     return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
 
 

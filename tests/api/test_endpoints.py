@@ -27,9 +27,10 @@ def test_create_read_update_delete(owner_client, pool, small_model):
 
 def test_read_only_fields_are_not_writable(owner_client, make_endpoint, owner):
     endpoint = make_endpoint(owner, "chat")
-    owner_client.patch(
+    answer = owner_client.patch(
         f"/api/v1/endpoints/{endpoint.pk}/", {"ready_replicas": 9, "state": "ready"}, format="json"
     )
+    assert answer.status_code == 400 and set(answer.json()["fields"]) == {"ready_replicas", "state"}
     endpoint.refresh_from_db()
     assert (endpoint.ready_replicas, endpoint.state) == (0, "pending")
 

@@ -81,6 +81,49 @@ def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(
     assert "scale: owner-secret-chat: replicas 2 -&gt; 3" in html  # the event's mark
 
 
+def test_endpoint_detail_shows_its_usage_by_hour_and_day_as_the_api_does(
+    settings, owner_web, owned, operator_client
+):
+    from controlplane.endpoints import samples, scaling
+    from dataplane.wire.load_samples import RouterSecond, TrafficSample
+
+    # Ten seconds posted as routers without Redis do, then the autoscaler's pass collects them.
+    settings.REDIS_URL = ""
+    now = int(timezone.now().timestamp()) // 5 * 5
+    one = TrafficSample(owned.pk, "owner", requests=2, mu=0.75, tokens_in=40, tokens_out=9, throttled=3)
+    for second in range(now - 10, now):
+        answer = operator_client.post(
+            "/api/v1/load-samples/", RouterSecond(second, (one,)).to_json(), format="json"
+        )
+        assert answer.status_code == 201
+    scaling.horizontal_pass(None, datetime.fromtimestamp(now + samples.LAG_S, UTC))
+    html = owner_web.get(f"/console/endpoints/{owned.pk}/").content.decode()
+    hours, days = re.findall(r'<table class="grid usage-table">(.*?)</table>', html, re.S)
+    assert hours.count("<tr>") == 1 + 24 and days.count("<tr>") == 1 + 7  # every period, zeros too
+    api = operator_client.get("/api/v1/usage/", {"endpoint": owned.pk}).json()["results"]
+    assert sum(r["requests"] for r in api) == 20  # ten seconds may straddle two hours
+    for r in api:
+        when = datetime.fromisoformat(r["start"].replace("Z", "+00:00")).strftime("%H:%M")
+        assert (
+            f'<time datetime="{r["start"].replace("Z", "+00:00")}">{when}</time></td><td class="num mu">'
+            f'{r["mu"]:.2f}</td><td class="num requests">{r["requests"]}</td><td class="num tokens-in">'
+            f'{r["tokens_in"]}</td><td class="num tokens-out">{r["tokens_out"]}</td>'
+            f'<td class="num throttled">{r["throttled"]}</td>'
+        ) in hours
+
+    def column(table, name):
+        return [float(v) for v in re.findall(rf'<td class="num {name}">([\d.]+)</td>', table)]
+
+    for name, total in (
+        ("mu", 7.5),
+        ("requests", 20),
+        ("tokens-in", 400),
+        ("tokens-out", 90),
+        ("throttled", 30),
+    ):
+        assert sum(column(days, name)) == pytest.approx(total) == sum(column(hours, name)), name
+
+
 def test_capacity_page_shows_have_sold_used_per_pool(operator_web, owned):
     record_snapshots(timezone.now() - timedelta(minutes=5))
     html = operator_web.get("/console/capacity/").content.decode()

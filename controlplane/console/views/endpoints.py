@@ -1,5 +1,5 @@
 """The endpoints section: the filtered list, the create/edit form (the API's serializer behind
-it) and the detail page with its live panel of replicas, traffic and latency."""
+it) and the detail page with its live panel of replicas, traffic and latency, and its usage."""
 
 from datetime import timedelta
 from typing import Any
@@ -16,6 +16,7 @@ from controlplane.api.serializers import EndpointSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.console import charts
 from controlplane.console.views.base import ConsoleRequest, console_view, filled, page
+from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
@@ -112,6 +113,10 @@ def endpoint_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
     context = endpoint_live_context(endpoint)
     context["pods"] = endpoint.pods.order_by("name")
+    # The API's usage query (/api/v1/usage/), every period shown: the last 24 hours, 7 days.
+    now = timezone.now().timestamp()
+    context["usage_hours"] = usage.series(endpoint, usage.window("hour", None, None, now))
+    context["usage_days"] = usage.series(endpoint, usage.window("day", None, None, now))
     return page(request, "console/endpoint_detail.html", "console/_endpoint_live.html", context)
 
 

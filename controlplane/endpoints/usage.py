@@ -1,0 +1,176 @@
+"""Usage: what the routers metered of each endpoint, per UTC hour and per UTC day.
+
+The collector (controlplane.endpoints.samples.collect) adds each 5-second slot of router
+seconds to its endpoint's UsageHour (`record`); `usage` is the one query behind
+``GET /api/v1/usage/`` and the console's endpoint page, a day being the sum of its 24 hours:
+
+    an endpoint's slot 10:00:00-10:00:05 with 3 requests, 1.5 MU, 300 tokens in, 90 out and
+    one 429, then the slot 10:59:55-11:00:00 with 1 request of 0.5 MU -> hour 10:00 reads
+    4 requests, 2.0 MU, 1 throttled; the day reads the same plus its other hours.
+
+A window is whole periods: its start is floored and its end rounded up to the granularity, so
+``start=10:30`` by the hour includes the hour from 10:00 (`window`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import F, QuerySet, Sum
+from django.db.models.functions import Mod
+
+from controlplane.endpoints.models import Endpoint, UsageHour
+from dataplane.wire.load_samples import EndpointSecond
+
+HOUR = 3600
+DAY = 86400
+STEP_S = {"hour": HOUR, "day": DAY}
+DEFAULT_PERIODS = {"hour": 24, "day": 7}  # without a start: the last 24 hours, the last 7 days
+MAX_PERIODS = {"hour": 31 * 24, "day": 366}  # a window spans at most 31 days by the hour, 366 by the day
+FIGURES = ("mu", "requests", "tokens_in", "tokens_out", "throttled", "errors")
+
+
+class UsageError(ValueError):
+    """A window that cannot be answered; `field` is the query parameter to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Window:
+    granularity: str  # "hour" or "day"
+    start: int  # unix seconds, a multiple of the step
+    end: int  # unix seconds, exclusive, a multiple of the step
+
+    @property
+    def step(self) -> int:
+        return STEP_S[self.granularity]
+
+    def periods(self) -> range:
+        return range(self.start, self.end, self.step)
+
+
+def window(granularity: str, start: float | None, end: float | None, now: float) -> Window:
+    """Pure: the whole periods overlapping [start, end); the end defaults to now (the current
+    period included), the start to DEFAULT_PERIODS before the end."""
+    if granularity not in STEP_S:
+        raise UsageError("granularity", f"{granularity!r} must be one of: {', '.join(STEP_S)}")
+    step = STEP_S[granularity]
+    last = math.ceil((now if end is None else end) / step) * step
+    first = last - DEFAULT_PERIODS[granularity] * step if start is None else math.floor(start / step) * step
+    if first >= last:
+        raise UsageError("start", "must be before end")
+    if (last - first) // step > MAX_PERIODS[granularity]:
+        raise UsageError(
+            "start",
+            f"the window spans {(last - first) // step} {granularity}s; at most"
+            f" {MAX_PERIODS[granularity]} by the {granularity}",
+        )
+    return Window(granularity, first, last)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One endpoint's period: the sums of its UsageHours."""
+
+    endpoint: int
+    endpoint_name: str
+    tenant: str
+    start: int  # unix seconds
+    end: int
+    mu: float = 0.0
+    requests: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    throttled: int = 0
+    errors: int = 0
+
+    @property
+    def start_time(self) -> datetime:
+        return datetime.fromtimestamp(self.start, UTC)
+
+    @property
+    def end_time(self) -> datetime:
+        return datetime.fromtimestamp(self.end, UTC)
+
+
+def usage(endpoints: QuerySet[Endpoint], w: Window) -> QuerySet[Any, Any]:
+    """The endpoints' periods that have usage, oldest first then by endpoint: one query,
+    summed by the database (`as_usage` turns a row into a Usage)."""
+    period = F("start") if w.step == HOUR else F("start") - Mod(F("start"), DAY)
+    return (
+        UsageHour.objects.filter(endpoint__in=endpoints.values("pk"), start__gte=w.start, start__lt=w.end)
+        .annotate(period=period)
+        .values("period", "endpoint_id", "endpoint__name", "endpoint__tenant__name")
+        .annotate(**{f"sum_{f}": Sum(f) for f in FIGURES})
+        .order_by("period", "endpoint_id")
+    )
+
+
+def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
+    return Usage(
+        endpoint=row["endpoint_id"],
+        endpoint_name=row["endpoint__name"],
+        tenant=row["endpoint__tenant__name"],
+        start=row["period"],
+        end=row["period"] + w.step,
+        mu=row["sum_mu"],
+        requests=row["sum_requests"],
+        tokens_in=row["sum_tokens_in"],
+        tokens_out=row["sum_tokens_out"],
+        throttled=row["sum_throttled"],
+        errors=row["sum_errors"],
+    )
+
+
+def series(endpoint: Endpoint, w: Window) -> list[Usage]:
+    """Every period of the window for one endpoint, zeros where nothing was metered."""
+    found = {u.start: u for u in (as_usage(r, w) for r in usage(Endpoint.objects.filter(pk=endpoint.pk), w))}
+    blank: dict[str, Any] = {
+        "endpoint": endpoint.pk,
+        "endpoint_name": endpoint.name,
+        "tenant": endpoint.tenant.name,
+    }
+    return [found.get(s) or Usage(**blank, start=s, end=s + w.step) for s in w.periods()]
+
+
+def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[int, int, EndpointSecond]]:
+    """Pure: (endpoint id, slot start second, its sum) -> (endpoint id, hour start, sum) per hour,
+    leaving out what metered nothing."""
+    hours: dict[tuple[int, int], EndpointSecond] = {}
+    for endpoint_id, second, total in slots:
+        if any((total.requests, total.mu, total.tokens_in, total.tokens_out, total.throttled, total.errors)):
+            key = (endpoint_id, second // HOUR * HOUR)
+            hours[key] = hours[key] + total if key in hours else total
+    for (endpoint_id, hour), total in sorted(hours.items()):
+        yield endpoint_id, hour, total
+
+
+def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
+    """Add slots to their endpoints' UsageHours, in one statement (an upsert that adds); the
+    caller records each slot once (the collector, under its lease). Returns the hours touched."""
+    rows = [
+        (endpoint_id, hour, t.mu, round(t.requests), round(t.tokens_in), round(t.tokens_out),
+         round(t.throttled), round(t.errors))
+        for endpoint_id, hour, t in hourly(slots)
+    ]  # fmt: skip
+    if not rows:
+        return 0
+    table = connection.ops.quote_name(UsageHour._meta.db_table)
+    columns = ("endpoint_id", "start", *FIGURES)
+    added = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in FIGURES)
+    values = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}"
+            f" ON CONFLICT (endpoint_id, start) DO UPDATE SET {added}",
+            [v for row in rows for v in row],
+        )
+    return len(rows)
