@@ -82,7 +82,7 @@ def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
             "max_provisioned_concurrency",
             "target_concurrency_per_replica",
             "scale_to_zero_enabled",
-        )  # fmt: skip
+        )
         .annotate(running=Count("pods", filter=Q(pods__ready=True)))
         .order_by()
     )
