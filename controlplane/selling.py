@@ -197,7 +197,7 @@ def _reserved(endpoint: Endpoint | None) -> int:
 
 
 def _check_quota(tenant: Tenant, endpoint: Endpoint, before: Endpoint | None) -> None:
-    others = Endpoint.objects.filter(tenant=tenant).exclude(pk=endpoint.pk).select_related("profile")  # type: ignore[misc]
+    others = Endpoint.objects.filter(tenant=tenant).exclude(pk=endpoint.pk).select_related("profile")
     others_min = others_max = 0
     for other in others.only(
         "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
