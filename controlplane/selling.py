@@ -16,6 +16,7 @@ The API, the console and `load_demo` all call these, so each gets the same check
 from collections import defaultdict
 from collections.abc import Iterable
 from fractions import Fraction
+from math import ceil
 
 from django.conf import settings
 from django.db import transaction
@@ -25,7 +26,9 @@ from capacity.ledger import (
     NOTHING,
     Allocation,
     Commitment,
+    Oversold,
     PoolLedger,
+    QuotaExceeded,
     Shape,
     check_change,
     check_holds,
@@ -213,6 +216,30 @@ def _check_quota(tenant: Tenant, endpoint: Endpoint, before: Endpoint | None) ->
         (others_min, others_max),
         bounds_gpus(before) if before is not None else (0, 0),
     )
+
+
+def allowed_target(endpoint: Endpoint, target: int) -> int:
+    """The target concurrency per replica the vertical autoscaler may set: a lower target means
+    more minimum and maximum replicas, checked like any raise (pool and quota) under the tenant's
+    and the pool's locks, which the caller's transaction keeps until it has written the target.
+    Refused, the target is held at the lowest that keeps the endpoint's replica bounds as they are."""
+    old = endpoint.target_concurrency_per_replica
+    low, high = endpoint.replica_bounds
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
+        (pool,) = locked_pools([endpoint.pool_id])
+        before = Endpoint.objects.select_related("profile", "reservation").get(pk=endpoint.pk)
+        endpoint.target_concurrency_per_replica = target
+        try:
+            _check_quota(tenant, endpoint, before)
+            reserved = _reserved(before)
+            ensure_change(pool, commitment(endpoint, reserved), commitment(before, reserved))
+        except (Oversold, QuotaExceeded):
+            keep_low = ceil(endpoint.min_provisioned_concurrency / low) if low else 1
+            return max(target, keep_low, ceil(endpoint.max_provisioned_concurrency / high))
+        finally:
+            endpoint.target_concurrency_per_replica = old
+    return target
 
 
 def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> None:

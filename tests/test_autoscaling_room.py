@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 
 from controlplane.endpoints import scaling
-from controlplane.endpoints.models import Endpoint, LoadBucket
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError
-from tests.test_autoscaling import NOW, TS, Recorder
+from tests.test_autoscaling import NOW, TS, Recorder, buckets
 
 
 def load(endpoint, until, seconds_back=60, in_flight=30.0):
@@ -104,3 +104,28 @@ def test_a_wake_with_no_free_gpu_is_refused_naming_the_pool(owner, make_endpoint
     with pytest.raises(ClusterError, match="pool use1-h100 has no room"):
         scaling.wake(idle, cluster, NOW)
     assert cluster.calls == []
+
+
+def test_a_lower_target_that_needs_more_minimum_replicas_than_the_pool_holds_is_held(
+    owner, make_endpoint, pool
+):
+    """A lower target concurrency raises the minimum replicas (48 at 16 per replica: 3; at 12: 4),
+    which is committed capacity: the vertical pass may not raise it past the pool."""
+    steady = make_endpoint(
+        owner, "steady", min_provisioned_concurrency=48, max_provisioned_concurrency=48,
+        target_concurrency_per_replica=16,
+    )  # fmt: skip
+    make_endpoint(owner, "batch", min_provisioned_concurrency=40, max_provisioned_concurrency=40)  # 5 GPUs
+    Endpoint.objects.filter(pk=steady.pk).update(ready_replicas=3)
+    buckets(steady, 30, in_flight=20.0, p99=9.5)  # slow replicas: the decider wants 16 x 0.75 = 12
+    cluster = Recorder()
+    assert scaling.vertical_pass(cluster, NOW).changed == 0
+    steady.refresh_from_db()
+    assert steady.target_concurrency_per_replica == 16 and cluster.calls == []
+    # With room for a fourth replica it goes through.
+    pool.gpu_count = 9
+    pool.save()
+    Lease.objects.filter(name=scaling.VERTICAL).update(last_run_at=None)  # the same 30 s again
+    assert scaling.vertical_pass(cluster, NOW).changed == 1
+    steady.refresh_from_db()
+    assert steady.target_concurrency_per_replica == 12 and steady.replica_bounds == (4, 4)

@@ -37,6 +37,7 @@ from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, 
 from capacity.autoscaler.horizontal import Decision
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import free_replicas
+from controlplane import selling
 from controlplane.endpoints import rollouts, samples
 from controlplane.endpoints.deployments import (
     DEPLOYMENT_PREFIX,
@@ -444,23 +445,36 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
             decided += d.target is not None
             if d.target is None or d.target == e.target_concurrency_per_replica:
                 continue
-            try:
-                cluster.set_target_concurrency(deployment_name(e.pk, e.version), d.target)
-            except ClusterError as exc:
-                failed += 1
-                log.warning("target concurrency of %s not pushed: %s", e, exc)
-                continue
-            old = e.target_concurrency_per_replica
-            Endpoint.objects.filter(pk=e.pk).update(target_concurrency_per_replica=d.target)
-            Event.record(
-                Event.Kind.CONCURRENCY,
-                f"{e.name}: target concurrency per replica {old} -> {d.target}: {d.reason}",
-                tenant=e.tenant,
-                endpoint=e,
-                reported_by="autoscaler",
-                detail={"from": old, "to": d.target, "reason": d.reason},
-            )
-            changed += 1
+            with transaction.atomic():
+                # A lower target raises the replica bounds: committed capacity, checked under the
+                # pool's lock, held until the new target is written.
+                target, reason = d.target, d.reason
+                if d.target < e.target_concurrency_per_replica:
+                    target = selling.allowed_target(e, d.target)
+                    if target != d.target:
+                        reason += (
+                            f"; held at {target}: more minimum or maximum replicas do not fit in pool"
+                            f" {e.pool.name} or tenant {e.tenant.name}'s GPU quota"
+                        )
+                if target == e.target_concurrency_per_replica:
+                    continue
+                try:
+                    cluster.set_target_concurrency(deployment_name(e.pk, e.version), target)
+                except ClusterError as exc:
+                    failed += 1
+                    log.warning("target concurrency of %s not pushed: %s", e, exc)
+                    continue
+                old = e.target_concurrency_per_replica
+                Endpoint.objects.filter(pk=e.pk).update(target_concurrency_per_replica=target)
+                Event.record(
+                    Event.Kind.CONCURRENCY,
+                    f"{e.name}: target concurrency per replica {old} -> {target}: {reason}",
+                    tenant=e.tenant,
+                    endpoint=e,
+                    reported_by="autoscaler",
+                    detail={"from": old, "to": target, "reason": reason},
+                )
+                changed += 1
         return PassReport(decided, changed, failed)
     finally:
         release_lease(lease, now)
