@@ -1,27 +1,59 @@
 """Selling capacity: every write that can change what a pool holds, in one place.
 
 The ledger arithmetic is pure (capacity.ledger); this module feeds it from the database and holds
-the rules around it. Each write locks the pool rows first (`locked_pools`, in id order), then
-reads the ledger, then refuses an oversell (Oversold), so two concurrent sales on one pool
-serialise on the pool row and the second sees the first. It sits above the capacity and
-endpoints apps (it reads both), so neither app imports the other to check a sale.
+the rules around it. Each write locks the rows it is checked against first (the tenant's row for
+a quota check, then the pool rows in id order: `locked_pools`), then reads the ledger, then
+refuses what would oversell (Oversold) or go beyond the tenant's GPU quota (QuotaExceeded), so two
+concurrent writes on one pool (or one tenant) serialise on its row and the second sees the first.
+A change is checked against the pool's ledger as it stands, with what the change commits and what
+it replaces (capacity.ledger.check_change), so a refusal carries the figures /capacity/ shows.
+It sits above the capacity and endpoints apps (it reads both), so neither app imports the other.
 
-Writers: `save_pool`, `save_profile`, `save_endpoint`, `sell` and `release`. The API, the
-console and `load_demo` all call these, so each gets the same checks and the same events.
+Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell` and `release`.
+The API, the console and `load_demo` all call these, so each gets the same checks and events.
 """
 
 from collections import defaultdict
 from collections.abc import Iterable
 from fractions import Fraction
+from math import ceil
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q
 
-from capacity.ledger import Allocation, PoolLedger, Shape, check_sale, pool_ledger
+from capacity.ledger import (
+    NOTHING,
+    Allocation,
+    Commitment,
+    Oversold,
+    PoolLedger,
+    QuotaExceeded,
+    Shape,
+    check_change,
+    check_holds,
+    check_quota,
+    pool_ledger,
+)
+from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
+from controlplane.tenants.models import Tenant
+
+
+class EndpointReserved(Exception):
+    """Deleting an endpoint that holds a reservation: the sale is ended first, by an operator."""
+
+    def __init__(self, endpoint: Endpoint, reservation: Reservation):
+        self.endpoint = endpoint
+        self.reservation = reservation
+        super().__init__(
+            f"endpoint {endpoint.name!r} holds a reservation of {reservation.mu_per_minute} MU/min"
+            f" (reservation {reservation.pk}, sold by {reservation.sold_by or 'unknown'}): an operator"
+            " releases it first (DELETE /api/v1/reservations/<id>/, or DELETE of the endpoint with"
+            " ?release=true)"
+        )
 
 
 def default_shape() -> Shape:
@@ -32,27 +64,47 @@ def overcommit() -> Fraction:
     return Fraction(str(settings.CAPACITY_OVERCOMMIT))
 
 
-def pool_ledgers(
-    pools: Iterable[GpuPool], *, excluding_endpoint_id: int | None = None
-) -> dict[int, PoolLedger]:
-    """Ledgers of these pools in two queries, whatever the number of endpoints."""
+def gpu_quota(tenant: Tenant) -> int:
+    """The tenant's GPU quota: its own, or TENANT_GPU_QUOTA_DEFAULT when it has none."""
+    return tenant.gpu_quota if tenant.gpu_quota is not None else settings.TENANT_GPU_QUOTA_DEFAULT
+
+
+def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
+    """Ledgers of these pools in two queries (the pools, one row per endpoint)."""
     pools = list(pools)
     rows = (
         Endpoint.objects.filter(pool__in=pools)
-        # None excludes nothing (Django reads pk=None as IS NULL); the plugin wants a key here.
-        .exclude(pk=excluding_endpoint_id)  # type: ignore[misc]
-        .values("pool_id", "profile__model", "profile__mu_per_replica_minute", "profile__gpus_per_replica")
-        .annotate(sold=Sum("reservation__mu_per_minute"), used=Sum("used_mu_per_minute"), n=Count("id"))
+        .values(
+            "pool_id",
+            "profile__model",
+            "profile__mu_per_replica_minute",
+            "profile__gpus_per_replica",
+            "reservation__mu_per_minute",
+            "used_mu_per_minute",
+            "min_provisioned_concurrency",
+            "max_provisioned_concurrency",
+            "target_concurrency_per_replica",
+            "scale_to_zero_enabled",
+        )
+        .annotate(running=Count("pods", filter=Q(pods__ready=True)))
         .order_by()
     )
     allocations: dict[int, list[Allocation]] = defaultdict(list)
     for row in rows:
+        low, _ = replica_bounds(
+            row["min_provisioned_concurrency"],
+            row["max_provisioned_concurrency"],
+            row["target_concurrency_per_replica"],
+            row["scale_to_zero_enabled"],
+        )
         allocations[row["pool_id"]].append(
             Allocation(
                 shape=Shape(row["profile__mu_per_replica_minute"], row["profile__gpus_per_replica"]),
                 model=row["profile__model"],
-                sold_mu_per_minute=Fraction(row["sold"] or 0),
-                used_mu_per_minute=Fraction(str(row["used"] or 0)),
+                sold_mu_per_minute=Fraction(row["reservation__mu_per_minute"] or 0),
+                used_mu_per_minute=Fraction(str(row["used_mu_per_minute"] or 0)),
+                min_replicas=low,
+                running_replicas=row["running"],
             )
         )
     return {
@@ -61,8 +113,19 @@ def pool_ledgers(
     }
 
 
+def commitment(endpoint: Endpoint, reserved_mu_per_minute: int) -> Commitment:
+    """What `endpoint`, as it is in memory, commits in its pool with this reservation."""
+    return endpoint.profile.shape.commitment(reserved_mu_per_minute, endpoint.replica_bounds[0])
+
+
+def bounds_gpus(endpoint: Endpoint) -> tuple[int, int]:
+    """GPUs of the endpoint's (min, max) replicas: what its tenant's quota bounds."""
+    low, high = endpoint.replica_bounds
+    return low * endpoint.profile.gpus_per_replica, high * endpoint.profile.gpus_per_replica
+
+
 def roomiest_pool(profile: ModelProfile) -> GpuPool | None:
-    """The pool of the profile's GPU type with the most unsold GPUs (ties: by name)."""
+    """The pool of the profile's GPU type with the most uncommitted GPUs (ties: by name)."""
     pools = list(GpuPool.objects.filter(gpu_type_id=profile.gpu_type_id).order_by("name"))
     ledgers = pool_ledgers(pools)
     return max(pools, key=lambda p: ledgers[p.pk].headroom_gpus, default=None)
@@ -73,60 +136,57 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
     return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
 
 
-def ensure_capacity(
-    pool: GpuPool,
-    *,
-    shape: Shape | None = None,
-    asked_mu_per_minute: int = 0,
-    excluding_endpoint_id: int | None = None,
-    replacing_mu: int = 0,
-) -> PoolLedger:
-    """Raise Oversold unless `pool` holds what is sold (minus one endpoint) plus what is asked.
-
-    The caller holds the pool's lock (locked_pools) inside a transaction.
-    """
-    ledger = pool_ledgers([pool], excluding_endpoint_id=excluding_endpoint_id)[pool.pk]
-    check_sale(pool.name, ledger, shape or default_shape(), asked_mu_per_minute, replacing_mu)
-    return ledger
+def ensure_change(pool: GpuPool, asked: Commitment, replacing: Commitment = NOTHING) -> None:
+    """Raise Oversold unless `pool` holds `asked` in place of `replacing`. The caller holds the
+    pool's lock (locked_pools) inside a transaction."""
+    check_change(pool.name, pool_ledgers([pool])[pool.pk], asked, replacing)
 
 
 def save_pool(pool: GpuPool) -> None:
-    """Save; a pool shrunk below what is sold in it is refused (Oversold)."""
+    """Save; a pool shrunk below what is committed in it is refused (Oversold)."""
     with transaction.atomic():
         if pool.pk:
             locked_pools([pool.pk])
         pool.save()
-        ensure_capacity(pool)
+        check_holds(pool.name, pool_ledgers([pool])[pool.pk])
 
 
 def save_profile(profile: ModelProfile) -> None:
-    """Save; a re-pricing that makes reservations need more GPUs than a pool has is refused."""
+    """Save; a re-pricing that makes commitments need more GPUs than a pool has is refused."""
     with transaction.atomic():
         pools = locked_pools(profile.endpoints.values_list("pool_id", flat=True)) if profile.pk else []
         profile.save()
+        ledgers = pool_ledgers(pools)
         for pool in pools:
-            ensure_capacity(pool)
+            check_holds(pool.name, ledgers[pool.pk])
 
 
 def save_endpoint(endpoint: Endpoint) -> None:
-    """Save, refusing a move or model change that would oversell the endpoint's pool.
+    """Save, refusing what would oversell the endpoint's pool or exceed its tenant's GPU quota.
 
-    A reserved endpoint moved to another pool, or switched to a model that needs more GPUs per
-    MU, takes its reservation along; the pool it lands in must hold it. A new endpoint starts at
-    its minimum replicas; a model change starts a rollout (Endpoint.start_rollout_if_the_model_changed).
+    The endpoint commits max(its reservation, its minimum replicas) in its pool (capacity.ledger):
+    a raise of its minimum, a move to another pool (its reservation goes along) or a switch to a
+    model that needs more GPUs is checked against the pool it lands in. Its tenant's endpoints'
+    minimum and maximum replicas, in GPUs, each stay within the tenant's quota. A new endpoint
+    starts at its minimum replicas; a model change starts a rollout
+    (Endpoint.start_rollout_if_the_model_changed).
     """
     with transaction.atomic():
-        reservation = None
-        if endpoint.pk:
-            (pool,) = locked_pools([endpoint.pool_id])
-            reservation = Reservation.objects.filter(endpoint_id=endpoint.pk).first()
-        if reservation is not None:
-            ensure_capacity(
-                pool,
-                shape=endpoint.profile.shape,
-                asked_mu_per_minute=reservation.mu_per_minute,
-                excluding_endpoint_id=endpoint.pk,
-            )
+        # Tenant first, then pools: every writer that takes both takes them in this order.
+        tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
+        before = (
+            Endpoint.objects.select_related("profile", "reservation").filter(pk=endpoint.pk).first()
+            if endpoint.pk
+            else None
+        )
+        pools = {p.pk: p for p in locked_pools({endpoint.pool_id, *([before.pool_id] if before else [])})}
+        pool = pools[endpoint.pool_id]
+        reserved = _reserved(before)
+        _check_quota(tenant, endpoint, before)
+        replacing = NOTHING
+        if before is not None and before.pool_id == endpoint.pool_id:
+            replacing = commitment(before, reserved)
+        ensure_change(pool, commitment(endpoint, reserved), replacing)
         if endpoint._state.adding:
             endpoint.desired_replicas = endpoint.replica_bounds[0]
         if endpoint.pk and not endpoint._state.adding:
@@ -134,9 +194,71 @@ def save_endpoint(endpoint: Endpoint) -> None:
         endpoint.save()
 
 
+def _reserved(endpoint: Endpoint | None) -> int:
+    reservation = getattr(endpoint, "reservation", None) if endpoint is not None else None
+    return reservation.mu_per_minute if reservation is not None else 0
+
+
+def _check_quota(tenant: Tenant, endpoint: Endpoint, before: Endpoint | None) -> None:
+    others = Endpoint.objects.filter(tenant=tenant).exclude(pk=endpoint.pk).select_related("profile")
+    others_min = others_max = 0
+    for other in others.only(
+        "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
+        "scale_to_zero_enabled", "profile__gpus_per_replica",
+    ):  # fmt: skip
+        low, high = bounds_gpus(other)
+        others_min, others_max = others_min + low, others_max + high
+    low, high = bounds_gpus(endpoint)
+    check_quota(
+        tenant.name,
+        gpu_quota(tenant),
+        (low, high),
+        (others_min, others_max),
+        bounds_gpus(before) if before is not None else (0, 0),
+    )
+
+
+def allowed_target(endpoint: Endpoint, target: int) -> int:
+    """The target concurrency per replica the vertical autoscaler may set: a lower target means
+    more minimum and maximum replicas, checked like any raise (pool and quota) under the tenant's
+    and the pool's locks, which the caller's transaction keeps until it has written the target.
+    Refused, the target is held at the lowest that keeps the endpoint's replica bounds as they are."""
+    old = endpoint.target_concurrency_per_replica
+    low, high = endpoint.replica_bounds
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
+        (pool,) = locked_pools([endpoint.pool_id])
+        before = Endpoint.objects.select_related("profile", "reservation").get(pk=endpoint.pk)
+        endpoint.target_concurrency_per_replica = target
+        try:
+            _check_quota(tenant, endpoint, before)
+            reserved = _reserved(before)
+            ensure_change(pool, commitment(endpoint, reserved), commitment(before, reserved))
+        except (Oversold, QuotaExceeded):
+            keep_low = ceil(endpoint.min_provisioned_concurrency / low) if low else 1
+            return max(target, keep_low, ceil(endpoint.max_provisioned_concurrency / high))
+        finally:
+            endpoint.target_concurrency_per_replica = old
+    return target
+
+
+def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> None:
+    """Delete, keeping sales: an endpoint with a reservation is refused (EndpointReserved) unless
+    `release_by` names the operator who ends the sale here (with its event), then deletes."""
+    with transaction.atomic():
+        locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
+        reservation = Reservation.objects.filter(endpoint_id=endpoint.pk).first()
+        if reservation is not None:
+            if release_by is None:
+                raise EndpointReserved(endpoint, reservation)
+            release(reservation, released_by=release_by)
+        endpoint.delete()
+
+
 def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: str) -> Reservation:
     """Sell (or change) the endpoint's reservation and write its event; Oversold leaves everything
-    as it was.
+    as it was. A reservation within what the endpoint's minimum replicas already commit asks no
+    more GPUs.
 
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
@@ -145,13 +267,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
         current = (
             Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
         )
-        ensure_capacity(
-            pool,
-            shape=endpoint.profile.shape,
-            asked_mu_per_minute=mu_per_minute,
-            excluding_endpoint_id=endpoint.pk,
-            replacing_mu=current or 0,
-        )
+        ensure_change(pool, commitment(endpoint, mu_per_minute), commitment(endpoint, current or 0))
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={

@@ -119,6 +119,9 @@ SPECTACULAR_SETTINGS = {
 MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", units.MU_PER_REPLICA_MINUTE, minimum=1)
 # Sold GPUs may reach have x this factor (1.0 = never sell more than the fleet holds).
 CAPACITY_OVERCOMMIT = envfloat("CAPACITY_OVERCOMMIT", 1.0, minimum=0.01)
+# GPUs a tenant's endpoints may take at their minimum replicas, and at their maximum, each summed
+# over its endpoints, unless an operator set the tenant's own gpu_quota.
+TENANT_GPU_QUOTA_DEFAULT = envint("TENANT_GPU_QUOTA_DEFAULT", 256, minimum=0)
 # Starting point of the vertical autoscaler for a new endpoint (concurrent requests per pod).
 DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 # An API key's last-used time is written at most this often, to keep writes off the hot path.

@@ -17,7 +17,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from capacity.ledger import Oversold, as_json_number
+from capacity.ledger import Oversold, QuotaExceeded, as_json_number
+from controlplane.selling import EndpointReserved
 from dataplane.cluster.driver import ClusterError
 
 
@@ -36,6 +37,10 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
         )
     if isinstance(exc, Oversold):
         return Response(oversold_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, QuotaExceeded):
+        return Response(quota_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, EndpointReserved):
+        return Response(reserved_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ProtectedError):
         users = sorted({_describe(obj) for obj in exc.protected_objects})
         shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
@@ -67,21 +72,47 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
     return None  # a bug: let Django answer 500 and log it
 
 
+# The pool's figures in an oversold body: the same names and values as /api/v1/capacity/ shows.
+LEDGER_FIGURES = [
+    "overcommit", "have_gpus", "sellable_gpus", "committed_gpus", "sold_gpus", "used_gpus",
+    "headroom_gpus", "have_mu_per_minute", "sellable_mu_per_minute", "committed_mu_per_minute",
+    "sold_mu_per_minute", "used_mu_per_minute", "headroom_mu_per_minute",
+]  # fmt: skip
+
+
 def oversold_body(exc: Oversold) -> dict[str, Any]:
-    ledger = exc.ledger
+    """The pool as /capacity/ shows it, plus what the change asked and what it would replace."""
     return {
         "error": "oversold",
         "detail": str(exc),
         "pool": exc.pool,
-        "overcommit": as_json_number(ledger.overcommit),
-        "have_gpus": as_json_number(ledger.have_gpus),
-        "have_mu_per_minute": as_json_number(ledger.have_mu_per_minute),
-        "sellable_mu_per_minute": as_json_number(ledger.sellable_mu_per_minute),
-        "sold_gpus": as_json_number(ledger.sold_gpus),
-        "sold_mu_per_minute": as_json_number(ledger.sold_mu_per_minute),
-        "asked_gpus": as_json_number(exc.asked_gpus),
-        "asked_mu_per_minute": as_json_number(exc.asked_mu_per_minute),
-        "replacing_mu_per_minute": exc.replacing_mu_per_minute,
+        **{name: as_json_number(getattr(exc.ledger, name)) for name in LEDGER_FIGURES},
+        "asked_gpus": as_json_number(exc.asked.gpus),
+        "asked_mu_per_minute": as_json_number(exc.asked.mu_per_minute),
+        "replacing_gpus": as_json_number(exc.replacing.gpus),
+        "replacing_mu_per_minute": as_json_number(exc.replacing.mu_per_minute),
+    }
+
+
+def quota_body(exc: QuotaExceeded) -> dict[str, Any]:
+    return {
+        "error": "over_quota",
+        "detail": str(exc),
+        "tenant": exc.tenant,
+        "gpu_quota": exc.quota,
+        "bound": exc.which,
+        "asked_gpus": exc.asked_gpus,
+        "other_endpoints_gpus": exc.others_gpus,
+        "total_gpus": exc.total_gpus,
+    }
+
+
+def reserved_body(exc: EndpointReserved) -> dict[str, Any]:
+    r = exc.reservation
+    return {
+        "error": "protected",
+        "detail": str(exc),
+        "reservation": {"id": r.pk, "mu_per_minute": r.mu_per_minute, "sold_by": r.sold_by},
     }
 
 

@@ -79,8 +79,19 @@ def principal_of(serializer: serializers.Serializer[Any]) -> Principal:
 class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
-        fields = ["id", "name", "display_name", "created_at"]
+        fields = ["id", "name", "display_name", "gpu_quota", "effective_gpu_quota", "created_at"]
         read_only_fields = ["created_at"]
+        extra_kwargs = {
+            "gpu_quota": {
+                "help_text": "GPUs its endpoints may take at their minimum replicas, and at their"
+                " maximum, each summed; null: the TENANT_GPU_QUOTA_DEFAULT setting. Operators set it."
+            }
+        }
+
+    effective_gpu_quota = serializers.SerializerMethodField()
+
+    def get_effective_gpu_quota(self, tenant: Tenant) -> int:
+        return selling.gpu_quota(tenant)
 
 
 class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
@@ -526,13 +537,20 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     overcommit = ExactNumberField(source="ledger.overcommit")
     have_gpus = serializers.IntegerField(source="ledger.have_gpus")
     sellable_gpus = ExactNumberField(source="ledger.sellable_gpus")
+    committed_gpus = ExactNumberField(
+        source="ledger.committed_gpus",
+        help_text="Per endpoint the larger of its reservation and its minimum replicas, in GPUs, summed",
+    )
     sold_gpus = ExactNumberField(source="ledger.sold_gpus")
-    used_gpus = ExactNumberField(source="ledger.used_gpus")
+    used_gpus = ExactNumberField(
+        source="ledger.used_gpus", help_text="Held by running replicas: ready pods x gpus_per_replica"
+    )
     headroom_gpus = ExactNumberField(source="ledger.headroom_gpus")
     have_mu_per_minute = ExactNumberField(source="ledger.have_mu_per_minute")
     sellable_mu_per_minute = ExactNumberField(source="ledger.sellable_mu_per_minute")
+    committed_mu_per_minute = ExactNumberField(source="ledger.committed_mu_per_minute")
     sold_mu_per_minute = ExactNumberField(source="ledger.sold_mu_per_minute")
-    used_mu_per_minute = ExactNumberField(source="ledger.used_mu_per_minute")
+    used_mu_per_minute = ExactNumberField(source="ledger.used_mu_per_minute", help_text="Metered")
     headroom_mu_per_minute = ExactNumberField(source="ledger.headroom_mu_per_minute")
     oversold = serializers.BooleanField(source="ledger.oversold")
     models = ModelCapacitySerializer(source="ledger.models", many=True)

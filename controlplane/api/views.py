@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework import serializers as drf_serializers
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -114,6 +114,25 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
     serializer_class = serializers.EndpointSerializer
     permission_classes = [AUTHENTICATED]
     filterset_class = filters.EndpointFilterSet
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "release", bool, description="Operators: release the endpoint's reservation, then delete"
+            )
+        ],
+        responses={204: None, 409: dict},
+    )
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Delete; an endpoint with a reservation is a 409 `protected` naming it, unless an operator
+        passes ?release=true (the sale ends, with its event, then the endpoint goes)."""
+        endpoint = self.get_object()
+        principal = request_principal(request)
+        release = request.query_params.get("release", "").lower() in ("1", "true", "yes")
+        if release and not principal.is_operator:
+            raise PermissionDenied("only operators may release a reservation (?release=true)")
+        selling.delete_endpoint(endpoint, release_by=principal.name if release else None)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={200: dict, 202: dict, 409: dict, 503: dict})
     @action(detail=True, methods=["post"])

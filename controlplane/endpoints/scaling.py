@@ -11,6 +11,10 @@ Safety, each in one place:
   (see capacity.autoscaler.horizontal); missing router seconds never read as idleness.
 - A change reaches the cluster before the database records it: if the driver fails, the
   desired count is unchanged and the next pass tries again, with a warning Event.
+- Never more than the pool holds: a scale-up is clamped to the replicas that fit in the pool's
+  GPUs beside what its other endpoints commit (reservations, minimum replicas) or hold (their
+  desired replicas), whichever is larger (`PoolRoom`); a clamp writes one warning Event when it
+  starts and one when it ends (Endpoint.clamped_since), not one per tick.
 Every change writes an Event whose message and detail carry the numbers that caused it.
 """
 
@@ -21,15 +25,19 @@ import logging
 import os
 import socket
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency, forecast
+from capacity.autoscaler.horizontal import Decision
 from capacity.autoscaler.window import aggregate
+from capacity.ledger import free_replicas
+from controlplane import selling
 from controlplane.endpoints import rollouts, samples
 from controlplane.endpoints.deployments import (
     DEPLOYMENT_PREFIX,
@@ -147,6 +155,87 @@ class PassReport:
     failed: int  # changes the cluster refused
 
 
+class PoolRoom:
+    """What each endpoint claims of its pool's GPUs during a pass: the larger of what it commits
+    (capacity.ledger: its reservation or its minimum replicas) and what it holds (its desired
+    replicas x GPUs per replica). An endpoint may grow into the pool's GPUs (never its over-
+    commit: pods need real GPUs) less the others' claims."""
+
+    def __init__(self, endpoints: list[Endpoint]):
+        self.claims: dict[int, dict[int, Fraction]] = defaultdict(dict)
+        for e in endpoints:
+            self.update(e)
+
+    @staticmethod
+    def _committed(e: Endpoint) -> Fraction:
+        reservation = getattr(e, "reservation", None)
+        reserved = reservation.mu_per_minute if reservation is not None else 0
+        return e.profile.shape.commitment(reserved, e.replica_bounds[0]).gpus
+
+    def update(self, e: Endpoint) -> None:
+        """Record e's claim as it is now (after a decision changed its desired replicas)."""
+        held = Fraction(e.desired_replicas * e.profile.gpus_per_replica)
+        self.claims[e.pool_id][e.pk] = max(self._committed(e), held)
+
+    def others_gpus(self, e: Endpoint) -> Fraction:
+        pool = self.claims[e.pool_id]
+        return sum((gpus for pk, gpus in pool.items() if pk != e.pk), Fraction(0))
+
+    def replicas_for(self, e: Endpoint) -> int:
+        return free_replicas(e.pool.gpu_count, self.others_gpus(e), e.profile.shape)
+
+
+def clamp(e: Endpoint, d: Decision, room: PoolRoom) -> tuple[Decision, int | None]:
+    """The decision held to the room its pool has: (decision, replicas asked) when clamped, else
+    (d, None). Only a scale-up is clamped; an endpoint already above the room (another endpoint's
+    minimum grew) is not shrunk by it, it just grows no further."""
+    if d.replicas is None:
+        return d, None
+    ceiling = max(room.replicas_for(e), e.desired_replicas)
+    if d.replicas <= ceiling:
+        return d, None
+    others = room.others_gpus(e)
+    reason = (
+        f"{d.reason}; held at {ceiling}: pool {e.pool.name} has {e.pool.gpu_count} GPUs and its other"
+        f" endpoints commit or hold {float(others):g}, room for {room.replicas_for(e)} replicas of"
+        f" {e.profile.gpus_per_replica} GPUs"
+    )
+    return replace(d, replicas=ceiling, reason=reason), d.replicas
+
+
+def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) -> Event | None:
+    """The Event that starts or ends a clamp episode, or None inside one (or outside any)."""
+    detail = {
+        "pool": e.pool.name,
+        "have_gpus": e.pool.gpu_count,
+        "others_gpus": float(room.others_gpus(e)),
+        "room_replicas": room.replicas_for(e),
+        "gpus_per_replica": e.profile.gpus_per_replica,
+    }
+    if asked is not None and e.clamped_since is None:
+        return Event(
+            kind=Event.Kind.SCALE,
+            severity=Event.Severity.WARNING,
+            tenant_id=e.tenant_id,
+            endpoint=e,
+            endpoint_name=e.name,
+            message=f"{e.name}: wants {asked} replicas, clamped to {d.replicas}: {d.reason}",
+            detail={**detail, "clamp": "start", "asked": asked, "to": d.replicas},
+            reported_by="autoscaler",
+        )
+    if asked is None and d.replicas is not None and e.clamped_since is not None:
+        return Event(
+            kind=Event.Kind.SCALE,
+            tenant_id=e.tenant_id,
+            endpoint=e,
+            endpoint_name=e.name,
+            message=f"{e.name}: no longer clamped: {d.replicas} replicas fit in pool {e.pool.name}",
+            detail={**detail, "clamp": "end", "to": d.replicas},
+            reported_by="autoscaler",
+        )
+    return None
+
+
 def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket]]:
     history: dict[int, list[Bucket]] = defaultdict(list)
     rows = LoadBucket.objects.filter(endpoint_id__in=endpoint_ids, end__gt=since).values_list(
@@ -193,6 +282,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             floors = predicted_minimums(endpoints, configs, history, ts)
             changes, events = [], []
             decided = 0
+            room = PoolRoom(endpoints)
             for e in endpoints:
                 recent = [b for b in history.get(e.pk, []) if b.end > ts - 60]
                 e.used_mu_per_minute = sum(b.mu_per_minute * b.seconds for b in recent) / 60.0
@@ -200,15 +290,25 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                     continue
                 d = decide(_spec(e, configs[e.pk], now, floors.get(e.pk, 0)), history.get(e.pk, []), ts)
                 decided += d.replicas is not None
+                d, asked = clamp(e, d, room)
+                if (episode := _clamp_event(e, asked, d, room)) is not None:
+                    events.append(episode)
+                    e.clamped_since = now if asked is not None else None
                 if d.replicas is not None and d.changes(e.desired_replicas):
                     events.append(
                         _scale_event(e, e.desired_replicas, d.replicas, d.reason, d.need, d.down_need)
                     )
                     e.desired_replicas = d.replicas
                     changes.append(e)
+                    room.update(e)
             failed = _declare(cluster, endpoints, changes, now) if cluster else 0
+            if failed:  # nothing of this pass happened, clamps included: the next pass decides again
+                for e in endpoints:
+                    e.clamped_since = before[e.pk][3]
             written = [e for e in endpoints if _written(e) != before[e.pk]]  # most passes change few
-            Endpoint.objects.bulk_update(written, ["desired_replicas", "used_mu_per_minute", "state"])
+            Endpoint.objects.bulk_update(
+                written, ["desired_replicas", "used_mu_per_minute", "state", "clamped_since"]
+            )
             if not failed:
                 Event.objects.bulk_create(events)
         return PassReport(decided, len(changes) - failed, failed)
@@ -258,9 +358,9 @@ def predicted_minimums(
     return floors
 
 
-def _written(e: Endpoint) -> tuple[int, float, str]:
+def _written(e: Endpoint) -> tuple[int, float, str, datetime | None]:
     """What a horizontal pass may change on an endpoint row."""
-    return e.desired_replicas, e.used_mu_per_minute, e.state
+    return e.desired_replicas, e.used_mu_per_minute, e.state, e.clamped_since
 
 
 def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime, predicted_min: int = 0) -> EndpointSpec:
@@ -345,23 +445,36 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
             decided += d.target is not None
             if d.target is None or d.target == e.target_concurrency_per_replica:
                 continue
-            try:
-                cluster.set_target_concurrency(deployment_name(e.pk, e.version), d.target)
-            except ClusterError as exc:
-                failed += 1
-                log.warning("target concurrency of %s not pushed: %s", e, exc)
-                continue
-            old = e.target_concurrency_per_replica
-            Endpoint.objects.filter(pk=e.pk).update(target_concurrency_per_replica=d.target)
-            Event.record(
-                Event.Kind.CONCURRENCY,
-                f"{e.name}: target concurrency per replica {old} -> {d.target}: {d.reason}",
-                tenant=e.tenant,
-                endpoint=e,
-                reported_by="autoscaler",
-                detail={"from": old, "to": d.target, "reason": d.reason},
-            )
-            changed += 1
+            with transaction.atomic():
+                # A lower target raises the replica bounds: committed capacity, checked under the
+                # pool's lock, held until the new target is written.
+                target, reason = d.target, d.reason
+                if d.target < e.target_concurrency_per_replica:
+                    target = selling.allowed_target(e, d.target)
+                    if target != d.target:
+                        reason += (
+                            f"; held at {target}: more minimum or maximum replicas do not fit in pool"
+                            f" {e.pool.name} or tenant {e.tenant.name}'s GPU quota"
+                        )
+                if target == e.target_concurrency_per_replica:
+                    continue
+                try:
+                    cluster.set_target_concurrency(deployment_name(e.pk, e.version), target)
+                except ClusterError as exc:
+                    failed += 1
+                    log.warning("target concurrency of %s not pushed: %s", e, exc)
+                    continue
+                old = e.target_concurrency_per_replica
+                Endpoint.objects.filter(pk=e.pk).update(target_concurrency_per_replica=target)
+                Event.record(
+                    Event.Kind.CONCURRENCY,
+                    f"{e.name}: target concurrency per replica {old} -> {target}: {reason}",
+                    tenant=e.tenant,
+                    endpoint=e,
+                    reported_by="autoscaler",
+                    detail={"from": old, "to": target, "reason": reason},
+                )
+                changed += 1
         return PassReport(decided, changed, failed)
     finally:
         release_lease(lease, now)
@@ -414,6 +527,12 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
             return False
         low, high = e.replica_bounds
         replicas = min(max(1, low), max(1, high))
+        room = PoolRoom(list(Endpoint.objects.with_related().filter(pool_id=e.pool_id)))
+        if room.replicas_for(e) < replicas:
+            raise ClusterError(
+                f"pool {e.pool.name} has no room for {replicas} replica(s) of {e.name}: its other"
+                f" endpoints commit or hold {float(room.others_gpus(e)):g} of its {e.pool.gpu_count} GPUs"
+            )
         # its deployment is declared, at 0, by every pass
         cluster.scale(deployment_name(e.pk, e.version), replicas)
         _scale_event(

@@ -76,6 +76,10 @@ class TenantQuerySet(TenantScopedQuerySet["Tenant"]):
 class Tenant(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     display_name = models.CharField(max_length=200, blank=True)
+    # Operator-set bound on the GPUs of the tenant's endpoints' minimum replicas, and of their
+    # maximum replicas, each summed over its endpoints (controlplane.selling); null: the
+    # TENANT_GPU_QUOTA_DEFAULT setting.
+    gpu_quota = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = TenantQuerySet.as_manager()

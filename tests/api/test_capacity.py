@@ -1,7 +1,7 @@
 """The capacity summary and every write that could oversell a pool behind the ledger's back."""
 
 from controlplane.capacity.models import GpuPool
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import sell
 
 
@@ -12,10 +12,24 @@ def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpo
     sell(chat, mu_per_minute=200, best_effort_allowed=True, sold_by="t")
     sell(big, mu_per_minute=100, best_effort_allowed=True, sold_by="t")
     Endpoint.objects.filter(pk=chat.pk).update(used_mu_per_minute=150)
+    # Running replicas hold GPUs: 2 ready pods of chat (1 GPU each), 1 of big (4), 1 not ready.
+    for endpoint, name, ready in [
+        (chat, "c0", True),
+        (chat, "c1", True),
+        (chat, "c2", False),
+        (big, "b0", True),
+    ]:
+        Pod.objects.create(endpoint=endpoint, name=name, url="http://127.0.0.1:9", ready=ready)
     (row,) = operator_client.get("/api/v1/capacity/").json()
     assert row["pool"] == "use1-h100" and row["gpu_type"] == "h100-80gb"
-    assert (row["have_gpus"], row["sold_gpus"], row["used_gpus"], row["headroom_gpus"]) == (8, 6, 1.5, 2)
-    assert (row["sold_mu_per_minute"], row["used_mu_per_minute"]) == (300, 150)
+    # chat commits max(2 GPUs sold, 1 min replica), big max(4 sold, 1 replica of 4 GPUs).
+    assert (row["have_gpus"], row["committed_gpus"], row["sold_gpus"], row["headroom_gpus"]) == (8, 6, 6, 2)
+    assert row["used_gpus"] == 2 * 1 + 1 * 4
+    assert (row["committed_mu_per_minute"], row["sold_mu_per_minute"], row["used_mu_per_minute"]) == (
+        300,
+        300,
+        150,
+    )
     assert (row["have_mu_per_minute"], row["headroom_mu_per_minute"]) == (400, 100)  # 50 MU per GPU
     assert row["oversold"] is False
     models = {m["model"]: m for m in row["models"]}

@@ -33,7 +33,7 @@ def test_sell_change_and_release(operator_client, owner, make_endpoint):
 def test_oversell_is_409_naming_pool_have_sold_and_asked(operator_client, owner, make_endpoint, big_model):
     # Pool: 8 H100s. 'chat' (1 GPU/replica) holds 600 MU/min = 6 GPUs.
     chat = make_endpoint(owner, "chat")
-    big = make_endpoint(owner, "big", profile=big_model)
+    big = make_endpoint(owner, "big", profile=big_model, scale_to_zero_enabled=True)  # commits nothing yet
     ok = operator_client.post(
         "/api/v1/reservations/", {"endpoint": chat.pk, "mu_per_minute": 600}, format="json"
     )
@@ -66,7 +66,10 @@ def test_raising_a_reservation_counts_only_the_increase(operator_client, owner, 
     url = f"/api/v1/reservations/{sold.json()['id']}/"
     assert operator_client.patch(url, {"mu_per_minute": 800}, format="json").status_code == 200
     refused = operator_client.patch(url, {"mu_per_minute": 801}, format="json")
-    assert refused.status_code == 409 and refused.json()["sold_gpus"] == 0
+    # The pool's figures as /capacity/ shows them, with what is asked and what it would replace.
+    body = refused.json()
+    assert refused.status_code == 409 and (body["sold_gpus"], body["committed_gpus"]) == (8, 8)
+    assert (body["asked_gpus"], body["replacing_gpus"]) == (8.01, 8)
     assert Reservation.objects.get().mu_per_minute == 800
 
 
@@ -114,11 +117,39 @@ def test_a_second_reservation_on_one_endpoint_is_refused(operator_client, owner,
     assert "already has a reservation; change it with PATCH" in again.json()["detail"]
 
 
-def test_deleting_an_endpoint_releases_its_reservation(operator_client, owner_client, owner, make_endpoint):
+def test_deleting_a_reserved_endpoint_is_409_protected_naming_the_reservation(
+    operator_client, owner_client, owner, make_endpoint
+):
+    """Today's code let the tenant's DELETE cascade the operator's sale away with a 204."""
+    chat = make_endpoint(owner, "chat")
+    sold = operator_client.post(
+        "/api/v1/reservations/", {"endpoint": chat.pk, "mu_per_minute": 800}, format="json"
+    )
+    refused = owner_client.delete(f"/api/v1/endpoints/{chat.pk}/")
+    assert refused.status_code == 409
+    body = refused.json()
+    assert body["error"] == "protected"
+    assert body["reservation"] == {"id": sold.json()["id"], "mu_per_minute": 800, "sold_by": "ops"}
+    assert "800 MU/min" in body["detail"] and "ops" in body["detail"]
+    # A tenant cannot release it by asking; the operator without ?release=true is refused too.
+    assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/?release=true").status_code == 403
+    assert operator_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 409
+    assert Reservation.objects.filter(endpoint=chat).exists()
+    assert operator_client.get("/api/v1/capacity/").json()[0]["sold_gpus"] == 8
+
+
+def test_an_operator_releases_and_deletes_with_release_true(
+    operator_client, owner_client, owner, make_endpoint
+):
     chat = make_endpoint(owner, "chat")
     operator_client.post("/api/v1/reservations/", {"endpoint": chat.pk, "mu_per_minute": 800}, format="json")
-    assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
+    assert operator_client.delete(f"/api/v1/endpoints/{chat.pk}/?release=true").status_code == 204
     assert operator_client.get("/api/v1/capacity/").json()[0]["sold_gpus"] == 0
+    (released,) = Event.objects.filter(kind="reservation", detail__mu_per_minute=0)
+    assert released.reported_by == "ops" and "released 800 MU/min on chat" in released.message
+    # An unreserved endpoint is deleted by its tenant as before.
+    spare = make_endpoint(owner, "spare")
+    assert owner_client.delete(f"/api/v1/endpoints/{spare.pk}/").status_code == 204
 
 
 @pytest.mark.django_db(transaction=True)

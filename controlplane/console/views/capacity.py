@@ -53,9 +53,11 @@ def capacity_context(window: str) -> dict[str, Any]:
                 "gpu_type": pool.gpu_type,
                 "pools": [],
                 "have_gpus": 0,
+                "committed_gpus": 0,
                 "sold_gpus": 0,
                 "used_gpus": 0,
                 "have_mu": 0,
+                "committed_mu": 0,
                 "sold_mu": 0,
                 "used_mu": 0,
                 "sellable_gpus": 0,
@@ -65,20 +67,23 @@ def capacity_context(window: str) -> dict[str, Any]:
             {
                 "pool": pool,
                 "ledger": ledger,
+                # The bar's "sold" is what the pool is checked on: committed (capacity.ledger).
                 "bar": charts.capacity_bar(
                     float(ledger.have_gpus),
                     float(ledger.sellable_gpus),
-                    float(ledger.sold_gpus),
+                    float(ledger.committed_gpus),
                     float(ledger.used_gpus),
                 ),
             }
         )
         for key, value in [
             ("have_gpus", ledger.have_gpus),
+            ("committed_gpus", ledger.committed_gpus),
             ("sold_gpus", ledger.sold_gpus),
             ("used_gpus", ledger.used_gpus),
             ("sellable_gpus", ledger.sellable_gpus),
             ("have_mu", ledger.have_mu_per_minute),
+            ("committed_mu", ledger.committed_mu_per_minute),
             ("sold_mu", ledger.sold_mu_per_minute),
             ("used_mu", ledger.used_mu_per_minute),
         ]:
@@ -87,10 +92,10 @@ def capacity_context(window: str) -> dict[str, Any]:
         group["bar"] = charts.capacity_bar(
             float(group["have_gpus"]),
             float(group["sellable_gpus"]),
-            float(group["sold_gpus"]),
+            float(group["committed_gpus"]),
             float(group["used_gpus"]),
         )
-        group["oversold"] = group["sold_gpus"] > group["sellable_gpus"]
+        group["oversold"] = group["committed_gpus"] > group["sellable_gpus"]
     length, bucket = WINDOWS[window]
     since = now - length
     history: dict[str, dict[datetime, dict[str, float]]] = defaultdict(

@@ -9,7 +9,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
-from capacity.ledger import Oversold
+from capacity.ledger import Oversold, QuotaExceeded
 from controlplane.api.filters import EndpointFilterSet
 from controlplane.api.pagination import LateJoinPaginator
 from controlplane.api.serializers import EndpointSerializer
@@ -80,6 +80,8 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
                     saved = serializer.save()
             except Oversold as refused:
                 errors = {"pool": str(refused)}
+            except QuotaExceeded as refused:
+                errors = {"max_provisioned_concurrency": str(refused)}
             else:
                 return redirect("console:endpoint", pk=saved.pk)
         else:

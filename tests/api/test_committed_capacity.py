@@ -1,0 +1,232 @@
+"""Provisioned concurrency is capacity: minimum replicas are committed in the pool's ledger, a
+tenant's GPU quota bounds its minimum and maximum replicas, and every refusal reports the pool's
+figures exactly as /api/v1/capacity/ and the console show them."""
+
+import threading
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from controlplane.api.errors import LEDGER_FIGURES
+from controlplane.capacity.models import GpuPool
+from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.selling import sell
+from tests.conftest import endpoint_body
+from tests.console.conftest import member_client
+
+
+def capacity_row(client, pool_name="use1-h100"):
+    return next(row for row in client.get("/api/v1/capacity/").json() if row["pool"] == pool_name)
+
+
+def test_a_tenant_cannot_provision_a_million_concurrency(
+    operator_client, owner_client, owner, big_model, h100
+):
+    """Measured on main: 201 and desired_replicas 125,000 in a 32-GPU pool, counted nowhere."""
+    GpuPool.objects.create(name="use1-h100-32", gpu_type=h100, region="r", gpu_count=32)
+    body = endpoint_body(
+        name="huge",
+        model="llama-70b",
+        pool="use1-h100-32",
+        min_provisioned_concurrency=1_000_000,
+        max_provisioned_concurrency=1_000_000,
+    )
+    refused = owner_client.post("/api/v1/endpoints/", body, format="json")
+    assert refused.status_code == 409, refused.content
+    quota = refused.json()
+    # 125,000 replicas x 4 GPUs, against the default quota of 256 GPUs.
+    assert (quota["error"], quota["tenant"], quota["gpu_quota"], quota["asked_gpus"]) == (
+        "over_quota",
+        "owner",
+        256,
+        500_000,
+    )
+    assert "owner" in quota["detail"] and "256 GPUs" in quota["detail"]
+    # With a quota that allows it, the pool refuses: 500,000 GPUs asked of 32.
+    assert (
+        operator_client.patch(f"/api/v1/tenants/{owner.pk}/", {"gpu_quota": 10**9}, format="json").status_code
+        == 200
+    )
+    refused = owner_client.post("/api/v1/endpoints/", body, format="json")
+    assert refused.status_code == 409
+    pool = refused.json()
+    assert (pool["error"], pool["pool"], pool["have_gpus"], pool["asked_gpus"]) == (
+        "oversold",
+        "use1-h100-32",
+        32,
+        500_000,
+    )
+    assert "500000 GPUs" in pool["detail"]
+    assert not Endpoint.objects.exists()
+
+
+def test_raising_the_minimum_beyond_the_pool_is_409_oversold(owner_client, owner, make_endpoint, big_model):
+    # 8 GPUs; 'big' (4 GPUs per replica) keeps 1 replica: 4 GPUs committed, nothing sold.
+    big = make_endpoint(owner, "big", profile=big_model)
+    url = f"/api/v1/endpoints/{big.pk}/"
+    ok = owner_client.patch(url, {"min_provisioned_concurrency": 16}, format="json")  # 2 replicas: 8 of 8
+    assert ok.status_code == 200 and ok.json()["min_replicas"] == 2
+    refused = owner_client.patch(
+        url, {"min_provisioned_concurrency": 17, "max_provisioned_concurrency": 64}, format="json"
+    )  # 3 replicas: 12 GPUs in place of 8
+    assert refused.status_code == 409
+    body = refused.json()
+    assert (body["error"], body["pool"], body["have_gpus"], body["committed_gpus"]) == (
+        "oversold",
+        "use1-h100",
+        8,
+        8,
+    )
+    assert (body["asked_gpus"], body["replacing_gpus"], body["sold_gpus"]) == (12, 8, 0)
+    assert (body["asked_mu_per_minute"], body["replacing_mu_per_minute"]) == (300, 200)
+    big.refresh_from_db()
+    assert (big.min_provisioned_concurrency, big.max_provisioned_concurrency) == (16, 16)
+    # A new endpoint's minimum is checked too: 9 replicas of the 1-GPU model in a full pool.
+    new = owner_client.post(
+        "/api/v1/endpoints/", endpoint_body(name="more", min_provisioned_concurrency=8), format="json"
+    )
+    assert new.status_code == 409 and new.json()["asked_gpus"] == 1
+
+
+def test_a_reservation_and_a_minimum_are_not_counted_twice(operator_client, owner, make_endpoint):
+    chat = make_endpoint(
+        owner, "chat", min_provisioned_concurrency=24, max_provisioned_concurrency=64
+    )  # 3 replicas
+    row = capacity_row(operator_client)
+    assert (row["committed_gpus"], row["sold_gpus"]) == (3, 0)
+    sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="t")  # served by the minimum
+    row = capacity_row(operator_client)
+    assert (row["committed_gpus"], row["sold_gpus"], row["headroom_gpus"]) == (3, 3, 5)
+    sell(chat, mu_per_minute=800, best_effort_allowed=True, sold_by="t")  # 8 in place of 3: fits
+    assert capacity_row(operator_client)["committed_gpus"] == 8
+
+
+def test_every_409_reports_the_pool_as_capacity_shows_it(
+    operator_client, owner_client, owner, make_endpoint, big_model
+):
+    """Measured on main: /capacity/ said 3,328 MU/min have, the 409 on the same pool 6,400: it
+    priced the pool without the endpoint being changed."""
+    chat = make_endpoint(owner, "chat")
+    big = make_endpoint(owner, "big", profile=big_model)
+    sell(chat, mu_per_minute=200, best_effort_allowed=True, sold_by="t")  # 2 GPUs
+    reservation = sell(big, mu_per_minute=100, best_effort_allowed=True, sold_by="t")  # 4 GPUs
+    Endpoint.objects.filter(pk=chat.pk).update(used_mu_per_minute=120)
+    Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9", ready=True)
+    row = capacity_row(operator_client)
+    assert (row["have_mu_per_minute"], row["committed_gpus"], row["used_gpus"]) == (400, 6, 1)
+    refusals = [
+        # 200 MU/min of the 70B model: 8 GPUs in place of 4, 10 > 8.
+        operator_client.patch(
+            f"/api/v1/reservations/{reservation.pk}/", {"mu_per_minute": 200}, format="json"
+        ),
+        # chat's minimum to 5 replicas: 5 GPUs in place of 2, 9 > 8.
+        owner_client.patch(
+            f"/api/v1/endpoints/{chat.pk}/",
+            {"min_provisioned_concurrency": 40, "max_provisioned_concurrency": 64},
+            format="json",
+        ),
+    ]
+    for refused in refusals:
+        assert refused.status_code == 409
+        body = refused.json()
+        assert {k: body[k] for k in ["pool", *LEDGER_FIGURES]} == {
+            k: row[k] for k in ["pool", *LEDGER_FIGURES]
+        }
+    assert [(r.json()["asked_gpus"], r.json()["replacing_gpus"]) for r in refusals] == [(8, 4), (5, 2)]
+    # The console's capacity page shows the same figures.
+    html = member_client("ops", operator=True).get("/console/capacity/").content.decode()
+    assert '<td class="num committed">6</td>' in html
+    assert '<td class="num sold-mu">300</td>' in html and '<td class="num committed-mu">300</td>' in html
+
+
+def test_the_console_endpoint_form_refuses_a_minimum_beyond_the_pool(owner, make_endpoint):
+    chat = make_endpoint(owner, "chat")
+    web = member_client("alice", tenant=owner)
+    form = {"name": "chat", "model": "llama-8b", "gpu_type": "h100-80gb", "routing_policy": "p2c-mu"}
+    response = web.post(
+        f"/console/endpoints/{chat.pk}/edit/",
+        {**form, "min_provisioned_concurrency": "72", "max_provisioned_concurrency": "72"},
+    )
+    assert response.status_code == 400
+    assert "pool &#x27;use1-h100&#x27; cannot hold this" in response.content.decode()
+    chat.refresh_from_db()
+    assert chat.min_provisioned_concurrency == 0
+
+
+def test_the_tenant_quota_bounds_min_and_max_and_only_operators_set_it(
+    settings, operator_client, owner_client, owner, pool, small_model
+):
+    settings.TENANT_GPU_QUOTA_DEFAULT = 8
+    tenant_url = f"/api/v1/tenants/{owner.pk}/"
+    shown = owner_client.get(tenant_url).json()
+    assert (shown["gpu_quota"], shown["effective_gpu_quota"]) == (None, 8)
+    first = owner_client.post("/api/v1/endpoints/", endpoint_body(name="a"), format="json")  # max 8 GPUs
+    assert first.status_code == 201, first.content
+    refused = owner_client.post(
+        "/api/v1/endpoints/",
+        endpoint_body(name="b", min_provisioned_concurrency=8, max_provisioned_concurrency=8),
+        format="json",
+    )
+    assert refused.status_code == 409
+    body = refused.json()
+    assert (body["error"], body["tenant"], body["gpu_quota"], body["bound"]) == (
+        "over_quota",
+        "owner",
+        8,
+        "max",
+    )
+    assert (body["asked_gpus"], body["other_endpoints_gpus"], body["total_gpus"]) == (1, 8, 9)
+    # Raising max on the existing endpoint is bounded the same way.
+    grow = owner_client.patch(
+        f"/api/v1/endpoints/{first.json()['id']}/", {"max_provisioned_concurrency": 72}, format="json"
+    )
+    assert grow.status_code == 409 and grow.json()["error"] == "over_quota"
+    # The tenant cannot raise its own quota; an operator can.
+    assert owner_client.patch(tenant_url, {"gpu_quota": 1000}, format="json").status_code == 403
+    assert (
+        operator_client.patch(tenant_url, {"gpu_quota": 16}, format="json").json()["effective_gpu_quota"]
+        == 16
+    )
+    again = owner_client.post(
+        "/api/v1/endpoints/",
+        endpoint_body(name="b", min_provisioned_concurrency=8, max_provisioned_concurrency=8),
+        format="json",
+    )
+    assert again.status_code == 201
+    # A quota lowered below what the tenant has does not stop it shrinking.
+    operator_client.patch(tenant_url, {"gpu_quota": 2}, format="json")
+    shrink = owner_client.patch(
+        f"/api/v1/endpoints/{first.json()['id']}/", {"max_provisioned_concurrency": 32}, format="json"
+    )
+    assert shrink.status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_minimum_raises_cannot_together_oversell(owner, make_endpoint, owner_client):
+    """Two raises that each fit alone but not together: the pool lock lets exactly one in."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL")
+    first, second = make_endpoint(owner, "a"), make_endpoint(owner, "b")  # 1 GPU each of 8
+    barrier = threading.Barrier(2)
+    statuses = []
+
+    def raise_min(endpoint_id):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {owner_client.secret}")
+        barrier.wait()
+        response = client.patch(
+            f"/api/v1/endpoints/{endpoint_id}/",
+            {"min_provisioned_concurrency": 40, "max_provisioned_concurrency": 64},  # 5 replicas
+            format="json",
+        )
+        statuses.append(response.status_code)
+        connection.close()
+
+    threads = [threading.Thread(target=raise_min, args=(e.pk,)) for e in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(statuses) == [200, 409]
+    assert sorted(Endpoint.objects.values_list("min_provisioned_concurrency", flat=True)) == [0, 40]
