@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("endpoints", "0008_autoscaler_cadence_is_fleet_wide"),
+        ("endpoints", "0009_usage_hours"),
     ]
 
     operations = [
