@@ -31,6 +31,14 @@ def principal_of(serializer: serializers.Serializer[Any]) -> Principal:
     return serializer.context.get("principal") or request_principal(serializer.context["request"])
 
 
+class VisibleTenantField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A tenant by name among those the principal may see: another tenant's name is refused as a
+    name that does not exist, with the same message (existence does not leak)."""
+
+    def get_queryset(self) -> Any:
+        return Tenant.objects.visible_to(principal_of(cast(serializers.Serializer[Any], self.root)))
+
+
 class TenantSerializer(serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
@@ -39,7 +47,7 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
 
 
 class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
-    tenant = serializers.SlugRelatedField(
+    tenant = VisibleTenantField(
         slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
     )
 
@@ -174,7 +182,7 @@ class ModelProfileSerializer(serializers.ModelSerializer[ModelProfile]):
 
 
 class EndpointSerializer(serializers.ModelSerializer[Endpoint]):
-    tenant = serializers.SlugRelatedField(
+    tenant = VisibleTenantField(
         slug_field="name",
         queryset=Tenant.objects.all(),
         required=False,

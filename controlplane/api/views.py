@@ -18,7 +18,7 @@ from controlplane import selling
 from controlplane.api import filters, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
-from controlplane.api.permissions import OperatorOnly, OperatorWrites
+from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
 from controlplane.endpoints import rollouts, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
@@ -160,7 +160,7 @@ class PodViewSet(ScopedViewSet[Pod]):
     queryset = Pod.objects.select_related("endpoint")
     serializer_class = serializers.PodSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
-    filterset_fields = ["endpoint", "ready"]
+    filterset_class = filters.PodFilterSet
 
 
 class RoutingTableView(APIView):
@@ -216,9 +216,9 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]
         return visible(super().get_queryset(), self.request)
 
     @extend_schema(request=None, responses=serializers.EventSerializer)
-    @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED])
+    @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED, MayAcknowledge])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
-        """Whoever can see an event may acknowledge it; the first acknowledgement stands."""
+        """Operators acknowledge events (oncall.models.may_acknowledge); the first acknowledgement stands."""
         event = self.get_object()
         event.acknowledge(request_principal(request).name, timezone.now())
         return Response(self.get_serializer(event).data)
