@@ -429,7 +429,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
 
 
 class EventSerializer(serializers.ModelSerializer[Event]):
-    tenant = serializers.CharField(source="tenant.name", read_only=True, default=None)
+    tenant = serializers.CharField(source="tenant.name", read_only=True, default=None, allow_null=True)
     endpoint = serializers.PrimaryKeyRelatedField(
         queryset=Endpoint.objects.select_related("tenant"), required=False, allow_null=True
     )
