@@ -197,3 +197,11 @@ def test_non_finite_and_non_object_samples_are_400s(operator_client):
     answer = assert_api_error(post_raw(operator_client, "/api/v1/load-samples/", inf), 400, "invalid")
     assert answer["fields"] == {"rows[0].inflight": {"errors": ["must be a finite number, got inf"]}}
     assert_api_error(post_raw(operator_client, "/api/v1/load-samples/", "[1, 2]"), 400, "invalid")
+
+
+def test_a_malformed_page_size_is_a_400_not_the_default(owner_client, operator_client):
+    for value in ("0.5", "-1", "0", "x"):
+        answer = assert_api_error(owner_client.get(f"/api/v1/endpoints/?page_size={value}"), 400, "invalid")
+        assert list(answer["fields"]) == ["page_size"]
+        assert_api_error(operator_client.get(f"/api/v1/events/?page_size={value}"), 400, "invalid")
+    assert owner_client.get("/api/v1/endpoints/?page_size=100000").status_code == 200  # capped at 500
