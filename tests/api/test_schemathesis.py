@@ -9,7 +9,9 @@ schema says exactly what the server accepts, and it cannot: a body the schema al
 rules no JSON schema states (a model must be profiled on the GPU type, a filter's id must be one
 the principal may see), and DRF's fields take more than they publish (a decimal sent as a number).
 Left out of the run: revoking keys (DELETE /api-keys/{id}/), which would revoke the key under test
-and leave the rest of the run unauthenticated (revocation is tested in test_auth.py).
+and leave the rest of the run unauthenticated, and whose revoked row stays readable by design (the
+audit trail), which schemathesis's use-after-free check calls a failure (revocation is tested in
+test_auth.py).
 """
 
 import os
@@ -32,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_TIME_S = int(os.environ.get("SCHEMATHESIS_MAX_TIME_S", "60"))
 CHECKS = ["all"]
 EXCLUDED_CHECKS = ["positive_data_acceptance", "negative_data_rejection"]
-EXCLUDED_OPERATIONS = 'method == "DELETE" and path == "/api/v1/api-keys/{id}/"'
+EXCLUDED_OPERATION = "v1_api_keys_destroy"  # DELETE /api/v1/api-keys/{id}/
 
-pytestmark = [pytest.mark.schemathesis, pytest.mark.timeout(4 * MAX_TIME_S + 120)]
+pytestmark = [pytest.mark.schemathesis, pytest.mark.timeout(6 * MAX_TIME_S + 180)]
 
 
 def free_port() -> int:
@@ -63,7 +65,18 @@ def live_api(transactional_db, tmp_path):
         env["PGPASSWORD"] = db["PASSWORD"]
     log = (tmp_path / "gunicorn.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-w", "3"],
+        # --preload: Django loads once, before the workers fork (the quickest start).
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "controlplane.wsgi",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            "3",
+            "--preload",
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -106,9 +119,7 @@ def fleet(owner, other, make_endpoint, pool, small_model):
     }
 
 
-@pytest.mark.parametrize("who", ["tenant", "operator"])
-def test_the_live_api_keeps_its_schema_and_never_answers_5xx(live_api, fleet, who):
-    url, server_log = live_api
+def schemathesis(url: str, key: str, workdir: Path) -> subprocess.CompletedProcess[str]:
     command = [
         str(Path(sys.executable).parent / "schemathesis"),
         "run",
@@ -117,21 +128,30 @@ def test_the_live_api_keeps_its_schema_and_never_answers_5xx(live_api, fleet, wh
         ",".join(CHECKS),
         "--exclude-checks",
         ",".join(EXCLUDED_CHECKS),
-        "--exclude-by",
-        EXCLUDED_OPERATIONS,
+        "--exclude-operation-id",
+        EXCLUDED_OPERATION,
         "-H",
-        f"Authorization: Bearer {fleet[who]}",
+        f"Authorization: Bearer {key}",
         "--max-time",
         str(MAX_TIME_S),
+        # One worker: schemathesis's threads trip CPython 3.11's ast.parse (hypothesis describing a
+        # lambda: "SystemError: AST constructor recursion depth mismatch"), an error of the tool.
         "--workers",
-        "2",
+        "1",
         "--request-timeout",
         "10",
         "--no-color",
     ]
-    run = subprocess.run(
-        command, capture_output=True, text=True, timeout=MAX_TIME_S * 2 + 60, cwd=server_log.parent
-    )
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-6000:] + "\n--- server log ---\n" + server_log.read_text()[-3000:]
-    assert "Tested:" in output and "failures" not in output.splitlines()[-1], output[-2000:]
+    return subprocess.run(command, capture_output=True, text=True, timeout=MAX_TIME_S * 2 + 60, cwd=workdir)
+
+
+def test_the_live_api_keeps_its_schema_and_never_answers_5xx(live_api, fleet):
+    # One server for both keys; the tenant's run first, as the operator's may delete its objects.
+    url, server_log = live_api
+    for who in ("tenant", "operator"):
+        run = schemathesis(url, fleet[who], server_log.parent)
+        output = run.stdout + run.stderr
+        (server_log.parent / f"schemathesis-{who}.txt").write_text(output)
+        log = server_log.read_text()[-3000:]
+        assert run.returncode == 0, f"with the {who} key:\n{output[-6000:]}\n--- server log ---\n{log}"
+        assert "Selected: 58/59" in output and "Tested: 58" in output, output[-2000:]
