@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run load test test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router clean
+.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ test: install /usr/bin/chromium /usr/bin/promtool
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(MAKE) test-sim-native
+
+# schemathesis against the live API for longer than `make test` gives it (60 s per key there):
+# e.g. `make test-schemathesis SCHEMATHESIS_MAX_TIME_S=600`.
+test-schemathesis: install
+	DATABASE_URL=$(TEST_DATABASE_URL) SCHEMATHESIS_MAX_TIME_S=$(or $(SCHEMATHESIS_MAX_TIME_S),300) \
+	    $(BIN)/pytest -q -m schemathesis tests/api/test_schemathesis.py
 
 # Optional, for long simulations (a day of a large fleet): the simulator's hot modules compiled
 # by mypyc, 2-3x faster (bench/simulator_cost.py --native), in a copy of the tree under

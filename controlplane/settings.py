@@ -40,6 +40,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "controlplane.api.middleware.ApiErrorsMiddleware",  # outermost: every /api/ answer is JSON
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -95,14 +96,17 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.api.auth.BearerKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.PageNumberPagination",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
+
+# JSON bodies nested deeper than this are refused with a 400 (controlplane.api.parsers).
+API_MAX_JSON_DEPTH = envint("API_MAX_JSON_DEPTH", 64, minimum=1)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Inference control plane API",

@@ -287,8 +287,8 @@ def test_wake_refusals_say_why(monkeypatch, operator_client, other_client, owner
     assert answer.status_code == 409 and "does not scale to zero" in answer.json()["detail"]
     nightly = make_endpoint(owner, "nightly", scale_to_zero_enabled=True)
     answer = operator_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/")  # CLUSTER_DRIVER=none
-    assert answer.status_code == 503 and "CLUSTER_DRIVER=none" in answer.json()["detail"]
-    assert answer.headers["Retry-After"] == "5"
+    assert answer.status_code == 409 and "CLUSTER_DRIVER=none" in answer.json()["detail"]
+    assert answer.json()["error"] == "no_cluster_driver"  # a configuration, not an outage: no 5xx
     assert other_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/").status_code == 404
 
     def refuse(name, replicas):

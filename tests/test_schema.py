@@ -42,3 +42,24 @@ def test_docs_page_loads_its_assets_locally(db):
     sources = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert sources, html
     assert all(not s.startswith(("http://", "https://", "//")) for s in sources), sources
+
+
+def test_every_operation_documents_its_errors_with_the_error_body(db):
+    schema = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert set(schema["components"]["schemas"]["ApiError"]["required"]) == {"error", "detail"}
+    error_ref = {"$ref": "#/components/schemas/ApiError"}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            codes = {"400", "401", "403", "404"} | (
+                {"409", "413", "415"} if method in ("post", "put", "patch", "delete") else set()
+            )
+            responses = operation["responses"]
+            assert codes <= set(responses), (method, path, sorted(responses))
+            for code in codes - {"409"}:  # some 409s are documented by their view, with more fields
+                assert responses[code]["content"]["application/json"]["schema"] == error_ref, (
+                    method,
+                    path,
+                    code,
+                )
+    event = schema["components"]["schemas"]["Event"]["properties"]["tenant"]
+    assert event["nullable"] is True  # fleet-wide events belong to no tenant

@@ -6,11 +6,13 @@ the cluster driver cannot act (with Retry-After). The request's
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
 
+import re
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.apps import apps
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import Model, ProtectedError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -49,9 +51,20 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
             status=status.HTTP_409_CONFLICT,
         )
     if isinstance(exc, IntegrityError):
+        return Response(conflict_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, DataError):  # a value the database cannot hold; its text stays in the log
         return Response(
-            {"error": "conflict", "detail": f"conflicts with existing data: {exc}".strip()},
-            status=status.HTTP_409_CONFLICT,
+            {
+                "error": "invalid",
+                "detail": "a value is out of range or malformed for its field",
+                "fields": {},
+            },
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {"error": "too_large", "detail": "The request body is larger than the server accepts."},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
@@ -114,6 +127,51 @@ def reserved_body(exc: EndpointReserved) -> dict[str, Any]:
         "detail": str(exc),
         "reservation": {"id": r.pk, "mu_per_minute": r.mu_per_minute, "sold_by": r.sold_by},
     }
+
+
+def conflict_body(exc: IntegrityError) -> dict[str, Any]:
+    """A unique value taken by a concurrent write: which resource and fields, never the database's
+    text (it names constraints and echoes values)."""
+    model, fields = _unique_violation(exc)
+    noun = str(model._meta.verbose_name) if model is not None else "object"
+    if fields:
+        detail = f"another {noun} already has this {' and '.join(fields)}"
+    else:
+        detail = f"conflicts with an existing {noun}; nothing was written"
+    return {
+        "error": "conflict",
+        "detail": detail,
+        "fields": {f: {"errors": ["already taken"]} for f in fields},
+    }
+
+
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)")
+_PG_KEY = re.compile(r"Key \(([^)]*)\)=")
+
+
+def _unique_violation(exc: IntegrityError) -> tuple[type[Model] | None, list[str]]:
+    """(model, field names) of the unique constraint `exc` broke, as far as the driver says."""
+    diag = getattr(exc.__cause__, "diag", None)  # psycopg's
+    if diag is not None:
+        for model in apps.get_models():
+            for constraint in model._meta.constraints:
+                if constraint.name == diag.constraint_name and hasattr(constraint, "fields"):
+                    return model, list(constraint.fields)
+        key = _PG_KEY.match(diag.message_detail or "")
+        columns = [c.strip() for c in key.group(1).split(",")] if key else []
+        return _fields_of(diag.table_name, columns)
+    if match := _SQLITE_UNIQUE.match(str(exc)):
+        qualified = [c.strip().split(".", 1) for c in match.group(1).split(",")]
+        return _fields_of(qualified[0][0], [c[-1] for c in qualified])
+    return None, []
+
+
+def _fields_of(table: str | None, columns: list[str]) -> tuple[type[Model] | None, list[str]]:
+    model = next((m for m in apps.get_models() if m._meta.db_table == table), None)
+    if model is None:
+        return None, []
+    by_column = {f.column: f.name for f in model._meta.concrete_fields}
+    return model, [by_column[c] for c in columns if c in by_column]
 
 
 def validation_body(detail: Any, context: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,41 @@
-"""FilterSets shared by the API and (later) the console's list views."""
+"""FilterSets shared by the API and the console's list views.
+
+One rule for filters that name an object by id (`?endpoint=7`): the choices are what the
+principal may see (`visible_to`), so another tenant's endpoint is refused exactly as one that
+does not exist ("Select a valid choice", a 400) and no id can be probed for existence. The
+principal comes from the request the FilterSet is given: DRF's (its user is the Principal) or a
+console request (its `principal`); without one, no object is a valid choice.
+"""
+
+from typing import Any
 
 import django_filters
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
+from controlplane.tenants.models import Principal, TenantScopedQuerySet
+
+
+def principal_of_request(request: Any) -> Principal | None:
+    principal = getattr(request, "principal", None) or getattr(request, "user", None)
+    return principal if isinstance(principal, Principal) else None
+
+
+class ScopedFilterSet(django_filters.FilterSet):
+    """Every choice of a model filter over a tenant-scoped model is limited to what the request's
+    principal may see."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        principal = principal_of_request(self.request)
+        for flt in self.filters.values():
+            choices = getattr(flt, "queryset", None)
+            if isinstance(choices, TenantScopedQuerySet):
+                scoped: QuerySet[Model] = choices.visible_to(principal) if principal else choices.none()
+                flt.queryset = scoped
 
 
 class EndpointFilterSet(django_filters.FilterSet):
@@ -38,7 +67,7 @@ class ModelProfileFilterSet(django_filters.FilterSet):
         fields = ["model", "gpu_type", "source"]
 
 
-class ReservationFilterSet(django_filters.FilterSet):
+class ReservationFilterSet(ScopedFilterSet):
     tenant = django_filters.CharFilter(field_name="endpoint__tenant__name")
     pool = django_filters.CharFilter(field_name="endpoint__pool__name")
 
@@ -47,7 +76,13 @@ class ReservationFilterSet(django_filters.FilterSet):
         fields = ["endpoint", "tenant", "pool"]
 
 
-class EventFilterSet(django_filters.FilterSet):
+class PodFilterSet(ScopedFilterSet):
+    class Meta:
+        model = Pod
+        fields = ["endpoint", "ready"]
+
+
+class EventFilterSet(ScopedFilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__name")
     kind = django_filters.MultipleChoiceFilter(choices=Event.Kind.choices, distinct=False)
     severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices, distinct=False)

@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any
 from django.core.paginator import Page, Paginator
 from django.db.models import Model, QuerySet
 from rest_framework import pagination
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
 
 
 class LateJoinPaginator(Paginator):
@@ -31,7 +33,21 @@ class LateJoinPaginator(Paginator):
         ) -> Page[Any]: ...
 
 
+def strict_page_size(request: Request, param: str, default: int, most: int) -> int:
+    """?page_size= must be a positive integer (a bad one is a 400, not silently the default);
+    above `most` it is `most`."""
+    raw = request.query_params.get(param)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise ValidationError({param: [f"must be a positive integer, got {raw!r}"]})
+    return min(int(raw), most)
+
+
 class PageNumberPagination(pagination.PageNumberPagination):
+    def get_page_size(self, request: Request) -> int:
+        return strict_page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
+
     django_paginator_class = LateJoinPaginator
     page_size = 50
     page_size_query_param = "page_size"
@@ -44,3 +60,6 @@ class EventCursorPagination(pagination.CursorPagination):
     page_size = 100
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+    def get_page_size(self, request: Request) -> int:
+        return strict_page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)

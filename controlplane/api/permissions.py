@@ -5,6 +5,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from controlplane.api.auth import request_principal
+from controlplane.oncall.models import may_acknowledge
 
 
 class OperatorWrites(permissions.BasePermission):
@@ -19,3 +20,10 @@ class OperatorOnly(permissions.BasePermission):
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         return request_principal(request).is_operator
+
+
+class MayAcknowledge(permissions.BasePermission):
+    message = "only operators may acknowledge events"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return may_acknowledge(request_principal(request))

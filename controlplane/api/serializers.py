@@ -76,6 +76,14 @@ def principal_of(serializer: serializers.Serializer[Any]) -> Principal:
     return serializer.context.get("principal") or request_principal(serializer.context["request"])
 
 
+class VisibleTenantField(serializers.SlugRelatedField):  # type: ignore[type-arg]
+    """A tenant by name among those the principal may see: another tenant's name is refused as a
+    name that does not exist, with the same message (existence does not leak)."""
+
+    def get_queryset(self) -> Any:
+        return Tenant.objects.visible_to(principal_of(cast(serializers.Serializer[Any], self.root)))
+
+
 class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
@@ -95,7 +103,7 @@ class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
 
 
 class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
-    tenant = serializers.SlugRelatedField(
+    tenant = VisibleTenantField(
         slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
     )
 
@@ -231,7 +239,7 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
 
 
 class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
-    tenant = serializers.SlugRelatedField(
+    tenant = VisibleTenantField(
         slug_field="name",
         queryset=Tenant.objects.all(),
         required=False,
@@ -478,7 +486,7 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
 
 
 class EventSerializer(StrictInput, serializers.ModelSerializer[Event]):
-    tenant = serializers.CharField(source="tenant.name", read_only=True, default=None)
+    tenant = serializers.CharField(source="tenant.name", read_only=True, default=None, allow_null=True)
     endpoint = serializers.PrimaryKeyRelatedField(
         queryset=Endpoint.objects.select_related("tenant"), required=False, allow_null=True
     )

@@ -18,14 +18,15 @@ from controlplane import selling
 from controlplane.api import filters, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
-from controlplane.api.permissions import OperatorOnly, OperatorWrites
+from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
+from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
 from controlplane.endpoints import rollouts, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Tenant, TenantScopedQuerySet
-from dataplane.cluster.driver import ClusterError
+from dataplane.wire import load_samples
 from dataplane.wire.load_samples import RouterSecond, SampleError
 
 AUTHENTICATED = permissions.IsAuthenticated
@@ -40,6 +41,13 @@ def visible(queryset: QuerySet[_M], request: Request) -> QuerySet[_M]:
 
 class RolloutCommand(serializers.StrictInput, drf_serializers.Serializer[Any]):
     action = drf_serializers.ChoiceField(choices=["promote", "abort"])
+
+
+class RouterSecondDoc(drf_serializers.Serializer[Any]):
+    """The body's shape, for the schema; dataplane.wire.load_samples checks it (and every row)."""
+
+    second = drf_serializers.IntegerField(min_value=1, max_value=load_samples.MAX_SECOND)
+    rows = drf_serializers.ListField(child=drf_serializers.DictField(), help_text="Traffic or queue rows")
 
 
 class ScopedViewSet(viewsets.ModelViewSet[_M]):
@@ -97,7 +105,7 @@ class ModelProfileViewSet(viewsets.ModelViewSet[ModelProfile]):
         fits = self.get_object().fits.order_by("-id")[:100]
         return Response(serializers.ProfileFitSerializer(fits, many=True).data)
 
-    @extend_schema(request=None, responses=serializers.ModelProfileSerializer)
+    @extend_schema(request=None, responses={202: serializers.ModelProfileSerializer})
     @action(detail=True, methods=["post"])
     def benchmark(self, request: Request, pk: str | None = None) -> Response:
         """Ask for a new benchmark; the next beat tick (within a minute) runs it."""
@@ -134,11 +142,14 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
         selling.delete_endpoint(endpoint, release_by=principal.name if release else None)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={200: dict, 202: dict, 409: dict, 503: dict})
+    @extend_schema(
+        request=None, responses={200: dict, 202: dict, 409: ApiErrorSerializer, 503: ApiErrorSerializer}
+    )
     @action(detail=True, methods=["post"])
     def wake(self, request: Request, pk: str | None = None) -> Response:
         """Scale from zero now: routers call this while they hold a request for the endpoint.
-        202 when a replica was asked for, 200 when it already has replicas."""
+        202 when a replica was asked for, 200 when it already has replicas; 409 when it cannot scale
+        to zero or no cluster driver is configured, 503 when the cluster cannot act now."""
         endpoint = self.get_object()
         if not endpoint.scale_to_zero_enabled and endpoint.desired_replicas == 0:
             return Response(
@@ -146,16 +157,21 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
                 status=status.HTTP_409_CONFLICT,
             )
         cluster = scaling.driver()
-        if cluster is None:
-            raise ClusterError(
-                "no cluster driver is configured (CLUSTER_DRIVER=none): nothing can start a pod"
+        if cluster is None:  # a configuration, not an outage: nothing to retry, so no 503
+            return Response(
+                {
+                    "error": "no_cluster_driver",
+                    "detail": "no cluster driver is configured (CLUSTER_DRIVER=none): nothing here can start"
+                    " a pod; pods are registered through /api/v1/pods/",
+                },
+                status=status.HTTP_409_CONFLICT,
             )
         woke = scaling.wake(endpoint, cluster, timezone.now())
         endpoint.refresh_from_db()
         body = {"desired_replicas": endpoint.desired_replicas, "ready_replicas": endpoint.ready_replicas}
         return Response(body, status=status.HTTP_202_ACCEPTED if woke else status.HTTP_200_OK)
 
-    @extend_schema(request=RolloutCommand, responses={202: dict, 404: dict})
+    @extend_schema(request=RolloutCommand, responses={202: dict, 404: ApiErrorSerializer})
     @action(detail=True, methods=["post"])
     def rollout(self, request: Request, pk: str | None = None) -> Response:
         """Promote the canary of the rollout in progress, or abort it (back to the old version);
@@ -179,7 +195,7 @@ class PodViewSet(ScopedViewSet[Pod]):
     queryset = Pod.objects.select_related("endpoint")
     serializer_class = serializers.PodSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
-    filterset_fields = ["endpoint", "ready"]
+    filterset_class = filters.PodFilterSet
 
 
 class RoutingTableView(APIView):
@@ -201,7 +217,7 @@ class LoadSamplesView(APIView):
 
     permission_classes = [AUTHENTICATED, OperatorOnly]
 
-    @extend_schema(request=dict, responses={201: dict})
+    @extend_schema(request=RouterSecondDoc, responses={201: dict})
     def post(self, request: Request) -> Response:
         try:
             posted = RouterSecond.from_json(request.data)
@@ -235,9 +251,9 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]
         return visible(super().get_queryset(), self.request)
 
     @extend_schema(request=None, responses=serializers.EventSerializer)
-    @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED])
+    @action(detail=True, methods=["post"], permission_classes=[AUTHENTICATED, MayAcknowledge])
     def acknowledge(self, request: Request, pk: str | None = None) -> Response:
-        """Whoever can see an event may acknowledge it; the first acknowledgement stands."""
+        """Operators acknowledge events (oncall.models.may_acknowledge); the first acknowledgement stands."""
         event = self.get_object()
         event.acknowledge(request_principal(request).name, timezone.now())
         return Response(self.get_serializer(event).data)

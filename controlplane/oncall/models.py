@@ -14,12 +14,20 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.utils import timezone
 
-from controlplane.tenants.models import Tenant, TenantScopedQuerySet
+from controlplane.tenants.models import Principal, Tenant, TenantScopedQuerySet
 
 if TYPE_CHECKING:  # for the annotation only: on-call's models load without the endpoints app's
     from controlplane.endpoints.models import Endpoint
 
 SETTLE = timedelta(seconds=1)
+
+
+def may_acknowledge(principal: Principal) -> bool:
+    """Who may acknowledge an event: operators only. Acknowledging tells on-call an event is
+    handled and takes it off the operators' unacknowledged panel; every event is written by the
+    system or by an operator's key (tenants cannot write events), so none is a tenant's to clear.
+    Tenants still see who acknowledged their events, and when. The API and the console ask here."""
+    return principal.is_operator
 
 
 class EventQuerySet(TenantScopedQuerySet["Event"]):

@@ -25,6 +25,7 @@ endpoint and tenant:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,20 @@ from typing import Any
 # latency fell in (LATENCY_BUCKETS_S[i-1], LATENCY_BUCKETS_S[i]], lat{len} those above them all.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 NO_LATENCIES = (0,) * (len(LATENCY_BUCKETS_S) + 1)
+
+
+# Bounds of what a router can send; past them a value is a broken or hostile sender, refused.
+# Counts (requests, tokens, errors, latency buckets, queued requests) are integers in
+# 0..MAX_COUNT: a billion tokens in one endpoint's second would be a million 1,000-token answers.
+# Amounts (inflight, mu, latency_ms_sum, queued_mu) are finite numbers in 0..MAX_AMOUNT (a
+# thousand times the largest count: MU and milliseconds summed over a second's requests).
+# `second` is a unix second in 1..MAX_SECOND (2106); `endpoint` an id in 0..MAX_ENDPOINT_ID (the
+# database's integer column); `tenant` a slug of at most MAX_TENANT_CHARS, without NUL.
+MAX_COUNT = 10**9
+MAX_AMOUNT = 1e12
+MAX_SECOND = 2**32 - 1
+MAX_ENDPOINT_ID = 2**31 - 1
+MAX_TENANT_CHARS = 63
 
 
 def load_key(endpoint_id: int | str, second: int | str) -> str:
@@ -56,15 +71,19 @@ class SampleError(ValueError):
 
 def _count(doc: Mapping[str, Any], key: str, where: str) -> int:
     v = doc.get(key, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise SampleError("rows", f"{where}.{key} must be an integer >= 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+        raise SampleError("rows", f"{where}.{key} must be an integer in 0..{MAX_COUNT}, got {v!r}")
     return v
 
 
 def _amount(doc: Mapping[str, Any], key: str, where: str) -> float:
     v = doc.get(key, 0.0)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise SampleError("rows", f"{where}.{key} must be a number >= 0, got {v!r}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not (math.isfinite(v) and 0 <= v <= MAX_AMOUNT)
+    ):
+        raise SampleError("rows", f"{where}.{key} must be a number in 0..{MAX_AMOUNT:g}, got {v!r}")
     return v
 
 
@@ -156,15 +175,18 @@ Sample = TrafficSample | QueueSample
 
 def _endpoint(doc: Mapping[str, Any], where: str) -> int:
     v = doc.get("endpoint")
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise SampleError("rows", f"{where}.endpoint must be an integer >= 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ENDPOINT_ID:
+        raise SampleError("rows", f"{where}.endpoint must be an integer in 0..{MAX_ENDPOINT_ID}, got {v!r}")
     return v
 
 
 def _tenant(doc: Mapping[str, Any], where: str) -> str:
     v = doc.get("tenant")
-    if not isinstance(v, str):
-        raise SampleError("rows", f"{where}.tenant must be a string, got {v!r}")
+    if not isinstance(v, str) or len(v) > MAX_TENANT_CHARS or "\x00" in v:
+        raise SampleError(
+            "rows",
+            f"{where}.tenant must be a string of at most {MAX_TENANT_CHARS} characters, no NUL, got {v!r}",
+        )
     return v
 
 
@@ -197,8 +219,8 @@ class RouterSecond:
         if not isinstance(doc, Mapping):
             raise SampleError(None, f"a router's second must be a JSON object, got {doc!r}")
         second, rows = doc.get("second"), doc.get("rows")
-        if isinstance(second, bool) or not isinstance(second, int) or second <= 0:
-            raise SampleError("second", f"{second!r} must be a unix second (a positive integer)")
+        if isinstance(second, bool) or not isinstance(second, int) or not 0 < second <= MAX_SECOND:
+            raise SampleError("second", f"{second!r} must be a unix second (an integer in 1..{MAX_SECOND})")
         if not isinstance(rows, list) or not all(
             isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
         ):

@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 
 from controlplane.oncall.models import Event
 from dataplane.wire.pod_events import PodEvent
+from tests.conftest import client_for
 
 SETTLED = datetime(2026, 1, 1, tzinfo=UTC)  # recorded long ago: the tail may hand it out
 HANG = PodEvent(
@@ -100,18 +101,37 @@ def test_the_tail_holds_back_events_that_could_still_be_overtaken(operator_clien
     assert [e["message"] for e in tail] == ["old"]
 
 
-def test_acknowledge_records_who_and_when_once(owner_client, operator_client, owner):
+def test_acknowledge_records_who_and_when_once(operator_client, owner):
     event = Event.record("hang", "hung", tenant=owner, severity="critical")
-    first = owner_client.post(f"/api/v1/events/{event.pk}/acknowledge/")
+    first = operator_client.post(f"/api/v1/events/{event.pk}/acknowledge/")
     assert first.status_code == 200
-    assert first.json()["acknowledged_by"] == "test" and first.json()["acknowledged_at"]
-    again = operator_client.post(f"/api/v1/events/{event.pk}/acknowledge/").json()
-    assert again["acknowledged_by"] == "test"  # the first acknowledgement stands
+    assert first.json()["acknowledged_by"] == "ops" and first.json()["acknowledged_at"]
+    again = client_for(None, name="ops-2").post(f"/api/v1/events/{event.pk}/acknowledge/").json()
+    assert again["acknowledged_by"] == "ops"  # the first acknowledgement stands
     assert operator_client.get("/api/v1/events/?acknowledged=false").json()["results"] == []
 
 
-def test_another_tenant_cannot_acknowledge(other_client, owner):
-    event = Event.record("hang", "hung", tenant=owner)
-    assert other_client.post(f"/api/v1/events/{event.pk}/acknowledge/").status_code == 404
+def test_tenants_cannot_clear_operators_alerts(
+    owner_client, other_client, operator_client, make_endpoint, owner
+):
+    # An operator-written critical hang on the tenant's own endpoint: only operators acknowledge it
+    # (oncall.models.may_acknowledge), so it stays on the operators' unacknowledged panel.
+    chat = make_endpoint(owner, "chat")
+    posted = operator_client.post(
+        "/api/v1/events/",
+        {"kind": "hang", "severity": "critical", "message": "hung", "endpoint": chat.pk},
+        format="json",
+    )
+    assert posted.status_code == 201, posted.json()
+    event = Event.objects.get(pk=posted.json()["id"])
+    refused = owner_client.post(f"/api/v1/events/{event.pk}/acknowledge/")
+    assert refused.status_code == 403, refused.json()
+    assert refused.json() == {"error": "permission_denied", "detail": "only operators may acknowledge events"}
+    # Another tenant, and an id that does not exist, get the same 403: nothing leaks by id.
+    assert other_client.post(f"/api/v1/events/{event.pk}/acknowledge/").json() == refused.json()
+    assert owner_client.post("/api/v1/events/999999/acknowledge/").json() == refused.json()
     event.refresh_from_db()
     assert event.acknowledged_at is None
+    unacked = operator_client.get("/api/v1/events/?acknowledged=false&severity=critical").json()["results"]
+    assert [e["id"] for e in unacked] == [event.pk]
+    assert operator_client.post(f"/api/v1/events/{event.pk}/acknowledge/").status_code == 200

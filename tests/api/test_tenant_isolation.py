@@ -45,9 +45,36 @@ def test_another_tenant_sees_nothing_of_the_first(other_client, owned):
 
 def test_another_tenant_cannot_filter_its_way_in(other_client, owned):
     assert other_client.get("/api/v1/endpoints/?tenant=owner").json()["results"] == []
-    response = other_client.get(f"/api/v1/events/?endpoint={owned.pk}")
-    assert response.status_code == 200
-    assert response.json()["results"] == []
+
+
+@pytest.mark.parametrize("path", ["/api/v1/events/", "/api/v1/reservations/", "/api/v1/pods/"])
+def test_filtering_by_another_tenants_endpoint_answers_as_for_one_that_does_not_exist(
+    path, owner_client, other_client, owned
+):
+    # The filter's choices are what the principal may see (api.filters.ScopedFilterSet): another
+    # tenant's id and an id nobody has get the same 400, so ids cannot be probed for existence.
+    theirs = other_client.get(f"{path}?endpoint={owned.pk}")
+    nobodys = other_client.get(f"{path}?endpoint={owned.pk + 1000}")
+    assert theirs.status_code == nobodys.status_code == 400
+    assert theirs.json()["fields"]["endpoint"]["errors"] == nobodys.json()["fields"]["endpoint"]["errors"]
+    assert owner_client.get(f"{path}?endpoint={owned.pk}").status_code == 200
+
+
+def test_naming_another_tenant_in_a_write_answers_as_for_one_that_does_not_exist(other_client, owned):
+    for path, body in [
+        ("/api/v1/api-keys/", {"name": "k"}),
+        (
+            "/api/v1/endpoints/",
+            {"name": "e", "model": "llama-8b", "gpu_type": "h100-80gb", "min_provisioned_concurrency": 1},
+        ),
+    ]:
+        theirs = other_client.post(path, {**body, "tenant": "owner"}, format="json")
+        nobodys = other_client.post(path, {**body, "tenant": "nobody"}, format="json")
+        assert theirs.status_code == nobodys.status_code == 400, path
+        errors = [
+            r.json()["fields"]["tenant"]["errors"][0].replace("nobody", "owner") for r in (theirs, nobodys)
+        ]
+        assert errors[0] == errors[1], (path, errors)
 
 
 def test_the_operator_sees_every_tenant(operator_client, owned, other, make_endpoint):

@@ -120,7 +120,7 @@ def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet):
 
 
 def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_server, fleet):
-    page = sign_in(browser, live_server, "olivia")
+    page = sign_in(browser, live_server, "ops")  # on-call acknowledges: operators (may_acknowledge)
     page.goto(f"{live_server.url}/console/oncall/")
     page.evaluate("window.__not_reloaded = true")
     Event.record(
@@ -132,9 +132,9 @@ def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_ser
     assert page.inner_text(".attention .count") == "1"
     row.query_selector("button.ack").click()
     page.wait_for_selector("tr[data-kind=hang].acked")
-    assert "olivia at" in page.inner_text("tr[data-kind=hang]")
+    assert "ops at" in page.inner_text("tr[data-kind=hang]")
     event = Event.objects.get(kind="hang")
-    assert event.acknowledged_by == "olivia" and event.acknowledged_at is not None
+    assert event.acknowledged_by == "ops" and event.acknowledged_at is not None
     shoot(page, "oncall")
 
 

@@ -232,18 +232,59 @@ def test_attention_surfaces_crash_loops_and_repeated_hangs(operator_web, owner, 
 
 def test_acknowledging_records_who_and_needs_csrf(owner, db):
     event = Event.record("hang", "hung", tenant=owner, severity="critical")
-    strict = member_client("carol", tenant=owner, enforce_csrf=True)
+    strict = member_client("carol", operator=True, enforce_csrf=True)
     assert strict.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 403
     event.refresh_from_db()
     assert event.acknowledged_at is None
-    lenient = member_client("dave", tenant=owner)
+    lenient = member_client("dave", operator=True)
     response = lenient.post(f"/console/oncall/events/{event.pk}/ack/")
     assert "dave at" in response.content.decode()
     assert response["HX-Trigger"] == "event-acknowledged"  # the attention panel refreshes
     panels = lenient.get("/console/oncall/attention/").content.decode()
     assert '<b class="count">0</b>' in panels
+
+
+def test_tenant_members_see_their_events_but_cannot_acknowledge_them(owner, db):
+    # Operators acknowledge (oncall.models.may_acknowledge): a tenant gets no button, and a post
+    # is refused before any lookup, the same for its own event, another's and none at all.
+    event = Event.record("hang", "hung", tenant=owner, severity="critical", recorded_at=SETTLED)
+    olivia = member_client("olivia", tenant=owner)
+    html = olivia.get("/console/oncall/").content.decode()
+    assert f'id="event-{event.pk}"' in html and 'button class="ack"' not in html
+    assert olivia.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 403
     other = member_client("eve", tenant=Tenant.objects.create(name="eve-corp"))
-    assert other.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 404
+    assert other.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 403
+    assert olivia.post("/console/oncall/events/999999/ack/").status_code == 403
+    event.refresh_from_db()
+    assert event.acknowledged_at is None
+    ops = member_client("opal", operator=True)
+    assert 'button class="ack"' in ops.get("/console/oncall/").content.decode()
+    assert '<b class="count">1</b>' in ops.get("/console/oncall/attention/").content.decode()
+
+
+def test_the_oncall_cursor_is_the_newest_event_the_viewer_may_see(owner, other, db):
+    mine = Event.record("scale", "mine", tenant=owner, recorded_at=SETTLED)
+    Event.record("scale", "theirs", tenant=other, recorded_at=SETTLED)
+    Event.record("scale", "fleet", recorded_at=SETTLED)
+    html = member_client("olivia", tenant=owner).get("/console/oncall/").content.decode()
+    assert f'data-cursor="{mine.pk}"' in html
+    newest = Event.objects.order_by("-id").first()
+    ops_html = member_client("opal", operator=True).get("/console/oncall/").content.decode()
+    assert f'data-cursor="{newest.pk}"' in ops_html
+
+
+def test_the_oncall_filter_answers_alike_for_another_tenants_endpoint_and_none(owner, other, make_endpoint):
+    theirs = make_endpoint(other, "theirs")
+    Event.record("scale", "their-scale-event", endpoint=theirs, recorded_at=SETTLED)
+    olivia = member_client("olivia", tenant=owner)
+    pages = [olivia.get(f"/console/oncall/?endpoint={pk}") for pk in (theirs.pk, theirs.pk + 1000)]
+    assert [p.status_code for p in pages] == [200, 200]
+    rows = [re.search(r'<tbody id="event-rows">(.*?)</tbody>', p.content.decode(), re.S) for p in pages]
+    cursors = [re.search(r'data-cursor="(\d+)"', p.content.decode()) for p in pages]
+    assert rows[0] and rows[1] and rows[0].group(1).strip() == rows[1].group(1).strip() == ""
+    assert cursors[0] and cursors[1] and cursors[0].group(1) == cursors[1].group(1) == "0"
+    bodies = [p.content.decode() for p in pages]
+    assert "their-scale-event" not in bodies[0]
 
 
 def test_every_posting_form_carries_a_csrf_token(operator_web, owned):

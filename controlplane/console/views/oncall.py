@@ -4,6 +4,7 @@ attention and restarts panels, and acknowledging an event."""
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -12,7 +13,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.api.filters import EventFilterSet
 from controlplane.console.views.base import ConsoleRequest, console_view, filled
-from controlplane.oncall.models import Event
+from controlplane.oncall.models import Event, may_acknowledge
 from controlplane.tenants.models import Tenant
 
 TAIL_ROWS = 50
@@ -20,7 +21,7 @@ TAIL_ROWS = 50
 
 def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Event]]:
     visible = Event.objects.visible_to(request.principal).select_related("tenant")
-    filterset = EventFilterSet(filled(request.GET), queryset=visible)
+    filterset = EventFilterSet(filled(request.GET), queryset=visible, request=request)
     return filterset, (filterset.qs if filterset.is_valid() else visible.none())
 
 
@@ -28,7 +29,7 @@ def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Eve
 def oncall(request: ConsoleRequest) -> HttpResponse:
     now = timezone.now()
     filterset, events = oncall_events(request)
-    cursor = Event.objects.settled_cursor(now)
+    cursor = Event.objects.visible_to(request.principal).settled_cursor(now)  # no id the viewer may not see
     query = filled(request.GET)
     query.pop("after", None)
     context = {
@@ -39,6 +40,7 @@ def oncall(request: ConsoleRequest) -> HttpResponse:
         "kinds": Event.Kind.choices,
         "severities": Event.Severity.choices,
         "tenants": Tenant.objects.values_list("name", flat=True) if request.principal.is_operator else [],
+        "may_acknowledge": may_acknowledge(request.principal),
         **attention(request, now),
     }
     return render(request, "console/oncall.html", context)
@@ -58,10 +60,15 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     )
     newest = max([after, *[e.pk for e in fresh]])
     if len(fresh) == TAIL_ROWS:  # more arrived than a page: skip to the settled end, say so
-        newest = max(newest, Event.objects.settled_cursor(now))
+        newest = max(newest, Event.objects.visible_to(request.principal).settled_cursor(now))
     query = filled(request.GET)
     query.pop("after", None)
-    context = {"events": fresh, "cursor": newest, "query": query.urlencode()}
+    context = {
+        "events": fresh,
+        "cursor": newest,
+        "query": query.urlencode(),
+        "may_acknowledge": may_acknowledge(request.principal),
+    }
     if fresh:  # the attention panels change with new events; otherwise they refresh on their own
         context.update(attention(request, now))
     return render(request, "console/_oncall_tail.html", context)
@@ -102,9 +109,11 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
 @require_POST
 @console_view(section="oncall")
 def acknowledge(request: ConsoleRequest, pk: int) -> HttpResponse:
+    if not may_acknowledge(request.principal):
+        raise PermissionDenied("only operators may acknowledge events")
     event = get_object_or_404(Event.objects.visible_to(request.principal), pk=pk)
     event.acknowledge(request.user.username, timezone.now())
-    response = render(request, "console/_event_row.html", {"event": event})
+    response = render(request, "console/_event_row.html", {"event": event, "may_acknowledge": True})
     # Fired on receipt, while the button is still in the page: the attention panel refreshes.
     response["HX-Trigger"] = "event-acknowledged"
     return response
