@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
+# The embedded default for development: the debug pages on, the public key (no DATABASE_URL).
+export DEBUG=${DEBUG:-1}
 CP=http://127.0.0.1:8000
 mkdir -p var/broker var/broker-processed var/pods var/keys
 "$BIN/python" manage.py migrate --noinput -v0
