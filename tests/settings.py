@@ -9,4 +9,4 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret-" + "0123456789abcdefghijklmnopqrstuvwxyz")
 
-from controlplane.settings import *  # noqa: E402, F403
+from controlplane.settings import *  # noqa: F403
