@@ -212,12 +212,13 @@ def load_generator(stack: dict, stages: str, max_tokens: int) -> subprocess.Pope
     """`python -m dataplane.loadgen` against the stack's endpoint, through the router."""
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"], "--key", stack["key"]),
+            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"]),
             *("--model", stack["name"], "--stages", stages, "--max-tokens", str(max_tokens)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "MU_API_KEY": stack["key"]},
         cwd=ROOT,
     )
 

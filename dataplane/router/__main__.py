@@ -1,8 +1,12 @@
 """``python -m dataplane.router``: run the router (static or control-plane mode).
 
     python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
-    python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 --key <operator key> \\
-        [--redis redis://...] [--workers 4] [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090]
+    ROUTER_KEY=<operator key> python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 \\
+        [--key-file PATH] [--redis redis://...] [--workers 4] [--endpointslices mu-runtime] \\
+        [--admin-listen 0.0.0.0:9090] [--stale-table-after-s 600] [--stale-table fail-open]
+
+The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
+(``dataplane.keys``).
 
 ``--admin-listen HOST:PORT`` serves the operator endpoints (``/metrics``, and ``/health`` for
 probes) on a listener of their own, to be kept off the tenants' network; without it they answer
@@ -32,6 +36,7 @@ import sys
 import tempfile
 from dataclasses import fields, replace
 
+from dataplane.keys import add_key_arguments, read_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
@@ -72,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--backends", help="static mode: comma-separated pod URLs")
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
-    p.add_argument("--key", default=os.environ.get("ROUTER_KEY"), help="operator key (or $ROUTER_KEY)")
+    add_key_arguments(p, "--key", "ROUTER_KEY", "operator key")
     p.add_argument(
         "--endpointslices",
         metavar="NAMESPACE",
@@ -105,8 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     args = p.parse_args(argv)
     args.metrics_dir = None  # set by main() for --workers > 1
+    try:
+        args.key = read_key(args.key_file, "ROUTER_KEY")
+    except ValueError as exc:
+        p.error(str(exc))
     if args.control_plane and not args.key:
-        p.error("--control-plane needs --key (or $ROUTER_KEY)")
+        p.error("--control-plane needs the operator key: $ROUTER_KEY or --key-file PATH")
     if args.endpointslices and not args.control_plane:
         p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
     return args
