@@ -106,8 +106,8 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # ask for 2, then 3; their pods drain the queue, which then no longer counts, and the
         # requests in flight fill the window alone: 4 about 40 s into the load. The load
         # generator is the one a newcomer runs (README).
-        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat",
-                      "--stages", "70x24", "--max-tokens", "300"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
+        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat", "--stages", "70x24",
+                      "--max-tokens", "300"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
         loaded = time.monotonic()
         try:
             wait_until(lambda: replicas(chat)[0] >= 4, timeout=75, interval=0.5)

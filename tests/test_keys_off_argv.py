@@ -115,8 +115,8 @@ def test_run_local_passes_the_key_to_the_agent_its_pods_and_the_router_off_argv(
         # The router is ready once it has a routing table, which only the operator key fetches.
         wait_until(lambda: answers(f"http://127.0.0.1:{router_port}/health"), timeout=30)
         wait_until(lambda: answers(f"http://127.0.0.1:{agent_port}/healthz"), timeout=30)
-        body = {"deployments": [{"name": "ep-1", "replicas": 1, "labels": {"endpoint": "1"},
-                                 "args": ["--profile", "tiny-test", "--served-model-name", "chat"]}]}  # fmt: skip
+        sim = ["--profile", "tiny-test", "--served-model-name", "chat"]
+        body = {"deployments": [{"name": "ep-1", "replicas": 1, "labels": {"endpoint": "1"}, "args": sim}]}
         assert http("PUT", f"http://127.0.0.1:{agent_port}/deployments", body)[0] == 200
         wait_until(lambda: len(descendants(agent.pid)) >= 2, timeout=30)  # the pod and its engine
         pods = descendants(agent.pid)

@@ -66,8 +66,8 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
         hello = {"model": "chat", "prompt": "hi", "max_tokens": 4}
         control_until(lambda: post(f"{router}/v1/completions", hello, tenant_key)[0] == 200, timeout=20)
 
-        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat",
-                      "--stages", "30x8", "--max-tokens", "100"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
+        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat", "--stages", "30x8",
+                      "--max-tokens", "100"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
         try:
             time.sleep(3)  # the load runs on v1 first
             api = APIClient()  # the tenant changes the model through the API

@@ -1,9 +1,10 @@
 """``python -m dataplane.router``: run the router (static or control-plane mode).
 
     python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
-    ROUTER_KEY=<operator key> python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 \\
-        [--key-file PATH] [--redis redis://...] [--workers 4] [--endpointslices mu-runtime] \\
-        [--admin-listen 0.0.0.0:9090] [--stale-table-after-s 600] [--stale-table fail-open]
+    ROUTER_KEY=<operator key> python -m dataplane.router --listen 0.0.0.0:8080 \\
+        --control-plane http://cp:8000 [--key-file PATH] [--redis redis://...] [--workers 4] \\
+        [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090] \\
+        [--stale-table-after-s 600] [--stale-table fail-open]
 
 The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
 (``dataplane.keys``).

@@ -188,7 +188,12 @@ def test_the_router_command_line_takes_pods_from_endpointslices(standin, tmp_pat
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONWARNINGS": "error", "KUBECONFIG": str(kubeconfig), "ROUTER_KEY": "op-key"},
+            env={
+                **os.environ,
+                "PYTHONWARNINGS": "error",
+                "KUBECONFIG": str(kubeconfig),
+                "ROUTER_KEY": "op-key",
+            },
         )
         try:
             from dataplane.router.upstream import fetch
