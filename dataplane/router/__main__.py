@@ -119,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--control-plane needs the operator key: $ROUTER_KEY or --key-file PATH")
     if args.endpointslices and not args.control_plane:
         p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
+    try:
+        build_config(args)
+    except ValueError as exc:  # a bad value of a RouterConfig field, named
+        p.error(str(exc))
     return args
 
 
@@ -161,7 +165,12 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         from dataplane.router.upstream import fetch
 
         discovery = ControlPlaneDiscovery(
-            args.control_plane, args.key, fetch, config.poll_interval_s, config.control_plane_timeout_s
+            args.control_plane,
+            args.key,
+            fetch,
+            config.poll_interval_s,
+            config.control_plane_timeout_s,
+            on_confirmed=router.confirm_table,
         )
         if args.endpointslices:
             from dataplane.router.endpointslices import EndpointSliceDiscovery
