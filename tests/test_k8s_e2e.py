@@ -114,19 +114,10 @@ def pods_of(name: str) -> list[dict]:
 
 
 def put_secret(namespace: str, name: str, key: str) -> None:
-    manifest = kubectl(
-        "-n",
-        namespace,
-        "create",
-        "secret",
-        "generic",
-        name,
-        f"--from-literal=key={key}",
-        "--dry-run=client",
-        "-o",
-        "json",
-    )
-    kubectl("apply", "-f", "-", stdin=manifest)
+    """The Secret on kubectl's stdin: a key never goes on a command line (ps shows those)."""
+    metadata = {"name": name, "namespace": namespace}
+    manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"key": key}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
 
 
 SETUP = """

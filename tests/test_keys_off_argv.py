@@ -2,7 +2,6 @@
 load generator) takes it from its environment or a file and refuses ``--key VALUE``, since a
 process's arguments are readable by every user of the machine (ps, /proc/<pid>/cmdline)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -134,9 +133,7 @@ def test_run_local_passes_the_key_to_the_agent_its_pods_and_the_router_off_argv(
             proc.wait(timeout=30)
 
 
-def test_the_makefile_and_manifests_pass_no_key_on_a_command_line():
+def test_the_makefile_passes_no_key_on_a_command_line():
+    """`make load` (the manifests: tests/test_manifests.py)."""
     makefile = (ROOT / "Makefile").read_text()
     assert "--key-file var/keys/acme.key" in makefile and '--key "' not in makefile
-    router = (ROOT / "docker/k8s/base/router.yaml").read_text()
-    assert "--key" not in router and "ROUTER_KEY" in router
-    assert json.dumps("--key") not in (ROOT / "docker/router.Dockerfile").read_text()
