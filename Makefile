@@ -24,7 +24,7 @@ run: install
 # Traffic for the stack `make run` started: watch replicas and events move in the console.
 load: install
 	@test -s var/keys/acme.key || { echo "no var/keys/acme.key: run 'make run' first (on a fresh var/)"; exit 1; }
-	$(BIN)/python -m dataplane.loadgen --url http://127.0.0.1:8080 --key "$$(cat var/keys/acme.key)" \
+	$(BIN)/python -m dataplane.loadgen --url http://127.0.0.1:8080 --key-file var/keys/acme.key \
 	    --model summarize --stages $(or $(STAGES),30x2,90x24,120x2)
 
 # The console's browser tests drive Debian's Chromium; Playwright never downloads a browser here.

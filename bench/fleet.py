@@ -33,6 +33,7 @@ def recreate_database() -> None:
 def setup_django() -> None:
     os.environ["DATABASE_URL"] = DB_URL
     os.environ.setdefault("DEBUG", "0")
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-a-secret")  # a database URL needs a key
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 

@@ -1,7 +1,7 @@
 """Locust users that stream completions through the router, as an SDK client does.
 
-    .venv/bin/locust -f bench/locustfile.py --headless -u 4 -r 4 -t 30s --host http://127.0.0.1:8080 \\
-        --model summarize --api-key "$(cat var/keys/acme.key)" [--max-tokens 64] --csv var/locust
+    MU_API_KEY=$(cat var/keys/acme.key) .venv/bin/locust -f bench/locustfile.py --headless -u 4 -r 4 \\
+        -t 30s --host http://127.0.0.1:8080 --model summarize [--max-tokens 64] --csv var/locust
 
 Each user sends ``POST /v1/completions`` with ``stream: true`` and ``stream_options.include_usage``
 and reads the SSE body to its end on a kept-alive connection. A request succeeds when the answer
@@ -29,7 +29,12 @@ from dataplane.loadgen.run import COMPLETIONS, completion_body
 @events.init_command_line_parser.add_listener
 def _options(parser: LocustArgumentParser) -> None:
     parser.add_argument("--model", default="sim-tiny", help="the endpoint's name")
-    parser.add_argument("--api-key", default="none", help="a tenant's API key (static mode needs none)")
+    parser.add_argument(
+        "--api-key",
+        default="none",
+        env_var="MU_API_KEY",  # the key off the command line, where ps shows it to every user
+        help="a tenant's API key, best in $MU_API_KEY (static mode needs none)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prompt-words", type=int, default=20)
 

@@ -1,8 +1,9 @@
 """Settings, all read from the environment (controlplane.env fails loudly on bad values).
 
 With no variables set this is the embedded default: SQLite under var/, Celery on a local
-filesystem broker, DEBUG on. Production sets DATABASE_URL (postgres://...), REDIS_URL,
-SECRET_KEY and DEBUG=0.
+filesystem broker, DEBUG off (`make run` sets DEBUG=1). Production sets DATABASE_URL
+(postgres://...), REDIS_URL, SECRET_KEY (required with DATABASE_URL), ALLOWED_HOSTS and, behind
+a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
 
 from pathlib import Path
@@ -15,11 +16,47 @@ from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, en
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
+# --- Safe defaults: DEBUG, SECRET_KEY, ALLOWED_HOSTS, TLS ---------------------------------------
+# The embedded default is the SQLite database under var/ (no DATABASE_URL): one machine, what
+# `make run` and manage.py commands on a checkout use. DEBUG is on only when set (DEBUG=1, which
+# `make run` sets), never by default: a process started without it shows no debug page.
 EMBEDDED = not envstr("DATABASE_URL", "")
-DEBUG = envbool("DEBUG", EMBEDDED)
-# The "django-insecure-" prefix makes `manage.py check --deploy` flag a missing SECRET_KEY.
-SECRET_KEY = envstr("SECRET_KEY", "django-insecure-embedded-default-do-not-deploy")
+DEBUG = envbool("DEBUG", False)
+# The public key signs only in the embedded default or under DEBUG=1; anything else refuses to
+# start without SECRET_KEY. (Its "django-insecure-" prefix makes `check --deploy` flag it.)
+SECRET_KEY = envstr("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not (EMBEDDED or DEBUG):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set: with DATABASE_URL the control plane needs a secret key of its own "
+            "(50+ random characters: python -c 'import secrets; print(secrets.token_urlsafe(50))'); "
+            "the public embedded key serves only without DATABASE_URL or with DEBUG=1"
+        )
+    SECRET_KEY = "django-insecure-embedded-default-do-not-deploy"
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+if "*" in ALLOWED_HOSTS and not DEBUG:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS='*' accepts any Host header; name the control plane's host names "
+        "(comma-separated), or set DEBUG=1 for development"
+    )
+# BEHIND_TLS_PROXY=1: served over HTTPS by a proxy that terminates TLS and sets
+# X-Forwarded-Proto (it must overwrite a client's own). Then cookies are Secure, HTTPS answers
+# carry HSTS, and console pages asked over plain HTTP redirect to HTTPS; /api/ and /healthz do
+# not, so that routers and probes inside the cluster keep calling the pods over HTTP.
+BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
+if BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^api/", r"^healthz$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 365 * 86400, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    # Preloading is an operator's decision that browsers do not let go back on: off unless set,
+    # and then `check --deploy` need not ask for it.
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
+# The embedded default for development: the debug pages on, the public key (no DATABASE_URL).
+export DEBUG=${DEBUG:-1}
 CP=http://127.0.0.1:8000
 mkdir -p var/broker var/broker-processed var/pods var/keys
 "$BIN/python" manage.py migrate --noinput -v0
@@ -16,7 +18,8 @@ if [ ! -s var/keys/operator.key ]; then  # a database from before keys were writ
     "$BIN/python" manage.py create_operator_key local-stack | tail -n 1 >var/keys/operator.key
     chmod 600 var/keys/operator.key
 fi
-OPERATOR_KEY=$(cat var/keys/operator.key)
+# The operator key reaches the agent and the router in a file, never on a command line (ps).
+KEY_FILE=var/keys/operator.key
 pids=()
 cleanup() {
     trap - EXIT INT TERM
@@ -28,10 +31,10 @@ trap cleanup EXIT INT TERM
     --schedule=var/celerybeat-schedule >var/celery.log 2>&1 &
 pids+=($!)
 "$BIN/python" -m dataplane.cluster.agent --listen 127.0.0.1:8700 --log-dir var/pods --warm-pool 2 \
-    --control-plane "$CP" --key "$OPERATOR_KEY" >var/agent.log 2>&1 &
+    --control-plane "$CP" --key-file "$KEY_FILE" >var/agent.log 2>&1 &
 pids+=($!)
-ROUTER_KEY=$OPERATOR_KEY "$BIN/python" -m dataplane.router --listen 127.0.0.1:8080 \
-    --control-plane "$CP" --log-level info >var/router.log 2>&1 &
+"$BIN/python" -m dataplane.router --listen 127.0.0.1:8080 \
+    --control-plane "$CP" --key-file "$KEY_FILE" --log-level info >var/router.log 2>&1 &
 pids+=($!)
 echo "Router on http://127.0.0.1:8080 (var/router.log); pods: var/agent.log, var/pods/; Celery: var/celery.log"
 echo "Drive traffic from another shell: make load"

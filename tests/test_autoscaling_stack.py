@@ -66,13 +66,14 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         "CLUSTER_AGENT_URL": f"http://127.0.0.1:{agent_port}",
         "BENCHMARK_CHECK_INTERVAL_S": "3600",
         "CAPACITY_SNAPSHOT_INTERVAL_S": "3600",
+        "ROUTER_KEY": operator,
     }
     log = open(tmp_path / "stack.log", "wb")
     procs = [
         spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
                "--grace", "5", "--log-level", "warning"], env, log),
         spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
-               live_server.url, "--key", operator, "--redis", broker, "--poll-interval-s", "0.5"], env, log),
+               live_server.url, "--redis", broker, "--poll-interval-s", "0.5"], env, log),
         spawn(["-m", "celery", "-A", "controlplane", "worker", "--beat", "--pool=solo", "--loglevel=INFO",
                f"--schedule={tmp_path / 'beat'}"], env, log),
     ]  # fmt: skip
@@ -105,8 +106,8 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # ask for 2, then 3; their pods drain the queue, which then no longer counts, and the
         # requests in flight fill the window alone: 4 about 40 s into the load. The load
         # generator is the one a newcomer runs (README).
-        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
-                      "--stages", "70x24", "--max-tokens", "300"], env, log)  # fmt: skip
+        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat", "--stages", "70x24",
+                      "--max-tokens", "300"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
         loaded = time.monotonic()
         try:
             wait_until(lambda: replicas(chat)[0] >= 4, timeout=75, interval=0.5)

@@ -114,19 +114,10 @@ def pods_of(name: str) -> list[dict]:
 
 
 def put_secret(namespace: str, name: str, key: str) -> None:
-    manifest = kubectl(
-        "-n",
-        namespace,
-        "create",
-        "secret",
-        "generic",
-        name,
-        f"--from-literal=key={key}",
-        "--dry-run=client",
-        "-o",
-        "json",
-    )
-    kubectl("apply", "-f", "-", stdin=manifest)
+    """The Secret on kubectl's stdin: a key never goes on a command line (ps shows those)."""
+    metadata = {"name": name, "namespace": namespace}
+    manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"key": key}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
 
 
 SETUP = """
@@ -212,12 +203,13 @@ def load_generator(stack: dict, stages: str, max_tokens: int) -> subprocess.Pope
     """`python -m dataplane.loadgen` against the stack's endpoint, through the router."""
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"], "--key", stack["key"]),
+            *(sys.executable, "-m", "dataplane.loadgen", "--url", stack["router"]),
             *("--model", stack["name"], "--stages", stages, "--max-tokens", str(max_tokens)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "MU_API_KEY": stack["key"]},
         cwd=ROOT,
     )
 

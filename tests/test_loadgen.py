@@ -6,6 +6,7 @@ what the engine counted."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 import select
 import signal
@@ -58,10 +59,11 @@ def router(engine: SimProcess) -> Iterator[str]:
 def loadgen(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m dataplane.loadgen` as a user runs it (static mode needs no real key)."""
     return subprocess.run(
-        [sys.executable, "-m", "dataplane.loadgen", "--url", url, "--key", "test", "--model", MODEL, *args],
+        [sys.executable, "-m", "dataplane.loadgen", "--url", url, "--model", MODEL, *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "MU_API_KEY": "test"},
     )
 
 
@@ -112,10 +114,11 @@ def test_ctrl_c_ends_the_run_with_its_total(engine):
     run = subprocess.Popen(
         [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
          " from dataplane.loadgen.__main__ import main; sys.exit(main())",
-         "--url", engine.url, "--key", "test", "--model", MODEL, "--stages", "60x2"],
+         "--url", engine.url, "--model", MODEL, "--stages", "60x2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "MU_API_KEY": "test"},
     )  # fmt: skip
     try:
         assert run.stdout is not None and re.match(r"\s+5s clients   2  sent", run.stdout.readline())
@@ -296,15 +299,17 @@ def test_nothing_answering_is_a_clear_error():
         (["--trace", "/nonexistent/trace.csv"], "--trace /nonexistent/trace.csv: No such file or directory"),
     ],
 )
-def test_bad_arguments_name_what_was_wrong(args, message, capsys):
+def test_bad_arguments_name_what_was_wrong(args, message, capsys, monkeypatch):
+    monkeypatch.setenv("MU_API_KEY", "k")
     with pytest.raises(SystemExit) as exit:
-        main(["--key", "k", "--model", MODEL, *args])
+        main(["--model", MODEL, *args])
     assert exit.value.code == 2
     assert capsys.readouterr().err.rstrip().endswith("error: " + message)
 
 
-def test_a_bad_trace_names_its_line(tmp_path, capsys):
+def test_a_bad_trace_names_its_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,4\n")
+    monkeypatch.setenv("MU_API_KEY", "k")
     with pytest.raises(SystemExit):
-        main(["--key", "k", "--model", MODEL, "--trace", str(tmp_path / "t.csv")])
+        main(["--model", MODEL, "--trace", str(tmp_path / "t.csv")])
     assert f"{tmp_path / 't.csv'}: line 2: ContextTokens 'x' is not a whole number" in capsys.readouterr().err

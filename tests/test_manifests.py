@@ -197,3 +197,28 @@ def test_images_are_pinned_and_run_as_non_root():
 def test_healthz_answers_for_the_kubelet(client, db):
     response = client.get("/healthz")
     assert response.status_code == 200 and response.content == b"ok"
+
+
+def test_keys_reach_containers_from_secrets_never_from_arguments(documents):
+    """A container's arguments show in `ps` on its node and in the API's pod spec: the router's
+    operator key, like every *KEY variable, comes from a Secret into the environment."""
+    for name, spec in pod_specs(documents):
+        for container in spec["containers"]:
+            argv = [*container.get("command", []), *container.get("args", [])]
+            assert not [a for a in argv if a in ("--key", "--control-plane-key")], (name, argv)
+            for var in container.get("env", []):
+                if var["name"].endswith("KEY"):
+                    assert "value" not in var and "secretKeyRef" in var["valueFrom"], (name, var)
+    (router,) = [spec for name, spec in pod_specs(documents) if name == "router"]
+    env = {v["name"]: v for v in router["containers"][0]["env"]}
+    assert env["ROUTER_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "router-key", "key": "key"}
+
+
+def test_the_control_plane_env_is_production_but_for_tls_in_dev(documents):
+    (config,) = [
+        d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "controlplane-env"
+    ]
+    assert config["data"]["DEBUG"] == "0" and "*" not in config["data"]["ALLOWED_HOSTS"]
+    assert config["data"]["BEHIND_TLS_PROXY"] == "0"  # the dev overlay: port-forward is plain HTTP
+    base = yaml.safe_load((ROOT / "docker/k8s/base/config.yaml").read_text())
+    assert base["data"]["BEHIND_TLS_PROXY"] == "1"

@@ -6,6 +6,7 @@ a user of the SDK does, and what the SDK makes of our answers. The router's erro
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -27,13 +28,15 @@ PROMPT = "Tell me about the weather in the mountains"
 
 
 @contextmanager
-def router(*args: str) -> Iterator[str]:
-    """`python -m dataplane.router` on a free port; its base URL once it answers /health."""
+def router(*args: str, key: str | None = None) -> Iterator[str]:
+    """`python -m dataplane.router` on a free port (the operator's ``key`` in $ROUTER_KEY); its
+    base URL once it answers /health."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **({"ROUTER_KEY": key} if key else {})},
     )
     try:
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=30)
@@ -165,8 +168,8 @@ def test_the_sdk_gets_openai_errors_from_a_control_plane_router(live_server, own
     _, other_key = ApiKey.issue(name="app", tenant=other)
     with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--served-model-name", "chat") as engine:
         Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
-        cp_mode = ("--control-plane", live_server.url, "--key", operator, "--poll-interval-s", "0.2")
-        with router(*cp_mode) as base:
+        cp_mode = ("--control-plane", live_server.url, "--poll-interval-s", "0.2")
+        with router(*cp_mode, key=operator) as base:
 
             def client(key: str) -> openai.OpenAI:
                 return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)

@@ -36,13 +36,13 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
     settings.ROLLOUT_DRAIN_S = 3.0
     settings.REDIS_URL = ""  # the router posts its samples to the control plane
     cluster = scaling.driver()
-    env = dict(os.environ)
+    env = {**os.environ, "ROUTER_KEY": operator}
     log = open(tmp_path / "stack.log", "wb")
     procs = [
         spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
                "--grace", "10", "--log-level", "warning"], env, log),
         spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
-               live_server.url, "--key", operator, "--poll-interval-s", "0.3"], env, log),
+               live_server.url, "--poll-interval-s", "0.3"], env, log),
     ]  # fmt: skip
     router = f"http://127.0.0.1:{router_port}"
 
@@ -66,8 +66,8 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
         hello = {"model": "chat", "prompt": "hi", "max_tokens": 4}
         control_until(lambda: post(f"{router}/v1/completions", hello, tenant_key)[0] == 200, timeout=20)
 
-        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--key", tenant_key, "--model", "chat",
-                      "--stages", "30x8", "--max-tokens", "100"], env, log)  # fmt: skip
+        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat", "--stages", "30x8",
+                      "--max-tokens", "100"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
         try:
             time.sleep(3)  # the load runs on v1 first
             api = APIClient()  # the tenant changes the model through the API

@@ -61,8 +61,6 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
                 f"127.0.0.1:{port}",
                 "--control-plane",
                 live_server.url,
-                "--key",
-                operator,
                 "--redis",
                 broker,
                 "--poll-interval-s",
@@ -70,6 +68,7 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "ROUTER_KEY": operator},
         )
         try:
             url = f"http://127.0.0.1:{port}/v1/completions"

@@ -1,6 +1,7 @@
 """The local cluster: keeps each deployment's replicas running as supervised local processes.
 
-    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 [--warm-pool 2] [--log-dir var/pods]
+    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 [--warm-pool 2] [--log-dir var/pods] \
+        [--control-plane URL]  # the operator key for events: $MU_CONTROL_PLANE_KEY or --key-file
 
 With --warm-pool N the supervisor keeps N runtime processes pre-started (interpreters up,
 modules imported; see dataplane.runtime.warm), and a new replica takes one: only the model
@@ -37,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
+from dataplane.keys import add_key_arguments, read_key
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.pod_process import PodLaunch
@@ -44,6 +46,8 @@ from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
 
 log = logging.getLogger("dataplane.cluster.agent")
+# The operator key for events, the agent's and its pods' (dataplane.runtime.pod reads it there).
+KEY_VARIABLE = "MU_CONTROL_PLANE_KEY"
 
 
 @dataclass
@@ -95,11 +99,13 @@ class Agent:
         drain_delay_s: float = 5.0,
         pod_args: Callable[[Deployment], tuple[str, ...]] = lambda d: (),
         clock: Callable[[], float] = time.monotonic,
+        pod_env: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.supervisor = supervisor
         self.host = host
         self.drain_delay_s = drain_delay_s
         self.pod_args = pod_args  # arguments every pod of a deployment gets (control plane, endpoint)
+        self.pod_env = pod_env  # environment every pod gets: secrets, which argv would show to ps
         self.clock = clock
         self.deployments: dict[str, Deployment] = {}
         self.replicas: dict[str, Replica] = {}
@@ -179,7 +185,13 @@ class Agent:
     def _start(self, d: Deployment, now: float) -> None:
         r = Replica(f"{d.name}-{next(self._serial)}", d.name, free_port(self.host), free_port(self.host), now)
         launch = PodLaunch(
-            r.name, d.engine, r.port, r.probe_port, args=d.args + self.pod_args(d), host=self.host
+            r.name,
+            d.engine,
+            r.port,
+            r.probe_port,
+            args=d.args + self.pod_args(d),
+            env=self.pod_env,
+            host=self.host,
         )
         self.supervisor.start_pod(launch)
         with self._lock:
@@ -228,21 +240,23 @@ class Agent:
         return json_response(404, {"error": f"no route for {request.method} {request.path}"})
 
 
-def control_plane_args(url: str | None, key: str) -> Callable[[Deployment], tuple[str, ...]]:
-    """Pods report hangs and restarts to the control plane, stamped with their endpoint."""
+def control_plane_args(url: str | None) -> Callable[[Deployment], tuple[str, ...]]:
+    """Pods report hangs and restarts to the control plane, stamped with their endpoint (the key
+    goes in their environment, ``pod_env``)."""
 
     def args(d: Deployment) -> tuple[str, ...]:
         if not url:
             return ()
         endpoint = d.labels.get("endpoint")
         extra = ("--endpoint-id", endpoint) if endpoint else ()
-        return ("--control-plane-url", url, "--control-plane-key", key, *extra)
+        return ("--control-plane-url", url, *extra)
 
     return args
 
 
 async def serve(args: argparse.Namespace) -> None:
-    reporter = EventReporter(ReporterConfig(url=args.control_plane, key=args.key or "", pod="agent"))
+    key = args.key or ""
+    reporter = EventReporter(ReporterConfig(url=args.control_plane, key=key, pod="agent"))
     supervisor = Supervisor(
         SupervisorConfig(
             check_interval_s=0.5,
@@ -253,7 +267,11 @@ async def serve(args: argparse.Namespace) -> None:
         reporter,
     )
     agent = Agent(
-        supervisor, args.host, args.drain_delay, control_plane_args(args.control_plane, args.key or "")
+        supervisor,
+        args.host,
+        args.drain_delay,
+        control_plane_args(args.control_plane),
+        pod_env=((KEY_VARIABLE, key),) if args.control_plane and key else (),
     )
     supervisor.start()
     server = HttpServer(agent.handle)
@@ -296,9 +314,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--warm-engine", choices=("sim", "vllm"), default="sim", help="engine of the warm pool")
     p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
-    p.add_argument("--key", default=None, help="operator key for pod events")
+    add_key_arguments(p, "--key", KEY_VARIABLE, "operator key for pod events")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    try:
+        args.key = read_key(args.key_file, KEY_VARIABLE)
+    except ValueError as exc:
+        p.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(serve(args))
 

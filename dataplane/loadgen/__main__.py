@@ -1,8 +1,8 @@
 """``python -m dataplane.loadgen``: drive completions through the router and print how they fared.
 
-    python -m dataplane.loadgen --url http://127.0.0.1:8080 --key $KEY --model chat \\
+    MU_API_KEY=$KEY python -m dataplane.loadgen --url http://127.0.0.1:8080 --model chat \\
         [--stages 30x2,90x24,120x2] [--max-tokens 128] [--prompt-words 50] [--no-stream]
-    python -m dataplane.loadgen --url ... --key $KEY --model chat \\
+    python -m dataplane.loadgen --url ... --key-file var/keys/acme.key --model chat \\
         --trace azure-llm-2023-conv.csv [--rate-multiple 2] [--duration 300] [--max-concurrency 256]
 
 Stages (closed loop): each stage is SECONDSxCLIENTS, that many clients each sending a
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from urllib.parse import urlsplit
 
+from dataplane.keys import add_key_arguments, read_key
 from dataplane.loadgen.run import (
     Progress,
     completion_body,
@@ -54,7 +54,7 @@ def parse_stages(text: str) -> list[tuple[float, int]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080", help="the router")
-    p.add_argument("--key", default=os.environ.get("MU_API_KEY"), help="a tenant's API key (or $MU_API_KEY)")
+    add_key_arguments(p, "--key", "MU_API_KEY", "tenant's API key")
     p.add_argument("--model", required=True, help="the endpoint's name")
     p.add_argument(
         "--stream",
@@ -78,8 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parts = urlsplit(args.url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         p.error(f"--url {args.url!r}: write http://HOST:PORT")
+    try:
+        args.key = read_key(args.key_file, "MU_API_KEY")
+    except ValueError as exc:
+        p.error(str(exc))
     if not args.key:
-        p.error("--key (or $MU_API_KEY) is required")
+        p.error("a tenant's API key is required: $MU_API_KEY or --key-file PATH")
     if args.timeout <= 0:
         p.error(f"--timeout must be > 0 s, got {args.timeout}")
     if args.max_tokens < 1 or args.prompt_words < 1:

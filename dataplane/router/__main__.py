@@ -1,8 +1,13 @@
 """``python -m dataplane.router``: run the router (static or control-plane mode).
 
     python -m dataplane.router --listen 127.0.0.1:8080 --backends http://a:9001,http://b:9001 --policy p2c-mu
-    python -m dataplane.router --listen 0.0.0.0:8080 --control-plane http://cp:8000 --key <operator key> \\
-        [--redis redis://...] [--workers 4] [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090]
+    ROUTER_KEY=<operator key> python -m dataplane.router --listen 0.0.0.0:8080 \\
+        --control-plane http://cp:8000 [--key-file PATH] [--redis redis://...] [--workers 4] \\
+        [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090] \\
+        [--stale-table-after-s 600] [--stale-table fail-open]
+
+The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
+(``dataplane.keys``).
 
 ``--admin-listen HOST:PORT`` serves the operator endpoints (``/metrics``, and ``/health`` for
 probes) on a listener of their own, to be kept off the tenants' network; without it they answer
@@ -33,6 +38,7 @@ import tempfile
 from dataclasses import fields, replace
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN
+from dataplane.keys import add_key_arguments, read_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
@@ -73,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--backends", help="static mode: comma-separated pod URLs")
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
-    p.add_argument("--key", default=os.environ.get("ROUTER_KEY"), help="operator key (or $ROUTER_KEY)")
+    add_key_arguments(p, "--key", "ROUTER_KEY", "operator key")
     p.add_argument(
         "--endpointslices",
         metavar="NAMESPACE",
@@ -119,29 +125,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     args = p.parse_args(argv)
     args.metrics_dir = None  # set by main() for --workers > 1
+    try:
+        args.key = read_key(args.key_file, "ROUTER_KEY")
+        probe_key = read_key(args.probe_key_file, "ROUTER_PROBE_KEY")
+    except ValueError as exc:
+        p.error(str(exc))
+    args.probe_key = probe_key.encode() if probe_key else None  # None: no request is a probe
     if args.control_plane and not args.key:
-        p.error("--control-plane needs --key (or $ROUTER_KEY)")
+        p.error("--control-plane needs the operator key: $ROUTER_KEY or --key-file PATH")
     if args.endpointslices and not args.control_plane:
         p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
     if args.max_model_len < 1:
         p.error(f"--max-model-len must be >= 1, got {args.max_model_len}")
     try:
-        args.probe_key = probe_key(args.probe_key_file, os.environ.get("ROUTER_PROBE_KEY"))
-    except (OSError, ValueError) as exc:
+        build_config(args)
+    except ValueError as exc:  # a bad value of a RouterConfig field, named
         p.error(str(exc))
     return args
-
-
-def probe_key(path: str | None, env_value: str | None) -> bytes | None:
-    """The prober credential: the file's content (one line; surrounding whitespace dropped),
-    else the environment variable's value, else None (no request is a probe)."""
-    if path is not None:
-        with open(path, "rb") as f:
-            key = f.read().strip()
-        if not key:
-            raise ValueError(f"--probe-key-file {path} is empty")
-        return key
-    return env_value.strip().encode() or None if env_value else None
 
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
@@ -185,7 +185,12 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         from dataplane.router.upstream import fetch
 
         discovery = ControlPlaneDiscovery(
-            args.control_plane, args.key, fetch, config.poll_interval_s, config.control_plane_timeout_s
+            args.control_plane,
+            args.key,
+            fetch,
+            config.poll_interval_s,
+            config.control_plane_timeout_s,
+            on_confirmed=router.confirm_table,
         )
         if args.endpointslices:
             from dataplane.router.endpointslices import EndpointSliceDiscovery

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+STALE_TABLE_MODES = ("fail-closed", "fail-open")
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -55,7 +57,15 @@ class RouterConfig:
     wake_deadline_s: float = 30.0  # longest hold of a request while an endpoint wakes, s (then 503)
     wake_retry_s: float = 5.0  # repeat the wake call at most this often per endpoint, s
     # --- discovery, metering, lifecycle
-    poll_interval_s: float = 2.0  # routing-table poll period in control-plane mode, s
+    # Routing-table poll period in control-plane mode, s (jittered 0.8-1.2x): a revoked key is
+    # refused within 1.2 s and a poll; an unchanged table is a 304.
+    poll_interval_s: float = 1.0
+    # Control-plane mode: keys from a table the control plane has not confirmed (a new table or a
+    # 304) for this long are refused, s (0 = never): a revoked key stays in a table that cannot be
+    # refreshed. stale_table: "fail-closed" (tenant requests get 503) or "fail-open" (served,
+    # logged and counted in router_stale_table_requests_total; availability over revocation).
+    stale_table_after_s: float = 600.0
+    stale_table: str = "fail-closed"
     control_plane_timeout_s: float = 5.0  # one control-plane request, s
     metrics_ttl_s: int = 120  # TTL of per-second load keys in Redis, s
     drain_timeout_s: float = 30.0  # graceful shutdown: wait this long for in-flight requests, s
@@ -73,5 +83,10 @@ class RouterConfig:
             )
         if self.max_n < 1:
             raise ValueError(f"RouterConfig.max_n must be >= 1, got {self.max_n}")
+        if self.stale_table not in STALE_TABLE_MODES:
+            raise ValueError(
+                f"RouterConfig.stale_table must be one of {', '.join(STALE_TABLE_MODES)}, "
+                f"got {self.stale_table!r}"
+            )
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")

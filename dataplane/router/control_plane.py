@@ -7,7 +7,9 @@ with what it has when the control plane is down):
   load samples   ``POST /api/v1/load-samples/`` once a second with the second's rows
                  (``metering``), when there is no Redis to publish them to;
   routing table  ``follow`` applies each snapshot of a ``Discovery`` as it arrives (the
-                 control plane's, polled by ``discovery.ControlPlaneDiscovery``, or a static one).
+                 control plane's, polled by ``discovery.ControlPlaneDiscovery``, or a static one);
+                 ``TableFreshness`` refuses keys from a table the control plane has not
+                 confirmed for longer than a bound (or, fail-open, serves and counts them).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from dataplane.router.discovery import Discovery
+from dataplane.router.http import RequestError
 from dataplane.wire.load_samples import RouterSecond, Sample
+from dataplane.wire.prometheus_text import family_header
 from dataplane.wire.routing_table import RoutingTable
 
 log = logging.getLogger("dataplane.router")
@@ -62,3 +67,73 @@ async def follow(discovery: Discovery, apply: Callable[[RoutingTable], None]) ->
     """Apply every routing-table snapshot ``discovery`` yields, for as long as it yields them."""
     async for table in discovery.snapshots():
         apply(table)
+
+
+class TableFreshness:
+    """How long ago the control plane last confirmed the routing table, and what keys from it are
+    worth past ``stale_after_s``. A revoked key stays in a table the router cannot refresh, so
+    past the bound a tenant request is refused (503), or with ``fail_open`` served, logged and
+    counted. Never confirmed (static mode, or a router whose discovery does not report): never
+    stale. Time is passed in: ``now`` on the router's clock, ``wall_now`` for the message."""
+
+    def __init__(self, stale_after_s: float, fail_open: bool) -> None:
+        self.stale_after_s = stale_after_s  # 0: never stale
+        self.fail_open = fail_open
+        self.confirmed_at: float | None = None  # router clock, s
+        self.served_stale = 0  # tenant requests served on a stale table (fail-open), count
+        self.refused_stale = 0  # ... refused (fail-closed), count
+        self._stale_since: float | None = None  # confirmed_at of the stale spell logged, if any
+
+    def confirm(self, now: float) -> None:
+        if self._stale_since is not None:
+            log.warning("routing table confirmed again after %.0f s", now - self._stale_since)
+            self._stale_since = None
+        self.confirmed_at = now
+
+    def age_s(self, now: float) -> float | None:
+        return None if self.confirmed_at is None else now - self.confirmed_at
+
+    def check(self, now: float, wall_now: float) -> None:
+        """Let a tenant request through, or refuse it: 503 past the bound unless fail-open."""
+        age = self.age_s(now)
+        if age is None or not self.stale_after_s or age <= self.stale_after_s:
+            return
+        since = datetime.fromtimestamp(wall_now - age, UTC).isoformat(timespec="seconds")
+        if self._stale_since is None:
+            self._stale_since = self.confirmed_at
+            log.warning(
+                "routing table stale since %s (%.0f s, bound %.0f s): %s",
+                since,
+                age,
+                self.stale_after_s,
+                "serving its keys (fail-open)" if self.fail_open else "refusing tenant requests",
+            )
+        if self.fail_open:
+            self.served_stale += 1
+            return
+        self.refused_stale += 1
+        raise RequestError(
+            503,
+            f"routing table stale since {since}: the control plane has not confirmed it for "
+            f"{age:.0f} s (bound {self.stale_after_s:.0f} s), so API keys cannot be checked",
+            "routing_table_stale",
+            b"retry-after: 5\r\n",
+        )
+
+    def metrics_text(self, now: float) -> str:
+        """Prometheus text of this process's figures (per worker with --workers N)."""
+        age = self.age_s(now)
+        out = family_header(
+            "router_routing_table_age_seconds",
+            "gauge",
+            "seconds since the control plane last confirmed the routing table (-1: never)",
+        )
+        out.append(f"router_routing_table_age_seconds {-1 if age is None else round(age, 3)}")
+        out += family_header(
+            "router_stale_table_requests_total",
+            "counter",
+            "tenant requests that found the routing table stale",
+        )
+        out.append(f'router_stale_table_requests_total{{outcome="served"}} {self.served_stale}')
+        out.append(f'router_stale_table_requests_total{{outcome="refused"}} {self.refused_stale}')
+        return "\n".join(out) + "\n"

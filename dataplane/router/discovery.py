@@ -78,6 +78,7 @@ class StaticDiscovery:
 
 
 Fetch = Callable[..., Any]
+JITTER = 0.2  # each poll waits poll_interval_s x (1 +- JITTER)
 
 
 class ControlPlaneDiscovery:
@@ -88,9 +89,10 @@ class ControlPlaneDiscovery:
         base_url: str,
         key: str,
         fetch: Fetch,
-        poll_interval_s: float = 2.0,
+        poll_interval_s: float = 1.0,
         timeout_s: float = 5.0,
         max_polls: int | None = None,
+        on_confirmed: Callable[[], None] | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/api/v1/routing-table/"
         self.key = key
@@ -98,6 +100,9 @@ class ControlPlaneDiscovery:
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
         self.max_polls = max_polls  # bound for tests; None = for the life of the router
+        # Called on every answer that confirms the table in use (a new one, or a 304): the
+        # router's measure of how stale its keys may be (control_plane.TableFreshness).
+        self.on_confirmed = on_confirmed
         self.etag: str | None = None
         self.failures = 0  # polls in a row that got no usable answer, count
         self._rng = random.Random()
@@ -115,6 +120,8 @@ class ControlPlaneDiscovery:
             return None
         if status == 304:
             self.failures = 0
+            if self.on_confirmed is not None:
+                self.on_confirmed()
             return None
         if status != 200:
             self.failures += 1
@@ -128,7 +135,15 @@ class ControlPlaneDiscovery:
             return None
         self.failures = 0
         self.etag = resp_headers.get("etag") or table.version
+        if self.on_confirmed is not None:
+            self.on_confirmed()
         return table
+
+    @property
+    def max_poll_gap_s(self) -> float:
+        """The longest wait between two polls: a change (a revoked key) reaches the router
+        within this and one poll's time."""
+        return self.poll_interval_s * (1 + JITTER)
 
     async def snapshots(self) -> AsyncIterator[RoutingTable]:
         polls = 0
@@ -137,5 +152,5 @@ class ControlPlaneDiscovery:
             table = await self.poll_once()
             if table is not None:
                 yield table
-            # jitter 0.8-1.2x so that a fleet of routers does not poll in lockstep
-            await asyncio.sleep(self.poll_interval_s * (0.8 + 0.4 * self._rng.random()))
+            # jittered so that a fleet of routers does not poll in lockstep
+            await asyncio.sleep(self.poll_interval_s * (1 - JITTER + 2 * JITTER * self._rng.random()))

@@ -1,6 +1,6 @@
 """Router discovery on Kubernetes: endpoints from the control plane, pods from EndpointSlices.
 
-    python -m dataplane.router --control-plane http://controlplane.mu-system.svc --key ... \\
+    ROUTER_KEY=... python -m dataplane.router --control-plane http://controlplane.mu-system.svc \\
         --endpointslices mu-runtime
 
 `EndpointSliceDiscovery` wraps a `ControlPlaneDiscovery` (endpoints, keys, reservations,

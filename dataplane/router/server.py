@@ -43,7 +43,7 @@ from dataplane.router.admission import (
 )
 from dataplane.router.affinity import pick_sticky, workload_of
 from dataplane.router.config import RouterConfig
-from dataplane.router.control_plane import ControlPlaneClient, Fetch, follow
+from dataplane.router.control_plane import ControlPlaneClient, Fetch, TableFreshness, follow
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
@@ -123,6 +123,7 @@ class Router:
         self.redis = redis
         self.rng = random.Random(seed)
         self.table: RoutingTable | None = None
+        self.freshness = TableFreshness(config.stale_table_after_s, config.stale_table == "fail-open")
         self.endpoints: dict[int, EndpointState] = {}
         self.by_tenant: dict[str, dict[str, EndpointState]] = {}
         self.pool = Pool(
@@ -185,6 +186,7 @@ class Router:
             client.send_json(200, await self.models(req))
         elif path == b"/metrics":
             text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
+            text += self.freshness.metrics_text(self.clock())
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
         else:  # /health
             ready = self.table is not None and not self.state.draining
@@ -333,6 +335,10 @@ class Router:
             self._spawn(self.control_plane.wake(endpoint_id))
 
     # --- routing table
+    def confirm_table(self) -> None:
+        """The control plane confirmed the table in use (discovery's ``on_confirmed``)."""
+        self.freshness.confirm(self.clock())
+
     def apply(self, table: RoutingTable) -> None:
         """Install a snapshot. Pods keep their live counters (matched by endpoint id and pod
         name); in-flight requests hold their PodLoad, so removing a pod drops no request."""
@@ -364,6 +370,7 @@ class Router:
             )
         if not table.auth_required:
             return ""
+        self.freshness.check(self.clock(), time.time())  # keys from a stale table: 503
         auth = req.headers.get(b"authorization", b"")
         if not auth[:7].lower() == b"bearer " or len(auth) <= 7:
             raise RequestError(401, "missing API key: send Authorization: Bearer <key>", "missing_api_key")

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+from dataplane.keys import add_key_arguments, read_key
 from dataplane.runtime import launcher
 from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
 from dataplane.runtime.probe_server import ProbeLoop
@@ -61,7 +62,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     # Control plane (events).
     p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
-    p.add_argument("--control-plane-key", default=env("MU_CONTROL_PLANE_KEY", ""))
+    add_key_arguments(p, "--control-plane-key", "MU_CONTROL_PLANE_KEY", "operator key for events")
     endpoint = env("MU_ENDPOINT_ID")
     p.add_argument("--endpoint-id", type=int, default=int(endpoint) if endpoint else None)
     # Prober.
@@ -79,7 +80,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fault-after", type=float, default=0.0)
     # vLLM engine.
     launcher.add_vllm_arguments(p)
-    return p.parse_args(ours), extra
+    args = p.parse_args(ours)
+    try:
+        args.control_plane_key = read_key(args.control_plane_key_file, "MU_CONTROL_PLANE_KEY") or ""
+    except ValueError as exc:
+        p.error(str(exc))
+    return args, extra
 
 
 def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:

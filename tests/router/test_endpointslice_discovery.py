@@ -184,11 +184,16 @@ def test_the_router_command_line_takes_pods_from_endpointslices(standin, tmp_pat
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}"),
-                *("--control-plane", cp.url, "--key", "op-key", "--endpointslices", "mu-runtime"),
+                *("--control-plane", cp.url, "--endpointslices", "mu-runtime"),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONWARNINGS": "error", "KUBECONFIG": str(kubeconfig)},
+            env={
+                **os.environ,
+                "PYTHONWARNINGS": "error",
+                "KUBECONFIG": str(kubeconfig),
+                "ROUTER_KEY": "op-key",
+            },
         )
         try:
             from dataplane.router.upstream import fetch
@@ -227,10 +232,11 @@ def test_the_router_command_line_takes_pods_from_endpointslices(standin, tmp_pat
     run(go())
 
 
-def test_endpointslices_need_the_control_plane():
+def test_endpointslices_need_the_control_plane(monkeypatch):
     from dataplane.router.__main__ import parse_args
 
+    monkeypatch.setenv("ROUTER_KEY", "k")
     with pytest.raises(SystemExit):
         parse_args(["--backends", "http://127.0.0.1:9001", "--endpointslices", "mu-runtime"])
-    args = parse_args(["--control-plane", "http://cp", "--key", "k", "--endpointslices", "mu-runtime"])
+    args = parse_args(["--control-plane", "http://cp", "--endpointslices", "mu-runtime"])
     assert args.endpointslices == "mu-runtime"

@@ -60,12 +60,14 @@ def answers(url: str) -> bool:
         return False
 
 
-def start_pod(*args: str) -> subprocess.Popen[bytes]:
-    """``python -m dataplane.runtime.pod ARGS`` in its own process group (see stop_group)."""
+def start_pod(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m dataplane.runtime.pod ARGS`` in its own process group (see stop_group), with
+    ``env`` added to ours."""
     return subprocess.Popen(
         [sys.executable, "-m", "dataplane.runtime.pod", *args],
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -109,10 +109,9 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         *pod.command()[3:],
         "--control-plane-url",
         event_sink.url,
-        "--control-plane-key",
-        "k",
         "--endpoint-id",
         "42",
+        env={"MU_CONTROL_PLANE_KEY": "pod-self-key"},  # never argv: ps shows that to every user
     )
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
@@ -125,6 +124,7 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         wait_until(lambda: "hang" in event_sink.kinds(), timeout=5)
         hang = event_sink.received[event_sink.kinds().index("hang")]
         assert (hang.pod, hang.endpoint, hang.severity) == ("pod-self", 42, "critical")
+        assert event_sink.auth[-1] == "Bearer pod-self-key"
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0  # SIGTERM: engine drained, clean exit

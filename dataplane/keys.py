@@ -1,0 +1,56 @@
+"""API keys for the data plane's processes: from an environment variable or a file, never argv.
+
+A process's arguments are readable by every user of the machine (``ps``, /proc/<pid>/cmdline);
+its environment and a mode-600 file are not. So each process that holds a key takes it from
+``--<flag>-file PATH`` or ``$<VARIABLE>``, and refuses ``--<flag> VALUE`` with a message that
+says where to put the key instead (one rule, for the router, the cluster agent, the pods and the
+load generator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+def add_key_arguments(parser: argparse.ArgumentParser, flag: str, variable: str, what: str) -> None:
+    """``flag`` (e.g. "--key") is refused; ``flag-file`` names a file holding the key."""
+
+    class Refused(argparse.Action):
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: str | Sequence[Any] | None,
+            option_string: str | None = None,
+        ) -> None:
+            parser.error(
+                f"{flag} puts the {what} on the command line, where every user of the machine can "
+                f"read it (ps); pass it in ${variable} or in a file: {flag}-file PATH"
+            )
+
+    parser.add_argument(flag, action=Refused, help=f"refused: use ${variable} or {flag}-file")
+    parser.add_argument(
+        flag + "-file",
+        dest=flag.removeprefix("--").replace("-", "_") + "_file",
+        metavar="PATH",
+        default=None,
+        help=f"a file holding the {what} (else ${variable})",
+    )
+
+
+def read_key(path: str | None, variable: str) -> str | None:
+    """The key in ``path`` (surrounding whitespace stripped), else ``$variable``, else None.
+    Raises ValueError naming the file when it cannot be read or is empty."""
+    if path is None:
+        return os.environ.get(variable) or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the key file {path}: {exc}") from None
+    if not key:
+        raise ValueError(f"the key file {path} is empty")
+    return key
