@@ -8,6 +8,7 @@ from django.db.models import Count, Max, QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from controlplane.api.filters import EventFilterSet
@@ -51,7 +52,10 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     try:
         after = int(request.GET.get("after", "0"))
     except ValueError:
-        return HttpResponse(f"after must be an event id, got {request.GET.get('after')!r}", status=400)
+        # htmx swaps a 400 into the page (base.html's responseHandling): what it echoes is escaped.
+        return HttpResponse(
+            format_html("after must be an event id, got {}", repr(request.GET.get("after"))), status=400
+        )
     _, events = oncall_events(request)
     fresh = list(
         events.filter(pk__in=Event.objects.tail(after, now).values("pk")).order_by("-id")[:TAIL_ROWS]

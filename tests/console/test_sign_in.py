@@ -1,0 +1,129 @@
+"""Sign-in: lock-out after repeated failures (django-axes, on PostgreSQL), password rules on
+`create_user`, and /admin/ served only when ADMIN_ENABLED is on."""
+
+import importlib
+from io import StringIO
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client, override_settings
+from django.urls import clear_url_caches
+
+from controlplane.tenants.models import Member
+
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def alice(owner):
+    user = User.objects.create_user("alice", password=PASSWORD)
+    Member.objects.create(user=user, tenant=owner)
+    return user
+
+
+@pytest.fixture
+def bob(owner):
+    user = User.objects.create_user("bob", password=PASSWORD)
+    Member.objects.create(user=user, tenant=owner)
+    return user
+
+
+def sign_in(client: Client, username: str, password: str):
+    return client.post("/accounts/login/", {"username": username, "password": password})
+
+
+def signed_in_as(client: Client) -> str | None:
+    response = client.get("/console/endpoints/")
+    return response.wsgi_request.user.username if response.status_code == 200 else None
+
+
+def test_thirty_failed_sign_ins_lock_the_user_out_even_with_the_right_password(alice):
+    client = Client()
+    statuses = [sign_in(client, "alice", f"wrong-{i}").status_code for i in range(30)]
+    limit = settings.AXES_FAILURE_LIMIT
+    assert statuses[: limit - 1] == [200] * (limit - 1)  # the form again, "wrong password"
+    assert set(statuses[limit:]) == {429}
+    response = sign_in(Client(), "alice", PASSWORD)  # a fresh client: the lock is not in a cookie
+    assert response.status_code == 429
+    assert b"Sign-in locked" in response.content and b"alice" in response.content
+    assert signed_in_as(client) is None
+
+
+def test_the_lock_is_per_user_another_user_at_the_same_address_signs_in(alice, bob):
+    client = Client()  # every request from 127.0.0.1
+    for i in range(settings.AXES_FAILURE_LIMIT + 5):
+        sign_in(client, "alice", f"wrong-{i}")
+    assert sign_in(client, "alice", PASSWORD).status_code == 429
+    response = sign_in(client, "bob", PASSWORD)
+    assert response.status_code == 302 and response["Location"] == "/console/"
+    assert signed_in_as(client) == "bob"
+
+
+def test_failures_below_the_limit_do_not_lock_and_a_success_clears_them(alice):
+    client = Client()
+    for _ in range(2):
+        for i in range(settings.AXES_FAILURE_LIMIT - 1):
+            assert sign_in(client, "alice", f"wrong-{i}").status_code == 200
+        assert sign_in(client, "alice", PASSWORD).status_code == 302
+        client.post("/accounts/logout/")
+    assert signed_in_as(client) is None
+
+
+def test_an_operator_unlocks_a_user_with_axes_reset_username(alice):
+    for i in range(settings.AXES_FAILURE_LIMIT):
+        sign_in(Client(), "alice", f"wrong-{i}")
+    assert sign_in(Client(), "alice", PASSWORD).status_code == 429
+    call_command("axes_reset_username", "alice", stdout=StringIO())
+    assert sign_in(Client(), "alice", PASSWORD).status_code == 302
+
+
+@pytest.mark.parametrize(
+    ("password", "says"),
+    [
+        ("a", "too short"),
+        ("12345678901", "entirely numeric"),
+        ("password123", "too common"),
+        ("weakling-user", "too similar to the username"),
+    ],
+)
+def test_create_user_refuses_a_weak_password_saying_why(owner, password, says):
+    with pytest.raises(CommandError, match=says):
+        call_command("create_user", "weakling-user", "--password", password, "--tenant", owner.name)
+    assert not User.objects.filter(username="weakling-user").exists()
+
+
+def test_create_user_accepts_a_strong_password(owner):
+    call_command("create_user", "strong", "--password", PASSWORD, "--tenant", owner.name, stdout=StringIO())
+    assert User.objects.get(username="strong").check_password(PASSWORD)
+
+
+def reload_urls() -> None:
+    import controlplane.urls
+
+    importlib.reload(controlplane.urls)
+    clear_url_caches()
+
+
+@pytest.fixture
+def admin_urls():
+    """Re-reads the URLconf under the settings the test sets, and as it was afterwards."""
+    yield reload_urls
+    reload_urls()
+
+
+def test_admin_is_not_served_by_default(db, admin_urls):
+    admin_urls()
+    assert Client().get("/admin/login/").status_code == 404
+    assert Client().post("/admin/login/", {"username": "x", "password": "y"}).status_code == 404
+
+
+def test_admin_is_served_when_admin_enabled_and_throttled_too(alice, admin_urls):
+    with override_settings(ADMIN_ENABLED=True):
+        admin_urls()
+        client = Client()
+        assert client.get("/admin/login/").status_code == 200
+        for i in range(settings.AXES_FAILURE_LIMIT):
+            client.post("/admin/login/", {"username": "alice", "password": f"wrong-{i}"})
+        assert client.post("/admin/login/", {"username": "alice", "password": PASSWORD}).status_code == 429
