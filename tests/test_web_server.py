@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from django.db import connection
 
@@ -72,8 +73,8 @@ def get(port: int, path: str, timeout: float) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
-@pytest.fixture
-def server(db):
+@pytest.fixture(scope="module")
+def server(django_db_setup):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "DJANGO_SETTINGS_MODULE")}
     env.update(
@@ -107,6 +108,24 @@ def server(db):
             proc.wait()
         if proc.stderr:
             proc.stderr.close()
+
+
+def test_it_serves_the_console_api_and_static_files(server):
+    base = f"http://127.0.0.1:{server}"
+    with httpx.Client(base_url=base, timeout=5) as client:
+        login = client.get("/accounts/login/")
+        assert login.status_code == 200 and "Sign in" in login.text
+        assert "script-src 'self'" in login.headers["content-security-policy"]
+        assert "httponly" in login.headers["set-cookie"].lower()
+        token = login.text.split('name="csrfmiddlewaretoken" value="')[1].split('"')[0]
+        wrong = client.post(
+            "/accounts/login/",
+            data={"csrfmiddlewaretoken": token, "username": "nobody", "password": "wrong"},
+            headers={"Referer": f"{base}/accounts/login/"},
+        )
+        assert wrong.status_code == 200 and "Wrong username or password" in wrong.text
+        assert client.get("/api/v1/whoami/").status_code == 401
+        assert client.get("/static/console/console.css").status_code == 200
 
 
 def test_two_hundred_slow_clients_do_not_starve_healthz(server):

@@ -125,3 +125,7 @@ def test_the_sign_in_and_locked_out_pages_escape_what_they_echo(db):
         response = client.post("/accounts/login/", {"username": PAYLOAD, "password": "wrong"})
     assert response.status_code == 429
     assert_escaped(response, "locked-out page")
+    # Operators see the locked username on the on-call page, escaped too.
+    oncall = client_for("opal", is_operator=True).get("/console/oncall/")
+    assert "Sign-ins locked" in oncall.content.decode()
+    assert_escaped(oncall, "on-call page naming the locked username")

@@ -12,6 +12,7 @@ from django.test import Client, override_settings
 from django.urls import clear_url_caches
 
 from controlplane.tenants.models import Member
+from tests.console.conftest import member_client
 
 PASSWORD = "correct horse battery staple"
 
@@ -59,6 +60,18 @@ def test_the_lock_is_per_user_another_user_at_the_same_address_signs_in(alice, b
     response = sign_in(client, "bob", PASSWORD)
     assert response.status_code == 302 and response["Location"] == "/console/"
     assert signed_in_as(client) == "bob"
+
+
+def test_a_username_is_locked_from_every_address_and_operators_see_it_on_call(alice, owner):
+    limit = settings.AXES_FAILURE_LIMIT
+    for i in range(limit):  # each failure from another address: the count is the username's
+        sign_in(Client(REMOTE_ADDR=f"10.0.0.{i % 3 + 1}"), "alice", f"wrong-{i}")
+    assert sign_in(Client(REMOTE_ADDR="10.9.9.9"), "alice", PASSWORD).status_code == 429
+    page = member_client("opal", operator=True).get("/console/oncall/").content.decode()
+    # The refused right password counts too: limit + 1 failures from 4 addresses.
+    assert "Sign-ins locked:" in page and f"alice \u00d7{limit + 1} from 4 addresses" in page
+    tenant_page = member_client("olivia", tenant=owner).get("/console/oncall/").content.decode()
+    assert "Sign-ins locked" not in tenant_page and "alice" not in tenant_page
 
 
 def test_failures_below_the_limit_do_not_lock_and_a_success_clears_them(alice):
