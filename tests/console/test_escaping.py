@@ -120,6 +120,10 @@ def test_the_sign_in_and_locked_out_pages_escape_what_they_echo(db):
     client = Client()
     data = dict.fromkeys(PARAMETERS, PAYLOAD)
     assert_escaped(client.get("/accounts/login/", data), "GET sign-in")
+    signed_in = client_for("pat", is_operator=True)
+    for path in ("/accounts/password_change/", "/accounts/password_change/done/"):
+        assert_escaped(signed_in.get(path, data), f"GET {path}")
+        assert_escaped(signed_in.post(path, data), f"POST {path}")
     assert_escaped(client.post("/accounts/login/", data), "POST sign-in")
     for _ in range(12):  # past the lock-out: the locked-out page names the username sent
         response = client.post("/accounts/login/", {"username": PAYLOAD, "password": "wrong"})
@@ -129,3 +133,14 @@ def test_the_sign_in_and_locked_out_pages_escape_what_they_echo(db):
     oncall = client_for("opal", is_operator=True).get("/console/oncall/")
     assert "Sign-ins locked" in oncall.content.decode()
     assert_escaped(oncall, "on-call page naming the locked username")
+
+
+def test_the_csrf_failure_page_is_one_of_ours_under_the_policy(owner):
+    """Django's own CSRF failure page carries an inline <style>, which the policy refuses."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_user("csrf-less"))
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 403
+    assert "<style" not in response.content.decode()
+    assert "CSRF check failed" in response.content.decode()
+    assert_escaped(response, "CSRF failure page")

@@ -140,3 +140,28 @@ def test_admin_is_served_when_admin_enabled_and_throttled_too(alice, admin_urls)
         for i in range(settings.AXES_FAILURE_LIMIT):
             client.post("/admin/login/", {"username": "alice", "password": f"wrong-{i}"})
         assert client.post("/admin/login/", {"username": "alice", "password": PASSWORD}).status_code == 429
+
+
+def test_the_console_password_change_applies_the_validators(alice):
+    client = Client()
+    client.force_login(alice)
+    weak = client.post(
+        "/accounts/password_change/",
+        {"old_password": PASSWORD, "new_password1": "a", "new_password2": "a"},
+    )
+    assert weak.status_code == 200 and "too short" in weak.content.decode()
+    alice.refresh_from_db()
+    assert alice.check_password(PASSWORD)
+    strong = "another long and unusual passphrase"
+    done = client.post(
+        "/accounts/password_change/",
+        {"old_password": PASSWORD, "new_password1": strong, "new_password2": strong},
+    )
+    assert done.status_code == 302 and done["Location"] == "/accounts/password_change/done/"
+    alice.refresh_from_db()
+    assert alice.check_password(strong)
+    assert "Password changed" in client.get(done["Location"]).content.decode()
+
+
+def test_there_is_no_password_reset_by_mail(db):
+    assert Client().get("/accounts/password_reset/").status_code == 404
