@@ -144,3 +144,18 @@ def test_the_csrf_failure_page_is_one_of_ours_under_the_policy(owner):
     assert "<style" not in response.content.decode()
     assert "CSRF check failed" in response.content.decode()
     assert_escaped(response, "CSRF failure page")
+
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES.rglob("*.html")), ids=lambda p: p.name)
+def test_no_template_has_inline_script_style_or_event_handler(template):
+    """What the policy would refuse (and so break the page): <script> without src, <style>,
+    style="..." and on*="..." attributes. Behaviour goes in static JS, looks in console.css."""
+    text = template.read_text()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", text), "inline <script>"
+    assert "<style" not in text, "inline <style>"
+    assert not re.search(r"\sstyle\s*=", text), "style attribute"
+    assert not re.search(r"\son[a-z]+\s*=", text), "on* event handler attribute"
+    assert "hx-on" not in text and "javascript:" not in text, "script in an attribute"
