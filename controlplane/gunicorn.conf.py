@@ -6,6 +6,9 @@ gunicorn manages the processes; each worker is uvicorn on asyncio serving Django
 that send a header line a second leave /healthz answering in milliseconds
 (tests/test_web_server.py), where 3 sync workers, or 2 gthread workers of 8 threads, answered
 none of its probes within 5 s. Header and body deadlines disconnect such clients in the end.
+At most workers x app_concurrency requests run inside Django at once (threads and PostgreSQL
+connections: 80 concurrent clients held at most 16 connections), each entering with its body
+read, so 50 clients sending bodies a byte a second do not starve it either.
 """
 
 import os
@@ -25,5 +28,7 @@ webserver.configure(
     header_timeout_s=10.0,  # from connection (or first byte of a kept-alive request) to headers
     body_timeout_s=60.0,  # from headers to the end of the body (the API takes at most 2.5 MB)
     limit_concurrency=1000,  # connections + requests per worker; beyond it 503 at once
+    app_concurrency=16,  # requests inside Django at once per worker (threads, database connections)
+    prefetch_body_bytes=2_621_440,  # bodies read before entering Django (Django's 2.5 MB limit)
 )
 accesslog = "-"

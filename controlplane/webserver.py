@@ -9,9 +9,15 @@ connection (or, on a kept-alive connection, of its first byte), its body within
 ``body_timeout_s`` of its headers. A client that misses one gets 408 and is disconnected. The
 numbers are set in ``controlplane/gunicorn.conf.py`` (``configure``), the server's one
 configuration file.
+
+``BoundedApp`` wraps Django's ASGI app: at most ``app_concurrency`` requests per worker run
+inside Django at once (so threads and database connections stay bounded however many clients
+come), and a request enters only once its body is in (up to ``prefetch_body_bytes``), so
+clients that send their bodies slowly wait as coroutines and hold no thread.
 """
 
 import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +29,14 @@ from uvicorn_worker import UvicornWorker
 class Deadlines:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-    # Connections plus requests in flight per worker beyond which a request gets 503 at once
-    # (Django's sync views each take a thread and a database connection while they run).
+    # Connections plus requests in flight per worker beyond which a request gets 503 at once.
     limit_concurrency: int = 1000
+    # Requests inside Django at once per worker: each sync view takes a thread and a database
+    # connection while it runs; the others wait in the event loop (``BoundedApp``).
+    app_concurrency: int = 16
+    # A body up to this size is read in full before its request enters Django (a slow body
+    # then holds no thread); a larger one streams in as Django reads it (Django's own limits).
+    prefetch_body_bytes: int = 2_621_440
 
 
 DEADLINES = Deadlines()
@@ -98,3 +109,42 @@ class Worker(UvicornWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.CONFIG_KWARGS = {**self.CONFIG_KWARGS, "limit_concurrency": DEADLINES.limit_concurrency}
         super().__init__(*args, **kwargs)
+
+
+Scope = dict[str, Any]
+Message = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BoundedApp:
+    """An ASGI app that lets at most ``app_concurrency`` requests into ``app`` at once, each
+    with its body already read (up to ``prefetch_body_bytes``)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._slots: asyncio.Semaphore | None = None  # made in the worker's event loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        early: list[Message] = []
+        size = 0
+        while size <= DEADLINES.prefetch_body_bytes:
+            message = await receive()
+            early.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+            size += len(message.get("body", b""))
+        if early[-1]["type"] == "http.disconnect":
+            return  # gone before its request was in: nothing to answer
+
+        async def replay() -> Message:
+            return early.pop(0) if early else await receive()
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(DEADLINES.app_concurrency)
+        async with self._slots:
+            await self.app(scope, replay, send)

@@ -3,8 +3,9 @@ starve it.
 
 The Dockerfile's last CMD (a JSON array) is run as it is but for its bind, moved to a free port
 on 127.0.0.1, against the test PostgreSQL, with DEBUG unset. 200 clients each send a request
-line and then one header line a second, never finishing; /healthz must answer 200 within 1 s to
-every probe for 12 s, and the header deadline must then have disconnected the slow clients.
+line and then one header line a second, never finishing, and 50 more send a body a byte a
+second; /healthz must answer 200 within 1 s to every probe for 12 s, and the header deadline
+must then have disconnected the slow header senders, each with a 408.
 """
 
 import json
@@ -27,6 +28,7 @@ from tests.router.conftest import free_port
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "docker" / "controlplane.Dockerfile"
 SLOW_CLIENTS = 200
+SLOW_BODIES = 50  # more than controlplane/gunicorn.conf.py lets into Django at once (2 x 16)
 PROBE_FOR_S = 12.0  # past the 10 s header deadline of controlplane/gunicorn.conf.py
 PROBE_LIMIT_S = 1.0
 
@@ -128,14 +130,58 @@ def test_it_serves_the_console_api_and_static_files(server):
         assert client.get("/static/console/console.css").status_code == 200
 
 
+def test_many_clients_at_once_hold_a_bounded_number_of_database_connections(server):
+    """80 clients at once, 320 requests: all answered, and the server's PostgreSQL connections
+    stay within its workers x app_concurrency (2 x 16; a persistent connection per request's
+    thread reached 81 and PostgreSQL refused more)."""
+    import concurrent.futures
+    import threading
+
+    import psycopg
+
+    most = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal most
+        with psycopg.connect(database_url(), autocommit=True) as db:
+            while not done.is_set():
+                row = db.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()"
+                ).fetchone()
+                most = max(most, row[0] if row else 0)
+                time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(80) as pool:
+            statuses = list(pool.map(lambda _: get(server, "/healthz", 10.0)[0], range(320)))
+    finally:
+        done.set()
+        sampler.join()
+    assert statuses == [200] * 320
+    assert most <= 2 * 16 + 2, most  # + the test's own connections
+
+
 def test_two_hundred_slow_clients_do_not_starve_healthz(server):
+    """And 50 clients that send a body a byte a second, past what Django may run at once."""
     port = server
-    slow = []
+    slow, slow_bodies = [], []
     for _ in range(SLOW_CLIENTS):
         s = socket.create_connection(("127.0.0.1", port), timeout=2)
         s.sendall(b"GET /console/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         s.setblocking(False)
         slow.append(s)
+    for _ in range(SLOW_BODIES):
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s.sendall(
+            b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n"
+        )
+        s.setblocking(False)
+        slow_bodies.append(s)
     selector = selectors.DefaultSelector()
     for s in slow:
         selector.register(s, selectors.EVENT_READ)
@@ -152,6 +198,11 @@ def test_two_hundred_slow_clients_do_not_starve_healthz(server):
                             s.sendall(b"X-Slow-%d: 1\r\n" % line)
                         except OSError:
                             answered.setdefault(s, b"")
+                for s in slow_bodies:
+                    try:
+                        s.sendall(b"u")
+                    except OSError:
+                        pass
                 line += 1
                 next_line += 1.0
             probes.append(get(port, "/healthz", 5.0))
@@ -165,7 +216,7 @@ def test_two_hundred_slow_clients_do_not_starve_healthz(server):
                 selector.unregister(s)
     finally:
         selector.close()
-        for s in slow:
+        for s in slow + slow_bodies:
             s.close()
     assert len(probes) >= 20
     assert all(status == 200 for status, _ in probes), probes
