@@ -217,3 +217,11 @@ def test_a_script_sent_in_a_query_does_not_run_nor_reach_the_csrf_token(
     page.wait_for_function("() => document.body.innerText.includes('after must be an event id')")
     assert page.evaluate("window.__pwned") is None
     assert page.query_selector("main img") is None
+
+
+def test_the_api_docs_render_under_their_policy(browser, live_server, db, csp_reports):
+    """Swagger UI's init script is a file (SpectacularSwaggerSplitView), as its policy needs."""
+    page = new_page(browser, csp_reports)
+    page.goto(f"{live_server.url}/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title")
+    assert "Inference control plane API" in page.inner_text(".swagger-ui .info .title")
