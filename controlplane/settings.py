@@ -130,6 +130,56 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# --- Console and sign-in security (issue 20: CSP, CSRF cookie, throttling, passwords, /admin/) ----
+# The Content-Security-Policy of every page (controlplane.console.security): scripts, styles and
+# requests from this origin only, no inline script or style, no framing. Swagger UI needs its
+# inline <style> and data: images, and only there.
+CSP_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+CSP_EXCEPTIONS = {
+    "/api/docs/": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+}
+MIDDLEWARE.insert(1, "controlplane.console.security.ContentSecurityPolicyMiddleware")
+# Script cannot read the CSRF token from the cookie: htmx sends it from <body hx-headers>.
+CSRF_COOKIE_HTTPONLY = True
+# Sign-in throttling (django-axes, on the console's and the admin's sign-in alike): after
+# LOGIN_FAILURE_LIMIT failed sign-ins a username is locked, from every address (an address is
+# recorded with each attempt; locking by address alone would lock out everyone behind one proxy),
+# for LOGIN_LOCKOUT_HOURS or until `manage.py axes_reset_username NAME`. Failures and lock-outs
+# are logged (logger "axes") and kept in the database (`manage.py axes_list_attempts`).
+INSTALLED_APPS.append("axes")
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # last: it turns a lock-out into the 429 page
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: a locked-out username goes no further
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = envfloat("LOGIN_LOCKOUT_HOURS", 1.0, minimum=0.01)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+# axes.W006 asks for ip_address among the lock-out parameters; by username alone, rotating
+# addresses, user agents or cookies gains an attacker no tries, and another user signs in.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_VERBOSE = False  # no banner on every manage.py command; lock-outs are still logged
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Passwords of console users (`manage.py create_user`, password change) meet Django's rules.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+# Django's admin site (/admin/) is served only when ADMIN_ENABLED is on (the embedded default
+# keeps it off too: the console and the API are the interfaces).
+ADMIN_ENABLED = envbool("ADMIN_ENABLED", False)
+# --- end of console and sign-in security ----------------------------------------------------
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["controlplane.api.auth.BearerKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

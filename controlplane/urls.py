@@ -1,9 +1,11 @@
+from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -22,9 +24,18 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include("controlplane.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("console/", include("controlplane.console.urls")),
-    path("accounts/", include("django.contrib.auth.urls")),
-    path("admin/", admin.site.urls),
+    # Sign-in, sign-out and password change; no password reset (the control plane sends no mail).
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "accounts/password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(),
+        name="password_change_done",
+    ),
     path("", RedirectView.as_view(url="/console/", permanent=False)),
 ]
+if settings.ADMIN_ENABLED:  # off unless the setting turns it on: one less sign-in to attack
+    urlpatterns.append(path("admin/", admin.site.urls))

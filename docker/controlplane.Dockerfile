@@ -12,5 +12,7 @@ COPY templates templates
 RUN pip install . && python -c "import controlplane, capacity, dataplane"
 USER 10001
 EXPOSE 8000
-# web; the worker runs `celery -A controlplane worker`, beat runs `celery -A controlplane beat`
-CMD ["gunicorn", "controlplane.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]
+# web: gunicorn with uvicorn workers, all set in controlplane/gunicorn.conf.py (a slow client costs
+# a coroutine, not a thread; header and body deadlines). The Celery worker runs
+# `celery -A controlplane worker`, beat runs `celery -A controlplane beat`.
+CMD ["gunicorn", "--config", "controlplane/gunicorn.conf.py", "--bind", "0.0.0.0:8000"]

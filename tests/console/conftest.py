@@ -28,3 +28,10 @@ def other_web(other):
 @pytest.fixture
 def operator_web(db):
     return member_client("opal", operator=True)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Sign-in tests hash a password per attempt: a cheap hasher keeps 30 attempts fast (the
+    lock-out logic does not depend on the hasher)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

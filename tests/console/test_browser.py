@@ -6,6 +6,7 @@ Screenshots of each page at desktop width land in test-artifacts/screenshots/.
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
@@ -59,9 +60,51 @@ def fleet(transactional_db, owner, other, make_endpoint):
     return chat
 
 
-def sign_in(browser, live_server, username):
+# What the browser reported against the Content-Security-Policy on the pages a test opened: the
+# securitypolicyviolation events (an init script, which runs outside the page's policy) and the
+# console's CSP messages. Every test here must end with none: the console works under the policy.
+# (A test's own waits pass functions, "() => ...": Playwright evaluates a bare expression string
+# in the page with eval, which the policy refuses like any other.)
+CSP_WATCH = """
+window.__csp_violations = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__csp_violations.push(`${e.violatedDirective} ${e.blockedURI} ${e.lineNumber}`));
+"""
+
+
+class CspReports(list):
+    """The violations seen, and the pages to ask for theirs at the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages: list = []
+
+    def collect(self) -> None:
+        for page in self.pages:
+            if not page.is_closed():
+                self.extend(page.evaluate("window.__csp_violations || []"))
+
+
+@pytest.fixture(autouse=True)
+def csp_reports():
+    reports = CspReports()
+    yield reports
+    reports.collect()
+    assert not reports, f"Content-Security-Policy violations: {list(reports)}"
+
+
+def new_page(browser, csp_reports):
     page = browser.new_page(viewport={"width": 1440, "height": 900})
     page.set_default_timeout(15_000)
+    page.add_init_script(CSP_WATCH)
+    # Chromium logs each refusal ("... violates the following Content Security Policy directive").
+    page.on("console", lambda m: csp_reports.append(m.text) if "Content Security Policy" in m.text else None)
+    csp_reports.pages.append(page)
+    return page
+
+
+def sign_in(browser, live_server, username, csp_reports):
+    page = new_page(browser, csp_reports)
     page.goto(f"{live_server.url}/console/")
     assert "/accounts/login/" in page.url
     page.fill("input[name=username]", username)
@@ -76,8 +119,8 @@ def shoot(page, name):
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_server, fleet):
-    page = sign_in(browser, live_server, "ops")
+def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_server, fleet, csp_reports):
+    page = sign_in(browser, live_server, "ops", csp_reports)
     assert page.url.endswith("/console/capacity/")
     page.fill("#sell-form input[name=endpoint]", "owner/chat")
     page.fill("#sell-form input[name=mu_per_minute]", "300")
@@ -85,7 +128,7 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     page.wait_for_selector("#sell-form .ok")
     assert "Sold 300 MU/min on owner/chat" in page.inner_text("#sell-form")
     # The pools table refreshes itself on the sale: 3 of 8 GPUs sold.
-    page.wait_for_function("document.querySelector('[data-pool=use1-h100] td.sold').innerText === '3'")
+    page.wait_for_function("() => document.querySelector('[data-pool=use1-h100] td.sold').innerText === '3'")
     assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
 
     page.fill("#sell-form input[name=mu_per_minute]", "5000")
@@ -96,8 +139,8 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     shoot(page, "capacity")
 
 
-def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet):
-    page = sign_in(browser, live_server, "olivia")
+def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet, csp_reports):
+    page = sign_in(browser, live_server, "olivia", csp_reports)
     assert page.url.endswith("/console/endpoints/")
     page.click("text=New endpoint")
     page.fill("input[name=name]", "support-bot")
@@ -114,13 +157,13 @@ def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet):
     shoot(page, "endpoint-detail")
     page.goto(f"{live_server.url}/console/endpoints/")
     page.fill("input[name=search]", "support")
-    page.wait_for_function("!document.querySelector('#endpoint-table').innerText.includes('chat\\t')")
+    page.wait_for_function("() => !document.querySelector('#endpoint-table').innerText.includes('chat\\t')")
     assert "support-bot" in page.inner_text("#endpoint-table")
     shoot(page, "endpoints")
 
 
-def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_server, fleet):
-    page = sign_in(browser, live_server, "ops")  # on-call acknowledges: operators (may_acknowledge)
+def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_server, fleet, csp_reports):
+    page = sign_in(browser, live_server, "ops", csp_reports)  # operators acknowledge
     page.goto(f"{live_server.url}/console/oncall/")
     page.evaluate("window.__not_reloaded = true")
     Event.record(
@@ -138,10 +181,10 @@ def test_oncall_watches_a_hang_arrive_live_and_acknowledges_it(browser, live_ser
     shoot(page, "oncall")
 
 
-def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_server, fleet):
+def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_server, fleet, csp_reports):
     Event.record("hang", "owner-only-hang", endpoint=fleet, severity="critical", pod="chat-0")
     Reservation.objects.create(endpoint=fleet, mu_per_minute=100)
-    page = sign_in(browser, live_server, "oscar")
+    page = sign_in(browser, live_server, "oscar", csp_reports)
     for path in ["/console/endpoints/", "/console/oncall/"]:
         page.goto(f"{live_server.url}{path}")
         html = page.content()
@@ -151,3 +194,34 @@ def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_s
     assert page.goto(f"{live_server.url}/console/endpoints/{fleet.pk}/").status == 404
     assert page.goto(f"{live_server.url}/console/capacity/").status == 403
     assert not Tenant.objects.filter(name="oscar").exists()
+
+
+def test_a_script_sent_in_a_query_does_not_run_nor_reach_the_csrf_token(
+    browser, live_server, fleet, csp_reports
+):
+    """The reported attack: a link to the on-call tail with markup in ?after ran as the user."""
+    page = sign_in(browser, live_server, "olivia", csp_reports)
+    assert "csrftoken" not in page.evaluate("document.cookie")  # HttpOnly: script never reads it
+    attack = '<img src=x onerror="window.__pwned = document.cookie || 1"><script>window.__pwned = 2</script>'
+    response = page.goto(f"{live_server.url}/console/oncall/tail/?after={quote(attack)}")
+    assert response.status == 400
+    assert page.evaluate("window.__pwned") is None
+    assert page.query_selector("img, script") is None  # shown as text, not parsed as markup
+    assert "<img src=x" in page.inner_text("body")
+    # htmx swaps a 400 into the page: the same answer, fetched by htmx into the live on-call page.
+    page.goto(f"{live_server.url}/console/oncall/")
+    page.evaluate(
+        "(url) => htmx.ajax('GET', url, {target: '#tail-poller', swap: 'outerHTML'})",
+        f"/console/oncall/tail/?after={quote(attack)}",
+    )
+    page.wait_for_function("() => document.body.innerText.includes('after must be an event id')")
+    assert page.evaluate("window.__pwned") is None
+    assert page.query_selector("main img") is None
+
+
+def test_the_api_docs_render_under_their_policy(browser, live_server, db, csp_reports):
+    """Swagger UI's init script is a file (SpectacularSwaggerSplitView), as its policy needs."""
+    page = new_page(browser, csp_reports)
+    page.goto(f"{live_server.url}/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title")
+    assert "Inference control plane API" in page.inner_text(".swagger-ui .info .title")

@@ -4,11 +4,14 @@ attention and restarts panels, and acknowledging an event."""
 from datetime import datetime, timedelta
 from typing import Any
 
+from axes.models import AccessAttempt
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, QuerySet
+from django.db.models import Count, Max, QuerySet, Sum
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
+from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from controlplane.api.filters import EventFilterSet
@@ -53,7 +56,10 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     try:
         after = int(request.GET.get("after", "0"))
     except ValueError:
-        return HttpResponse(f"after must be an event id, got {request.GET.get('after')!r}", status=400)
+        # htmx swaps a 400 into the page (base.html's responseHandling): what it echoes is escaped.
+        return HttpResponse(
+            format_html("after must be an event id, got {}", repr(request.GET.get("after"))), status=400
+        )
     _, events = oncall_events(request)
     fresh = list(
         events.filter(pk__in=Event.objects.tail(after, now).values("pk")).order_by("-id")[:TAIL_ROWS]
@@ -103,7 +109,24 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
         .values("pod", "endpoint_name")
         .annotate(n=Count("id"), last=Max("time"))
         .order_by("-n", "-last")[:20],
+        "locked_sign_ins": locked_sign_ins(now) if request.principal.is_operator else [],
     }
+
+
+def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:
+    """Usernames locked out of signing in now (django-axes: failures summed over every address,
+    within the cool-off), for operators: who, how many failures, from how many addresses."""
+    return list(
+        AccessAttempt.objects.filter(attempt_time__gte=now - timedelta(hours=settings.AXES_COOLOFF_TIME))
+        .values("username")
+        .annotate(
+            failures=Sum("failures_since_start"),
+            addresses=Count("ip_address", distinct=True),
+            last=Max("attempt_time"),
+        )
+        .filter(failures__gte=settings.AXES_FAILURE_LIMIT)
+        .order_by("-last")[:10]
+    )
 
 
 @require_POST

@@ -32,9 +32,12 @@ class Command(BaseCommand):
         user = User(username=username)
         try:
             user.full_clean(exclude=["password"])
+        except ValidationError as exc:
+            raise CommandError(" ".join(exc.messages)) from None
+        try:  # settings.AUTH_PASSWORD_VALIDATORS
             validate_password(password, user)
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError(f"password refused: {' '.join(exc.messages)}") from None
         with transaction.atomic():
             user.set_password(password)
             user.save()

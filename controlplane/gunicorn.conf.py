@@ -1,0 +1,34 @@
+"""The production web server's configuration, the one place for it (docker/controlplane.Dockerfile:
+`gunicorn -c controlplane/gunicorn.conf.py --bind 0.0.0.0:8000`).
+
+gunicorn manages the processes; each worker is uvicorn on asyncio serving Django's ASGI app
+(controlplane.webserver.Worker), so a slow client costs a coroutine, not a thread: 200 clients
+that send a header line a second leave /healthz answering in milliseconds
+(tests/test_web_server.py), where 3 sync workers, or 2 gthread workers of 8 threads, answered
+none of its probes within 5 s. Header and body deadlines disconnect such clients in the end.
+At most workers x app_concurrency requests run inside Django at once (threads and PostgreSQL
+connections: 80 concurrent clients held at most 16 connections), each entering with its body
+read, so 50 clients sending bodies a byte a second do not starve it either.
+"""
+
+import os
+
+from controlplane import webserver
+
+wsgi_app = "controlplane.asgi:application"
+worker_class = "controlplane.webserver.Worker"
+# Processes; each serves many connections. WEB_CONCURRENCY is gunicorn's usual variable.
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+# Seconds: a worker silent this long is restarted; a stopping one finishes requests this long.
+timeout = 30
+graceful_timeout = 20
+# An idle kept-alive connection is closed after this many seconds.
+keepalive = 5
+webserver.configure(
+    header_timeout_s=10.0,  # from connection (or first byte of a kept-alive request) to headers
+    body_timeout_s=60.0,  # from headers to the end of the body (the API takes at most 2.5 MB)
+    limit_concurrency=1000,  # connections + requests per worker; beyond it 503 at once
+    app_concurrency=16,  # requests inside Django at once per worker (threads, database connections)
+    prefetch_body_bytes=2_621_440,  # bodies read before entering Django (Django's 2.5 MB limit)
+)
+accesslog = "-"
