@@ -44,6 +44,7 @@ if "*" in ALLOWED_HOSTS and not DEBUG:
 # carry HSTS, and console pages asked over plain HTTP redirect to HTTPS; /api/ and /healthz do
 # not, so that routers and probes inside the cluster keep calling the pods over HTTP.
 BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
+SILENCED_SYSTEM_CHECKS: list[str] = []  # each silenced check says why where it is added
 if BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
@@ -56,7 +57,7 @@ if BEHIND_TLS_PROXY:
     # and then `check --deploy` need not ask for it.
     SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
     if not SECURE_HSTS_PRELOAD:
-        SILENCED_SYSTEM_CHECKS = ["security.W021"]
+        SILENCED_SYSTEM_CHECKS.append("security.W021")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -161,7 +162,7 @@ AXES_COOLOFF_TIME = envfloat("LOGIN_LOCKOUT_HOURS", 1.0, minimum=0.01)
 AXES_LOCKOUT_PARAMETERS = ["username"]
 # axes.W006 asks for ip_address among the lock-out parameters; by username alone, rotating
 # addresses, user agents or cookies gains an attacker no tries, and another user signs in.
-SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+SILENCED_SYSTEM_CHECKS.append("axes.W006")
 AXES_VERBOSE = False  # no banner on every manage.py command; lock-outs are still logged
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
