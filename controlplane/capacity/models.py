@@ -149,8 +149,10 @@ class ReservationQuerySet(TenantScopedQuerySet["Reservation"]):
 class Reservation(models.Model):
     """Capacity sold to the endpoint's tenant: MU per minute admitted before best-effort traffic."""
 
+    # PROTECT: a sale outlives no delete silently, from the API, the admin or a tenant's
+    # removal; selling.delete_endpoint ends it first, with its event, when an operator says so.
     endpoint = models.OneToOneField(
-        "endpoints.Endpoint", on_delete=models.CASCADE, related_name="reservation"
+        "endpoints.Endpoint", on_delete=models.PROTECT, related_name="reservation"
     )
     mu_per_minute = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     # Whether the tenant may send more than it reserved while the endpoint has headroom.
