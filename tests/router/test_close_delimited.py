@@ -16,12 +16,13 @@ from dataplane.router.upstream import ends_at_close
 from tests.router.conftest import assert_idle, running, scrape
 from tests.router.fakepod import FakePod, reset
 
-STREAM = b'{"model": "m", "prompt": "hi", "stream": true}'
+STREAM = b'{"model": "m", "prompt": "hi", "stream": true, "stream_options": {"include_usage": true}}'
 EVENTS = [b'data: {"choices": [{"index": 0, "text": "t%d"}]}\n\n' % i for i in range(3)]
 USAGE = (
     b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}\n\n'
 )
 DONE = b"data: [DONE]\n\n"
+PLAIN = b'{"model": "m", "prompt": "hi", "stream": true}'  # no usage asked: the router asks for it
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
 CLOSE_DELIMITED = SSE_HEAD + b"connection: close\r\n\r\n"
 
@@ -123,13 +124,13 @@ def test_an_http10_client_gets_a_close_delimited_stream_closed_after_it():
         async with running([pod], table=static_table([pod.url], "p2c-mu", 0)) as (router, _):
             reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
             writer.write(
-                b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+                b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(PLAIN), PLAIN)
             )
             data = await asyncio.wait_for(reader.read(), 2)  # to the router's close
             writer.close()
             head, _, body = data.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower()
-            assert body == b"".join([*EVENTS, USAGE, DONE])
+            assert body == b"".join([*EVENTS, DONE])  # the usage the router asked for is its own
             assert router.meter.totals[(0, "")].errors == 0
         await pod.stop()
 
