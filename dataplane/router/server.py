@@ -252,7 +252,12 @@ class Router:
                     502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                 ) from None
             exch = Exchange(
-                client, conn, pod_hdr, self.config.upstream_read_timeout_s, delivery, self.config.max_body_bytes
+                client,
+                conn,
+                pod_hdr,
+                self.config.upstream_read_timeout_s,
+                delivery,
+                self.config.max_body_bytes,
             )
             conn.send(build_request(req.method, req.path, host_hdr, req.headers, body), exch)
             try:

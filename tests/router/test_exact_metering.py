@@ -61,7 +61,9 @@ class Through:
 
     def sdk(self, base: str | None = None) -> openai.AsyncOpenAI:
         """The official SDK on the router (or on ``base``); closed with the router."""
-        client = openai.AsyncOpenAI(base_url=f"{base or self.url}/v1", api_key=self.key, max_retries=0, timeout=20)
+        client = openai.AsyncOpenAI(
+            base_url=f"{base or self.url}/v1", api_key=self.key, max_retries=0, timeout=20
+        )
         self.clients.append(client)
         return client
 
@@ -128,10 +130,11 @@ def _norm(data: bytes) -> bytes:
     return re.sub(rb'"created": ?\d+', b'"created": 0', data)  # the engine's clock second
 
 
+CHAT = [{"role": "user", "content": PROMPT}]
 STREAMS = {
     "completions": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 8}),
     "completions-n2-stop": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "n": 2, "stop": ["e"]}),
-    "chat-n3": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 6, "n": 3}),
+    "chat-n3": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "n": 3}),
     "continuous-stats-without-usage": (
         "/v1/completions",
         {"prompt": PROMPT, "max_tokens": 5, "stream_options": {"continuous_usage_stats": True}},
@@ -155,7 +158,9 @@ def test_a_stream_without_usage_asked_is_the_engines_bytes_and_metered_from_its_
             # what the engine reports for the same generation (same seed), asked directly
             asked = {**body, "stream_options": {"include_usage": True}}
             usage = json.loads(
-                [e for e in (await http.post(engine.url + path, json=asked)).content.split(b"\n\n") if e][-2][6:]
+                [e for e in (await http.post(engine.url + path, json=asked)).content.split(b"\n\n") if e][-2][
+                    6:
+                ]
             )["usage"]
             await assert_idle(t.router)
             s = t.router.meter.totals[t.meter_key]
@@ -207,7 +212,9 @@ def test_a_non_streamed_answer_carries_its_price_in_x_mu_cost(engine):
     async def go() -> None:
         async with through(engine, "static") as t:
             sdk = t.sdk()
-            raw = await sdk.completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=9, n=2)
+            raw = await sdk.completions.with_raw_response.create(
+                model=MODEL, prompt=PROMPT, max_tokens=9, n=2
+            )
             done = raw.parse()
             assert done.usage is not None
             exact = price(COEFFS, done.usage.prompt_tokens, done.usage.completion_tokens)
@@ -277,7 +284,9 @@ def test_a_lying_stream_meters_what_the_engine_produced(engine, mode):
             if mode == "control-plane":
                 body = {"model": MODEL, "max_completion_tokens": 1, **lying}
                 estimate = price(
-                    COEFFS, estimate_input_tokens(body), requested_output_tokens(body, FAST.default_max_tokens)
+                    COEFFS,
+                    estimate_input_tokens(body),
+                    requested_output_tokens(body, FAST.default_max_tokens),
                 )
                 pending = t.router.admission.limiter._pending  # type: ignore[attr-defined]
                 assert pending[t.router.endpoints[t.meter_key[0]].limit_key] == pytest.approx(mu - estimate)
@@ -323,7 +332,9 @@ def test_a_pod_lost_mid_stream_is_priced_at_what_it_delivered():
             body = {"model": "m", "prompt": "x" * 400, "max_tokens": 500, "stream": True}
             async with httpx.AsyncClient(timeout=5) as http:
                 with contextlib.suppress(httpx.HTTPError):
-                    async with http.stream("POST", f"http://127.0.0.1:{router.port}/v1/completions", json=body) as r:
+                    async with http.stream(
+                        "POST", f"http://127.0.0.1:{router.port}/v1/completions", json=body
+                    ) as r:
                         async for _ in r.aiter_bytes():
                             pass
             await assert_idle(router)
