@@ -45,7 +45,7 @@ def metered(
     estimated input tokens and the output tokens passed on to the client; an error answer (status
     400 or more, or none) without usage or tokens produced nothing and costs nothing.
     Coefficients 0.002/0.02/0.1: usage 90 in / 40 out -> 1.08 MU; cut after 20 tokens of a
-    100-token prompt -> 0.6 MU; a 400 -> 0.
+    100-token prompt -> 0.7 MU; a 400 -> 0.
     """
     if usage is not None:
         return price(c, usage[0], usage[1]), usage[0], usage[1]

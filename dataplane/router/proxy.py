@@ -228,7 +228,8 @@ class Exchange:
     def upstream_body(self, data: bytes) -> None:
         stream = self.stream
         if stream is not None:
-            if not self.client.closed:  # gone: nothing more is delivered
+            transport = self.client.transport
+            if transport is not None and not transport.is_closing():  # gone: nothing more delivered
                 self.client.write_body(stream.feed(data))
                 self.delivery.tokens_out = stream.tokens
             return
