@@ -217,6 +217,8 @@ class Exchange:
         elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:
             self.buffer = []
             self.response_headers = b"".join(out)
+        if self.stream is not None:  # its length changes (usage chunk out, fingerprints in)
+            length = None
         if self.buffer is None:
             client.start_response(status, b"".join(out), length)
             if client.write_paused:

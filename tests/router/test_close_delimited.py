@@ -13,7 +13,7 @@ import pytest
 
 from dataplane.router.discovery import static_table
 from dataplane.router.upstream import ends_at_close
-from tests.router.conftest import assert_idle, running, scrape
+from tests.router.conftest import assert_idle, running, scrape, wait_until
 from tests.router.fakepod import FakePod, reset
 
 STREAM = b'{"model": "m", "prompt": "hi", "stream": true, "stream_options": {"include_usage": true}}'
@@ -38,6 +38,7 @@ class RawPod:
     def __init__(self, parts: list[bytes], end: str = "close") -> None:
         self.parts, self.end = parts, end
         self.requests = 0
+        self.answered = 0  # requests answered and their connection ended
         self.name = "raw"
         self._server: asyncio.AbstractServer | None = None
 
@@ -69,6 +70,7 @@ class RawPod:
         else:
             writer.close()
             await writer.wait_closed()
+        self.answered += 1
 
 
 async def errors_total(router) -> float:
@@ -210,3 +212,24 @@ def test_the_fake_pod_answers_close_delimited_when_asked(mode):
 )
 def test_which_responses_end_at_the_close(status, headers, expected):
     assert ends_at_close(status, headers) is expected
+
+
+def test_a_stream_the_pod_frames_by_content_length_is_reframed_without_its_usage():
+    """The router drops the usage chunk it asked for: the pod's Content-Length no longer holds."""
+
+    async def go():
+        body = b"".join([*EVENTS, USAGE, DONE])
+        pod = await RawPod(
+            [SSE_HEAD + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body), body]
+        ).start()
+        async with running([pod], table=static_table([pod.url], "p2c-mu", 0)) as (router, _):
+            url = f"http://127.0.0.1:{router.port}/v1/completions"
+            async with httpx.AsyncClient(timeout=5) as client:
+                response = await client.post(url, content=PLAIN)
+            assert response.headers["transfer-encoding"] == "chunked"
+            assert response.content == b"".join([*EVENTS, DONE])
+            assert router.meter.totals[(0, "")].tokens_out == 3
+            await wait_until(lambda: pod.answered == 1, what="the pod's close")
+        await pod.stop()
+
+    asyncio.run(go())
