@@ -144,6 +144,7 @@ class Exchange:
         "done",
         "head",
         "max_buffer_bytes",
+        "pending",
         "pod_header",
         "read_timeout_s",
         "response_headers",
@@ -173,6 +174,7 @@ class Exchange:
         self.status = 0
         self.tail = b""
         self.stream: StreamUsage | None = None  # an event stream's reader
+        self.pending = b""  # the stream's events from the pod's current read, not written yet
         self.buffer: list[bytes] | None = None  # a JSON answer held for its price header
         self.buffered = 0  # bytes in buffer
         self.response_headers = b""  # the head's header lines, while the answer is held
@@ -232,7 +234,8 @@ class Exchange:
         if stream is not None:
             transport = self.client.transport
             if transport is not None and not transport.is_closing():  # gone: nothing more delivered
-                self.client.write_body(stream.feed(data))
+                # written once per read of the pod (upstream_flush, upstream_done): one syscall
+                self.pending += stream.feed(data)
                 self.delivery.tokens_out = stream.tokens
             return
         buffer = self.buffer
@@ -262,15 +265,19 @@ class Exchange:
             self.conn.pause_reading()
 
     def upstream_flush(self) -> None:
-        if self.buffer is None:
+        if self.pending:
+            self.client.write_body(self.pending)
+            self.pending = b""
+        elif self.buffer is None:
             self.client.flush_head()
 
     def upstream_done(self) -> None:
         self.cancel_timer()
         delivery = self.delivery
+        last = b""
         if self.stream is not None:
             if not self.client.closed:
-                self.client.write_body(self.stream.end())
+                last, self.pending = self.pending + self.stream.end(), b""
             delivery.usage, delivery.tokens_out = self.stream.usage, self.stream.tokens
         elif self.buffer is not None:
             delivery.usage = parse_usage(b"".join(self.buffer))
@@ -278,7 +285,7 @@ class Exchange:
             self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode())
         else:
             delivery.usage = parse_usage(self.tail)
-        self.client.end_response()
+        self.client.end_response(last)
         if not self.done.done():
             self.done.set_result(None)
 

@@ -28,6 +28,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*([\]{])')  # ] -> none (the usage chunk), { -> some
+_ROLE = re.compile(rb'"delta"\s*:\s*\{\s*"role"')  # chat's opening chunk
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a choice's terminal chunk (else null)
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
 
@@ -78,27 +81,23 @@ class StreamUsage:
         return out
 
     def _event(self, event: bytes) -> bytes:
-        obj = _chunk(event)
-        if obj is None:  # [DONE], a comment, an error event: as it came
+        # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these
+        # keys match only as keys, and vLLM's compact dump and the spaced one both match. Only
+        # the usage chunk (one a stream) is parsed.
+        m = _CHOICES.search(event)
+        if m is None:  # [DONE], a comment, an error event: as it came
             return self._pass(event, 0, False)
-        choices = obj["choices"]
-        usage = obj.get("usage")
-        counts = _counts(usage) if not choices and isinstance(usage, dict) else None
-        if counts is not None:
+        if m.group(1) == b"]":
+            counts = _usage_of(event)
+            if counts is None:
+                return self._pass(event, 0, False)
             self.usage = counts
             if self.hide_usage:
                 return self._release(event)
             return self._with_mu(event)
-        tokens = 0
-        terminal = False
-        for c in choices:
-            if not isinstance(c, dict):
-                continue
-            delta = c.get("delta")
-            if not (isinstance(delta, dict) and "role" in delta):  # chat's opening chunk: no token
-                tokens += 1
-            terminal = terminal or c.get("finish_reason") is not None
-        return self._pass(event, tokens, terminal and self.hide_usage)
+        tokens = 0 if _ROLE.search(event) else max(1, event.count(b'"finish_reason"'))  # one per choice
+        terminal = self.hide_usage and _FINISHED.search(event) is not None
+        return self._pass(event, tokens, terminal)
 
     def _pass(self, event: bytes, tokens: int, terminal: bool) -> bytes:
         if terminal or self._held:
@@ -134,21 +133,14 @@ class StreamUsage:
         return (text[: stop - 1] + f'{sep}"mu":{mu}' + text[stop - 1 :]).encode()
 
 
-def _chunk(event: bytes) -> dict[str, Any] | None:
-    """A completions chunk (a JSON object with a ``choices`` list) in a ``data:`` event, else None."""
-    i = event.find(b"data:")
-    if i < 0:
-        return None
-    payload = event[i + 5 :].strip()
-    if not payload.startswith(b"{"):
-        return None
+def _usage_of(event: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a usage chunk's ``usage``, when it is one."""
+    payload = event[event.find(b"data:") + 5 :].strip()
     try:
         obj = json.loads(payload)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
-        return None
-    return obj
+    return _counts(obj.get("usage")) if isinstance(obj, dict) else None
 
 
 def _counts(usage: Any) -> tuple[int, int] | None:
