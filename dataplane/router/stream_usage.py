@@ -28,8 +28,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*([\]{])')  # ] -> none (the usage chunk), { -> some
-_ROLE = re.compile(rb'"delta"\s*:\s*\{\s*"role"')  # chat's opening chunk
+# Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
+# match only as keys, in vLLM's compact dump and in a spaced one alike. Only the usage chunk (one
+# a stream) is parsed.
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')  # the usage chunk
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a choice's terminal chunk (else null)
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
@@ -62,14 +64,20 @@ class StreamUsage:
             self._buf = buf
             return b""
         end += 2
+        block = buf[:end] if end < len(buf) else buf
         self._buf = buf[end:]
-        if buf.count(b"\n\n", 0, end) == 1:  # one event, the usual case
-            return self._event(buf[:end] if self._buf else buf)
+        # Most reads hold only token chunks: counted over the whole block, passed on untouched.
+        # Event by event only for the usage chunk, chunks held for it, or a terminal chunk that
+        # must wait for it.
+        if not self._held and _NO_CHOICES.search(block) is None:
+            if not (self.hide_usage and _FINISHED.search(block)):
+                self.tokens += _tokens(block)
+                return block
         out = []
         start = 0
         while start < end:
-            stop = buf.index(b"\n\n", start) + 2
-            out.append(self._event(buf[start:stop]))
+            stop = block.index(b"\n\n", start) + 2
+            out.append(self._event(block[start:stop]))
             start = stop
         return b"".join(out)
 
@@ -81,23 +89,13 @@ class StreamUsage:
         return out
 
     def _event(self, event: bytes) -> bytes:
-        # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these
-        # keys match only as keys, and vLLM's compact dump and the spaced one both match. Only
-        # the usage chunk (one a stream) is parsed.
-        m = _CHOICES.search(event)
-        if m is None:  # [DONE], a comment, an error event: as it came
-            return self._pass(event, 0, False)
-        if m.group(1) == b"]":
+        if _NO_CHOICES.search(event) is not None:
             counts = _usage_of(event)
-            if counts is None:
-                return self._pass(event, 0, False)
-            self.usage = counts
-            if self.hide_usage:
-                return self._release(event)
-            return self._with_mu(event)
-        tokens = 0 if _ROLE.search(event) else max(1, event.count(b'"finish_reason"'))  # one per choice
+            if counts is not None:
+                self.usage = counts
+                return self._release(event) if self.hide_usage else self._with_mu(event)
         terminal = self.hide_usage and _FINISHED.search(event) is not None
-        return self._pass(event, tokens, terminal)
+        return self._pass(event, _tokens(event), terminal)
 
     def _pass(self, event: bytes, tokens: int, terminal: bool) -> bytes:
         if terminal or self._held:
@@ -131,6 +129,14 @@ class StreamUsage:
         mu = mu_text(self.price(*self.usage))
         sep = "," if text[start + 1 : stop - 1].strip() else ""
         return (text[: stop - 1] + f'{sep}"mu":{mu}' + text[stop - 1 :]).encode()
+
+
+def _tokens(events: bytes) -> int:
+    """Tokens in whole chunks (none of them the usage chunk): one per choice chunk, counted by
+    ``choices`` or by ``finish_reason`` (one a choice, null until its last) where a chunk holds
+    several, less chat's opening chunks (a ``delta`` that opens with ``role``)."""
+    chunks = max(events.count(b'"choices"'), events.count(b'"finish_reason"'))
+    return max(0, chunks - events.count(b'{"role"'))
 
 
 def _usage_of(event: bytes) -> tuple[int, int] | None:

@@ -118,7 +118,10 @@ def test_usage_the_client_asked_for_comes_with_mu():
 def test_delivered_tokens_skip_the_role_chunk_and_count_each_choice_chunk():
     s = StreamUsage(hide_usage=True, price=price)
     chat = {**HEAD, "object": "chat.completion.chunk"}
-    role = {**chat, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    role = {
+        **chat,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    }
     word = {**chat, "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
     error = b'data: {"error": {"message": "boom"}}\n\n'
     out = s.feed(event(role) + event(word) + event(word) + error)
