@@ -101,9 +101,20 @@ class Delivery:
     """What one request got from its pod, for its price: the engine's usage when it reported
     it, else the output tokens passed on to the client (``stream_usage``)."""
 
-    __slots__ = ("coefficients", "estimated_input_tokens", "hide_usage", "status", "tokens_out", "usage")
+    __slots__ = (
+        "chat",
+        "coefficients",
+        "estimated_input_tokens",
+        "hide_usage",
+        "status",
+        "tokens_out",
+        "usage",
+    )
 
-    def __init__(self, coefficients: Coefficients, estimated_input_tokens: int, hide_usage: bool) -> None:
+    def __init__(
+        self, coefficients: Coefficients, estimated_input_tokens: int, hide_usage: bool, chat: bool
+    ) -> None:
+        self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
         self.coefficients = coefficients
         self.estimated_input_tokens = estimated_input_tokens
         self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
@@ -215,7 +226,7 @@ class Exchange:
         client.flow_peer = self.conn
         if content_type.startswith(b"text/event-stream"):
             delivery = self.delivery
-            self.stream = StreamUsage(delivery.hide_usage, delivery.exact)
+            self.stream = StreamUsage(delivery.hide_usage, delivery.exact, delivery.chat)
         elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:
             self.buffer = []
             self.response_headers = b"".join(out)

@@ -185,7 +185,7 @@ class Router:
         cost = price(spec.coefficients, tokens_in, requested_output_tokens(body, cfg.default_max_tokens))
         probe = is_probe(req.headers.get(self._probe_header), body.get("priority"), cfg.probe_priority)
         forwarded, hide_usage = pod_body(req.body, body)
-        delivery = Delivery(spec.coefficients, tokens_in, hide_usage)
+        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, req.path.startswith(CHAT))
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:

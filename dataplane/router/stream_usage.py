@@ -26,13 +26,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
 
 # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
-# match only as keys, in vLLM's compact dump and in a spaced one alike. Only the usage chunk (one
-# a stream) is parsed.
-_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')  # the usage chunk
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a choice's terminal chunk (else null)
+# match only as keys; found as vLLM's compact dump writes them, or a spaced one (the sim's).
+COMPACT = (b'"choices":[]', b'"finish_reason":"', b'{"role"')  # vLLM's
+SPACED = (b'"choices": []', b'"finish_reason": "', b'{"role"')  # json.dumps's, the sim's
+# each: the usage chunk's choices, a choice's terminal chunk (else null), chat's opening delta
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
 
@@ -46,18 +47,23 @@ def mu_text(mu: float) -> str:
 
 
 class StreamUsage:
-    __slots__ = ("_buf", "_held", "hide_usage", "price", "tokens", "usage")
+    __slots__ = ("_buf", "_held", "_keys", "chat", "hide_usage", "price", "tokens", "usage")
 
-    def __init__(self, hide_usage: bool, price: Pricer) -> None:
+    def __init__(self, hide_usage: bool, price: Pricer, chat: bool = False) -> None:
         self.hide_usage = hide_usage  # the router added include_usage: the client never sees it
         self.price = price
+        self.chat = chat  # a chat stream: its opening chunks are no tokens
+        self._keys: tuple[bytes, bytes, bytes] | None = None  # the spelling, from the first chunk
         self.tokens = 0  # output tokens in the chunks passed on
         self.usage: tuple[int, int] | None = None  # (prompt, completion) of the usage chunk
         self._buf = b""  # an event not complete yet
-        self._held: list[tuple[bytes, int, bool]] = []  # (event, tokens, terminal) awaiting usage
+        self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
 
     def feed(self, data: bytes) -> bytes:
-        """The bytes to pass on for ``data`` from the pod: whole events only."""
+        """The bytes to pass on for ``data`` from the pod: whole events only.
+
+        Read whole (a search or two and a count per read of the pod, whatever it holds), never
+        event by event: only the usage chunk is cut out and parsed."""
         buf = self._buf + data if self._buf else data
         end = buf.rfind(b"\n\n")
         if end < 0:
@@ -66,58 +72,45 @@ class StreamUsage:
         end += 2
         block = buf[:end] if end < len(buf) else buf
         self._buf = buf[end:]
-        # Most reads hold only token chunks: counted over the whole block, passed on untouched.
-        # Event by event only for the usage chunk, chunks held for it, or a terminal chunk that
-        # must wait for it.
-        if not self._held and _NO_CHOICES.search(block) is None:
-            if not (self.hide_usage and _FINISHED.search(block)):
-                self.tokens += _tokens(block)
-                return block
-        out = []
-        start = 0
-        while start < end:
-            stop = block.index(b"\n\n", start) + 2
-            out.append(self._event(block[start:stop]))
-            start = stop
-        return b"".join(out)
+        if self._held:
+            block, self._held = self._held + block, b""
+        keys = self._keys
+        if keys is None:
+            i = block.find(b'"choices":')  # the first chunk's, near its start
+            keys = self._keys = SPACED if i >= 0 and block.startswith(b" ", i + 10) else COMPACT
+        at = block.find(keys[0]) if self.usage is None else -1
+        if at >= 0:
+            start = _event_start(block, at)
+            stop = block.find(b"\n\n", at) + 2
+            usage_event = block[start:stop]
+            counts = _usage_of(usage_event)
+            if counts is not None:
+                self.usage = counts
+                before, after = block[:start], block[stop:]
+                self.tokens += self._tokens(before) + self._tokens(after)
+                if self.hide_usage:
+                    return _stamped(before, usage_event, keys[1]) + after
+                return before + self._with_mu(usage_event) + after
+        elif self.hide_usage and self.usage is None:
+            at = block.find(keys[1])
+            if at >= 0:  # it waits for the fingerprint in the usage chunk
+                start = _event_start(block, at)
+                block, self._held = block[:start], block[start:]
+        self.tokens += self._tokens(block)
+        return block
 
     def end(self) -> bytes:
         """The pod ended the stream: whatever is still held goes out as it came."""
-        out = b"".join(e for e, _, _ in self._held) + self._buf
-        self.tokens += sum(n for _, n, _ in self._held)
-        self._held, self._buf = [], b""
+        out = self._held + self._buf
+        self.tokens += self._tokens(self._held)
+        self._held, self._buf = b"", b""
         return out
 
-    def _event(self, event: bytes) -> bytes:
-        if _NO_CHOICES.search(event) is not None:
-            counts = _usage_of(event)
-            if counts is not None:
-                self.usage = counts
-                return self._release(event) if self.hide_usage else self._with_mu(event)
-        terminal = self.hide_usage and _FINISHED.search(event) is not None
-        return self._pass(event, _tokens(event), terminal)
-
-    def _pass(self, event: bytes, tokens: int, terminal: bool) -> bytes:
-        if terminal or self._held:
-            self._held.append((event, tokens, terminal))
-            return b""
-        self.tokens += tokens
-        return event
-
-    def _release(self, usage_event: bytes) -> bytes:
-        """The held chunks, each terminal one with the usage chunk's fingerprint, as vLLM sends
-        them without include_usage."""
-        m = _FINGERPRINT.search(usage_event)
-        stamp = m.group(0) if m else b""
-        out = []
-        for event, tokens, terminal in self._held:
-            if terminal and stamp:
-                close = event.rindex(b"}")
-                event = event[:close] + stamp + event[close:]
-            out.append(event)
-            self.tokens += tokens
-        self._held = []
-        return b"".join(out)
+    def _tokens(self, events: bytes) -> int:
+        """Tokens in whole chunks (none of them the usage chunk): one a chunk (vLLM's hold one
+        choice each), less chat's opening chunks (a ``delta`` that opens with ``role``)."""
+        n = events.count(b'"choices"')
+        return max(0, n - events.count(b'{"role"')) if self.chat else n
 
     def _with_mu(self, event: bytes) -> bytes:
         """The usage chunk with ``"mu"`` as the last field of its usage object."""
@@ -131,26 +124,33 @@ class StreamUsage:
         return (text[: stop - 1] + f'{sep}"mu":{mu}' + text[stop - 1 :]).encode()
 
 
-def _tokens(events: bytes) -> int:
-    """Tokens in whole chunks (none of them the usage chunk): one per choice chunk, counted by
-    ``choices`` or by ``finish_reason`` (one a choice, null until its last) where a chunk holds
-    several, less chat's opening chunks (a ``delta`` that opens with ``role``)."""
-    chunks = max(events.count(b'"choices"'), events.count(b'"finish_reason"'))
-    return max(0, chunks - events.count(b'{"role"'))
+def _event_start(block: bytes, at: int) -> int:
+    """Where the event holding position ``at`` of ``block`` begins."""
+    i = block.rfind(b"\n\n", 0, at)
+    return i + 2 if i >= 0 else 0
+
+
+def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
+    """``events`` with the usage chunk's ``system_fingerprint`` (bytes as sent) put back on each
+    terminal chunk, as vLLM sends them without include_usage."""
+    fp = _FINGERPRINT.search(usage_event)
+    if fp is None:
+        return events
+    stamp = fp.group(0)
+    out = []
+    done = 0
+    at = events.find(finished)
+    while at >= 0:
+        end = events.index(b"\n\n", at)
+        close = events.rindex(b"}", 0, end)
+        out += [events[done:close], stamp]
+        done = close
+        at = events.find(finished, end)  # the next chunk's: one stamp a chunk
+    out.append(events[done:])
+    return b"".join(out)
 
 
 def _usage_of(event: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of a usage chunk's ``usage``, when it is one."""
-    payload = event[event.find(b"data:") + 5 :].strip()
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return None
-    return _counts(obj.get("usage")) if isinstance(obj, dict) else None
-
-
-def _counts(usage: Any) -> tuple[int, int] | None:
-    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(p, int) and isinstance(c, int) and not isinstance(p, bool) and not isinstance(c, bool):
-        return p, c
-    return None
+    """(prompt, completion) tokens of a usage chunk, when it reports them."""
+    p, c = _PROMPT.search(event), _COMPLETION.search(event)
+    return (int(p.group(1)), int(c.group(1))) if p and c else None

@@ -116,7 +116,7 @@ def test_usage_the_client_asked_for_comes_with_mu():
 
 
 def test_delivered_tokens_skip_the_role_chunk_and_count_each_choice_chunk():
-    s = StreamUsage(hide_usage=True, price=price)
+    s = StreamUsage(hide_usage=True, price=price, chat=True)
     chat = {**HEAD, "object": "chat.completion.chunk"}
     role = {
         **chat,
