@@ -54,7 +54,7 @@ class StreamUsage:
         self.price = price
         self.chat = chat  # a chat stream: its opening chunks are no tokens
         self._keys: tuple[bytes, bytes, bytes] | None = None  # the spelling, from the first chunk
-        self.tokens = 0  # output tokens in the chunks passed on
+        self.tokens = 0  # output tokens in the chunks passed on (the usage's once it came)
         self.usage: tuple[int, int] | None = None  # (prompt, completion) of the usage chunk
         self._buf = b""  # an event not complete yet
         self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
@@ -78,16 +78,15 @@ class StreamUsage:
         if keys is None:
             i = block.find(b'"choices":')  # the first chunk's, near its start
             keys = self._keys = SPACED if i >= 0 and block.startswith(b" ", i + 10) else COMPACT
-        at = block.find(keys[0]) if self.usage is None else -1
+        at = block.rfind(keys[0]) if self.usage is None else -1  # at the end of a stream
         if at >= 0:
             start = _event_start(block, at)
             stop = block.find(b"\n\n", at) + 2
             usage_event = block[start:stop]
             counts = _usage_of(usage_event)
             if counts is not None:
-                self.usage = counts
-                before, after = block[:start], block[stop:]
-                self.tokens += self._tokens(before) + self._tokens(after)
+                self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
+                before, after = block[:start], block[stop:]  # tokens: the usage says them
                 if self.hide_usage:
                     return _stamped(before, usage_event, keys[1]) + after
                 return before + self._with_mu(usage_event) + after
@@ -138,16 +137,16 @@ def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
         return events
     stamp = fp.group(0)
     out = []
-    done = 0
-    at = events.find(finished)
+    end = len(events)
+    at = events.rfind(finished)  # from the end: the terminal chunks are the last ones
     while at >= 0:
-        end = events.index(b"\n\n", at)
-        close = events.rindex(b"}", 0, end)
-        out += [events[done:close], stamp]
-        done = close
-        at = events.find(finished, end)  # the next chunk's: one stamp a chunk
-    out.append(events[done:])
-    return b"".join(out)
+        close = events.rindex(b"}", 0, events.index(b"\n\n", at))
+        out += [events[close:end], stamp]
+        end = _event_start(events, at)  # the chunk before this one: one stamp a chunk
+        out.append(events[end:close])
+        at = events.rfind(finished, 0, end)
+    out.append(events[:end])
+    return b"".join(reversed(out))
 
 
 def _usage_of(event: bytes) -> tuple[int, int] | None:

@@ -103,7 +103,7 @@ def test_with_n_2_the_chunks_after_the_first_terminal_one_wait_for_the_usage_chu
     assert (
         out == event({**token(0, "b", "stop"), **stamp}) + event({**token(1, "y", "length"), **stamp}) + DONE
     )
-    assert s.tokens == 4
+    assert (s.usage, s.tokens) == ((9, 3), 3)  # from the usage chunk on, its count
 
 
 def test_usage_the_client_asked_for_comes_with_mu():
