@@ -79,22 +79,35 @@ def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
     what it produced; ``StreamUsage`` then drops that usage chunk. Without ``stream_options`` the
     field goes in as bytes after the opening brace (no re-serialising); else the body is dumped
     again. A ``stream_options`` that is not an object is the engine's to refuse: left as it is.
+    A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
+    early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
     if body.get("stream") is not True:
         return raw, False
     options = body.get("stream_options", _ASK_USAGE)
-    if options is _ASK_USAGE:
+    if options is not _ASK_USAGE and options is not None and not isinstance(options, dict):
+        return raw, False
+    batched = "stream_interval" in body
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return (_dumped(body, None), False) if batched else (raw, False)
+    if options is _ASK_USAGE and not batched:
         i = raw.find(b"{")
         if raw[:i].strip() == b"":
             return raw[: i + 1] + _ASK_USAGE + raw[i + 1 :], True
-        options = None  # a byte order mark, another encoding: dumped again below
-    elif options is not None and not isinstance(options, dict):
-        return raw, False
-    elif isinstance(options, dict) and options.get("include_usage") is True:
-        return raw, False
-    rewritten = dict(body)
-    rewritten["stream_options"] = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
-    return json.dumps(rewritten, separators=(",", ":")).encode(), True
+    asked = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+        "continuous_usage_stats": False,
+    }
+    return _dumped(body, asked), True
+
+
+def _dumped(body: dict[str, Any], stream_options: dict[str, Any] | None) -> bytes:
+    """``body`` as JSON without ``stream_interval``, with ``stream_options`` when given."""
+    out = {k: v for k, v in body.items() if k != "stream_interval"}
+    if stream_options is not None:
+        out["stream_options"] = stream_options
+    return json.dumps(out, separators=(",", ":")).encode()
 
 
 class Delivery:

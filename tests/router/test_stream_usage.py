@@ -54,6 +54,17 @@ def test_other_bodies_are_forwarded_as_they_came(body):
     assert pod_body(raw, body) == (raw, False)
 
 
+@pytest.mark.parametrize("options", [None, {"include_usage": True}])
+def test_a_streams_stream_interval_is_dropped(options):
+    """vLLM batches ``stream_interval`` tokens a chunk: a reset stream would be counted low."""
+    body = {"model": "m", "stream": True, "stream_interval": 50}
+    if options:
+        body["stream_options"] = options
+    doc, asked, _ = forwarded(body)
+    assert "stream_interval" not in doc and doc["stream_options"]["include_usage"] is True
+    assert asked == (options is None)
+
+
 def test_a_body_with_a_byte_order_mark_is_dumped_again():
     raw = b"\xef\xbb\xbf" + json.dumps({"model": "m", "stream": True}).encode()
     out, asked = pod_body(raw, json.loads(raw))
