@@ -105,6 +105,7 @@ bench-runtime-fleet: install
 # Needs wrk, haproxy and nginx-light from Debian (router_peers.sh installs them) and PyPI's vllm-router.
 bench-router: install
 	DURATION=5 ROUNDS=3 bash bench/router_peers.sh
+	PY=$(BIN)/python DURATION=5 ROUNDS=3 bash bench/router_metering.sh
 	bash bench/concurrency.sh
 	$(BIN)/python bench/balancing.py
 	$(BIN)/python bench/balancing_http.py

@@ -422,10 +422,14 @@ class ClientConnection(asyncio.Protocol):
             self._head = b""
         self.transport.write(data)
 
-    def end_response(self) -> None:
+    def end_response(self, last: bytes = b"") -> None:
+        """End the body, ``last`` its final bytes: one write (one syscall) with the framing's end."""
         if self.transport is None or self.closed:
             return
-        tail = b"0\r\n\r\n" if self.response_chunked else b""
+        if self.response_chunked:
+            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last) if last else b"0\r\n\r\n"
+        else:
+            tail = last
         if self._head or tail:
             self.transport.write(self._head + tail)
         self._head = b""

@@ -6,8 +6,9 @@ Before the request runs the router knows neither token count, and tokenizing on 
 would cost more than proxying. It estimates input tokens as prompt characters / 4 (the usual
 English rule of thumb for BPE tokenizers; token-id prompts are counted exactly) and output tokens
 as the most the engine may generate (``validation.Demand.output_tokens``: prompts x n x the output
-budget the engine honours; admission errs on the safe side). After the
-response, ``usage`` gives the exact counts when the pod reports them.
+budget the engine honours; admission errs on the safe side). The estimate is for admission
+only: after the response every request is metered (``metered``) from the engine's ``usage``, or
+from what was delivered when a stream ended early.
 
 Worked numbers (alpha 0.002, beta 0.02, gamma 0.1): a 400-character prompt -> 100 tokens,
 max_tokens 256 -> 0.2 + 5.12 + 0.1 = 5.42 MU estimated; usage 90 in / 40 out -> 0.18 + 0.8 + 0.1
@@ -33,16 +34,25 @@ def price(c: Coefficients, input_tokens: int, output_tokens: int) -> float:
 
 def metered(
     c: Coefficients,
-    estimated_mu: float,
     estimated_input_tokens: int,
     usage: tuple[int, int] | None,
-    sse_events: int,
+    delivered_tokens: int,
+    status: int,
 ) -> tuple[float, int, int]:
-    """(MU, input tokens, output tokens) a finished request is metered at: exact from the pod's
-    ``usage`` when it reported it, else the estimate with its SSE events as the output tokens."""
+    """(MU, input tokens, output tokens) a finished request is metered at.
+
+    Exact from the engine's ``usage`` when it reported it (every answer and stream that ran to
+    its end). Else what was delivered: a stream cut early (client gone, pod lost, timeout) is the
+    estimated input tokens and the output tokens passed on to the client; an error answer (status
+    400 or more, or none) without usage or tokens produced nothing and costs nothing.
+    Coefficients 0.002/0.02/0.1: usage 90 in / 40 out -> 1.08 MU; cut after 20 tokens of a
+    100-token prompt -> 0.7 MU; a 400 -> 0.
+    """
     if usage is not None:
         return price(c, usage[0], usage[1]), usage[0], usage[1]
-    return estimated_mu, estimated_input_tokens, sse_events
+    if delivered_tokens == 0 and not 0 < status < 400:
+        return 0.0, 0, 0
+    return price(c, estimated_input_tokens, delivered_tokens), estimated_input_tokens, delivered_tokens
 
 
 def _content_chars(content: Any) -> int:

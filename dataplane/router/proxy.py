@@ -1,9 +1,16 @@
 """Forward one request to one pod and stream the answer back: the exchange between sockets.
 
 ``Exchange`` is the sink of an upstream connection: the pod's response head becomes the client's
-response head (hop-by-hop headers dropped, framing redone), each body chunk is written to the
-client as it arrives (SSE events pass through one by one, no buffering), and the last 2 KiB of
-the body are kept to read ``usage`` (prompt/completion tokens) for exact metering.
+response head (hop-by-hop headers dropped, framing redone), and what the pod produced is priced
+(``Delivery``) from the engine's ``usage``:
+
+- an event stream (``text/event-stream``) passes through event by event, unbuffered, read by
+  ``stream_usage.StreamUsage`` (the usage chunk, the tokens delivered when it never comes);
+- a JSON answer up to ``max_buffer_bytes`` is held whole, so that its price from ``usage`` goes
+  out in the head as ``x-mu-cost`` (with a Content-Length); a larger one passes through, without;
+- anything else passes through, its last 2 KiB kept to read ``usage``.
+
+``pod_body`` is the one place the request body is rewritten for the pod.
 
 Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`` only):
   connect refused / timed out, or the connection lost before any response byte
@@ -20,10 +27,14 @@ A pod silent for ``upstream_read_timeout_s`` is treated as lost (504 before the 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
+from typing import Any
 
 from dataplane.router.http import ClientConnection
+from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.stream_usage import StreamUsage, mu_text
 from dataplane.router.upstream import UpstreamConnection
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo ourselves.
@@ -57,6 +68,83 @@ def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, 
     return b"".join(out)
 
 
+_ASK_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+    """(the body to forward, whether the router asked for the stream's usage itself).
+
+    A stream whose client did not set ``stream_options.include_usage`` gets it (and
+    ``continuous_usage_stats`` off, which the client did not get either), so the engine reports
+    what it produced; ``StreamUsage`` then drops that usage chunk. Without ``stream_options`` the
+    field goes in as bytes after the opening brace (no re-serialising); else the body is dumped
+    again. A ``stream_options`` that is not an object is the engine's to refuse: left as it is.
+    A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
+    early is priced a token a chunk, and a client must not make its chunks cheaper.
+    """
+    if body.get("stream") is not True:
+        return raw, False
+    options = body.get("stream_options", _ASK_USAGE)
+    if options is not _ASK_USAGE and options is not None and not isinstance(options, dict):
+        return raw, False
+    batched = "stream_interval" in body
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return (_dumped(body, None), False) if batched else (raw, False)
+    if options is _ASK_USAGE and not batched:
+        i = raw.find(b"{")
+        if raw[:i].strip() == b"":
+            return raw[: i + 1] + _ASK_USAGE + raw[i + 1 :], True
+    asked = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+        "continuous_usage_stats": False,
+    }
+    return _dumped(body, asked), True
+
+
+def _dumped(body: dict[str, Any], stream_options: dict[str, Any] | None) -> bytes:
+    """``body`` as JSON without ``stream_interval``, with ``stream_options`` when given."""
+    out = {k: v for k, v in body.items() if k != "stream_interval"}
+    if stream_options is not None:
+        out["stream_options"] = stream_options
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
+class Delivery:
+    """What one request got from its pod, for its price: the engine's usage when it reported
+    it, else the output tokens passed on to the client (``stream_usage``)."""
+
+    __slots__ = (
+        "chat",
+        "coefficients",
+        "estimated_input_tokens",
+        "hide_usage",
+        "status",
+        "tokens_out",
+        "usage",
+    )
+
+    def __init__(
+        self, coefficients: Coefficients, estimated_input_tokens: int, hide_usage: bool, chat: bool
+    ) -> None:
+        self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
+        self.coefficients = coefficients
+        self.estimated_input_tokens = estimated_input_tokens
+        self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
+        self.status = 0
+        self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
+        self.tokens_out = 0  # output tokens delivered (streams)
+
+    def price(self) -> tuple[float, int, int]:
+        """(MU, input tokens, output tokens) it is metered at."""
+        return metered(
+            self.coefficients, self.estimated_input_tokens, self.usage, self.tokens_out, self.status
+        )
+
+    def exact(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return self.coefficients.cost(prompt_tokens, completion_tokens)
+
+
 def parse_usage(tail: bytes) -> tuple[int, int] | None:
     """(prompt_tokens, completion_tokens) from the end of a response, when reported."""
     i = tail.rfind(b'"usage"')
@@ -72,30 +160,48 @@ def parse_usage(tail: bytes) -> tuple[int, int] | None:
 class Exchange:
     __slots__ = (
         "body_started",
+        "buffer",
+        "buffered",
         "client",
         "conn",
+        "delivery",
         "done",
-        "events",
         "head",
+        "max_buffer_bytes",
+        "pending",
         "pod_header",
         "read_timeout_s",
+        "response_headers",
         "status",
+        "stream",
         "tail",
         "timer",
     )
 
     def __init__(
-        self, client: ClientConnection, conn: UpstreamConnection, pod_header: bytes, read_timeout_s: float
+        self,
+        client: ClientConnection,
+        conn: UpstreamConnection,
+        pod_header: bytes,
+        read_timeout_s: float,
+        delivery: Delivery,
+        max_buffer_bytes: int,
     ) -> None:
         loop = client.loop
         self.client = client
         self.conn = conn
         self.pod_header = pod_header  # pre-encoded "x-pod: name\r\n"
+        self.delivery = delivery
+        self.max_buffer_bytes = max_buffer_bytes  # a JSON answer up to this size gets x-mu-cost
         self.head: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.status = 0
         self.tail = b""
-        self.events = 0  # SSE "data:" lines seen: tokens out when the pod reports no usage
+        self.stream: StreamUsage | None = None  # an event stream's reader
+        self.pending = b""  # the stream's events from the pod's current read, not written yet
+        self.buffer: list[bytes] | None = None  # a JSON answer held for its price header
+        self.buffered = 0  # bytes in buffer
+        self.response_headers = b""  # the head's header lines, while the answer is held
         self.body_started = False
         self.read_timeout_s = read_timeout_s
         self.timer: asyncio.TimerHandle | None = loop.call_later(read_timeout_s, self._check_timeout)
@@ -117,41 +223,100 @@ class Exchange:
 
     # --- Sink
     def upstream_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status = status
+        self.status = self.delivery.status = status
         length: int | None = None
+        content_type = b""
         out = [self.pod_header]
         for k, v in headers:
             lk = k.lower()
             if lk == b"content-length":
                 length = int(v) if v.isdigit() else None
             elif lk not in RESPONSE_DROP:
+                if lk == b"content-type":
+                    content_type = v.lower()
                 out.append(b"%s: %s\r\n" % (k, v))
         client = self.client
-        client.start_response(status, b"".join(out), length)
         client.flow_peer = self.conn
-        if client.write_paused:
-            self.conn.pause_reading()
+        if content_type.startswith(b"text/event-stream"):
+            delivery = self.delivery
+            self.stream = StreamUsage(delivery.hide_usage, delivery.exact, delivery.chat)
+        elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:
+            self.buffer = []
+            self.response_headers = b"".join(out)
+        if self.stream is not None:  # its length changes (usage chunk out, fingerprints in)
+            length = None
+        if self.buffer is None:
+            client.start_response(status, b"".join(out), length)
+            if client.write_paused:
+                self.conn.pause_reading()
         self.body_started = True
         if not self.head.done():
             self.head.set_result(None)
 
     def upstream_body(self, data: bytes) -> None:
+        stream = self.stream
+        if stream is not None:
+            transport = self.client.transport
+            if transport is not None and not transport.is_closing():  # gone: nothing more delivered
+                # written once per read of the pod (upstream_flush, upstream_done): one syscall
+                self.pending += stream.feed(data)
+                self.delivery.tokens_out = stream.tokens
+            return
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.append(data)
+            self.buffered += len(data)
+            if self.buffered > self.max_buffer_bytes:  # too large to hold: pass on, unpriced head
+                self._send_held(None)
+            return
         self.client.write_body(data)
-        self.events += data.count(b"data:")
         tail = self.tail + data if len(data) < USAGE_TAIL_BYTES else data
         self.tail = tail[-USAGE_TAIL_BYTES:]
 
+    def _send_held(self, price_header: bytes | None) -> None:
+        """The held JSON answer: whole with its price and length, or (too large) its head and
+        what came so far, the rest following as it arrives."""
+        held = b"".join(self.buffer or ())
+        self.buffer = None
+        client = self.client
+        if price_header is None:
+            client.start_response(self.status, self.response_headers, None)
+            self.tail = held[-USAGE_TAIL_BYTES:]
+        else:
+            client.start_response(self.status, self.response_headers + price_header, len(held))
+        client.write_body(held)
+        if client.write_paused:
+            self.conn.pause_reading()
+
     def upstream_flush(self) -> None:
-        self.client.flush_head()
+        if self.pending:
+            self.client.write_body(self.pending)
+            self.pending = b""
+        elif self.buffer is None:
+            self.client.flush_head()
 
     def upstream_done(self) -> None:
         self.cancel_timer()
-        self.client.end_response()
+        delivery = self.delivery
+        last = b""
+        if self.stream is not None:
+            if not self.client.closed:
+                last, self.pending = self.pending + self.stream.end(), b""
+            delivery.usage, delivery.tokens_out = self.stream.usage, self.stream.tokens
+        elif self.buffer is not None:
+            delivery.usage = parse_usage(b"".join(self.buffer))
+            mu = delivery.price()[0]
+            self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode())
+        else:
+            delivery.usage = parse_usage(self.tail)
+        self.client.end_response(last)
         if not self.done.done():
             self.done.set_result(None)
 
     def upstream_lost(self, exc: BaseException | None) -> None:
         self.cancel_timer()
+        if self.stream is not None:
+            self.delivery.usage = self.stream.usage  # tokens_out: what was passed on
         reason = f"pod connection lost: {exc!r}"
         if not self.head.done():
             self.head.set_exception(UpstreamFailed(True, reason))

@@ -49,8 +49,8 @@ from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
 from dataplane.router.metering import Meter, publish
-from dataplane.router.pricing import estimate_input_tokens, metered, price
-from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, parse_usage
+from dataplane.router.pricing import estimate_input_tokens, price
+from dataplane.router.proxy import Delivery, Exchange, UpstreamFailed, build_request, pod_body
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import demand
@@ -207,6 +207,8 @@ class Router:
         probe = is_probe(req.headers.get(self._probe_header), self.probe_key)
         if not probe:
             req.body = tenant_body(body, req.body)
+        forwarded, hide_usage = pod_body(req.body, body)
+        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat)
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:
@@ -224,33 +226,39 @@ class Router:
                 if not started:
                     self.meter.start(key, self.clock())
                     started = True
-                outcome = await self.forward(client, req, ep, pod, cost, len(tried) + 1 < cfg.max_attempts)
-                if outcome is not None:
+                ok = await self.forward(
+                    client, req, forwarded, ep, pod, cost, len(tried) + 1 < cfg.max_attempts, delivery
+                )
+                if ok:
                     break
                 tried.append(pod)
         except BaseException as exc:
             end = self.clock()
-            if started:
-                self.meter.finish(key, end, end - t0, 0.0, 0, 0, True)
+            if started:  # cut short (client gone, pod lost): what was delivered, never the estimate
+                mu, tin, tout = delivery.price()
+                self.admission.settle(ep, probe, cost, mu)
+                self.meter.finish(key, end, end - t0, mu, tin, tout, True)
             elif isinstance(exc, RequestError):
                 self.meter.reject(key, end, exc.status)
             raise
-        status, usage, events = outcome
-        mu, tin, tout = metered(spec.coefficients, cost, tokens_in, usage, events)
+        mu, tin, tout = delivery.price()
         self.admission.settle(ep, probe, cost, mu)
         end = self.clock()
-        self.meter.finish(key, end, end - t0, mu, tin, tout, status >= 500)
+        self.meter.finish(key, end, end - t0, mu, tin, tout, delivery.status >= 500)
 
     async def forward(
         self,
         client: ClientConnection,
         req: Request,
+        body: bytes,
         ep: EndpointState,
         pod: balancer.PodLoad,
         cost: float,
         may_retry: bool,
-    ) -> tuple[int, tuple[int, int] | None, int] | None:
-        """Send to ``pod``; (status, usage, SSE events) or None to retry elsewhere."""
+        delivery: Delivery,
+    ) -> bool:
+        """Send ``body`` to ``pod``; True when answered (``delivery`` says what), False to retry
+        elsewhere."""
         host, port, host_hdr, pod_hdr = ep.addresses[pod.url]
         pod.acquire(cost)
         ep.inflight += 1
@@ -262,27 +270,40 @@ class Router:
             except (OSError, TimeoutError) as exc:
                 self._failed(pod, f"connect: {exc!r}")
                 if may_retry:
-                    return None
+                    return False
                 raise RequestError(
                     502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                 ) from None
-            exch = Exchange(client, conn, pod_hdr, self.config.upstream_read_timeout_s)
-            conn.send(build_request(req.method, req.path, host_hdr, req.headers, req.body), exch)
+            exch = Exchange(
+                client,
+                conn,
+                pod_hdr,
+                self.config.upstream_read_timeout_s,
+                delivery,
+                self.config.max_body_bytes,
+            )
+            conn.send(build_request(req.method, req.path, host_hdr, req.headers, body), exch)
             try:
                 await exch.head
             except UpstreamFailed as exc:
                 if not reused:  # a stale pooled socket is not the pod's fault
                     self._failed(pod, str(exc))
                 if may_retry:
-                    return None
+                    return False
                 raise RequestError(
                     502, "the pod closed the connection before answering", "upstream_failed"
                 ) from None
             try:
                 await exch.done
             except UpstreamFailed:
+                if exch.status < 500:
+                    delivery.status = 502
+                if not client.response_started:  # a held JSON answer: nothing sent yet
+                    raise RequestError(
+                        502, "the pod's connection was lost mid-answer", "upstream_failed"
+                    ) from None
                 client.abort()  # mid-stream: cut the client too, never splice another pod in
-                return exch.status if exch.status >= 500 else 502, None, exch.events
+                return True
             finally:
                 exch.cancel_timer()
             if exch.status in POD_FAULTS:
@@ -290,7 +311,7 @@ class Router:
             else:
                 balancer.record_success(pod)
             reusable = True
-            return exch.status, parse_usage(exch.tail), exch.events
+            return True
         finally:
             if conn is not None:
                 if conn.sink is not None:  # cancelled mid-exchange: the pod must stop working

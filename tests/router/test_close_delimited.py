@@ -13,15 +13,16 @@ import pytest
 
 from dataplane.router.discovery import static_table
 from dataplane.router.upstream import ends_at_close
-from tests.router.conftest import assert_idle, running, scrape
+from tests.router.conftest import assert_idle, running, scrape, wait_until
 from tests.router.fakepod import FakePod, reset
 
-STREAM = b'{"model": "m", "prompt": "hi", "stream": true}'
+STREAM = b'{"model": "m", "prompt": "hi", "stream": true, "stream_options": {"include_usage": true}}'
 EVENTS = [b'data: {"choices": [{"index": 0, "text": "t%d"}]}\n\n' % i for i in range(3)]
 USAGE = (
     b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}\n\n'
 )
 DONE = b"data: [DONE]\n\n"
+PLAIN = b'{"model": "m", "prompt": "hi", "stream": true}'  # no usage asked: the router asks for it
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
 CLOSE_DELIMITED = SSE_HEAD + b"connection: close\r\n\r\n"
 
@@ -37,6 +38,7 @@ class RawPod:
     def __init__(self, parts: list[bytes], end: str = "close") -> None:
         self.parts, self.end = parts, end
         self.requests = 0
+        self.answered = 0  # requests answered and their connection ended
         self.name = "raw"
         self._server: asyncio.AbstractServer | None = None
 
@@ -68,6 +70,7 @@ class RawPod:
         else:
             writer.close()
             await writer.wait_closed()
+        self.answered += 1
 
 
 async def errors_total(router) -> float:
@@ -123,13 +126,13 @@ def test_an_http10_client_gets_a_close_delimited_stream_closed_after_it():
         async with running([pod], table=static_table([pod.url], "p2c-mu", 0)) as (router, _):
             reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
             writer.write(
-                b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+                b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(PLAIN), PLAIN)
             )
             data = await asyncio.wait_for(reader.read(), 2)  # to the router's close
             writer.close()
             head, _, body = data.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower()
-            assert body == b"".join([*EVENTS, USAGE, DONE])
+            assert body == b"".join([*EVENTS, DONE])  # the usage the router asked for is its own
             assert router.meter.totals[(0, "")].errors == 0
         await pod.stop()
 
@@ -209,3 +212,24 @@ def test_the_fake_pod_answers_close_delimited_when_asked(mode):
 )
 def test_which_responses_end_at_the_close(status, headers, expected):
     assert ends_at_close(status, headers) is expected
+
+
+def test_a_stream_the_pod_frames_by_content_length_is_reframed_without_its_usage():
+    """The router drops the usage chunk it asked for: the pod's Content-Length no longer holds."""
+
+    async def go():
+        body = b"".join([*EVENTS, USAGE, DONE])
+        pod = await RawPod(
+            [SSE_HEAD + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body), body]
+        ).start()
+        async with running([pod], table=static_table([pod.url], "p2c-mu", 0)) as (router, _):
+            url = f"http://127.0.0.1:{router.port}/v1/completions"
+            async with httpx.AsyncClient(timeout=5) as client:
+                response = await client.post(url, content=PLAIN)
+            assert response.headers["transfer-encoding"] == "chunked"
+            assert response.content == b"".join([*EVENTS, DONE])
+            assert router.meter.totals[(0, "")].tokens_out == 3
+            await wait_until(lambda: pod.answered == 1, what="the pod's close")
+        await pod.stop()
+
+    asyncio.run(go())

@@ -1,0 +1,155 @@
+"""What a completions stream delivered, read as its server-sent events pass through. Pure: no I/O.
+
+vLLM (0.32, ``completion_stream_generator`` / ``chat_completion_stream_generator``) sends each
+chunk as one ``data: {json}\\n\\n`` event holding one choice, one generated token per chunk by
+default; with ``stream_options.include_usage`` a final chunk with ``"choices": []`` carries the
+whole ``usage``, just before ``data: [DONE]``. With include_usage it stamps ``system_fingerprint``
+on that usage chunk only; without it, on each choice's terminal chunk (``finish_reason`` set).
+
+``StreamUsage`` turns the pod's bytes into the client's:
+
+- the router asked for usage (``hide_usage``): the usage chunk is taken and dropped, and each
+  terminal chunk gets back the ``system_fingerprint`` vLLM would have stamped on it (copied, bytes
+  as sent, from the usage chunk), so the client gets the bytes it would have got from the engine.
+  The chunks from the first terminal one on wait for the usage chunk, which follows at once when
+  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish.
+- the client asked for usage: the usage chunk passes with ``"mu": <price>`` added to its usage.
+
+Delivered tokens (the price of a stream cut before its usage chunk): one per choice chunk passed
+on, except chat's opening chunk (``delta.role``); not the usage chunk, nor ``[DONE]``. That is
+vLLM's completion_tokens when it streams a token per chunk (its default): a chunk vLLM merges
+(``--stream-interval`` > 1, speculative decoding) counts once, chat's echoed text counts one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+# Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
+# match only as keys; found as vLLM's compact dump writes them, or a spaced one (the sim's).
+COMPACT = (b'"choices":[]', b'"finish_reason":"', b'{"role"')  # vLLM's
+SPACED = (b'"choices": []', b'"finish_reason": "', b'{"role"')  # json.dumps's, the sim's
+# each: the usage chunk's choices, a choice's terminal chunk (else null), chat's opening delta
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
+_DECODER = json.JSONDecoder()
+
+Pricer = Callable[[int, int], float]  # (prompt tokens, completion tokens) -> MU
+
+
+def mu_text(mu: float) -> str:
+    """A price as a short decimal: 1.08 -> "1.08", 4.1000000001 -> "4.1", 0 -> "0"."""
+    text = f"{mu:.6f}".rstrip("0").rstrip(".")
+    return text if text not in ("", "-0") else "0"
+
+
+class StreamUsage:
+    __slots__ = ("_buf", "_held", "_keys", "chat", "hide_usage", "price", "tokens", "usage")
+
+    def __init__(self, hide_usage: bool, price: Pricer, chat: bool = False) -> None:
+        self.hide_usage = hide_usage  # the router added include_usage: the client never sees it
+        self.price = price
+        self.chat = chat  # a chat stream: its opening chunks are no tokens
+        self._keys: tuple[bytes, bytes, bytes] | None = None  # the spelling, from the first chunk
+        self.tokens = 0  # output tokens in the chunks passed on (the usage's once it came)
+        self.usage: tuple[int, int] | None = None  # (prompt, completion) of the usage chunk
+        self._buf = b""  # an event not complete yet
+        self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to pass on for ``data`` from the pod: whole events only.
+
+        Read whole (a search or two and a count per read of the pod, whatever it holds), never
+        event by event: only the usage chunk is cut out and parsed."""
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return b""
+        end += 2
+        block = buf[:end] if end < len(buf) else buf
+        self._buf = buf[end:]
+        if self._held:
+            block, self._held = self._held + block, b""
+        keys = self._keys
+        if keys is None:
+            i = block.find(b'"choices":')  # the first chunk's, near its start
+            keys = self._keys = SPACED if i >= 0 and block.startswith(b" ", i + 10) else COMPACT
+        at = block.rfind(keys[0]) if self.usage is None else -1  # at the end of a stream
+        if at >= 0:
+            start = _event_start(block, at)
+            stop = block.find(b"\n\n", at) + 2
+            usage_event = block[start:stop]
+            counts = _usage_of(usage_event)
+            if counts is not None:
+                self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
+                before, after = block[:start], block[stop:]  # tokens: the usage says them
+                if self.hide_usage:
+                    return _stamped(before, usage_event, keys[1]) + after
+                return before + self._with_mu(usage_event) + after
+        elif self.hide_usage and self.usage is None:
+            at = block.find(keys[1])
+            if at >= 0:  # it waits for the fingerprint in the usage chunk
+                start = _event_start(block, at)
+                block, self._held = block[:start], block[start:]
+        self.tokens += self._tokens(block)
+        return block
+
+    def end(self) -> bytes:
+        """The pod ended the stream: whatever is still held goes out as it came."""
+        out = self._held + self._buf
+        self.tokens += self._tokens(self._held)
+        self._held, self._buf = b"", b""
+        return out
+
+    def _tokens(self, events: bytes) -> int:
+        """Tokens in whole chunks (none of them the usage chunk): one a chunk (vLLM's hold one
+        choice each), less chat's opening chunks (a ``delta`` that opens with ``role``)."""
+        n = events.count(b'"choices"')
+        return max(0, n - events.count(b'{"role"')) if self.chat else n
+
+    def _with_mu(self, event: bytes) -> bytes:
+        """The usage chunk with ``"mu"`` as the last field of its usage object."""
+        assert self.usage is not None
+        text = event.decode()
+        key = text.find('"usage"')
+        start = text.index("{", key)
+        _, stop = _DECODER.raw_decode(text, start)
+        mu = mu_text(self.price(*self.usage))
+        sep = "," if text[start + 1 : stop - 1].strip() else ""
+        return (text[: stop - 1] + f'{sep}"mu":{mu}' + text[stop - 1 :]).encode()
+
+
+def _event_start(block: bytes, at: int) -> int:
+    """Where the event holding position ``at`` of ``block`` begins."""
+    i = block.rfind(b"\n\n", 0, at)
+    return i + 2 if i >= 0 else 0
+
+
+def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
+    """``events`` with the usage chunk's ``system_fingerprint`` (bytes as sent) put back on each
+    terminal chunk, as vLLM sends them without include_usage."""
+    fp = _FINGERPRINT.search(usage_event)
+    if fp is None:
+        return events
+    stamp = fp.group(0)
+    out = []
+    end = len(events)
+    at = events.rfind(finished)  # from the end: the terminal chunks are the last ones
+    while at >= 0:
+        close = events.rindex(b"}", 0, events.index(b"\n\n", at))
+        out += [events[close:end], stamp]
+        end = _event_start(events, at)  # the chunk before this one: one stamp a chunk
+        out.append(events[end:close])
+        at = events.rfind(finished, 0, end)
+    out.append(events[:end])
+    return b"".join(reversed(out))
+
+
+def _usage_of(event: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a usage chunk, when it reports them."""
+    p, c = _PROMPT.search(event), _COMPLETION.search(event)
+    return (int(p.group(1)), int(c.group(1))) if p and c else None

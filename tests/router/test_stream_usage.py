@@ -1,0 +1,165 @@
+"""The pure parts of exact metering: the body the router forwards (``pod_body``) and the reading
+of a stream as it passes (``StreamUsage``), on the bytes vLLM 0.32 sends (compact pydantic JSON)."""
+
+import json
+
+import pytest
+
+from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.proxy import pod_body
+from dataplane.router.stream_usage import StreamUsage, mu_text
+
+C = Coefficients(0.002, 0.02, 0.1)
+
+
+def forwarded(body: dict, raw: bytes | None = None) -> tuple[dict, bool, bytes]:
+    raw = json.dumps(body).encode() if raw is None else raw
+    out, asked = pod_body(raw, json.loads(raw))
+    return json.loads(out), asked, out
+
+
+def test_a_stream_without_stream_options_gets_usage_asked_by_inserting_bytes():
+    raw = b'  {"model": "m", "prompt": "hi", "stream": true}'
+    doc, asked, out = forwarded({}, raw)
+    assert asked and doc["stream_options"] == {"include_usage": True}
+    assert out == b'  {"stream_options":{"include_usage":true},"model": "m", "prompt": "hi", "stream": true}'
+
+
+@pytest.mark.parametrize(
+    "options, sent",
+    [
+        (None, {"include_usage": True, "continuous_usage_stats": False}),
+        ({}, {"include_usage": True, "continuous_usage_stats": False}),
+        ({"include_usage": False}, {"include_usage": True, "continuous_usage_stats": False}),
+        # without include_usage vLLM sends no per-chunk usage either: it stays off
+        ({"continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": False}),
+    ],
+)
+def test_stream_options_without_include_usage_are_dumped_again_with_it(options, sent):
+    doc, asked, _ = forwarded({"model": "m", "prompt": "hi", "stream": True, "stream_options": options})
+    assert asked and doc["stream_options"] == sent and doc["prompt"] == "hi"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "prompt": "hi"},  # not a stream
+        {"model": "m", "prompt": "hi", "stream": False, "stream_options": None},
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}},  # asked
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": "yes"},  # the engine's 400
+    ],
+)
+def test_other_bodies_are_forwarded_as_they_came(body):
+    raw = json.dumps(body).encode()
+    assert pod_body(raw, body) == (raw, False)
+
+
+@pytest.mark.parametrize("options", [None, {"include_usage": True}])
+def test_a_streams_stream_interval_is_dropped(options):
+    """vLLM batches ``stream_interval`` tokens a chunk: a reset stream would be counted low."""
+    body = {"model": "m", "stream": True, "stream_interval": 50}
+    if options:
+        body["stream_options"] = options
+    doc, asked, _ = forwarded(body)
+    assert "stream_interval" not in doc and doc["stream_options"]["include_usage"] is True
+    assert asked == (options is None)
+
+
+def test_a_body_with_a_byte_order_mark_is_dumped_again():
+    raw = b"\xef\xbb\xbf" + json.dumps({"model": "m", "stream": True}).encode()
+    out, asked = pod_body(raw, json.loads(raw))
+    assert asked and json.loads(out) == {"model": "m", "stream": True, "stream_options": {
+        "include_usage": True, "continuous_usage_stats": False}}  # fmt: skip
+
+
+def event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+HEAD = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+
+
+def token(i: int, text: str, finish: str | None = None) -> dict:
+    return {**HEAD, "choices": [{"index": i, "text": text, "finish_reason": finish}]}
+
+
+USAGE = {**HEAD, "choices": [], "usage": {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3},
+         "system_fingerprint": "fp-1"}  # fmt: skip
+DONE = b"data: [DONE]\n\n"
+
+
+def price(p: int, c: int) -> float:
+    return C.cost(p, c)
+
+
+def test_the_usage_the_router_asked_for_is_dropped_and_the_fingerprint_put_back():
+    s = StreamUsage(hide_usage=True, price=price)
+    stream = [event(token(0, "a")), event(token(0, "b")), event(token(0, "c", "length")), event(USAGE), DONE]
+    whole = b"".join(stream)
+    # fed in odd pieces, events split across reads: the client gets whole events only
+    out = b"".join(s.feed(whole[i : i + 7]) for i in range(0, len(whole), 7)) + s.end()
+    last = {**token(0, "c", "length"), "system_fingerprint": "fp-1"}  # as vLLM stamps it without usage
+    assert out == event(token(0, "a")) + event(token(0, "b")) + event(last) + DONE
+    assert (s.usage, s.tokens) == ((9, 3), 3)
+
+
+def test_with_n_2_the_chunks_after_the_first_terminal_one_wait_for_the_usage_chunk():
+    s = StreamUsage(hide_usage=True, price=price)
+    assert s.feed(event(token(0, "a")) + event(token(1, "x"))) == event(token(0, "a")) + event(token(1, "x"))
+    assert s.feed(event(token(0, "b", "stop"))) == b""  # held: its fingerprint is in the usage chunk
+    assert s.feed(event(token(1, "y", "length"))) == b""
+    assert s.tokens == 2
+    out = s.feed(event(USAGE) + DONE)
+    stamp = {"system_fingerprint": "fp-1"}
+    assert (
+        out == event({**token(0, "b", "stop"), **stamp}) + event({**token(1, "y", "length"), **stamp}) + DONE
+    )
+    assert (s.usage, s.tokens) == ((9, 3), 3)  # from the usage chunk on, its count
+
+
+def test_usage_the_client_asked_for_comes_with_mu():
+    s = StreamUsage(hide_usage=False, price=price)
+    out = s.feed(event(token(0, "a", "length")) + event(USAGE) + DONE)
+    chunks = [json.loads(e[6:]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+    assert chunks[0] == token(0, "a", "length")
+    assert chunks[1]["usage"] == {**USAGE["usage"], "mu": pytest.approx(0.002 * 9 + 0.02 * 3 + 0.1)}
+    assert chunks[1]["system_fingerprint"] == "fp-1"
+
+
+def test_delivered_tokens_skip_the_role_chunk_and_count_each_choice_chunk():
+    s = StreamUsage(hide_usage=True, price=price, chat=True)
+    chat = {**HEAD, "object": "chat.completion.chunk"}
+    role = {
+        **chat,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    }
+    word = {**chat, "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+    error = b'data: {"error": {"message": "boom"}}\n\n'
+    out = s.feed(event(role) + event(word) + event(word) + error)
+    assert out == event(role) + event(word) + event(word) + error
+    assert (s.tokens, s.usage) == (2, None)  # cut here: 2 tokens delivered, no usage
+
+
+def test_a_stream_cut_before_its_usage_releases_nothing_it_held():
+    s = StreamUsage(hide_usage=True, price=price)
+    s.feed(event(token(0, "a")) + event(token(0, "b", "length")))
+    assert s.tokens == 1  # the terminal chunk waits for the usage chunk that never comes
+    assert s.end() == event(token(0, "b", "length")) and s.tokens == 2  # a clean end sends it
+
+
+def test_metered_prices_usage_else_what_was_delivered():
+    assert metered(C, 100, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
+    assert metered(C, 100, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
+    assert metered(C, 100, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # reset before the first
+    assert metered(C, 100, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
+    assert metered(C, 100, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+
+
+def test_mu_text_is_a_short_decimal():
+    assert [mu_text(x) for x in (1.08, 4.1000000001, 0.0, 12345.5, 1e-9)] == [
+        "1.08",
+        "4.1",
+        "0",
+        "12345.5",
+        "0",
+    ]
