@@ -11,11 +11,8 @@ only it, still makes a probe."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -24,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.endpoints.models import Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import answers, free_port, sim_engine, wait_until
+from tests.runtime.support import router_process as router
+from tests.runtime.support import sim_engine
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 PROBE_KEY = "prober-credential-3f9c"
@@ -49,24 +47,6 @@ def redis_db() -> Iterator[object]:
     for key in client.scan_iter("mu:gcra:*"):
         client.delete(key)
     client.close()
-
-
-@contextmanager
-def router(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`python -m dataplane.router` on a free port; its base URL once it answers /health."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    try:
-        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def admitted(

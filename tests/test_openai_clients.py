@@ -6,13 +6,9 @@ a user of the SDK does, and what the SDK makes of our answers. The router's erro
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import openai
 import pytest
@@ -22,28 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from controlplane.endpoints.models import Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import answers, free_port, sim_engine, wait_until
+from tests.runtime.support import router_process as router
+from tests.runtime.support import sim_engine
 
 PROMPT = "Tell me about the weather in the mountains"
-
-
-@contextmanager
-def router(*args: str, key: str | None = None) -> Iterator[str]:
-    """`python -m dataplane.router` on a free port (the operator's ``key`` in $ROUTER_KEY); its
-    base URL once it answers /health."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **({"ROUTER_KEY": key} if key else {})},
-    )
-    try:
-        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def errors_total(base: str) -> float:
@@ -169,7 +147,7 @@ def test_the_sdk_gets_openai_errors_from_a_control_plane_router(live_server, own
     with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--served-model-name", "chat") as engine:
         Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
         cp_mode = ("--control-plane", live_server.url, "--poll-interval-s", "0.2")
-        with router(*cp_mode, key=operator) as base:
+        with router(*cp_mode, env={"ROUTER_KEY": operator}) as base:
 
             def client(key: str) -> openai.OpenAI:
                 return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)

@@ -304,3 +304,22 @@ def tiny_vllm_args(model: Path, max_num_seqs: int) -> list[str]:
         str(max_num_seqs),
         "--enforce-eager",
     ]
+
+
+@contextmanager
+def router_process(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`python -m dataplane.router` on a free port, with ``env`` added to this environment (keys
+    go there, never on its command line); its base URL once it answers /health."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
