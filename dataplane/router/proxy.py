@@ -36,6 +36,7 @@ from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
 from dataplane.router.stream_usage import StreamUsage, mu_text
 from dataplane.router.upstream import UpstreamConnection
+from dataplane.router.validation import lax_bool
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo ourselves.
 HOP_BY_HOP = frozenset(
@@ -79,16 +80,19 @@ def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
     what it produced; ``StreamUsage`` then drops that usage chunk. Without ``stream_options`` the
     field goes in as bytes after the opening brace (no re-serialising); else the body is dumped
     again. A ``stream_options`` that is not an object is the engine's to refuse: left as it is.
+    ``stream`` and ``include_usage`` are read as vLLM reads them (``validation.lax_bool``: 1,
+    "true", "yes" are true); a ``continuous_usage_stats`` of the client's is set off whatever it
+    says when the router asks for usage, and left to the engine when the client asked.
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
-    if body.get("stream") is not True:
+    if lax_bool(body.get("stream")) is not True:  # "stream": 1 or "true" is a stream to vLLM
         return raw, False
     options = body.get("stream_options", _ASK_USAGE)
     if options is not _ASK_USAGE and options is not None and not isinstance(options, dict):
         return raw, False
     batched = "stream_interval" in body
-    if isinstance(options, dict) and options.get("include_usage") is True:
+    if isinstance(options, dict) and lax_bool(options.get("include_usage")) is True:
         return (_dumped(body, None), False) if batched else (raw, False)
     if options is _ASK_USAGE and not batched:
         i = raw.find(b"{")

@@ -65,6 +65,29 @@ def test_a_streams_stream_interval_is_dropped(options):
     assert asked == (options is None)
 
 
+@pytest.mark.parametrize("flag", [1, 1.0, "true", "1", "yes", "On", " t ", "Y"])
+def test_a_stream_flag_vllm_reads_as_true_is_a_stream(flag):
+    """pydantic's lax bool: vLLM streams for ``"stream": 1`` or ``"true"``; the router must ask
+    its usage and drop its stream_interval as for ``true``."""
+    doc, asked, _ = forwarded({"model": "m", "stream": flag, "stream_interval": 50})
+    assert asked and doc["stream_options"]["include_usage"] is True and "stream_interval" not in doc
+
+
+@pytest.mark.parametrize("flag", [1, "true", "1", "YES", "on"])
+def test_a_clients_include_usage_vllm_reads_as_true_is_the_clients(flag):
+    """The client asked for the usage chunk: it is not the router's to drop."""
+    body = {"model": "m", "stream": "true", "stream_options": {"include_usage": flag}}
+    raw = json.dumps(body).encode()
+    assert pod_body(raw, body) == (raw, False)
+
+
+@pytest.mark.parametrize("flag", [0, "false", "0", "no", "off", "f", "n", None, "maybe", 2])
+def test_a_stream_flag_vllm_reads_as_false_or_refuses_is_forwarded_as_it_came(flag):
+    body = {"model": "m", "stream": flag}
+    raw = json.dumps(body).encode()
+    assert pod_body(raw, body) == (raw, False)
+
+
 def test_a_body_with_a_byte_order_mark_is_dumped_again():
     raw = b"\xef\xbb\xbf" + json.dumps({"model": "m", "stream": True}).encode()
     out, asked = pod_body(raw, json.loads(raw))
