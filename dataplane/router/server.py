@@ -208,7 +208,7 @@ class Router:
         if not probe:
             req.body = tenant_body(body, req.body)
         forwarded, hide_usage = pod_body(req.body, body)
-        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat)
+        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat, need.output_tokens)
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:

@@ -290,6 +290,33 @@ def test_a_non_streamed_answer_carries_its_price_in_x_mu_cost(engine):
     asyncio.run(go())
 
 
+def test_a_passed_through_chat_answer_with_prompt_logprobs_after_its_usage_is_metered(engine):
+    """Chat answers put prompt_logprobs after usage (vLLM and the sim): an answer larger than the
+    router holds is searched read by read, not in its last bytes, and metered from its usage."""
+
+    async def go() -> None:
+        async with through(engine, "static", with_config(max_body_bytes=1500)) as t:  # the request fits
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": PROMPT * 30}],  # ~330 prompt tokens
+                "max_tokens": 7,
+                "prompt_logprobs": 1,
+            }
+            async with httpx.AsyncClient(timeout=10) as http:
+                r = await http.post(t.url + "/v1/chat/completions", json=body)
+            assert r.status_code == 200 and "x-mu-cost" not in r.headers
+            after_usage = r.content[r.content.index(b'"usage"') :]
+            assert len(after_usage) > 8192  # the usage is far from the end
+            usage = r.json()["usage"]
+            assert usage["completion_tokens"] == 7
+            await assert_idle(t.router)
+            s = t.router.meter.totals[t.meter_key]
+            assert (s.tokens_in, s.tokens_out) == (usage["prompt_tokens"], 7)
+            assert s.mu == pytest.approx(price(COEFFS, usage["prompt_tokens"], 7))
+
+    asyncio.run(go())
+
+
 async def _published_mu(t: Through, since: int) -> float:
     """MU the router published to Redis for its endpoint from second ``since`` on."""
     total = 0.0

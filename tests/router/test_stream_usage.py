@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dataplane.router.pricing import Coefficients, metered
-from dataplane.router.proxy import pod_body
+from dataplane.router.proxy import USAGE_SPAN, UsageScan, parse_usage, pod_body
 from dataplane.router.stream_usage import StreamUsage, mu_text
 
 C = Coefficients(0.002, 0.02, 0.1)
@@ -171,11 +171,15 @@ def test_a_stream_cut_before_its_usage_releases_nothing_it_held():
 
 
 def test_metered_prices_usage_else_what_was_delivered():
-    assert metered(C, 100, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
-    assert metered(C, 100, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
-    assert metered(C, 100, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # reset before the first
-    assert metered(C, 100, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
-    assert metered(C, 100, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+    est = (100, 256)
+    assert metered(C, est, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
+    assert metered(C, est, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
+    assert metered(C, est, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # pod lost before the first
+    assert metered(C, est, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
+    assert metered(C, est, None, 0, 400, answered=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+    # a whole answer without usage: the most it could cost, never 0
+    assert metered(C, est, None, 0, 200, answered=True) == (pytest.approx(5.42), 100, 256)
 
 
 def test_mu_text_is_a_short_decimal():
@@ -186,3 +190,37 @@ def test_mu_text_is_a_short_decimal():
         "12345.5",
         "0",
     ]
+
+
+def _chat_answer(spaced: bool) -> bytes:
+    """A chat answer as vLLM lays it out: usage, then prompt_logprobs whose decoded tokens spell
+    "usage" and usage-looking text (strings: their quotes escaped)."""
+    logprobs = [
+        {"7": {"logprob": -1.0, "rank": 1, "decoded_token": t}}
+        for t in ("usage", '"usage":{"prompt_tokens":1,"completion_tokens":0}', "x")
+    ] * 400
+    doc = {"id": "c", "choices": [{"index": 0, "message": {"content": "usage"}}],
+           "usage": {"prompt_tokens": 1200, "total_tokens": 1234, "completion_tokens": 34,
+                     "prompt_tokens_details": None},
+           "prompt_logprobs": logprobs, "prompt_token_ids": None}  # fmt: skip
+    return json.dumps(doc, separators=(", ", ": ") if spaced else (",", ":")).encode()
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_the_usage_is_the_usage_object_wherever_it_sits(spaced):
+    body = _chat_answer(spaced)
+    assert len(body) > 50_000 and body.count(b"usage") > 500
+    assert parse_usage(body) == (1200, 34)  # held whole
+    for size in (1, 7, 16, 17, 100, 4096):  # passed through, read by read
+        scan = UsageScan()
+        for i in range(0, len(body), size):
+            scan.feed(body[i : i + size])
+        assert scan.end() == (1200, 34), size
+        assert len(scan._kept) <= USAGE_SPAN  # bounded: nothing of the body kept
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"usage":null}', b'{"usage":{"prompt_tokens":3}}', b'{"a":"\\"usage\\":{"}', b""]
+)
+def test_an_answer_without_a_usage_object_reports_none(body):
+    assert parse_usage(body) is None
