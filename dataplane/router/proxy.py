@@ -127,10 +127,12 @@ class Delivery:
     __slots__ = (
         "answered",
         "chat",
+        "client_cut",
         "coefficients",
         "estimated_input_tokens",
         "estimated_output_tokens",
         "hide_usage",
+        "sent",
         "status",
         "tokens_out",
         "usage",
@@ -149,6 +151,8 @@ class Delivery:
         self.estimated_input_tokens = estimated_input_tokens
         self.estimated_output_tokens = estimated_output_tokens  # the most it may generate
         self.answered = False  # a whole non-streamed answer came (with its usage or not)
+        self.client_cut = False  # sent to a pod, then its client went away
+        self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
         self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
         self.status = 0
         self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
@@ -163,6 +167,7 @@ class Delivery:
             self.tokens_out,
             self.status,
             answered=self.answered,
+            client_cut=self.client_cut,
         )
 
     def exact(self, prompt_tokens: int, completion_tokens: int) -> float:

@@ -397,6 +397,29 @@ def test_a_stream_the_client_resets_meters_what_was_delivered(slow_engine, mode)
     asyncio.run(go())
 
 
+def test_a_client_reset_before_the_answer_meters_the_estimate(slow_engine):
+    """A non-streamed request the pod is working on (200 tokens, 4 s), its client gone before the
+    answer: metered at what it was admitted for, not 0."""
+
+    async def go() -> None:
+        async with through(slow_engine, "static") as t:
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200}
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.5)) as http:
+                with pytest.raises(httpx.ReadTimeout):  # then the client closes its connection
+                    await http.post(t.url + "/v1/completions", json=body)
+            await assert_idle(t.router)
+            cfg = t.router.config
+            need = demand(
+                body, False, t.router.endpoints[0].spec.max_model_len, cfg.max_n, cfg.default_max_tokens
+            )
+            tokens_in = estimate_input_tokens(body, False)
+            s = t.router.meter.totals[t.meter_key]
+            assert (s.requests, s.tokens_in, s.tokens_out) == (1, tokens_in, need.output_tokens)
+            assert s.mu == pytest.approx(price(COEFFS, tokens_in, need.output_tokens))
+
+    asyncio.run(go())
+
+
 def test_a_pod_lost_mid_stream_is_priced_at_what_it_delivered():
     async def go() -> None:
         async with running([await FakePod("pod-0", mode="break").start()]) as (router, _):

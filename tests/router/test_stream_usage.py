@@ -178,6 +178,12 @@ def test_metered_prices_usage_else_what_was_delivered():
     assert metered(C, est, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
     assert metered(C, est, None, 0, 400, answered=True) == (0.0, 0, 0)
     assert metered(C, est, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+    # a client's reset before any token, the pod working: the estimate; a pod's failure: nothing
+    assert metered(C, est, None, 0, 0, client_cut=True) == (pytest.approx(5.42), 100, 256)
+    assert metered(C, est, None, 0, 200, client_cut=True) == (pytest.approx(5.42), 100, 256)
+    assert metered(C, est, None, 0, 400, client_cut=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 0) == (0.0, 0, 0)
+    assert metered(C, est, None, 20, 200, client_cut=True) == (pytest.approx(0.7), 100, 20)
     # a whole answer without usage: the most it could cost, never 0
     assert metered(C, est, None, 0, 200, answered=True) == (pytest.approx(5.42), 100, 256)
 
