@@ -230,3 +230,40 @@ def test_the_usage_is_the_usage_object_wherever_it_sits(spaced):
 )
 def test_an_answer_without_a_usage_object_reports_none(body):
     assert parse_usage(body) is None
+
+
+WORDS = ["The", " cat", " sat", " on", " the", " mat", ",", " and", " é", "😀"]
+
+
+def test_a_merged_chunk_counts_the_tokens_its_text_holds():
+    """A client that stops reading makes vLLM merge the waiting tokens into one chunk: a cut
+    stream counts at least half of them, never 1 a chunk; one-token chunks count 1 each."""
+    s = StreamUsage(hide_usage=True, price=price)
+    singles = b"".join(event(token(0, WORDS[i % len(WORDS)])) for i in range(10))
+    s.feed(singles)
+    assert s.tokens == 10
+    merged = "".join(WORDS[1 + i % 5] for i in range(50)).replace(" on", " in ")[:200]  # 50 4-char tokens
+    s.feed(event(token(0, merged)))
+    assert 25 <= s.tokens - 10 <= 50
+    first = s.tokens
+    s.feed(event(token(0, "x")) + event(token(0, merged)) + event(token(0, "y")))  # mixed in one read
+    assert 2 + 25 <= s.tokens - first <= 2 + 50
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_one_token_chunks_count_one_each_whatever_their_text(spaced):
+    """Non-ASCII (escaped \\u by the sim's json.dumps), long tokens, chat's opening chunk."""
+    sep = (", ", ": ") if spaced else (",", ":")
+    chat = {**HEAD, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict) -> bytes:
+        doc = {**chat, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return b"data: " + json.dumps(doc, separators=sep).encode() + b"\n\n"
+
+    s = StreamUsage(hide_usage=True, price=price, chat=True)
+    s.feed(chunk({"role": "assistant", "content": ""}))
+    texts = ["a", "😀", "\ufffd\ufffd\ufffd\ufffd", "ééé", "\n\n", "  ", "elephant", '"\\"']
+    for text in texts:  # one read each, then all in one read
+        s.feed(chunk({"content": text}))
+    s.feed(b"".join(chunk({"content": t}) for t in texts))
+    assert s.tokens == 2 * len(texts)
