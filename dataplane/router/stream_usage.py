@@ -12,7 +12,9 @@ on that usage chunk only; without it, on each choice's terminal chunk (``finish_
   terminal chunk gets back the ``system_fingerprint`` vLLM would have stamped on it (copied, bytes
   as sent, from the usage chunk), so the client gets the bytes it would have got from the engine.
   The chunks from the first terminal one on wait for the usage chunk, which follows at once when
-  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish.
+  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish, up to
+  ``MAX_HELD_BYTES``: beyond, what is held goes on as it came, unstamped, and the stream is no
+  longer held (a long n > 1 stream must not be held whole, its tokens uncounted).
 - the client asked for usage: the usage chunk passes with ``"mu": <price>`` added to its usage.
 
 Delivered tokens (the price of a stream cut before its usage chunk): per choice chunk passed on,
@@ -49,6 +51,7 @@ _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
+MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
 MERGED_CHARS_PER_TOKEN = 2 * CHARS_PER_TOKEN  # a chunk's characters per token it counts, at least
 MERGED_SLACK = 2 * MERGED_CHARS_PER_TOKEN  # bytes over one token a chunk that trigger the measure
 # a choice's generated text (completions' text, chat's content / reasoning / tool arguments)
@@ -64,7 +67,18 @@ def mu_text(mu: float) -> str:
 
 
 class StreamUsage:
-    __slots__ = ("_buf", "_held", "_keys", "_plain", "chat", "hide_usage", "price", "tokens", "usage")
+    __slots__ = (
+        "_buf",
+        "_held",
+        "_holds",
+        "_keys",
+        "_plain",
+        "chat",
+        "hide_usage",
+        "price",
+        "tokens",
+        "usage",
+    )
 
     def __init__(self, hide_usage: bool, price: Pricer, chat: bool = False) -> None:
         self.hide_usage = hide_usage  # the router added include_usage: the client never sees it
@@ -76,6 +90,7 @@ class StreamUsage:
         self._buf = b""  # an event not complete yet
         self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
         self._plain = 0.0  # the fewest bytes a chunk took in a read (0: none read yet)
+        self._holds = hide_usage  # terminal chunks wait for the fingerprint (until MAX_HELD_BYTES)
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to pass on for ``data`` from the pod: whole events only.
@@ -108,11 +123,14 @@ class StreamUsage:
                 if self.hide_usage:
                     return _stamped(before, usage_event, keys[1]) + after
                 return before + self._with_mu(usage_event) + after
-        elif self.hide_usage and self.usage is None:
+        elif self._holds and self.usage is None:
             at = block.find(keys[1])
             if at >= 0:  # it waits for the fingerprint in the usage chunk
                 start = _event_start(block, at)
-                block, self._held = block[:start], block[start:]
+                if len(block) - start <= MAX_HELD_BYTES:
+                    block, self._held = block[:start], block[start:]
+                else:  # too much to hold: it goes on as it came, unstamped, and so does the rest
+                    self._holds = False
         self.tokens += self._tokens(block)
         return block
 

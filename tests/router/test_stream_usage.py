@@ -7,7 +7,7 @@ import pytest
 
 from dataplane.router.pricing import Coefficients, metered
 from dataplane.router.proxy import USAGE_SPAN, UsageScan, parse_usage, pod_body
-from dataplane.router.stream_usage import StreamUsage, mu_text
+from dataplane.router.stream_usage import MAX_HELD_BYTES, StreamUsage, mu_text
 
 C = Coefficients(0.002, 0.02, 0.1)
 
@@ -267,3 +267,19 @@ def test_one_token_chunks_count_one_each_whatever_their_text(spaced):
         s.feed(chunk({"content": text}))
     s.feed(b"".join(chunk({"content": t}) for t in texts))
     assert s.tokens == 2 * len(texts)
+
+
+def test_with_n_2_what_is_held_for_the_fingerprint_is_bounded():
+    """Choice 0 finished, choice 1 streams 10,000 more chunks: past MAX_HELD_BYTES they go on as
+    they came (unstamped) and count as delivered, never held whole."""
+    s = StreamUsage(hide_usage=True, price=price)
+    assert s.feed(event(token(0, "a", "stop"))) == b""  # held for its fingerprint
+    parts = []
+    for _ in range(10_000):
+        parts.append(s.feed(event(token(1, "word"))))
+        assert len(s._held) <= MAX_HELD_BYTES
+    out = b"".join(parts)
+    assert s.tokens == 10_001 and out.startswith(event(token(0, "a", "stop")))
+    out += s.feed(event(token(1, "end", "length")) + event(USAGE) + DONE)
+    assert out.endswith(DONE) and b'"choices":[]' not in out  # the usage chunk still dropped
+    assert (s.usage, s.tokens) == ((9, 3), 3)
