@@ -420,6 +420,29 @@ def test_a_client_reset_before_the_answer_meters_the_estimate(slow_engine):
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_a_2xx_answer_without_usage_meters_the_estimate(held):
+    """A pod must not make an answer free by leaving its usage out (``"usage": null``), held or
+    passed through."""
+
+    async def go() -> None:
+        config = with_config(max_body_bytes=4096 if held else 100)  # the answer is ~125 bytes
+        async with running([await FakePod("pod-0", mode="nousage").start()], config=config) as (router, _):
+            body = {"model": "m", "prompt": "x" * 40, "max_tokens": 50}
+            async with httpx.AsyncClient(timeout=5) as http:
+                r = await http.post(f"http://127.0.0.1:{router.port}/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["usage"] is None
+            assert ("x-mu-cost" in r.headers) == held
+            await assert_idle(router)
+            s = router.meter.totals[(0, "")]
+            assert (s.tokens_in, s.tokens_out) == (10, 50)
+            assert s.mu == pytest.approx(price(COEFFS, 10, 50))
+            if held:
+                assert float(r.headers["x-mu-cost"]) == pytest.approx(price(COEFFS, 10, 50))
+
+    asyncio.run(go())
+
+
 def test_a_pod_lost_mid_stream_is_priced_at_what_it_delivered():
     async def go() -> None:
         async with running([await FakePod("pod-0", mode="break").start()]) as (router, _):
