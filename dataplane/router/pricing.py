@@ -34,25 +34,45 @@ def price(c: Coefficients, input_tokens: int, output_tokens: int) -> float:
 
 def metered(
     c: Coefficients,
-    estimated_input_tokens: int,
+    estimate: tuple[int, int],
     usage: tuple[int, int] | None,
     delivered_tokens: int,
     status: int,
+    answered: bool = False,
+    client_cut: bool = False,
 ) -> tuple[float, int, int]:
-    """(MU, input tokens, output tokens) a finished request is metered at.
+    """(MU, input tokens, output tokens) a finished request is metered at; ``estimate`` is the
+    admission's (input tokens, the most output tokens the engine may generate).
 
-    Exact from the engine's ``usage`` when it reported it (every answer and stream that ran to
-    its end). Else what was delivered: a stream cut early (client gone, pod lost, timeout) is the
-    estimated input tokens and the output tokens passed on to the client; an error answer (status
-    400 or more, or none) without usage or tokens produced nothing and costs nothing.
-    Coefficients 0.002/0.02/0.1: usage 90 in / 40 out -> 1.08 MU; cut after 20 tokens of a
-    100-token prompt -> 0.7 MU; a 400 -> 0.
+    1. Exact from the engine's ``usage`` when it reported it (every answer and stream that ran to
+       its end).
+    2. A stream cut early (client gone, pod lost, timeout) after tokens were delivered: the
+       estimated input tokens and the output tokens passed on to the client.
+    3. A whole 2xx answer (``answered``, not a stream) without usage: the estimate, the most it
+       could have cost (never 0: a pod must not make an answer free by leaving usage out).
+    4. Sent to a pod and cut by its client (``client_cut``) before any token was delivered, the
+       pod working (no head yet, or a 2xx one): the estimate. The engine did the prefill and
+       some decoding for it (vLLM aborts only when it notices), and the client walked away from
+       what it was admitted for: a non-streamed request must not become free by a reset just
+       before its answer.
+    5. Else a 2xx/3xx head with nothing delivered: the estimated input tokens (the prompt was
+       read); an error answer (status 400 or more) or none (a pod failure before the head: the
+       client got a 502/504, not its doing) produced nothing for the client and costs nothing.
+
+    Coefficients 0.002/0.02/0.1, estimate 100 in / 256 out: usage 90 in / 40 out -> 1.08 MU;
+    cut after 20 tokens -> 0.7 MU; a 200 answer without usage, or a client's reset before the
+    answer -> 5.42 MU; a 400 -> 0; a pod lost before its head -> 0.
     """
     if usage is not None:
         return price(c, usage[0], usage[1]), usage[0], usage[1]
-    if delivered_tokens == 0 and not 0 < status < 400:
-        return 0.0, 0, 0
-    return price(c, estimated_input_tokens, delivered_tokens), estimated_input_tokens, delivered_tokens
+    tokens_in, most_out = estimate
+    if delivered_tokens > 0:
+        return price(c, tokens_in, delivered_tokens), tokens_in, delivered_tokens
+    if (answered or client_cut) and (200 <= status < 300 or (client_cut and status == 0)):
+        return price(c, tokens_in, most_out), tokens_in, most_out
+    if 0 < status < 400:
+        return price(c, tokens_in, 0), tokens_in, 0
+    return 0.0, 0, 0
 
 
 def _content_chars(content: Any) -> int:

@@ -8,7 +8,7 @@ response head (hop-by-hop headers dropped, framing redone), and what the pod pro
   ``stream_usage.StreamUsage`` (the usage chunk, the tokens delivered when it never comes);
 - a JSON answer up to ``max_buffer_bytes`` is held whole, so that its price from ``usage`` goes
   out in the head as ``x-mu-cost`` (with a Content-Length); a larger one passes through, without;
-- anything else passes through, its last 2 KiB kept to read ``usage``.
+- anything else passes through, searched read by read for its ``usage`` (``UsageScan``).
 
 ``pod_body`` is the one place the request body is rewritten for the pod.
 
@@ -19,8 +19,8 @@ Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`
       detectable, a spliced one from another pod would not be): never retried.
 A body the pod delimits by closing the connection (no Content-Length, not chunked; RFC 9112
 section 6.3) ends cleanly at that close (``upstream_done``, see ``upstream``): the client gets
-it re-framed, chunked (or close-delimited to an HTTP/1.0 client), and its usage is read from
-the tail as for any other body; only a reset, or a close short of the framing, is a lost pod.
+it re-framed, chunked (or close-delimited to an HTTP/1.0 client), and its usage is read as
+for any other body; only a reset, or a close short of the framing, is a lost pod.
 A pod silent for ``upstream_read_timeout_s`` is treated as lost (504 before the head).
 """
 
@@ -36,6 +36,7 @@ from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
 from dataplane.router.stream_usage import StreamUsage, mu_text
 from dataplane.router.upstream import UpstreamConnection
+from dataplane.router.validation import lax_bool
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo ourselves.
 HOP_BY_HOP = frozenset(
@@ -47,9 +48,14 @@ REQUEST_DROP = HOP_BY_HOP | {b"host", b"authorization", b"proxy-authorization", 
 # Not forwarded to the client: the pod's date/server say nothing useful about the router.
 RESPONSE_DROP = HOP_BY_HOP | {b"date", b"server"}
 
-USAGE_TAIL_BYTES = 2048  # usage sits at the end of a response (vLLM, OpenAI), bytes
-_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# The answer's usage object: the key "usage" with an object value. Every quote inside a JSON
+# string is escaped, so a decoded token "usage" (prompt_logprobs) never matches, nor "usage":null.
+_USAGE_KEY = re.compile(rb'"usage"\s{0,4}:\s{0,4}\{')
+USAGE_OVERLAP = 16  # bytes of a read kept for the next: a key split across reads (the key is 17 at most)
+USAGE_SPAN = 512  # bytes after the key read for its counts (vLLM's usage object is ~150)
+# a count followed by what ends it: a number split across reads is not read short
+_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)\s*[,}]')
+_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)\s*[,}]')
 
 
 class UpstreamFailed(Exception):
@@ -79,16 +85,19 @@ def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
     what it produced; ``StreamUsage`` then drops that usage chunk. Without ``stream_options`` the
     field goes in as bytes after the opening brace (no re-serialising); else the body is dumped
     again. A ``stream_options`` that is not an object is the engine's to refuse: left as it is.
+    ``stream`` and ``include_usage`` are read as vLLM reads them (``validation.lax_bool``: 1,
+    "true", "yes" are true); a ``continuous_usage_stats`` of the client's is set off whatever it
+    says when the router asks for usage, and left to the engine when the client asked.
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
-    if body.get("stream") is not True:
+    if lax_bool(body.get("stream")) is not True:  # "stream": 1 or "true" is a stream to vLLM
         return raw, False
     options = body.get("stream_options", _ASK_USAGE)
     if options is not _ASK_USAGE and options is not None and not isinstance(options, dict):
         return raw, False
     batched = "stream_interval" in body
-    if isinstance(options, dict) and options.get("include_usage") is True:
+    if isinstance(options, dict) and lax_bool(options.get("include_usage")) is True:
         return (_dumped(body, None), False) if batched else (raw, False)
     if options is _ASK_USAGE and not batched:
         i = raw.find(b"{")
@@ -111,25 +120,39 @@ def _dumped(body: dict[str, Any], stream_options: dict[str, Any] | None) -> byte
 
 
 class Delivery:
-    """What one request got from its pod, for its price: the engine's usage when it reported
-    it, else the output tokens passed on to the client (``stream_usage``)."""
+    """What one request got from its pod, for its price (``pricing.metered``): the engine's usage
+    when it reported it, else the output tokens passed on to the client (``stream_usage``), else
+    the admission estimate when the answer came without usage."""
 
     __slots__ = (
+        "answered",
         "chat",
+        "client_cut",
         "coefficients",
         "estimated_input_tokens",
+        "estimated_output_tokens",
         "hide_usage",
+        "sent",
         "status",
         "tokens_out",
         "usage",
     )
 
     def __init__(
-        self, coefficients: Coefficients, estimated_input_tokens: int, hide_usage: bool, chat: bool
+        self,
+        coefficients: Coefficients,
+        estimated_input_tokens: int,
+        hide_usage: bool,
+        chat: bool,
+        estimated_output_tokens: int = 0,
     ) -> None:
         self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
         self.coefficients = coefficients
         self.estimated_input_tokens = estimated_input_tokens
+        self.estimated_output_tokens = estimated_output_tokens  # the most it may generate
+        self.answered = False  # a whole non-streamed answer came (with its usage or not)
+        self.client_cut = False  # sent to a pod, then its client went away
+        self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
         self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
         self.status = 0
         self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
@@ -138,23 +161,61 @@ class Delivery:
     def price(self) -> tuple[float, int, int]:
         """(MU, input tokens, output tokens) it is metered at."""
         return metered(
-            self.coefficients, self.estimated_input_tokens, self.usage, self.tokens_out, self.status
+            self.coefficients,
+            (self.estimated_input_tokens, self.estimated_output_tokens),
+            self.usage,
+            self.tokens_out,
+            self.status,
+            answered=self.answered,
+            client_cut=self.client_cut,
         )
 
     def exact(self, prompt_tokens: int, completion_tokens: int) -> float:
         return self.coefficients.cost(prompt_tokens, completion_tokens)
 
 
-def parse_usage(tail: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from the end of a response, when reported."""
-    i = tail.rfind(b'"usage"')
-    if i < 0:
-        return None
-    p = _PROMPT_RE.search(tail, i)
-    c = _COMPLETION_RE.search(tail, i)
-    if p is None or c is None:
-        return None
-    return int(p.group(1)), int(c.group(1))
+def parse_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of the usage object of a whole answer, when reported:
+    wherever it sits (chat puts prompt_logprobs and prompt_token_ids after it)."""
+    scan = UsageScan()
+    scan.feed(body)
+    return scan.end()
+
+
+class UsageScan:
+    """Finds an answer's usage as its bytes pass, read by read: each read is searched for the
+    usage key (with the last ``USAGE_OVERLAP`` bytes of the one before); from the key on, only
+    up to ``USAGE_SPAN`` bytes are kept, until both counts are read. Then it reads nothing more."""
+
+    __slots__ = ("_kept", "_open", "usage")
+
+    def __init__(self) -> None:
+        self.usage: tuple[int, int] | None = None
+        self._kept = b""  # the overlap before the key is found, the usage object's bytes after
+        self._open = False  # the key was found: _kept starts at the usage object
+
+    def feed(self, data: bytes) -> None:
+        if self.usage is not None:
+            return
+        kept = self._kept + data if self._kept else data
+        if not self._open:
+            m = _USAGE_KEY.search(kept)
+            if m is None:
+                self._kept = kept[-USAGE_OVERLAP:]
+                return
+            kept, self._open = kept[m.end() - 1 :], True
+        kept = kept[:USAGE_SPAN]
+        p, c = _PROMPT_RE.search(kept), _COMPLETION_RE.search(kept)
+        if p is not None and c is not None:
+            self.usage, self._kept = (int(p.group(1)), int(c.group(1))), b""
+        elif len(kept) >= USAGE_SPAN:  # no counts in its usage object: not reported
+            self._open, self._kept = False, b""
+        else:
+            self._kept = kept
+
+    def end(self) -> tuple[int, int] | None:
+        """The usage, once the answer ended."""
+        return self.usage
 
 
 class Exchange:
@@ -172,9 +233,9 @@ class Exchange:
         "pod_header",
         "read_timeout_s",
         "response_headers",
+        "scan",
         "status",
         "stream",
-        "tail",
         "timer",
     )
 
@@ -196,7 +257,7 @@ class Exchange:
         self.head: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.status = 0
-        self.tail = b""
+        self.scan = UsageScan()  # a passed-through answer's usage, read as it passes
         self.stream: StreamUsage | None = None  # an event stream's reader
         self.pending = b""  # the stream's events from the pod's current read, not written yet
         self.buffer: list[bytes] | None = None  # a JSON answer held for its price header
@@ -270,8 +331,7 @@ class Exchange:
                 self._send_held(None)
             return
         self.client.write_body(data)
-        tail = self.tail + data if len(data) < USAGE_TAIL_BYTES else data
-        self.tail = tail[-USAGE_TAIL_BYTES:]
+        self.scan.feed(data)
 
     def _send_held(self, price_header: bytes | None) -> None:
         """The held JSON answer: whole with its price and length, or (too large) its head and
@@ -281,7 +341,7 @@ class Exchange:
         client = self.client
         if price_header is None:
             client.start_response(self.status, self.response_headers, None)
-            self.tail = held[-USAGE_TAIL_BYTES:]
+            self.scan.feed(held)
         else:
             client.start_response(self.status, self.response_headers + price_header, len(held))
         client.write_body(held)
@@ -304,11 +364,11 @@ class Exchange:
                 last, self.pending = self.pending + self.stream.end(), b""
             delivery.usage, delivery.tokens_out = self.stream.usage, self.stream.tokens
         elif self.buffer is not None:
-            delivery.usage = parse_usage(b"".join(self.buffer))
+            delivery.usage, delivery.answered = parse_usage(b"".join(self.buffer)), True
             mu = delivery.price()[0]
             self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode())
         else:
-            delivery.usage = parse_usage(self.tail)
+            delivery.usage, delivery.answered = self.scan.end(), True
         self.client.end_response(last)
         if not self.done.done():
             self.done.set_result(None)

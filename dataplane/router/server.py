@@ -208,7 +208,7 @@ class Router:
         if not probe:
             req.body = tenant_body(body, req.body)
         forwarded, hide_usage = pod_body(req.body, body)
-        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat)
+        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat, need.output_tokens)
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:
@@ -234,7 +234,8 @@ class Router:
                 tried.append(pod)
         except BaseException as exc:
             end = self.clock()
-            if started:  # cut short (client gone, pod lost): what was delivered, never the estimate
+            if started:  # cut short (client gone, pod lost): what was delivered (pricing.metered)
+                delivery.client_cut = client.closed and delivery.sent
                 mu, tin, tout = delivery.price()
                 self.admission.settle(ep, probe, cost, mu)
                 self.meter.finish(key, end, end - t0, mu, tin, tout, True)
@@ -283,6 +284,7 @@ class Router:
                 self.config.max_body_bytes,
             )
             conn.send(build_request(req.method, req.path, host_hdr, req.headers, body), exch)
+            delivery.sent = True
             try:
                 await exch.head
             except UpstreamFailed as exc:

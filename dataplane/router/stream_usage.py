@@ -12,13 +12,26 @@ on that usage chunk only; without it, on each choice's terminal chunk (``finish_
   terminal chunk gets back the ``system_fingerprint`` vLLM would have stamped on it (copied, bytes
   as sent, from the usage chunk), so the client gets the bytes it would have got from the engine.
   The chunks from the first terminal one on wait for the usage chunk, which follows at once when
-  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish.
+  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish, up to
+  ``MAX_HELD_BYTES``: beyond, what is held goes on as it came, unstamped, and the stream is no
+  longer held (a long n > 1 stream must not be held whole, its tokens uncounted).
 - the client asked for usage: the usage chunk passes with ``"mu": <price>`` added to its usage.
 
-Delivered tokens (the price of a stream cut before its usage chunk): one per choice chunk passed
-on, except chat's opening chunk (``delta.role``); not the usage chunk, nor ``[DONE]``. That is
-vLLM's completion_tokens when it streams a token per chunk (its default): a chunk vLLM merges
-(``--stream-interval`` > 1, speculative decoding) counts once, chat's echoed text counts one.
+Delivered tokens (the price of a stream cut before its usage chunk): per choice chunk passed on,
+max(1, its text's characters // ``MERGED_CHARS_PER_TOKEN``), except chat's opening chunk
+(``delta.role``), 0; not the usage chunk, nor ``[DONE]``. vLLM streams a token a chunk by default,
+but merges the tokens a reader left waiting into one chunk (``RequestOutputCollector``: a client
+that stops reading, backpressure), and speculative decoding sends several at once: a merged
+chunk of 50 tokens (~200 characters) counts 25, never 1. The divisor is twice the router's
+chars-per-token rule (8): a one-token chunk counts 1 on real vocabularies (a token of 16 or more
+characters is rare), so the count is never above what the client got, and a merged chunk counts
+at least half its tokens. Measured on the sim's streams (one token a chunk, up to 4 bytes each):
+the count is exactly the chunks, so the Contract (within 2 tokens or 10 % of what the client
+received) holds as before. Text characters: the JSON string's bytes, a ``\\u`` escape one.
+
+Cheap on the hot path: a read is measured chunk by chunk only when it is larger than its chunks
+would be at one token each (``_plain``: the fewest bytes a chunk took, learned from the reads,
+the first one measured); else each chunk counts 1 from a byte count.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+
+from dataplane.router.pricing import CHARS_PER_TOKEN
 
 # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
 # match only as keys; found as vLLM's compact dump writes them, or a spaced one (the sim's).
@@ -36,6 +51,11 @@ _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
+MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
+MERGED_CHARS_PER_TOKEN = 2 * CHARS_PER_TOKEN  # a chunk's characters per token it counts, at least
+MERGED_SLACK = 2 * MERGED_CHARS_PER_TOKEN  # bytes over one token a chunk that trigger the measure
+# a choice's generated text (completions' text, chat's content / reasoning / tool arguments)
+_TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning|arguments)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 Pricer = Callable[[int, int], float]  # (prompt tokens, completion tokens) -> MU
 
@@ -47,7 +67,18 @@ def mu_text(mu: float) -> str:
 
 
 class StreamUsage:
-    __slots__ = ("_buf", "_held", "_keys", "chat", "hide_usage", "price", "tokens", "usage")
+    __slots__ = (
+        "_buf",
+        "_held",
+        "_holds",
+        "_keys",
+        "_plain",
+        "chat",
+        "hide_usage",
+        "price",
+        "tokens",
+        "usage",
+    )
 
     def __init__(self, hide_usage: bool, price: Pricer, chat: bool = False) -> None:
         self.hide_usage = hide_usage  # the router added include_usage: the client never sees it
@@ -58,6 +89,8 @@ class StreamUsage:
         self.usage: tuple[int, int] | None = None  # (prompt, completion) of the usage chunk
         self._buf = b""  # an event not complete yet
         self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
+        self._plain = 0.0  # the fewest bytes a chunk took in a read (0: none read yet)
+        self._holds = hide_usage  # terminal chunks wait for the fingerprint (until MAX_HELD_BYTES)
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to pass on for ``data`` from the pod: whole events only.
@@ -90,11 +123,14 @@ class StreamUsage:
                 if self.hide_usage:
                     return _stamped(before, usage_event, keys[1]) + after
                 return before + self._with_mu(usage_event) + after
-        elif self.hide_usage and self.usage is None:
+        elif self._holds and self.usage is None:
             at = block.find(keys[1])
             if at >= 0:  # it waits for the fingerprint in the usage chunk
                 start = _event_start(block, at)
-                block, self._held = block[:start], block[start:]
+                if len(block) - start <= MAX_HELD_BYTES:
+                    block, self._held = block[:start], block[start:]
+                else:  # too much to hold: it goes on as it came, unstamped, and so does the rest
+                    self._holds = False
         self.tokens += self._tokens(block)
         return block
 
@@ -107,9 +143,18 @@ class StreamUsage:
 
     def _tokens(self, events: bytes) -> int:
         """Tokens in whole chunks (none of them the usage chunk): one a chunk (vLLM's hold one
-        choice each), less chat's opening chunks (a ``delta`` that opens with ``role``)."""
+        choice each) unless the read is larger than that would take (merged chunks: measured),
+        less chat's opening chunks (a ``delta`` that opens with ``role``)."""
         n = events.count(b'"choices"')
-        return max(0, n - events.count(b'{"role"')) if self.chat else n
+        if n == 0:
+            return 0
+        size, plain = len(events), self._plain
+        if plain == 0 or size > n * plain + MERGED_SLACK:
+            tokens = _measured(events)
+        else:
+            tokens = n
+        self._plain = min(plain, size / n) if plain else size / n
+        return max(0, tokens - events.count(b'{"role"')) if self.chat else tokens
 
     def _with_mu(self, event: bytes) -> bytes:
         """The usage chunk with ``"mu"`` as the last field of its usage object."""
@@ -121,6 +166,20 @@ class StreamUsage:
         mu = mu_text(self.price(*self.usage))
         sep = "," if text[start + 1 : stop - 1].strip() else ""
         return (text[: stop - 1] + f'{sep}"mu":{mu}' + text[stop - 1 :]).encode()
+
+
+def _measured(events: bytes) -> int:
+    """Tokens in whole chunks, a chunk max(1, its text's characters // MERGED_CHARS_PER_TOKEN)
+    (a chat opening chunk counts 1 here, taken off by the caller)."""
+    tokens = 0
+    for event in events.split(b"\n\n"):
+        if b'"choices"' not in event:
+            continue
+        chars = 0
+        for text in _TEXT.findall(event):
+            chars += len(text) - 5 * text.count(b"\\u")  # \u00e9: one character
+        tokens += max(1, chars // MERGED_CHARS_PER_TOKEN)
+    return tokens
 
 
 def _event_start(block: bytes, at: int) -> int:

@@ -87,6 +87,25 @@ def lax_int(value: Any) -> int | None:
     return None
 
 
+_BOOL_STRINGS = {
+    **dict.fromkeys(("1", "true", "t", "yes", "y", "on"), True),
+    **dict.fromkeys(("0", "false", "f", "no", "n", "off"), False),
+}
+
+
+def lax_bool(value: Any) -> bool | None:
+    """The boolean pydantic reads from a JSON value in lax mode, as vLLM does (``stream``,
+    ``stream_options.include_usage``), or None (the engine refuses it): true, 1, 1.0, "true",
+    "1", "yes", "on", "t", "y" (any case, spaces stripped) are True; their opposites False."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return _BOOL_STRINGS.get(value.strip().lower())
+    return None
+
+
 def _int_param(body: dict[str, Any], name: str) -> int | None:
     """``body[name]`` as an integer; None when absent or null; a 400 when not an integer."""
     value = body.get(name)

@@ -8,6 +8,7 @@ Behaviour per request, chosen by the pod's ``mode`` or the request's ``x-fake`` 
             (no retry after the first byte)
   hold      answer nothing until released (queueing, drain)
   error     500 JSON
+  nousage   the ok answer without its usage
 A 200 answer is framed by ``framing``: "chunked" (streams; JSON has a Content-Length) or "close"
 (no Content-Length, no chunks: the body ends when the pod closes the connection, RFC 9112 6.3).
 Counts requests and open connections so tests can assert what reached which pod.
@@ -133,7 +134,9 @@ class FakePod:
                             "object": "text_completion",
                             "pod": self.name,
                             "choices": [{"index": 0, "text": "hello"}],
-                            "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
+                            "usage": None
+                            if mode == "nousage"
+                            else {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
                         }
                     ).encode()
                     length = b"content-length: %d\r\n" % len(payload) if self.framing == "chunked" else b""

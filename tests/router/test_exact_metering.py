@@ -290,6 +290,33 @@ def test_a_non_streamed_answer_carries_its_price_in_x_mu_cost(engine):
     asyncio.run(go())
 
 
+def test_a_passed_through_chat_answer_with_prompt_logprobs_after_its_usage_is_metered(engine):
+    """Chat answers put prompt_logprobs after usage (vLLM and the sim): an answer larger than the
+    router holds is searched read by read, not in its last bytes, and metered from its usage."""
+
+    async def go() -> None:
+        async with through(engine, "static", with_config(max_body_bytes=1500)) as t:  # the request fits
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": PROMPT * 30}],  # ~330 prompt tokens
+                "max_tokens": 7,
+                "prompt_logprobs": 1,
+            }
+            async with httpx.AsyncClient(timeout=10) as http:
+                r = await http.post(t.url + "/v1/chat/completions", json=body)
+            assert r.status_code == 200 and "x-mu-cost" not in r.headers
+            after_usage = r.content[r.content.index(b'"usage"') :]
+            assert len(after_usage) > 8192  # the usage is far from the end
+            usage = r.json()["usage"]
+            assert usage["completion_tokens"] == 7
+            await assert_idle(t.router)
+            s = t.router.meter.totals[t.meter_key]
+            assert (s.tokens_in, s.tokens_out) == (usage["prompt_tokens"], 7)
+            assert s.mu == pytest.approx(price(COEFFS, usage["prompt_tokens"], 7))
+
+    asyncio.run(go())
+
+
 async def _published_mu(t: Through, since: int) -> float:
     """MU the router published to Redis for its endpoint from second ``since`` on."""
     total = 0.0
@@ -366,6 +393,52 @@ def test_a_stream_the_client_resets_meters_what_was_delivered(slow_engine, mode)
                         break
                     await asyncio.sleep(0.1)
                 assert await _published_mu(t, started) == pytest.approx(metered)
+
+    asyncio.run(go())
+
+
+def test_a_client_reset_before_the_answer_meters_the_estimate(slow_engine):
+    """A non-streamed request the pod is working on (200 tokens, 4 s), its client gone before the
+    answer: metered at what it was admitted for, not 0."""
+
+    async def go() -> None:
+        async with through(slow_engine, "static") as t:
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200}
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.5)) as http:
+                with pytest.raises(httpx.ReadTimeout):  # then the client closes its connection
+                    await http.post(t.url + "/v1/completions", json=body)
+            await assert_idle(t.router)
+            cfg = t.router.config
+            need = demand(
+                body, False, t.router.endpoints[0].spec.max_model_len, cfg.max_n, cfg.default_max_tokens
+            )
+            tokens_in = estimate_input_tokens(body, False)
+            s = t.router.meter.totals[t.meter_key]
+            assert (s.requests, s.tokens_in, s.tokens_out) == (1, tokens_in, need.output_tokens)
+            assert s.mu == pytest.approx(price(COEFFS, tokens_in, need.output_tokens))
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_2xx_answer_without_usage_meters_the_estimate(held):
+    """A pod must not make an answer free by leaving its usage out (``"usage": null``), held or
+    passed through."""
+
+    async def go() -> None:
+        config = with_config(max_body_bytes=4096 if held else 100)  # the answer is ~125 bytes
+        async with running([await FakePod("pod-0", mode="nousage").start()], config=config) as (router, _):
+            body = {"model": "m", "prompt": "x" * 40, "max_tokens": 50}
+            async with httpx.AsyncClient(timeout=5) as http:
+                r = await http.post(f"http://127.0.0.1:{router.port}/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["usage"] is None
+            assert ("x-mu-cost" in r.headers) == held
+            await assert_idle(router)
+            s = router.meter.totals[(0, "")]
+            assert (s.tokens_in, s.tokens_out) == (10, 50)
+            assert s.mu == pytest.approx(price(COEFFS, 10, 50))
+            if held:
+                assert float(r.headers["x-mu-cost"]) == pytest.approx(price(COEFFS, 10, 50))
 
     asyncio.run(go())
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from dataplane.router.pricing import Coefficients, metered
-from dataplane.router.proxy import pod_body
-from dataplane.router.stream_usage import StreamUsage, mu_text
+from dataplane.router.proxy import USAGE_SPAN, UsageScan, parse_usage, pod_body
+from dataplane.router.stream_usage import MAX_HELD_BYTES, StreamUsage, mu_text
 
 C = Coefficients(0.002, 0.02, 0.1)
 
@@ -63,6 +63,29 @@ def test_a_streams_stream_interval_is_dropped(options):
     doc, asked, _ = forwarded(body)
     assert "stream_interval" not in doc and doc["stream_options"]["include_usage"] is True
     assert asked == (options is None)
+
+
+@pytest.mark.parametrize("flag", [1, 1.0, "true", "1", "yes", "On", " t ", "Y"])
+def test_a_stream_flag_vllm_reads_as_true_is_a_stream(flag):
+    """pydantic's lax bool: vLLM streams for ``"stream": 1`` or ``"true"``; the router must ask
+    its usage and drop its stream_interval as for ``true``."""
+    doc, asked, _ = forwarded({"model": "m", "stream": flag, "stream_interval": 50})
+    assert asked and doc["stream_options"]["include_usage"] is True and "stream_interval" not in doc
+
+
+@pytest.mark.parametrize("flag", [1, "true", "1", "YES", "on"])
+def test_a_clients_include_usage_vllm_reads_as_true_is_the_clients(flag):
+    """The client asked for the usage chunk: it is not the router's to drop."""
+    body = {"model": "m", "stream": "true", "stream_options": {"include_usage": flag}}
+    raw = json.dumps(body).encode()
+    assert pod_body(raw, body) == (raw, False)
+
+
+@pytest.mark.parametrize("flag", [0, "false", "0", "no", "off", "f", "n", None, "maybe", 2])
+def test_a_stream_flag_vllm_reads_as_false_or_refuses_is_forwarded_as_it_came(flag):
+    body = {"model": "m", "stream": flag}
+    raw = json.dumps(body).encode()
+    assert pod_body(raw, body) == (raw, False)
 
 
 def test_a_body_with_a_byte_order_mark_is_dumped_again():
@@ -148,11 +171,21 @@ def test_a_stream_cut_before_its_usage_releases_nothing_it_held():
 
 
 def test_metered_prices_usage_else_what_was_delivered():
-    assert metered(C, 100, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
-    assert metered(C, 100, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
-    assert metered(C, 100, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # reset before the first
-    assert metered(C, 100, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
-    assert metered(C, 100, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+    est = (100, 256)
+    assert metered(C, est, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
+    assert metered(C, est, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
+    assert metered(C, est, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # pod lost before the first
+    assert metered(C, est, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
+    assert metered(C, est, None, 0, 400, answered=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
+    # a client's reset before any token, the pod working: the estimate; a pod's failure: nothing
+    assert metered(C, est, None, 0, 0, client_cut=True) == (pytest.approx(5.42), 100, 256)
+    assert metered(C, est, None, 0, 200, client_cut=True) == (pytest.approx(5.42), 100, 256)
+    assert metered(C, est, None, 0, 400, client_cut=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 0) == (0.0, 0, 0)
+    assert metered(C, est, None, 20, 200, client_cut=True) == (pytest.approx(0.7), 100, 20)
+    # a whole answer without usage: the most it could cost, never 0
+    assert metered(C, est, None, 0, 200, answered=True) == (pytest.approx(5.42), 100, 256)
 
 
 def test_mu_text_is_a_short_decimal():
@@ -163,3 +196,90 @@ def test_mu_text_is_a_short_decimal():
         "12345.5",
         "0",
     ]
+
+
+def _chat_answer(spaced: bool) -> bytes:
+    """A chat answer as vLLM lays it out: usage, then prompt_logprobs whose decoded tokens spell
+    "usage" and usage-looking text (strings: their quotes escaped)."""
+    logprobs = [
+        {"7": {"logprob": -1.0, "rank": 1, "decoded_token": t}}
+        for t in ("usage", '"usage":{"prompt_tokens":1,"completion_tokens":0}', "x")
+    ] * 400
+    doc = {"id": "c", "choices": [{"index": 0, "message": {"content": "usage"}}],
+           "usage": {"prompt_tokens": 1200, "total_tokens": 1234, "completion_tokens": 34,
+                     "prompt_tokens_details": None},
+           "prompt_logprobs": logprobs, "prompt_token_ids": None}  # fmt: skip
+    return json.dumps(doc, separators=(", ", ": ") if spaced else (",", ":")).encode()
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_the_usage_is_the_usage_object_wherever_it_sits(spaced):
+    body = _chat_answer(spaced)
+    assert len(body) > 50_000 and body.count(b"usage") > 500
+    assert parse_usage(body) == (1200, 34)  # held whole
+    for size in (1, 7, 16, 17, 100, 4096):  # passed through, read by read
+        scan = UsageScan()
+        for i in range(0, len(body), size):
+            scan.feed(body[i : i + size])
+        assert scan.end() == (1200, 34), size
+        assert len(scan._kept) <= USAGE_SPAN  # bounded: nothing of the body kept
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"usage":null}', b'{"usage":{"prompt_tokens":3}}', b'{"a":"\\"usage\\":{"}', b""]
+)
+def test_an_answer_without_a_usage_object_reports_none(body):
+    assert parse_usage(body) is None
+
+
+WORDS = ["The", " cat", " sat", " on", " the", " mat", ",", " and", " é", "😀"]
+
+
+def test_a_merged_chunk_counts_the_tokens_its_text_holds():
+    """A client that stops reading makes vLLM merge the waiting tokens into one chunk: a cut
+    stream counts at least half of them, never 1 a chunk; one-token chunks count 1 each."""
+    s = StreamUsage(hide_usage=True, price=price)
+    singles = b"".join(event(token(0, WORDS[i % len(WORDS)])) for i in range(10))
+    s.feed(singles)
+    assert s.tokens == 10
+    merged = "".join(WORDS[1 + i % 5] for i in range(50)).replace(" on", " in ")[:200]  # 50 4-char tokens
+    s.feed(event(token(0, merged)))
+    assert 25 <= s.tokens - 10 <= 50
+    first = s.tokens
+    s.feed(event(token(0, "x")) + event(token(0, merged)) + event(token(0, "y")))  # mixed in one read
+    assert 2 + 25 <= s.tokens - first <= 2 + 50
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_one_token_chunks_count_one_each_whatever_their_text(spaced):
+    """Non-ASCII (escaped \\u by the sim's json.dumps), long tokens, chat's opening chunk."""
+    sep = (", ", ": ") if spaced else (",", ":")
+    chat = {**HEAD, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict) -> bytes:
+        doc = {**chat, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return b"data: " + json.dumps(doc, separators=sep).encode() + b"\n\n"
+
+    s = StreamUsage(hide_usage=True, price=price, chat=True)
+    s.feed(chunk({"role": "assistant", "content": ""}))
+    texts = ["a", "😀", "\ufffd\ufffd\ufffd\ufffd", "ééé", "\n\n", "  ", "elephant", '"\\"']
+    for text in texts:  # one read each, then all in one read
+        s.feed(chunk({"content": text}))
+    s.feed(b"".join(chunk({"content": t}) for t in texts))
+    assert s.tokens == 2 * len(texts)
+
+
+def test_with_n_2_what_is_held_for_the_fingerprint_is_bounded():
+    """Choice 0 finished, choice 1 streams 10,000 more chunks: past MAX_HELD_BYTES they go on as
+    they came (unstamped) and count as delivered, never held whole."""
+    s = StreamUsage(hide_usage=True, price=price)
+    assert s.feed(event(token(0, "a", "stop"))) == b""  # held for its fingerprint
+    parts = []
+    for _ in range(10_000):
+        parts.append(s.feed(event(token(1, "word"))))
+        assert len(s._held) <= MAX_HELD_BYTES
+    out = b"".join(parts)
+    assert s.tokens == 10_001 and out.startswith(event(token(0, "a", "stop")))
+    out += s.feed(event(token(1, "end", "length")) + event(USAGE) + DONE)
+    assert out.endswith(DONE) and b'"choices":[]' not in out  # the usage chunk still dropped
+    assert (s.usage, s.tokens) == ((9, 3), 3)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dataplane.router.validation import InvalidParameter, demand
+from dataplane.router.validation import InvalidParameter, demand, lax_bool
 from tests.runtime.support import http, sim_engine
 
 CTX = 512
@@ -76,3 +76,31 @@ def test_what_the_router_refuses_the_engine_refuses(engine, path, body):
         assert status == 400, (refused.param, answer)
     else:
         assert status in (200, 400), answer  # accepted by the router: the engine may still refuse
+
+
+FLAGS = [True, False, 1, 0, 1.0, 2, "true", "False", "1", "0", "yes", "NO", "on", "off", "t", "f", "y", "n",
+         " true ", "maybe", "", None, [], {}]  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", FLAGS, ids=repr)
+def test_the_router_reads_stream_flags_as_the_engine_does(engine, flag):
+    """``stream`` and ``stream_options.include_usage``: what ``lax_bool`` reads as true the engine
+    streams (with the usage chunk), as false it answers whole, as None it refuses (400)."""
+    for body in (
+        {"prompt": "hi", "max_tokens": 2, "stream": flag},
+        {"prompt": "hi", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": flag}},
+    ):
+        raw = json.dumps({"model": "m", **body}).encode()
+        status, _, answer = http("POST", engine.url + "/v1/completions", raw)
+        value = lax_bool(flag)
+        if flag is None:  # null: the field's default (false)
+            value = False
+        if value is None:
+            assert status == 400, answer
+            continue
+        assert status == 200, answer
+        streamed = b"data: " in answer
+        if "stream_options" in body:
+            assert streamed and (b'"choices": []' in answer or b'"choices":[]' in answer) == value, answer
+        else:
+            assert streamed == value, answer
