@@ -218,6 +218,11 @@ class UsageScan:
         return self.usage
 
 
+def _joined(chunks: list[bytes] | tuple[()]) -> bytes:
+    """The chunks as one bytes: the one chunk itself (most answers come in one read), no copy."""
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 class Exchange:
     __slots__ = (
         "body_started",
@@ -257,7 +262,7 @@ class Exchange:
         self.head: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.status = 0
-        self.scan = UsageScan()  # a passed-through answer's usage, read as it passes
+        self.scan: UsageScan | None = None  # a passed-through answer's usage, read as it passes
         self.stream: StreamUsage | None = None  # an event stream's reader
         self.pending = b""  # the stream's events from the pod's current read, not written yet
         self.buffer: list[bytes] | None = None  # a JSON answer held for its price header
@@ -307,6 +312,8 @@ class Exchange:
         if self.stream is not None:  # its length changes (usage chunk out, fingerprints in)
             length = None
         if self.buffer is None:
+            if self.stream is None:
+                self.scan = UsageScan()
             client.start_response(status, b"".join(out), length)
             if client.write_paused:
                 self.conn.pause_reading()
@@ -331,16 +338,20 @@ class Exchange:
                 self._send_held(None)
             return
         self.client.write_body(data)
-        self.scan.feed(data)
+        if self.scan is not None:
+            self.scan.feed(data)
 
-    def _send_held(self, price_header: bytes | None) -> None:
-        """The held JSON answer: whole with its price and length, or (too large) its head and
-        what came so far, the rest following as it arrives."""
-        held = b"".join(self.buffer or ())
+    def _send_held(self, price_header: bytes | None, held: bytes | None = None) -> None:
+        """The held JSON answer (``held``: its bytes, when already joined): whole with its price
+        and length, or (too large) its head and what came so far, the rest following as it
+        arrives."""
+        if held is None:
+            held = _joined(self.buffer or ())
         self.buffer = None
         client = self.client
         if price_header is None:
             client.start_response(self.status, self.response_headers, None)
+            self.scan = UsageScan()
             self.scan.feed(held)
         else:
             client.start_response(self.status, self.response_headers + price_header, len(held))
@@ -364,11 +375,12 @@ class Exchange:
                 last, self.pending = self.pending + self.stream.end(), b""
             delivery.usage, delivery.tokens_out = self.stream.usage, self.stream.tokens
         elif self.buffer is not None:
-            delivery.usage, delivery.answered = parse_usage(b"".join(self.buffer)), True
+            held = _joined(self.buffer)
+            delivery.usage, delivery.answered = parse_usage(held), True
             mu = delivery.price()[0]
-            self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode())
+            self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode(), held)
         else:
-            delivery.usage, delivery.answered = self.scan.end(), True
+            delivery.usage, delivery.answered = (self.scan.end() if self.scan is not None else None), True
         self.client.end_response(last)
         if not self.done.done():
             self.done.set_result(None)
