@@ -176,10 +176,16 @@ class Delivery:
 
 def parse_usage(body: bytes) -> tuple[int, int] | None:
     """(prompt_tokens, completion_tokens) of the usage object of a whole answer, when reported:
-    wherever it sits (chat puts prompt_logprobs and prompt_token_ids after it)."""
-    scan = UsageScan()
-    scan.feed(body)
-    return scan.end()
+    wherever it sits (chat puts prompt_logprobs and prompt_token_ids after it). What
+    ``UsageScan`` reads from one read, searched in place (no scanner, no copies): the counts within
+    ``USAGE_SPAN`` bytes from the first usage object's brace."""
+    m = _USAGE_KEY.search(body)
+    if m is None:
+        return None
+    start = m.end() - 1
+    stop = start + USAGE_SPAN
+    p, c = _PROMPT_RE.search(body, start, stop), _COMPLETION_RE.search(body, start, stop)
+    return (int(p.group(1)), int(c.group(1))) if p is not None and c is not None else None
 
 
 class UsageScan:
