@@ -137,7 +137,8 @@ class StreamUsage:
     def end(self) -> bytes:
         """The pod ended the stream: whatever is still held goes out as it came."""
         out = self._held + self._buf
-        self.tokens += self._tokens(self._held)
+        if self._held:  # most streams end with nothing held: no count to make
+            self.tokens += self._tokens(self._held)
         self._held, self._buf = b"", b""
         return out
 
