@@ -206,11 +206,11 @@ def _keep_others(endpoint: Endpoint, before: Endpoint, changed: Iterable[str]) -
     """Copy onto `endpoint` the locked row's fields that this write does not set; the fields to
     save (the changed ones, a rollout's version and the update time)."""
     names = {f.name for f in Endpoint._meta.concrete_fields}
-    written = {name for name in changed if name in names} | {"version", "updated_at"}
+    written = {name for name in changed if name in names} | {"updated_at"}
     for field in Endpoint._meta.concrete_fields:
         if field.name not in written and not field.primary_key:
             setattr(endpoint, field.attname, getattr(before, field.attname))
-    return sorted(written)
+    return sorted(written | {"version"})  # the locked row's, or a new rollout's
 
 
 def _reserved(endpoint: Endpoint | None) -> int:
