@@ -1,7 +1,8 @@
 """ASGI entry point: the production web server's (controlplane/gunicorn.conf.py, uvicorn workers).
 
 Django's app behind ``BoundedApp``: a bounded number of requests inside Django per worker, each
-with its body already read (controlplane/webserver.py).
+with its body already read, a body over DATA_UPLOAD_MAX_MEMORY_SIZE refused with 413 before
+Django reads it, /healthz and static files on slots of their own (controlplane/webserver.py).
 """
 
 import os
@@ -21,4 +22,8 @@ django_application = get_asgi_application()
 
 from controlplane.webserver import BoundedApp  # noqa: E402 - after Django is set up
 
-application = BoundedApp(django_application)
+application = BoundedApp(
+    django_application,
+    max_body_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+    static_prefix="/" + settings.STATIC_URL.lstrip("/"),
+)

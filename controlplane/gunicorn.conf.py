@@ -8,7 +8,9 @@ that send a header line a second leave /healthz answering in milliseconds
 none of its probes within 5 s. Header and body deadlines disconnect such clients in the end.
 At most workers x app_concurrency requests run inside Django at once (threads and PostgreSQL
 connections: 80 concurrent clients held at most 16 connections), each entering with its body
-read, so 50 clients sending bodies a byte a second do not starve it either.
+read, so 50 clients sending bodies a byte a second do not starve it either. 40 clients that ask for
+the 1.6 MB Swagger bundle and read nothing leave /healthz and the API answering, and are cut at the
+send deadline; a body over 2.5 MB gets 413 before it is read.
 """
 
 import os
@@ -30,5 +32,10 @@ webserver.configure(
     limit_concurrency=1000,  # connections + requests per worker; beyond it 503 at once
     app_concurrency=16,  # requests inside Django at once per worker (threads, database connections)
     prefetch_body_bytes=2_621_440,  # bodies read before entering Django (Django's 2.5 MB limit)
+    prefetch_budget_bytes=64 * 2**20,  # all bodies read ahead at once per worker; the rest wait
+    health_slots=2,  # /healthz's own slots: a crowd on the API or the static files never delays it
+    static_slots=16,  # static files' own slots (whitenoise, no database connection)
+    send_timeout_s=10.0,  # a response the client does not take for this long is aborted
+    response_timeout_s=60.0,  # ... or stalled this long in all (a trickle reader)
 )
 accesslog = "-"

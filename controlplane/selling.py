@@ -15,6 +15,7 @@ The API, the console and `load_demo` all call these, so each gets the same check
 
 from collections import defaultdict
 from collections.abc import Iterable
+from copy import copy
 from fractions import Fraction
 from math import ceil
 
@@ -161,7 +162,7 @@ def save_profile(profile: ModelProfile) -> None:
             check_holds(pool.name, ledgers[pool.pk])
 
 
-def save_endpoint(endpoint: Endpoint) -> None:
+def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> None:
     """Save, refusing what would oversell the endpoint's pool or exceed its tenant's GPU quota.
 
     The endpoint commits max(its reservation, its minimum replicas) in its pool (capacity.ledger):
@@ -170,6 +171,10 @@ def save_endpoint(endpoint: Endpoint) -> None:
     minimum and maximum replicas, in GPUs, each stay within the tenant's quota. A new endpoint
     starts at its minimum replicas; a model change starts a rollout
     (Endpoint.start_rollout_if_the_model_changed).
+
+    `changed` names the fields this write sets on an endpoint read earlier: its other fields are
+    re-read under the lock (the checks see what the autoscaler wrote since, say a lower target)
+    and only the changed ones are written, so a PATCH never reverts desired_replicas or state.
     """
     with transaction.atomic():
         # Tenant first, then pools: every writer that takes both takes them in this order.
@@ -179,6 +184,9 @@ def save_endpoint(endpoint: Endpoint) -> None:
             if endpoint.pk
             else None
         )
+        update_fields = None
+        if before is not None and changed is not None and not endpoint._state.adding:
+            update_fields = _keep_others(endpoint, before, changed)
         pools = {p.pk: p for p in locked_pools({endpoint.pool_id, *([before.pool_id] if before else [])})}
         pool = pools[endpoint.pool_id]
         reserved = _reserved(before)
@@ -191,7 +199,18 @@ def save_endpoint(endpoint: Endpoint) -> None:
             endpoint.desired_replicas = endpoint.replica_bounds[0]
         if endpoint.pk and not endpoint._state.adding:
             endpoint.start_rollout_if_the_model_changed()
-        endpoint.save()
+        endpoint.save(update_fields=update_fields)
+
+
+def _keep_others(endpoint: Endpoint, before: Endpoint, changed: Iterable[str]) -> list[str]:
+    """Copy onto `endpoint` the locked row's fields that this write does not set; the fields to
+    save (the changed ones, a rollout's version and the update time)."""
+    names = {f.name for f in Endpoint._meta.concrete_fields}
+    written = {name for name in changed if name in names} | {"updated_at"}
+    for field in Endpoint._meta.concrete_fields:
+        if field.name not in written and not field.primary_key:
+            setattr(endpoint, field.attname, getattr(before, field.attname))
+    return sorted(written | {"version"})  # the locked row's, or a new rollout's
 
 
 def _reserved(endpoint: Endpoint | None) -> int:
@@ -223,22 +242,22 @@ def allowed_target(endpoint: Endpoint, target: int) -> int:
     more minimum and maximum replicas, checked like any raise (pool and quota) under the tenant's
     and the pool's locks, which the caller's transaction keeps until it has written the target.
     Refused, the target is held at the lowest that keeps the endpoint's replica bounds as they are."""
-    old = endpoint.target_concurrency_per_replica
-    low, high = endpoint.replica_bounds
     with transaction.atomic():
         tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
         (pool,) = locked_pools([endpoint.pool_id])
+        # The row as it is now, under the locks: a PATCH may have raised its minimum since the
+        # caller read `endpoint`, checked at the target then.
         before = Endpoint.objects.select_related("profile", "reservation").get(pk=endpoint.pk)
-        endpoint.target_concurrency_per_replica = target
+        candidate = copy(before)
+        candidate.target_concurrency_per_replica = target
         try:
-            _check_quota(tenant, endpoint, before)
+            _check_quota(tenant, candidate, before)
             reserved = _reserved(before)
-            ensure_change(pool, commitment(endpoint, reserved), commitment(before, reserved))
+            ensure_change(pool, commitment(candidate, reserved), commitment(before, reserved))
         except (Oversold, QuotaExceeded):
-            keep_low = ceil(endpoint.min_provisioned_concurrency / low) if low else 1
-            return max(target, keep_low, ceil(endpoint.max_provisioned_concurrency / high))
-        finally:
-            endpoint.target_concurrency_per_replica = old
+            low, high = before.replica_bounds
+            keep_low = ceil(before.min_provisioned_concurrency / low) if low else 1
+            return max(target, keep_low, ceil(before.max_provisioned_concurrency / high))
     return target
 
 

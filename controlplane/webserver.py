@@ -10,13 +10,26 @@ connection (or, on a kept-alive connection, of its first byte), its body within
 numbers are set in ``controlplane/gunicorn.conf.py`` (``configure``), the server's one
 configuration file.
 
+Uvicorn also waits without end for a client that does not read its response; the third
+deadline: writes stalled (the transport's buffer over its high-water mark) for
+``send_timeout_s`` at a time, or ``response_timeout_s`` in all on one request, abort the
+connection, so a non-reader holds its request's slot that long at most.
+
 ``BoundedApp`` wraps Django's ASGI app: at most ``app_concurrency`` requests per worker run
 inside Django at once (so threads and database connections stay bounded however many clients
 come), and a request enters only once its body is in (up to ``prefetch_body_bytes``), so
-clients that send their bodies slowly wait as coroutines and hold no thread.
+clients that send their bodies slowly wait as coroutines and hold no thread. /healthz and the
+static files have slots of their own (``health_slots``, ``static_slots``): clients crowding
+the API, or reading a large file slowly, do not delay the kubelet's probe. A body over
+``max_body_bytes`` (Django's DATA_UPLOAD_MAX_MEMORY_SIZE) gets 413 as soon as its
+Content-Length or its bytes received say so, and the connection is closed unread; the bodies
+read ahead of a slot hold at most ``prefetch_budget_bytes`` per worker (the others wait unread).
 """
 
 import asyncio
+import json
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +50,15 @@ class Deadlines:
     # A body up to this size is read in full before its request enters Django (a slow body
     # then holds no thread); a larger one streams in as Django reads it (Django's own limits).
     prefetch_body_bytes: int = 2_621_440
+    # All bodies read ahead at once per worker; a request whose body does not fit waits unread.
+    prefetch_budget_bytes: int = 64 * 2**20
+    # Slots for /healthz and for static files, beside app_concurrency's.
+    health_slots: int = 2
+    static_slots: int = 16
+    # A response the client does not take: writes stalled this long at once, or in all on one
+    # request, abort the connection.
+    send_timeout_s: float = 10.0
+    response_timeout_s: float = 60.0
 
 
 DEADLINES = Deadlines()
@@ -60,6 +82,37 @@ class DeadlineProtocol(HttpToolsProtocol):
     """Uvicorn's httptools protocol with a header deadline and a body deadline."""
 
     deadline: asyncio.TimerHandle | None = None
+    send_deadline: asyncio.TimerHandle | None = None
+    stalled_since: float | None = None
+    stalled_s = 0.0  # writes stalled so far on this request
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stalled_since = self.loop.time()
+        left = min(DEADLINES.send_timeout_s, DEADLINES.response_timeout_s - self.stalled_s)
+        self.send_deadline = self.loop.call_later(max(left, 0.0), self._not_taken)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._end_stall()
+
+    def _end_stall(self) -> None:
+        if self.stalled_since is not None:
+            self.stalled_s += self.loop.time() - self.stalled_since
+            self.stalled_since = None
+        if self.send_deadline is not None:
+            self.send_deadline.cancel()
+            self.send_deadline = None
+
+    def _not_taken(self) -> None:
+        self.send_deadline = None
+        self.logger.info("%s: response not taken in time, aborting", self.client)
+        if self.cycle is not None:
+            self.cycle.disconnected = True  # the app's next sends return at once
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops what it still holds for the client
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()  # close() would wait for the buffer to drain
 
     def _arm(self, seconds: float, waiting_for: str) -> None:
         self._disarm()
@@ -85,6 +138,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.stalled_s = 0.0
         if self.deadline is None:  # a kept-alive connection's next request starts its clock
             self._arm(DEADLINES.header_timeout_s, "headers")
 
@@ -98,6 +152,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._end_stall()
         super().connection_lost(exc)
 
 
@@ -118,33 +173,119 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+class ByteBudget:
+    """Bytes that requests may hold at once; a request asks for its share and waits for it (one
+    alone always gets it, so a share larger than the whole budget cannot wait for ever)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, share: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used == 0 or self.used + share <= self.total)
+            self.used += share
+
+    async def give_back(self, share: int) -> None:
+        async with self._changed:
+            self.used -= share
+            self._changed.notify_all()
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length; None for a chunked body (or a bad length, which the HTTP
+    parser has refused already)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+        if name == b"transfer-encoding":
+            return None
+    return 0
+
+
+async def too_large(scope: Scope, send: Send) -> None:
+    """413, closing the connection: the rest of the body is never read. JSON under /api/, as
+    controlplane.api.middleware answers the API's errors."""
+    from controlplane.api.middleware import API_PREFIX, CODES, DETAILS
+
+    if scope.get("path", "").startswith(API_PREFIX):
+        body = json.dumps({"error": CODES[413], "detail": DETAILS[413]}).encode()
+        kind = b"application/json"
+    else:
+        body, kind = b"request body too large\n", b"text/plain; charset=utf-8"
+    headers = [(b"content-type", kind), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class BoundedApp:
     """An ASGI app that lets at most ``app_concurrency`` requests into ``app`` at once, each
-    with its body already read (up to ``prefetch_body_bytes``)."""
+    with its body already read (up to ``prefetch_body_bytes``); /healthz and static files
+    (``static_prefix``) have slots of their own; a body over ``max_body_bytes`` gets 413."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(
+        self, app: App, *, max_body_bytes: int | None = None, static_prefix: str | None = None
+    ) -> None:
         self.app = app
-        self._slots: asyncio.Semaphore | None = None  # made in the worker's event loop
+        self.max_body_bytes = max_body_bytes
+        self.static_prefix = static_prefix
+        self._slots: dict[str, asyncio.Semaphore] = {}  # made in the worker's event loop
+        self._budget: ByteBudget | None = None
+
+    def slots_for(self, path: str) -> asyncio.Semaphore:
+        if path == "/healthz":
+            kind, size = "health", DEADLINES.health_slots
+        elif self.static_prefix and path.startswith(self.static_prefix):
+            kind, size = "static", DEADLINES.static_slots
+        else:
+            kind, size = "app", DEADLINES.app_concurrency
+        if kind not in self._slots:
+            self._slots[kind] = asyncio.Semaphore(size)
+        return self._slots[kind]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        early: list[Message] = []
-        size = 0
-        while size <= DEADLINES.prefetch_body_bytes:
-            message = await receive()
-            early.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-            size += len(message.get("body", b""))
-        if early[-1]["type"] == "http.disconnect":
-            return  # gone before its request was in: nothing to answer
+        limit = self.max_body_bytes
+        declared = declared_length(scope)
+        if limit is not None and declared is not None and declared > limit:
+            await too_large(scope, send)
+            return
+        # What this request's body may hold while it waits: its length, or all a chunked one may.
+        share = min(
+            DEADLINES.prefetch_body_bytes,
+            declared if declared is not None else (limit if limit is not None else 2**63),
+        )
+        if self._budget is None:
+            self._budget = ByteBudget(DEADLINES.prefetch_budget_bytes)
+        budget = self._budget
+        await budget.take(share)
+        try:
+            early: list[Message] = []
+            size = 0
+            while size <= DEADLINES.prefetch_body_bytes:
+                message = await receive()
+                early.append(message)
+                if message["type"] != "http.request":
+                    break
+                size += len(message.get("body", b""))
+                if limit is not None and size > limit:
+                    await too_large(scope, send)
+                    return
+                if not message.get("more_body", False):
+                    break
+            if early[-1]["type"] == "http.disconnect":
+                return  # gone before its request was in: nothing to answer
 
-        async def replay() -> Message:
-            return early.pop(0) if early else await receive()
+            async def replay() -> Message:
+                return early.pop(0) if early else await receive()
 
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(DEADLINES.app_concurrency)
-        async with self._slots:
-            await self.app(scope, replay, send)
+            async with self.slots_for(scope.get("path", "")):
+                await self.app(scope, replay, send)
+        finally:
+            await budget.give_back(share)

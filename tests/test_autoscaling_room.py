@@ -5,6 +5,7 @@ on synthetic time, as in tests/test_autoscaling.py (the cluster records what it 
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket
@@ -129,3 +130,54 @@ def test_a_lower_target_that_needs_more_minimum_replicas_than_the_pool_holds_is_
     assert scaling.vertical_pass(cluster, NOW).changed == 1
     steady.refresh_from_db()
     assert steady.target_concurrency_per_replica == 12 and steady.replica_bounds == (4, 4)
+
+
+def test_a_minimum_raised_after_the_vertical_pass_read_the_endpoint_is_checked_at_the_new_target(
+    owner, make_endpoint, owner_client
+):
+    """The pass reads the endpoint (1 replica at 16); a PATCH raises its minimum to 48 (3 replicas
+    at 16: 5 + 3 of 8 GPUs fit); the pass then lowers the target to 12: 48 at 12 is 4 replicas,
+    9 GPUs. The check under the locks sees the raised minimum and holds the target at 16."""
+    from controlplane import selling
+
+    steady = make_endpoint(
+        owner, "steady", min_provisioned_concurrency=16, max_provisioned_concurrency=16,
+        target_concurrency_per_replica=16,
+    )  # fmt: skip
+    make_endpoint(owner, "batch", min_provisioned_concurrency=40, max_provisioned_concurrency=40)  # 5 GPUs
+    read_by_the_pass = Endpoint.objects.with_related().get(pk=steady.pk)
+    raised = owner_client.patch(
+        f"/api/v1/endpoints/{steady.pk}/",
+        {"min_provisioned_concurrency": 48, "max_provisioned_concurrency": 48},
+        format="json",
+    )
+    assert raised.status_code == 200, raised.content
+    with transaction.atomic():
+        assert selling.allowed_target(read_by_the_pass, 12) == 16
+
+
+def test_a_patch_of_another_field_keeps_what_the_autoscaler_wrote(
+    owner, make_endpoint, owner_client, monkeypatch
+):
+    """The PATCH reads its endpoint, then the autoscaler writes desired_replicas, clamped_since and
+    state; saving the PATCH writes only the fields it sets."""
+    from controlplane.api import views
+
+    chat = make_endpoint(owner, "chat", max_provisioned_concurrency=80)
+    read = views.EndpointViewSet.get_object
+
+    def read_then_the_autoscaler_writes(self):
+        endpoint = read(self)
+        Endpoint.objects.filter(pk=chat.pk).update(
+            desired_replicas=3, clamped_since=NOW, state=Endpoint.State.SCALING
+        )
+        return endpoint
+
+    monkeypatch.setattr(views.EndpointViewSet, "get_object", read_then_the_autoscaler_writes)
+    patched = owner_client.patch(
+        f"/api/v1/endpoints/{chat.pk}/", {"max_provisioned_concurrency": 72}, format="json"
+    )
+    assert patched.status_code == 200, patched.content
+    chat.refresh_from_db()
+    assert chat.max_provisioned_concurrency == 72
+    assert (chat.desired_replicas, chat.clamped_since, chat.state) == (3, NOW, Endpoint.State.SCALING)

@@ -62,3 +62,63 @@ def test_a_client_gone_before_its_body_is_in_never_enters():
 
     asyncio.run(BoundedApp(app)({"type": "http"}, receive, send))
     assert entered == []
+
+
+def test_bodies_read_ahead_of_a_slot_share_a_byte_budget(monkeypatch):
+    """With room for one 2 MB body, the second request reads nothing until the first is done."""
+    monkeypatch.setattr(DEADLINES, "prefetch_budget_bytes", 3 * 2**20)
+    reads: list[str] = []
+    release = asyncio.Event()
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        if scope["path"] == "/first":
+            await release.wait()
+
+    def client(name):
+        chunks = [b"x" * 2**20, b"x" * 2**20]
+
+        async def receive():
+            reads.append(name)
+            chunk = chunks.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+        return receive
+
+    async def send(message):
+        pass
+
+    async def main():
+        bounded = BoundedApp(app, max_body_bytes=2_621_440)
+        headers = [(b"content-length", str(2 * 2**20).encode())]
+        first = asyncio.create_task(
+            bounded({"type": "http", "path": "/first", "headers": headers}, client("first"), send)
+        )
+        second = asyncio.create_task(
+            bounded({"type": "http", "path": "/second", "headers": headers}, client("second"), send)
+        )
+        await asyncio.sleep(0.05)
+        assert reads == ["first", "first"]  # the second waits unread: no room for its 2 MB
+        release.set()
+        await asyncio.gather(first, second)
+        assert reads == ["first", "first", "second", "second"]
+
+    asyncio.run(main())
+
+
+def test_a_declared_body_over_the_limit_gets_413_unread():
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        raise AssertionError("never entered")
+
+    async def receive():
+        raise AssertionError("never read")
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/login/", "headers": [(b"content-length", b"10485760")]}
+    asyncio.run(BoundedApp(app, max_body_bytes=2_621_440)(scope, receive, send))
+    assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,18 +87,20 @@ def server(django_db_setup):
         PYTHONPATH=str(ROOT),
         WEB_CONCURRENCY="2",
     )
+    # The log goes to a file: a pipe nobody reads fills, and the workers block writing to it.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         rebound(image_command(), port),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 30
         while get(port, "/healthz", 1.0)[0] != 200:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert proc.poll() is None, log.seek(0) or log.read().decode()
             assert time.monotonic() < deadline, "the web server did not answer /healthz within 30 s"
             time.sleep(0.2)
         yield port
@@ -108,8 +111,7 @@ def server(django_db_setup):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        log.close()
 
 
 def test_it_serves_the_console_api_and_static_files(server):
@@ -225,3 +227,111 @@ def test_two_hundred_slow_clients_do_not_starve_healthz(server):
     # The header deadline (10 s) disconnected them, each told why; none got a page.
     timed_out = [r for r in answered.values() if r.startswith(b"HTTP/1.1 408")]
     assert len(timed_out) >= SLOW_CLIENTS * 0.9, (len(answered), len(timed_out))
+
+
+def recv_response(s: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = s.recv(4096)
+        assert more, data
+        data += more
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.lower().split(b"\r\n")
+    length = int(next(line.split(b":")[1] for line in lines if line.startswith(b"content-length:")))
+    while len(body) < length:
+        more = s.recv(4096)
+        assert more, body
+        body += more
+    return head, body
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_sent(server):
+    """10 MB declared: 413 (JSON under /api/) at once, the body never sent: Django never spools it."""
+    with socket.create_connection(("127.0.0.1", server), timeout=2) as s:
+        s.sendall(
+            b"POST /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10485760\r\n\r\n"
+        )
+        head, body = recv_response(s)
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower(), head
+    assert json.loads(body)["error"] == "too_large"
+
+
+def test_a_chunked_body_over_the_limit_is_refused_once_past_it(server):
+    """A chunked 10 MB body: 413 once 2.5 MB are in, while the client has most of it still to send."""
+    chunk = b"x" * 65536
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        s.sendall(
+            b"POST /accounts/login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n\r\n"
+        )
+        for _ in range(41):  # 2.56 MB + 64 KiB of the 10 MB
+            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        head, body = recv_response(s)
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert body == b"request body too large\n"
+
+
+BIG_STATIC = "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js"  # 1.6 MB
+NON_READERS = 40  # more than the 2 x 16 requests Django runs at once
+SEND_TIMEOUT_S = 10.0  # controlplane/gunicorn.conf.py's send_timeout_s
+
+
+PIPELINED = 5  # 8 MB asked per connection: more than the kernel's buffers on loopback take
+
+
+def non_reader(port: int, path: str) -> socket.socket:
+    """A client with a tiny receive window that asks for `path` (pipelined, PIPELINED times) and
+    reads nothing."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window offered
+    s.settimeout(2)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * PIPELINED)
+    return s
+
+
+def drained(s: socket.socket) -> tuple[int, bool]:
+    """(bytes it has been sent, whether the server ended the connection): what is there now,
+    up to 256 KiB (one still being answered would go on)."""
+    got = 0
+    while got < 1 << 18:
+        try:
+            chunk = s.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return got, False
+        except OSError:  # reset: the server aborted it
+            return got, True
+        if not chunk:
+            return got, True
+        got += len(chunk)
+    return got, False
+
+
+def test_clients_that_do_not_read_a_large_file_neither_starve_healthz_nor_stay(server):
+    """40 clients that never read the 1.6 MB Swagger bundle: /healthz and the API still answer
+    within 1 s (static files and /healthz have slots of their own), and the send deadline cuts
+    the non-readers (unfixed, they held every slot with no end)."""
+    port = server
+    slow = [non_reader(port, BIG_STATIC) for _ in range(NON_READERS)]
+    started = time.monotonic()
+    try:
+        time.sleep(1.0)  # their responses fill the buffers and stall
+        probes = []
+        while time.monotonic() - started < 4.0:
+            probes.append(("/healthz", *get(port, "/healthz", 3.0)))
+            probes.append(("/api/v1/whoami/", *get(port, "/api/v1/whoami/", 3.0)))
+        assert all(status in (200, 401) for _, status, _ in probes), probes
+        slowest = max(seconds for _, _, seconds in probes)
+        assert slowest < PROBE_LIMIT_S, probes
+        time.sleep(max(0.0, started + SEND_TIMEOUT_S + 2.5 - time.monotonic()))
+        results = [drained(s) for s in slow]
+    finally:
+        for s in slow:
+            s.close()
+    # The first to stall (at least a worker's 16) were reset, having taken only their window;
+    # the others' requests entered the slots they freed (a worker may have accepted more than
+    # 16) and stall in turn, until their own deadline.
+    cut = [got for got, ended in results if ended and 0 < got < 1 << 18]
+    assert len(cut) >= 16, results
+    assert get(port, "/healthz", 5.0)[0] == 200

@@ -421,9 +421,10 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         endpoint = self.instance or Endpoint(
             target_concurrency_per_replica=settings.DEFAULT_TARGET_CONCURRENCY
         )
-        for field, value in {**self.validated_data, **kwargs}.items():
+        values = {**self.validated_data, **kwargs}
+        for field, value in values.items():
             setattr(endpoint, field, value)
-        selling.save_endpoint(endpoint)
+        selling.save_endpoint(endpoint, changed=values if self.instance is not None else None)
         endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
         self.instance = endpoint
         return endpoint
