@@ -34,7 +34,7 @@ from typing import Any
 
 from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
-from dataplane.router.stream_usage import StreamUsage, mu_text
+from dataplane.router.stream_usage import StreamUsage, mu_text, usage_counts
 from dataplane.router.upstream import UpstreamConnection
 from dataplane.router.validation import lax_bool
 
@@ -53,9 +53,6 @@ RESPONSE_DROP = HOP_BY_HOP | {b"date", b"server"}
 _USAGE_KEY = re.compile(rb'"usage"\s{0,4}:\s{0,4}\{')
 USAGE_OVERLAP = 16  # bytes of a read kept for the next: a key split across reads (the key is 17 at most)
 USAGE_SPAN = 512  # bytes after the key read for its counts (vLLM's usage object is ~150)
-# a count followed by what ends it: a number split across reads is not read short
-_PROMPT_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)\s*[,}]')
-_COMPLETION_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)\s*[,}]')
 
 
 class UpstreamFailed(Exception):
@@ -183,9 +180,7 @@ def parse_usage(body: bytes) -> tuple[int, int] | None:
     if m is None:
         return None
     start = m.end() - 1
-    stop = start + USAGE_SPAN
-    p, c = _PROMPT_RE.search(body, start, stop), _COMPLETION_RE.search(body, start, stop)
-    return (int(p.group(1)), int(c.group(1))) if p is not None and c is not None else None
+    return usage_counts(body, start, start + USAGE_SPAN)
 
 
 class UsageScan:
@@ -211,9 +206,9 @@ class UsageScan:
                 return
             kept, self._open = kept[m.end() - 1 :], True
         kept = kept[:USAGE_SPAN]
-        p, c = _PROMPT_RE.search(kept), _COMPLETION_RE.search(kept)
-        if p is not None and c is not None:
-            self.usage, self._kept = (int(p.group(1)), int(c.group(1))), b""
+        usage = usage_counts(kept)
+        if usage is not None:
+            self.usage, self._kept = usage, b""
         elif len(kept) >= USAGE_SPAN:  # no counts in its usage object: not reported
             self._open, self._kept = False, b""
         else:

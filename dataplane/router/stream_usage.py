@@ -47,8 +47,10 @@ from dataplane.router.pricing import CHARS_PER_TOKEN
 COMPACT = (b'"choices":[]', b'"finish_reason":"', b'{"role"')  # vLLM's
 SPACED = (b'"choices": []', b'"finish_reason": "', b'{"role"')  # json.dumps's, the sim's
 # each: the usage chunk's choices, a choice's terminal chunk (else null), chat's opening delta
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# A usage object's counts, each followed by what ends it (a number split across reads of an
+# answer is not read short): the one reading of them, for streams and whole answers alike.
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)\s*[,}]')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)\s*[,}]')
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _DECODER = json.JSONDecoder()
 MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
@@ -116,7 +118,7 @@ class StreamUsage:
             start = _event_start(block, at)
             stop = block.find(b"\n\n", at) + 2
             usage_event = block[start:stop]
-            counts = _usage_of(usage_event)
+            counts = usage_counts(usage_event)
             if counts is not None:
                 self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
                 before, after = block[:start], block[stop:]  # tokens: the usage says them
@@ -209,7 +211,9 @@ def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
     return b"".join(reversed(out))
 
 
-def _usage_of(event: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of a usage chunk, when it reports them."""
-    p, c = _PROMPT.search(event), _COMPLETION.search(event)
-    return (int(p.group(1)), int(c.group(1))) if p and c else None
+def usage_counts(data: bytes, start: int = 0, stop: int | None = None) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of the usage object in ``data[start:stop]``, when it reports
+    them (a usage chunk, or the bytes from an answer's usage key on)."""
+    end = len(data) if stop is None else stop
+    p, c = _PROMPT.search(data, start, end), _COMPLETION.search(data, start, end)
+    return (int(p.group(1)), int(c.group(1))) if p is not None and c is not None else None
