@@ -132,6 +132,14 @@ def roomiest_pool(profile: ModelProfile) -> GpuPool | None:
     return max(pools, key=lambda p: ledgers[p.pk].headroom_gpus, default=None)
 
 
+def locked_tenant(tenant_id: int) -> Tenant:
+    """Lock the tenant's row, before any pool's: every writer of an endpoint takes the tenant
+    first. A write whose event names the tenant takes a key-share lock on its row when it
+    commits (the deferred foreign-key check), so a writer that locked only the pool would wait
+    there for a quota check holding the tenant and waiting for the pool: a deadlock."""
+    return Tenant.objects.select_for_update().get(pk=tenant_id)
+
+
 def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
     """Lock pool rows (in id order, so two writers never deadlock). Call inside atomic()."""
     return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
@@ -178,7 +186,7 @@ def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> N
     """
     with transaction.atomic():
         # Tenant first, then pools: every writer that takes both takes them in this order.
-        tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
+        tenant = locked_tenant(endpoint.tenant_id)
         before = (
             Endpoint.objects.select_related("profile", "reservation").filter(pk=endpoint.pk).first()
             if endpoint.pk
@@ -243,7 +251,7 @@ def allowed_target(endpoint: Endpoint, target: int) -> int:
     and the pool's locks, which the caller's transaction keeps until it has written the target.
     Refused, the target is held at the lowest that keeps the endpoint's replica bounds as they are."""
     with transaction.atomic():
-        tenant = Tenant.objects.select_for_update().get(pk=endpoint.tenant_id)
+        tenant = locked_tenant(endpoint.tenant_id)
         (pool,) = locked_pools([endpoint.pool_id])
         # The row as it is now, under the locks: a PATCH may have raised its minimum since the
         # caller read `endpoint`, checked at the target then.
@@ -265,6 +273,7 @@ def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> Non
     """Delete, keeping sales: an endpoint with a reservation is refused (EndpointReserved) unless
     `release_by` names the operator who ends the sale here (with its event), then deletes."""
     with transaction.atomic():
+        locked_tenant(endpoint.tenant_id)
         locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
         reservation = Reservation.objects.filter(endpoint_id=endpoint.pk).first()
         if reservation is not None:
@@ -282,6 +291,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
     with transaction.atomic():
+        locked_tenant(endpoint.tenant_id)
         (pool,) = locked_pools([endpoint.pool_id])
         current = (
             Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
@@ -313,6 +323,7 @@ def release(reservation: Reservation, *, released_by: str) -> None:
     """End a sale and write its event."""
     endpoint = reservation.endpoint
     with transaction.atomic():
+        locked_tenant(endpoint.tenant_id)
         reservation.delete()
         Event.record(
             Event.Kind.RESERVATION,

@@ -5,13 +5,14 @@ figures exactly as /api/v1/capacity/ and the console show them."""
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from capacity.ledger import Oversold
 from controlplane.api.errors import LEDGER_FIGURES
-from controlplane.capacity.models import GpuPool
+from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.selling import sell
+from controlplane.selling import release, save_endpoint, sell
 from tests.conftest import endpoint_body
 from tests.console.conftest import member_client
 
@@ -230,3 +231,55 @@ def test_concurrent_minimum_raises_cannot_together_oversell(owner, make_endpoint
         t.join(timeout=30)
     assert sorted(statuses) == [200, 409]
     assert sorted(Endpoint.objects.values_list("min_provisioned_concurrency", flat=True)) == [0, 40]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_minimum_raise_sees_the_reservation_a_concurrent_sale_left(owner, make_endpoint):
+    """An operator releases the endpoint's reservation and sells its GPUs to another endpoint in
+    one transaction while the tenant raises the endpoint's minimum. The raise waits for the sale
+    (both lock the tenant, then the pool), then sees the reservation gone and is refused. Before,
+    the sale locked only the pool and touched the tenant's row at commit (its events' deferred
+    foreign keys) while the raise held the tenant and waited for the pool: a deadlock, a 500."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL")
+    raised = make_endpoint(owner, "raised", min_provisioned_concurrency=32, max_provisioned_concurrency=64)
+    other = make_endpoint(owner, "other")
+    sell(raised, mu_per_minute=700, best_effort_allowed=False, sold_by="ops")  # 7 GPUs + other's 1
+    outcome: list[str] = []
+    backend: list[int] = []  # the raise's database session, the one the test waits on
+    started = threading.Event()
+
+    def raise_minimum() -> None:  # 4 -> 6 replicas of 1 GPU
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                backend.append(cursor.fetchone()[0])
+            started.set()
+            endpoint = Endpoint.objects.get(pk=raised.pk)
+            endpoint.min_provisioned_concurrency = 48
+            save_endpoint(endpoint, changed=["min_provisioned_concurrency"])
+            outcome.append("saved")
+        except Oversold:
+            outcome.append("oversold")
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        release(Reservation.objects.get(endpoint=raised), released_by="ops")
+        sell(other, mu_per_minute=300, best_effort_allowed=False, sold_by="ops")  # holds the pool
+        writer = threading.Thread(target=raise_minimum)
+        writer.start()
+        assert started.wait(timeout=30)
+        with connection.cursor() as cursor:  # until the raise waits on the sale's locks
+            for _ in range(2000):
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                    [backend[0]],
+                )
+                if cursor.fetchone()[0]:
+                    break
+            else:
+                pytest.fail("the raise never waited for the sale")
+    writer.join(timeout=30)
+    assert outcome == ["oversold"]  # 6 GPUs of its minimum + 3 sold to the other > 8
+    assert Endpoint.objects.get(pk=raised.pk).min_provisioned_concurrency == 32
