@@ -1,48 +1,46 @@
-"""The capacity ledger of one GPU pool: what we HAVE, COMMIT, SOLD and USE.
+"""The capacity ledger of one GPU pool: what we HAVE, COMMIT, SOLD and USE, in whole replicas.
 
-Pure arithmetic, exact (fractions), no Django. A model unit (MU) is 1/100 of what one replica of
-a model does per minute on its GPU type (the 100 is `mu_per_replica_minute`), so MU converts to
-GPUs through each model's profile:
-
-    gpus = mu_per_minute / mu_per_replica_minute * gpus_per_replica
+Pure, exact (integers and fractions), no Django. A pool is `node_count` nodes of one shape
+(`gpus_per_node`); a replica of a model takes `gpus_per_replica` GPUs on ONE node (tensor
+parallelism cannot span nodes), and it serves `mu_per_replica_minute` MU/min (100 by convention).
+So capacity is counted in whole replicas placed on nodes, never in GPUs as one heap: the packing
+(capacity.packing) decides what fits.
 
 Figures, each defined once here (the API's /capacity/, the console and every 409 show them):
-- HAVE: the pool's GPUs; sellable = have x over-commit.
-- SOLD: the reservations, in MU/min exactly as sold, and in GPUs through each model's profile.
-- COMMITTED: what the pool must hold for its endpoints. An endpoint commits
-  max(its reservation in GPUs, its minimum replicas x gpus_per_replica): both are capacity the
-  endpoint may use at any moment, and a reservation served by the minimum replicas needs no
-  second set of GPUs, so the two are never counted twice. COMMITTED is a figure beside SOLD, not
-  folded into it: SOLD stays what operators sold (what the routers enforce, what tenants pay
-  for), and COMMITTED is what every check refuses on: a sale, a raise of an endpoint's minimum,
-  a pool shrink or a re-pricing is refused (Oversold) when it would take COMMITTED beyond the
-  sellable GPUs.
+- SOLD: the reservations, in MU/min exactly as sold, and in whole replicas per endpoint: a
+  reservation of R MU/min needs ceil(R / (mu_per_replica_minute x over-commit)) replicas
+  (over-commit sells a replica's MU more than once; 1.0 by default). Ten endpoints of 50 MU/min
+  of a 100 MU/min, 4-GPU model sell ten replicas, 40 GPUs, not 20.
+- COMMITTED: per endpoint max(its sold replicas, its minimum replicas)
+  (packing.replicas_needed): both are capacity it may use at any moment, never counted twice.
+  Every check refuses on COMMITTED: a sale, a raise of an endpoint's minimum, a pool shrink or a
+  re-pricing is refused (Oversold) when the committed replicas, so changed, do not pack onto
+  the pool's nodes.
+- HAVE: the pool's nodes x gpus_per_node GPUs; what is left of them is what a packing of the
+  committed replicas leaves: per model placed in the pool, how many more of its replicas fit
+  (`ModelCapacity.more_replicas`); free GPUs that no such replica can use are STRANDED.
 - USED: metered MU/min (what the routers counted), and the GPUs held by running replicas
   (ready pods x gpus_per_replica), which is what the cluster really occupies.
 
-MU per GPU: each model placed in a pool has its own (mu_per_replica_minute / gpus_per_replica);
-the pool's is their mean weighted by the GPUs committed to each, i.e. the pool total is the sum
-of the per-model figures at the current placement: committed MU / committed GPUs (a pool with
-nothing committed: the plain mean of the models placed there; with no model: the default shape).
-Pool-level MU figures are GPUs x that rate, so MU utilisation equals GPU utilisation. A change
-is checked against the pool's ledger as it stands (the one /capacity/ shows), with what the
-change asks and what it replaces, so the 409 reports the same figures as /capacity/.
+MU per GPU: the pool's is committed MU / committed GPUs (nothing committed: the plain mean of
+the models placed there; no model: the default shape); pool-level MU figures are GPUs x that
+rate, as before. Per model, MU figures are replicas x mu_per_replica_minute.
 
-Worked numbers: a pool of 8 H100s at over-commit 1.0. Endpoint A serves an 8B model (1 GPU per
-replica, 100 MU/min per replica) with 200 MU/min sold and 1 minimum replica -> commits 2 GPUs;
-endpoint B a 70B model (4 GPUs per replica) with 100 MU/min sold and min 1 replica -> 4 GPUs.
-Committed: 6 of 8 GPUs, 300 MU/min, so 50 MU per GPU and the pool has 400 MU/min. Selling B
-another 100 MU/min asks 8 GPUs in place of its 4; 6 - 4 + 8 > 8, so it is refused; selling A 400
-MU/min (4 GPUs in place of 2) fits. Raising B's minimum to 2 replicas asks 8 GPUs: refused too.
-The per-model view (`ModelCapacity`) says what the free GPUs would serve of each model placed
-there (2 free GPUs = 200 MU/min of A or 50 MU/min of B).
+Worked numbers (the issue's): a pool of 16 GPUs at 8 per node (2 nodes) and a model of 5 GPUs
+and 100 MU/min per replica. A reservation of 200 MU/min is 2 replicas, one per node: it fits.
+300 MU/min is 3 replicas, 15 GPUs: 16 GPUs would hold them as a heap but two 8-GPU nodes hold
+only two 5-GPU replicas, so it is refused, saying 3 were asked and 2 fit. Two endpoints of 50
+MU/min each sell two replicas (10 GPUs), not one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+
+from capacity.packing import NodeShape, Packing, ReplicaDemand, pack, replicas_needed
+from capacity.packing import check_change as packing_check_change
 
 
 @dataclass(frozen=True)
@@ -50,50 +48,63 @@ class Shape:
     """How a model is priced on a GPU type (from its ModelProfile)."""
 
     mu_per_replica_minute: int  # MU/min one replica serves; > 0 (100 by convention)
-    gpus_per_replica: int  # GPUs one replica occupies; >= 1
+    gpus_per_replica: int  # GPUs one replica occupies, on one node; >= 1
 
     @property
     def mu_per_gpu(self) -> Fraction:
         return Fraction(self.mu_per_replica_minute, self.gpus_per_replica)
 
-    def gpus(self, mu_per_minute: Fraction | float | int) -> Fraction:
-        """GPUs needed to serve `mu_per_minute`: 250 MU/min at 100 MU/replica, 4 GPUs -> 10."""
-        return _exact(mu_per_minute) / self.mu_per_gpu
+    def sold_replicas(
+        self, reserved_mu_per_minute: Fraction | int, overcommit: Fraction = Fraction(1)
+    ) -> int:
+        """Whole replicas a reservation needs: 250 MU/min at 100 MU/min per replica -> 3."""
+        return replicas_needed(_exact(reserved_mu_per_minute) / overcommit, self.mu_per_replica_minute, 0)
 
-    def commitment(self, reserved_mu_per_minute: Fraction | int, min_replicas: int) -> Commitment:
-        """What an endpoint of this shape commits: the larger of its reservation and its minimum
-        replicas (300 MU/min reserved at 1 GPU per replica and 2 minimum replicas -> 3 GPUs)."""
-        reserved = _exact(reserved_mu_per_minute)
-        floor = Fraction(min_replicas * self.mu_per_replica_minute)
-        mu = max(reserved, floor)
-        return Commitment(self.gpus(mu), mu)
+    def commitment(
+        self, reserved_mu_per_minute: Fraction | int, min_replicas: int, overcommit: Fraction = Fraction(1)
+    ) -> Commitment:
+        """What an endpoint of this shape commits: the larger of its sold replicas and its minimum
+        (300 MU/min reserved at 100 MU/min per replica and 2 minimum replicas -> 3 replicas)."""
+        replicas = replicas_needed(
+            _exact(reserved_mu_per_minute) / overcommit, self.mu_per_replica_minute, min_replicas
+        )
+        return Commitment(replicas, self)
 
 
 @dataclass(frozen=True)
 class Commitment:
-    """GPUs a pool must hold for one endpoint, and the same in that endpoint's model's MU/min."""
+    """Whole replicas a pool must place for one endpoint, of its model's shape."""
 
-    gpus: Fraction
-    mu_per_minute: Fraction
+    replicas: int  # >= 0
+    shape: Shape
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.shape.gpus_per_replica
+
+    @property
+    def mu_per_minute(self) -> int:
+        return self.replicas * self.shape.mu_per_replica_minute
 
 
-NOTHING = Commitment(Fraction(0), Fraction(0))
+NOTHING = Commitment(0, Shape(1, 1))
 
 
 @dataclass(frozen=True)
 class Allocation:
     """What one endpoint holds in its pool."""
 
+    key: str  # the endpoint's id: its replicas' name in the packing
     shape: Shape
     model: str  # model name, for the per-model view
     sold_mu_per_minute: Fraction  # its reservation; >= 0
     used_mu_per_minute: Fraction  # metered by the router; >= 0
     min_replicas: int = 0  # its provisioned minimum (capacity.provisioning.replica_bounds)
     running_replicas: int = 0  # ready pods
+    label: str = ""  # how people name it ("tenant/endpoint"), for the node grid
 
-    @property
-    def committed(self) -> Commitment:
-        return self.shape.commitment(self.sold_mu_per_minute, self.min_replicas)
+    def committed(self, overcommit: Fraction = Fraction(1)) -> Commitment:
+        return self.shape.commitment(self.sold_mu_per_minute, self.min_replicas, overcommit)
 
     @property
     def held_gpus(self) -> int:
@@ -102,34 +113,81 @@ class Allocation:
 
 @dataclass(frozen=True)
 class ModelCapacity:
-    """What the pool could serve of one model placed in it."""
+    """What the pool could still place of one model placed in it."""
 
     model: str
     shape: Shape
-    have_mu_per_minute: Fraction  # the whole pool running only this model
-    headroom_mu_per_minute: Fraction  # the free sellable GPUs running only this model
+    have_replicas: int  # the whole pool, empty, running only this model
+    more_replicas: int  # replicas of it that still fit beside what is committed
+    overcommit: Fraction
+
+    @property
+    def have_mu_per_minute(self) -> int:
+        return self.have_replicas * self.shape.mu_per_replica_minute
+
+    @property
+    def headroom_mu_per_minute(self) -> Fraction:
+        """What could still be sold of it: its free replicas' MU, over-committed."""
+        return self.more_replicas * self.shape.mu_per_replica_minute * self.overcommit
+
+
+@dataclass(frozen=True)
+class PlacedReplica:
+    key: str  # the endpoint's id
+    label: str
+    model: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    """One node of the packing: which replicas occupy it, and its free GPUs."""
+
+    index: int  # 0-based
+    gpus: int  # the node's GPUs
+    replicas: tuple[PlacedReplica, ...]
+    free_gpus: int
 
 
 @dataclass(frozen=True)
 class PoolLedger:
-    have_gpus: int  # GPUs in the pool
-    overcommit: Fraction  # sellable = have x overcommit
-    committed_gpus: Fraction  # sum of the endpoints' commitments (the module docstring)
-    sold_gpus: Fraction  # reservations converted to GPUs
-    used_gpus: Fraction  # held by running replicas: ready pods x gpus_per_replica
-    committed_mu_per_minute: Fraction
-    sold_mu_per_minute: Fraction
+    node_count: int
+    node_shape: NodeShape
+    overcommit: Fraction  # a replica's MU is sold up to this many times
+    committed_replicas: int  # sum of the endpoints' commitments (the module docstring)
+    committed_gpus: int
+    sold_replicas: int  # reservations in whole replicas
+    sold_gpus: int
+    used_gpus: int  # held by running replicas: ready pods x gpus_per_replica
+    committed_mu_per_minute: int  # the committed replicas' MU/min
+    sold_mu_per_minute: Fraction  # as sold
     used_mu_per_minute: Fraction  # metered
     mu_per_gpu: Fraction  # the pool's rate at its current placement; see the module docstring
+    free_gpus: int  # GPUs the packing leaves free
+    stranded_gpus: int  # free GPUs no replica of a model placed here can use
+    unplaced_replicas: int  # committed replicas the packing could not place (> 0: oversold)
     models: tuple[ModelCapacity, ...]
+    nodes: tuple[NodeUse, ...]
+    demands: tuple[ReplicaDemand, ...]  # the committed replicas, what a change is checked beside
+    packing: Packing  # how they are placed (what `more_replicas` reads)
 
     @property
-    def sellable_gpus(self) -> Fraction:
-        return self.have_gpus * self.overcommit
+    def gpus_per_node(self) -> int:
+        return self.node_shape.gpus
 
     @property
-    def headroom_gpus(self) -> Fraction:
-        return self.sellable_gpus - self.committed_gpus
+    def have_gpus(self) -> int:
+        return self.node_count * self.node_shape.gpus
+
+    @property
+    def sellable_gpus(self) -> int:
+        """GPUs that may be committed: all of them (over-commit sells MU, not GPUs)."""
+        return self.have_gpus
+
+    @property
+    def headroom_gpus(self) -> int:
+        """Free GPUs a replica of a model placed here can still use (free less stranded)."""
+        return self.free_gpus - self.stranded_gpus
 
     @property
     def have_mu_per_minute(self) -> Fraction:
@@ -137,52 +195,67 @@ class PoolLedger:
 
     @property
     def sellable_mu_per_minute(self) -> Fraction:
-        return self.sellable_gpus * self.mu_per_gpu
+        return self.have_mu_per_minute * self.overcommit
 
     @property
     def headroom_mu_per_minute(self) -> Fraction:
-        return self.headroom_gpus * self.mu_per_gpu
+        return self.headroom_gpus * self.mu_per_gpu * self.overcommit
 
     @property
     def oversold(self) -> bool:
-        return self.committed_gpus > self.sellable_gpus
+        return self.unplaced_replicas > 0
+
+    def more_replicas(self, gpus_per_replica: int) -> int:
+        """Replicas of this many GPUs that still fit (for a model placed here or not)."""
+        return self.packing.more_fit(gpus_per_replica)
 
 
 class Oversold(Exception):
-    """A sale (or a change) would commit more GPUs than the pool may sell. `ledger` is the pool's
-    as it stands (what /capacity/ shows); `asked` what the change commits, `replacing` what it
-    commits now (NOTHING for a new endpoint or for a pool or profile change, checked after it)."""
+    """A sale (or a change) whose committed replicas do not pack onto the pool's nodes. `ledger`
+    is the pool's as it stands (what /capacity/ shows); `asked` what the change commits,
+    `replacing` what it commits now (NOTHING for a new endpoint or for a pool or profile change,
+    checked after it), `fit_replicas` how many replicas of the asked shape fit in its place."""
 
-    def __init__(self, pool: str, ledger: PoolLedger, asked: Commitment, replacing: Commitment = NOTHING):
+    def __init__(
+        self,
+        pool: str,
+        ledger: PoolLedger,
+        asked: Commitment,
+        replacing: Commitment = NOTHING,
+        fit_replicas: int | None = None,
+    ):
         self.pool = pool
         self.ledger = ledger
         self.asked = asked
         self.replacing = replacing
-        asked_text = (
-            f"; {_fmt(asked.gpus)} GPUs ({_fmt(asked.mu_per_minute)} MU/min) were asked"
-            + (
-                f" in place of its {_fmt(replacing.gpus)} GPUs ({_fmt(replacing.mu_per_minute)} MU/min)"
-                if replacing.gpus
-                else ""
+        self.fit_replicas = fit_replicas
+        where = f"its {ledger.node_count} nodes x {ledger.gpus_per_node} GPUs"
+        if asked.replicas:
+            head = (
+                f"pool {pool!r} cannot place this: {asked.replicas} replicas of"
+                f" {asked.shape.gpus_per_replica} GPUs ({asked.mu_per_minute} MU/min) were asked"
+                + (f" in place of its {replacing.replicas}" if replacing.replicas else "")
+                + f", {fit_replicas} fit on {where}"
             )
-            if asked.gpus or replacing.gpus
-            else ""
-        )
+        else:
+            head = (
+                f"pool {pool!r} cannot hold what is committed in it: {ledger.unplaced_replicas} of"
+                f" {ledger.committed_replicas} committed replicas do not fit on {where}"
+            )
         super().__init__(
-            f"pool {pool!r} cannot hold this: it has {_fmt(ledger.have_gpus)} GPUs"
-            f" ({_fmt(ledger.have_mu_per_minute)} MU/min, sellable {_fmt(ledger.sellable_gpus)} GPUs ="
-            f" {_fmt(ledger.sellable_mu_per_minute)} MU/min at over-commit {_fmt(ledger.overcommit)}),"
-            f" {_fmt(ledger.committed_gpus)} GPUs ({_fmt(ledger.committed_mu_per_minute)} MU/min) are"
-            f" committed to reservations and minimum replicas ({_fmt(ledger.sold_gpus)} GPUs ="
-            f" {_fmt(ledger.sold_mu_per_minute)} MU/min sold)" + asked_text
+            f"{head}; {ledger.committed_replicas} replicas ({ledger.committed_gpus} GPUs,"
+            f" {ledger.committed_mu_per_minute} MU/min) are committed to reservations and minimum"
+            f" replicas ({ledger.sold_replicas} replicas = {_fmt(ledger.sold_mu_per_minute)} MU/min"
+            f" sold at over-commit {_fmt(ledger.overcommit)}), {ledger.free_gpus} GPUs are free,"
+            f" {ledger.stranded_gpus} of them stranded"
         )
 
     @property
-    def asked_gpus(self) -> Fraction:
+    def asked_gpus(self) -> int:
         return self.asked.gpus
 
     @property
-    def asked_mu_per_minute(self) -> Fraction:
+    def asked_mu_per_minute(self) -> int:
         return self.asked.mu_per_minute
 
 
@@ -206,64 +279,105 @@ class QuotaExceeded(Exception):
 
 
 def pool_ledger(
-    have_gpus: int,
+    node_count: int,
+    node_shape: NodeShape,
     overcommit: Fraction | float,
     allocations: Iterable[Allocation],
     default_shape: Shape,
 ) -> PoolLedger:
-    """Sum a pool's allocations (one per endpoint). `default_shape` prices MU when nothing is
-    placed there yet."""
+    """Pack a pool's allocations (one per endpoint) onto its nodes and sum them.
+    `default_shape` prices MU when nothing is placed there yet."""
+    overcommit = _exact(overcommit)
     allocations = list(allocations)
-    commitments = [a.committed for a in allocations]
-    committed_gpus = sum((c.gpus for c in commitments), Fraction(0))
-    committed_mu = sum((c.mu_per_minute for c in commitments), Fraction(0))
-    shapes = {(a.model, a.shape) for a in allocations}
+    commitments = {a.key: a.committed(overcommit) for a in allocations}
+    demands = tuple(
+        ReplicaDemand(a.key, a.model, a.shape.gpus_per_replica, commitments[a.key].replicas)
+        for a in allocations
+        if commitments[a.key].replicas
+    )
+    packing = pack(node_count, node_shape, demands)
+    committed_gpus = sum(c.gpus for c in commitments.values())
+    committed_mu = sum(c.mu_per_minute for c in commitments.values())
+    shapes = sorted({(a.model, a.shape) for a in allocations}, key=lambda ms: (ms[0], ms[1].gpus_per_replica))
     if committed_gpus > 0:
-        mu_per_gpu = committed_mu / committed_gpus
+        mu_per_gpu = Fraction(committed_mu, committed_gpus)
     elif shapes:
         mu_per_gpu = sum((s.mu_per_gpu for _, s in shapes), Fraction(0)) / len(shapes)
     else:
         mu_per_gpu = default_shape.mu_per_gpu
-    overcommit = _exact(overcommit)
-    headroom = have_gpus * overcommit - committed_gpus
+    sizes = sorted({s.gpus_per_replica for _, s in shapes})
+    more = {size: packing.more_fit(size) for size in sizes}
     models = tuple(
         ModelCapacity(
             model=model,
             shape=shape,
-            have_mu_per_minute=have_gpus * shape.mu_per_gpu,
-            headroom_mu_per_minute=max(headroom, Fraction(0)) * shape.mu_per_gpu,
+            have_replicas=node_count * (node_shape.gpus // shape.gpus_per_replica),
+            more_replicas=more[shape.gpus_per_replica],
+            overcommit=overcommit,
         )
-        for model, shape in sorted(shapes, key=lambda ms: (ms[0], ms[1].gpus_per_replica))
+        for model, shape in shapes
     )
+    sold = [a.shape.sold_replicas(a.sold_mu_per_minute, overcommit) for a in allocations]
+    labels = {a.key: a.label for a in allocations}
     return PoolLedger(
-        have_gpus=have_gpus,
+        node_count=node_count,
+        node_shape=node_shape,
         overcommit=overcommit,
+        committed_replicas=sum(c.replicas for c in commitments.values()),
         committed_gpus=committed_gpus,
-        sold_gpus=sum((a.shape.gpus(a.sold_mu_per_minute) for a in allocations), Fraction(0)),
-        used_gpus=Fraction(sum(a.held_gpus for a in allocations)),
+        sold_replicas=sum(sold),
+        sold_gpus=sum(n * a.shape.gpus_per_replica for n, a in zip(sold, allocations, strict=True)),
+        used_gpus=sum(a.held_gpus for a in allocations),
         committed_mu_per_minute=committed_mu,
         sold_mu_per_minute=sum((a.sold_mu_per_minute for a in allocations), Fraction(0)),
         used_mu_per_minute=sum((a.used_mu_per_minute for a in allocations), Fraction(0)),
         mu_per_gpu=mu_per_gpu,
+        free_gpus=sum(packing.free_per_node),
+        stranded_gpus=packing.stranded_gpus(sizes) if sizes else 0,
+        unplaced_replicas=packing.unplaced_replicas,
         models=models,
+        nodes=_nodes(packing, node_shape, labels, {a.key: a.model for a in allocations}),
+        demands=demands,
+        packing=packing,
     )
 
 
-def check_change(pool: str, ledger: PoolLedger, asked: Commitment, replacing: Commitment = NOTHING) -> None:
-    """Raise Oversold unless the pool, as `ledger` has it, can hold `asked` in place of
-    `replacing` (one endpoint's commitment now, NOTHING for a new one). A change that commits no
-    more than it replaces always passes, even in a pool that is already over (say after the
-    over-commit setting was lowered): it makes nothing worse."""
-    if asked.gpus <= replacing.gpus:
+def check_change(
+    pool: str, ledger: PoolLedger, key: str, model: str, asked: Commitment, replacing: Commitment = NOTHING
+) -> None:
+    """Raise Oversold unless the pool, as `ledger` has it, can place `asked` (endpoint `key`'s
+    replicas of `model`) in place of `replacing` (its commitment there now, NOTHING for a new
+    one). A change that asks no more replicas of no larger a shape always passes, even in a
+    pool that is already over (say after a shrink): it makes nothing worse."""
+    if (
+        asked.replicas <= replacing.replicas
+        and asked.shape.gpus_per_replica <= replacing.shape.gpus_per_replica
+    ):
         return
-    if ledger.committed_gpus - replacing.gpus + asked.gpus > ledger.sellable_gpus:
-        raise Oversold(pool, ledger, asked, replacing)
+    verdict = packing_check_change(
+        ledger.node_count,
+        ledger.node_shape,
+        ledger.demands,
+        ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas),
+    )
+    if not verdict.fits:
+        raise Oversold(pool, ledger, asked, replacing, verdict.fit_replicas)
 
 
 def check_holds(pool: str, ledger: PoolLedger) -> None:
-    """Raise Oversold when the pool commits more than it may sell (after a shrink or a re-pricing)."""
+    """Raise Oversold when the committed replicas do not pack (after a shrink or a re-pricing)."""
     if ledger.oversold:
         raise Oversold(pool, ledger, NOTHING)
+
+
+def fit_replicas(
+    node_count: int, node_shape: NodeShape, claims: Sequence[ReplicaDemand], key: str, gpus: int
+) -> int:
+    """How many replicas endpoint `key` may have beside the others' `claims` (its own claim, if
+    there, is replaced): 2 nodes x 8 GPUs, another endpoint's one 5-GPU replica, 5 GPUs per
+    replica -> 1; at 1 GPU per replica -> 11 (8 + 3)."""
+    others = [d for d in claims if d.key != key]
+    return _more_fit(node_count, node_shape, others, gpus)
 
 
 def check_quota(
@@ -280,17 +394,28 @@ def check_quota(
             raise QuotaExceeded(tenant, quota, which, bounds_gpus[i], others_gpus[i], total)
 
 
-def free_replicas(have_gpus: int, others_gpus: Fraction, shape: Shape) -> int:
-    """How many replicas of `shape` fit in a pool of `have_gpus` beside `others_gpus` (what the
-    other endpoints there commit or hold, whichever is larger): 8 GPUs, 5 elsewhere, 1 GPU per
-    replica -> 3; at 4 GPUs per replica -> 0."""
-    return max(int((have_gpus - others_gpus) // shape.gpus_per_replica), 0)
-
-
 def as_json_number(value: Fraction | float | int) -> float | int:
     """A ledger figure for JSON: an integer when whole (8, not 8.0), else 6 decimals."""
     as_float = float(value)
     return int(as_float) if as_float.is_integer() else round(as_float, 6)
+
+
+def _more_fit(node_count: int, node_shape: NodeShape, demands: Iterable[ReplicaDemand], gpus: int) -> int:
+    return pack(node_count, node_shape, list(demands)).more_fit(gpus)
+
+
+def _nodes(
+    packing: Packing, node_shape: NodeShape, labels: dict[str, str], models: dict[str, str]
+) -> tuple[NodeUse, ...]:
+    return tuple(
+        NodeUse(
+            index=i,
+            gpus=node_shape.gpus,
+            replicas=tuple(PlacedReplica(r.key, labels[r.key], models[r.key], r.gpus) for r in placed),
+            free_gpus=free,
+        )
+        for i, (placed, free) in enumerate(zip(packing.placed, packing.free_per_node, strict=True))
+    )
 
 
 def _exact(value: Fraction | float | int) -> Fraction:

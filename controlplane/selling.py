@@ -76,6 +76,9 @@ def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
     rows = (
         Endpoint.objects.filter(pool__in=pools)
         .values(
+            "pk",
+            "name",
+            "tenant__name",
             "pool_id",
             "profile__model",
             "profile__mu_per_replica_minute",
@@ -100,6 +103,8 @@ def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
         )
         allocations[row["pool_id"]].append(
             Allocation(
+                key=str(row["pk"]),
+                label=f"{row['tenant__name']}/{row['name']}",
                 shape=Shape(row["profile__mu_per_replica_minute"], row["profile__gpus_per_replica"]),
                 model=row["profile__model"],
                 sold_mu_per_minute=Fraction(row["reservation__mu_per_minute"] or 0),
@@ -109,14 +114,22 @@ def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
             )
         )
     return {
-        pool.pk: pool_ledger(pool.gpu_count, overcommit(), allocations[pool.pk], default_shape())
+        pool.pk: pool_ledger(
+            pool.node_count, pool.node_shape, overcommit(), allocations[pool.pk], default_shape()
+        )
         for pool in pools
     }
 
 
 def commitment(endpoint: Endpoint, reserved_mu_per_minute: int) -> Commitment:
-    """What `endpoint`, as it is in memory, commits in its pool with this reservation."""
-    return endpoint.profile.shape.commitment(reserved_mu_per_minute, endpoint.replica_bounds[0])
+    """What `endpoint`, as it is in memory, commits in its pool with this reservation: whole
+    replicas (capacity.ledger)."""
+    return endpoint.profile.shape.commitment(reserved_mu_per_minute, endpoint.replica_bounds[0], overcommit())
+
+
+def demand_key(endpoint: Endpoint) -> str:
+    """The endpoint's name in a pool's packing (capacity.packing.ReplicaDemand.key)."""
+    return str(endpoint.pk) if endpoint.pk else "new"
 
 
 def bounds_gpus(endpoint: Endpoint) -> tuple[int, int]:
@@ -125,11 +138,47 @@ def bounds_gpus(endpoint: Endpoint) -> tuple[int, int]:
     return low * endpoint.profile.gpus_per_replica, high * endpoint.profile.gpus_per_replica
 
 
-def roomiest_pool(profile: ModelProfile) -> GpuPool | None:
-    """The pool of the profile's GPU type with the most uncommitted GPUs (ties: by name)."""
+class NoPlacement(Exception):
+    """No pool of the endpoint's GPU type in its preferred region places its replicas. `elsewhere`
+    says what exists: every pool of that GPU type, its region and how many replicas fit there."""
+
+    def __init__(self, region: str, profile: ModelProfile, replicas: int, options: list[tuple[GpuPool, int]]):
+        self.region = region
+        self.model = profile.model
+        self.gpu_type = profile.gpu_type.name
+        self.gpus_per_replica = profile.gpus_per_replica
+        self.replicas = replicas
+        self.options = options
+        here = [f"{p.name} ({fit})" for p, fit in options if p.region == region]
+        there = [f"{p.name} in {p.region} ({fit})" for p, fit in options if p.region != region]
+        super().__init__(
+            f"no {self.gpu_type} pool in region {region!r} places {replicas} replica(s) of {self.model}"
+            f" ({self.gpus_per_replica} GPUs each): "
+            + (
+                f"in {region}, replicas that fit: {', '.join(here)}"
+                if here
+                else f"no {self.gpu_type} pool is in {region}"
+            )
+            + (f"; elsewhere: {', '.join(there)}" if there else "; there is none elsewhere")
+        )
+
+
+def place(profile: ModelProfile, region: str = "", replicas: int = 0) -> GpuPool | None:
+    """The pool for a new endpoint of `profile` with `replicas` committed: the pool of its GPU
+    type (in `region` when one is preferred) where the most more replicas of it fit (ties: by
+    name). With a region, a pool there must place the replicas, else NoPlacement names what
+    exists elsewhere; without one the roomiest pool is returned as it is (the save refuses an
+    oversell with the pool's figures). None when no pool has the GPU type."""
     pools = list(GpuPool.objects.filter(gpu_type_id=profile.gpu_type_id).order_by("name"))
     ledgers = pool_ledgers(pools)
-    return max(pools, key=lambda p: ledgers[p.pk].headroom_gpus, default=None)
+    fits = [(p, ledgers[p.pk].more_replicas(profile.gpus_per_replica)) for p in pools]
+    if region:
+        here = [(p, fit) for p, fit in fits if p.region == region and fit >= replicas]
+        if not here:
+            raise NoPlacement(region, profile, replicas, fits)
+        fits = here
+    best = max(fits, key=lambda pf: pf[1], default=None)
+    return best[0] if best else None
 
 
 def locked_tenant(tenant_id: int) -> Tenant:
@@ -145,10 +194,19 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
     return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
 
 
-def ensure_change(pool: GpuPool, asked: Commitment, replacing: Commitment = NOTHING) -> None:
-    """Raise Oversold unless `pool` holds `asked` in place of `replacing`. The caller holds the
-    pool's lock (locked_pools) inside a transaction."""
-    check_change(pool.name, pool_ledgers([pool])[pool.pk], asked, replacing)
+def ensure_change(
+    pool: GpuPool, endpoint: Endpoint, asked: Commitment, replacing: Commitment = NOTHING
+) -> None:
+    """Raise Oversold unless `pool` places `asked` (the endpoint's replicas) in place of
+    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction."""
+    check_change(
+        pool.name,
+        pool_ledgers([pool])[pool.pk],
+        demand_key(endpoint),
+        endpoint.profile.model,
+        asked,
+        replacing,
+    )
 
 
 def save_pool(pool: GpuPool) -> None:
@@ -202,7 +260,7 @@ def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> N
         replacing = NOTHING
         if before is not None and before.pool_id == endpoint.pool_id:
             replacing = commitment(before, reserved)
-        ensure_change(pool, commitment(endpoint, reserved), replacing)
+        ensure_change(pool, endpoint, commitment(endpoint, reserved), replacing)
         if endpoint._state.adding:
             endpoint.desired_replicas = endpoint.replica_bounds[0]
         if endpoint.pk and not endpoint._state.adding:
@@ -261,7 +319,7 @@ def allowed_target(endpoint: Endpoint, target: int) -> int:
         try:
             _check_quota(tenant, candidate, before)
             reserved = _reserved(before)
-            ensure_change(pool, commitment(candidate, reserved), commitment(before, reserved))
+            ensure_change(pool, candidate, commitment(candidate, reserved), commitment(before, reserved))
         except (Oversold, QuotaExceeded):
             low, high = before.replica_bounds
             keep_low = ceil(before.min_provisioned_concurrency / low) if low else 1
@@ -296,7 +354,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
         current = (
             Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
         )
-        ensure_change(pool, commitment(endpoint, mu_per_minute), commitment(endpoint, current or 0))
+        ensure_change(pool, endpoint, commitment(endpoint, mu_per_minute), commitment(endpoint, current or 0))
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={

@@ -123,8 +123,8 @@ def test_a_lower_target_that_needs_more_minimum_replicas_than_the_pool_holds_is_
     assert scaling.vertical_pass(cluster, NOW).changed == 0
     steady.refresh_from_db()
     assert steady.target_concurrency_per_replica == 16 and cluster.calls == []
-    # With room for a fourth replica it goes through.
-    pool.gpu_count = 9
+    # With room for a fourth replica (nine 1-GPU nodes) it goes through.
+    pool.gpu_count, pool.gpus_per_node = 9, 1
     pool.save()
     Lease.objects.filter(name=scaling.VERTICAL).update(last_run_at=None)  # the same 30 s again
     assert scaling.vertical_pass(cluster, NOW).changed == 1

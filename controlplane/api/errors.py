@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from capacity.ledger import Oversold, QuotaExceeded, as_json_number
-from controlplane.selling import EndpointReserved
+from controlplane.selling import EndpointReserved, NoPlacement
 from dataplane.cluster.driver import ClusterError
 
 
@@ -39,6 +39,8 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
         )
     if isinstance(exc, Oversold):
         return Response(oversold_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, NoPlacement):
+        return Response(no_placement_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         return Response(quota_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, EndpointReserved):
@@ -87,9 +89,10 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
 
 # The pool's figures in an oversold body: the same names and values as /api/v1/capacity/ shows.
 LEDGER_FIGURES = [
-    "overcommit", "have_gpus", "sellable_gpus", "committed_gpus", "sold_gpus", "used_gpus",
-    "headroom_gpus", "have_mu_per_minute", "sellable_mu_per_minute", "committed_mu_per_minute",
-    "sold_mu_per_minute", "used_mu_per_minute", "headroom_mu_per_minute",
+    "node_count", "gpus_per_node", "overcommit", "have_gpus", "sellable_gpus", "committed_replicas",
+    "committed_gpus", "sold_replicas", "sold_gpus", "used_gpus", "free_gpus", "stranded_gpus",
+    "headroom_gpus", "unplaced_replicas", "have_mu_per_minute", "sellable_mu_per_minute",
+    "committed_mu_per_minute", "sold_mu_per_minute", "used_mu_per_minute", "headroom_mu_per_minute",
 ]  # fmt: skip
 
 
@@ -100,10 +103,28 @@ def oversold_body(exc: Oversold) -> dict[str, Any]:
         "detail": str(exc),
         "pool": exc.pool,
         **{name: as_json_number(getattr(exc.ledger, name)) for name in LEDGER_FIGURES},
+        "asked_replicas": exc.asked.replicas,
+        "asked_gpus_per_replica": exc.asked.shape.gpus_per_replica if exc.asked.replicas else None,
         "asked_gpus": as_json_number(exc.asked.gpus),
         "asked_mu_per_minute": as_json_number(exc.asked.mu_per_minute),
+        "fit_replicas": exc.fit_replicas,
+        "replacing_replicas": exc.replacing.replicas,
         "replacing_gpus": as_json_number(exc.replacing.gpus),
         "replacing_mu_per_minute": as_json_number(exc.replacing.mu_per_minute),
+    }
+
+
+def no_placement_body(exc: NoPlacement) -> dict[str, Any]:
+    """What the preferred region lacks and what exists elsewhere, pool by pool."""
+    return {
+        "error": "no_placement",
+        "detail": str(exc),
+        "region": exc.region,
+        "model": exc.model,
+        "gpu_type": exc.gpu_type,
+        "asked_replicas": exc.replicas,
+        "gpus_per_replica": exc.gpus_per_replica,
+        "pools": [{"pool": p.name, "region": p.region, "fit_replicas": fit} for p, fit in exc.options],
     }
 
 

@@ -9,15 +9,24 @@ from django.conf import settings
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
-from capacity.provisioning import bounds_error
+from capacity.provisioning import bounds_error, replica_bounds
 from controlplane import selling
 from controlplane.api.auth import request_principal
-from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProfileFit, Reservation
+from controlplane.capacity.models import (
+    GpuPool,
+    GpuType,
+    ModelProfile,
+    ProfileFit,
+    Reservation,
+    default_gpus_per_node,
+)
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey, Principal, Tenant
 from dataplane.wire import pod_events
+
+MAX_GPUS_PER_NODE = 64  # a sanity bound: no node of one shape holds more GPUs
 
 
 class ExactNumberField(serializers.FloatField):
@@ -141,10 +150,39 @@ class GpuTypeSerializer(StrictInput, serializers.ModelSerializer[GpuType]):
 
 class GpuPoolSerializer(StrictInput, serializers.ModelSerializer[GpuPool]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+    gpus_per_node = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_GPUS_PER_NODE,
+        required=False,
+        help_text="GPUs on each node; gpu_count is a whole number of such nodes. A replica's GPUs"
+        " are on one node. Default on create: the largest node of at most 8 GPUs that divides"
+        " gpu_count (16 -> 8, 12 -> 6).",
+    )
+    node_count = serializers.IntegerField(read_only=True, help_text="gpu_count / gpus_per_node")
 
     class Meta:
         model = GpuPool
-        fields = ["id", "name", "gpu_type", "region", "cluster", "gpu_count"]
+        fields = [
+            "id", "name", "gpu_type", "region", "cluster", "gpu_count", "gpus_per_node", "node_count",
+            "cpu_millicores_per_node", "memory_mib_per_node",
+        ]  # fmt: skip
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        count = attrs.get("gpu_count", getattr(self.instance, "gpu_count", None))
+        if count is None:
+            return attrs  # reported as required
+        per_node = attrs.get("gpus_per_node", getattr(self.instance, "gpus_per_node", None))
+        if per_node is None:
+            per_node = attrs["gpus_per_node"] = default_gpus_per_node(count)
+        if count % per_node:
+            field = "gpus_per_node" if "gpus_per_node" in attrs else "gpu_count"
+            raise serializers.ValidationError(
+                {
+                    field: f"gpu_count {count} is not a whole number of nodes of {per_node} GPUs"
+                    f" (gpus_per_node); use a multiple of {per_node}, or another gpus_per_node"
+                }
+            )
+        return attrs
 
     def validate_gpu_type(self, value: GpuType) -> GpuType:
         if self.instance and self.instance.gpu_type_id != value.pk and self.instance.endpoints.exists():
@@ -251,7 +289,17 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         slug_field="name",
         queryset=GpuPool.objects.all(),
         required=False,
-        help_text="Defaults to the pool of this GPU type with the most unsold GPUs.",
+        help_text="Defaults to the pool of this GPU type (in region_preference, when set) where"
+        " the most more replicas of the model fit.",
+    )
+    region_preference = serializers.RegexField(
+        r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        max_length=63,
+        required=False,
+        allow_blank=True,
+        help_text="Run in this region: the roomiest pool there that places the endpoint's replicas,"
+        " else 409 with what exists elsewhere. Blank: any region.",
+        error_messages={"invalid": "a region is 1-63 lowercase letters, digits and '-' (as us-east-1)"},
     )
     target_concurrency_per_replica = serializers.IntegerField(
         min_value=1,
@@ -287,6 +335,7 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
             "model",
             "gpu_type",
             "pool",
+            "region_preference",
             "min_provisioned_concurrency",
             "max_provisioned_concurrency",
             "scale_to_zero_enabled",
@@ -390,14 +439,23 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
             else:
                 attrs["profile"] = profile
                 pool = attrs.get("pool")
-                if pool is None and (endpoint is None or endpoint.pool.gpu_type_id != gpu_type.pk):
-                    pool = selling.roomiest_pool(profile)
+                region = attrs.get("region_preference", getattr(endpoint, "region_preference", ""))
+                moved_away = endpoint is not None and (
+                    endpoint.pool.gpu_type_id != gpu_type.pk
+                    or (region and "region_preference" in attrs and endpoint.pool.region != region)
+                )
+                if pool is None and (endpoint is None or moved_away):
+                    pool = selling.place(profile, region, self._min_replicas(attrs))
                     if pool is None:
                         errors["gpu_type"] = f"no GPU pool holds {gpu_type.name} GPUs"
                     attrs["pool"] = pool
                 elif pool is not None and pool.gpu_type_id != gpu_type.pk:
                     errors["pool"] = (
                         f"pool {pool.name!r} holds {pool.gpu_type.name} GPUs, not {gpu_type.name}"
+                    )
+                elif pool is not None and region and pool.region != region:
+                    errors["pool"] = (
+                        f"pool {pool.name!r} is in region {pool.region!r}, not the preferred {region!r}"
                     )
 
         low = attrs.get("min_provisioned_concurrency", getattr(endpoint, "min_provisioned_concurrency", 0))
@@ -416,6 +474,23 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+    def _min_replicas(self, attrs: dict[str, Any]) -> int:
+        """The minimum replicas the endpoint will have: what its placement must fit."""
+        endpoint = self.instance
+
+        def value(name: str, default: Any) -> Any:
+            return attrs.get(name, getattr(endpoint, name, default))
+
+        low, high = value("min_provisioned_concurrency", 0), value("max_provisioned_concurrency", 1)
+        if bounds_error(low, high):
+            return 0  # reported with the bounds
+        return replica_bounds(
+            low,
+            high,
+            value("target_concurrency_per_replica", settings.DEFAULT_TARGET_CONCURRENCY),
+            value("scale_to_zero_enabled", False),
+        )[0]
 
     def save(self, **kwargs: Any) -> Endpoint:
         endpoint = self.instance or Endpoint(
@@ -442,7 +517,12 @@ class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
 class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.with_related())
     tenant = serializers.CharField(source="endpoint.tenant.name", read_only=True)
-    gpus = serializers.SerializerMethodField(help_text="GPUs this reservation takes in its pool")
+    replicas = serializers.SerializerMethodField(
+        help_text="Whole replicas this reservation takes in its pool: ceil(MU/min / a replica's)"
+    )
+    gpus = serializers.SerializerMethodField(
+        help_text="GPUs this reservation takes: replicas x gpus_per_replica"
+    )
 
     class Meta:
         model = Reservation
@@ -452,6 +532,7 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
             "tenant",
             "mu_per_minute",
             "best_effort_allowed",
+            "replicas",
             "gpus",
             "sold_by",
             "created_at",
@@ -460,8 +541,13 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
         read_only_fields = ["sold_by", "created_at", "updated_at"]
         extra_kwargs = {"mu_per_minute": {"min_value": 1}}
 
-    def get_gpus(self, reservation: Reservation) -> float:
-        return round(float(reservation.endpoint.profile.shape.gpus(reservation.mu_per_minute)), 6)
+    def get_replicas(self, reservation: Reservation) -> int:
+        return reservation.endpoint.profile.shape.sold_replicas(
+            reservation.mu_per_minute, selling.overcommit()
+        )
+
+    def get_gpus(self, reservation: Reservation) -> int:
+        return self.get_replicas(reservation) * reservation.endpoint.profile.gpus_per_replica
 
     def validate_endpoint(self, endpoint: Endpoint) -> Endpoint:
         if self.instance is not None and endpoint != self.instance.endpoint:
@@ -531,8 +617,26 @@ class ModelCapacitySerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     gpus_per_replica = serializers.IntegerField(source="shape.gpus_per_replica")
     mu_per_replica_minute = serializers.IntegerField(source="shape.mu_per_replica_minute")
-    have_mu_per_minute = ExactNumberField(help_text="If the whole pool ran only this model")
-    headroom_mu_per_minute = ExactNumberField(help_text="If the unsold GPUs ran only this model")
+    have_replicas = serializers.IntegerField(help_text="If the whole pool ran only this model")
+    more_replicas = serializers.IntegerField(help_text="Replicas of it that still fit on the nodes")
+    have_mu_per_minute = ExactNumberField(help_text="have_replicas x mu_per_replica_minute")
+    headroom_mu_per_minute = ExactNumberField(
+        help_text="more_replicas x mu_per_replica_minute x over-commit: what could still be sold of it"
+    )
+
+
+class PlacedReplicaSerializer(serializers.Serializer[Any]):
+    endpoint_id = serializers.IntegerField(source="key")
+    endpoint = serializers.CharField(source="label", help_text="tenant/endpoint")
+    model = serializers.CharField()
+    gpus = serializers.IntegerField()
+
+
+class NodeUseSerializer(serializers.Serializer[Any]):
+    index = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+    free_gpus = serializers.IntegerField()
+    replicas = PlacedReplicaSerializer(many=True)
 
 
 class PoolCapacitySerializer(serializers.Serializer[Any]):
@@ -543,18 +647,29 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     gpu_type = serializers.CharField(source="pool.gpu_type.name")
     region = serializers.CharField(source="pool.region")
     cluster = serializers.CharField(source="pool.cluster")
+    node_count = serializers.IntegerField(source="ledger.node_count")
+    gpus_per_node = serializers.IntegerField(source="ledger.gpus_per_node")
     overcommit = ExactNumberField(source="ledger.overcommit")
     have_gpus = serializers.IntegerField(source="ledger.have_gpus")
     sellable_gpus = ExactNumberField(source="ledger.sellable_gpus")
-    committed_gpus = ExactNumberField(
-        source="ledger.committed_gpus",
-        help_text="Per endpoint the larger of its reservation and its minimum replicas, in GPUs, summed",
+    committed_replicas = serializers.IntegerField(
+        source="ledger.committed_replicas",
+        help_text="Per endpoint the larger of its sold replicas and its minimum replicas, summed",
+    )
+    committed_gpus = ExactNumberField(source="ledger.committed_gpus")
+    sold_replicas = serializers.IntegerField(
+        source="ledger.sold_replicas", help_text="Per endpoint ceil(reserved MU/min / a replica's)"
     )
     sold_gpus = ExactNumberField(source="ledger.sold_gpus")
     used_gpus = ExactNumberField(
         source="ledger.used_gpus", help_text="Held by running replicas: ready pods x gpus_per_replica"
     )
-    headroom_gpus = ExactNumberField(source="ledger.headroom_gpus")
+    free_gpus = serializers.IntegerField(source="ledger.free_gpus", help_text="Left free by the packing")
+    stranded_gpus = serializers.IntegerField(
+        source="ledger.stranded_gpus", help_text="Free GPUs no replica of a model placed here can use"
+    )
+    headroom_gpus = ExactNumberField(source="ledger.headroom_gpus", help_text="free_gpus - stranded_gpus")
+    unplaced_replicas = serializers.IntegerField(source="ledger.unplaced_replicas")
     have_mu_per_minute = ExactNumberField(source="ledger.have_mu_per_minute")
     sellable_mu_per_minute = ExactNumberField(source="ledger.sellable_mu_per_minute")
     committed_mu_per_minute = ExactNumberField(source="ledger.committed_mu_per_minute")
@@ -563,3 +678,4 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     headroom_mu_per_minute = ExactNumberField(source="ledger.headroom_mu_per_minute")
     oversold = serializers.BooleanField(source="ledger.oversold")
     models = ModelCapacitySerializer(source="ledger.models", many=True)
+    nodes = NodeUseSerializer(source="ledger.nodes", many=True, help_text="Which replica occupies what")

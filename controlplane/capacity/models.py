@@ -5,6 +5,7 @@ pool rows, reads the ledger and refuses an oversell.
 """
 
 import math
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -13,6 +14,7 @@ from django.db import models
 from django.utils import timezone
 
 from capacity.ledger import Shape
+from capacity.packing import NodeShape
 from capacity.units import DEFAULT_MAX_MODEL_LEN
 from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
 
@@ -39,18 +41,55 @@ class GpuType(models.Model):
         return self.name
 
 
+def default_gpus_per_node(gpu_count: int) -> int:
+    """A pool's node shape when none is given: the largest node of at most 8 GPUs (the common
+    GPU server) that divides its GPUs: 16 -> 8 (2 nodes), 12 -> 6, 10 -> 5, 4 -> 4, 0 -> 8."""
+    return max(d for d in range(1, 9) if gpu_count % d == 0)
+
+
 class GpuPool(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="pools")
     region = models.CharField(max_length=63)
     cluster = models.CharField(max_length=63, blank=True)
     gpu_count = models.PositiveIntegerField(help_text="GPUs in the pool")
+    # The pool is gpu_count / gpus_per_node nodes of one shape (gpu_count is a multiple of it):
+    # a replica's GPUs are on one node (tensor parallelism), so the ledger packs replicas onto
+    # these nodes (capacity.packing) instead of counting GPUs as one heap.
+    # Unset on a new pool, it is default_gpus_per_node(gpu_count) when saved.
+    gpus_per_node = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1)], help_text="GPUs on each node of the pool"
+    )
+    cpu_millicores_per_node = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPU of each node in millicores (unset: not a limit)"
+    )
+    memory_mib_per_node = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Memory of each node in MiB (unset: not a limit)"
+    )
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                name="pool_gpus_per_node_positive", condition=models.Q(gpus_per_node__gte=1)
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.gpus_per_node is None:
+            self.gpus_per_node = default_gpus_per_node(self.gpu_count)
+        super().save(*args, **kwargs)
+
+    @property
+    def node_count(self) -> int:
+        return self.gpu_count // self.gpus_per_node
+
+    @property
+    def node_shape(self) -> NodeShape:
+        return NodeShape(self.gpus_per_node, self.cpu_millicores_per_node, self.memory_mib_per_node)
 
 
 class ModelProfile(models.Model):

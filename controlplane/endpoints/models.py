@@ -55,6 +55,9 @@ class Endpoint(models.Model):
     # The profile names the model and GPU type; the pool must be of that GPU type.
     profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="endpoints")
     pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="endpoints")
+    # Where the tenant wants it to run: placement picks the roomiest pool of this region where
+    # it fits, else refuses (controlplane.selling.place). Blank: any region.
+    region_preference = models.CharField(max_length=63, blank=True, validators=[slug_validator])
     min_provisioned_concurrency = models.PositiveIntegerField(
         default=0, validators=[MaxValueValidator(MAX_CONCURRENCY)]
     )

@@ -11,10 +11,10 @@ Safety, each in one place:
   (see capacity.autoscaler.horizontal); missing router seconds never read as idleness.
 - A change reaches the cluster before the database records it: if the driver fails, the
   desired count is unchanged and the next pass tries again, with a warning Event.
-- Never more than the pool holds: a scale-up is clamped to the replicas that fit in the pool's
-  GPUs beside what its other endpoints commit (reservations, minimum replicas) or hold (their
-  desired replicas), whichever is larger (`PoolRoom`); a clamp writes one warning Event when it
-  starts and one when it ends (Endpoint.clamped_since), not one per tick.
+- Never more than the pool holds: a scale-up is clamped to the replicas that pack onto the
+  pool's nodes (capacity.packing) beside what its other endpoints commit (reservations, minimum
+  replicas) or hold (their desired replicas), whichever is larger (`PoolRoom`); a clamp writes
+  one warning Event when it starts and one when it ends (Endpoint.clamped_since), not one per tick.
 Every change writes an Event whose message and detail carry the numbers that caused it.
 """
 
@@ -27,7 +27,6 @@ import socket
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from fractions import Fraction
 
 from django.conf import settings
 from django.db import transaction
@@ -36,8 +35,10 @@ from django.db.models import Q
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency, forecast
 from capacity.autoscaler.horizontal import Decision
 from capacity.autoscaler.window import aggregate
-from capacity.ledger import free_replicas
+from capacity.ledger import fit_replicas
+from capacity.packing import ReplicaDemand
 from controlplane import selling
+from controlplane.capacity.models import GpuPool
 from controlplane.endpoints import rollouts, samples
 from controlplane.endpoints.deployments import (
     DEPLOYMENT_PREFIX,
@@ -156,63 +157,79 @@ class PassReport:
 
 
 class PoolRoom:
-    """What each endpoint claims of its pool's GPUs during a pass: the larger of what it commits
-    (capacity.ledger: its reservation or its minimum replicas) and what it holds (its desired
-    replicas x GPUs per replica). An endpoint may grow into the pool's GPUs (never its over-
-    commit: pods need real GPUs) less the others' claims."""
+    """What each endpoint claims of its pool's nodes during a pass: the larger of the replicas it
+    commits (capacity.ledger: its reservation or its minimum replicas) and those it holds (its
+    desired replicas). An endpoint may grow into the replicas that still pack onto the pool's
+    nodes beside the others' claims (capacity.packing: a replica's GPUs on one node), never into
+    the over-commit: pods need real GPUs."""
 
     def __init__(self, endpoints: list[Endpoint]):
-        self.claims: dict[int, dict[int, Fraction]] = defaultdict(dict)
+        self.claims: dict[int, dict[int, ReplicaDemand]] = defaultdict(dict)
+        self.pools: dict[int, GpuPool] = {}
         for e in endpoints:
             self.update(e)
 
     @staticmethod
-    def _committed(e: Endpoint) -> Fraction:
+    def _committed(e: Endpoint) -> int:
         reservation = getattr(e, "reservation", None)
         reserved = reservation.mu_per_minute if reservation is not None else 0
-        return e.profile.shape.commitment(reserved, e.replica_bounds[0]).gpus
+        return selling.commitment(e, reserved).replicas
 
     def update(self, e: Endpoint) -> None:
         """Record e's claim as it is now (after a decision changed its desired replicas)."""
-        held = Fraction(e.desired_replicas * e.profile.gpus_per_replica)
-        self.claims[e.pool_id][e.pk] = max(self._committed(e), held)
+        replicas = max(self._committed(e), e.desired_replicas)
+        self.claims[e.pool_id][e.pk] = ReplicaDemand(
+            selling.demand_key(e), e.profile.model, e.profile.gpus_per_replica, replicas
+        )
+        self.pools[e.pool_id] = e.pool
 
-    def others_gpus(self, e: Endpoint) -> Fraction:
-        pool = self.claims[e.pool_id]
-        return sum((gpus for pk, gpus in pool.items() if pk != e.pk), Fraction(0))
+    def others_gpus(self, e: Endpoint) -> int:
+        return sum(d.gpus * d.count for pk, d in self.claims[e.pool_id].items() if pk != e.pk)
 
     def replicas_for(self, e: Endpoint) -> int:
-        return free_replicas(e.pool.gpu_count, self.others_gpus(e), e.profile.shape)
+        """The most replicas e may have: those that pack beside the others' claims."""
+        pool = self.pools.get(e.pool_id, e.pool)
+        claims = [d for d in self.claims[e.pool_id].values() if d.count > 0]
+        return fit_replicas(
+            pool.node_count, pool.node_shape, claims, selling.demand_key(e), e.profile.gpus_per_replica
+        )
 
 
 def clamp(e: Endpoint, d: Decision, room: PoolRoom) -> tuple[Decision, int | None]:
     """The decision held to the room its pool has: (decision, replicas asked) when clamped, else
-    (d, None). Only a scale-up is clamped; an endpoint already above the room (another endpoint's
-    minimum grew) is not shrunk by it, it just grows no further."""
-    if d.replicas is None:
+    (d, None). Only a scale-up is clamped, so a replica that does not pack is never asked for;
+    an endpoint already above the room (another endpoint's minimum grew) is not shrunk by it,
+    it just grows no further."""
+    if d.replicas is None or d.replicas <= e.desired_replicas:
         return d, None
-    ceiling = max(room.replicas_for(e), e.desired_replicas)
+    fit = room.replicas_for(e)
+    ceiling = max(fit, e.desired_replicas)
     if d.replicas <= ceiling:
         return d, None
     others = room.others_gpus(e)
     reason = (
-        f"{d.reason}; held at {ceiling}: pool {e.pool.name} has {e.pool.gpu_count} GPUs and its other"
-        f" endpoints commit or hold {float(others):g}, room for {room.replicas_for(e)} replicas of"
-        f" {e.profile.gpus_per_replica} GPUs"
+        f"{d.reason}; held at {ceiling}: pool {e.pool.name} has {e.pool.node_count} nodes x"
+        f" {e.pool.gpus_per_node} GPUs and its other endpoints commit or hold {others} GPUs,"
+        f" room for {fit} replicas of {e.profile.gpus_per_replica} GPUs"
     )
     return replace(d, replicas=ceiling, reason=reason), d.replicas
 
 
 def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) -> Event | None:
     """The Event that starts or ends a clamp episode, or None inside one (or outside any)."""
+    starts = asked is not None and e.clamped_since is None
+    ends = asked is None and d.replicas is not None and e.clamped_since is not None
+    if not (starts or ends):
+        return None
     detail = {
         "pool": e.pool.name,
         "have_gpus": e.pool.gpu_count,
-        "others_gpus": float(room.others_gpus(e)),
+        "gpus_per_node": e.pool.gpus_per_node,
+        "others_gpus": room.others_gpus(e),
         "room_replicas": room.replicas_for(e),
         "gpus_per_replica": e.profile.gpus_per_replica,
     }
-    if asked is not None and e.clamped_since is None:
+    if starts:
         return Event(
             kind=Event.Kind.SCALE,
             severity=Event.Severity.WARNING,
@@ -223,17 +240,15 @@ def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) ->
             detail={**detail, "clamp": "start", "asked": asked, "to": d.replicas},
             reported_by="autoscaler",
         )
-    if asked is None and d.replicas is not None and e.clamped_since is not None:
-        return Event(
-            kind=Event.Kind.SCALE,
-            tenant_id=e.tenant_id,
-            endpoint=e,
-            endpoint_name=e.name,
-            message=f"{e.name}: no longer clamped: {d.replicas} replicas fit in pool {e.pool.name}",
-            detail={**detail, "clamp": "end", "to": d.replicas},
-            reported_by="autoscaler",
-        )
-    return None
+    return Event(
+        kind=Event.Kind.SCALE,
+        tenant_id=e.tenant_id,
+        endpoint=e,
+        endpoint_name=e.name,
+        message=f"{e.name}: no longer clamped: {d.replicas} replicas fit in pool {e.pool.name}",
+        detail={**detail, "clamp": "end", "to": d.replicas},
+        reported_by="autoscaler",
+    )
 
 
 def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket]]:
@@ -531,7 +546,8 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
         if room.replicas_for(e) < replicas:
             raise ClusterError(
                 f"pool {e.pool.name} has no room for {replicas} replica(s) of {e.name}: its other"
-                f" endpoints commit or hold {float(room.others_gpus(e)):g} of its {e.pool.gpu_count} GPUs"
+                f" endpoints commit or hold {room.others_gpus(e)} of its {e.pool.node_count} nodes x"
+                f" {e.pool.gpus_per_node} GPUs"
             )
         # its deployment is declared, at 0, by every pass
         cluster.scale(deployment_name(e.pk, e.version), replicas)

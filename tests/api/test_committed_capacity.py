@@ -58,7 +58,9 @@ def test_a_tenant_cannot_provision_a_million_concurrency(
         32,
         500_000,
     )
-    assert "500000 GPUs" in pool["detail"]
+    # In whole replicas on its 4 nodes x 8 GPUs: 125,000 replicas of 4 asked, 8 fit.
+    assert (pool["asked_replicas"], pool["asked_gpus_per_replica"], pool["fit_replicas"]) == (125_000, 4, 8)
+    assert "125000 replicas of 4 GPUs" in pool["detail"] and "8 fit on its 4 nodes x 8 GPUs" in pool["detail"]
     assert not Endpoint.objects.exists()
 
 
@@ -150,7 +152,7 @@ def test_the_console_endpoint_form_refuses_a_minimum_beyond_the_pool(owner, make
         {**form, "min_provisioned_concurrency": "72", "max_provisioned_concurrency": "72"},
     )
     assert response.status_code == 400
-    assert "pool &#x27;use1-h100&#x27; cannot hold this" in response.content.decode()
+    assert "pool &#x27;use1-h100&#x27; cannot place this: 9 replicas of 1 GPUs" in response.content.decode()
     chat.refresh_from_db()
     assert chat.min_provisioned_concurrency == 0
 

@@ -51,11 +51,20 @@ def test_oversell_is_409_naming_pool_have_sold_and_asked(operator_client, owner,
     assert "use1-h100" in body["detail"]
     assert not Reservation.objects.filter(endpoint=big).exists()
     assert not Event.objects.filter(kind="reservation", endpoint=big).exists()
-    # 50 MU/min asks exactly the 2 free GPUs.
+    assert (body["asked_replicas"], body["asked_gpus_per_replica"], body["fit_replicas"]) == (1, 4, 0)
+    # 50 MU/min is still a whole replica of 4 GPUs: refused too (a GPU count sold it as 2).
+    half = operator_client.post(
+        "/api/v1/reservations/", {"endpoint": big.pk, "mu_per_minute": 50}, format="json"
+    )
+    assert half.status_code == 409 and half.json()["asked_gpus"] == 4
+    # Once chat's sale is cut to 400 MU/min (4 replicas), the 4-GPU replica fits beside it.
+    chat_sale = Reservation.objects.get(endpoint=chat).pk
+    cut = operator_client.patch(f"/api/v1/reservations/{chat_sale}/", {"mu_per_minute": 400}, format="json")
+    assert cut.status_code == 200
     fits = operator_client.post(
         "/api/v1/reservations/", {"endpoint": big.pk, "mu_per_minute": 50}, format="json"
     )
-    assert fits.status_code == 201
+    assert fits.status_code == 201 and fits.json()["replicas"] == 1 and fits.json()["gpus"] == 4
 
 
 def test_raising_a_reservation_counts_only_the_increase(operator_client, owner, make_endpoint):
@@ -69,14 +78,16 @@ def test_raising_a_reservation_counts_only_the_increase(operator_client, owner, 
     # The pool's figures as /capacity/ shows them, with what is asked and what it would replace.
     body = refused.json()
     assert refused.status_code == 409 and (body["sold_gpus"], body["committed_gpus"]) == (8, 8)
-    assert (body["asked_gpus"], body["replacing_gpus"]) == (8.01, 8)
+    # 801 MU/min is 9 whole replicas in place of 8; 8 fit.
+    assert (body["asked_replicas"], body["replacing_replicas"], body["fit_replicas"]) == (9, 8, 8)
+    assert (body["asked_gpus"], body["replacing_gpus"]) == (9, 8)
     assert Reservation.objects.get().mu_per_minute == 800
 
 
 def test_overcommit_setting_lets_operators_sell_beyond_the_fleet(
     settings, operator_client, owner, make_endpoint
 ):
-    settings.CAPACITY_OVERCOMMIT = 1.5  # 8 GPUs may hold 12 GPUs of reservations
+    settings.CAPACITY_OVERCOMMIT = 1.5  # a replica's 100 MU/min is sold as 150: 8 GPUs sell 1200
     chat = make_endpoint(owner, "chat")
     assert (
         operator_client.post(
@@ -85,7 +96,16 @@ def test_overcommit_setting_lets_operators_sell_beyond_the_fleet(
         == 201
     )
     row = operator_client.get("/api/v1/capacity/").json()[0]
-    assert (row["sellable_gpus"], row["sold_gpus"], row["headroom_gpus"]) == (12, 12, 0)
+    assert (row["sellable_mu_per_minute"], row["sold_replicas"], row["sold_gpus"], row["headroom_gpus"]) == (
+        1200,
+        8,
+        8,
+        0,
+    )
+    refused = operator_client.patch(
+        f"/api/v1/reservations/{Reservation.objects.get().pk}/", {"mu_per_minute": 1201}, format="json"
+    )
+    assert refused.status_code == 409 and refused.json()["asked_replicas"] == 9
 
 
 @pytest.mark.parametrize(

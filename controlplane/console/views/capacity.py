@@ -13,7 +13,8 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from capacity.ledger import Oversold
+from capacity.ledger import Oversold, PoolLedger
+from capacity.packing import ReplicaDemand, defrag_plan
 from controlplane import selling
 from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
@@ -67,6 +68,7 @@ def capacity_context(window: str) -> dict[str, Any]:
             {
                 "pool": pool,
                 "ledger": ledger,
+                "grid": node_grid(ledger),
                 # The bar's "sold" is what the pool is checked on: committed (capacity.ledger).
                 "bar": charts.capacity_bar(
                     float(ledger.have_gpus),
@@ -138,6 +140,54 @@ def capacity_context(window: str) -> dict[str, Any]:
         "windows": list(WINDOWS),
         "overcommit": next(iter(ledgers.values())).overcommit if ledgers else 1,
     }
+
+
+def node_grid(ledger: PoolLedger) -> dict[str, Any]:
+    """The pool's packing for people (templates/console/_node_grid.html): runs of nodes with the
+    same content as one row of GPU cells (the packing orders nodes by content, so a fleet of
+    1,000 nodes is a few rows), and per model placed there the replicas that still fit, with a
+    defragmentation plan where a replica fits only after moving others (capacity.packing
+    .defrag_plan; shown, never carried out)."""
+    colours = {m.model: i % 8 for i, m in enumerate(ledger.models)}
+    runs: list[dict[str, Any]] = []
+    for node in ledger.nodes:
+        content = tuple((r.label, r.model, r.gpus) for r in node.replicas)
+        if runs and runs[-1]["content"] == content:
+            runs[-1]["last"] = node.index + 1
+            runs[-1]["count"] += 1
+            continue
+        cells = [
+            {"label": label, "model": model, "css": f"m{colours.get(model, 0)}", "first": i == 0}
+            for label, model, gpus in content
+            for i in range(gpus)
+        ]
+        cells += [{"label": "", "model": "", "css": "free", "first": False}] * node.free_gpus
+        runs.append(
+            {"content": content, "first": node.index + 1, "last": node.index + 1, "count": 1, "cells": cells,
+             "free_gpus": node.free_gpus}
+        )  # fmt: skip
+    labels = {r.key: r.label for node in ledger.nodes for r in node.replicas}
+    models = []
+    for m in ledger.models:
+        plan: list[str] | None = None
+        if m.more_replicas == 0 and ledger.free_gpus >= m.shape.gpus_per_replica:
+            moves = defrag_plan(
+                ledger.node_count,
+                ledger.node_shape,
+                ledger.demands,
+                ReplicaDemand("wanted", m.model, m.shape.gpus_per_replica, 1),
+            )
+            plan = (
+                [
+                    f"move a {mv.gpus}-GPU replica of {labels.get(mv.key, mv.key)} from node"
+                    f" {mv.from_node + 1} to node {mv.to_node + 1}"
+                    for mv in moves
+                ]
+                if moves
+                else None
+            )
+        models.append({"capacity": m, "css": f"m{colours[m.model]}", "defrag": plan})
+    return {"runs": runs, "models": models}
 
 
 def profiles_with_history() -> QuerySet[ModelProfile]:

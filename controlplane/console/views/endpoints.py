@@ -19,6 +19,7 @@ from controlplane.console.views.base import ConsoleRequest, console_view, filled
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
+from controlplane.selling import NoPlacement
 from controlplane.tenants.models import Tenant
 
 PAGE_SIZE = 50
@@ -74,7 +75,11 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
         serializer = EndpointSerializer(
             endpoint, data=data, partial=endpoint is not None, context={"principal": request.principal}
         )
-        if serializer.is_valid():
+        try:
+            valid = serializer.is_valid()
+        except NoPlacement as refused:  # placement runs in validation: it picks the pool
+            valid, errors = False, {"region_preference": str(refused)}
+        if valid:
             try:
                 with transaction.atomic():
                     saved = serializer.save()
@@ -84,7 +89,7 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
                 errors = {"max_provisioned_concurrency": str(refused)}
             else:
                 return redirect("console:endpoint", pk=saved.pk)
-        else:
+        elif not errors:
             errors = {field: " ".join(map(str, errs)) for field, errs in serializer.errors.items()}
         values: dict[str, Any] = {**data, "tenant": request.POST.get("tenant", "")}
     else:
