@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -211,27 +212,23 @@ def replicas_needed(
 def pack(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
     """Place every demand's replicas on `nodes` nodes of `shape` (see the module docstring)."""
     problem = _Problem.build(nodes, shape, demands)
-    comps, left = _best_fit_decreasing(problem)
-    method = "best-fit-decreasing"
-    if any(left) and problem.exact_work() <= EXACT_WORK:
-        comps, left = _exact(problem)
-        method = "exact"
-    return problem.materialise(comps, method)
+    states, _, method = _solve(problem)
+    return problem.materialise(states, method)
 
 
 def pack_heuristic(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
     """`pack` with best-fit decreasing only (for the tests and the benchmark)."""
     problem = _Problem.build(nodes, shape, demands)
-    comps, _ = _best_fit_decreasing(problem)
-    return problem.materialise(comps, "best-fit-decreasing")
+    states, _ = _best_fit_decreasing(problem)
+    return problem.materialise(states, "best-fit-decreasing")
 
 
 def pack_exact(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
     """`pack` with the exact programme only, whatever the size (small instances only: its work is
     `exact_work`, the product over kinds of (count + 1) times the node fills)."""
     problem = _Problem.build(nodes, shape, demands)
-    comps, _ = _exact(problem)
-    return problem.materialise(comps, "exact")
+    states, _ = _exact(problem)
+    return problem.materialise(states, "exact")
 
 
 def exact_work(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> int:
@@ -249,14 +246,24 @@ def check_change(
     `fit_replicas` is the most replicas of the change that pack with the rest (binary search on
     the count, each step a `pack`; 0 when the rest alone does not pack)."""
     others = [d for d in demands if d.key != change.key]
-    packing = pack(nodes, shape, [*others, change])
-    if packing.fits:
-        fit = change.count
-    else:
-        lo, hi = 0, change.count - 1  # the most that fits is in [lo, hi]; lo = 0 always "fits"
+    problem = _Problem.build(nodes, shape, [*others, change])
+    states, _, method = _solve(problem)
+    packing = problem.materialise(states, method)
+    fit = change.count
+    if not packing.fits and change.count:
+        # Only the counts change between the steps: solve them, name nothing.
+        i = problem.kinds.index(shape.kind(change.gpus, change.cpu_millicores, change.memory_mib))
+        base = problem.counts[i] - change.count
+
+        def fits_with(k: int) -> bool:
+            counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
+            _, left, _ = _solve(dataclasses.replace(problem, counts=counts))
+            return not any(left)
+
+        lo, hi = 0, change.count - 1  # the most that fits is in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if pack(nodes, shape, [*others, dataclasses.replace(change, count=mid)]).fits:
+            if fits_with(mid):
                 lo = mid
             else:
                 hi = mid - 1
@@ -337,6 +344,15 @@ def defrag_plan(
 # -- internals ------------------------------------------------------------------------------------
 
 
+def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
+    """Best-fit decreasing; the exact programme when that leaves replicas out on a small pool."""
+    states, left = _best_fit_decreasing(p)
+    if any(left) and p.exact_work() <= EXACT_WORK:
+        states, left = _exact(p)
+        return states, left, "exact"
+    return states, left, "best-fit-decreasing"
+
+
 @dataclass(frozen=True)
 class _Problem:
     shape: NodeShape
@@ -350,16 +366,22 @@ class _Problem:
     @classmethod
     def build(cls, nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> _Problem:
         _check_int("nodes", nodes, 0)
+        if len({d.key for d in demands}) < len(demands):
+            twice = sorted(k for k, n in Counter(d.key for d in demands).items() if n > 1)
+            raise ValueError(f"two demands for endpoint {twice[0]!r}: one per endpoint and pool")
         by_kind: dict[Kind, list[ReplicaDemand]] = {}
-        seen: set[str] = set()
+        gpus_only = shape.cpu_millicores is None and shape.memory_mib is None
         for d in demands:
-            if d.key in seen:
-                raise ValueError(f"two demands for endpoint {d.key!r}: one per endpoint and pool")
-            seen.add(d.key)
             if d.count:
-                by_kind.setdefault(shape.kind(d.gpus, d.cpu_millicores, d.memory_mib), []).append(d)
+                kind = (d.gpus,) if gpus_only else shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                group = by_kind.get(kind)
+                if group is None:
+                    by_kind[kind] = [d]
+                else:
+                    group.append(d)
         kinds = tuple(sorted(by_kind, reverse=True))
-        groups = tuple(tuple(sorted(by_kind[k], key=lambda d: (d.key, d.model))) for k in kinds)
+        # Keys are unique, so the key order is total: the input order never shows.
+        groups = tuple(tuple(sorted(by_kind[k], key=_by_key)) for k in kinds)
         return cls(
             shape=shape,
             nodes=nodes,
@@ -404,32 +426,45 @@ class _Problem:
         walk(0, [], self.capacity)
         return out
 
-    def materialise(self, comps: list[tuple[int, ...]], method: str) -> Packing:
+    def materialise(self, states: dict[tuple[int, ...], int], method: str) -> Packing:
         """Number the nodes (fullest first, then by content) and put names on the replicas."""
-        used = [self.used(c) for c in comps]
-        order = sorted(
-            range(len(comps)), key=lambda n: (tuple(-u for u in used[n]), tuple(-x for x in comps[n]))
+        used = {c: self.used(c) for c in states}
+        distinct = sorted(
+            (c for c, n in states.items() if n),
+            key=lambda c: (tuple(-u for u in used[c]), tuple(-x for x in c)),
         )
-        comps = [comps[n] for n in order]
-        used = [used[n] for n in order]
-        placed: list[list[PlacedReplica]] = [[] for _ in comps]
+        comps = [c for c in distinct for _ in range(states[c])]
+        # Names in key order onto nodes in node order; the tail of the key order is unplaced.
+        # One PlacedReplica per endpoint, repeated: a replica is its (key, GPUs), nothing more.
+        replicas = [
+            [r for d in group for r in [PlacedReplica(d.key, kind[0])] * d.count]
+            for group, kind in zip(self.demands, self.kinds, strict=True)
+        ]
+        taken = [0] * len(self.kinds)
+        placed: list[tuple[PlacedReplica, ...]] = []
+        for comp in comps:
+            node: list[PlacedReplica] = []
+            for i, c in enumerate(comp):
+                if c:
+                    node += replicas[i][taken[i] : taken[i] + c]
+                    taken[i] += c
+            placed.append(tuple(node))
         unplaced: list[ReplicaDemand] = []
         for i, group in enumerate(self.demands):
-            gpus = self.kinds[i][0]
-            # Names in key order onto nodes in node order; the tail of the key order is unplaced.
-            slots = (n for n, comp in enumerate(comps) for _ in range(comp[i]))
+            at = 0  # replicas of this kind before `d`
             for d in group:
-                taken = 0
-                for n in itertools.islice(slots, d.count):
-                    placed[n].append(PlacedReplica(d.key, gpus))
-                    taken += 1
-                if taken < d.count:
-                    unplaced.append(dataclasses.replace(d, count=d.count - taken))
-        free = tuple(tuple(c - u for c, u in zip(self.capacity, us, strict=True)) for us in used)
+                short = min(d.count, at + d.count - taken[i])
+                if short > 0:
+                    unplaced.append(
+                        ReplicaDemand(d.key, d.model, d.gpus, short, d.cpu_millicores, d.memory_mib)
+                    )
+                at += d.count
+        free_of = {c: tuple(a - u for a, u in zip(self.capacity, used[c], strict=True)) for c in distinct}
+        free = tuple(free_of[c] for c in comps)
         unplaced.sort(key=lambda d: d.key)
         return Packing(
             shape=self.shape,
-            placed=tuple(tuple(node) for node in placed),
+            placed=tuple(placed),
             unplaced=tuple(unplaced),
             free_per_node=tuple(f[0] for f in free),
             fits=not unplaced,
@@ -438,8 +473,8 @@ class _Problem:
         )
 
 
-def _best_fit_decreasing(p: _Problem) -> tuple[list[tuple[int, ...]], list[int]]:
-    """Counted BFD: node contents (one per node) and the replicas left per kind."""
+def _best_fit_decreasing(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Counted BFD: how many nodes hold each content, and the replicas left per kind."""
     empty = (0,) * len(p.kinds)
     states: dict[tuple[int, ...], int] = {empty: p.nodes} if p.nodes else {}
     used: dict[tuple[int, ...], Kind] = {empty: (0,) * len(p.capacity)}
@@ -468,11 +503,10 @@ def _best_fit_decreasing(p: _Problem) -> tuple[list[tuple[int, ...]], list[int]]
             if not states[comp]:
                 del states[comp]
         left.append(k)
-    comps = [comp for comp, n in sorted(states.items()) for _ in range(n)]
-    return comps, left
+    return states, left
 
 
-def _exact(p: _Problem) -> tuple[list[tuple[int, ...]], list[int]]:
+def _exact(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
     """Fewest nodes for every sub-multiset of the replicas (DP over count vectors), then the
     sub-multiset of most GPUs (ties: larger replicas first) that fits `p.nodes` nodes."""
     caps = p._caps()
@@ -517,7 +551,7 @@ def _exact(p: _Problem) -> tuple[list[tuple[int, ...]], list[int]]:
                 break
     comps += [(0,) * len(p.kinds)] * (p.nodes - len(comps))
     left = [c - x for c, x in zip(p.counts, vectors[chosen], strict=True)]
-    return comps, left
+    return dict(Counter(comps)), left
 
 
 def _cheapest_eviction(
@@ -590,6 +624,10 @@ def _subset_sums(sizes: list[int], most: int) -> list[int]:
     for f in range(1, most + 1):
         usable[f] = f if reach[f] else usable[f - 1]
     return usable
+
+
+def _by_key(d: ReplicaDemand) -> str:
+    return d.key
 
 
 def _check_int(name: str, value: object, least: int) -> None:
