@@ -1,0 +1,635 @@
+"""Whole replicas on real nodes: pack a pool's replicas onto its nodes and say what still fits.
+
+Pure, exact integer arithmetic, no Django, no I/O. A pool is `nodes` identical nodes of a
+`NodeShape` (GPUs per node, optionally CPU and memory per node); an endpoint needs a whole number
+of replicas (`replicas_needed`), and a tensor-parallel replica needs all its GPUs on one node. So
+a pool of 2 nodes x 8 GPUs holds two 5-GPU replicas, not three (16 GPUs, but 3 GPUs stranded on
+each node), and ten endpoints of 50 MU/min each of a 4-GPU, 100-MU/min-per-replica model need ten
+replicas, 40 GPUs, not 20.
+
+How `pack` places (deterministic: the same demands in any order give the same placement):
+- Replicas of the same resources (GPUs, and CPU/memory where the shape limits them) are
+  interchangeable, so the packer counts: a node's state is the multiset of replica kinds on it,
+  and the pool is "how many nodes are in each state" (for 8-GPU nodes at most 67 states whatever
+  the fleet size). Names go onto the counted placement afterwards, in key order.
+- Heuristic: best-fit decreasing (BFD) by GPUs. Each kind, largest first, goes onto the fullest
+  nodes it fits; a batch of n identical replicas fills a node to the brim before the next, so a
+  kind costs one pass over the states. Bounds: when every size divides the next larger one and
+  the node's GPUs (TP 1, 2, 4, 8 on 8-GPU nodes), BFD leaves a replica out only when every node is
+  full, so it is optimal (the divisible-sizes result of Coffman, Garey and Johnson, 1987); in
+  general it needs at most 11/9 OPT + 6/9 nodes for what it places (Dosa, 2007, which holds for
+  BFD as for FFD).
+- Exact: when the heuristic leaves something out and the instance is small (the product over
+  replica kinds of (count + 1), times the node fills that exist, at most `EXACT_WORK`), a dynamic
+  programme over count vectors finds the fewest nodes for every sub-multiset of the replicas and
+  keeps the one of most GPUs that fits the nodes (ties: the larger replicas). So a refusal on a
+  small pool is never the heuristic's fault.
+
+What is left (`Packing.more_fit`, `Packing.stranded_gpus`) is read from the packing as placed;
+`defrag_plan` says which few moves would make room when the free GPUs are there but scattered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import NamedTuple
+
+# Work bound of the exact programme: (states = prod(count + 1)) x (node fills). 40,000 is about
+# 20 ms of pure Python on this machine; beyond it the heuristic's answer stands.
+EXACT_WORK = 40_000
+
+# A replica kind: its resources in the shape's dimensions (GPUs, then CPU and memory where the
+# shape limits them). Larger kinds sort first.
+Kind = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of a pool: what a single replica's GPUs (and CPU/memory) must fit on."""
+
+    gpus: int  # GPUs per node; >= 1
+    cpu_millicores: int | None = None  # CPU per node; None: not a limit
+    memory_mib: int | None = None  # memory per node; None: not a limit
+
+    def __post_init__(self) -> None:
+        _check_int("gpus", self.gpus, 1)
+        if self.cpu_millicores is not None:
+            _check_int("cpu_millicores", self.cpu_millicores, 0)
+        if self.memory_mib is not None:
+            _check_int("memory_mib", self.memory_mib, 0)
+
+    @property
+    def capacity(self) -> Kind:
+        return tuple(v for v in (self.gpus, self.cpu_millicores, self.memory_mib) if v is not None)
+
+    def kind(self, gpus: int, cpu_millicores: int | None = None, memory_mib: int | None = None) -> Kind:
+        """A replica's resources in this shape's dimensions (a dimension the shape does not limit
+        is dropped; one the replica does not state counts 0)."""
+        out = [gpus]
+        if self.cpu_millicores is not None:
+            out.append(cpu_millicores or 0)
+        if self.memory_mib is not None:
+            out.append(memory_mib or 0)
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class ReplicaDemand:
+    """Whole replicas one endpoint needs in a pool (`replicas_needed` says how many)."""
+
+    key: str  # the endpoint (its id or name); unique within a pool
+    model: str  # the model it serves (for the console and the 409)
+    gpus: int  # GPUs per replica, all on one node; >= 1
+    count: int  # replicas; >= 0
+    cpu_millicores: int | None = None  # per replica; None: 0
+    memory_mib: int | None = None  # per replica; None: 0
+
+    def __post_init__(self) -> None:
+        _check_int("gpus", self.gpus, 1)
+        _check_int("count", self.count, 0)
+        if self.cpu_millicores is not None:
+            _check_int("cpu_millicores", self.cpu_millicores, 0)
+        if self.memory_mib is not None:
+            _check_int("memory_mib", self.memory_mib, 0)
+
+
+class PlacedReplica(NamedTuple):
+    """One replica on a node: (endpoint key, GPUs)."""
+
+    key: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Move:
+    """Move one replica of endpoint `key` from node `from_node` to node `to_node` (node indexes
+    of the `Packing` that `defrag_plan` started from)."""
+
+    key: str
+    gpus: int
+    from_node: int
+    to_node: int
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Replicas placed on a pool's nodes, and what is left."""
+
+    shape: NodeShape
+    placed: tuple[tuple[PlacedReplica, ...], ...]  # per node (index = node), largest replicas first
+    unplaced: tuple[ReplicaDemand, ...]  # per endpoint, the replicas that did not fit (count > 0)
+    free_per_node: tuple[int, ...]  # GPUs free on each node
+    fits: bool  # every replica placed
+    method: str  # "best-fit-decreasing" or "exact"
+    free_resources: tuple[Kind, ...]  # per node, free GPUs (and CPU/memory where limited)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.placed)
+
+    @property
+    def used_gpus(self) -> int:
+        return sum(r.gpus for node in self.placed for r in node)
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self.free_per_node)
+
+    @property
+    def unplaced_replicas(self) -> int:
+        return sum(d.count for d in self.unplaced)
+
+    def replicas_of(self, key: str) -> int:
+        """Replicas of endpoint `key` placed."""
+        return sum(1 for node in self.placed for r in node if r.key == key)
+
+    def more_fit(
+        self, gpus_per_replica: int, cpu_millicores: int | None = None, memory_mib: int | None = None
+    ) -> int:
+        """How many more replicas of that size fit in the free space as packed (no moves): 2
+        nodes x 8 GPUs holding one 5-GPU replica take one more 5-GPU replica, and 3 + 8 = 11
+        free GPUs take two 4-GPU replicas (none on the 3)."""
+        _check_int("gpus_per_replica", gpus_per_replica, 1)
+        need = self.shape.kind(gpus_per_replica, cpu_millicores, memory_mib)
+        return sum(_room(free, need) for free in self.free_resources)
+
+    def stranded_gpus(self, sizes: Iterable[int]) -> int:
+        """Free GPUs that no combination of replicas of the given sizes can use, node by node:
+        with sizes {4, 8}, a node with 6 free GPUs strands 2; with size 1 nothing is stranded;
+        with no sizes every free GPU is. GPUs only (CPU and memory are not looked at)."""
+        usable = _subset_sums(sorted({s for s in sizes if s >= 1}), self.shape.gpus)
+        return sum(free - usable[free] for free in self.free_per_node)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether one endpoint's changed demand packs with the rest of the pool (for the 409)."""
+
+    fits: bool
+    key: str
+    asked_replicas: int  # the replicas the change asks for that endpoint
+    asked_gpus_per_replica: int
+    fit_replicas: int  # how many of the asked would fit with the rest as they are (= asked if fits)
+    packing: Packing  # the pool packed with the change as asked
+
+    def message(self, pool: str) -> str:
+        """The 409's sentence: pool 'h100': 3 replicas of 5 GPUs asked, 2 fit."""
+        return (
+            f"pool {pool!r}: {self.asked_replicas} replicas of {self.asked_gpus_per_replica} GPUs asked "
+            f"for {self.key!r}, {self.fit_replicas} fit"
+        )
+
+
+def replicas_needed(
+    reserved_mu_per_minute: Fraction | Decimal | int,
+    mu_per_replica_minute: Fraction | Decimal | int,
+    min_replicas: int,
+) -> int:
+    """Whole replicas an endpoint commits: ceil(reserved / per replica), at least its minimum.
+
+    50 MU/min reserved at 100 MU/min per replica, min 0 -> 1; 200 -> 2; 201 -> 3; 0 reserved and
+    min 0 -> 0; 0 reserved and min 2 -> 2. Exact (a float is refused: 0.1 is not a tenth).
+    """
+    if isinstance(reserved_mu_per_minute, float) or isinstance(mu_per_replica_minute, float):
+        raise TypeError("replicas_needed takes exact numbers (int, Fraction, Decimal), not float")
+    reserved = Fraction(reserved_mu_per_minute)
+    per_replica = Fraction(mu_per_replica_minute)
+    if reserved < 0:
+        raise ValueError(f"reserved_mu_per_minute must be >= 0, not {reserved}")
+    if per_replica <= 0:
+        raise ValueError(f"mu_per_replica_minute must be > 0, not {per_replica}")
+    _check_int("min_replicas", min_replicas, 0)
+    q = reserved / per_replica
+    return max(-(-q.numerator // q.denominator), min_replicas)
+
+
+def pack(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
+    """Place every demand's replicas on `nodes` nodes of `shape` (see the module docstring)."""
+    problem = _Problem.build(nodes, shape, demands)
+    states, _, method = _solve(problem)
+    return problem.materialise(states, method)
+
+
+def pack_heuristic(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
+    """`pack` with best-fit decreasing only (for the tests and the benchmark)."""
+    problem = _Problem.build(nodes, shape, demands)
+    states, _ = _best_fit_decreasing(problem)
+    return problem.materialise(states, "best-fit-decreasing")
+
+
+def pack_exact(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
+    """`pack` with the exact programme only, whatever the size (small instances only: its work is
+    `exact_work`, the product over kinds of (count + 1) times the node fills)."""
+    problem = _Problem.build(nodes, shape, demands)
+    states, _ = _exact(problem)
+    return problem.materialise(states, "exact")
+
+
+def exact_work(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> int:
+    """The exact programme's work on this instance (it runs in `pack` when <= EXACT_WORK)."""
+    return _Problem.build(nodes, shape, demands).exact_work()
+
+
+def check_change(
+    nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand], change: ReplicaDemand
+) -> Verdict:
+    """Whether the pool packs with endpoint `change.key`'s demand replaced by `change` (added
+    when the pool has no demand of that key). 16 GPUs at 8 per node with 5-GPU replicas: 2
+    asked -> fits; 3 asked -> does not, 2 fit.
+
+    `fit_replicas` is the most replicas of the change that pack with the rest (binary search on
+    the count, each step a `pack`; 0 when the rest alone does not pack)."""
+    others = [d for d in demands if d.key != change.key]
+    problem = _Problem.build(nodes, shape, [*others, change])
+    states, _, method = _solve(problem)
+    packing = problem.materialise(states, method)
+    fit = change.count
+    if not packing.fits and change.count:
+        # Only the counts change between the steps: solve them, name nothing.
+        i = problem.kinds.index(shape.kind(change.gpus, change.cpu_millicores, change.memory_mib))
+        base = problem.counts[i] - change.count
+
+        def fits_with(k: int) -> bool:
+            counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
+            _, left, _ = _solve(dataclasses.replace(problem, counts=counts))
+            return not any(left)
+
+        lo, hi = 0, change.count - 1  # the most that fits is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits_with(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        fit = lo
+    return Verdict(
+        fits=packing.fits,
+        key=change.key,
+        asked_replicas=change.count,
+        asked_gpus_per_replica=change.gpus,
+        fit_replicas=fit,
+        packing=packing,
+    )
+
+
+def defrag_plan(
+    nodes: int,
+    shape: NodeShape,
+    demands: Sequence[ReplicaDemand],
+    wanted: ReplicaDemand,
+    max_moves: int = 16,
+) -> list[Move] | None:
+    """Moves that make room for `wanted.count` more replicas of `wanted`'s size on the pool as
+    `pack` placed `demands`: [] when they fit as packed; None when no plan exists (the pool with
+    them does not pack at all) or none of at most `max_moves` moves was found.
+
+    Search (greedy, one wanted replica at a time): a replica that fits in free space as it stands
+    takes it; otherwise, over every node (one per distinct node content) and every sub-multiset of
+    its movable replicas that frees enough room, the one whose replicas all fit directly into the
+    other nodes' free space (best fit, largest first) with the fewest moves, then the fewest GPUs
+    moved, then the lowest node. Moved replicas are never moved again, and the room made is
+    held for the wanted replica. E.g. 2 nodes x 8 GPUs with a 4-GPU replica on each: an 8-GPU
+    replica is wanted -> move one 4 onto the other node.
+    """
+    _check_int("max_moves", max_moves, 0)
+    current = pack(nodes, shape, demands)
+    need = shape.kind(wanted.gpus, wanted.cpu_millicores, wanted.memory_mib)
+    remaining = wanted.count
+    # Node contents: (key, kind, movable); free space per node.
+    kinds_by_key = {d.key: shape.kind(d.gpus, d.cpu_millicores, d.memory_mib) for d in demands}
+    content = [[(r.key, kinds_by_key[r.key], True) for r in node] for node in current.placed]
+    free = [list(f) for f in current.free_resources]
+
+    def hold(n: int) -> None:
+        nonlocal remaining
+        content[n].append((wanted.key, need, False))
+        free[n] = [f - w for f, w in zip(free[n], need, strict=True)]
+        remaining -= 1
+
+    for n in range(nodes):
+        while remaining and _room(tuple(free[n]), need):
+            hold(n)
+    if not remaining:
+        return []
+    combined = [d for d in demands if d.key != wanted.key]
+    own = sum(d.count for d in demands if d.key == wanted.key)
+    if not pack(nodes, shape, [*combined, dataclasses.replace(wanted, count=own + wanted.count)]).fits:
+        return None
+    moves: list[Move] = []
+    while remaining:
+        best = _cheapest_eviction(content, free, need)
+        if best is None or len(moves) + len(best) > max_moves:
+            return None
+        for item_index, source, target in best:
+            key, kind, _ = content[source][item_index]
+            moves.append(Move(key=key, gpus=kind[0], from_node=source, to_node=target))
+        # Apply: remove from the source (highest index first), add to the targets, pinned.
+        for item_index, source, target in sorted(best, reverse=True):
+            key, kind, _ = content[source].pop(item_index)
+            free[source] = [f + k for f, k in zip(free[source], kind, strict=True)]
+            content[target].append((key, kind, False))
+            free[target] = [f - k for f, k in zip(free[target], kind, strict=True)]
+        source = best[0][1]
+        while remaining and _room(tuple(free[source]), need):
+            hold(source)
+    return moves
+
+
+# -- internals ------------------------------------------------------------------------------------
+
+
+def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
+    """Best-fit decreasing; the exact programme when that leaves replicas out on a small pool."""
+    states, left = _best_fit_decreasing(p)
+    if any(left) and p.exact_work() <= EXACT_WORK:
+        states, left = _exact(p)
+        return states, left, "exact"
+    return states, left, "best-fit-decreasing"
+
+
+@dataclass(frozen=True)
+class _Problem:
+    shape: NodeShape
+    nodes: int
+    capacity: Kind
+    kinds: tuple[Kind, ...]  # distinct replica kinds, largest first
+    counts: tuple[int, ...]  # replicas of each kind
+    # Per kind, its demands in key order (the order names go onto placed replicas).
+    demands: tuple[tuple[ReplicaDemand, ...], ...]
+
+    @classmethod
+    def build(cls, nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> _Problem:
+        _check_int("nodes", nodes, 0)
+        if len({d.key for d in demands}) < len(demands):
+            twice = sorted(k for k, n in Counter(d.key for d in demands).items() if n > 1)
+            raise ValueError(f"two demands for endpoint {twice[0]!r}: one per endpoint and pool")
+        by_kind: dict[Kind, list[ReplicaDemand]] = {}
+        gpus_only = shape.cpu_millicores is None and shape.memory_mib is None
+        for d in demands:
+            if d.count:
+                kind = (d.gpus,) if gpus_only else shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                group = by_kind.get(kind)
+                if group is None:
+                    by_kind[kind] = [d]
+                else:
+                    group.append(d)
+        kinds = tuple(sorted(by_kind, reverse=True))
+        # Keys are unique, so the key order is total: the input order never shows.
+        groups = tuple(tuple(sorted(by_kind[k], key=_by_key)) for k in kinds)
+        return cls(
+            shape=shape,
+            nodes=nodes,
+            capacity=shape.capacity,
+            kinds=kinds,
+            counts=tuple(sum(d.count for d in g) for g in groups),
+            demands=groups,
+        )
+
+    def used(self, comp: tuple[int, ...]) -> Kind:
+        dims = len(self.capacity)
+        return tuple(sum(c * k[d] for c, k in zip(comp, self.kinds, strict=True)) for d in range(dims))
+
+    def exact_work(self) -> int:
+        states = 1
+        for kind, count in zip(self.kinds, self.counts, strict=True):
+            states *= min(count, self.nodes * _room(self.capacity, kind)) + 1
+            if states > EXACT_WORK:
+                return states
+        return states * len(self._fills(self._caps()))
+
+    def _caps(self) -> tuple[int, ...]:
+        return tuple(
+            min(c, self.nodes * _room(self.capacity, k)) for k, c in zip(self.kinds, self.counts, strict=True)
+        )
+
+    def _fills(self, caps: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every non-empty node content (count per kind, within `caps`) that fits one node."""
+        out: list[tuple[int, ...]] = []
+
+        def walk(i: int, comp: list[int], free: Kind) -> None:
+            if i == len(self.kinds):
+                if any(comp):
+                    out.append(tuple(comp))
+                return
+            most = min(caps[i], _room(free, self.kinds[i]))
+            for c in range(most + 1):
+                comp.append(c)
+                walk(i + 1, comp, tuple(f - c * k for f, k in zip(free, self.kinds[i], strict=True)))
+                comp.pop()
+
+        walk(0, [], self.capacity)
+        return out
+
+    def materialise(self, states: dict[tuple[int, ...], int], method: str) -> Packing:
+        """Number the nodes (fullest first, then by content) and put names on the replicas."""
+        used = {c: self.used(c) for c in states}
+        distinct = sorted(
+            (c for c, n in states.items() if n),
+            key=lambda c: (tuple(-u for u in used[c]), tuple(-x for x in c)),
+        )
+        comps = [c for c in distinct for _ in range(states[c])]
+        # Names in key order onto nodes in node order; the tail of the key order is unplaced.
+        # One PlacedReplica per endpoint, repeated: a replica is its (key, GPUs), nothing more.
+        replicas = [
+            [r for d in group for r in [PlacedReplica(d.key, kind[0])] * d.count]
+            for group, kind in zip(self.demands, self.kinds, strict=True)
+        ]
+        taken = [0] * len(self.kinds)
+        placed: list[tuple[PlacedReplica, ...]] = []
+        for comp in comps:
+            node: list[PlacedReplica] = []
+            for i, c in enumerate(comp):
+                if c:
+                    node += replicas[i][taken[i] : taken[i] + c]
+                    taken[i] += c
+            placed.append(tuple(node))
+        unplaced: list[ReplicaDemand] = []
+        for i, group in enumerate(self.demands):
+            at = 0  # replicas of this kind before `d`
+            for d in group:
+                short = min(d.count, at + d.count - taken[i])
+                if short > 0:
+                    unplaced.append(
+                        ReplicaDemand(d.key, d.model, d.gpus, short, d.cpu_millicores, d.memory_mib)
+                    )
+                at += d.count
+        free_of = {c: tuple(a - u for a, u in zip(self.capacity, used[c], strict=True)) for c in distinct}
+        free = tuple(free_of[c] for c in comps)
+        unplaced.sort(key=lambda d: d.key)
+        return Packing(
+            shape=self.shape,
+            placed=tuple(placed),
+            unplaced=tuple(unplaced),
+            free_per_node=tuple(f[0] for f in free),
+            fits=not unplaced,
+            method=method,
+            free_resources=free,
+        )
+
+
+def _best_fit_decreasing(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Counted BFD: how many nodes hold each content, and the replicas left per kind."""
+    empty = (0,) * len(p.kinds)
+    states: dict[tuple[int, ...], int] = {empty: p.nodes} if p.nodes else {}
+    used: dict[tuple[int, ...], Kind] = {empty: (0,) * len(p.capacity)}
+    left: list[int] = []
+    for i, kind in enumerate(p.kinds):
+        k = p.counts[i]
+        # Fullest first (GPUs, then CPU, memory), ties by content: deterministic.
+        for comp in sorted(states, key=lambda c: (tuple(-u for u in used[c]), c)):
+            if not k:
+                break
+            m = _room(tuple(c - u for c, u in zip(p.capacity, used[comp], strict=True)), kind)
+            if not m:
+                continue
+            n = states[comp]
+            full = min(n, k // m)
+            batch = [(full, m)] if full == n or k == full * m else [(full, m), (1, k - full * m)]
+            for nodes, each in batch:
+                if not nodes:
+                    continue
+                states[comp] -= nodes
+                new = (*comp[:i], comp[i] + each, *comp[i + 1 :])
+                states[new] = states.get(new, 0) + nodes
+                if new not in used:
+                    used[new] = tuple(u + each * x for u, x in zip(used[comp], kind, strict=True))
+                k -= nodes * each
+            if not states[comp]:
+                del states[comp]
+        left.append(k)
+    return states, left
+
+
+def _exact(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Fewest nodes for every sub-multiset of the replicas (DP over count vectors), then the
+    sub-multiset of most GPUs (ties: larger replicas first) that fits `p.nodes` nodes."""
+    caps = p._caps()
+    fills = p._fills(caps)
+    # Prefer full nodes in the reconstruction: the room left stays together.
+    fills.sort(key=lambda c: (tuple(-u for u in p.used(c)), tuple(-x for x in c)))
+    radix = [c + 1 for c in caps]
+    strides = [1] * len(caps)
+    for i in range(len(caps) - 2, -1, -1):
+        strides[i] = strides[i + 1] * radix[i + 1]
+    size = strides[0] * radix[0] if caps else 1
+    offsets = [sum(a * s for a, s in zip(fill, strides, strict=True)) for fill in fills]
+    inf = p.nodes + 1
+    best_nodes = [inf] * size
+    best_nodes[0] = 0
+    vectors = list(itertools.product(*(range(r) for r in radix)))
+    for index in range(1, size):
+        v = vectors[index]
+        low = inf
+        for fill, off in zip(fills, offsets, strict=True):
+            if all(a <= x for a, x in zip(fill, v, strict=True)):
+                b = best_nodes[index - off]
+                if b < low:
+                    low = b
+        best_nodes[index] = low + 1 if low < inf else inf
+    gpus = [k[0] for k in p.kinds]
+    chosen = max(
+        (i for i in range(size) if best_nodes[i] <= p.nodes),
+        key=lambda i: (sum(g * x for g, x in zip(gpus, vectors[i], strict=True)), vectors[i]),
+    )
+    comps: list[tuple[int, ...]] = []
+    index = chosen
+    while index:
+        v = vectors[index]
+        for fill, off in zip(fills, offsets, strict=True):
+            if (
+                all(a <= x for a, x in zip(fill, v, strict=True))
+                and best_nodes[index - off] == best_nodes[index] - 1
+            ):
+                comps.append(fill)
+                index -= off
+                break
+    comps += [(0,) * len(p.kinds)] * (p.nodes - len(comps))
+    left = [c - x for c, x in zip(p.counts, vectors[chosen], strict=True)]
+    return dict(Counter(comps)), left
+
+
+def _cheapest_eviction(
+    content: list[list[tuple[str, Kind, bool]]], free: list[list[int]], need: Kind
+) -> list[tuple[int, int, int]] | None:
+    """(item index on the source, source node, target node) moves that make room for `need` on
+    one node, the fewest first; None when no single-node eviction into free space does it."""
+    by_free: dict[Kind, list[int]] = {}
+    for n, f in enumerate(free):
+        by_free.setdefault(tuple(f), []).append(n)
+    best: tuple[tuple[int, int, int], list[tuple[int, int, int]]] | None = None
+    seen: set[tuple[tuple[Kind, ...], Kind]] = set()
+    for source, items in enumerate(content):
+        movable = sorted(((kind, i) for i, (_, kind, ok) in enumerate(items) if ok), reverse=True)
+        signature = (tuple(k for k, _ in movable), tuple(free[source]))
+        if signature in seen or not movable:
+            continue
+        seen.add(signature)
+        for r in range(1, len(movable) + 1):
+            if best is not None and r > best[0][0]:
+                break
+            for subset in itertools.combinations(movable, r):
+                freed = tuple(f + sum(k[d] for k, _ in subset) for d, f in enumerate(free[source]))
+                if not _room(freed, need):
+                    continue
+                targets = _relocate([k for k, _ in subset], by_free, source)
+                if targets is None:
+                    continue
+                cost = (r, sum(k[0] for k, _ in subset), source)
+                if best is None or cost < best[0]:
+                    best = (cost, [(i, source, t) for (_, i), t in zip(subset, targets, strict=True)])
+    return None if best is None else best[1]
+
+
+def _relocate(kinds: list[Kind], by_free: dict[Kind, list[int]], source: int) -> list[int] | None:
+    """Target node per replica (best fit, largest first) in the other nodes' free space."""
+    pool = {f: [n for n in ns if n != source] for f, ns in by_free.items()}
+    out: dict[int, int] = {}
+    for j in sorted(range(len(kinds)), key=lambda j: kinds[j], reverse=True):
+        kind = kinds[j]
+        fitting = [f for f, ns in pool.items() if ns and _room(f, kind)]
+        if not fitting:
+            return None
+        f = min(fitting)
+        target = pool[f].pop(0)
+        rest = tuple(a - b for a, b in zip(f, kind, strict=True))
+        pool.setdefault(rest, []).append(target)
+        pool[rest].sort()
+        out[j] = target
+    return [out[j] for j in range(len(kinds))]
+
+
+def _room(free: Kind, need: Kind) -> int:
+    """How many replicas of `need` fit in `free` (a zero need does not bound)."""
+    most = -1
+    for f, n in zip(free, need, strict=True):
+        if n:
+            m = f // n if f >= 0 else 0
+            most = m if most < 0 or m < most else most
+    return max(most, 0) if most >= 0 else 0
+
+
+def _subset_sums(sizes: list[int], most: int) -> list[int]:
+    """usable[f] = the most GPUs of at most f that replicas of `sizes` (any number) fill."""
+    reach = [False] * (most + 1)
+    reach[0] = True
+    for f in range(1, most + 1):
+        reach[f] = any(s <= f and reach[f - s] for s in sizes)
+    usable = [0] * (most + 1)
+    for f in range(1, most + 1):
+        usable[f] = f if reach[f] else usable[f - 1]
+    return usable
+
+
+def _by_key(d: ReplicaDemand) -> str:
+    return d.key
+
+
+def _check_int(name: str, value: object, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
