@@ -293,8 +293,9 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         " the most more replicas of the model fit.",
     )
     region_preference = serializers.RegexField(
-        r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z",
         max_length=63,
+        trim_whitespace=False,
         required=False,
         allow_blank=True,
         help_text="Run in this region: the roomiest pool there that places the endpoint's replicas,"
