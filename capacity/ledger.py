@@ -35,9 +35,11 @@ MU/min each sell two replicas (10 GPUs), not one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import NamedTuple
 
 from capacity.packing import NodeShape, Packing, ReplicaDemand, pack, replicas_needed
 from capacity.packing import check_change as packing_check_change
@@ -90,15 +92,14 @@ class Commitment:
 NOTHING = Commitment(0, Shape(1, 1))
 
 
-@dataclass(frozen=True)
-class Allocation:
-    """What one endpoint holds in its pool."""
+class Allocation(NamedTuple):
+    """What one endpoint holds in its pool (a tuple: a ledger read builds one per endpoint)."""
 
     key: str  # the endpoint's id: its replicas' name in the packing
     shape: Shape
     model: str  # model name, for the per-model view
-    sold_mu_per_minute: Fraction  # its reservation; >= 0
-    used_mu_per_minute: Fraction  # metered by the router; >= 0
+    sold_mu_per_minute: int  # its reservation; >= 0
+    used_mu_per_minute: float  # metered by the router; >= 0
     min_replicas: int = 0  # its provisioned minimum (capacity.provisioning.replica_bounds)
     running_replicas: int = 0  # ready pods
     label: str = ""  # how people name it ("tenant/endpoint"), for the node grid
@@ -160,16 +161,31 @@ class PoolLedger:
     sold_gpus: int
     used_gpus: int  # held by running replicas: ready pods x gpus_per_replica
     committed_mu_per_minute: int  # the committed replicas' MU/min
-    sold_mu_per_minute: Fraction  # as sold
-    used_mu_per_minute: Fraction  # metered
+    sold_mu_per_minute: int  # as sold
+    used_mu_per_minute: float  # metered
     mu_per_gpu: Fraction  # the pool's rate at its current placement; see the module docstring
     free_gpus: int  # GPUs the packing leaves free
     stranded_gpus: int  # free GPUs no replica of a model placed here can use
     unplaced_replicas: int  # committed replicas the packing could not place (> 0: oversold)
     models: tuple[ModelCapacity, ...]
-    nodes: tuple[NodeUse, ...]
     demands: tuple[ReplicaDemand, ...]  # the committed replicas, what a change is checked beside
     packing: Packing  # how they are placed (what `more_replicas` reads)
+    names: Mapping[str, tuple[str, str]]  # per demand key: (label, model), for the node grid
+
+    @functools.cached_property
+    def nodes(self) -> tuple[NodeUse, ...]:
+        """The packing node by node, with names (built when asked: a sale check never does)."""
+        return tuple(
+            NodeUse(
+                index=i,
+                gpus=self.node_shape.gpus,
+                replicas=tuple(PlacedReplica(r.key, *self.names[r.key], r.gpus) for r in placed),
+                free_gpus=free,
+            )
+            for i, (placed, free) in enumerate(
+                zip(self.packing.placed, self.packing.free_per_node, strict=True)
+            )
+        )
 
     @property
     def gpus_per_node(self) -> int:
@@ -289,15 +305,31 @@ def pool_ledger(
     `default_shape` prices MU when nothing is placed there yet."""
     overcommit = _exact(overcommit)
     allocations = list(allocations)
-    commitments = {a.key: a.committed(overcommit) for a in allocations}
-    demands = tuple(
-        ReplicaDemand(a.key, a.model, a.shape.gpus_per_replica, commitments[a.key].replicas)
-        for a in allocations
-        if commitments[a.key].replicas
-    )
+    # Whole replicas per endpoint by packing.replicas_needed, asked once per distinct sale: a
+    # fleet's reservations take few values, and exact arithmetic per endpoint is most of a read.
+    memo: dict[tuple[Fraction | int, int, int], int] = {}
+
+    def replicas(reserved: Fraction | int, mu_per_replica: int, least: int) -> int:
+        key = (reserved, mu_per_replica, least)
+        if (n := memo.get(key)) is None:
+            n = memo[key] = replicas_needed(Fraction(reserved) / overcommit, mu_per_replica, least)
+        return n
+
+    demands: list[ReplicaDemand] = []
+    committed_replicas = committed_gpus = committed_mu = sold_replicas = sold_gpus = used_gpus = 0
+    for a in allocations:
+        mu, gpus = a.shape.mu_per_replica_minute, a.shape.gpus_per_replica
+        committed = replicas(a.sold_mu_per_minute, mu, a.min_replicas)
+        sold = replicas(a.sold_mu_per_minute, mu, 0)
+        if committed:
+            demands.append(ReplicaDemand(a.key, a.model, gpus, committed))
+        committed_replicas += committed
+        committed_gpus += committed * gpus
+        committed_mu += committed * mu
+        sold_replicas += sold
+        sold_gpus += sold * gpus
+        used_gpus += a.running_replicas * gpus
     packing = pack(node_count, node_shape, demands)
-    committed_gpus = sum(c.gpus for c in commitments.values())
-    committed_mu = sum(c.mu_per_minute for c in commitments.values())
     shapes = sorted({(a.model, a.shape) for a in allocations}, key=lambda ms: (ms[0], ms[1].gpus_per_replica))
     if committed_gpus > 0:
         mu_per_gpu = Fraction(committed_mu, committed_gpus)
@@ -317,28 +349,26 @@ def pool_ledger(
         )
         for model, shape in shapes
     )
-    sold = [a.shape.sold_replicas(a.sold_mu_per_minute, overcommit) for a in allocations]
-    labels = {a.key: a.label for a in allocations}
     return PoolLedger(
         node_count=node_count,
         node_shape=node_shape,
         overcommit=overcommit,
-        committed_replicas=sum(c.replicas for c in commitments.values()),
+        committed_replicas=committed_replicas,
         committed_gpus=committed_gpus,
-        sold_replicas=sum(sold),
-        sold_gpus=sum(n * a.shape.gpus_per_replica for n, a in zip(sold, allocations, strict=True)),
-        used_gpus=sum(a.held_gpus for a in allocations),
+        sold_replicas=sold_replicas,
+        sold_gpus=sold_gpus,
+        used_gpus=used_gpus,
         committed_mu_per_minute=committed_mu,
-        sold_mu_per_minute=sum((a.sold_mu_per_minute for a in allocations), Fraction(0)),
-        used_mu_per_minute=sum((a.used_mu_per_minute for a in allocations), Fraction(0)),
+        sold_mu_per_minute=sum(a.sold_mu_per_minute for a in allocations),
+        used_mu_per_minute=sum(a.used_mu_per_minute for a in allocations),
         mu_per_gpu=mu_per_gpu,
         free_gpus=sum(packing.free_per_node),
         stranded_gpus=packing.stranded_gpus(sizes) if sizes else 0,
         unplaced_replicas=packing.unplaced_replicas,
         models=models,
-        nodes=_nodes(packing, node_shape, labels, {a.key: a.model for a in allocations}),
-        demands=demands,
+        demands=tuple(demands),
         packing=packing,
+        names={a.key: (a.label, a.model) for a in allocations},
     )
 
 
@@ -402,20 +432,6 @@ def as_json_number(value: Fraction | float | int) -> float | int:
 
 def _more_fit(node_count: int, node_shape: NodeShape, demands: Iterable[ReplicaDemand], gpus: int) -> int:
     return pack(node_count, node_shape, list(demands)).more_fit(gpus)
-
-
-def _nodes(
-    packing: Packing, node_shape: NodeShape, labels: dict[str, str], models: dict[str, str]
-) -> tuple[NodeUse, ...]:
-    return tuple(
-        NodeUse(
-            index=i,
-            gpus=node_shape.gpus,
-            replicas=tuple(PlacedReplica(r.key, labels[r.key], models[r.key], r.gpus) for r in placed),
-            free_gpus=free,
-        )
-        for i, (placed, free) in enumerate(zip(packing.placed, packing.free_per_node, strict=True))
-    )
 
 
 def _exact(value: Fraction | float | int) -> Fraction:

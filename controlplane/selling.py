@@ -21,7 +21,7 @@ from math import ceil
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count
 
 from capacity.ledger import (
     NOTHING,
@@ -38,7 +38,7 @@ from capacity.ledger import (
 )
 from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
 
@@ -71,46 +71,47 @@ def gpu_quota(tenant: Tenant) -> int:
 
 
 def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
-    """Ledgers of these pools in two queries (the pools, one row per endpoint)."""
+    """Ledgers of these pools, one query per table (endpoints, their profiles, tenants,
+    reservations and ready pods), never one per endpoint: 5,000 endpoints read in ~100 ms where
+    one joined and grouped query took ~300 (bench/ledger_scale.py)."""
     pools = list(pools)
-    rows = (
-        Endpoint.objects.filter(pool__in=pools)
-        .values(
-            "pk",
-            "name",
-            "tenant__name",
-            "pool_id",
-            "profile__model",
-            "profile__mu_per_replica_minute",
-            "profile__gpus_per_replica",
-            "reservation__mu_per_minute",
-            "used_mu_per_minute",
-            "min_provisioned_concurrency",
-            "max_provisioned_concurrency",
-            "target_concurrency_per_replica",
+    pool_ids = [p.pk for p in pools]
+    rows = list(
+        Endpoint.objects.filter(pool_id__in=pool_ids).values_list(
+            "pk", "name", "tenant_id", "pool_id", "profile_id", "used_mu_per_minute",
+            "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
             "scale_to_zero_enabled",
         )
-        .annotate(running=Count("pods", filter=Q(pods__ready=True)))
+    )  # fmt: skip
+    profiles = {
+        pk: (model, Shape(mu, gpus))
+        for pk, model, mu, gpus in ModelProfile.objects.filter(pk__in={r[4] for r in rows}).values_list(
+            "pk", "model", "mu_per_replica_minute", "gpus_per_replica"
+        )
+    }
+    tenants = dict(Tenant.objects.filter(pk__in={r[2] for r in rows}).values_list("pk", "name"))
+    reserved = dict(
+        Reservation.objects.filter(endpoint__pool_id__in=pool_ids).values_list("endpoint_id", "mu_per_minute")
+    )
+    running = dict(
+        Pod.objects.filter(ready=True, endpoint__pool_id__in=pool_ids)
+        .values_list("endpoint_id")
+        .annotate(n=Count("pk"))
         .order_by()
     )
     allocations: dict[int, list[Allocation]] = defaultdict(list)
-    for row in rows:
-        low, _ = replica_bounds(
-            row["min_provisioned_concurrency"],
-            row["max_provisioned_concurrency"],
-            row["target_concurrency_per_replica"],
-            row["scale_to_zero_enabled"],
-        )
-        allocations[row["pool_id"]].append(
+    for pk, name, tenant_id, pool_id, profile_id, used, low_c, high_c, target, to_zero in rows:
+        model, shape = profiles[profile_id]
+        allocations[pool_id].append(
             Allocation(
-                key=str(row["pk"]),
-                label=f"{row['tenant__name']}/{row['name']}",
-                shape=Shape(row["profile__mu_per_replica_minute"], row["profile__gpus_per_replica"]),
-                model=row["profile__model"],
-                sold_mu_per_minute=Fraction(row["reservation__mu_per_minute"] or 0),
-                used_mu_per_minute=Fraction(str(row["used_mu_per_minute"] or 0)),
-                min_replicas=low,
-                running_replicas=row["running"],
+                key=str(pk),
+                shape=shape,
+                model=model,
+                sold_mu_per_minute=reserved.get(pk, 0),
+                used_mu_per_minute=used or 0.0,
+                min_replicas=replica_bounds(low_c, high_c, target, to_zero)[0],
+                running_replicas=running.get(pk, 0),
+                label=f"{tenants[tenant_id]}/{name}",
             )
         )
     return {

@@ -33,8 +33,9 @@ def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpo
     assert (row["have_mu_per_minute"], row["headroom_mu_per_minute"]) == (400, 100)  # 50 MU per GPU
     assert row["oversold"] is False
     models = {m["model"]: m for m in row["models"]}
-    assert models["llama-8b"]["headroom_mu_per_minute"] == 200
-    assert models["llama-70b"]["headroom_mu_per_minute"] == 50
+    # In whole replicas: the 2 free GPUs hold two more 8B replicas and no 4-GPU 70B one.
+    assert (models["llama-8b"]["more_replicas"], models["llama-8b"]["headroom_mu_per_minute"]) == (2, 200)
+    assert (models["llama-70b"]["more_replicas"], models["llama-70b"]["headroom_mu_per_minute"]) == (0, 0)
     detail = operator_client.get(f"/api/v1/capacity/{row['id']}/").json()
     assert detail == row
     assert operator_client.get("/api/v1/capacity/?gpu_type=l40s-48gb").json() == []
@@ -43,13 +44,19 @@ def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpo
 def test_shrinking_a_pool_below_what_is_sold_is_refused(operator_client, owner, make_endpoint, pool):
     chat = make_endpoint(owner, "chat")
     sell(chat, mu_per_minute=600, best_effort_allowed=True, sold_by="t")
-    refused = operator_client.patch(f"/api/v1/pools/{pool.pk}/", {"gpu_count": 5}, format="json")
+    # (5 GPUs are whole nodes of 1 GPU; 5 of 8-GPU nodes would be refused with a 400 first)
+    refused = operator_client.patch(
+        f"/api/v1/pools/{pool.pk}/", {"gpu_count": 5, "gpus_per_node": 1}, format="json"
+    )
     assert refused.status_code == 409
     assert refused.json()["have_gpus"] == 5 and refused.json()["sold_gpus"] == 6
     pool.refresh_from_db()
     assert pool.gpu_count == 8
     assert (
-        operator_client.patch(f"/api/v1/pools/{pool.pk}/", {"gpu_count": 6}, format="json").status_code == 200
+        operator_client.patch(
+            f"/api/v1/pools/{pool.pk}/", {"gpu_count": 6, "gpus_per_node": 1}, format="json"
+        ).status_code
+        == 200
     )
 
 
