@@ -9,6 +9,11 @@ A change is checked against the pool's ledger as it stands, with what the change
 it replaces (capacity.ledger.check_change), so a refusal carries the figures /capacity/ shows.
 It sits above the capacity and endpoints apps (it reads both), so neither app imports the other.
 
+Capacity is whole replicas packed onto the pools' nodes (capacity.ledger, capacity.packing): a
+refusal names the pool, the replicas asked and how many fit. A new endpoint is placed by `place`:
+the pool of its GPU type (in its preferred region, when it names one) where the most more of its
+replicas fit; a region where none fits is refused (NoPlacement) with what exists elsewhere.
+
 Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell` and `release`.
 The API, the console and `load_demo` all call these, so each gets the same checks and events.
 """

@@ -27,6 +27,8 @@ from controlplane.tenants.models import ApiKey, Principal, Tenant
 from dataplane.wire import pod_events
 
 MAX_GPUS_PER_NODE = 64  # a sanity bound: no node of one shape holds more GPUs
+# Every ledger read packs a pool node by node: a typo of 10**9 GPUs is refused, not packed.
+MAX_NODES_PER_POOL = 10_000
 
 
 class ExactNumberField(serializers.FloatField):
@@ -174,6 +176,13 @@ class GpuPoolSerializer(StrictInput, serializers.ModelSerializer[GpuPool]):
         per_node = attrs.get("gpus_per_node", getattr(self.instance, "gpus_per_node", None))
         if per_node is None:
             per_node = attrs["gpus_per_node"] = default_gpus_per_node(count)
+        if count // per_node > MAX_NODES_PER_POOL:
+            raise serializers.ValidationError(
+                {
+                    "gpu_count": f"gpu_count {count} at {per_node} GPUs per node is {count // per_node}"
+                    f" nodes; a pool has at most {MAX_NODES_PER_POOL} (split it into pools)"
+                }
+            )
         if count % per_node:
             field = "gpus_per_node" if "gpus_per_node" in attrs else "gpu_count"
             raise serializers.ValidationError(

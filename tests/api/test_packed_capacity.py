@@ -162,6 +162,7 @@ def test_a_minimum_raise_that_does_not_pack_is_409_naming_pool_and_replicas(five
         ({"gpu_count": 16, "gpus_per_node": 8.5}, "gpus_per_node"),
         ({"gpu_count": 16, "gpus_per_node": None}, "gpus_per_node"),
         ({"gpu_count": 16, "cpu_millicores_per_node": -1}, "cpu_millicores_per_node"),
+        ({"gpu_count": 10**9, "gpus_per_node": 1}, "gpu_count"),  # a billion nodes
     ],
 )
 def test_pool_shapes_are_validated_naming_the_field(operator_client, h100, body, field):

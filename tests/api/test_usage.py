@@ -176,7 +176,8 @@ def test_usage_pages_take_the_same_queries_however_many_rows(operator_client, ow
     def grow(n):
         start = len(UsageHour.objects.values("endpoint").distinct())
         for i in range(start, start + n):
-            e = make_endpoint(owner, f"e{i}")
+            # At zero: twelve endpoints of a minimum replica each would not fit the 8-GPU pool.
+            e = make_endpoint(owner, f"e{i}", scale_to_zero_enabled=True)
             usage.record((e.pk, at(h), EndpointSecond(requests=1, mu=0.5)) for h in range(5))
 
     def count():
