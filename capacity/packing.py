@@ -44,6 +44,9 @@ from typing import NamedTuple
 # 20 ms of pure Python on this machine; beyond it the heuristic's answer stands.
 EXACT_WORK = 40_000
 
+# Node contents enumerated at most (for 8-GPU nodes and sizes 1-8 there are 66).
+MAX_FILLS = 5_000
+
 # A replica kind: its resources in the shape's dimensions (GPUs, then CPU and memory where the
 # shape limits them). Larger kinds sort first.
 Kind = tuple[int, ...]
@@ -227,7 +230,9 @@ def pack_exact(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -
     """`pack` with the exact programme only, whatever the size (small instances only: its work is
     `exact_work`, the product over kinds of (count + 1) times the node fills)."""
     problem = _Problem.build(nodes, shape, demands)
-    states, _ = _exact(problem)
+    fills = problem._fills(problem._caps(), most=10**9)
+    assert fills is not None
+    states, _ = _exact(problem, fills)
     return problem.materialise(states, "exact")
 
 
@@ -345,12 +350,23 @@ def defrag_plan(
 
 
 def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
-    """Best-fit decreasing; the exact programme when that leaves replicas out on a small pool."""
-    states, left = _best_fit_decreasing(p)
-    if any(left) and p.exact_work() <= EXACT_WORK:
-        states, left = _exact(p)
-        return states, left, "exact"
-    return states, left, "best-fit-decreasing"
+    """The better of best-fit decreasing and most-filled-node-first (more GPUs placed; when
+    both place everything, the free space more gathered on few nodes), then the exact programme
+    when both leave replicas out and the pool is small."""
+    best = (*_best_fit_decreasing(p), "best-fit-decreasing")
+    fills = p._fills(p._caps())
+    if fills is not None:
+        # Among equally full contents, the larger replicas first (they are the hard ones to
+        # place when everything fits), or the smaller first (an overfull pool leaves the large
+        # ones out, whose nodes would strand GPUs).
+        small_first = sorted(fills, key=lambda c: (tuple(-u for u in p.used(c)), c))
+        for order, name in ((fills, "fullest-node-first"), (small_first, "fullest-node-first/small")):
+            other = (*_fullest_node_first(p, order), name)
+            if p._rank(other[0]) > p._rank(best[0]):
+                best = other
+        if any(best[1]) and p.exact_work(fills) <= EXACT_WORK:
+            return (*_exact(p, fills), "exact")
+    return best
 
 
 @dataclass(frozen=True)
@@ -395,36 +411,66 @@ class _Problem:
         dims = len(self.capacity)
         return tuple(sum(c * k[d] for c, k in zip(comp, self.kinds, strict=True)) for d in range(dims))
 
-    def exact_work(self) -> int:
+    def exact_work(self, fills: list[tuple[int, ...]] | None = None) -> int:
+        """Updates the exact programme makes: for each node content, the count vectors that
+        contain it (so at most prod(count + 1) x contents)."""
+        caps = self._caps()
         states = 1
-        for kind, count in zip(self.kinds, self.counts, strict=True):
-            states *= min(count, self.nodes * _room(self.capacity, kind)) + 1
+        for c in caps:
+            states *= c + 1
             if states > EXACT_WORK:
                 return states
-        return states * len(self._fills(self._caps()))
+        fills = self._fills(caps) if fills is None else fills
+        if fills is None:
+            return EXACT_WORK + 1
+        work = 0
+        for fill in fills:
+            box = 1
+            for a, c in zip(fill, caps, strict=True):
+                box *= c - a + 1
+            work += box
+        return work
 
     def _caps(self) -> tuple[int, ...]:
+        """Replicas per kind that could be placed at all (no more than the nodes hold)."""
         return tuple(
             min(c, self.nodes * _room(self.capacity, k)) for k, c in zip(self.kinds, self.counts, strict=True)
         )
 
-    def _fills(self, caps: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Every non-empty node content (count per kind, within `caps`) that fits one node."""
+    def _fills(self, caps: tuple[int, ...], most: int = MAX_FILLS) -> list[tuple[int, ...]] | None:
+        """Every non-empty node content (count per kind, within `caps`) that fits one node, the
+        fullest first (GPUs, then CPU, memory), then the larger replicas; None beyond `most`."""
         out: list[tuple[int, ...]] = []
 
-        def walk(i: int, comp: list[int], free: Kind) -> None:
+        def walk(i: int, comp: list[int], free: Kind) -> bool:
             if i == len(self.kinds):
                 if any(comp):
                     out.append(tuple(comp))
-                return
-            most = min(caps[i], _room(free, self.kinds[i]))
-            for c in range(most + 1):
+                return len(out) <= most
+            kind = self.kinds[i]
+            for c in range(min(caps[i], _room(free, kind)) + 1):
                 comp.append(c)
-                walk(i + 1, comp, tuple(f - c * k for f, k in zip(free, self.kinds[i], strict=True)))
+                ok = walk(i + 1, comp, tuple(f - c * k for f, k in zip(free, kind, strict=True)))
                 comp.pop()
+                if not ok:
+                    return False
+            return True
 
-        walk(0, [], self.capacity)
+        if not walk(0, [], self.capacity):
+            return None
+        out.sort(key=lambda c: (tuple(-u for u in self.used(c)), tuple(-x for x in c)))
         return out
+
+    def _rank(self, states: dict[tuple[int, ...], int]) -> tuple[int, tuple[int, ...]]:
+        """Which of two packings is better: more GPUs placed, then the free GPUs gathered: the
+        nodes with all GPUs free, then with all but one, ... (an empty node beats two halves)."""
+        placed = 0
+        nodes_by_free = [0] * (self.capacity[0] + 1)
+        for comp, n in states.items():
+            gpus = sum(c * k[0] for c, k in zip(comp, self.kinds, strict=True))
+            placed += n * gpus
+            nodes_by_free[self.capacity[0] - gpus] += n
+        return placed, tuple(reversed(nodes_by_free))
 
     def materialise(self, states: dict[tuple[int, ...], int], method: str) -> Packing:
         """Number the nodes (fullest first, then by content) and put names on the replicas."""
@@ -455,9 +501,7 @@ class _Problem:
             for d in group:
                 short = min(d.count, at + d.count - taken[i])
                 if short > 0:
-                    unplaced.append(
-                        ReplicaDemand(d.key, d.model, d.gpus, short, d.cpu_millicores, d.memory_mib)
-                    )
+                    unplaced.append(_with_count(d, short))
                 at += d.count
         free_of = {c: tuple(a - u for a, u in zip(self.capacity, used[c], strict=True)) for c in distinct}
         free = tuple(free_of[c] for c in comps)
@@ -506,48 +550,67 @@ def _best_fit_decreasing(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[
     return states, left
 
 
-def _exact(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
-    """Fewest nodes for every sub-multiset of the replicas (DP over count vectors), then the
-    sub-multiset of most GPUs (ties: larger replicas first) that fits `p.nodes` nodes."""
+def _fullest_node_first(
+    p: _Problem, fills: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Node by node, the fullest content the replicas left allow (minimum bin slack, Gupta and
+    Ho 1999), counted: a content is repeated on as many nodes as the replicas left allow, and a
+    content that no longer fits never fits again, so one pass over `fills` (fullest first)."""
+    left = list(p.counts)
+    nodes = p.nodes
+    states: dict[tuple[int, ...], int] = {}
+    for fill in fills:
+        if not nodes:
+            break
+        times = min([nodes, *(x // a for a, x in zip(fill, left, strict=True) if a)])
+        if times:
+            states[fill] = times
+            nodes -= times
+            left = [x - times * a for a, x in zip(fill, left, strict=True)]
+    if nodes:
+        empty = (0,) * len(p.kinds)
+        states[empty] = states.get(empty, 0) + nodes
+    return states, left
+
+
+def _exact(p: _Problem, fills: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Fewest nodes for every sub-multiset of the replicas (a DP over count vectors, as coin
+    change: node contents are the coins), then the sub-multiset of most GPUs (ties: the larger
+    replicas) that fits `p.nodes` nodes; the nodes are rebuilt fullest content first."""
     caps = p._caps()
-    fills = p._fills(caps)
-    # Prefer full nodes in the reconstruction: the room left stays together.
-    fills.sort(key=lambda c: (tuple(-u for u in p.used(c)), tuple(-x for x in c)))
     radix = [c + 1 for c in caps]
     strides = [1] * len(caps)
     for i in range(len(caps) - 2, -1, -1):
         strides[i] = strides[i + 1] * radix[i + 1]
     size = strides[0] * radix[0] if caps else 1
-    offsets = [sum(a * s for a, s in zip(fill, strides, strict=True)) for fill in fills]
     inf = p.nodes + 1
-    best_nodes = [inf] * size
-    best_nodes[0] = 0
+    best = [inf] * size
+    best[0] = 0
+    offsets = []
+    for fill in fills:
+        off = sum(a * s for a, s in zip(fill, strides, strict=True))
+        offsets.append(off)
+        # Every count vector that contains `fill`, in increasing index order.
+        index = [0]
+        for a, c, s in zip(fill, caps, strides, strict=True):
+            index = [x + d * s for x in index for d in range(a, c + 1)]
+        for v in index:
+            b = best[v - off] + 1
+            if b < best[v]:
+                best[v] = b
     vectors = list(itertools.product(*(range(r) for r in radix)))
-    for index in range(1, size):
-        v = vectors[index]
-        low = inf
-        for fill, off in zip(fills, offsets, strict=True):
-            if all(a <= x for a, x in zip(fill, v, strict=True)):
-                b = best_nodes[index - off]
-                if b < low:
-                    low = b
-        best_nodes[index] = low + 1 if low < inf else inf
     gpus = [k[0] for k in p.kinds]
     chosen = max(
-        (i for i in range(size) if best_nodes[i] <= p.nodes),
+        (i for i in range(size) if best[i] <= p.nodes),
         key=lambda i: (sum(g * x for g, x in zip(gpus, vectors[i], strict=True)), vectors[i]),
     )
     comps: list[tuple[int, ...]] = []
-    index = chosen
-    while index:
-        v = vectors[index]
+    v = chosen
+    while v:
         for fill, off in zip(fills, offsets, strict=True):
-            if (
-                all(a <= x for a, x in zip(fill, v, strict=True))
-                and best_nodes[index - off] == best_nodes[index] - 1
-            ):
+            if all(a <= x for a, x in zip(fill, vectors[v], strict=True)) and best[v - off] == best[v] - 1:
                 comps.append(fill)
-                index -= off
+                v -= off
                 break
     comps += [(0,) * len(p.kinds)] * (p.nodes - len(comps))
     left = [c - x for c, x in zip(p.counts, vectors[chosen], strict=True)]
@@ -624,6 +687,14 @@ def _subset_sums(sizes: list[int], most: int) -> list[int]:
     for f in range(1, most + 1):
         usable[f] = f if reach[f] else usable[f - 1]
     return usable
+
+
+def _with_count(d: ReplicaDemand, count: int) -> ReplicaDemand:
+    # `d` with another count, 0 < count <= d.count: valid, so not validated again (a fleet that
+    # does not fit can leave thousands out, and __post_init__ is most of a copy's cost).
+    out = object.__new__(ReplicaDemand)
+    out.__dict__.update(d.__dict__, count=count)
+    return out
 
 
 def _by_key(d: ReplicaDemand) -> str:
