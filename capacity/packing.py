@@ -260,19 +260,30 @@ def check_change(
         i = problem.kinds.index(shape.kind(change.gpus, change.cpu_millicores, change.memory_mib))
         base = problem.counts[i] - change.count
 
-        def fits_with(k: int) -> bool:
+        def solve_with(k: int) -> tuple[dict[tuple[int, ...], int], list[int], str]:
             counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
-            _, left, _ = _solve(dataclasses.replace(problem, counts=counts))
-            return not any(left)
+            return _solve(dataclasses.replace(problem, counts=counts))
 
-        lo, hi = 0, change.count - 1  # the most that fits is in [lo, hi]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits_with(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        fit = lo
+        states, left, _ = solve_with(0)
+        if any(left):
+            fit = 0  # the rest alone does not pack
+        else:
+            # At least what fits in the free space as the rest is packed; at most what the
+            # free GPUs hold; less than asked.
+            kind = problem.kinds[i]
+            lo = sum(n * _room(_minus(problem.capacity, problem.used(c)), kind) for c, n in states.items())
+            free_gpus = problem.nodes * problem.capacity[0] - sum(
+                g[0] * c for g, c in zip(problem.kinds, problem.counts, strict=True)
+            )
+            hi = min(change.count - 1, (free_gpus + change.count * change.gpus) // change.gpus)
+            lo = min(lo, hi)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if any(solve_with(mid)[1]):
+                    hi = mid - 1
+                else:
+                    lo = mid
+            fit = lo
     return Verdict(
         fits=packing.fits,
         key=change.key,
@@ -289,10 +300,12 @@ def defrag_plan(
     demands: Sequence[ReplicaDemand],
     wanted: ReplicaDemand,
     max_moves: int = 16,
+    placed: Sequence[Sequence[str]] | None = None,
 ) -> list[Move] | None:
-    """Moves that make room for `wanted.count` more replicas of `wanted`'s size on the pool as
-    `pack` placed `demands`: [] when they fit as packed; None when no plan exists (the pool with
-    them does not pack at all) or none of at most `max_moves` moves was found.
+    """Moves that make room for `wanted.count` more replicas of `wanted`'s size: [] when they fit
+    as placed; None when no plan exists (the pool with them does not pack at all) or none of at
+    most `max_moves` moves was found. As placed: `placed` (per node, the endpoint keys of the
+    replicas running there, e.g. the cluster's pods), else as `pack` places `demands`.
 
     Search (greedy, one wanted replica at a time): a replica that fits in free space as it stands
     takes it; otherwise, over every node (one per distinct node content) and every sub-multiset of
@@ -303,13 +316,24 @@ def defrag_plan(
     replica is wanted -> move one 4 onto the other node.
     """
     _check_int("max_moves", max_moves, 0)
-    current = pack(nodes, shape, demands)
     need = shape.kind(wanted.gpus, wanted.cpu_millicores, wanted.memory_mib)
     remaining = wanted.count
     # Node contents: (key, kind, movable); free space per node.
     kinds_by_key = {d.key: shape.kind(d.gpus, d.cpu_millicores, d.memory_mib) for d in demands}
-    content = [[(r.key, kinds_by_key[r.key], True) for r in node] for node in current.placed]
-    free = [list(f) for f in current.free_resources]
+    if placed is None:
+        placed = [[r.key for r in node] for node in pack(nodes, shape, demands).placed]
+    if len(placed) != nodes:
+        raise ValueError(f"placed names {len(placed)} nodes, the pool has {nodes}")
+    content: list[list[tuple[str, Kind, bool]]] = []
+    free: list[list[int]] = []
+    for n, keys in enumerate(placed):
+        unknown = sorted(set(keys) - kinds_by_key.keys())
+        if unknown:
+            raise ValueError(f"placed: node {n} runs {unknown[0]!r}, which has no demand")
+        content.append([(key, kinds_by_key[key], True) for key in keys])
+        free.append([c - sum(k[d] for _, k, _ in content[-1]) for d, c in enumerate(shape.capacity)])
+        if min(free[-1]) < 0:
+            raise ValueError(f"placed: node {n} holds more than a node of {shape} has")
 
     def hold(n: int) -> None:
         nonlocal remaining
@@ -350,22 +374,27 @@ def defrag_plan(
 
 
 def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
-    """The better of best-fit decreasing and most-filled-node-first (more GPUs placed; when
-    both place everything, the free space more gathered on few nodes), then the exact programme
-    when both leave replicas out and the pool is small."""
+    """The better of best-fit decreasing and fullest-node-first (more GPUs placed; when both
+    place everything, the free space gathered on fewer nodes); when both leave replicas out, the
+    rounded configuration LP, and the exact programme on a small pool unless the LP's bound shows
+    the best so far is optimal already."""
     best = (*_best_fit_decreasing(p), "best-fit-decreasing")
     fills = p._fills(p._caps())
-    if fills is not None:
-        # Among equally full contents, the larger replicas first (they are the hard ones to
-        # place when everything fits), or the smaller first (an overfull pool leaves the large
-        # ones out, whose nodes would strand GPUs).
-        small_first = sorted(fills, key=lambda c: (tuple(-u for u in p.used(c)), c))
-        for order, name in ((fills, "fullest-node-first"), (small_first, "fullest-node-first/small")):
-            other = (*_fullest_node_first(p, order), name)
-            if p._rank(other[0]) > p._rank(best[0]):
-                best = other
-        if any(best[1]) and p.exact_work(fills) <= EXACT_WORK:
-            return (*_exact(p, fills), "exact")
+    if fills is None:
+        return best
+    other = (*_fullest_node_first(p, fills), "fullest-node-first")
+    if p._rank(other[0]) > p._rank(best[0]):
+        best = other
+    if not any(best[1]):
+        return best
+    rounded = _rounded_lp(p, fills)
+    bound = None
+    if rounded is not None:
+        states, left, bound = rounded
+        if p._rank(states) > p._rank(best[0]):
+            best = (states, left, "lp-rounding")
+    if (bound is None or p._rank(best[0])[0] < bound) and p.exact_work(fills) <= EXACT_WORK:
+        return (*_exact(p, fills), "exact")
     return best
 
 
@@ -573,6 +602,89 @@ def _fullest_node_first(
     return states, left
 
 
+def _rounded_lp(
+    p: _Problem, fills: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, ...], int], list[int], int] | None:
+    """The configuration LP (how many nodes hold each content: at most `p.nodes` nodes, at most
+    the replicas of each kind, most GPUs), rounded down, and the nodes and replicas that leaves
+    packed by the heuristics. An optimal vertex has at most kinds + 1 contents in use, so the
+    rounding gives up at most that many nodes, which the heuristics then fill: on a large pool
+    the result is within a few nodes of the optimum. Also returns the LP's bound on the GPUs any
+    packing places (rounded down; None when the simplex does not finish)."""
+    gain = [float(p.used(f)[0]) for f in fills]
+    rows = [[1.0] * len(fills), *([float(f[i]) for f in fills] for i in range(len(p.kinds)))]
+    bounds = [float(p.nodes), *(float(c) for c in p.counts)]
+    y = _simplex_max(gain, rows, bounds)
+    if y is None:
+        return None
+    times = [int(v + 1e-9) for v in y]
+    bound = int(sum(g * v for g, v in zip(gain, y, strict=True)) + 1e-6)
+    # Exact check of the rounded vertex (floats above): trim a content until it fits.
+    left = list(p.counts)
+    nodes = p.nodes
+    states: dict[tuple[int, ...], int] = {}
+    for fill, t in zip(fills, times, strict=True):
+        t = min([t, nodes, *(x // a for a, x in zip(fill, left, strict=True) if a)])
+        if t > 0:
+            states[fill] = t
+            nodes -= t
+            left = [x - t * a for a, x in zip(fill, left, strict=True)]
+    rest = dataclasses.replace(p, nodes=nodes, counts=tuple(left))
+    best = _best_fit_decreasing(rest)
+    for candidate in (_fullest_node_first(rest, fills),):
+        if rest._rank(candidate[0]) > rest._rank(best[0]):
+            best = candidate
+    for comp, n in best[0].items():
+        states[comp] = states.get(comp, 0) + n
+    return states, best[1], bound
+
+
+def _simplex_max(gain: list[float], rows: list[list[float]], bounds: list[float]) -> list[float] | None:
+    """max gain . y subject to rows . y <= bounds, y >= 0 (bounds >= 0): the tableau simplex
+    with Bland's rule (no cycling), in floats: callers check the rounded answer exactly."""
+    m, n = len(rows), len(gain)
+    eps = 1e-9
+    table = [
+        [*row, *(1.0 if j == i else 0.0 for j in range(m)), b]
+        for i, (row, b) in enumerate(zip(rows, bounds, strict=True))
+    ]
+    cost = [*(-g for g in gain), *([0.0] * m), 0.0]
+    basis = list(range(n, n + m))
+    for _ in range(50 * (n + m)):
+        entering = next((j for j in range(n + m) if cost[j] < -eps), None)
+        if entering is None:
+            y = [0.0] * n
+            for i, b in enumerate(basis):
+                if b < n:
+                    y[b] = table[i][-1]
+            return y
+        leaving = None
+        ratio = 0.0
+        for i in range(m):
+            a = table[i][entering]
+            if a > eps:
+                r = table[i][-1] / a
+                if (
+                    leaving is None
+                    or r < ratio - eps
+                    or (abs(r - ratio) <= eps and basis[i] < basis[leaving])
+                ):
+                    leaving, ratio = i, r
+        if leaving is None:
+            return None  # unbounded: not with these rows (every content uses a node)
+        pivot = table[leaving]
+        scale = pivot[entering]
+        pivot[:] = [v / scale for v in pivot]
+        for i in range(m):
+            if i != leaving and table[i][entering]:
+                factor = table[i][entering]
+                table[i] = [v - factor * w for v, w in zip(table[i], pivot, strict=True)]
+        factor = cost[entering]
+        cost = [v - factor * w for v, w in zip(cost, pivot, strict=True)]
+        basis[leaving] = entering
+    return None
+
+
 def _exact(p: _Problem, fills: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], list[int]]:
     """Fewest nodes for every sub-multiset of the replicas (a DP over count vectors, as coin
     change: node contents are the coins), then the sub-multiset of most GPUs (ties: the larger
@@ -687,6 +799,10 @@ def _subset_sums(sizes: list[int], most: int) -> list[int]:
     for f in range(1, most + 1):
         usable[f] = f if reach[f] else usable[f - 1]
     return usable
+
+
+def _minus(a: Kind, b: Kind) -> Kind:
+    return tuple(x - y for x, y in zip(a, b, strict=True))
 
 
 def _with_count(d: ReplicaDemand, count: int) -> ReplicaDemand:
