@@ -179,6 +179,9 @@ def large_fleet(seed: int) -> list[ReplicaDemand]:
     ]
 
 
+WANTED = ReplicaDemand("new", "m8", 8, 5)
+
+
 def timings(seeds: int) -> None:
     shape = NodeShape(8)
 
@@ -192,23 +195,47 @@ def timings(seeds: int) -> None:
         return statistics.median(runs) * 1000
 
     print("\n1,000 nodes x 8 GPUs, 5,000 endpoints of TP 1/2/4/8 (median CPU ms of 15 runs)")
+    print("check: a new endpoint of 8-GPU replicas, half of what fits / one more than fits;")
+    print("defrag: five 8-GPU replicas on a scattered placement (no node empty), moves planned")
     print(
         f"{'seed':>4} {'GPUs asked':>10} {'fits':>5} {'pack':>6} {'check ok':>8} {'check 409':>9}"
-        f" {'defrag':>6}"
+        f" {'defrag':>6} moves"
     )
     for seed in range(seeds):
         demands = large_fleet(seed)
         packed = pack(1000, shape, demands)
-        grow = ReplicaDemand("ep0", "m8", 8, packed.more_fit(8) // 2 or 1)
-        refuse = ReplicaDemand("ep0", "m8", 8, 1000)
-        wanted = ReplicaDemand("ep0", "m8", 8, packed.more_fit(8) + 1)
+        room = packed.more_fit(8)
+        grow = ReplicaDemand("new", "m8", 8, room // 2)
+        refuse = ReplicaDemand("new", "m8", 8, room + 1)
+        assert check_change(1000, shape, demands, grow).fits
+        assert not check_change(1000, shape, demands, refuse).fits
+        placed = scattered(1000, shape, demands, random.Random(seed))
+        plan = defrag_plan(1000, shape, demands, WANTED, max_moves=100, placed=placed)
         print(
             f"{seed:4} {sum(d.gpus for d in demands):10} {packed.fits!s:>5} "
             f"{median_ms(lambda d=demands: pack(1000, shape, d)):6.1f} "
             f"{median_ms(lambda d=demands, g=grow: check_change(1000, shape, d, g)):8.1f} "
             f"{median_ms(lambda d=demands, r=refuse: check_change(1000, shape, d, r)):9.1f} "
-            f"{median_ms(lambda d=demands, w=wanted: defrag_plan(1000, shape, d, w)):6.1f}"
+            f"{median_ms(lambda d=demands, p=placed: defrag_plan(1000, shape, d, WANTED, 100, p)):6.1f} "
+            f"{'none' if plan is None else len(plan)}"
         )
+
+
+def scattered(
+    nodes: int, shape: NodeShape, demands: list[ReplicaDemand], rng: random.Random
+) -> list[list[str]]:
+    """Replicas placed as a scheduler spreading them might: largest first, each on a random node
+    with room (what has no room is left out)."""
+    free = [shape.gpus] * nodes
+    placed: list[list[str]] = [[] for _ in range(nodes)]
+    for d in sorted(demands, key=lambda d: (-d.gpus, d.key)):
+        for _ in range(d.count):
+            options = [n for n in range(nodes) if free[n] >= d.gpus]
+            if options:
+                n = rng.choice(options)
+                placed[n].append(d.key)
+                free[n] -= d.gpus
+    return placed
 
 
 def main() -> None:

@@ -1,29 +1,37 @@
 """Whole replicas on real nodes: pack a pool's replicas onto its nodes and say what still fits.
 
-Pure, exact integer arithmetic, no Django, no I/O. A pool is `nodes` identical nodes of a
-`NodeShape` (GPUs per node, optionally CPU and memory per node); an endpoint needs a whole number
-of replicas (`replicas_needed`), and a tensor-parallel replica needs all its GPUs on one node. So
-a pool of 2 nodes x 8 GPUs holds two 5-GPU replicas, not three (16 GPUs, but 3 GPUs stranded on
-each node), and ten endpoints of 50 MU/min each of a 4-GPU, 100-MU/min-per-replica model need ten
-replicas, 40 GPUs, not 20.
+Pure, exact integer arithmetic (an LP's floats only guide a rounding checked in integers), no
+Django, no I/O. A pool is `nodes` identical nodes of a `NodeShape` (GPUs per node, optionally CPU
+and memory per node); an endpoint needs a whole number of replicas (`replicas_needed`), and a
+tensor-parallel replica needs all its GPUs on one node. So a pool of 2 nodes x 8 GPUs holds two
+5-GPU replicas, not three (16 GPUs, but 3 GPUs stranded on each node), and ten endpoints of 50
+MU/min each of a 4-GPU, 100-MU/min-per-replica model need ten replicas, 40 GPUs, not 20.
 
 How `pack` places (deterministic: the same demands in any order give the same placement):
 - Replicas of the same resources (GPUs, and CPU/memory where the shape limits them) are
-  interchangeable, so the packer counts: a node's state is the multiset of replica kinds on it,
-  and the pool is "how many nodes are in each state" (for 8-GPU nodes at most 67 states whatever
-  the fleet size). Names go onto the counted placement afterwards, in key order.
-- Heuristic: best-fit decreasing (BFD) by GPUs. Each kind, largest first, goes onto the fullest
-  nodes it fits; a batch of n identical replicas fills a node to the brim before the next, so a
-  kind costs one pass over the states. Bounds: when every size divides the next larger one and
-  the node's GPUs (TP 1, 2, 4, 8 on 8-GPU nodes), BFD leaves a replica out only when every node is
-  full, so it is optimal (the divisible-sizes result of Coffman, Garey and Johnson, 1987); in
-  general it needs at most 11/9 OPT + 6/9 nodes for what it places (Dosa, 2007, which holds for
-  BFD as for FFD).
-- Exact: when the heuristic leaves something out and the instance is small (the product over
-  replica kinds of (count + 1), times the node fills that exist, at most `EXACT_WORK`), a dynamic
-  programme over count vectors finds the fewest nodes for every sub-multiset of the replicas and
-  keeps the one of most GPUs that fits the nodes (ties: the larger replicas). So a refusal on a
-  small pool is never the heuristic's fault.
+  interchangeable, so the packer counts: a node's content is the multiset of replica kinds on
+  it, and the pool is "how many nodes hold each content" (for 8-GPU nodes at most 66 non-empty
+  contents whatever the fleet size). Names go onto the counted placement afterwards, in key
+  order, on nodes numbered fullest first.
+- Best-fit decreasing (BFD) by GPUs: each kind, largest first, goes onto the fullest nodes it
+  fits; n identical replicas fill a node to the brim before the next, so a kind is one pass over
+  the contents. When every size divides the next larger one and the node (TP 1, 2, 4, 8 on 8-GPU
+  nodes) a replica is left out only when every node is full, so BFD is optimal there (divisible
+  sizes: Coffman, Garey and Johnson, 1987); in general it needs at most 11/9 OPT + 6/9 nodes for
+  what it places (Dosa, 2007, for FFD and BFD alike).
+- Fullest node first (minimum bin slack, Gupta and Ho, 1999), counted: node after node, the
+  fullest content the replicas left allow. The better of the two is kept: more GPUs placed, then
+  the free GPUs gathered on fewer nodes (`_rank`).
+- When both leave replicas out: the configuration LP (how many nodes hold each content, at most
+  the nodes, at most the replicas of each kind, most GPUs), rounded down, its rest packed by the
+  heuristics. Its optimum uses at most kinds + 1 contents, so rounding gives up at most that
+  many nodes; and its value bounds what any packing places.
+- Exact, when replicas are still left out below that bound and the pool is small (the exact
+  programme's work, at most prod over kinds of (count + 1) x contents, within `EXACT_WORK`): a DP
+  over count vectors, as coin change with node contents as the coins, finds the fewest nodes for
+  every sub-multiset of the replicas and keeps the one of most GPUs that fits the nodes. So a
+  refusal on a small pool is never a heuristic's. Measured against CP-SAT on random pools
+  (bench/packing.py): 100 % of the optimal GPUs placed on every pool tried.
 
 What is left (`Packing.more_fit`, `Packing.stranded_gpus`) is read from the packing as placed;
 `defrag_plan` says which few moves would make room when the free GPUs are there but scattered.
@@ -40,9 +48,15 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
 
-# Work bound of the exact programme: (states = prod(count + 1)) x (node fills). 40,000 is about
-# 20 ms of pure Python on this machine; beyond it the heuristic's answer stands.
+# Work bound of the exact programme (updates: for each node content, the count vectors holding
+# it; at most prod(count + 1) x contents). 40,000 is about 20 ms of pure Python on this machine;
+# beyond it the heuristics' answer stands.
 EXACT_WORK = 40_000
+
+# CPU and memory are packed in 1/GRAINS of a node, rounded up: replicas whose needs differ by a
+# little share a kind (the counting stays fast), and a packing in grains is valid in MiB; at
+# worst a replica is charged 1/64 of a node more than it needs.
+GRAINS = 64
 
 # Node contents enumerated at most (for 8-GPU nodes and sizes 1-8 there are 66).
 MAX_FILLS = 5_000
@@ -70,6 +84,22 @@ class NodeShape:
     @property
     def capacity(self) -> Kind:
         return tuple(v for v in (self.gpus, self.cpu_millicores, self.memory_mib) if v is not None)
+
+    @property
+    def grain_capacity(self) -> Kind:
+        """The capacity the packer counts in: GPUs, and GRAINS per other limited dimension."""
+        return (self.gpus, *(GRAINS for v in (self.cpu_millicores, self.memory_mib) if v is not None))
+
+    def grains(self, gpus: int, cpu_millicores: int | None = None, memory_mib: int | None = None) -> Kind:
+        """A replica in the packer's units: its GPUs, and its CPU and memory in 1/GRAINS of a
+        node, rounded up (so what fits in grains fits in MiB: 100 GiB of a 640 GiB node is 10,
+        101 GiB is 11); more than a node, or any of a dimension the node has none of, never fits."""
+        out = [gpus]
+        for need, have in ((cpu_millicores, self.cpu_millicores), (memory_mib, self.memory_mib)):
+            if have is not None:
+                need = need or 0
+                out.append(0 if not need else GRAINS + 1 if not have else -(-need * GRAINS // have))
+        return tuple(out)
 
     def kind(self, gpus: int, cpu_millicores: int | None = None, memory_mib: int | None = None) -> Kind:
         """A replica's resources in this shape's dimensions (a dimension the shape does not limit
@@ -327,7 +357,7 @@ def defrag_plan(
     content: list[list[tuple[str, Kind, bool]]] = []
     free: list[list[int]] = []
     for n, keys in enumerate(placed):
-        unknown = sorted(set(keys) - kinds_by_key.keys())
+        unknown = [key for key in keys if key not in kinds_by_key]
         if unknown:
             raise ValueError(f"placed: node {n} runs {unknown[0]!r}, which has no demand")
         content.append([(key, kinds_by_key[key], True) for key in keys])
@@ -346,13 +376,16 @@ def defrag_plan(
             hold(n)
     if not remaining:
         return []
+    if any(sum(f[d] for f in free) < need[d] * remaining for d in range(len(need))):
+        return None  # not enough free in all, however it is moved
     combined = [d for d in demands if d.key != wanted.key]
     own = sum(d.count for d in demands if d.key == wanted.key)
     if not pack(nodes, shape, [*combined, dataclasses.replace(wanted, count=own + wanted.count)]).fits:
         return None
     moves: list[Move] = []
+    cache: dict[int, tuple[tuple[tuple[Kind, int], ...], list[Kind], dict[Kind, list[int]]]] = {}
     while remaining:
-        best = _cheapest_eviction(content, free, need)
+        best = _cheapest_eviction(content, free, need, cache)
         if best is None or len(moves) + len(best) > max_moves:
             return None
         for item_index, source, target in best:
@@ -364,6 +397,8 @@ def defrag_plan(
             free[source] = [f + k for f, k in zip(free[source], kind, strict=True)]
             content[target].append((key, kind, False))
             free[target] = [f - k for f, k in zip(free[target], kind, strict=True)]
+            cache.pop(source, None)
+            cache.pop(target, None)
         source = best[0][1]
         while remaining and _room(tuple(free[source]), need):
             hold(source)
@@ -418,7 +453,7 @@ class _Problem:
         gpus_only = shape.cpu_millicores is None and shape.memory_mib is None
         for d in demands:
             if d.count:
-                kind = (d.gpus,) if gpus_only else shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                kind = (d.gpus,) if gpus_only else shape.grains(d.gpus, d.cpu_millicores, d.memory_mib)
                 group = by_kind.get(kind)
                 if group is None:
                     by_kind[kind] = [d]
@@ -430,7 +465,7 @@ class _Problem:
         return cls(
             shape=shape,
             nodes=nodes,
-            capacity=shape.capacity,
+            capacity=shape.grain_capacity,
             kinds=kinds,
             counts=tuple(sum(d.count for d in g) for g in groups),
             demands=groups,
@@ -468,7 +503,10 @@ class _Problem:
 
     def _fills(self, caps: tuple[int, ...], most: int = MAX_FILLS) -> list[tuple[int, ...]] | None:
         """Every non-empty node content (count per kind, within `caps`) that fits one node, the
-        fullest first (GPUs, then CPU, memory), then the larger replicas; None beyond `most`."""
+        fullest first (GPUs, then CPU, memory), then the larger replicas; None beyond `most`
+        (or beyond `most` kinds: each kind is a level of the walk)."""
+        if len(self.kinds) > min(most, 200):
+            return None
         out: list[tuple[int, ...]] = []
 
         def walk(i: int, comp: list[int], free: Kind) -> bool:
@@ -532,8 +570,21 @@ class _Problem:
                 if short > 0:
                     unplaced.append(_with_count(d, short))
                 at += d.count
-        free_of = {c: tuple(a - u for a, u in zip(self.capacity, used[c], strict=True)) for c in distinct}
-        free = tuple(free_of[c] for c in comps)
+        free: tuple[Kind, ...]
+        if len(self.capacity) == 1:
+            free_of = {c: (self.capacity[0] - used[c][0],) for c in distinct}
+            free = tuple(free_of[c] for c in comps)
+        else:
+            # What is free in real units (the grains rounded the needs up).
+            real = {
+                d.key: self.shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                for g in self.demands
+                for d in g
+            }
+            cap = self.shape.capacity
+            free = tuple(
+                tuple(c - sum(real[r.key][i] for r in node) for i, c in enumerate(cap)) for node in placed
+            )
         unplaced.sort(key=lambda d: d.key)
         return Packing(
             shape=self.shape,
@@ -730,51 +781,74 @@ def _exact(p: _Problem, fills: list[tuple[int, ...]]) -> tuple[dict[tuple[int, .
 
 
 def _cheapest_eviction(
-    content: list[list[tuple[str, Kind, bool]]], free: list[list[int]], need: Kind
+    content: list[list[tuple[str, Kind, bool]]],
+    free: list[list[int]],
+    need: Kind,
+    cache: dict[int, tuple[tuple[tuple[Kind, int], ...], list[Kind], dict[Kind, list[int]]]],
 ) -> list[tuple[int, int, int]] | None:
     """(item index on the source, source node, target node) moves that make room for `need` on
-    one node, the fewest first; None when no single-node eviction into free space does it."""
+    one node, the fewest first; None when no single-node eviction into free space does it.
+    Replicas of a kind are alike, so a node's evictions are the sub-multisets of its kinds (the
+    first of each kind in key order moves), and alike nodes are tried once. `cache` keeps each
+    node's movable replicas by kind; the caller drops the nodes it changes."""
     by_free: dict[Kind, list[int]] = {}
     for n, f in enumerate(free):
         by_free.setdefault(tuple(f), []).append(n)
     best: tuple[tuple[int, int, int], list[tuple[int, int, int]]] | None = None
-    seen: set[tuple[tuple[Kind, ...], Kind]] = set()
+    seen: set[tuple[tuple[tuple[Kind, int], ...], Kind]] = set()
     for source, items in enumerate(content):
-        movable = sorted(((kind, i) for i, (_, kind, ok) in enumerate(items) if ok), reverse=True)
-        signature = (tuple(k for k, _ in movable), tuple(free[source]))
-        if signature in seen or not movable:
+        if source not in cache:
+            of_kind: dict[Kind, list[int]] = {}
+            for i, (_, kind, movable) in sorted(enumerate(items), key=lambda item: item[1][0]):
+                if movable:
+                    of_kind.setdefault(kind, []).append(i)
+            kinds = sorted(of_kind, reverse=True)
+            cache[source] = (tuple((k, len(of_kind[k])) for k in kinds), kinds, of_kind)
+        held, kinds, of_kind = cache[source]
+        signature = (held, tuple(free[source]))
+        if signature in seen or not kinds:
             continue
         seen.add(signature)
-        for r in range(1, len(movable) + 1):
-            if best is not None and r > best[0][0]:
-                break
-            for subset in itertools.combinations(movable, r):
-                freed = tuple(f + sum(k[d] for k, _ in subset) for d, f in enumerate(free[source]))
-                if not _room(freed, need):
-                    continue
-                targets = _relocate([k for k, _ in subset], by_free, source)
-                if targets is None:
-                    continue
-                cost = (r, sum(k[0] for k, _ in subset), source)
-                if best is None or cost < best[0]:
-                    best = (cost, [(i, source, t) for (_, i), t in zip(subset, targets, strict=True)])
+        for take in itertools.product(*(range(len(of_kind[k]) + 1) for k in kinds)):
+            moved = sum(take)
+            if not moved or (best is not None and moved > best[0][0]):
+                continue
+            freed = tuple(
+                f + sum(t * k[d] for t, k in zip(take, kinds, strict=True))
+                for d, f in enumerate(free[source])
+            )
+            if not _room(freed, need):
+                continue
+            evicted = [(k, i) for t, k in zip(take, kinds, strict=True) for i in of_kind[k][:t]]
+            cost = (moved, sum(k[0] for k, _ in evicted), source)
+            if best is not None and cost >= best[0]:
+                continue
+            targets = _relocate([k for k, _ in evicted], by_free, source)
+            if targets is not None:
+                best = (cost, [(i, source, t) for (_, i), t in zip(evicted, targets, strict=True)])
     return None if best is None else best[1]
 
 
 def _relocate(kinds: list[Kind], by_free: dict[Kind, list[int]], source: int) -> list[int] | None:
-    """Target node per replica (best fit, largest first) in the other nodes' free space."""
-    pool = {f: [n for n in ns if n != source] for f, ns in by_free.items()}
+    """Target node per replica (best fit, largest first) in the other nodes' free space: the
+    node of least room that takes it, the lowest-numbered of those."""
+    changed: dict[int, Kind] = {source: ()}  # nodes this relocation filled (and the source: out)
     out: dict[int, int] = {}
     for j in sorted(range(len(kinds)), key=lambda j: kinds[j], reverse=True):
         kind = kinds[j]
-        fitting = [f for f, ns in pool.items() if ns and _room(f, kind)]
-        if not fitting:
+        choice: tuple[Kind, int] | None = None
+        for f, nodes in by_free.items():
+            if (choice is None or f < choice[0]) and _room(f, kind):
+                first = next((n for n in nodes if n not in changed), None)
+                if first is not None:
+                    choice = (f, first)
+        for n, f in changed.items():
+            if n != source and _room(f, kind) and (choice is None or (f, n) < choice):
+                choice = (f, n)
+        if choice is None:
             return None
-        f = min(fitting)
-        target = pool[f].pop(0)
-        rest = tuple(a - b for a, b in zip(f, kind, strict=True))
-        pool.setdefault(rest, []).append(target)
-        pool[rest].sort()
+        f, target = choice
+        changed[target] = _minus(f, kind)
         out[j] = target
     return [out[j] for j in range(len(kinds))]
 
