@@ -271,6 +271,20 @@ def exact_work(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -
     return _Problem.build(nodes, shape, demands).exact_work()
 
 
+def gpus_bound(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> int | None:
+    """An upper bound on the GPUs any packing of `demands` places: the configuration LP's value,
+    rounded down (None when the node contents are too many to enumerate). A packing that places
+    this many is optimal; 2 nodes x 8 GPUs and three 5-GPU replicas: 10."""
+    problem = _Problem.build(nodes, shape, demands)
+    fills = problem._fills(problem._caps())
+    if fills is None:
+        return None
+    if not fills:
+        return 0
+    rounded = _rounded_lp(problem, fills)
+    return None if rounded is None else rounded[2]
+
+
 def check_change(
     nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand], change: ReplicaDemand
 ) -> Verdict:

@@ -25,6 +25,7 @@ from capacity.packing import (
     check_change,
     defrag_plan,
     exact_work,
+    gpus_bound,
     pack,
     pack_exact,
     pack_heuristic,
@@ -158,6 +159,49 @@ def test_memory_limits_a_node_as_gpus_do():
     assert packing.more_fit(1, memory_mib=40 * 1024) == 2  # 40 GiB left on each node
     # A shape without a memory limit ignores the replicas' memory.
     assert pack(2, EIGHT, [demand("a", 1, 7, memory_mib=200 * 1024)]).fits
+
+
+def test_memory_is_counted_in_64ths_of_a_node_rounded_up():
+    # 640 GiB nodes: 100 GiB is 10/64, 101 GiB is 11/64. Three replicas of 211 GiB (633 GiB) fit
+    # in MiB but take 3 x 22/64 > 1 node: the packer refuses them (it never overfills a node);
+    # three of 210 GiB are 3 x 21/64 and fit. The price of counting: < 1/64 node per replica.
+    shape = NodeShape(8, memory_mib=640 * 1024)
+    assert shape.grains(1, memory_mib=100 * 1024) == (1, 10)
+    assert shape.grains(1, memory_mib=101 * 1024) == (1, 11)
+    assert shape.grains(1, memory_mib=700 * 1024)[1] > 64
+    assert pack(1, shape, [demand("a", 1, 3, memory_mib=210 * 1024)]).fits
+    assert not pack(1, shape, [demand("a", 1, 3, memory_mib=211 * 1024)]).fits
+    assert pack(1, shape, [demand("a", 1, 3, memory_mib=210 * 1024)]).free_resources == ((5, 10 * 1024),)
+    # A dimension the node has none of: only replicas that need none of it fit.
+    cpu_less = NodeShape(8, cpu_millicores=0)
+    assert pack(1, cpu_less, [ReplicaDemand("a", "m", 1, 1)]).fits
+    assert not pack(1, cpu_less, [ReplicaDemand("a", "m", 1, 1, cpu_millicores=1)]).fits
+
+
+@pytest.mark.parametrize(
+    ("sizes", "weights"),
+    [
+        ((1, 2, 4, 8), (8, 4, 2, 1)),
+        (tuple(range(1, 9)), (1,) * 8),
+        ((3, 5, 6, 7), (1,) * 4),
+        ((5, 3, 2, 1), (4, 2, 2, 1)),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_overfull_large_pools_place_nearly_the_lp_bound(sizes, weights, seed):
+    # 64 nodes, 15 % more GPUs asked than there are: beyond the exact programme's reach, the
+    # heuristics and the rounded LP place >= 98 % of what the LP bounds any packing to.
+    rng = random.Random(seed)
+    demands = []
+    while sum(d.gpus * d.count for d in demands) < 1.15 * 64 * 8:
+        demands.append(demand(f"ep{len(demands)}", rng.choices(sizes, weights)[0], rng.randint(1, 3)))
+    assert exact_work(64, EIGHT, demands) > EXACT_WORK
+    packing = pack(64, EIGHT, demands)
+    bound = gpus_bound(64, EIGHT, demands)
+    assert bound is not None and packing.used_gpus <= bound
+    assert packing.used_gpus >= 0.98 * bound
+    if sizes == (1, 2, 4, 8):
+        assert packing.used_gpus == 64 * 8  # divisible sizes: every node full
 
 
 def test_placement_is_independent_of_input_order():
@@ -306,6 +350,18 @@ def pools(draw, sizes=ANY_SIZE, max_endpoints=6, max_count=3, gpus=ANY_NODE):
 def test_every_packing_is_valid(pool):
     nodes, shape, demands = pool
     for packer in (pack, pack_heuristic, pack_exact):
+        assert_valid(packer(nodes, shape, demands), demands)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pools(), st.integers(1, 1000), st.data())
+def test_every_packing_is_valid_with_memory(pool, node_memory, data):
+    nodes, shape, demands = pool
+    shape = NodeShape(shape.gpus, memory_mib=node_memory)
+    demands = [
+        demand(d.key, d.gpus, d.count, memory_mib=data.draw(st.none() | st.integers(0, 600))) for d in demands
+    ]
+    for packer in (pack, pack_heuristic):
         assert_valid(packer(nodes, shape, demands), demands)
 
 
