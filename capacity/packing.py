@@ -40,10 +40,11 @@ What is left (`Packing.more_fit`, `Packing.stranded_gpus`) is read from the pack
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
@@ -94,6 +95,8 @@ class NodeShape:
         """A replica in the packer's units: its GPUs, and its CPU and memory in 1/GRAINS of a
         node, rounded up (so what fits in grains fits in MiB: 100 GiB of a 640 GiB node is 10,
         101 GiB is 11); more than a node, or any of a dimension the node has none of, never fits."""
+        if self.cpu_millicores is None and self.memory_mib is None:
+            return (gpus,)
         out = [gpus]
         for need, have in ((cpu_millicores, self.cpu_millicores), (memory_mib, self.memory_mib)):
             if have is not None:
@@ -209,7 +212,14 @@ class Verdict:
     asked_replicas: int  # the replicas the change asks for that endpoint
     asked_gpus_per_replica: int
     fit_replicas: int  # how many of the asked would fit with the rest as they are (= asked if fits)
-    packing: Packing  # the pool packed with the change as asked
+    # Packs the pool with the change as asked, as `pack` does (only when `packing` is read: a
+    # sale check needs the answer, not the names).
+    pack_as_asked: Callable[[], Packing] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def packing(self) -> Packing:
+        """The pool packed with the change as asked (what `pack` returns for it)."""
+        return self.pack_as_asked()
 
     def message(self, pool: str) -> str:
         """The 409's sentence: pool 'h100': 3 replicas of 5 GPUs asked, 2 fit."""
@@ -244,7 +254,10 @@ def replicas_needed(
 
 def pack(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
     """Place every demand's replicas on `nodes` nodes of `shape` (see the module docstring)."""
-    problem = _Problem.build(nodes, shape, demands)
+    return _pack_problem(_Problem.build(nodes, shape, demands))
+
+
+def _pack_problem(problem: _Problem) -> Packing:
     states, _, method = _solve(problem)
     return problem.materialise(states, method)
 
@@ -296,17 +309,17 @@ def check_change(
     the count, each step a `pack`; 0 when the rest alone does not pack)."""
     others = [d for d in demands if d.key != change.key]
     problem = _Problem.build(nodes, shape, [*others, change])
-    states, _, method = _solve(problem)
-    packing = problem.materialise(states, method)
+    _, left, _ = _solve(problem, any_fit=True)
+    fits = not any(left)
     fit = change.count
-    if not packing.fits and change.count:
+    if not fits and change.count:
         # Only the counts change between the steps: solve them, name nothing.
-        i = problem.kinds.index(shape.kind(change.gpus, change.cpu_millicores, change.memory_mib))
+        i = problem.kinds.index(shape.grains(change.gpus, change.cpu_millicores, change.memory_mib))
         base = problem.counts[i] - change.count
 
         def solve_with(k: int) -> tuple[dict[tuple[int, ...], int], list[int], str]:
             counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
-            return _solve(dataclasses.replace(problem, counts=counts))
+            return _solve(dataclasses.replace(problem, counts=counts), any_fit=True)
 
         states, left, _ = solve_with(0)
         if any(left):
@@ -329,12 +342,12 @@ def check_change(
                     lo = mid
             fit = lo
     return Verdict(
-        fits=packing.fits,
+        fits=fits,
         key=change.key,
         asked_replicas=change.count,
         asked_gpus_per_replica=change.gpus,
         fit_replicas=fit,
-        packing=packing,
+        pack_as_asked=functools.partial(_pack_problem, problem),
     )
 
 
@@ -422,12 +435,15 @@ def defrag_plan(
 # -- internals ------------------------------------------------------------------------------------
 
 
-def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
+def _solve(p: _Problem, any_fit: bool = False) -> tuple[dict[tuple[int, ...], int], list[int], str]:
     """The better of best-fit decreasing and fullest-node-first (more GPUs placed; when both
     place everything, the free space gathered on fewer nodes); when both leave replicas out, the
     rounded configuration LP, and the exact programme on a small pool unless the LP's bound shows
-    the best so far is optimal already."""
+    the best so far is optimal already. `any_fit`: return the first that places everything
+    (a yes/no question: which placement does not matter)."""
     best = (*_best_fit_decreasing(p), "best-fit-decreasing")
+    if any_fit and not any(best[1]):
+        return best
     fills = p._fills(p._caps())
     if fills is None:
         return best
@@ -464,10 +480,9 @@ class _Problem:
             twice = sorted(k for k, n in Counter(d.key for d in demands).items() if n > 1)
             raise ValueError(f"two demands for endpoint {twice[0]!r}: one per endpoint and pool")
         by_kind: dict[Kind, list[ReplicaDemand]] = {}
-        gpus_only = shape.cpu_millicores is None and shape.memory_mib is None
         for d in demands:
             if d.count:
-                kind = (d.gpus,) if gpus_only else shape.grains(d.gpus, d.cpu_millicores, d.memory_mib)
+                kind = shape.grains(d.gpus, d.cpu_millicores, d.memory_mib)
                 group = by_kind.get(kind)
                 if group is None:
                     by_kind[kind] = [d]

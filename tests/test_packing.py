@@ -116,6 +116,15 @@ def test_check_change_replaces_the_endpoints_demand():
     assert shrink.fits and shrink.packing.replicas_of("a") == 1
 
 
+def test_check_change_counts_memory_where_the_node_limits_it():
+    # 2 nodes x 8 GPUs x 640 GiB; a 2-GPU replica needing 300 GiB: 2 per node by memory, not 4.
+    shape = NodeShape(8, memory_mib=640 * 1024)
+    verdict = check_change(2, shape, [], demand("a", 2, 5, memory_mib=300 * 1024))
+    assert not verdict.fits and verdict.fit_replicas == 4
+    assert verdict.packing.unplaced_replicas == 1 and verdict.packing.free_per_node == (4, 4)
+    assert check_change(2, shape, [], demand("a", 2, 4, memory_mib=300 * 1024)).fits
+
+
 def test_check_change_when_the_rest_already_does_not_fit():
     # After a pool shrink the others alone overfill it: nothing of the change fits.
     verdict = check_change(1, EIGHT, [demand("a", 8, 2)], demand("b", 1, 3))
