@@ -162,8 +162,11 @@ class Packing:
     unplaced: tuple[ReplicaDemand, ...]  # per endpoint, the replicas that did not fit (count > 0)
     free_per_node: tuple[int, ...]  # GPUs free on each node
     fits: bool  # every replica placed
-    method: str  # "best-fit-decreasing" or "exact"
-    free_resources: tuple[Kind, ...]  # per node, free GPUs (and CPU/memory where limited)
+    method: str  # which placement won: "best-fit-decreasing", "fullest-node-first", "lp-rounding", "exact"
+    free_resources: tuple[Kind, ...]  # per node, free GPUs (and CPU/memory where limited), real units
+    # Per node, what is free as the packer counts it (CPU/memory in grains, rounded up): what
+    # `more_fit` reads, so that it never promises what a `check_change` would refuse.
+    free_grains: tuple[Kind, ...] = field(repr=False, compare=False, default=())
 
     @property
     def nodes(self) -> int:
@@ -192,8 +195,8 @@ class Packing:
         nodes x 8 GPUs holding one 5-GPU replica take one more 5-GPU replica, and 3 + 8 = 11
         free GPUs take two 4-GPU replicas (none on the 3)."""
         _check_int("gpus_per_replica", gpus_per_replica, 1)
-        need = self.shape.kind(gpus_per_replica, cpu_millicores, memory_mib)
-        return sum(_room(free, need) for free in self.free_resources)
+        need = self.shape.grains(gpus_per_replica, cpu_millicores, memory_mib)
+        return sum(_room(free, need) for free in self.free_grains or self.free_resources)
 
     def stranded_gpus(self, sizes: Iterable[int]) -> int:
         """Free GPUs that no combination of replicas of the given sizes can use, node by node:
@@ -599,11 +602,10 @@ class _Problem:
                 if short > 0:
                     unplaced.append(_with_count(d, short))
                 at += d.count
-        free: tuple[Kind, ...]
-        if len(self.capacity) == 1:
-            free_of = {c: (self.capacity[0] - used[c][0],) for c in distinct}
-            free = tuple(free_of[c] for c in comps)
-        else:
+        free_of = {c: _minus(self.capacity, used[c]) for c in distinct}
+        grains = tuple(free_of[c] for c in comps)
+        free: tuple[Kind, ...] = grains
+        if len(self.capacity) > 1:
             # What is free in real units (the grains rounded the needs up).
             real = {
                 d.key: self.shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
@@ -623,6 +625,7 @@ class _Problem:
             fits=not unplaced,
             method=method,
             free_resources=free,
+            free_grains=grains,
         )
 
 
