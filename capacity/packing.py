@@ -1,29 +1,37 @@
 """Whole replicas on real nodes: pack a pool's replicas onto its nodes and say what still fits.
 
-Pure, exact integer arithmetic, no Django, no I/O. A pool is `nodes` identical nodes of a
-`NodeShape` (GPUs per node, optionally CPU and memory per node); an endpoint needs a whole number
-of replicas (`replicas_needed`), and a tensor-parallel replica needs all its GPUs on one node. So
-a pool of 2 nodes x 8 GPUs holds two 5-GPU replicas, not three (16 GPUs, but 3 GPUs stranded on
-each node), and ten endpoints of 50 MU/min each of a 4-GPU, 100-MU/min-per-replica model need ten
-replicas, 40 GPUs, not 20.
+Pure, exact integer arithmetic (an LP's floats only guide a rounding checked in integers), no
+Django, no I/O. A pool is `nodes` identical nodes of a `NodeShape` (GPUs per node, optionally CPU
+and memory per node); an endpoint needs a whole number of replicas (`replicas_needed`), and a
+tensor-parallel replica needs all its GPUs on one node. So a pool of 2 nodes x 8 GPUs holds two
+5-GPU replicas, not three (16 GPUs, but 3 GPUs stranded on each node), and ten endpoints of 50
+MU/min each of a 4-GPU, 100-MU/min-per-replica model need ten replicas, 40 GPUs, not 20.
 
 How `pack` places (deterministic: the same demands in any order give the same placement):
 - Replicas of the same resources (GPUs, and CPU/memory where the shape limits them) are
-  interchangeable, so the packer counts: a node's state is the multiset of replica kinds on it,
-  and the pool is "how many nodes are in each state" (for 8-GPU nodes at most 67 states whatever
-  the fleet size). Names go onto the counted placement afterwards, in key order.
-- Heuristic: best-fit decreasing (BFD) by GPUs. Each kind, largest first, goes onto the fullest
-  nodes it fits; a batch of n identical replicas fills a node to the brim before the next, so a
-  kind costs one pass over the states. Bounds: when every size divides the next larger one and
-  the node's GPUs (TP 1, 2, 4, 8 on 8-GPU nodes), BFD leaves a replica out only when every node is
-  full, so it is optimal (the divisible-sizes result of Coffman, Garey and Johnson, 1987); in
-  general it needs at most 11/9 OPT + 6/9 nodes for what it places (Dosa, 2007, which holds for
-  BFD as for FFD).
-- Exact: when the heuristic leaves something out and the instance is small (the product over
-  replica kinds of (count + 1), times the node fills that exist, at most `EXACT_WORK`), a dynamic
-  programme over count vectors finds the fewest nodes for every sub-multiset of the replicas and
-  keeps the one of most GPUs that fits the nodes (ties: the larger replicas). So a refusal on a
-  small pool is never the heuristic's fault.
+  interchangeable, so the packer counts: a node's content is the multiset of replica kinds on
+  it, and the pool is "how many nodes hold each content" (for 8-GPU nodes at most 66 non-empty
+  contents whatever the fleet size). Names go onto the counted placement afterwards, in key
+  order, on nodes numbered fullest first.
+- Best-fit decreasing (BFD) by GPUs: each kind, largest first, goes onto the fullest nodes it
+  fits; n identical replicas fill a node to the brim before the next, so a kind is one pass over
+  the contents. When every size divides the next larger one and the node (TP 1, 2, 4, 8 on 8-GPU
+  nodes) a replica is left out only when every node is full, so BFD is optimal there (divisible
+  sizes: Coffman, Garey and Johnson, 1987); in general it needs at most 11/9 OPT + 6/9 nodes for
+  what it places (Dosa, 2007, for FFD and BFD alike).
+- Fullest node first (minimum bin slack, Gupta and Ho, 1999), counted: node after node, the
+  fullest content the replicas left allow. The better of the two is kept: more GPUs placed, then
+  the free GPUs gathered on fewer nodes (`_rank`).
+- When both leave replicas out: the configuration LP (how many nodes hold each content, at most
+  the nodes, at most the replicas of each kind, most GPUs), rounded down, its rest packed by the
+  heuristics. Its optimum uses at most kinds + 1 contents, so rounding gives up at most that
+  many nodes; and its value bounds what any packing places.
+- Exact, when replicas are still left out below that bound and the pool is small (the exact
+  programme's work, at most prod over kinds of (count + 1) x contents, within `EXACT_WORK`): a DP
+  over count vectors, as coin change with node contents as the coins, finds the fewest nodes for
+  every sub-multiset of the replicas and keeps the one of most GPUs that fits the nodes. So a
+  refusal on a small pool is never a heuristic's. Measured against CP-SAT on random pools
+  (bench/packing.py): 100 % of the optimal GPUs placed on every pool tried.
 
 What is left (`Packing.more_fit`, `Packing.stranded_gpus`) is read from the packing as placed;
 `defrag_plan` says which few moves would make room when the free GPUs are there but scattered.
@@ -32,17 +40,27 @@ What is left (`Packing.more_fit`, `Packing.stranded_gpus`) is read from the pack
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
 
-# Work bound of the exact programme: (states = prod(count + 1)) x (node fills). 40,000 is about
-# 20 ms of pure Python on this machine; beyond it the heuristic's answer stands.
+# Work bound of the exact programme (updates: for each node content, the count vectors holding
+# it; at most prod(count + 1) x contents). 40,000 is about 20 ms of pure Python on this machine;
+# beyond it the heuristics' answer stands.
 EXACT_WORK = 40_000
+
+# CPU and memory are packed in 1/GRAINS of a node, rounded up: replicas whose needs differ by a
+# little share a kind (the counting stays fast), and a packing in grains is valid in MiB; at
+# worst a replica is charged 1/64 of a node more than it needs.
+GRAINS = 64
+
+# Node contents enumerated at most (for 8-GPU nodes and sizes 1-8 there are 66).
+MAX_FILLS = 5_000
 
 # A replica kind: its resources in the shape's dimensions (GPUs, then CPU and memory where the
 # shape limits them). Larger kinds sort first.
@@ -67,6 +85,24 @@ class NodeShape:
     @property
     def capacity(self) -> Kind:
         return tuple(v for v in (self.gpus, self.cpu_millicores, self.memory_mib) if v is not None)
+
+    @property
+    def grain_capacity(self) -> Kind:
+        """The capacity the packer counts in: GPUs, and GRAINS per other limited dimension."""
+        return (self.gpus, *(GRAINS for v in (self.cpu_millicores, self.memory_mib) if v is not None))
+
+    def grains(self, gpus: int, cpu_millicores: int | None = None, memory_mib: int | None = None) -> Kind:
+        """A replica in the packer's units: its GPUs, and its CPU and memory in 1/GRAINS of a
+        node, rounded up (so what fits in grains fits in MiB: 100 GiB of a 640 GiB node is 10,
+        101 GiB is 11); more than a node, or any of a dimension the node has none of, never fits."""
+        if self.cpu_millicores is None and self.memory_mib is None:
+            return (gpus,)
+        out = [gpus]
+        for need, have in ((cpu_millicores, self.cpu_millicores), (memory_mib, self.memory_mib)):
+            if have is not None:
+                need = need or 0
+                out.append(0 if not need else GRAINS + 1 if not have else -(-need * GRAINS // have))
+        return tuple(out)
 
     def kind(self, gpus: int, cpu_millicores: int | None = None, memory_mib: int | None = None) -> Kind:
         """A replica's resources in this shape's dimensions (a dimension the shape does not limit
@@ -126,8 +162,11 @@ class Packing:
     unplaced: tuple[ReplicaDemand, ...]  # per endpoint, the replicas that did not fit (count > 0)
     free_per_node: tuple[int, ...]  # GPUs free on each node
     fits: bool  # every replica placed
-    method: str  # "best-fit-decreasing" or "exact"
-    free_resources: tuple[Kind, ...]  # per node, free GPUs (and CPU/memory where limited)
+    method: str  # which placement won: "best-fit-decreasing", "fullest-node-first", "lp-rounding", "exact"
+    free_resources: tuple[Kind, ...]  # per node, free GPUs (and CPU/memory where limited), real units
+    # Per node, what is free as the packer counts it (CPU/memory in grains, rounded up): what
+    # `more_fit` reads, so that it never promises what a `check_change` would refuse.
+    free_grains: tuple[Kind, ...] = field(repr=False, compare=False, default=())
 
     @property
     def nodes(self) -> int:
@@ -156,8 +195,8 @@ class Packing:
         nodes x 8 GPUs holding one 5-GPU replica take one more 5-GPU replica, and 3 + 8 = 11
         free GPUs take two 4-GPU replicas (none on the 3)."""
         _check_int("gpus_per_replica", gpus_per_replica, 1)
-        need = self.shape.kind(gpus_per_replica, cpu_millicores, memory_mib)
-        return sum(_room(free, need) for free in self.free_resources)
+        need = self.shape.grains(gpus_per_replica, cpu_millicores, memory_mib)
+        return sum(_room(free, need) for free in self.free_grains or self.free_resources)
 
     def stranded_gpus(self, sizes: Iterable[int]) -> int:
         """Free GPUs that no combination of replicas of the given sizes can use, node by node:
@@ -176,7 +215,14 @@ class Verdict:
     asked_replicas: int  # the replicas the change asks for that endpoint
     asked_gpus_per_replica: int
     fit_replicas: int  # how many of the asked would fit with the rest as they are (= asked if fits)
-    packing: Packing  # the pool packed with the change as asked
+    # Packs the pool with the change as asked, as `pack` does (only when `packing` is read: a
+    # sale check needs the answer, not the names).
+    pack_as_asked: Callable[[], Packing] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def packing(self) -> Packing:
+        """The pool packed with the change as asked (what `pack` returns for it)."""
+        return self.pack_as_asked()
 
     def message(self, pool: str) -> str:
         """The 409's sentence: pool 'h100': 3 replicas of 5 GPUs asked, 2 fit."""
@@ -211,7 +257,10 @@ def replicas_needed(
 
 def pack(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> Packing:
     """Place every demand's replicas on `nodes` nodes of `shape` (see the module docstring)."""
-    problem = _Problem.build(nodes, shape, demands)
+    return _pack_problem(_Problem.build(nodes, shape, demands))
+
+
+def _pack_problem(problem: _Problem) -> Packing:
     states, _, method = _solve(problem)
     return problem.materialise(states, method)
 
@@ -227,13 +276,29 @@ def pack_exact(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -
     """`pack` with the exact programme only, whatever the size (small instances only: its work is
     `exact_work`, the product over kinds of (count + 1) times the node fills)."""
     problem = _Problem.build(nodes, shape, demands)
-    states, _ = _exact(problem)
+    fills = problem._fills(problem._caps(), most=10**9)
+    assert fills is not None
+    states, _ = _exact(problem, fills)
     return problem.materialise(states, "exact")
 
 
 def exact_work(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> int:
     """The exact programme's work on this instance (it runs in `pack` when <= EXACT_WORK)."""
     return _Problem.build(nodes, shape, demands).exact_work()
+
+
+def gpus_bound(nodes: int, shape: NodeShape, demands: Sequence[ReplicaDemand]) -> int | None:
+    """An upper bound on the GPUs any packing of `demands` places: the configuration LP's value,
+    rounded down (None when the node contents are too many to enumerate). A packing that places
+    this many is optimal; 2 nodes x 8 GPUs and three 5-GPU replicas: 10."""
+    problem = _Problem.build(nodes, shape, demands)
+    fills = problem._fills(problem._caps())
+    if fills is None:
+        return None
+    if not fills:
+        return 0
+    rounded = _rounded_lp(problem, fills)
+    return None if rounded is None else rounded[2]
 
 
 def check_change(
@@ -247,34 +312,45 @@ def check_change(
     the count, each step a `pack`; 0 when the rest alone does not pack)."""
     others = [d for d in demands if d.key != change.key]
     problem = _Problem.build(nodes, shape, [*others, change])
-    states, _, method = _solve(problem)
-    packing = problem.materialise(states, method)
+    _, left, _ = _solve(problem, any_fit=True)
+    fits = not any(left)
     fit = change.count
-    if not packing.fits and change.count:
+    if not fits and change.count:
         # Only the counts change between the steps: solve them, name nothing.
-        i = problem.kinds.index(shape.kind(change.gpus, change.cpu_millicores, change.memory_mib))
+        i = problem.kinds.index(shape.grains(change.gpus, change.cpu_millicores, change.memory_mib))
         base = problem.counts[i] - change.count
 
-        def fits_with(k: int) -> bool:
+        def solve_with(k: int) -> tuple[dict[tuple[int, ...], int], list[int], str]:
             counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
-            _, left, _ = _solve(dataclasses.replace(problem, counts=counts))
-            return not any(left)
+            return _solve(dataclasses.replace(problem, counts=counts), any_fit=True)
 
-        lo, hi = 0, change.count - 1  # the most that fits is in [lo, hi]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits_with(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        fit = lo
+        states, left, _ = solve_with(0)
+        if any(left):
+            fit = 0  # the rest alone does not pack
+        else:
+            # At least what fits in the free space as the rest is packed; at most what the
+            # free GPUs hold; less than asked.
+            kind = problem.kinds[i]
+            lo = sum(n * _room(_minus(problem.capacity, problem.used(c)), kind) for c, n in states.items())
+            free_gpus = problem.nodes * problem.capacity[0] - sum(
+                g[0] * c for g, c in zip(problem.kinds, problem.counts, strict=True)
+            )
+            hi = min(change.count - 1, (free_gpus + change.count * change.gpus) // change.gpus)
+            lo = min(lo, hi)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if any(solve_with(mid)[1]):
+                    hi = mid - 1
+                else:
+                    lo = mid
+            fit = lo
     return Verdict(
-        fits=packing.fits,
+        fits=fits,
         key=change.key,
         asked_replicas=change.count,
         asked_gpus_per_replica=change.gpus,
         fit_replicas=fit,
-        packing=packing,
+        pack_as_asked=functools.partial(_pack_problem, problem),
     )
 
 
@@ -284,10 +360,12 @@ def defrag_plan(
     demands: Sequence[ReplicaDemand],
     wanted: ReplicaDemand,
     max_moves: int = 16,
+    placed: Sequence[Sequence[str]] | None = None,
 ) -> list[Move] | None:
-    """Moves that make room for `wanted.count` more replicas of `wanted`'s size on the pool as
-    `pack` placed `demands`: [] when they fit as packed; None when no plan exists (the pool with
-    them does not pack at all) or none of at most `max_moves` moves was found.
+    """Moves that make room for `wanted.count` more replicas of `wanted`'s size: [] when they fit
+    as placed; None when no plan exists (the pool with them does not pack at all) or none of at
+    most `max_moves` moves was found. As placed: `placed` (per node, the endpoint keys of the
+    replicas running there, e.g. the cluster's pods), else as `pack` places `demands`.
 
     Search (greedy, one wanted replica at a time): a replica that fits in free space as it stands
     takes it; otherwise, over every node (one per distinct node content) and every sub-multiset of
@@ -298,13 +376,24 @@ def defrag_plan(
     replica is wanted -> move one 4 onto the other node.
     """
     _check_int("max_moves", max_moves, 0)
-    current = pack(nodes, shape, demands)
     need = shape.kind(wanted.gpus, wanted.cpu_millicores, wanted.memory_mib)
     remaining = wanted.count
     # Node contents: (key, kind, movable); free space per node.
     kinds_by_key = {d.key: shape.kind(d.gpus, d.cpu_millicores, d.memory_mib) for d in demands}
-    content = [[(r.key, kinds_by_key[r.key], True) for r in node] for node in current.placed]
-    free = [list(f) for f in current.free_resources]
+    if placed is None:
+        placed = [[r.key for r in node] for node in pack(nodes, shape, demands).placed]
+    if len(placed) != nodes:
+        raise ValueError(f"placed names {len(placed)} nodes, the pool has {nodes}")
+    content: list[list[tuple[str, Kind, bool]]] = []
+    free: list[list[int]] = []
+    for n, keys in enumerate(placed):
+        unknown = [key for key in keys if key not in kinds_by_key]
+        if unknown:
+            raise ValueError(f"placed: node {n} runs {unknown[0]!r}, which has no demand")
+        content.append([(key, kinds_by_key[key], True) for key in keys])
+        free.append([c - sum(k[d] for _, k, _ in content[-1]) for d, c in enumerate(shape.capacity)])
+        if min(free[-1]) < 0:
+            raise ValueError(f"placed: node {n} holds more than a node of {shape} has")
 
     def hold(n: int) -> None:
         nonlocal remaining
@@ -317,13 +406,16 @@ def defrag_plan(
             hold(n)
     if not remaining:
         return []
+    if any(sum(f[d] for f in free) < need[d] * remaining for d in range(len(need))):
+        return None  # not enough free in all, however it is moved
     combined = [d for d in demands if d.key != wanted.key]
     own = sum(d.count for d in demands if d.key == wanted.key)
     if not pack(nodes, shape, [*combined, dataclasses.replace(wanted, count=own + wanted.count)]).fits:
         return None
     moves: list[Move] = []
+    cache: dict[int, tuple[tuple[tuple[Kind, int], ...], list[Kind], dict[Kind, list[int]]]] = {}
     while remaining:
-        best = _cheapest_eviction(content, free, need)
+        best = _cheapest_eviction(content, free, need, cache)
         if best is None or len(moves) + len(best) > max_moves:
             return None
         for item_index, source, target in best:
@@ -335,6 +427,8 @@ def defrag_plan(
             free[source] = [f + k for f, k in zip(free[source], kind, strict=True)]
             content[target].append((key, kind, False))
             free[target] = [f - k for f, k in zip(free[target], kind, strict=True)]
+            cache.pop(source, None)
+            cache.pop(target, None)
         source = best[0][1]
         while remaining and _room(tuple(free[source]), need):
             hold(source)
@@ -344,13 +438,32 @@ def defrag_plan(
 # -- internals ------------------------------------------------------------------------------------
 
 
-def _solve(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int], str]:
-    """Best-fit decreasing; the exact programme when that leaves replicas out on a small pool."""
-    states, left = _best_fit_decreasing(p)
-    if any(left) and p.exact_work() <= EXACT_WORK:
-        states, left = _exact(p)
-        return states, left, "exact"
-    return states, left, "best-fit-decreasing"
+def _solve(p: _Problem, any_fit: bool = False) -> tuple[dict[tuple[int, ...], int], list[int], str]:
+    """The better of best-fit decreasing and fullest-node-first (more GPUs placed; when both
+    place everything, the free space gathered on fewer nodes); when both leave replicas out, the
+    rounded configuration LP, and the exact programme on a small pool unless the LP's bound shows
+    the best so far is optimal already. `any_fit`: return the first that places everything
+    (a yes/no question: which placement does not matter)."""
+    best = (*_best_fit_decreasing(p), "best-fit-decreasing")
+    if any_fit and not any(best[1]):
+        return best
+    fills = p._fills(p._caps())
+    if fills is None:
+        return best
+    other = (*_fullest_node_first(p, fills), "fullest-node-first")
+    if p._rank(other[0]) > p._rank(best[0]):
+        best = other
+    if not any(best[1]):
+        return best
+    rounded = _rounded_lp(p, fills)
+    bound = None
+    if rounded is not None:
+        states, left, bound = rounded
+        if p._rank(states) > p._rank(best[0]):
+            best = (states, left, "lp-rounding")
+    if (bound is None or p._rank(best[0])[0] < bound) and p.exact_work(fills) <= EXACT_WORK:
+        return (*_exact(p, fills), "exact")
+    return best
 
 
 @dataclass(frozen=True)
@@ -370,10 +483,9 @@ class _Problem:
             twice = sorted(k for k, n in Counter(d.key for d in demands).items() if n > 1)
             raise ValueError(f"two demands for endpoint {twice[0]!r}: one per endpoint and pool")
         by_kind: dict[Kind, list[ReplicaDemand]] = {}
-        gpus_only = shape.cpu_millicores is None and shape.memory_mib is None
         for d in demands:
             if d.count:
-                kind = (d.gpus,) if gpus_only else shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                kind = shape.grains(d.gpus, d.cpu_millicores, d.memory_mib)
                 group = by_kind.get(kind)
                 if group is None:
                     by_kind[kind] = [d]
@@ -385,7 +497,7 @@ class _Problem:
         return cls(
             shape=shape,
             nodes=nodes,
-            capacity=shape.capacity,
+            capacity=shape.grain_capacity,
             kinds=kinds,
             counts=tuple(sum(d.count for d in g) for g in groups),
             demands=groups,
@@ -395,36 +507,69 @@ class _Problem:
         dims = len(self.capacity)
         return tuple(sum(c * k[d] for c, k in zip(comp, self.kinds, strict=True)) for d in range(dims))
 
-    def exact_work(self) -> int:
+    def exact_work(self, fills: list[tuple[int, ...]] | None = None) -> int:
+        """Updates the exact programme makes: for each node content, the count vectors that
+        contain it (so at most prod(count + 1) x contents)."""
+        caps = self._caps()
         states = 1
-        for kind, count in zip(self.kinds, self.counts, strict=True):
-            states *= min(count, self.nodes * _room(self.capacity, kind)) + 1
+        for c in caps:
+            states *= c + 1
             if states > EXACT_WORK:
                 return states
-        return states * len(self._fills(self._caps()))
+        fills = self._fills(caps) if fills is None else fills
+        if fills is None:
+            return EXACT_WORK + 1
+        work = 0
+        for fill in fills:
+            box = 1
+            for a, c in zip(fill, caps, strict=True):
+                box *= c - a + 1
+            work += box
+        return work
 
     def _caps(self) -> tuple[int, ...]:
+        """Replicas per kind that could be placed at all (no more than the nodes hold)."""
         return tuple(
             min(c, self.nodes * _room(self.capacity, k)) for k, c in zip(self.kinds, self.counts, strict=True)
         )
 
-    def _fills(self, caps: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Every non-empty node content (count per kind, within `caps`) that fits one node."""
+    def _fills(self, caps: tuple[int, ...], most: int = MAX_FILLS) -> list[tuple[int, ...]] | None:
+        """Every non-empty node content (count per kind, within `caps`) that fits one node, the
+        fullest first (GPUs, then CPU, memory), then the larger replicas; None beyond `most`
+        (or beyond `most` kinds: each kind is a level of the walk)."""
+        if len(self.kinds) > min(most, 200):
+            return None
         out: list[tuple[int, ...]] = []
 
-        def walk(i: int, comp: list[int], free: Kind) -> None:
+        def walk(i: int, comp: list[int], free: Kind) -> bool:
             if i == len(self.kinds):
                 if any(comp):
                     out.append(tuple(comp))
-                return
-            most = min(caps[i], _room(free, self.kinds[i]))
-            for c in range(most + 1):
+                return len(out) <= most
+            kind = self.kinds[i]
+            for c in range(min(caps[i], _room(free, kind)) + 1):
                 comp.append(c)
-                walk(i + 1, comp, tuple(f - c * k for f, k in zip(free, self.kinds[i], strict=True)))
+                ok = walk(i + 1, comp, tuple(f - c * k for f, k in zip(free, kind, strict=True)))
                 comp.pop()
+                if not ok:
+                    return False
+            return True
 
-        walk(0, [], self.capacity)
+        if not walk(0, [], self.capacity):
+            return None
+        out.sort(key=lambda c: (tuple(-u for u in self.used(c)), tuple(-x for x in c)))
         return out
+
+    def _rank(self, states: dict[tuple[int, ...], int]) -> tuple[int, tuple[int, ...]]:
+        """Which of two packings is better: more GPUs placed, then the free GPUs gathered: the
+        nodes with all GPUs free, then with all but one, ... (an empty node beats two halves)."""
+        placed = 0
+        nodes_by_free = [0] * (self.capacity[0] + 1)
+        for comp, n in states.items():
+            gpus = sum(c * k[0] for c, k in zip(comp, self.kinds, strict=True))
+            placed += n * gpus
+            nodes_by_free[self.capacity[0] - gpus] += n
+        return placed, tuple(reversed(nodes_by_free))
 
     def materialise(self, states: dict[tuple[int, ...], int], method: str) -> Packing:
         """Number the nodes (fullest first, then by content) and put names on the replicas."""
@@ -455,12 +600,22 @@ class _Problem:
             for d in group:
                 short = min(d.count, at + d.count - taken[i])
                 if short > 0:
-                    unplaced.append(
-                        ReplicaDemand(d.key, d.model, d.gpus, short, d.cpu_millicores, d.memory_mib)
-                    )
+                    unplaced.append(_with_count(d, short))
                 at += d.count
-        free_of = {c: tuple(a - u for a, u in zip(self.capacity, used[c], strict=True)) for c in distinct}
-        free = tuple(free_of[c] for c in comps)
+        free_of = {c: _minus(self.capacity, used[c]) for c in distinct}
+        grains = tuple(free_of[c] for c in comps)
+        free: tuple[Kind, ...] = grains
+        if len(self.capacity) > 1:
+            # What is free in real units (the grains rounded the needs up).
+            real = {
+                d.key: self.shape.kind(d.gpus, d.cpu_millicores, d.memory_mib)
+                for g in self.demands
+                for d in g
+            }
+            cap = self.shape.capacity
+            free = tuple(
+                tuple(c - sum(real[r.key][i] for r in node) for i, c in enumerate(cap)) for node in placed
+            )
         unplaced.sort(key=lambda d: d.key)
         return Packing(
             shape=self.shape,
@@ -470,6 +625,7 @@ class _Problem:
             fits=not unplaced,
             method=method,
             free_resources=free,
+            free_grains=grains,
         )
 
 
@@ -506,48 +662,150 @@ def _best_fit_decreasing(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[
     return states, left
 
 
-def _exact(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
-    """Fewest nodes for every sub-multiset of the replicas (DP over count vectors), then the
-    sub-multiset of most GPUs (ties: larger replicas first) that fits `p.nodes` nodes."""
+def _fullest_node_first(
+    p: _Problem, fills: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Node by node, the fullest content the replicas left allow (minimum bin slack, Gupta and
+    Ho 1999), counted: a content is repeated on as many nodes as the replicas left allow, and a
+    content that no longer fits never fits again, so one pass over `fills` (fullest first)."""
+    left = list(p.counts)
+    nodes = p.nodes
+    states: dict[tuple[int, ...], int] = {}
+    for fill in fills:
+        if not nodes:
+            break
+        times = min([nodes, *(x // a for a, x in zip(fill, left, strict=True) if a)])
+        if times:
+            states[fill] = times
+            nodes -= times
+            left = [x - times * a for a, x in zip(fill, left, strict=True)]
+    if nodes:
+        empty = (0,) * len(p.kinds)
+        states[empty] = states.get(empty, 0) + nodes
+    return states, left
+
+
+def _rounded_lp(
+    p: _Problem, fills: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, ...], int], list[int], int] | None:
+    """The configuration LP (how many nodes hold each content: at most `p.nodes` nodes, at most
+    the replicas of each kind, most GPUs), rounded down, and the nodes and replicas that leaves
+    packed by the heuristics. An optimal vertex has at most kinds + 1 contents in use, so the
+    rounding gives up at most that many nodes, which the heuristics then fill: on a large pool
+    the result is within a few nodes of the optimum. Also returns the LP's bound on the GPUs any
+    packing places (rounded down; None when the simplex does not finish)."""
+    gain = [float(p.used(f)[0]) for f in fills]
+    rows = [[1.0] * len(fills), *([float(f[i]) for f in fills] for i in range(len(p.kinds)))]
+    bounds = [float(p.nodes), *(float(c) for c in p.counts)]
+    y = _simplex_max(gain, rows, bounds)
+    if y is None:
+        return None
+    times = [int(v + 1e-9) for v in y]
+    bound = int(sum(g * v for g, v in zip(gain, y, strict=True)) + 1e-6)
+    # Exact check of the rounded vertex (floats above): trim a content until it fits.
+    left = list(p.counts)
+    nodes = p.nodes
+    states: dict[tuple[int, ...], int] = {}
+    for fill, t in zip(fills, times, strict=True):
+        t = min([t, nodes, *(x // a for a, x in zip(fill, left, strict=True) if a)])
+        if t > 0:
+            states[fill] = t
+            nodes -= t
+            left = [x - t * a for a, x in zip(fill, left, strict=True)]
+    rest = dataclasses.replace(p, nodes=nodes, counts=tuple(left))
+    best = _best_fit_decreasing(rest)
+    for candidate in (_fullest_node_first(rest, fills),):
+        if rest._rank(candidate[0]) > rest._rank(best[0]):
+            best = candidate
+    for comp, n in best[0].items():
+        states[comp] = states.get(comp, 0) + n
+    return states, best[1], bound
+
+
+def _simplex_max(gain: list[float], rows: list[list[float]], bounds: list[float]) -> list[float] | None:
+    """max gain . y subject to rows . y <= bounds, y >= 0 (bounds >= 0): the tableau simplex
+    with Bland's rule (no cycling), in floats: callers check the rounded answer exactly."""
+    m, n = len(rows), len(gain)
+    eps = 1e-9
+    table = [
+        [*row, *(1.0 if j == i else 0.0 for j in range(m)), b]
+        for i, (row, b) in enumerate(zip(rows, bounds, strict=True))
+    ]
+    cost = [*(-g for g in gain), *([0.0] * m), 0.0]
+    basis = list(range(n, n + m))
+    for _ in range(50 * (n + m)):
+        entering = next((j for j in range(n + m) if cost[j] < -eps), None)
+        if entering is None:
+            y = [0.0] * n
+            for i, b in enumerate(basis):
+                if b < n:
+                    y[b] = table[i][-1]
+            return y
+        leaving = None
+        ratio = 0.0
+        for i in range(m):
+            a = table[i][entering]
+            if a > eps:
+                r = table[i][-1] / a
+                if (
+                    leaving is None
+                    or r < ratio - eps
+                    or (abs(r - ratio) <= eps and basis[i] < basis[leaving])
+                ):
+                    leaving, ratio = i, r
+        if leaving is None:
+            return None  # unbounded: not with these rows (every content uses a node)
+        pivot = table[leaving]
+        scale = pivot[entering]
+        pivot[:] = [v / scale for v in pivot]
+        for i in range(m):
+            if i != leaving and table[i][entering]:
+                factor = table[i][entering]
+                table[i] = [v - factor * w for v, w in zip(table[i], pivot, strict=True)]
+        factor = cost[entering]
+        cost = [v - factor * w for v, w in zip(cost, pivot, strict=True)]
+        basis[leaving] = entering
+    return None
+
+
+def _exact(p: _Problem, fills: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], list[int]]:
+    """Fewest nodes for every sub-multiset of the replicas (a DP over count vectors, as coin
+    change: node contents are the coins), then the sub-multiset of most GPUs (ties: the larger
+    replicas) that fits `p.nodes` nodes; the nodes are rebuilt fullest content first."""
     caps = p._caps()
-    fills = p._fills(caps)
-    # Prefer full nodes in the reconstruction: the room left stays together.
-    fills.sort(key=lambda c: (tuple(-u for u in p.used(c)), tuple(-x for x in c)))
     radix = [c + 1 for c in caps]
     strides = [1] * len(caps)
     for i in range(len(caps) - 2, -1, -1):
         strides[i] = strides[i + 1] * radix[i + 1]
     size = strides[0] * radix[0] if caps else 1
-    offsets = [sum(a * s for a, s in zip(fill, strides, strict=True)) for fill in fills]
     inf = p.nodes + 1
-    best_nodes = [inf] * size
-    best_nodes[0] = 0
+    best = [inf] * size
+    best[0] = 0
+    offsets = []
+    for fill in fills:
+        off = sum(a * s for a, s in zip(fill, strides, strict=True))
+        offsets.append(off)
+        # Every count vector that contains `fill`, in increasing index order.
+        index = [0]
+        for a, c, s in zip(fill, caps, strides, strict=True):
+            index = [x + d * s for x in index for d in range(a, c + 1)]
+        for v in index:
+            b = best[v - off] + 1
+            if b < best[v]:
+                best[v] = b
     vectors = list(itertools.product(*(range(r) for r in radix)))
-    for index in range(1, size):
-        v = vectors[index]
-        low = inf
-        for fill, off in zip(fills, offsets, strict=True):
-            if all(a <= x for a, x in zip(fill, v, strict=True)):
-                b = best_nodes[index - off]
-                if b < low:
-                    low = b
-        best_nodes[index] = low + 1 if low < inf else inf
     gpus = [k[0] for k in p.kinds]
     chosen = max(
-        (i for i in range(size) if best_nodes[i] <= p.nodes),
+        (i for i in range(size) if best[i] <= p.nodes),
         key=lambda i: (sum(g * x for g, x in zip(gpus, vectors[i], strict=True)), vectors[i]),
     )
     comps: list[tuple[int, ...]] = []
-    index = chosen
-    while index:
-        v = vectors[index]
+    v = chosen
+    while v:
         for fill, off in zip(fills, offsets, strict=True):
-            if (
-                all(a <= x for a, x in zip(fill, v, strict=True))
-                and best_nodes[index - off] == best_nodes[index] - 1
-            ):
+            if all(a <= x for a, x in zip(fill, vectors[v], strict=True)) and best[v - off] == best[v] - 1:
                 comps.append(fill)
-                index -= off
+                v -= off
                 break
     comps += [(0,) * len(p.kinds)] * (p.nodes - len(comps))
     left = [c - x for c, x in zip(p.counts, vectors[chosen], strict=True)]
@@ -555,51 +813,74 @@ def _exact(p: _Problem) -> tuple[dict[tuple[int, ...], int], list[int]]:
 
 
 def _cheapest_eviction(
-    content: list[list[tuple[str, Kind, bool]]], free: list[list[int]], need: Kind
+    content: list[list[tuple[str, Kind, bool]]],
+    free: list[list[int]],
+    need: Kind,
+    cache: dict[int, tuple[tuple[tuple[Kind, int], ...], list[Kind], dict[Kind, list[int]]]],
 ) -> list[tuple[int, int, int]] | None:
     """(item index on the source, source node, target node) moves that make room for `need` on
-    one node, the fewest first; None when no single-node eviction into free space does it."""
+    one node, the fewest first; None when no single-node eviction into free space does it.
+    Replicas of a kind are alike, so a node's evictions are the sub-multisets of its kinds (the
+    first of each kind in key order moves), and alike nodes are tried once. `cache` keeps each
+    node's movable replicas by kind; the caller drops the nodes it changes."""
     by_free: dict[Kind, list[int]] = {}
     for n, f in enumerate(free):
         by_free.setdefault(tuple(f), []).append(n)
     best: tuple[tuple[int, int, int], list[tuple[int, int, int]]] | None = None
-    seen: set[tuple[tuple[Kind, ...], Kind]] = set()
+    seen: set[tuple[tuple[tuple[Kind, int], ...], Kind]] = set()
     for source, items in enumerate(content):
-        movable = sorted(((kind, i) for i, (_, kind, ok) in enumerate(items) if ok), reverse=True)
-        signature = (tuple(k for k, _ in movable), tuple(free[source]))
-        if signature in seen or not movable:
+        if source not in cache:
+            of_kind: dict[Kind, list[int]] = {}
+            for i, (_, kind, movable) in sorted(enumerate(items), key=lambda item: item[1][0]):
+                if movable:
+                    of_kind.setdefault(kind, []).append(i)
+            kinds = sorted(of_kind, reverse=True)
+            cache[source] = (tuple((k, len(of_kind[k])) for k in kinds), kinds, of_kind)
+        held, kinds, of_kind = cache[source]
+        signature = (held, tuple(free[source]))
+        if signature in seen or not kinds:
             continue
         seen.add(signature)
-        for r in range(1, len(movable) + 1):
-            if best is not None and r > best[0][0]:
-                break
-            for subset in itertools.combinations(movable, r):
-                freed = tuple(f + sum(k[d] for k, _ in subset) for d, f in enumerate(free[source]))
-                if not _room(freed, need):
-                    continue
-                targets = _relocate([k for k, _ in subset], by_free, source)
-                if targets is None:
-                    continue
-                cost = (r, sum(k[0] for k, _ in subset), source)
-                if best is None or cost < best[0]:
-                    best = (cost, [(i, source, t) for (_, i), t in zip(subset, targets, strict=True)])
+        for take in itertools.product(*(range(len(of_kind[k]) + 1) for k in kinds)):
+            moved = sum(take)
+            if not moved or (best is not None and moved > best[0][0]):
+                continue
+            freed = tuple(
+                f + sum(t * k[d] for t, k in zip(take, kinds, strict=True))
+                for d, f in enumerate(free[source])
+            )
+            if not _room(freed, need):
+                continue
+            evicted = [(k, i) for t, k in zip(take, kinds, strict=True) for i in of_kind[k][:t]]
+            cost = (moved, sum(k[0] for k, _ in evicted), source)
+            if best is not None and cost >= best[0]:
+                continue
+            targets = _relocate([k for k, _ in evicted], by_free, source)
+            if targets is not None:
+                best = (cost, [(i, source, t) for (_, i), t in zip(evicted, targets, strict=True)])
     return None if best is None else best[1]
 
 
 def _relocate(kinds: list[Kind], by_free: dict[Kind, list[int]], source: int) -> list[int] | None:
-    """Target node per replica (best fit, largest first) in the other nodes' free space."""
-    pool = {f: [n for n in ns if n != source] for f, ns in by_free.items()}
+    """Target node per replica (best fit, largest first) in the other nodes' free space: the
+    node of least room that takes it, the lowest-numbered of those."""
+    changed: dict[int, Kind] = {source: ()}  # nodes this relocation filled (and the source: out)
     out: dict[int, int] = {}
     for j in sorted(range(len(kinds)), key=lambda j: kinds[j], reverse=True):
         kind = kinds[j]
-        fitting = [f for f, ns in pool.items() if ns and _room(f, kind)]
-        if not fitting:
+        choice: tuple[Kind, int] | None = None
+        for f, nodes in by_free.items():
+            if (choice is None or f < choice[0]) and _room(f, kind):
+                first = next((n for n in nodes if n not in changed), None)
+                if first is not None:
+                    choice = (f, first)
+        for n, f in changed.items():
+            if n != source and _room(f, kind) and (choice is None or (f, n) < choice):
+                choice = (f, n)
+        if choice is None:
             return None
-        f = min(fitting)
-        target = pool[f].pop(0)
-        rest = tuple(a - b for a, b in zip(f, kind, strict=True))
-        pool.setdefault(rest, []).append(target)
-        pool[rest].sort()
+        f, target = choice
+        changed[target] = _minus(f, kind)
         out[j] = target
     return [out[j] for j in range(len(kinds))]
 
@@ -624,6 +905,18 @@ def _subset_sums(sizes: list[int], most: int) -> list[int]:
     for f in range(1, most + 1):
         usable[f] = f if reach[f] else usable[f - 1]
     return usable
+
+
+def _minus(a: Kind, b: Kind) -> Kind:
+    return tuple(x - y for x, y in zip(a, b, strict=True))
+
+
+def _with_count(d: ReplicaDemand, count: int) -> ReplicaDemand:
+    # `d` with another count, 0 < count <= d.count: valid, so not validated again (a fleet that
+    # does not fit can leave thousands out, and __post_init__ is most of a copy's cost).
+    out = object.__new__(ReplicaDemand)
+    out.__dict__.update(d.__dict__, count=count)
+    return out
 
 
 def _by_key(d: ReplicaDemand) -> str:
