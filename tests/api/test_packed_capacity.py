@@ -302,9 +302,10 @@ def test_setting_a_region_later_moves_the_endpoint_there(regions, owner_client):
     assert moved.status_code == 200 and moved.json()["pool"] == "east-b"
 
 
-def test_the_console_shows_the_node_grid_and_a_defrag_plan(operator_client, h100, owner):
-    """2 nodes x 8: replicas of 4, 3, 3 and 2 GPUs pack as [4+3, 3+2], leaving 1 and 3 GPUs free:
-    no 4-GPU replica fits as placed, one does after moving a 3-GPU replica to the second node."""
+def test_the_console_shows_the_node_grid_stranded_gpus_and_what_still_fits(operator_client, h100, owner):
+    """2 nodes x 8: two 5-GPU replicas and a 2-GPU one pack as [5+2, 5], leaving 1 and 3 GPUs
+    free: 2 of them stranded (no mix of 2s and 5s fills 1 or 3), one more 2-GPU replica fits and
+    no 5-GPU one, even after moves (4 free GPUs)."""
     from controlplane.selling import save_endpoint
     from tests.console.conftest import member_client
 
@@ -313,16 +314,23 @@ def test_the_console_shows_the_node_grid_and_a_defrag_plan(operator_client, h100
         g: ModelProfile.objects.create(
             model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
         )
-        for g in (2, 3, 4)
+        for g in (2, 5)
     }
-    for name, g in [("e4", 4), ("e3a", 3), ("e3b", 3), ("e2", 2)]:
+    for name, g in [("e5a", 5), ("e5b", 5), ("e2", 2)]:
         save_endpoint(
             Endpoint(tenant=owner, name=name, profile=profiles[g], pool=pool, min_provisioned_concurrency=8,
                      max_provisioned_concurrency=8, target_concurrency_per_replica=8)
         )  # fmt: skip
     row = capacity_of(operator_client, "frag")
     assert [node["free_gpus"] for node in row["nodes"]] == [1, 3]
-    assert {m["model"]: m["more_replicas"] for m in row["models"]} == {"tp2": 1, "tp3": 1, "tp4": 0}
+    assert [sorted(r["endpoint"] for r in node["replicas"]) for node in row["nodes"]] == [
+        ["owner/e2", "owner/e5a"],
+        ["owner/e5b"],
+    ]
+    assert (row["free_gpus"], row["stranded_gpus"], row["headroom_gpus"]) == (4, 2, 2)
+    assert {m["model"]: m["more_replicas"] for m in row["models"]} == {"tp2": 1, "tp5": 0}
     page = member_client("opal", operator=True).get("/console/capacity/").content.decode()
-    assert 'data-pool="frag"' in page and "owner/e4" in page
-    assert "move a 3-GPU replica of owner/e3" in page and "to node 2" in page
+    grid = page[page.index('<div class="node-grid" data-pool="frag">') :]
+    assert '<span class="stranded">2</span> stranded' in grid and 'title="owner/e5a · tp5"' in grid
+    assert '<tr data-model="tp5">' in grid and "no room, even after moves" in grid
+    assert "fits as placed" in grid
