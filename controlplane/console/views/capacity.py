@@ -3,8 +3,8 @@ history chart, the model profiles with their latest benchmarks, and selling a re
 
 import copy
 from collections import defaultdict
-from fractions import Fraction
 from datetime import datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 from django.db import transaction
