@@ -402,3 +402,19 @@ def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants
     scaling.sync_pods(Recorder([PodState(pods[0].name, deployment, pods[0].url, True, restarts=3)]))
     live = owner_web.get(f"/console/endpoints/{owned.pk}/live/").content.decode()
     assert '<td class="num restarts">3</td>' in live and f"{deployment}-b" not in live
+
+
+def test_timeline_bins_sum_buckets_by_slot_and_the_last_minute_in_one():
+    from controlplane.console.views.endpoints import timeline_bins
+
+    # (end, desired, ready, in_flight, requests, seconds, queued, latency counts)
+    rows = [
+        (55, 1, 1, 2.0, 10, 5, 0.0, [1, 2]),
+        (60, 2, 1, 4.0, 20, 5, 1.0, [0, 3]),
+        (65, 3, 2, 0.0, 5, 5, 0.0, []),
+    ]
+    by_minute = timeline_bins(rows, 60)
+    assert [(b.slot, b.requests, b.desired) for b in by_minute] == [(60, 30, 2.0), (120, 5, 3.0)]
+    assert by_minute[0].in_flight == (2.0 * 5 + 5.0 * 5) / 10 and by_minute[0].latency_counts == [1, 5]
+    (whole,) = timeline_bins(rows, float("inf"))  # a minute that straddles two slots is one bin
+    assert (whole.requests, whole.seconds, whole.desired) == (35, 15, 3.0)

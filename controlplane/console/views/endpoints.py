@@ -202,7 +202,8 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
         since,
         until,
     )
-    minute = timeline_bins([r for r in rows if r[0] > until - 60], 60)
+    # The last minute in one bin, whatever its buckets' slots (a bin of the width of all time).
+    minute = timeline_bins([r for r in rows if r[0] > until - 60], float("inf"))
     last = minute[-1] if minute else None
     reservation = getattr(endpoint, "reservation", None)
     return {
@@ -246,11 +247,12 @@ class TimelineBin:
 
 def timeline_bins(rows: list[tuple[Any, ...]], width_s: float) -> list[TimelineBin]:
     """LoadBucket rows (end, desired, ready, in_flight, requests, seconds, queued, latency
-    counts), ascending, summed into bins of `width_s` seconds (at least one bucket each)."""
-    width = max(5, int(width_s) // 5 * 5)
+    counts), ascending, summed into bins of `width_s` seconds (at least one bucket each; inf: all
+    of them in one bin)."""
+    width = max(5, int(width_s) // 5 * 5) if width_s != float("inf") else 0  # 0: one bin for all
     bins: list[TimelineBin] = []
     for end, desired, ready, in_flight, requests, seconds, queued, counts in rows:
-        slot = -(-end // width) * width  # the bin's end: buckets ending in (slot - width, slot]
+        slot = -(-end // width) * width if width else 0  # the bin's end: buckets in (slot - width, slot]
         if not bins or bins[-1].slot != slot:
             bins.append(TimelineBin(end, slot))
         b = bins[-1]
