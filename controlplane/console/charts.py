@@ -69,7 +69,8 @@ class Chart:
     title: str
     series: Sequence[Series]
     marks: Sequence[Mark] = field(default_factory=tuple)
-    unit: str = ""  # the y-axis' unit, written after its top label ("req/s", "s", "MU/min")
+    unit: str = ""  # the y-axis' unit, written above its labels ("req", "s", "MU/min")
+    whole: bool = False  # values are whole numbers (replicas): ticks 1 apart at least
 
 
 def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame()) -> str:
@@ -80,7 +81,7 @@ def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame())
     values = [v for s in chart.series for _, v in s.points]
     first = min((s.points[0][0] for s in chart.series if s.points), default=since)
     start = min(max(since, first), until - MIN_SPAN_S)
-    y_ticks = _y_ticks(max(values, default=0.0))
+    y_ticks = _y_ticks(max(values, default=0.0), whole=chart.whole)
     f = Frame(frame.width, frame.height, frame.pad, (start, until), y_ticks[-1], frame.left, frame.bottom)
     plot_right = f.width - f.pad
     parts = [
@@ -88,9 +89,13 @@ def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame())
         f'role="img" aria-label="{escape(chart.title)}" xmlns="http://www.w3.org/2000/svg">',
         f"<title>{escape(chart.title)}</title>",
     ]
-    for i, v in enumerate(y_ticks):
+    if chart.unit:  # above the axis' labels, in the margin that holds them
+        parts.append(
+            f'<text class="unit" x="{f.left - 6}" y="10" text-anchor="end">{escape(chart.unit)}</text>'
+        )
+    for v in y_ticks:
         y = f.y(v)
-        label = _fmt(v) + (f" {chart.unit}" if chart.unit and i == len(y_ticks) - 1 else "")
+        label = _fmt(v)
         parts.append(
             f'<line class="{"axis" if v == 0 else "grid"}" x1="{f.left}" y1="{y:.1f}" '
             f'x2="{plot_right}" y2="{y:.1f}"/>'
@@ -194,12 +199,15 @@ def _nice_ceiling(value: float) -> float:
     return 10 * magnitude
 
 
-def _y_ticks(value: float) -> list[float]:
+def _y_ticks(value: float, whole: bool = False) -> list[float]:
     """Four or five round ticks from 0 to just above `value`: 7 -> 0, 2, 4, 6, 8; 730 -> 0, 200,
-    ..., 800; 0.3 -> 0, 0.1, 0.2, 0.3; nothing -> 0, 0.25, ..., 1."""
+    ..., 800; 0.3 -> 0, 0.1, 0.2, 0.3; nothing -> 0, 0.25, ..., 1. With `whole`, steps of 1 at
+    least: 2 replicas -> 0, 1, 2."""
     if value <= 0:
-        return [0.0, 0.25, 0.5, 0.75, 1.0]
+        return [0.0, 1.0] if whole else [0.0, 0.25, 0.5, 0.75, 1.0]
     for step in _steps(value / 4):
+        if whole and (step < 1 or step != int(step)):
+            continue
         if value / step <= 5:
             n = int(-(-value // step)) if value % step else int(value // step)
             return [round(i * step, 10) for i in range(max(n, 1) + 1)]

@@ -57,6 +57,7 @@ def test_y_axis_has_four_or_five_round_ticks_above_the_data():
     assert _y_ticks(7) == [0, 2, 4, 6, 8]
     assert _y_ticks(730) == [0, 200, 400, 600, 800]
     assert _y_ticks(0.3) == [0, 0.1, 0.2, 0.3]
+    assert _y_ticks(2, whole=True) == [0, 1, 2] and _y_ticks(0.5, whole=True) == [0, 1]  # replicas
     for top in (0.04, 1, 2.2, 12, 99, 6528, 1e6):
         ticks = _y_ticks(top)
         assert 4 <= len(ticks) <= 6 and ticks[0] == 0 and ticks[-1] >= top > ticks[-2], (top, ticks)

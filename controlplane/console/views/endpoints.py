@@ -173,6 +173,7 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
             ],
             marks=marks,
             unit="replicas",
+            whole=True,
         ),
         since,
         until,
