@@ -49,7 +49,7 @@ class Frame:
 
     width: int = 960
     height: int = 200
-    pad: int = 16  # top and right margin, px
+    pad: int = 22  # top and right margin, px (the legend and the unit sit above the plot)
     x_range: tuple[float, float] = (0.0, 1.0)
     y_max: float = 1.0
     left: int = 56  # room for the y-axis labels, px
