@@ -17,7 +17,8 @@ install: $(VENV)/.installed
 
 # The embedded default, the whole stack on one machine: SQLite under var/, Celery worker + beat on
 # a filesystem broker, the local cluster agent running simulated-engine pods, a router on :8080,
-# the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh).
+# the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh). The terminal shows what
+# started and where; logs rotate under var/; Ctrl-C or SIGTERM to make stops it all.
 run: install
 	BIN=$(BIN) bash scripts/run-local.sh
 

@@ -394,6 +394,17 @@ def check_change(
         raise Oversold(pool, ledger, asked, replacing, verdict.fit_replicas)
 
 
+def more_replicas_after(
+    ledger: PoolLedger, key: str, model: str, asked: Commitment, gpus_per_replica: int
+) -> int:
+    """Replicas of `gpus_per_replica` GPUs that would still fit in the pool once endpoint `key`
+    holds `asked` in place of what it commits there now (a what-if, as a sale would leave it)."""
+    others = [d for d in ledger.demands if d.key != key]
+    if asked.replicas:
+        others.append(ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas))
+    return _more_fit(ledger.node_count, ledger.node_shape, others, gpus_per_replica)
+
+
 def check_holds(pool: str, ledger: PoolLedger) -> None:
     """Raise Oversold when the committed replicas do not pack (after a shrink or a re-pricing)."""
     if ledger.oversold:

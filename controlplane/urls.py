@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
@@ -22,6 +23,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Pages without the console's <link rel="icon"> (the API's JSON, a bare 404) still find one.
+    path("favicon.ico", RedirectView.as_view(url=static("console/favicon.svg"), permanent=True)),
     path("api/v1/", include("controlplane.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

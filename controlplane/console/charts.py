@@ -1,11 +1,31 @@
 """Server-rendered SVG charts: no JavaScript library, nothing fetched from the internet.
 
 Pure functions from numbers to SVG markup (escaped), so they are cheap to test and to render.
+A chart spans its card (the SVG scales to the card's width), starts where its data starts (a
+fresh fleet's ten minutes fill the chart, not its right sixth), labels both axes with round
+steps and the unit, and folds event marks that would overlap into one numbered mark.
 """
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html import escape
+
+# The windows every chart offers: name -> seconds. One list, so the endpoint page and the
+# capacity page (and their ?window= parameter) agree.
+WINDOWS: dict[str, int] = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "1d": 86400, "1w": 7 * 86400}
+DEFAULT_WINDOW = "1h"
+# Older links (?window=hour) keep working.
+WINDOW_ALIASES = {"hour": "1h", "day": "1d", "week": "1w"}
+MIN_SPAN_S = 120  # a chart of 10 s of data still shows two minutes: steps stay readable
+MARK_GROUP_PX = 8  # marks closer than this fold into one
+MARK_TITLE_LINES = 8  # a folded mark's hover text lists at most this many events
+
+
+def window_name(value: str | None) -> str:
+    """The window a ?window= value names; anything else is the default (a hostile value too)."""
+    value = WINDOW_ALIASES.get(value or "", value or "")
+    return value if value in WINDOWS else DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)
@@ -25,21 +45,23 @@ class Mark:
 
 @dataclass(frozen=True)
 class Frame:
-    """Maps data to pixels; the plot sits inside `pad` pixels of margin."""
+    """Maps data to pixels; the plot sits inside the margins (room for the axes' labels)."""
 
-    width: int = 720
-    height: int = 180
-    pad: int = 28
+    width: int = 960
+    height: int = 200
+    pad: int = 22  # top and right margin, px (the legend and the unit sit above the plot)
     x_range: tuple[float, float] = (0.0, 1.0)
     y_max: float = 1.0
+    left: int = 56  # room for the y-axis labels, px
+    bottom: int = 24  # room for the x-axis labels, px
 
     def x(self, t: float) -> float:
         lo, hi = self.x_range
         span = (hi - lo) or 1.0
-        return self.pad + (t - lo) / span * (self.width - 2 * self.pad)
+        return self.left + (t - lo) / span * (self.width - self.left - self.pad)
 
     def y(self, v: float) -> float:
-        return self.height - self.pad - v / (self.y_max or 1.0) * (self.height - 2 * self.pad)
+        return self.height - self.bottom - v / (self.y_max or 1.0) * (self.height - self.bottom - self.pad)
 
 
 @dataclass(frozen=True)
@@ -47,49 +69,94 @@ class Chart:
     title: str
     series: Sequence[Series]
     marks: Sequence[Mark] = field(default_factory=tuple)
-    unit: str = ""
+    unit: str = ""  # the y-axis' unit, written above its labels ("req", "s", "MU/min")
+    whole: bool = False  # values are whole numbers (replicas): ticks 1 apart at least
 
 
 def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame()) -> str:
-    """A time chart: one polyline per series, vertical marks for events, a y-axis maximum."""
+    """A time chart: one polyline per series, event marks, labelled axes.
+
+    The x-axis starts at the window's start or the first point, whichever is later (at least
+    MIN_SPAN_S before `until`)."""
     values = [v for s in chart.series for _, v in s.points]
-    y_max = _nice_ceiling(max(values, default=0.0))
-    f = Frame(frame.width, frame.height, frame.pad, (since, until), y_max)
+    first = min((s.points[0][0] for s in chart.series if s.points), default=since)
+    start = min(max(since, first), until - MIN_SPAN_S)
+    y_ticks = _y_ticks(max(values, default=0.0), whole=chart.whole)
+    f = Frame(frame.width, frame.height, frame.pad, (start, until), y_ticks[-1], frame.left, frame.bottom)
+    plot_right = f.width - f.pad
     parts = [
-        f'<svg class="chart" viewBox="0 0 {f.width} {f.height}" role="img" '
-        f'aria-label="{escape(chart.title)}" xmlns="http://www.w3.org/2000/svg">',
+        f'<svg class="chart" viewBox="0 0 {f.width} {f.height}" preserveAspectRatio="xMinYMin meet" '
+        f'role="img" aria-label="{escape(chart.title)}" xmlns="http://www.w3.org/2000/svg">',
         f"<title>{escape(chart.title)}</title>",
-        f'<line class="axis" x1="{f.pad}" y1="{f.y(0):.1f}" x2="{f.width - f.pad}" y2="{f.y(0):.1f}"/>',
-        f'<text class="tick" x="2" y="{f.y(y_max) + 4:.1f}">{_fmt(y_max)}{escape(chart.unit)}</text>',
-        f'<text class="tick" x="2" y="{f.y(0) + 4:.1f}">0</text>',
-        f'<text class="tick" x="{f.pad}" y="{f.height - 6}">{_ago(until - since)}</text>',
-        f'<text class="tick" x="{f.width - f.pad - 20}" y="{f.height - 6}">now</text>',
     ]
+    if chart.unit:  # above the axis' labels, in the margin that holds them
+        parts.append(
+            f'<text class="unit" x="{f.left - 6}" y="10" text-anchor="end">{escape(chart.unit)}</text>'
+        )
+    for v in y_ticks:
+        y = f.y(v)
+        label = _fmt(v)
+        parts.append(
+            f'<line class="{"axis" if v == 0 else "grid"}" x1="{f.left}" y1="{y:.1f}" '
+            f'x2="{plot_right}" y2="{y:.1f}"/>'
+            f'<text class="tick y" x="{f.left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(label)}</text>'
+        )
+    for t, label in _x_ticks(start, until):
+        x = f.x(t)
+        parts.append(
+            f'<line class="grid" x1="{x:.1f}" y1="{f.pad}" x2="{x:.1f}" y2="{f.y(0):.1f}"/>'
+            f'<text class="tick x" x="{x:.1f}" y="{f.height - 6}" text-anchor="middle">{label}</text>'
+        )
     if not values:
-        parts.append(f'<text class="empty" x="{f.width / 2:.0f}" y="{f.height / 2:.0f}">no data yet</text>')
+        parts.append(
+            f'<text class="empty" x="{f.width / 2:.0f}" y="{f.height / 2:.0f}" '
+            'text-anchor="middle">no data yet</text>'
+        )
     for s in chart.series:
         if s.points:
             coords = _step(s.points, until) if s.step else s.points
-            path = " ".join(f"{f.x(t):.1f},{f.y(v):.1f}" for t, v in coords)
+            path = " ".join(f"{f.x(max(t, start)):.1f},{f.y(v):.1f}" for t, v in coords)
             parts.append(
                 f'<polyline class="{escape(s.css_class)}" points="{path}">'
                 f"<title>{escape(s.name)}</title></polyline>"
             )
-    for m in chart.marks:
-        if since <= m.at <= until:
-            x = f.x(m.at)
+    for x, group in group_marks([m for m in chart.marks if start <= m.at <= until], f.x):
+        labels = [m.label for m in group]
+        if len(labels) > MARK_TITLE_LINES:
+            labels = [*labels[: MARK_TITLE_LINES - 1], f"... and {len(labels) - MARK_TITLE_LINES + 1} more"]
+        title = escape("\n".join(labels))
+        classes = " ".join(dict.fromkeys(c for m in group for c in m.css_class.split()))
+        parts.append(
+            f'<g class="{escape(classes)}" data-count="{len(group)}"><title>{title}</title>'
+            f'<line class="{escape(classes)}" x1="{x:.1f}" y1="{f.pad}" x2="{x:.1f}" y2="{f.y(0):.1f}"/>'
+        )
+        if len(group) > 1:
             parts.append(
-                f'<line class="{escape(m.css_class)}" x1="{x:.1f}" y1="{f.pad}" x2="{x:.1f}"'
-                f' y2="{f.y(0):.1f}"><title>{escape(m.label)}</title></line>'
+                f'<text class="mark-count" x="{x + 3:.1f}" y="{f.pad + 10}">&#215;{len(group)}</text>'
             )
-    legend_x = f.pad
+        parts.append("</g>")
+    legend_x = f.left
     for s in chart.series:
         parts.append(
-            f'<text class="legend {escape(s.css_class)}" x="{legend_x}" y="14">{escape(s.name)}</text>'
+            f'<text class="legend {escape(s.css_class)}" x="{legend_x}" y="12">{escape(s.name)}</text>'
         )
-        legend_x += 9 * len(s.name) + 24
+        legend_x += 7 * len(s.name) + 24
     parts.append("</svg>")
     return "".join(parts)
+
+
+def group_marks(marks: Sequence[Mark], x: Callable[[float], float]) -> list[tuple[float, list[Mark]]]:
+    """Marks in time order, those within MARK_GROUP_PX of the group's first folded into it:
+    (pixel of the group's first mark, its marks). Ten scale steps in a minute of a day's chart
+    are one mark that says x10."""
+    groups: list[tuple[float, list[Mark]]] = []
+    for m in sorted(marks, key=lambda m: m.at):
+        px = x(m.at)
+        if groups and px - groups[-1][0] < MARK_GROUP_PX:
+            groups[-1][1].append(m)
+        else:
+            groups.append((px, [m]))
+    return groups
 
 
 def capacity_bar(have: float, sellable: float, sold: float, used: float, width: int = 360) -> str:
@@ -132,13 +199,51 @@ def _nice_ceiling(value: float) -> float:
     return 10 * magnitude
 
 
-def _ago(seconds: float) -> str:
-    """The left edge's label: 3600 -> '1 h ago', 604800 -> '7 d ago'."""
-    if seconds >= 86400:
-        return f"{seconds / 86400:g} d ago"
-    if seconds >= 3600:
-        return f"{seconds / 3600:g} h ago"
-    return f"{seconds / 60:g} min ago"
+def _y_ticks(value: float, whole: bool = False) -> list[float]:
+    """Four or five round ticks from 0 to just above `value`: 7 -> 0, 2, 4, 6, 8; 730 -> 0, 200,
+    ..., 800; 0.3 -> 0, 0.1, 0.2, 0.3; nothing -> 0, 0.25, ..., 1. With `whole`, steps of 1 at
+    least: 2 replicas -> 0, 1, 2."""
+    if value <= 0:
+        return [0.0, 1.0] if whole else [0.0, 0.25, 0.5, 0.75, 1.0]
+    for step in _steps(value / 4):
+        if whole and (step < 1 or step != int(step)):
+            continue
+        if value / step <= 5:
+            n = int(-(-value // step)) if value % step else int(value // step)
+            return [round(i * step, 10) for i in range(max(n, 1) + 1)]
+    raise AssertionError("unreachable: _steps grows without bound")
+
+
+def _steps(least: float) -> list[float]:
+    """1, 2, 2.5, 5 x powers of ten from just below `least` upwards (a few decades)."""
+    exponent = 0
+    while 10.0**exponent > least:
+        exponent -= 1
+    while 10.0 ** (exponent + 1) <= least:
+        exponent += 1
+    return [m * 10.0**e for e in range(exponent, exponent + 3) for m in (1, 2, 2.5, 5)]
+
+
+# x-axis steps, seconds, and how their labels read (UTC): the first giving at most 8 ticks.
+_X_STEPS = [60, 120, 300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 12 * 3600, 86400]
+
+
+def _x_ticks(start: float, until: float, most: int = 8) -> list[tuple[float, str]]:
+    """Round times inside [start, until] with their labels: 'HH:MM' within a day, 'Mon 3' a day
+    or more apart (UTC, as the usage tables)."""
+    span = until - start
+    step = next((s for s in _X_STEPS if span / s <= most), 86400 * max(1, int(span / 86400 / most) + 1))
+    first = -(-start // step) * step
+    fmt = "%a %d" if step >= 86400 else ("%a %H:%M" if span > 86400 else "%H:%M")
+    return [(t, time.strftime(fmt, time.gmtime(t))) for t in _frange(first, until, step)]
+
+
+def _frange(first: float, last: float, step: float) -> list[float]:
+    out, t = [], first
+    while t <= last:
+        out.append(t)
+        t += step
+    return out
 
 
 def _fmt(value: float) -> str:

@@ -7,6 +7,7 @@ urlpatterns = [
     path("", base.home, name="home"),
     path("capacity/", capacity.capacity, name="capacity"),
     path("capacity/sell/", capacity.sell, name="sell"),
+    path("capacity/preview/", capacity.preview, name="sell-preview"),
     path("capacity/profiles/<int:pk>/benchmark/", capacity.rerun_benchmark, name="profile-benchmark"),
     path("endpoints/", endpoints.endpoints, name="endpoints"),
     path("endpoints/new/", endpoints.endpoint_form, name="endpoint-new"),

@@ -217,6 +217,10 @@ class Pod(models.Model):
     # The endpoint version it runs; null: whatever the endpoint's current version is (pods
     # registered through the API by hand).
     version = models.PositiveIntegerField(null=True, blank=True)
+    # As the cluster driver reports them (dataplane.cluster.driver.PodState), for the console.
+    restarts = models.PositiveIntegerField(default=0)  # times the pod's engine was restarted
+    warm = models.BooleanField(default=False)  # started from a pre-started (warm) process
+    ready_after_s = models.FloatField(null=True, blank=True)  # from start to first ready, s
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -244,6 +248,10 @@ class LoadBucket(models.Model):
     backlog_mu = models.FloatField(default=0.0)  # MU of the requests waiting for a pod at its end
     p50_latency_s = models.FloatField(null=True)
     p99_latency_s = models.FloatField(null=True)
+    # The routers' latency histogram summed over the bucket (LATENCY_BUCKETS_S, the last count
+    # above them all): percentiles over several buckets come from these, not from averaging
+    # each bucket's p50 or taking the largest p99.
+    latency_counts = models.JSONField(default=list)
     errors = models.PositiveIntegerField()
     throttled = models.PositiveIntegerField()
     ready_replicas = models.PositiveIntegerField()  # when collected, for the timeline

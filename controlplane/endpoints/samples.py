@@ -117,7 +117,9 @@ def _redis(url: str):  # type: ignore[no-untyped-def]
     return redis.Redis.from_url(url)
 
 
-def summarise(end: int, observed: int, seconds: list[EndpointSecond]) -> dict[str, float | int | None]:
+def summarise(
+    end: int, observed: int, seconds: list[EndpointSecond]
+) -> dict[str, float | int | list[int] | None]:
     """Pure: a bucket's fields from the rows of its observed seconds (missing rows are zeros)."""
     total = sum(seconds, EndpointSecond())
     return {
@@ -135,6 +137,7 @@ def summarise(end: int, observed: int, seconds: list[EndpointSecond]) -> dict[st
         "backlog_mu": seconds[-1].queued_mu if seconds else 0.0,
         "p50_latency_s": quantile(total.latency_buckets, LATENCY_BUCKETS_S, 0.5),
         "p99_latency_s": quantile(total.latency_buckets, LATENCY_BUCKETS_S, 0.99),
+        "latency_counts": [round(n) for n in total.latency_buckets],
         "errors": round(total.errors),
         "throttled": round(total.throttled),
     }

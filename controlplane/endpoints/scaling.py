@@ -513,15 +513,25 @@ def sync_pods(cluster: ClusterDriver) -> int:
         for name, (state, (endpoint_id, version)) in seen.items():
             ready[endpoint_id] += state.ready
             row = rows.get(name)
+            facts = (state.ready, state.url, state.restarts, state.warm, state.ready_after_s)
             if row is None and endpoint_id in known:
                 create.append(
-                    Pod(endpoint_id=endpoint_id, name=name, url=state.url, ready=state.ready, version=version)
+                    Pod(
+                        endpoint_id=endpoint_id,
+                        name=name,
+                        url=state.url,
+                        ready=state.ready,
+                        version=version,
+                        restarts=state.restarts,
+                        warm=state.warm,
+                        ready_after_s=state.ready_after_s,
+                    )
                 )
-            elif row is not None and (row.ready, row.url) != (state.ready, state.url):
-                row.ready, row.url = state.ready, state.url
+            elif row is not None and (row.ready, row.url, row.restarts, row.warm, row.ready_after_s) != facts:
+                row.ready, row.url, row.restarts, row.warm, row.ready_after_s = facts
                 update.append(row)
         Pod.objects.bulk_create(create)
-        Pod.objects.bulk_update(update, ["ready", "url", "updated_at"])
+        Pod.objects.bulk_update(update, ["ready", "url", "restarts", "warm", "ready_after_s", "updated_at"])
         changed += len(create) + len(update)
         endpoints = list(
             Endpoint.objects.select_for_update().filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))

@@ -18,6 +18,7 @@ from controlplane.tenants.models import Member, Tenant
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"  # the README's
 # Playwright's sync API runs an event loop on this thread; the ORM calls the test makes between
 # browser steps are plain synchronous code, which Django otherwise refuses next to a loop.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -50,14 +51,19 @@ def browser():
 
 
 @pytest.fixture
-def fleet(transactional_db, owner, other, make_endpoint):
+def fleet(transactional_db, owner, other, make_endpoint, csp_reports):
     chat = make_endpoint(owner, "chat")
     make_endpoint(other, "other-private-endpoint")
     Event.record("restart", "other-private-event", tenant=other, pod="other-pod-0")
     for name, tenant, operator in [("ops", None, True), ("olivia", owner, False), ("oscar", other, False)]:
         user = User.objects.create_user(name, password=f"{name}-password")
         Member.objects.create(user=user, tenant=tenant, is_operator=operator)
-    return chat
+    yield chat
+    # Before the database is flushed: a page left open polls on (the live parts), and a poll
+    # that holds a table while the flush truncates it deadlocks the two.
+    csp_reports.collect()
+    for page in csp_reports.pages:
+        page.close()
 
 
 # What the browser reported against the Content-Security-Policy on the pages a test opened: the
@@ -114,16 +120,54 @@ def sign_in(browser, live_server, username, csp_reports):
     return page
 
 
-def shoot(page, name):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+def shoot(page, name, docs=False):
+    """A full-page screenshot in test-artifacts/; with docs, the README's copy in docs/ too."""
+    folder = DOCS_SHOTS if docs else SHOTS
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def history(pool, endpoint):
+    """Three days of the pool's snapshots (a daily peak at this hour) and a few hours of usage,
+    so the charts, the forecast and the usage table show something."""
+    import math
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.capacity.models import CapacitySnapshot
+    from controlplane.endpoints.models import UsageHour
+
+    now = timezone.now()
+    rows = []
+    for minutes in range(0, 3 * 24 * 60, 10):
+        at = now - timedelta(minutes=minutes)
+        daily = 250 + 200 * math.cos(2 * math.pi * (minutes / 1440 - 1 / 24))
+        rows.append(
+            CapacitySnapshot(
+                pool=pool, at=at, have_gpus=8, sold_gpus=1, used_gpus=2, have_mu_per_minute=800,
+                sold_mu_per_minute=100 if minutes > 30 else 300, used_mu_per_minute=daily,
+            )
+        )  # fmt: skip
+    CapacitySnapshot.objects.bulk_create(rows)
+    hour = int(now.timestamp()) // 3600 * 3600
+    UsageHour.objects.bulk_create(
+        UsageHour(endpoint=endpoint, start=hour - k * 3600, mu=14000.0 - 500 * k, requests=900)
+        for k in range(12)
+    )
 
 
 def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_server, fleet, csp_reports):
+    history(fleet.pool, fleet)
     page = sign_in(browser, live_server, "ops", csp_reports)
     assert page.url.endswith("/console/capacity/")
-    page.fill("#sell-form input[name=endpoint]", "owner/chat")
+    page.select_option("#sell-form select[name=endpoint]", "owner/chat")
     page.fill("#sell-form input[name=mu_per_minute]", "300")
+    # Before selling, the preview says what the sale would leave: 3 of 8 GPUs committed.
+    page.wait_for_function(
+        "() => (document.querySelector('#sell-preview .committed-after') || {}).innerText === '3'"
+    )
+    assert "Fits" in page.inner_text("#sell-preview")
     page.click("#sell-form button[type=submit]")
     page.wait_for_selector("#sell-form .ok")
     assert "Sold 300 MU/min on owner/chat" in page.inner_text("#sell-form")
@@ -137,6 +181,7 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     assert "use1-h100" in refused and "8 GPUs" in refused and "5000 MU/min" in refused
     assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
     shoot(page, "capacity")
+    shoot(page, "capacity", docs=True)
 
 
 def test_tenant_engineer_creates_an_endpoint(browser, live_server, fleet, csp_reports):
@@ -193,6 +238,10 @@ def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_s
             assert leaked not in html, (path, leaked)
     assert page.goto(f"{live_server.url}/console/endpoints/{fleet.pk}/").status == 404
     assert page.goto(f"{live_server.url}/console/capacity/").status == 403
+    # The console's own refusal: its header and navigation, what was refused and why.
+    assert "only operators may see this page" in page.inner_text("main")
+    assert page.query_selector("header.top nav a[href='/console/endpoints/']") is not None
+    shoot(page, "refused-403")
     assert not Tenant.objects.filter(name="oscar").exists()
 
 
@@ -225,3 +274,65 @@ def test_the_api_docs_render_under_their_policy(browser, live_server, db, csp_re
     page.goto(f"{live_server.url}/api/docs/")
     page.wait_for_selector(".swagger-ui .info .title")
     assert "Inference control plane API" in page.inner_text(".swagger-ui .info .title")
+
+
+def test_the_endpoint_page_is_live_pods_charts_and_window(browser, live_server, fleet, csp_reports):
+    """The pods table refreshes with the rest (a restart shows without a reload), a tenant sees
+    no pod URL, the charts span their card, and a window picked stays picked across polls."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.endpoints import scaling
+    from controlplane.endpoints.deployments import deployment_name
+    from controlplane.endpoints.models import LoadBucket
+    from dataplane.cluster.driver import PodState
+    from tests.test_autoscaling import Recorder
+
+    deployment = deployment_name(fleet.pk, fleet.version)
+    pod = PodState(f"{deployment}-a", deployment, "http://10.0.0.7:9001", True, 0, True, 1.2)
+    scaling.sync_pods(Recorder([pod]))
+    now = int(timezone.now().timestamp()) // 5 * 5
+    counts = [0] * 15
+    counts[5], counts[7] = 30, 2
+    LoadBucket.objects.bulk_create(
+        LoadBucket(
+            endpoint=fleet, end=now - 5 * k, seconds=5, in_flight=3.0 + (k % 7), mu_per_minute=60.0,
+            requests=32, queue_depth=0, latency_counts=counts, errors=0, throttled=0,
+            ready_replicas=1 + (k < 60), desired_replicas=1 + (k < 70),
+        )
+        for k in range(240)  # the last 20 minutes
+    )  # fmt: skip
+    for k in (70, 69, 68):  # three scale steps within seconds: one mark, "x3"
+        Event.record("scale", f"chat: replicas {k}", endpoint=fleet)
+    Event.objects.filter(kind="scale").update(time=timezone.now() - timedelta(minutes=6))
+    page = sign_in(browser, live_server, "olivia", csp_reports)
+    missing = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    page.goto(f"{live_server.url}/console/endpoints/{fleet.pk}/")
+    page.evaluate("window.__not_reloaded = true")
+    assert page.inner_text(f"tr[data-pod={deployment}-a] td.restarts") == "0"
+    assert "10.0.0.7" not in page.content()  # a tenant never sees a pod's URL
+    # The chart spans its card (within its padding), not 60 % of it.
+    card = page.query_selector("section.timeline").bounding_box()
+    chart = page.query_selector("section.timeline svg.chart").bounding_box()
+    assert chart["width"] > 0.9 * card["width"], (chart, card)
+    assert page.query_selector("section.timeline g.mark[data-count='3']") is not None
+    # Latency from the histograms: 30 requests in (0.1, 0.25] s, 2 in (0.5, 1]: p50 0.18 s.
+    assert page.inner_text("dd.latency").startswith("0.18 s")
+    scaling.sync_pods(Recorder([PodState(pod.name, deployment, pod.url, True, 1, True, 1.2)]))
+    Event.record("restart", "engine restarted after a hang", endpoint=fleet, pod=pod.name)
+    page.wait_for_function(
+        f"() => document.querySelector('tr[data-pod={deployment}-a] td.restarts').innerText === '1'",
+        timeout=15_000,
+    )
+    assert "engine restarted" in page.inner_text(f"tr[data-pod={deployment}-a] td.last-event")
+    page.click("nav.windows a:text('15m')")
+    page.wait_for_selector("#live[data-window='15m']")
+    assert page.url.endswith("?window=15m")
+    page.wait_for_timeout(6_000)  # a poll later, still 15 minutes
+    assert page.query_selector("#live[data-window='15m']") is not None
+    assert page.evaluate("window.__not_reloaded") is True
+    assert not missing, missing  # no 404 on the page (the favicon included)
+    shoot(page, "endpoint-live")
+    shoot(page, "endpoint", docs=True)

@@ -96,6 +96,11 @@ def client_for(username: str, **member) -> Client:
 def assert_escaped(response, what: str) -> None:
     assert response.status_code < 500, what
     body = response.content.decode()
+    if response.status_code in (403, 404) and response.get("Content-Type", "").startswith("text/html"):
+        # A refusal is one of the console's pages (styled, with its icon), not Django's bare one.
+        assert "console/console.css" in body and 'rel="icon"' in body, (
+            f"{what}: a bare {response.status_code}"
+        )
     for raw in RAW:
         assert raw not in body, f"{what}: {raw!r} came back unescaped"
     policy = response.get("Content-Security-Policy", "")
@@ -159,3 +164,25 @@ def test_no_template_has_inline_script_style_or_event_handler(template):
     assert not re.search(r"\sstyle\s*=", text), "style attribute"
     assert not re.search(r"\son[a-z]+\s*=", text), "on* event handler attribute"
     assert "hx-on" not in text and "javascript:" not in text, "script in an attribute"
+
+
+def test_a_tenant_refused_a_page_gets_the_consoles_403(owner):
+    response = client_for("olivia", tenant=owner).get("/console/capacity/")
+    body = response.content.decode()
+    assert response.status_code == 403 and "only operators may see this page" in body
+    assert "console/console.css" in body and "Back to the console" in body
+
+
+def test_the_api_root_lists_its_collections_as_json(db):
+    response = Client().get("/api/v1/")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    links = response.json()["links"]
+    for name in ("endpoints", "pools", "capacity", "events", "usage", "whoami", "docs"):
+        assert links[name].startswith("http://testserver/"), name
+    for url in links.values():  # every link is routed (a 401 without a key, never a 404)
+        assert Client().get(url).status_code != 404, url
+
+
+def test_the_favicon_is_a_static_file(db):
+    response = Client().get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"].endswith("/console/favicon.svg")

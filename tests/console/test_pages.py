@@ -65,20 +65,30 @@ def test_the_owner_sees_its_endpoint_reservation_and_events(owner_web, owned):
 
 def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(owner_web, owned):
     now = int(timezone.now().timestamp()) // 5 * 5
-    # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5.0 req/s;
-    # p50 weighted by requests (40 x 0.2 + 10 x 0.4) / 50 = 0.24 s; p99 the highest, 1.5 s.
-    for end, requests, p50, p99, desired in ((now - 10, 40, 0.2, 0.9, 2), (now - 5, 10, 0.4, 1.5, 3)):
+    # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5.0 req/s.
+    # Latency from the summed histograms (LATENCY_BUCKETS_S): 40 requests in (0.1, 0.25] s, then
+    # 9 in (0.25, 0.5] and 1 in (1, 2.5]. p50 is rank 25 of the first 40: 0.1 + 0.15 x 25/40 =
+    # 0.19 s; p99 rank 49.5, half-way into the last: 1.75 s. The buckets' own p99s (0.25 and
+    # 2.35 s) would have said 2.35 taking the larger: the histogram is what the p99 is.
+    first, second = [0] * 15, [0] * 15
+    first[5], second[6], second[8] = 40, 9, 1
+    for end, requests, counts, desired in ((now - 10, 40, first, 2), (now - 5, 10, second, 3)):
         LoadBucket.objects.create(
             endpoint=owned, end=end, seconds=5, in_flight=6.0, mu_per_minute=30.0, requests=requests,
-            queue_depth=0, p50_latency_s=p50, p99_latency_s=p99, errors=0, throttled=0,
-            ready_replicas=2, desired_replicas=desired,
+            queue_depth=0, p50_latency_s=0.2, p99_latency_s=2.35, latency_counts=counts, errors=0,
+            throttled=0, ready_replicas=2, desired_replicas=desired,
         )  # fmt: skip
     Event.record("scale", "owner-secret-chat: replicas 2 -> 3: need 2.4", endpoint=owned)
     html = owner_web.get(f"/console/endpoints/{owned.pk}/live/", HTTP_HX_REQUEST="true").content.decode()
     assert '<dd class="traffic">5.0 req/s</dd>' in html
-    assert '<dd class="latency">0.24 s / 1.50 s</dd>' in html
-    assert html.count('<polyline class="replicas"') == 1 and html.count('<polyline class="used"') == 1
+    assert '<dd class="latency">0.19 s / 1.75 s</dd>' in html
+    assert html.count('<polyline class="replicas"') == 1 and html.count('<polyline class="used"') == 2
     assert "scale: owner-secret-chat: replicas 2 -&gt; 3" in html  # the event's mark
+    assert 'data-window="1h"' in html  # the default window; ?window= picks another
+    assert (
+        'data-window="15m"'
+        in owner_web.get(f"/console/endpoints/{owned.pk}/live/?window=15m").content.decode()
+    )
 
 
 def test_endpoint_detail_shows_its_usage_by_hour_and_day_as_the_api_does(
@@ -361,3 +371,50 @@ def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, 
     small_model.refresh_from_db()
     assert small_model.benchmark_requested_at is not None
     assert owner_web.post(f"/console/capacity/profiles/{small_model.pk}/benchmark/").status_code == 403
+
+
+def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants(
+    owner_web, operator_web, other_web, owned, other, make_endpoint
+):
+    from controlplane.endpoints import scaling
+    from controlplane.endpoints.deployments import deployment_name
+    from dataplane.cluster.driver import PodState
+    from tests.test_autoscaling import Recorder
+
+    theirs = make_endpoint(other, "theirs")
+    deployment = deployment_name(owned.pk, owned.version)
+    a = PodState(f"{deployment}-a", deployment, "http://10.0.0.7:9001", True, 2, True, 1.4)
+    pods = [a, PodState(f"{deployment}-b", deployment, "http://10.0.0.8:9002", False)]
+    scaling.sync_pods(Recorder(pods))
+    # Restarts and hangs name their pod: the owner sees the last one; another tenant's event on a
+    # pod of the same name (it cannot have one; a hostile report) is not shown to the owner.
+    Event.record("restart", "engine restarted after a hang", endpoint=owned, pod=f"{deployment}-a")
+    Event.record("restart", "other-tenant-restart", endpoint=theirs, pod=f"{deployment}-b")
+    live = owner_web.get(f"/console/endpoints/{owned.pk}/live/", HTTP_HX_REQUEST="true").content.decode()
+    row_a = re.search(rf'<tr data-pod="{deployment}-a">(.*?)</tr>', live, re.S).group(1)
+    assert '<td class="num restarts">2</td>' in row_a and '<td class="warm">warm</td>' in row_a
+    assert '<td class="num start-to-ready">1.4 s</td>' in row_a and "engine restarted after a hang" in row_a
+    row_b = re.search(rf'<tr data-pod="{deployment}-b">(.*?)</tr>', live, re.S).group(1)
+    assert "not ready" in row_b and "cold" in row_b and "other-tenant-restart" not in row_b
+    assert "10.0.0.7" not in live and "10.0.0.8" not in live  # a tenant never sees a pod's URL
+    assert "http://10.0.0.7:9001" in operator_web.get(f"/console/endpoints/{owned.pk}/").content.decode()
+    # The next sync carries a new restart count to the page.
+    scaling.sync_pods(Recorder([PodState(pods[0].name, deployment, pods[0].url, True, restarts=3)]))
+    live = owner_web.get(f"/console/endpoints/{owned.pk}/live/").content.decode()
+    assert '<td class="num restarts">3</td>' in live and f"{deployment}-b" not in live
+
+
+def test_timeline_bins_sum_buckets_by_slot_and_the_last_minute_in_one():
+    from controlplane.console.views.endpoints import timeline_bins
+
+    # (end, desired, ready, in_flight, requests, seconds, queued, latency counts)
+    rows = [
+        (55, 1, 1, 2.0, 10, 5, 0.0, [1, 2]),
+        (60, 2, 1, 4.0, 20, 5, 1.0, [0, 3]),
+        (65, 3, 2, 0.0, 5, 5, 0.0, []),
+    ]
+    by_minute = timeline_bins(rows, 60)
+    assert [(b.slot, b.requests, b.desired) for b in by_minute] == [(60, 30, 2.0), (120, 5, 3.0)]
+    assert by_minute[0].in_flight == (2.0 * 5 + 5.0 * 5) / 10 and by_minute[0].latency_counts == [1, 5]
+    (whole,) = timeline_bins(rows, float("inf"))  # a minute that straddles two slots is one bin
+    assert (whole.requests, whole.seconds, whole.desired) == (35, 15, 3.0)

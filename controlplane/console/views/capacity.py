@@ -1,19 +1,21 @@
 """The capacity section (operators only): pools and their ledgers summed per GPU type, with the
 history chart, the model profiles with their latest benchmarks, and selling a reservation."""
 
+import copy
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Avg, Prefetch, QuerySet
+from django.db.models import Avg, Count, Max, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from capacity.ledger import Oversold, PoolLedger
+from capacity.autoscaler import forecast
+from capacity.ledger import Oversold, PoolLedger, check_change, more_replicas_after
 from capacity.packing import ReplicaDemand, defrag_plan
 from controlplane import selling
 from controlplane.api.errors import oversold_body
@@ -21,27 +23,27 @@ from controlplane.api.serializers import ReservationSerializer
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile, ProfileFit, Reservation
 from controlplane.console import charts
 from controlplane.console.views.base import ConsoleRequest, console_view, page
-from controlplane.endpoints.models import Endpoint
+from controlplane.endpoints.models import Endpoint, Pod, UsageHour
 
-WINDOWS = {  # name -> (length, bucket)
-    "hour": (timedelta(hours=1), TruncMinute),
-    "day": (timedelta(days=1), TruncHour),
-    "week": (timedelta(days=7), TruncHour),
-}
+# The history chart's buckets per window: minutes up to six hours, hours beyond.
+BUCKETS = {"15m": TruncMinute, "1h": TruncMinute, "6h": TruncMinute, "1d": TruncHour, "1w": TruncHour}
+TOP_ENDPOINTS = 10  # "the endpoints that hold the most": how many the page lists
+FORECAST_HOURS = 24  # the forecast line covers the next day, hour by hour
 
 
 @console_view(operator_only=True, section="capacity")
 def capacity(request: ConsoleRequest) -> HttpResponse:
-    return page(
-        request,
-        "console/capacity.html",
-        "console/_capacity_pools.html",
-        capacity_context(request.GET.get("window", "hour")),
-    )
+    context = capacity_context(request.GET.get("window"))
+    context.update(planning_context(timezone.now()))
+    return page(request, "console/capacity.html", "console/_capacity_pools.html", context)
 
 
-def capacity_context(window: str) -> dict[str, Any]:
-    window = window if window in WINDOWS else "hour"
+def capacity_context(window: str | None) -> dict[str, Any]:
+    """The pools' ledgers summed per GPU type, each with its history chart and forecast.
+
+    The ledgers are selling.pool_ledgers', the function /api/v1/capacity/ answers from: the page
+    and the API show the same figures."""
+    window = charts.window_name(window)
     now = timezone.now()
     pools = list(GpuPool.objects.select_related("gpu_type").order_by("gpu_type__name", "name"))
     ledgers = selling.pool_ledgers(pools)
@@ -62,6 +64,7 @@ def capacity_context(window: str) -> dict[str, Any]:
                 "sold_mu": 0,
                 "used_mu": 0,
                 "sellable_gpus": 0,
+                "sellable_mu": 0,
             },
         )
         group["pools"].append(
@@ -69,6 +72,16 @@ def capacity_context(window: str) -> dict[str, Any]:
                 "pool": pool,
                 "ledger": ledger,
                 "grid": node_grid(ledger),
+                # Headroom per model placed in the pool: MU/min, and whole replicas of it.
+                "models": [
+                    {
+                        "model": m.model,
+                        "headroom_mu": m.headroom_mu_per_minute,
+                        "replicas": m.more_replicas,
+                        "gpus_per_replica": m.shape.gpus_per_replica,
+                    }
+                    for m in ledger.models
+                ],
                 # The bar's "sold" is what the pool is checked on: committed (capacity.ledger).
                 "bar": charts.capacity_bar(
                     float(ledger.have_gpus),
@@ -88,6 +101,7 @@ def capacity_context(window: str) -> dict[str, Any]:
             ("committed_mu", ledger.committed_mu_per_minute),
             ("sold_mu", ledger.sold_mu_per_minute),
             ("used_mu", ledger.used_mu_per_minute),
+            ("sellable_mu", ledger.sellable_mu_per_minute),
         ]:
             group[key] += value
     for group in groups.values():
@@ -98,14 +112,13 @@ def capacity_context(window: str) -> dict[str, Any]:
             float(group["used_gpus"]),
         )
         group["oversold"] = group["committed_gpus"] > group["sellable_gpus"]
-    length, bucket = WINDOWS[window]
-    since = now - length
+    since = now - timedelta(seconds=charts.WINDOWS[window])
     history: dict[str, dict[datetime, dict[str, float]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(float))
     )
     rows = (
         CapacitySnapshot.objects.filter(at__gte=since)
-        .annotate(bucket=bucket("at"))
+        .annotate(bucket=BUCKETS[window]("at"))
         .values("pool__gpu_type__name", "pool_id", "bucket")
         .annotate(
             have=Avg("have_mu_per_minute"), sold=Avg("sold_mu_per_minute"), used=Avg("used_mu_per_minute")
@@ -116,6 +129,7 @@ def capacity_context(window: str) -> dict[str, Any]:
         point = history[row["pool__gpu_type__name"]][row["bucket"]]
         for figure in ("have", "sold", "used"):  # not `key` (a plain str above): a row takes literal keys
             point[figure] += row[figure]
+    peaks = hourly_peaks(now)
     for name, group in groups.items():
         buckets = sorted(history[name].items())
         group["chart"] = charts.line_chart(
@@ -129,15 +143,17 @@ def capacity_context(window: str) -> dict[str, Any]:
                         ("used", "used", "used"),
                     ]
                 ],
+                unit="MU/min",
             ),
             since.timestamp(),
             now.timestamp(),
         )
+        group.update(forecast_of(name, peaks.get(name, []), float(group["sellable_mu"]), now.timestamp()))
     return {
         "groups": list(groups.values()),
         "profiles": profiles_with_history(),
         "window": window,
-        "windows": list(WINDOWS),
+        "windows": list(charts.WINDOWS),
         "overcommit": next(iter(ledgers.values())).overcommit if ledgers else 1,
     }
 
@@ -190,6 +206,130 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
     return {"runs": runs, "models": models}
 
 
+def hourly_peaks(now: datetime) -> dict[str, list[tuple[float, float]]]:
+    """Per GPU type, each hour's peak of used MU/min over the forecast's look-back (four weeks
+    and a day), the pools of a type added: (hour's start, MU/min), ascending."""
+    since = now - timedelta(seconds=forecast.HISTORY_S)
+    rows = (
+        CapacitySnapshot.objects.filter(at__gte=since)
+        .annotate(hour=TruncHour("at"))
+        .values("pool__gpu_type__name", "pool_id", "hour")
+        .annotate(peak=Max("used_mu_per_minute"))
+        .order_by()
+    )
+    summed: dict[str, dict[datetime, float]] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        summed[row["pool__gpu_type__name"]][row["hour"]] += row["peak"]
+    return {name: sorted((t.timestamp(), v) for t, v in hours.items()) for name, hours in summed.items()}
+
+
+def forecast_of(
+    name: str, peaks: list[tuple[float, float]], sellable_mu: float, now: float
+) -> dict[str, Any]:
+    """The next day's forecast, hour by hour, from the same hours of the previous days and weeks
+    (capacity.autoscaler.forecast.predicted_peak: the median of their peaks, so a one-off spike
+    does not move it), drawn against what the GPU type may sell. No forecast without two days
+    (or two weeks) of history."""
+    hour = 3600.0
+    start = now // hour * hour
+    points = [
+        (t, peak)
+        for t in (start + k * hour for k in range(FORECAST_HOURS + 1))
+        if (peak := forecast.predicted_peak(peaks, t, lead_s=0.0, horizon_s=hour)) is not None
+    ]
+    chart = charts.line_chart(
+        charts.Chart(
+            title=f"{name}: forecast peak MU/min for the next {FORECAST_HOURS} h, "
+            "from the previous days' and weeks' peaks",
+            series=[
+                charts.Series("forecast peak", points, "used"),
+                charts.Series(
+                    "sellable", [(start, sellable_mu), (start + FORECAST_HOURS * hour, sellable_mu)], "have"
+                ),
+            ],
+            unit="MU/min",
+        ),
+        start,
+        start + FORECAST_HOURS * hour,
+    )
+    top = max((v for _, v in points), default=None)
+    return {
+        "forecast_chart": chart,
+        "forecast_peak": top,
+        "forecast_short": top is not None and top > sellable_mu,
+    }
+
+
+def planning_context(now: datetime) -> dict[str, Any]:
+    """The endpoints that hold the most of the fleet, each tenant's usage against what it
+    bought, and the endpoints the sell form offers."""
+    endpoints = list(Endpoint.objects.with_related().order_by("tenant__name", "name"))
+    running = dict(
+        Pod.objects.filter(ready=True).values_list("endpoint_id").annotate(n=Count("id")).order_by()
+    )
+    holders = []
+    for e in endpoints:
+        reservation = getattr(e, "reservation", None)  # a reverse one-to-one: absent raises
+        reserved = reservation.mu_per_minute if reservation else 0
+        committed = selling.commitment(e, reserved)
+        holders.append(
+            {
+                "endpoint": e,
+                "value": f"{e.tenant.name}/{e.name}",  # what the sell form posts
+                "reserved": reserved,
+                "committed_gpus": committed.gpus,
+                "committed_mu": committed.mu_per_minute,
+                "running_gpus": running.get(e.pk, 0) * e.profile.gpus_per_replica,
+                "min_replicas": e.replica_bounds[0],
+            }
+        )
+    biggest = sorted(holders, key=lambda h: (-max(h["committed_gpus"], h["running_gpus"]), h["endpoint"].pk))
+    return {
+        "holders": biggest[:TOP_ENDPOINTS],
+        "tenant_usage": tenant_usage(now),
+        "sellable_endpoints": holders,  # by tenant and name, as queried
+    }
+
+
+def tenant_usage(now: datetime) -> list[dict[str, Any]]:
+    """Per tenant: MU metered in the last 24 hours and per day over the last 7, against what its
+    reservations let it use in a day (MU/min x 1,440). From the hours /api/v1/usage/ sums."""
+    hour = int(now.timestamp()) // 3600 * 3600
+    day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
+    used = {
+        row["endpoint__tenant__name"]: row
+        for row in UsageHour.objects.filter(start__gte=week_ago)
+        .values("endpoint__tenant__name")
+        .annotate(
+            day=Sum("mu", filter=Q(start__gte=day_ago)),
+            week=Sum("mu"),
+            throttled=Sum("throttled", filter=Q(start__gte=day_ago)),
+        )
+        .order_by()
+    }
+    reserved = dict(
+        Reservation.objects.values_list("endpoint__tenant__name").annotate(mu=Sum("mu_per_minute")).order_by()
+    )
+    out: list[dict[str, Any]] = []
+    for name in sorted(set(used) | set(reserved)):
+        row: dict[str, Any] = dict(used.get(name) or {})
+        per_day = (reserved.get(name) or 0) * 1440
+        day = float(row.get("day") or 0.0)
+        out.append(
+            {
+                "tenant": name,
+                "reserved_mu_per_minute": reserved.get(name) or 0,
+                "reserved_mu_per_day": per_day,
+                "used_mu_day": day,
+                "used_mu_week_per_day": (row.get("week") or 0.0) / 7,
+                "share": day / per_day if per_day else None,
+                "throttled": row.get("throttled") or 0,
+            }
+        )
+    out.sort(key=lambda r: (-r["used_mu_day"], r["tenant"]))
+    return out
+
+
 def profiles_with_history() -> QuerySet[ModelProfile]:
     """Profiles with their five latest benchmarks, in two queries."""
     recent = Prefetch("fits", queryset=ProfileFit.objects.order_by("-id")[:5], to_attr="recent_fits")
@@ -223,6 +363,7 @@ def sell(request: ConsoleRequest) -> HttpResponse:
         .first()
     )
     context: dict[str, Any] = {"form": form, "errors": {}, "refused": None, "sold": None}
+    context.update(planning_context(timezone.now()))
     if endpoint is None:
         context["errors"]["endpoint"] = f"no endpoint {form['endpoint']!r}: write it as tenant/endpoint"
         return render(request, "console/_sell_form.html", context, status=400)
@@ -246,5 +387,92 @@ def sell(request: ConsoleRequest) -> HttpResponse:
         context["refused"] = oversold_body(refused)
         return render(request, "console/_sell_form.html", context, status=409)
     # The pools table is refreshed in the same response (out of band), with the new figures.
-    context.update(capacity_context(request.POST.get("window", "hour")), refresh_pools=True)
+    context.update(capacity_context(request.POST.get("window")), refresh_pools=True)
+    context.update(planning_context(timezone.now()))
     return render(request, "console/_sell_form.html", context)
+
+
+@console_view(operator_only=True, section="capacity")
+def preview(request: ConsoleRequest) -> HttpResponse:
+    """What a sale, or a change of the endpoint's minimum provisioned concurrency, would leave in
+    its pool: committed and headroom before and after, in GPUs and in each model's MU/min, and
+    whether the pool takes it (capacity.ledger.check_change, the rule a sale meets). Nothing is
+    written."""
+    tenant_name, _, endpoint_name = request.GET.get("endpoint", "").partition("/")
+    endpoint = (
+        Endpoint.objects.with_related().filter(tenant__name=tenant_name, name=endpoint_name).first()
+        if endpoint_name
+        else None
+    )
+    if endpoint is None:
+        return render(request, "console/_sell_preview.html", {"preview": None})
+    reservation = getattr(endpoint, "reservation", None)
+    reserved_now = reservation.mu_per_minute if reservation else 0
+    errors: dict[str, str] = {}
+    mu = _whole(request.GET.get("mu_per_minute"), reserved_now, "mu_per_minute", errors)
+    minimum = _whole(
+        request.GET.get("min_provisioned_concurrency"),
+        endpoint.min_provisioned_concurrency,
+        "min_provisioned_concurrency",
+        errors,
+    )
+    if minimum > endpoint.max_provisioned_concurrency:
+        errors["min_provisioned_concurrency"] = (
+            f"must not exceed the maximum, {endpoint.max_provisioned_concurrency}, got {minimum}"
+        )
+    if errors:
+        return render(request, "console/_sell_preview.html", {"preview": None, "errors": errors}, status=400)
+    ledger = selling.pool_ledgers([endpoint.pool])[endpoint.pool_id]
+    replacing = selling.commitment(endpoint, reserved_now)
+    changed = copy.copy(endpoint)
+    changed.min_provisioned_concurrency = minimum
+    asked = selling.commitment(changed, mu)
+    key = selling.demand_key(endpoint)
+    committed_after = ledger.committed_gpus - replacing.gpus + asked.gpus
+    headroom_after = ledger.sellable_gpus - committed_after
+    try:
+        check_change(endpoint.pool.name, ledger, key, endpoint.profile.model, asked, replacing)
+        fits = True
+    except Oversold:
+        fits = False
+    preview = {
+        "endpoint": endpoint,
+        "pool": endpoint.pool,
+        "ledger": ledger,
+        "mu": mu,
+        "reserved_now": reserved_now,
+        "minimum": minimum,
+        "min_replicas": changed.replica_bounds[0],
+        "replacing": replacing,
+        "asked": asked,
+        "committed_after": committed_after,
+        "headroom_after": headroom_after,
+        "fits": fits,
+        "models": [
+            {
+                "model": m.model,
+                "before": m.headroom_mu_per_minute,
+                "after": more_replicas_after(
+                    ledger, key, endpoint.profile.model, asked, m.shape.gpus_per_replica
+                )
+                * m.shape.mu_per_replica_minute
+                * m.overcommit,
+            }
+            for m in ledger.models
+        ],
+    }
+    return render(request, "console/_sell_preview.html", {"preview": preview})
+
+
+def _whole(raw: str | None, default: int, name: str, errors: dict[str, str]) -> int:
+    """A whole number >= 0 from a query value, `default` when blank; a bad one is named in errors."""
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 10**9:
+        errors[name] = f"must be a whole number from 0 to 1000000000, got {raw!r}"
+        return default
+    return value

@@ -1,7 +1,9 @@
 """The endpoints section: the filtered list, the create/edit form (the API's serializer behind
 it) and the detail page with its live panel of replicas, traffic and latency, and its usage."""
 
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import zip_longest
 from typing import Any
 
 from django.db import transaction
@@ -9,6 +11,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
+from capacity.autoscaler.window import quantile
 from capacity.ledger import Oversold, QuotaExceeded
 from controlplane.api.filters import EndpointFilterSet
 from controlplane.api.pagination import LateJoinPaginator
@@ -21,6 +24,7 @@ from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.selling import NoPlacement
 from controlplane.tenants.models import Tenant
+from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 
 PAGE_SIZE = 50
 
@@ -118,8 +122,7 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
 @console_view(section="endpoints")
 def endpoint_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
-    context = endpoint_live_context(endpoint)
-    context["pods"] = endpoint.pods.order_by("name")
+    context = endpoint_live_context(request, endpoint)
     # The API's usage query (/api/v1/usage/), every period shown: the last 24 hours, 7 days.
     now = timezone.now().timestamp()
     context["usage_hours"] = usage.series(endpoint, usage.window("hour", None, None, now))
@@ -130,67 +133,156 @@ def endpoint_detail(request: ConsoleRequest, pk: int) -> HttpResponse:
 @console_view(section="endpoints")
 def endpoint_live(request: ConsoleRequest, pk: int) -> HttpResponse:
     endpoint = get_object_or_404(Endpoint.objects.visible_to(request.principal).with_related(), pk=pk)
-    return render(request, "console/_endpoint_live.html", endpoint_live_context(endpoint))
+    return render(request, "console/_endpoint_live.html", endpoint_live_context(request, endpoint))
 
 
-def endpoint_live_context(endpoint: Endpoint) -> dict[str, Any]:
-    """What the detail page refreshes: replicas, traffic, latency and the last hour's timeline.
+# Points a chart draws at most: its window's 5-second buckets are summed into bins this many
+# to a window (an hour: 15-second bins; a day: 6-minute bins).
+CHART_POINTS = 240
+
+
+def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[str, Any]:
+    """What the detail page refreshes: replicas, traffic, latency, pods and the window's timeline.
 
     The timeline is the autoscaler's 5-second load buckets (desired and ready replicas, requests
-    in flight and per second, as the routers metered them), with each scale and concurrency
-    event marked. Traffic and latency are the last minute's: p50 the requests-weighted mean of
-    the buckets' p50, p99 the highest bucket p99 (a bucket's p99 is of its own requests).
-    """
+    in flight and per second, as the routers metered them), summed into bins, with each scale and
+    concurrency event marked. Traffic and latency are the last minute's, and latency is read
+    from the routers' histograms summed over the buckets (LoadBucket.latency_counts): 40
+    requests under 0.25 s and 10 under 0.5 s put the p50 inside the first bucket."""
+    window = charts.window_name(request.GET.get("window"))
     now = timezone.now()
-    since = now - timedelta(hours=1)
+    until = now.timestamp()
+    since = until - charts.WINDOWS[window]
     rows = list(
-        LoadBucket.objects.filter(endpoint=endpoint, end__gt=since.timestamp())
+        LoadBucket.objects.filter(endpoint=endpoint, end__gt=since)
         .order_by("end")
         .values_list("end", "desired_replicas", "ready_replicas", "in_flight", "requests", "seconds",
-                     "p50_latency_s", "p99_latency_s", "queued")
+                     "queued", "latency_counts")
     )  # fmt: skip
     marks = [
-        charts.Mark(t.timestamp(), f"{k}: {m}", f"mark {k}")
+        charts.Mark(t.timestamp(), f"{t:%H:%M:%S} {k}: {m}", f"mark {k}")
         for k, t, m in Event.objects.filter(
-            endpoint=endpoint, kind__in=["scale", "concurrency"], time__gte=since
+            endpoint=endpoint, kind__in=["scale", "concurrency"], time__gte=datetime.fromtimestamp(since, UTC)
         )
         .order_by("time", "id")
         .values_list("kind", "time", "message")
     ]
-    window = (since.timestamp(), now.timestamp())
+    bins = timeline_bins(rows, charts.WINDOWS[window] / CHART_POINTS)
+    title = f"over the last {window}"
     replicas = charts.line_chart(
         charts.Chart(
-            title="replicas over the last hour (marks: scale and concurrency events)",
+            title=f"replicas {title} (marks: scale and concurrency events)",
             series=[
-                charts.Series("desired", [(r[0], float(r[1])) for r in rows], "replicas", step=True),
-                charts.Series("ready", [(r[0], float(r[2])) for r in rows], "used", step=True),
+                charts.Series("desired", [(b.end, b.desired) for b in bins], "replicas", step=True),
+                charts.Series("ready", [(b.end, b.ready) for b in bins], "used", step=True),
             ],
             marks=marks,
+            unit="replicas",
+            whole=True,
         ),
-        *window,
+        since,
+        until,
     )
     load = charts.line_chart(
         charts.Chart(
-            title="load over the last hour: requests in flight (at pods and queued) and per second",
+            title=f"load {title}: requests in flight (at pods and queued) and per second",
             series=[
-                charts.Series("in flight", [(r[0], r[3] + r[8]) for r in rows], "sold"),
-                charts.Series("requests/s", [(r[0], r[4] / r[5]) for r in rows], "have"),
+                charts.Series("in flight", [(b.end, b.in_flight) for b in bins], "sold"),
+                charts.Series("requests/s", [(b.end, b.requests / b.seconds) for b in bins], "have"),
             ],
             marks=marks,
+            unit="req",
         ),
-        *window,
+        since,
+        until,
     )
-    minute = [r for r in rows if r[0] > now.timestamp() - 60]
-    served = sum(r[4] for r in minute)
+    latency = charts.line_chart(
+        charts.Chart(
+            title=f"latency {title}: p50 and p99 of the routers' histograms",
+            series=[
+                charts.Series(name, [(b.end, v) for b in bins if (v := b.quantile(q)) is not None], css)
+                for name, q, css in (("p50", 0.5, "used"), ("p99", 0.99, "sold"))
+            ],
+            unit="s",
+        ),
+        since,
+        until,
+    )
+    # The last minute in one bin, whatever its buckets' slots (a bin of the width of all time).
+    minute = timeline_bins([r for r in rows if r[0] > until - 60], float("inf"))
+    last = minute[-1] if minute else None
     reservation = getattr(endpoint, "reservation", None)
     return {
         "endpoint": endpoint,
         "bounds": endpoint.replica_bounds,
         "reserved": reservation.mu_per_minute if reservation else 0,
-        "requests_per_s": served / max(sum(r[5] for r in minute), 1) if minute else None,
-        "p50": sum(r[4] * r[6] for r in minute if r[6] is not None) / served if served else None,
-        "p99": max((r[7] for r in minute if r[7] is not None), default=None),
+        "requests_per_s": last.requests / last.seconds if last else None,
+        "p50": last.quantile(0.5) if last else None,
+        "p99": last.quantile(0.99) if last else None,
         "replicas_chart": replicas,
         "load_chart": load,
+        "latency_chart": latency,
+        "window": window,
+        "windows": list(charts.WINDOWS),
         "events": Event.objects.filter(endpoint=endpoint).order_by("-id")[:10],
+        "pods": pod_rows(request, endpoint, now),
+        "show_urls": request.principal.is_operator,
     }
+
+
+@dataclass
+class TimelineBin:
+    """Buckets summed over one bin of a chart: levels averaged by seconds, counts summed."""
+
+    end: float  # unix seconds, the last bucket's end
+    slot: int  # unix seconds, the bin's end (a multiple of its width)
+    seconds: int = 0
+    desired: float = 0.0  # the last bucket's, not an average: replicas are a level
+    ready: float = 0.0
+    in_flight_s: float = 0.0  # in-flight (at pods and queued) x seconds
+    requests: int = 0
+    latency_counts: list[int] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> float:
+        return self.in_flight_s / self.seconds if self.seconds else 0.0
+
+    def quantile(self, q: float) -> float | None:
+        return quantile(self.latency_counts, LATENCY_BUCKETS_S, q) if self.latency_counts else None
+
+
+def timeline_bins(rows: list[tuple[Any, ...]], width_s: float) -> list[TimelineBin]:
+    """LoadBucket rows (end, desired, ready, in_flight, requests, seconds, queued, latency
+    counts), ascending, summed into bins of `width_s` seconds (at least one bucket each; inf: all
+    of them in one bin)."""
+    width = max(5, int(width_s) // 5 * 5) if width_s != float("inf") else 0  # 0: one bin for all
+    bins: list[TimelineBin] = []
+    for end, desired, ready, in_flight, requests, seconds, queued, counts in rows:
+        slot = -(-end // width) * width if width else 0  # the bin's end: buckets in (slot - width, slot]
+        if not bins or bins[-1].slot != slot:
+            bins.append(TimelineBin(end, slot))
+        b = bins[-1]
+        b.end, b.desired, b.ready = end, float(desired), float(ready)
+        b.seconds += seconds
+        b.in_flight_s += (in_flight + queued) * seconds
+        b.requests += requests
+        if counts:
+            b.latency_counts = [a + c for a, c in zip_longest(b.latency_counts, counts, fillvalue=0)]
+    return [b for b in bins if b.seconds]
+
+
+def pod_rows(request: ConsoleRequest, endpoint: Endpoint, now: datetime) -> list[dict[str, Any]]:
+    """The endpoint's pods with what the driver reports of each, and the newest event that names
+    it that the viewer may see (a tenant sees its own pods' restarts and hangs)."""
+    pods = list(endpoint.pods.order_by("name"))
+    last: dict[str, Event] = {}
+    for event in (
+        Event.objects.visible_to(request.principal)
+        .filter(pod__in=[p.name for p in pods])
+        .order_by("-id")[: 20 * max(len(pods), 1)]
+    ):
+        last.setdefault(event.pod, event)
+    return [
+        {"pod": p, "age_s": (now - p.created_at).total_seconds(), "last_event": last.get(p.name)}
+        for p in pods
+    ]

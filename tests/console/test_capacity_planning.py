@@ -1,0 +1,120 @@
+"""The capacity planning page: the API's figures, headroom per model, a sale's preview, the
+forecast line, the biggest holders and each tenant's usage against what it bought."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.capacity.models import CapacitySnapshot, Reservation
+from controlplane.endpoints.models import Pod, UsageHour
+from controlplane.selling import sell
+
+
+@pytest.fixture
+def fleet(owner, other, make_endpoint, big_model):
+    chat = make_endpoint(owner, "chat", min_provisioned_concurrency=16, max_provisioned_concurrency=64)
+    sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="t")
+    batch = make_endpoint(other, "batch")
+    Pod.objects.create(endpoint=batch, name="batch-0", url="http://10.0.0.9:1", ready=True)
+    return {"chat": chat, "batch": batch}
+
+
+def cell(html: str, pool: str, css: str) -> str:
+    row = re.search(rf'<tr class="[^"]*" data-pool="{pool}">(.*?)</tr>', html, re.S).group(1)
+    return re.search(rf'<td class="num {css}">([^<]*)</td>', row).group(1)
+
+
+def test_the_pool_figures_are_the_apis(operator_web, operator_client, fleet):
+    html = operator_web.get("/console/capacity/").content.decode()
+    for row in operator_client.get("/api/v1/capacity/").json():
+        for css, key in [
+            ("have", "have_gpus"), ("committed", "committed_gpus"), ("sold", "sold_gpus"),
+            ("used", "used_gpus"), ("headroom", "headroom_gpus"), ("have-mu", "have_mu_per_minute"),
+            ("committed-mu", "committed_mu_per_minute"), ("sold-mu", "sold_mu_per_minute"),
+            ("used-mu", "used_mu_per_minute"),
+        ]:  # fmt: skip
+            assert float(cell(html, row["pool"], css).replace(",", "")) == pytest.approx(
+                row[key], abs=0.01
+            ), key
+    # 300 MU/min reserved (3 GPUs) and the other endpoint's minimum replica (1): 8 - 4 = 4 left,
+    # 400 MU/min of the 8B model = 4 replicas.
+    assert "llama-8b: 400 MU/min = 4 replicas of 1 GPU" in html
+    assert "/GPU-hour" in html and not re.search(r"\$\d+\.\d{3}", html)  # "$2.49", never "$2.4900"
+
+
+def test_a_preview_says_what_a_sale_or_a_minimum_change_would_leave_and_writes_nothing(operator_web, fleet):
+    def preview(**query):
+        return operator_web.get("/console/capacity/preview/", {"endpoint": "owner/chat", **query})
+
+    html = preview(mu_per_minute=500).content.decode()
+    # chat commits 3 GPUs now (300 MU/min > its 2 minimum replicas), batch 1; 500 MU/min asks 5.
+    assert "<b>Fits</b>" in html and '<span class="committed-after">6</span>' in html
+    assert '<span class="headroom-before">4</span> → <span class="headroom-after">2</span>' in html
+    assert "llama-8b 400 → 200 MU/min" in html
+    html = preview(mu_per_minute=900).content.decode()
+    assert "Would not fit" in html and '<span class="headroom-after">-2</span>' in html
+    # A minimum of 48 concurrent at 8 per replica is 6 replicas: 6 GPUs in place of 3.
+    html = preview(min_provisioned_concurrency=48).content.decode()
+    assert '<span class="asked">6</span>' in html and "<b>Fits</b>" in html
+    assert '<span class="headroom-after">1</span>' in html
+    assert Reservation.objects.get(endpoint=fleet["chat"]).mu_per_minute == 300  # nothing written
+    fleet["chat"].refresh_from_db()
+    assert fleet["chat"].min_provisioned_concurrency == 16
+    bad = preview(mu_per_minute="-3")
+    assert bad.status_code == 400 and 'data-field="mu_per_minute"' in bad.content.decode()
+    over = preview(min_provisioned_concurrency=999)
+    assert over.status_code == 400 and "must not exceed the maximum, 64" in over.content.decode()
+
+
+def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operator_web, fleet, pool):
+    now = timezone.now()
+    # The next hour peaked at 600, 650 and 700 MU/min on the three previous days, and 50 at every
+    # other time: the median, 650, is the forecast peak; the chart says so against 800 sellable.
+    next_hour = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    rows = []
+    for day, peak in ((1, 600), (2, 650), (3, 700)):
+        for minutes in range(0, 24 * 60, 30):
+            at = now - timedelta(days=day) + timedelta(minutes=minutes - 12 * 60)
+            in_peak = next_hour - timedelta(days=day) <= at < next_hour - timedelta(days=day, minutes=-60)
+            rows.append(
+                CapacitySnapshot(
+                    pool=pool, at=at, have_gpus=8, sold_gpus=3, used_gpus=1, have_mu_per_minute=800,
+                    sold_mu_per_minute=300, used_mu_per_minute=peak if in_peak else 50,
+                )
+            )  # fmt: skip
+    CapacitySnapshot.objects.bulk_create(rows)
+    html = operator_web.get("/console/capacity/").content.decode()
+    assert "peak 650 MU/min in the next 24 h against 800 sellable" in html
+    assert "— short" not in html
+
+
+def test_the_biggest_holders_and_each_tenants_usage_against_its_reservation(operator_web, fleet):
+    hour = int(timezone.now().timestamp()) // 3600 * 3600
+    UsageHour.objects.bulk_create(
+        [UsageHour(endpoint=fleet["chat"], start=hour - k * 3600, mu=9000.0) for k in range(4)]
+        + [UsageHour(endpoint=fleet["batch"], start=hour - 3 * 86400, mu=700.0)]
+    )
+    html = operator_web.get("/console/capacity/").content.decode()
+    holders = re.findall(r'data-holder="([^"]+)"', html)
+    assert holders == ["owner/chat", "other/batch"]  # 3 committed GPUs before 1 running
+    owner = re.search(r'<tr data-tenant="owner">(.*?)</tr>', html, re.S).group(1)
+    # 300 MU/min x 1,440 = 432,000 MU a day bought; 36,000 used in the last 24 h: 8 %.
+    assert (
+        '<td class="num reserved-day">432000</td>' in owner and '<td class="num used-day">36000</td>' in owner
+    )
+    assert '<td class="num share">8 %</td>' in owner
+    other = re.search(r'<tr data-tenant="other">(.*?)</tr>', html, re.S).group(1)
+    assert "best effort" in other and '<td class="num used-day">0</td>' in other
+
+
+def test_the_sell_form_offers_every_endpoint_from_a_list(operator_web, fleet):
+    html = operator_web.get("/console/capacity/").content.decode()
+    form = re.search(r'<form id="sell-form".*?</form>', html, re.S).group(0)
+    assert re.findall(r'<option value="([^"]+)"', form) == ["other/batch", "owner/chat"]
+    answer = operator_web.post(
+        "/console/capacity/sell/", {"endpoint": "other/batch", "mu_per_minute": "200"}, HTTP_HX_REQUEST="true"
+    )
+    assert answer.status_code == 200 and "Sold 200 MU/min on other/batch" in answer.content.decode()
+    assert '<option value="other/batch" selected>' in answer.content.decode()
