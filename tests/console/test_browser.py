@@ -163,9 +163,10 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     assert page.url.endswith("/console/capacity/")
     page.select_option("#sell-form select[name=endpoint]", "owner/chat")
     page.fill("#sell-form input[name=mu_per_minute]", "300")
-    # Before selling, the preview says what the sale would leave: 3 of 8 GPUs committed.
+    # Before selling, the preview says what the sale would leave: 4 of 8 GPUs committed, the
+    # sale's 3 whole replicas and the other endpoint's minimum replica.
     page.wait_for_function(
-        "() => (document.querySelector('#sell-preview .committed-after') || {}).innerText === '3'"
+        "() => (document.querySelector('#sell-preview .committed-after') || {}).innerText === '4'"
     )
     assert "Fits" in page.inner_text("#sell-preview")
     page.click("#sell-form button[type=submit]")
