@@ -119,7 +119,7 @@ def test_a_hostile_tenant_sees_its_own_pods_events_and_nothing_else(
     assert "10.0.3.7" in str(operator_client.get(f"/api/v1/events/{own['id']}/").json())  # operators see all
     # every way of asking for the other tenant's event
     assert owner_client.get(f"/api/v1/events/{their_event.pk}/").status_code == 404
-    assert owner_client.get(f"/api/v1/events/?pod=ep-theirs-1").json()["results"] == []
+    assert owner_client.get("/api/v1/events/?pod=ep-theirs-1").json()["results"] == []
     assert owner_client.get(f"/api/v1/events/?group={their_event.group_id}").json()["results"] == []
     assert owner_client.get("/api/v1/events/?tenant=other").json()["results"] == []
     by_id = owner_client.get(f"/api/v1/events/?endpoint={theirs.pk}")

@@ -93,8 +93,13 @@ def test_operators_acknowledge_resolve_and_silence_a_group(operator_web, owner):
 
 def test_a_silence_needs_a_listed_duration_and_a_reason(operator_web, owner):
     group = Event.record("hang", "hung", tenant=owner, severity="critical").group
-    for data, field in [({"minutes": "60"}, "reason"), ({"minutes": "7", "reason": "x"}, "minutes"),
-                        ({"minutes": "soon", "reason": "x"}, "minutes"), ({"minutes": "60", "reason": "r" * 301}, "reason")]:  # fmt: skip
+    refused = [
+        ({"minutes": "60"}, "reason"),
+        ({"minutes": "7", "reason": "x"}, "minutes"),
+        ({"minutes": "soon", "reason": "x"}, "minutes"),
+        ({"minutes": "60", "reason": "r" * 301}, "reason"),
+    ]
+    for data, field in refused:
         answer = operator_web.post(f"/console/oncall/groups/{group.pk}/silence/", data)
         assert answer.status_code == 400 and f"{field}:" in answer.content.decode(), data
     group.refresh_from_db()

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from django.conf import settings
 
 from controlplane.celery import app
 from controlplane.oncall import paging

@@ -58,7 +58,10 @@ def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
         reporter.close()
 
 
-def launch(name: str, *extra: str, attribution: tuple[int | None, int | None, str] = (None, None, "")) -> PodLaunch:
+Attribution = tuple[int | None, int | None, str]  # (endpoint, version, tenant)
+
+
+def launch(name: str, *extra: str, attribution: Attribution = (None, None, "")) -> PodLaunch:
     return PodLaunch(
         name=name,
         engine="sim",
@@ -121,7 +124,8 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         "42",
         "--endpoint-version",
         "3",
-        env={"MU_CONTROL_PLANE_KEY": "pod-self-key", "MU_TENANT": "acme"},  # never argv: ps shows that to every user
+        # the key never in argv: ps shows that to every user
+        env={"MU_CONTROL_PLANE_KEY": "pod-self-key", "MU_TENANT": "acme"},
     )
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
