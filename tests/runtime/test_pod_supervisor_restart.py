@@ -139,6 +139,13 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         hang = event_sink.received[event_sink.kinds().index("hang")]
         assert (hang.pod, hang.endpoint, hang.severity) == ("pod-self", 42, "critical")
         assert (hang.version, hang.tenant) == (3, "acme")
+        # the prober's own metrics (the PrometheusRule's hang rate reads mu_prober_hangs_total)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        scrape = http("GET", f"http://127.0.0.1:{pod.probe_port}/metrics")[2].decode()
+        samples = {s.name: s.value for f in text_string_to_metric_families(scrape) for s in f.samples}
+        assert samples["mu_prober_hangs_total"] == 1 and samples["mu_prober_live"] == 0
+        assert samples["mu_prober_probes_total"] >= 1 and samples["mu_prober_probe_failures_total"] >= 0
         assert event_sink.auth[-1] == "Bearer pod-self-key"
     finally:
         proc.terminate()
