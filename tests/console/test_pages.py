@@ -258,7 +258,7 @@ def test_tenant_members_see_their_events_but_cannot_acknowledge_them(owner, db):
     event.refresh_from_db()
     assert event.acknowledged_at is None
     ops = member_client("opal", operator=True)
-    assert 'button class="ack"' in ops.get("/console/oncall/").content.decode()
+    assert 'button class="ack"' in ops.get("/console/oncall/?view=events").content.decode()
     assert '<b class="count">1</b>' in ops.get("/console/oncall/attention/").content.decode()
 
 

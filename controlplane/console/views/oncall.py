@@ -152,7 +152,7 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
 
 @console_view(section="oncall")
 def oncall_attention(request: ConsoleRequest) -> HttpResponse:
-    """The attention and restarts panels: every 30 s, and at once after an acknowledgement."""
+    """The attention and restarts panels: every 10 s, and at once after an acknowledgement."""
     return render(request, "console/_oncall_panels.html", attention(request, timezone.now()))
 
 
