@@ -4,7 +4,7 @@ its kind's runbook), acknowledged, resolved and silenced by operators; the live 
 cursor that never misses nor repeats) as the second view (`?view=events`); the attention and
 restarts panels; and the runbooks (docs/runbooks/<kind>.md)."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ def oncall_groups(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     counts = {g.pk: [0] * SPARK_HOURS for g in groups}
     hourly = (
         Event.objects.filter(group_id__in=list(counts), time__gte=start)
-        .annotate(hour=Trunc("time", "hour"))
+        .annotate(hour=Trunc("time", "hour", tzinfo=UTC))
         .values("group_id", "hour")
         .annotate(n=Count("id"))
     )
