@@ -9,13 +9,14 @@ from controlplane.oncall.models import EventGroup
 
 @shared_task
 def deliver_pages() -> int:
-    """Send the pages that are due; when some wait for a retry, come back when the first is due
-    (the beat's sweep is the safety net if this task is lost)."""
-    sent = paging.deliver_due()
+    """Send the pages that are due; when this run handled some and a retry waits, come back when
+    the first is due. A run that found nothing to do ends its chain, so concurrent runs collapse
+    into one (the beat's sweep is the safety net if this task is lost)."""
+    handled = paging.deliver_due()
     wait = paging.next_retry_in_s(timezone.now())
-    if wait is not None:
+    if handled and wait is not None:
         deliver_pages.apply_async(countdown=wait + 0.1)
-    return sent
+    return handled
 
 
 @shared_task

@@ -166,7 +166,7 @@ def test_another_tenant_sees_nothing_of_the_first_in_the_browser(browser, live_s
     Event.record("hang", "owner-only-hang", endpoint=fleet, severity="critical", pod="chat-0")
     Reservation.objects.create(endpoint=fleet, mu_per_minute=100)
     page = sign_in(browser, live_server, "oscar", csp_reports)
-    for path in ["/console/endpoints/", "/console/oncall/"]:
+    for path in ["/console/endpoints/", "/console/oncall/?severity=any", "/console/oncall/?view=events"]:
         page.goto(f"{live_server.url}{path}")
         html = page.content()
         assert "other-private-endpoint" in html or "other-private-event" in html
