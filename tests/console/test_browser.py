@@ -190,7 +190,7 @@ def test_a_script_sent_in_a_query_does_not_run_nor_reach_the_csrf_token(
     assert page.query_selector("img, script") is None  # shown as text, not parsed as markup
     assert "<img src=x" in page.inner_text("body")
     # htmx swaps a 400 into the page: the same answer, fetched by htmx into the live on-call page.
-    page.goto(f"{live_server.url}/console/oncall/")
+    page.goto(f"{live_server.url}/console/oncall/?view=events")  # the live event tail
     page.evaluate(
         "(url) => htmx.ajax('GET', url, {target: '#tail-poller', swap: 'outerHTML'})",
         f"/console/oncall/tail/?after={quote(attack)}",

@@ -35,7 +35,7 @@ def test_oncall_sees_repeats_fold_live_and_acts_on_the_group(browser, live_serve
     assert page.query_selector("tr[data-kind=restart] svg.spark polyline") is not None
     assert page.query_selector_all("#group-rows tr")[0].get_attribute("data-kind") == "hang"  # critical first
     page.wait_for_function("() => document.querySelector('.attention .count').innerText === '1'")  # refreshes
-    assert "ep-1-v1-29" in page.inner_text("#restarts")  # restarts per pod, attributed to chat
+    assert f"ep-{fleet.pk}-v1-29" in page.inner_text("#restarts")  # restarts per pod, attributed to chat
     shoot(page, "oncall")
 
     # locators, not element handles: the table is redrawn every 5 s under the test's feet

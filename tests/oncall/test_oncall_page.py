@@ -37,6 +37,7 @@ def test_two_hundred_repeats_are_one_group_and_barely_grow_the_page(operator_web
     rows = group_rows(after.decode())
     assert len(rows) == 1 and "\u00d7200" in rows[0] and 'data-kind="restart"' in rows[0]
     assert len(after) - len(before) <= 10_240, len(after) - len(before)
+    print(f"200 repeats: one group, the page {len(before)} -> {len(after)} bytes")
     assert "replicas 1 -&gt; 2" not in after.decode()  # the info event
     everything = operator_web.get("/console/oncall/?severity=any").content.decode()
     assert "replicas 1 -&gt; 2" in everything and len(group_rows(everything)) == 2
