@@ -291,6 +291,20 @@ LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
 # Hours of usage per endpoint (/api/v1/usage/, the console's endpoint page) are kept this long.
 USAGE_RETENTION_DAYS = envint("USAGE_RETENTION_DAYS", 400, minimum=8)
 
+# --- On-call paging (controlplane.oncall.paging) ----------------------------------------------
+# Critical groups (and warning groups with ONCALL_PAGE_WARNINGS=1) POST Alertmanager webhook JSON
+# to ONCALL_WEBHOOK_URL (empty: no paging); links in the pages point at ONCALL_CONSOLE_URL. A
+# group with no repeat for ONCALL_RESOLVE_AFTER_S is resolved (and the webhook told).
+ONCALL_WEBHOOK_URL = envstr("ONCALL_WEBHOOK_URL", "")
+if ONCALL_WEBHOOK_URL and not ONCALL_WEBHOOK_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"ONCALL_WEBHOOK_URL={ONCALL_WEBHOOK_URL!r} must be an http:// or https:// URL"
+    )
+ONCALL_PAGE_WARNINGS = envbool("ONCALL_PAGE_WARNINGS", False)
+ONCALL_CONSOLE_URL = envstr("ONCALL_CONSOLE_URL", "http://127.0.0.1:8000")
+ONCALL_RESOLVE_AFTER_S = envint("ONCALL_RESOLVE_AFTER_S", 3600, minimum=60)
+ONCALL_WEBHOOK_TIMEOUT_S = envfloat("ONCALL_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = envstr("REDIS_URL", "")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
@@ -332,6 +346,11 @@ CELERY_BEAT_SCHEDULE = {
     "benchmark-due-profiles": {
         "task": "controlplane.capacity.tasks.benchmark_due_profiles",
         "schedule": BENCHMARK_CHECK_INTERVAL_S,
+    },
+    "oncall-sweep": {
+        "task": "controlplane.oncall.tasks.oncall_sweep",
+        "schedule": envfloat("ONCALL_SWEEP_INTERVAL_S", 15.0, minimum=1.0),
+        "options": {"expires": 60.0},
     },
 }
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.oncall.models import Event
+from controlplane.oncall.models import Event, EventGroup
 from controlplane.tenants.models import Principal, TenantScopedQuerySet
 
 
@@ -94,10 +94,22 @@ class EventFilterSet(ScopedFilterSet):
     acknowledged = django_filters.BooleanFilter(
         field_name="acknowledged_at", lookup_expr="isnull", exclude=True
     )
+    group = django_filters.NumberFilter(field_name="group_id", label="The events of one on-call group")
 
     class Meta:
         model = Event
-        fields = ["tenant", "endpoint", "pod", "kind", "severity", "since", "until", "after", "acknowledged"]
+        fields = [
+            "tenant",
+            "endpoint",
+            "pod",
+            "kind",
+            "severity",
+            "since",
+            "until",
+            "after",
+            "acknowledged",
+            "group",
+        ]
 
     # `value` (a Decimal) stays unannotated: drf-spectacular publishes that annotation as the type of
     # ?after= in the OpenAPI schema, which would change it from "number" to "number, double".
@@ -105,3 +117,16 @@ class EventFilterSet(ScopedFilterSet):
         self, queryset: QuerySet[Event], name: str, value
     ) -> QuerySet[Event]:
         return queryset.filter(pk__in=Event.objects.tail(int(value), timezone.now()).values("pk"))
+
+
+class EventGroupFilterSet(ScopedFilterSet):
+    """On-call's groups: by tenant, endpoint (a visible one), pod, kind, severity and state."""
+
+    tenant = django_filters.CharFilter(field_name="tenant__name")
+    kind = django_filters.MultipleChoiceFilter(choices=Event.Kind.choices, distinct=False)
+    severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices, distinct=False)
+    state = django_filters.MultipleChoiceFilter(choices=EventGroup.State.choices, distinct=False)
+
+    class Meta:
+        model = EventGroup
+        fields = ["tenant", "endpoint", "pod", "kind", "severity", "state"]

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import root, usage, views
+from controlplane.api import metrics, root, usage, views
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -21,6 +21,7 @@ urlpatterns = [
     path("routing-table/", views.RoutingTableView.as_view(), name="routing-table"),
     path("load-samples/", views.LoadSamplesView.as_view(), name="load-samples"),
     path("usage/", usage.UsageView.as_view(), name="usage"),
+    path("metrics/", metrics.MetricsView.as_view(), name="metrics"),
     path("", root.root_view(router), name="api-root"),
     path("", include(router.urls)),
 ]

@@ -18,4 +18,9 @@ urlpatterns = [
     path("oncall/tail/", oncall.oncall_tail, name="oncall-tail"),
     path("oncall/attention/", oncall.oncall_attention, name="oncall-attention"),
     path("oncall/events/<int:pk>/ack/", oncall.acknowledge, name="event-ack"),
+    path("oncall/groups/", oncall.oncall_group_rows, name="oncall-groups"),
+    path("oncall/groups/<int:pk>/ack/", oncall.group_acknowledge, name="group-ack"),
+    path("oncall/groups/<int:pk>/resolve/", oncall.group_resolve, name="group-resolve"),
+    path("oncall/groups/<int:pk>/silence/", oncall.group_silence, name="group-silence"),
+    path("oncall/runbooks/<slug:kind>/", oncall.runbook, name="runbook"),
 ]

@@ -572,18 +572,25 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
 
 def record_pod_event(event: PodEvent) -> Event:
     """A pod event from the Kubernetes pod watcher (restart, crash loop) as an on-call Event,
-    on its endpoint when the pod's `mu/endpoint` label names one that still exists."""
+    on its endpoint (and so its tenant) when the pod's `mu/endpoint` label names one that still
+    exists, else on the endpoint the pod is registered with; its version from `mu/version`."""
     endpoint = (
         Endpoint.objects.select_related("tenant").filter(pk=event.endpoint).first()
         if event.endpoint is not None
         else None
     )
+    version = event.version
+    if endpoint is None:
+        pod = Pod.objects.select_related("endpoint__tenant").filter(name=event.pod).first()
+        if pod is not None:
+            endpoint, version = pod.endpoint, version or pod.version or pod.endpoint.version
     severity = {"warning": Event.Severity.WARNING, "critical": Event.Severity.CRITICAL}
     return Event.record(
         event.kind,
         event.message,
         endpoint=endpoint,
         pod=event.pod,
+        version=version,
         severity=severity.get(event.severity, Event.Severity.INFO),
         detail=event.detail,
         reported_by="kubernetes",

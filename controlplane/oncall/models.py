@@ -6,14 +6,22 @@ that has seen id 11 may not yet see id 10, still in an open transaction. The tai
 hands out events recorded at least SETTLE ago (`EventQuerySet.tail`): past that, every lower id
 is committed or rolled back, and "after id N" never misses nor repeats one. Events are written
 in short transactions for that reason.
+
+Repeats of one problem fold into an `EventGroup` (controlplane.oncall.grouping says what one
+problem is): on-call acknowledges, silences and resolves groups, and groups are what pages
+(controlplane.oncall.paging). A group is open until it is resolved, by an operator or by
+`resolve_quiet` after ONCALL_RESOLVE_AFTER_S without a repeat; the next repeat after that opens a
+new group, which pages again. At most one unresolved group per fingerprint (a constraint).
 """
 
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.conf import settings
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from controlplane.oncall import grouping
 from controlplane.tenants.models import Principal, Tenant, TenantScopedQuerySet
 
 if TYPE_CHECKING:  # for the annotation only: on-call's models load without the endpoints app's
@@ -31,6 +39,15 @@ def may_acknowledge(principal: Principal) -> bool:
 
 
 class EventQuerySet(TenantScopedQuerySet["Event"]):
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list["Event"]:
+        """The autoscaler writes its pass's events at once: each is counted into its group first."""
+        events = list(objs)
+        with transaction.atomic():
+            for event in events:
+                if event.group_id is None:
+                    event.group = EventGroup.fold(event)
+            return super().bulk_create(events, *args, **kwargs)
+
     def tail(self, after: int, now: datetime) -> "EventQuerySet":
         """Events after the cursor `after`, oldest first, that can no longer be overtaken."""
         return self.filter(id__gt=after, recorded_at__lte=now - SETTLE).order_by("id")
@@ -43,22 +60,212 @@ class EventQuerySet(TenantScopedQuerySet["Event"]):
         return newest or 0
 
 
-class Event(models.Model):
-    class Kind(models.TextChoices):
-        HANG = "hang"
-        RESTART = "restart"
-        CRASH_LOOP = "crash_loop"
-        SCALE = "scale"
-        CONCURRENCY = "concurrency"
-        ROLLOUT = "rollout"
-        BENCHMARK = "benchmark"
-        RESERVATION = "reservation"
-        ENDPOINT = "endpoint"
+class Kind(models.TextChoices):
+    HANG = "hang"
+    RESTART = "restart"
+    CRASH_LOOP = "crash_loop"
+    SCALE = "scale"
+    CONCURRENCY = "concurrency"
+    ROLLOUT = "rollout"
+    BENCHMARK = "benchmark"
+    RESERVATION = "reservation"
+    ENDPOINT = "endpoint"
 
-    class Severity(models.TextChoices):
-        INFO = "info"
-        WARNING = "warning"
-        CRITICAL = "critical"
+
+class Severity(models.TextChoices):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class EventGroupQuerySet(TenantScopedQuerySet["EventGroup"]):
+    def unresolved(self) -> "EventGroupQuerySet":
+        return self.exclude(state=EventGroup.State.RESOLVED)
+
+    def on_call_order(self) -> "EventGroupQuerySet":
+        """Open first (critical before warning, newest first), then acknowledged, then resolved."""
+        rank = models.Case(
+            models.When(state="open", then=0), models.When(state="acknowledged", then=1), default=2
+        )
+        severity = models.Case(
+            models.When(severity="critical", then=0), models.When(severity="warning", then=1), default=2
+        )
+        return self.annotate(state_rank=rank, severity_rank=severity).order_by(
+            "state_rank", "severity_rank", "-last_at", "-id"
+        )
+
+
+class EventGroup(models.Model):
+    """Repeats of one problem: its count, first and last time, and what on-call did about it."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        ACKNOWLEDGED = "acknowledged"
+        RESOLVED = "resolved"
+
+    fingerprint = models.CharField(max_length=64)  # grouping.fingerprint
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    severity = models.CharField(max_length=8, choices=Severity.choices)  # the worst seen
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="event_groups"
+    )
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="event_groups"
+    )
+    endpoint_name = models.CharField(max_length=63, blank=True)
+    pod = models.CharField(max_length=253, blank=True)  # the latest event's
+    pattern = models.CharField(max_length=grouping.PATTERN_MAX)  # the normalised message
+    message = models.TextField()  # the latest event's
+    count = models.PositiveIntegerField(default=1)
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)
+    silenced_until = models.DateTimeField(null=True, blank=True)
+    silenced_by = models.CharField(max_length=150, blank=True)
+    silence_reason = models.CharField(max_length=300, blank=True)
+    # Paging (controlplane.oncall.paging): what the webhook was last told ("", firing, resolved),
+    # whether it must be told something now, and the retries of a delivery that failed.
+    paged = models.CharField(max_length=8, blank=True)
+    page_due = models.BooleanField(default=False)
+    page_attempts = models.PositiveSmallIntegerField(default=0)
+    page_retry_at = models.DateTimeField(null=True, blank=True)
+    page_error = models.CharField(max_length=300, blank=True)
+
+    objects = EventGroupQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-last_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fingerprint"], condition=~models.Q(state="resolved"), name="one_unresolved_group"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state", "-last_at"]),
+            models.Index(fields=["tenant", "state", "-last_at"]),
+            models.Index(
+                fields=["page_due"], name="oncall_group_page_due", condition=models.Q(page_due=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.kind} x{self.count}: {self.pattern}"
+
+    def silenced(self, now: datetime) -> bool:
+        return self.silenced_until is not None and self.silenced_until > now
+
+    def pages(self) -> bool:
+        """Whether this group goes to the webhook: criticals, and warnings when ONCALL_PAGE_WARNINGS."""
+        return self.severity == Severity.CRITICAL or (
+            self.severity == Severity.WARNING and settings.ONCALL_PAGE_WARNINGS
+        )
+
+    @classmethod
+    def fold(cls, event: "Event") -> "EventGroup":
+        """Count `event` into the unresolved group of its problem, or open one. Run inside the
+        event's transaction: the group row is locked (PostgreSQL) while it is counted."""
+        pattern = grouping.normalise(event.message)
+        subject = grouping.subject(event.endpoint_id, event.endpoint_name, event.pod)
+        fp = grouping.fingerprint(event.kind, event.tenant_id, subject, pattern)
+        with transaction.atomic():
+            group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().first()
+            if group is None:
+                try:
+                    with transaction.atomic():  # a savepoint: a concurrent first repeat wins the race
+                        group = cls.objects.create(
+                            fingerprint=fp,
+                            kind=event.kind,
+                            severity=event.severity,
+                            tenant_id=event.tenant_id,
+                            endpoint_id=event.endpoint_id,
+                            endpoint_name=event.endpoint_name,
+                            pod=event.pod,
+                            pattern=pattern,
+                            message=event.message,
+                            first_at=event.time,
+                            last_at=event.time,
+                        )
+                        group._page_if_due(timezone.now())
+                        return group
+                except IntegrityError:
+                    group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().get()
+            group.count += 1
+            group.first_at = min(group.first_at, event.time)
+            if event.time >= group.last_at:
+                group.last_at, group.message, group.pod = event.time, event.message, event.pod
+            worst = grouping.worse(group.severity, event.severity)
+            if worst != group.severity:  # worse than what was acknowledged: on-call must look again
+                group.severity, group.state = worst, cls.State.OPEN
+            group._page_if_due(timezone.now(), save=False)
+            group.save()
+            return group
+
+    def _page_if_due(self, now: datetime, save: bool = True) -> None:
+        """Mark for the webhook when it pages and has not fired yet (paging sends it after commit)."""
+        if (
+            self.paged != "firing"
+            and self.state != self.State.RESOLVED
+            and self.pages()
+            and not self.silenced(now)
+        ):
+            self.page_due = True
+            if save:
+                EventGroup.objects.filter(pk=self.pk).update(page_due=True)
+            from controlplane.oncall import paging
+
+            paging.deliver_after_commit()
+
+    def acknowledge(self, by: str, now: datetime) -> bool:
+        """The first acknowledgement stands; the group's unacknowledged events are acknowledged too."""
+        claimed = EventGroup.objects.filter(pk=self.pk, state=self.State.OPEN).update(
+            state=self.State.ACKNOWLEDGED, acknowledged_at=now, acknowledged_by=by
+        )
+        Event.objects.filter(group_id=self.pk, acknowledged_at__isnull=True).update(
+            acknowledged_at=now, acknowledged_by=by
+        )
+        self.refresh_from_db()
+        return claimed == 1
+
+    def resolve(self, by: str, now: datetime) -> bool:
+        """Closed: the next repeat opens a new group. Tells the webhook when it had fired."""
+        with transaction.atomic():
+            group = EventGroup.objects.select_for_update().filter(pk=self.pk).unresolved().first()
+            if group is not None:
+                group.state, group.resolved_at, group.resolved_by = self.State.RESOLVED, now, by
+                group.page_due = group.paged == "firing"  # a page that fired must be told it cleared
+                group.page_attempts, group.page_retry_at = 0, None
+                group.save()
+                if group.page_due:
+                    from controlplane.oncall import paging
+
+                    paging.deliver_after_commit()
+        self.refresh_from_db()
+        return group is not None
+
+    def silence(self, by: str, until: datetime, reason: str) -> None:
+        """No page until `until`; the group stays on the page, marked silenced, with who and why."""
+        EventGroup.objects.filter(pk=self.pk).update(
+            silenced_until=until, silenced_by=by, silence_reason=reason
+        )
+        self.refresh_from_db()
+
+    @classmethod
+    def resolve_quiet(cls, now: datetime) -> int:
+        """Resolve the groups with no repeat for ONCALL_RESOLVE_AFTER_S: the problem cleared."""
+        quiet = now - timedelta(seconds=settings.ONCALL_RESOLVE_AFTER_S)
+        resolved = 0
+        for group in cls.objects.unresolved().filter(last_at__lt=quiet).only("pk"):
+            resolved += group.resolve("auto: no repeat", now)
+        return resolved
+
+
+class Event(models.Model):
+    Kind = Kind
+    Severity = Severity
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     severity = models.CharField(max_length=8, choices=Severity.choices, default=Severity.INFO)
@@ -70,6 +277,10 @@ class Event(models.Model):
     )
     endpoint_name = models.CharField(max_length=63, blank=True)
     pod = models.CharField(max_length=253, blank=True)
+    version = models.PositiveIntegerField(null=True, blank=True)  # the endpoint version the pod ran
+    group = models.ForeignKey(
+        EventGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
     message = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
     # When it happened (the reporter's clock); `id` orders arrival.
@@ -103,6 +314,15 @@ class Event(models.Model):
     def __str__(self) -> str:
         return f"[{self.severity}] {self.kind}: {self.message}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A new event is counted into its group in the same transaction (every writer's path)."""
+        if self._state.adding and self.group_id is None:
+            with transaction.atomic():
+                self.group = EventGroup.fold(self)
+                super().save(*args, **kwargs)
+            return
+        super().save(*args, **kwargs)
+
     def acknowledge(self, by: str, now: datetime) -> bool:
         """Mark as seen by `by`; False if someone already had (the first acknowledgement stands)."""
         claimed = Event.objects.filter(pk=self.pk, acknowledged_at__isnull=True).update(
@@ -121,7 +341,7 @@ class Event(models.Model):
         tenant: Tenant | None = None,
         **fields: Any,
     ) -> "Event":
-        """Write an event; the endpoint, when given, also sets the tenant."""
+        """Write an event and count it into its group; the endpoint, when given, also sets the tenant."""
         if endpoint is not None:
             tenant = endpoint.tenant
             fields.setdefault("endpoint_name", endpoint.name)

@@ -44,6 +44,7 @@ from dataplane.runtime.http_server import HttpServer, Request, Response, json_re
 from dataplane.runtime.pod_process import PodLaunch
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
+from dataplane.wire.pod_events import attribution
 
 log = logging.getLogger("dataplane.cluster.agent")
 # The operator key for events, the agent's and its pods' (dataplane.runtime.pod reads it there).
@@ -192,6 +193,7 @@ class Agent:
             args=d.args + self.pod_args(d),
             env=self.pod_env,
             host=self.host,
+            attribution=attribution(d.labels),
         )
         self.supervisor.start_pod(launch)
         with self._lock:
@@ -247,8 +249,10 @@ def control_plane_args(url: str | None) -> Callable[[Deployment], tuple[str, ...
     def args(d: Deployment) -> tuple[str, ...]:
         if not url:
             return ()
-        endpoint = d.labels.get("endpoint")
-        extra = ("--endpoint-id", endpoint) if endpoint else ()
+        endpoint, version, tenant = attribution(d.labels)
+        extra: tuple[str, ...] = ("--endpoint-id", str(endpoint)) if endpoint else ()
+        extra += ("--endpoint-version", str(version)) if version else ()
+        extra += ("--tenant", tenant) if tenant else ()
         return ("--control-plane-url", url, *extra)
 
     return args

@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from dataplane.cluster.driver import Deployment, PodState
-from dataplane.wire.pod_events import PodEvent
+from dataplane.wire.pod_events import PodEvent, attribution
 
 Obj = dict[str, Any]
 
@@ -165,6 +165,11 @@ def deployment_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:
     endpoint = d.labels.get("endpoint", "")
     if endpoint.isdigit():
         env.append({"name": "MU_ENDPOINT_ID", "value": endpoint})
+    # whose pod this is, on its events (dataplane.wire.pod_events): the version and the tenant
+    if d.labels.get("version", "").isdigit():
+        env.append({"name": "MU_ENDPOINT_VERSION", "value": d.labels["version"]})
+    if d.labels.get("tenant"):
+        env.append({"name": "MU_TENANT", "value": d.labels["tenant"]})
     if cfg.events_url:
         env.append({"name": "MU_CONTROL_PLANE_URL", "value": cfg.events_url})
         if cfg.events_key_secret:
@@ -335,11 +340,6 @@ def pod_state(pod: Obj, engine_port: int) -> PodState | None:
     )
 
 
-def _endpoint_id(pod: Obj) -> int | None:
-    value = (pod.get("metadata", {}).get("labels") or {}).get(ENDPOINT_LABEL, "")
-    return int(value) if isinstance(value, str) and value.isdigit() else None
-
-
 def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[PodEvent]:
     """What on-call must hear about from one pod status change: a `restart` per container whose
     restartCount went up (with why the last run ended) and a `crash_loop` when a container enters
@@ -356,7 +356,15 @@ def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[PodEven
         return []
     meta = new.get("metadata", {})
     name = str(meta.get("name", "?"))
-    endpoint = _endpoint_id(new)
+    labels = meta.get("labels") or {}
+    # the deployment's labels (mu/endpoint, mu/version, mu/tenant) say whose pod this is
+    endpoint, version, tenant = attribution(
+        {
+            k[len(LABEL_PREFIX) :]: v
+            for k, v in labels.items()
+            if isinstance(k, str) and k.startswith(LABEL_PREFIX)
+        }
+    )
     before = {s.get("name"): s for s in ((old or {}).get("status", {}).get("containerStatuses") or [])}
     events = []
     for status in new.get("status", {}).get("containerStatuses") or []:
@@ -385,6 +393,8 @@ def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[PodEven
                         "finished_at": last.get("finishedAt"),
                         "source": "kubernetes",
                     },
+                    version=version,
+                    tenant=tenant,
                 )
             )
         waiting = (status.get("state") or {}).get("waiting") or {}
@@ -399,6 +409,8 @@ def pod_events(old: Obj | None, new: Obj, baseline: bool = True) -> list[PodEven
                     f"{waiting.get('message') or 'back-off restarting failed container'}",
                     endpoint,
                     {"container": container, "restarts": restarts, "source": "kubernetes"},
+                    version=version,
+                    tenant=tenant,
                 )
             )
     return events

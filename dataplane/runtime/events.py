@@ -35,6 +35,8 @@ class ReporterConfig:
     key: str = ""  # bearer key for the event API
     endpoint: int | None = None  # endpoint id stamped on events
     pod: str = "pod"  # pod name stamped on events
+    version: int | None = None  # endpoint version stamped on events
+    tenant: str = ""  # the endpoint's tenant stamped on events
     max_queued: int = 1000  # events buffered while the control plane is down
     request_timeout_s: float = 5.0  # one POST, seconds
     backoff_base_s: float = 0.5  # first retry delay, seconds
@@ -71,9 +73,25 @@ class EventReporter:
         message: str,
         detail: dict[str, Any] | None = None,
         pod: str | None = None,
+        attribution: tuple[int | None, int | None, str] | None = None,
     ) -> PodEvent:
+        """Queue an event about this pod, or, with `pod` and `attribution` (endpoint, version,
+        tenant), about a pod the caller runs for an endpoint (the agent's supervisor)."""
+        endpoint, version, tenant = attribution or (
+            self.config.endpoint,
+            self.config.version,
+            self.config.tenant,
+        )
         event = PodEvent(
-            kind, severity, pod or self.config.pod, message, self.config.endpoint, detail or {}, utc_now_iso()
+            kind,
+            severity,
+            pod or self.config.pod,
+            message,
+            endpoint,
+            detail or {},
+            utc_now_iso(),
+            version,
+            tenant,
         )
         log.warning("event %s/%s pod=%s: %s %s", kind, severity, event.pod, message, json.dumps(event.detail))
         if not self.config.url:

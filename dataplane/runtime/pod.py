@@ -65,6 +65,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     add_key_arguments(p, "--control-plane-key", "MU_CONTROL_PLANE_KEY", "operator key for events")
     endpoint = env("MU_ENDPOINT_ID")
     p.add_argument("--endpoint-id", type=int, default=int(endpoint) if endpoint else None)
+    version = env("MU_ENDPOINT_VERSION")
+    p.add_argument("--endpoint-version", type=int, default=int(version) if version else None)
+    p.add_argument("--tenant", default=env("MU_TENANT", ""), help="the endpoint's tenant, on events")
     # Prober.
     d = ProberConfig()
     p.add_argument("--idle-interval", type=float, default=d.idle_interval_s)
@@ -181,7 +184,12 @@ async def run_pod(
     )
     reporter = EventReporter(
         ReporterConfig(
-            url=args.control_plane_url, key=args.control_plane_key, endpoint=args.endpoint_id, pod=args.name
+            url=args.control_plane_url,
+            key=args.control_plane_key,
+            endpoint=args.endpoint_id,
+            pod=args.name,
+            version=args.endpoint_version,
+            tenant=args.tenant,
         )
     )
     if args.state_dir:

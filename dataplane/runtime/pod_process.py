@@ -26,6 +26,8 @@ class PodLaunch:
     args: tuple[str, ...] = ()  # further `python -m dataplane.runtime.pod` arguments
     env: tuple[tuple[str, str], ...] = ()  # extra environment variables
     host: str = "127.0.0.1"  # listen address
+    # whose pod it is, on the events the supervisor reports about it: (endpoint, version, tenant)
+    attribution: tuple[int | None, int | None, str] = (None, None, "")
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "dataplane.runtime.pod", *self.pod_args()]

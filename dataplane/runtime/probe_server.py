@@ -1,4 +1,5 @@
-"""The prober's I/O: scrape the engine, send probes, serve /livez and /readyz, report hangs.
+"""The prober's I/O: scrape the engine, send probes, serve /livez, /readyz and /metrics (the
+prober's own counters: probes, failures, hangs), report hangs.
 
 Runs in the pod beside the engine. Every ``scrape_interval_s`` it reads the engine's /metrics
 progress counter and feeds the pure ``Prober``; when the prober asks for a probe it sends
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from dataplane.runtime import http_client, metrics
 from dataplane.runtime.events import EventReporter
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
-from dataplane.runtime.prober import Prober, ProberConfig, Status
+from dataplane.runtime.prober import Prober, ProberConfig, ProberCounts, Status, metrics_text
+from dataplane.wire.prometheus_text import CONTENT_TYPE
 
 log = logging.getLogger("dataplane.runtime.probe")
 
@@ -43,6 +45,8 @@ class ProbeLoop:
         self._probe_task: asyncio.Task[None] | None = None
         self._was_live = True
         self.probes_sent = 0
+        self.probe_failures = 0
+        self.hangs = 0
 
     def status(self) -> Status:
         return self.prober.status(self.clock())
@@ -62,6 +66,9 @@ class ProbeLoop:
             return json_response(200 if status.ready else 503, body)
         if request.path == "/status":
             return json_response(200, body)
+        if request.path == "/metrics":
+            counts = ProberCounts(self.probes_sent, self.probe_failures, self.hangs)
+            return Response(200, metrics_text(status, counts).encode(), CONTENT_TYPE)
         return json_response(404, {"error": "not found"})
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -91,6 +98,7 @@ class ProbeLoop:
     def _report_transitions(self) -> None:
         status = self.status()
         if self._was_live and not status.live:
+            self.hangs += 1
             self.reporter.report(
                 "hang",
                 "critical",
@@ -157,6 +165,8 @@ class ProbeLoop:
         except OSError as err:
             detail = f"connection failed: {err}"
         now = self.clock()
+        if not ok or now - sent_at > self.config.completion_deadline_s:  # what the prober counts as failed
+            self.probe_failures += 1
         if not ok:
             log.info("probe failed after %.2f s: %s", now - sent_at, detail)
         self.prober.probe_result(now, ok, now - sent_at)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataplane.wire.prometheus_text import family_header
+
 
 @dataclass(frozen=True)
 class ProberConfig:
@@ -142,3 +144,37 @@ class Prober:
     def _latch(self, now: float) -> None:
         if self.hung_reason is None:
             self.hung_reason = self._hung_condition(now)
+
+
+@dataclass(frozen=True)
+class ProberCounts:
+    """What the prober has seen since its process started (Prometheus counters reset with it)."""
+
+    probes: int  # probes sent
+    probe_failures: int  # probes that failed or missed the deadline
+    hangs: int  # times the engine was declared hung (live -> not live)
+
+
+def metrics_text(status: Status, counts: ProberCounts) -> str:
+    """The prober's /metrics (Prometheus text 0.0.4). No labels: the scrape's target labels
+    (pod, and the pod's mu/endpoint, mu/version, mu/tenant labels) say whose they are."""
+    since = status.seconds_since_progress
+    lines = [
+        *family_header("mu_prober_probes_total", "counter", "Probes sent to the engine."),
+        f"mu_prober_probes_total {counts.probes}",
+        *family_header(
+            "mu_prober_probe_failures_total", "counter", "Probes that failed or missed the deadline."
+        ),
+        f"mu_prober_probe_failures_total {counts.probe_failures}",
+        *family_header("mu_prober_hangs_total", "counter", "Times the engine was declared hung."),
+        f"mu_prober_hangs_total {counts.hangs}",
+        *family_header("mu_prober_live", "gauge", "1 while /livez answers 200."),
+        f"mu_prober_live {int(status.live)}",
+        *family_header("mu_prober_ready", "gauge", "1 while /readyz answers 200."),
+        f"mu_prober_ready {int(status.ready)}",
+        *family_header(
+            "mu_prober_seconds_since_progress", "gauge", "Seconds since the engine last made progress."
+        ),
+        f"mu_prober_seconds_since_progress {since if since is not None else 'NaN'}",
+    ]
+    return "\n".join(lines) + "\n"

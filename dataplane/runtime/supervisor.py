@@ -280,7 +280,12 @@ class Supervisor:
             "exit_code": exit_code,
         }
         self.reporter.report(
-            "restart", "warning", f"pod {pod.launch.name} restarted: {why}", info, pod=pod.launch.name
+            "restart",
+            "warning",
+            f"pod {pod.launch.name} restarted: {why}",
+            info,
+            pod=pod.launch.name,
+            attribution=pod.launch.attribution,
         )
         if (
             decision.crash_loop and decision.recent_restarts == self.config.restart_policy.crash_loop_restarts
@@ -293,6 +298,7 @@ class Supervisor:
                 f"backing off {decision.delay_s:g} s",
                 info,
                 pod=pod.launch.name,
+                attribution=pod.launch.attribution,
             )
         if decision.delay_s == 0:
             with self._lock:

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from controlplane.api.filters import EndpointFilterSet, EventFilterSet
+from controlplane.api.filters import EndpointFilterSet, EventFilterSet, EventGroupFilterSet
 from controlplane.console import urls as console_urls
 from controlplane.console.views import endpoints as endpoint_views
 from controlplane.oncall.models import Event
@@ -30,6 +30,10 @@ PARAMETERS = sorted(
     {
         *EndpointFilterSet.base_filters,
         *EventFilterSet.base_filters,
+        *EventGroupFilterSet.base_filters,
+        "view",
+        "minutes",
+        "reason",
         *endpoint_views.ENDPOINT_FIELDS,
         "after",
         "window",
@@ -72,9 +76,14 @@ def routes() -> list[tuple[str, dict[str, str]]]:
             if "profile" in str(pattern.pattern)
             else "event"
             if "event" in str(pattern.pattern)
+            else "group"
+            if "groups" in str(pattern.pattern)
             else "endpoint"
         )
-        out.append((name, {"pk": kind} if "<int:pk>" in str(pattern.pattern) else {}))
+        params = {"pk": kind} if "<int:pk>" in str(pattern.pattern) else {}
+        if "<slug:kind>" in str(pattern.pattern):
+            params["kind"] = "kind"
+        out.append((name, params))
     return out
 
 
@@ -82,7 +91,13 @@ def routes() -> list[tuple[str, dict[str, str]]]:
 def hostile_fleet(owner, make_endpoint, small_model):
     endpoint = make_endpoint(owner, "chat")
     event = Event.record("hang", "a hang", endpoint=endpoint, severity="critical", pod="chat-0")
-    return {"endpoint": endpoint.pk, "event": event.pk, "profile": small_model.pk}
+    return {
+        "endpoint": endpoint.pk,
+        "event": event.pk,
+        "group": event.group_id,
+        "profile": small_model.pk,
+        "kind": "hang",
+    }
 
 
 def client_for(username: str, **member) -> Client:

@@ -205,7 +205,7 @@ def test_the_endpoint_form_validates_like_the_api(owner_web, pool, small_model):
 
 def test_the_tail_hands_out_each_settled_event_once(operator_web, owner):
     first = Event.record("hang", "first", tenant=owner, recorded_at=SETTLED)
-    page = operator_web.get("/console/oncall/").content.decode()
+    page = operator_web.get("/console/oncall/?view=events").content.decode()
     assert f'data-cursor="{first.pk}"' in page
     second = Event.record("restart", "second", tenant=owner, recorded_at=SETTLED)
     fresh = Event.record("scale", "fresh", tenant=owner)  # not settled: an older id may still commit
@@ -259,7 +259,7 @@ def test_tenant_members_see_their_events_but_cannot_acknowledge_them(owner, db):
     # is refused before any lookup, the same for its own event, another's and none at all.
     event = Event.record("hang", "hung", tenant=owner, severity="critical", recorded_at=SETTLED)
     olivia = member_client("olivia", tenant=owner)
-    html = olivia.get("/console/oncall/").content.decode()
+    html = olivia.get("/console/oncall/?view=events").content.decode()
     assert f'id="event-{event.pk}"' in html and 'button class="ack"' not in html
     assert olivia.post(f"/console/oncall/events/{event.pk}/ack/").status_code == 403
     other = member_client("eve", tenant=Tenant.objects.create(name="eve-corp"))
@@ -268,7 +268,7 @@ def test_tenant_members_see_their_events_but_cannot_acknowledge_them(owner, db):
     event.refresh_from_db()
     assert event.acknowledged_at is None
     ops = member_client("opal", operator=True)
-    assert 'button class="ack"' in ops.get("/console/oncall/").content.decode()
+    assert 'button class="ack"' in ops.get("/console/oncall/?view=events").content.decode()
     assert '<b class="count">1</b>' in ops.get("/console/oncall/attention/").content.decode()
 
 
@@ -276,10 +276,10 @@ def test_the_oncall_cursor_is_the_newest_event_the_viewer_may_see(owner, other, 
     mine = Event.record("scale", "mine", tenant=owner, recorded_at=SETTLED)
     Event.record("scale", "theirs", tenant=other, recorded_at=SETTLED)
     Event.record("scale", "fleet", recorded_at=SETTLED)
-    html = member_client("olivia", tenant=owner).get("/console/oncall/").content.decode()
+    html = member_client("olivia", tenant=owner).get("/console/oncall/?view=events").content.decode()
     assert f'data-cursor="{mine.pk}"' in html
     newest = Event.objects.order_by("-id").first()
-    ops_html = member_client("opal", operator=True).get("/console/oncall/").content.decode()
+    ops_html = member_client("opal", operator=True).get("/console/oncall/?view=events").content.decode()
     assert f'data-cursor="{newest.pk}"' in ops_html
 
 
@@ -287,7 +287,9 @@ def test_the_oncall_filter_answers_alike_for_another_tenants_endpoint_and_none(o
     theirs = make_endpoint(other, "theirs")
     Event.record("scale", "their-scale-event", endpoint=theirs, recorded_at=SETTLED)
     olivia = member_client("olivia", tenant=owner)
-    pages = [olivia.get(f"/console/oncall/?endpoint={pk}") for pk in (theirs.pk, theirs.pk + 1000)]
+    pages = [
+        olivia.get(f"/console/oncall/?view=events&endpoint={pk}") for pk in (theirs.pk, theirs.pk + 1000)
+    ]
     assert [p.status_code for p in pages] == [200, 200]
     rows = [re.search(r'<tbody id="event-rows">(.*?)</tbody>', p.content.decode(), re.S) for p in pages]
     cursors = [re.search(r'data-cursor="(\d+)"', p.content.decode()) for p in pages]

@@ -58,8 +58,18 @@ def supervisor(event_sink: EventSink, tmp_path: object) -> Iterator[Supervisor]:
         reporter.close()
 
 
-def launch(name: str, *extra: str) -> PodLaunch:
-    return PodLaunch(name=name, engine="sim", port=free_port(), probe_port=free_port(), args=FAST_POD + extra)
+Attribution = tuple[int | None, int | None, str]  # (endpoint, version, tenant)
+
+
+def launch(name: str, *extra: str, attribution: Attribution = (None, None, "")) -> PodLaunch:
+    return PodLaunch(
+        name=name,
+        engine="sim",
+        port=free_port(),
+        probe_port=free_port(),
+        args=FAST_POD + extra,
+        attribution=attribution,
+    )
 
 
 def status(sup: Supervisor, name: str) -> tuple[int | None, bool, int]:
@@ -75,7 +85,7 @@ def livez(pod: PodLaunch) -> int | None:
 
 
 def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, event_sink: EventSink) -> None:
-    pod = launch("pod-hang")
+    pod = launch("pod-hang", attribution=(7, 2, "acme"))  # the agent's, from the deployment's labels
     supervisor.start_pod(pod)
     wait_until(lambda: status(supervisor, "pod-hang")[1], timeout=15)
     first_pid = status(supervisor, "pod-hang")[0]
@@ -98,6 +108,7 @@ def test_hung_engine_fails_liveness_and_is_restarted(supervisor: Supervisor, eve
     wait_until(lambda: "restart" in event_sink.kinds(), timeout=10)
     restart = next(e for e in event_sink.received if e.kind == "restart")
     assert restart.pod == "pod-hang" and restart.severity == "warning"
+    assert (restart.endpoint, restart.version, restart.tenant) == (7, 2, "acme")  # whose pod it is
     assert "liveness failed" in restart.message
     assert event_sink.auth[0] == "Bearer sup-key"
 
@@ -111,7 +122,10 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         event_sink.url,
         "--endpoint-id",
         "42",
-        env={"MU_CONTROL_PLANE_KEY": "pod-self-key"},  # never argv: ps shows that to every user
+        "--endpoint-version",
+        "3",
+        # the key never in argv: ps shows that to every user
+        env={"MU_CONTROL_PLANE_KEY": "pod-self-key", "MU_TENANT": "acme"},
     )
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready
@@ -124,6 +138,14 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         wait_until(lambda: "hang" in event_sink.kinds(), timeout=5)
         hang = event_sink.received[event_sink.kinds().index("hang")]
         assert (hang.pod, hang.endpoint, hang.severity) == ("pod-self", 42, "critical")
+        assert (hang.version, hang.tenant) == (3, "acme")
+        # the prober's own metrics (the PrometheusRule's hang rate reads mu_prober_hangs_total)
+        from prometheus_client.parser import text_string_to_metric_families
+
+        scrape = http("GET", f"http://127.0.0.1:{pod.probe_port}/metrics")[2].decode()
+        samples = {s.name: s.value for f in text_string_to_metric_families(scrape) for s in f.samples}
+        assert samples["mu_prober_hangs_total"] == 1 and samples["mu_prober_live"] == 0
+        assert samples["mu_prober_probes_total"] >= 1 and samples["mu_prober_probe_failures_total"] >= 0
         assert event_sink.auth[-1] == "Bearer pod-self-key"
     finally:
         proc.terminate()

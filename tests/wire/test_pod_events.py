@@ -9,7 +9,15 @@ from dataplane.wire.pod_events import PodEvent
 def test_a_pod_event_round_trips_through_json_and_the_events_api(operator_client, owner, make_endpoint):
     chat = make_endpoint(owner, "chat")
     event = PodEvent(
-        "restart", "warning", "chat-0", "restarted", chat.pk, {"restarts": 2}, "2026-11-29T03:00:00Z"
+        "restart",
+        "warning",
+        "chat-0",
+        "restarted",
+        chat.pk,
+        {"restarts": 2},
+        "2026-11-29T03:00:00Z",
+        1,
+        "owner",
     )
     assert PodEvent.from_json(event.to_json()) == event
     # The reader: the events API takes the body as the reporter posts it and serves it back.

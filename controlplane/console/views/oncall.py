@@ -1,25 +1,37 @@
-"""The on-call section: the live event tail (a cursor that never misses nor repeats), the
-attention and restarts panels, and acknowledging an event."""
+"""The on-call section: problems folded into groups (the default view: warning and critical,
+open first, each with its count, first and last time, a sparkline of its last 24 h and a link to
+its kind's runbook), acknowledged, resolved and silenced by operators; the live event tail (a
+cursor that never misses nor repeats) as the second view (`?view=events`); the attention and
+restarts panels; and the runbooks (docs/runbooks/<kind>.md)."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, QuerySet, Sum
-from django.http import HttpResponse
+from django.db.models.functions import Trunc
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from controlplane.api.filters import EventFilterSet
+from controlplane.api.filters import EventFilterSet, EventGroupFilterSet
 from controlplane.console.views.base import ConsoleRequest, console_view, filled
-from controlplane.oncall.models import Event, may_acknowledge
+from controlplane.oncall import grouping
+from controlplane.oncall.models import Event, EventGroup, may_acknowledge
 from controlplane.tenants.models import Tenant
 
 TAIL_ROWS = 50
+GROUP_ROWS = 50
+SPARK_HOURS = 24
+DEFAULT_SEVERITIES = ["warning", "critical"]
+# How long a silence may last, minutes -> label (the form's choices; anything else is refused).
+SILENCE_CHOICES = {15: "15 min", 60: "1 h", 240: "4 h", 1440: "1 day", 10080: "1 week"}
+RUNBOOKS = Path(settings.BASE_DIR) / "docs" / "runbooks"
 
 
 def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Event]]:
@@ -28,14 +40,72 @@ def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Eve
     return filterset, (filterset.qs if filterset.is_valid() else visible.none())
 
 
+def group_query(request: ConsoleRequest) -> QueryDict:
+    """The groups view's filters: warning and critical unless a severity is asked for ("any": all)."""
+    query = filled(request.GET)
+    for key in ("view", "after"):
+        query.pop(key, None)
+    severities = query.getlist("severity")
+    if not severities:
+        query.setlist("severity", DEFAULT_SEVERITIES)
+    elif "any" in severities:
+        query.pop("severity")
+    return query
+
+
+def oncall_groups(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
+    """The groups the viewer may see under the filters, open first, each with its sparkline."""
+    query = group_query(request)
+    visible = EventGroup.objects.visible_to(request.principal).select_related("tenant")
+    filterset = EventGroupFilterSet(query, queryset=visible, request=request)
+    chosen = filterset.qs if filterset.is_valid() else visible.none()
+    if "state" not in query:  # by default, what is resolved leaves the page after a day
+        chosen = chosen.exclude(state=EventGroup.State.RESOLVED, resolved_at__lt=now - timedelta(days=1))
+    groups = list(chosen.on_call_order()[:GROUP_ROWS])
+    start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=SPARK_HOURS - 1)
+    counts = {g.pk: [0] * SPARK_HOURS for g in groups}
+    hourly = (
+        Event.objects.filter(group_id__in=list(counts), time__gte=start)
+        .annotate(hour=Trunc("time", "hour", tzinfo=UTC))
+        .values("group_id", "hour")
+        .annotate(n=Count("id"))
+    )
+    for row in hourly:
+        index = int((row["hour"] - start).total_seconds() // 3600)
+        if 0 <= index < SPARK_HOURS:
+            counts[row["group_id"]][index] += row["n"]
+    for g in groups:
+        g.spark = grouping.sparkline(counts[g.pk])
+        g.spark_total = sum(counts[g.pk])
+        g.is_silenced = g.silenced(now)
+    return {
+        "groups": groups,
+        "group_filterset": filterset,
+        "group_query": query.urlencode(),
+        "severity_choice": ",".join(query.getlist("severity")) or "any",
+        "may_acknowledge": may_acknowledge(request.principal),
+        "silence_choices": SILENCE_CHOICES.items(),
+    }
+
+
 @console_view(section="oncall")
 def oncall(request: ConsoleRequest) -> HttpResponse:
     now = timezone.now()
+    if request.GET.get("view") != "events" and "group" not in request.GET:
+        context = {
+            "view": "groups",
+            "kinds": Event.Kind.choices,
+            "tenants": Tenant.objects.values_list("name", flat=True) if request.principal.is_operator else [],
+            **oncall_groups(request, now),
+            **attention(request, now),
+        }
+        return render(request, "console/oncall.html", context)
     filterset, events = oncall_events(request)
     cursor = Event.objects.visible_to(request.principal).settled_cursor(now)  # no id the viewer may not see
     query = filled(request.GET)
     query.pop("after", None)
     context = {
+        "view": "events",
         "filterset": filterset,
         "events": events.filter(id__lte=cursor).order_by("-id")[:TAIL_ROWS],
         "cursor": cursor,
@@ -82,7 +152,7 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
 
 @console_view(section="oncall")
 def oncall_attention(request: ConsoleRequest) -> HttpResponse:
-    """The attention and restarts panels: every 30 s, and at once after an acknowledgement."""
+    """The attention and restarts panels: every 10 s, and at once after an acknowledgement."""
     return render(request, "console/_oncall_panels.html", attention(request, timezone.now()))
 
 
@@ -140,3 +210,80 @@ def acknowledge(request: ConsoleRequest, pk: int) -> HttpResponse:
     # Fired on receipt, while the button is still in the page: the attention panel refreshes.
     response["HX-Trigger"] = "event-acknowledged"
     return response
+
+
+@console_view(section="oncall")
+def oncall_group_rows(request: ConsoleRequest) -> HttpResponse:
+    """The groups table alone: every 5 s, and at once after an action on a group."""
+    return render(request, "console/_oncall_groups.html", oncall_groups(request, timezone.now()))
+
+
+def _operator_group(request: ConsoleRequest, pk: int) -> EventGroup:
+    if not may_acknowledge(request.principal):
+        raise PermissionDenied("only operators may act on on-call groups")
+    group: EventGroup = get_object_or_404(EventGroup.objects.visible_to(request.principal), pk=pk)
+    return group
+
+
+def _group_row(
+    request: ConsoleRequest, group: EventGroup, status: int = 200, error: str = ""
+) -> HttpResponse:
+    now = timezone.now()
+    group = EventGroup.objects.select_related("tenant").get(pk=group.pk)
+    context = oncall_groups(request, now) | {"group": group, "silence_error": error}
+    for shown in context["groups"]:
+        if shown.pk == group.pk:
+            context["group"] = shown
+            break
+    else:  # no longer under the page's filters: draw it all the same, without its history
+        group.spark, group.spark_total, group.is_silenced = "", 0, group.silenced(now)  # type: ignore[attr-defined]
+    response = render(request, "console/_group_row.html", context, status=status)
+    response["HX-Trigger"] = "group-changed"  # the attention panel and the groups table refresh
+    return response
+
+
+@require_POST
+@console_view(section="oncall")
+def group_acknowledge(request: ConsoleRequest, pk: int) -> HttpResponse:
+    group = _operator_group(request, pk)
+    group.acknowledge(request.user.username, timezone.now())
+    return _group_row(request, group)
+
+
+@require_POST
+@console_view(section="oncall")
+def group_resolve(request: ConsoleRequest, pk: int) -> HttpResponse:
+    group = _operator_group(request, pk)
+    group.resolve(request.user.username, timezone.now())
+    return _group_row(request, group)
+
+
+@require_POST
+@console_view(section="oncall")
+def group_silence(request: ConsoleRequest, pk: int) -> HttpResponse:
+    """Silence for one of SILENCE_CHOICES minutes, with a reason (both required, else 400)."""
+    group = _operator_group(request, pk)
+    reason = request.POST.get("reason", "").strip()
+    try:
+        minutes = int(request.POST.get("minutes", ""))
+    except ValueError:
+        minutes = 0
+    if minutes not in SILENCE_CHOICES:
+        return _group_row(
+            request, group, 400, f"minutes: choose one of {', '.join(map(str, SILENCE_CHOICES))}"
+        )
+    if not reason or len(reason) > 300:
+        return _group_row(request, group, 400, "reason: say why (1 to 300 characters)")
+    group.silence(request.user.username, timezone.now() + timedelta(minutes=minutes), reason)
+    return _group_row(request, group)
+
+
+@console_view(section="oncall")
+def runbook(request: ConsoleRequest, kind: str) -> HttpResponse:
+    """docs/runbooks/<kind>.md, for every kind of event: what it means, what to check, what to do."""
+    if kind not in Event.Kind.values:
+        raise Http404("no such kind of event")
+    path = RUNBOOKS / f"{kind}.md"
+    if not path.is_file():
+        raise Http404("no runbook for this kind")
+    return render(request, "console/runbook.html", {"kind": kind, "text": path.read_text()})
