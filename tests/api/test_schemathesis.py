@@ -1,7 +1,7 @@
 """schemathesis against the live API: a real gunicorn on 127.0.0.1 over the test PostgreSQL, with
 production settings (DEBUG unset, SECRET_KEY and ALLOWED_HOSTS set), driven once with a tenant's
-key and once with an operator's, each for SCHEMATHESIS_MAX_TIME_S (40 s by default, to keep CI within its budget; `make
-test-schemathesis` runs longer). It fails on any 5xx, any response that breaks the published schema
+key and once with an operator's, each for SCHEMATHESIS_MAX_TIME_S (40 s by default, CI's budget;
+`make test-schemathesis` runs longer). It fails on any 5xx, any response that breaks the published schema
 (status code, content type, headers, body) and any check below.
 
 Checks: all but two. `positive_data_acceptance` and `negative_data_rejection` ask whether the
