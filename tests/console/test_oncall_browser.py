@@ -37,6 +37,7 @@ def test_oncall_sees_repeats_fold_live_and_acts_on_the_group(browser, live_serve
     page.wait_for_function("() => document.querySelector('.attention .count').innerText === '1'")  # refreshes
     assert f"ep-{fleet.pk}-v1-29" in page.inner_text("#restarts")  # restarts per pod, attributed to chat
     shoot(page, "oncall")
+    shoot(page, "oncall", docs=True)
 
     # locators, not element handles: the table is redrawn every 5 s under the test's feet
     page.locator("tr[data-kind=hang] button.acknowledge").click()
