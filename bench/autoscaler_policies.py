@@ -127,14 +127,14 @@ def load_traces(
     return {
         name: (make(), warmups.get(name, 300.0))  # type: ignore[operator]
         for name, make in makers.items()
-        if only in (None, name)
+        if only is None or name in only.split(",")
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller amplification and ramp (~1 min)")
-    parser.add_argument("--only", help="one trace")
+    parser.add_argument("--only", help="these traces, comma-separated")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--variants", action="store_true", help="add apa rows with one setting changed")
     parser.add_argument("--headroom", action="store_true", help="add apa rows with more standing headroom")
