@@ -21,7 +21,7 @@ from typing import Any
 
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig, Result
-from capacity.simulate.scenario import POLICIES, simulate
+from capacity.simulate.scenario import POLICIES, attainment_without, searched_oracle, simulate
 from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
 from dataplane.runtime.perf_model import EngineProfile
 from dataplane.runtime.profiles import get_profile
@@ -80,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio"
     )
+    parser.add_argument(
+        "--search-oracle",
+        action="store_true",
+        help="search the oracle's schedule by replaying it (slower); adds unmet_minutes and"
+        " slo_attainment_meetable (without the minutes no searched schedule met)",
+    )
     parser.add_argument("--minutes", action="store_true", help="add the per-minute series to --json")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -99,14 +105,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
         )
         apa = AutoscalerConfig()
-        result = simulate(profile, trace, args.policy, fleet, apa, args.oracle_margin)
+        searched = None
+        if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):
+            searched = searched_oracle(profile, trace, fleet, apa, args.oracle_margin)
+        if args.policy == "oracle" and searched is not None:
+            result = searched.result
+        else:
+            result = simulate(profile, trace, args.policy, fleet, apa, args.oracle_margin)
         oracle = None
         if args.compare_oracle and args.policy != "oracle":
-            oracle = simulate(profile, trace, "oracle", fleet, apa, args.oracle_margin)
+            oracle = (
+                searched.result
+                if searched
+                else simulate(profile, trace, "oracle", fleet, apa, args.oracle_margin)
+            )
     except (TraceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = summary(result, oracle if oracle is not None else (result if args.policy == "oracle" else None))
+    if searched is not None:
+        out["unmet_minutes"] = list(searched.unmet)
+        out["slo_attainment_meetable"] = attainment_without(result, searched.unmet)
     if args.minutes:
         out["minutes"] = [asdict(m) for m in result.minutes]
     if args.json:
