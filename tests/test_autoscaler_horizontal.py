@@ -225,3 +225,10 @@ def test_the_down_window_remembers_arrivals_not_work_in_flight():
 def test_invalid_settings_are_refused_naming_key_and_value(overrides, message):
     with pytest.raises(ValueError, match=message):
         AutoscalerConfig.from_overrides(overrides)
+
+
+def test_a_scale_up_window_shorter_than_the_peak_span_is_read_whole():
+    # An endpoint's override of a 5-s scale-up window stays valid: its span is the whole window.
+    config = AutoscalerConfig.from_overrides({"scale_up_window_s": 5.0})
+    buckets = steady(80, end=T0 - 5) + steady(400, start=T0 - 5)
+    assert decide(spec(1, config=config), buckets, T0).need == pytest.approx(5.0)

@@ -189,7 +189,7 @@ def _past_needs(
     endpoints x 60 buckets must stay well under a second of CPU).
     """
     cfg = spec.config
-    span, down = cfg.peak_window_s, cfg.scale_down_window_s
+    span, down = min(cfg.peak_window_s, cfg.scale_up_window_s), cfg.scale_down_window_s
     inside = sorted((b for b in buckets if now - down - span < b.end <= now), key=lambda b: b.end)
     per_mu = cfg.target_utilisation * spec.mu_per_replica_minute
     needs: list[float] = []
