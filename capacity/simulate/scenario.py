@@ -125,7 +125,8 @@ def simulate(
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
     (static-peak at its peak) and with `warmup_s` of history (the trace's first minutes played
-    once before it, unmeasured, under the oracle), so the comparison is about following load,
+    once before it backwards in time, unmeasured, under the oracle, so that the load it ends on
+    is the load minute 0 starts with), so the comparison is about following load,
     not a cold start. `schedule` replaces the oracle's own (see `searched_oracle`)."""
     if not trace:
         raise ValueError("the trace is empty")
