@@ -135,9 +135,11 @@ def simulate(
     # A replica's capacity at the SLO, as the capacity benchmark would publish it: apa's
     # mu_per_replica_minute and the oracle's unit. hpa and kpa keep their own defaults.
     batch = full_batch(profile, trace)  # one pass over the trace for all three below
-    capacity = slo_capacity_mu_per_s(
-        profile, trace, fleet.slo_first_token_s, fleet.slo_per_output_token_s, batch=batch
-    )
+    capacity = 0.0  # seconds of simulation on a fleet: only where apa or the schedule needs it
+    if schedule is None or policy == "apa":
+        capacity = slo_capacity_mu_per_s(
+            profile, trace, fleet.slo_first_token_s, fleet.slo_per_output_token_s, batch=batch
+        )
     if schedule is None:
         schedule = oracle_schedule(profile, trace, capacity, margin=oracle_margin, batch=batch)
     peak = max(schedule)
