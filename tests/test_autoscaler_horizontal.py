@@ -61,29 +61,50 @@ def test_scale_up_follows_the_last_20_seconds():
     decision = decide(spec(1), buckets, T0)
     assert decision.need == pytest.approx(8.75)
     assert decision.replicas == 9
-    # 10 s at 2,000 MU/min after 10 s at 80: (2000 + 80) / 2 / 80 = 13 replicas, capped at 10
-    # this tick; the next tick (cap max(100, 14)) reaches what the window then says, 2000 / 80 = 25.
+    # 10 s at 2,000 MU/min after 10 s at 80: the MU rule reads the window's busiest 10 s, not
+    # its mean ((2000 + 80) / 2 / 80 = 13): 2000 / 80 = 25 replicas, capped at 10 this tick;
+    # the next tick (cap max(100, 14)) reaches 25.
     burst = steady(80, end=T0 - 10) + steady(2000, start=T0 - 10)
     decision = decide(spec(1), burst, T0)
-    assert decision.need == pytest.approx(13) and decision.replicas == 10
+    assert decision.need == pytest.approx(25) and decision.replicas == 10
     assert "capped at 10" in decision.reason
     burst += steady(2000, start=T0, end=T0 + 10)
     assert decide(spec(10), burst, T0 + 10).replicas == 25
 
 
+def test_the_mu_rule_sizes_for_the_busiest_10_seconds_and_remembers_it():
+    """Prefill-heavy traffic in lumps: 5 s at 400 MU/min, 5 s at 80, in turn. The mean (240) asks
+    3 replicas of 80; a replica then saturates its prefill in every lump, and every decode step
+    beside it carries an 8,192-token chunk (334 ms on an H100, 3x a 0.1 s/token deadline). The
+    busiest 10 s (one lump and one lull: 240) asks the same 3: bursts shorter than the span are
+    averaged; two lumps in a row (400) ask 5, and the scale-down window remembers them."""
+    lumpy = []
+    for k, b in enumerate(steady(80, end=T0)):
+        lumpy.append(replace(b, mu_per_minute=400.0 if k % 2 else 80.0))
+    assert decide(spec(3), lumpy, T0).need == pytest.approx(3.0)
+    lumps = lumpy[:-3] + [replace(b, mu_per_minute=400.0) for b in lumpy[-3:-1]] + lumpy[-1:]
+    decision = decide(spec(3), lumps, T0)
+    assert decision.need == pytest.approx(5.0) and decision.replicas == 5
+    later = lumps + steady(80, start=T0, end=T0 + 40)
+    held = decide(spec(5), later, T0 + 40)
+    assert held.replicas == 5 and held.down_need == pytest.approx(5.0)
+    gone = later + steady(80, start=T0 + 40, end=T0 + 65)
+    assert decide(spec(5), gone, T0 + 65).replicas == 1
+
+
 def test_scale_down_waits_for_the_highest_need_of_60_seconds():
-    # 700 MU/min until 30 s ago, then 80: the 20-s window that ended then, all 700 MU/min, is in
+    # 700 MU/min until 30 s ago, then 80: the 10-s span that ended then, all 700 MU/min, is in
     # the 60-s memory: 700 / 80 = 8.75 -> hold 9.
     buckets = steady(700, end=T0 - 30) + steady(80, start=T0 - 30)
     decision = decide(spec(9), buckets, T0)
     assert decision.replicas == 9 and decision.down_need == pytest.approx(8.75)
     later = buckets + steady(80, start=T0, end=T0 + 45)
     assert decide(spec(9), later, T0 + 25).replicas == 9
-    # At T0 + 30 that window has left; the highest is the next, 3 buckets of 700 and 1 of 80:
-    # 545 / 80 = 6.8 -> 7. At T0 + 45 no window holds a 700 bucket: 80 / 80 = 1 replica.
+    # At T0 + 30 that span has left; the highest is the next, a bucket of 700 and one of 80:
+    # 390 / 80 = 4.9 -> 5. At T0 + 40 no span holds a 700 bucket: 80 / 80 = 1 replica.
     decision = decide(spec(9), later, T0 + 30)
-    assert decision.replicas == 7 and decision.down_need == pytest.approx(545 / 80)
-    decision = decide(spec(7), later, T0 + 45)
+    assert decision.replicas == 5 and decision.down_need == pytest.approx(390 / 80)
+    decision = decide(spec(5), later, T0 + 40)
     assert decision.replicas == 1 and "60 s" in decision.reason
 
 
@@ -204,3 +225,10 @@ def test_the_down_window_remembers_arrivals_not_work_in_flight():
 def test_invalid_settings_are_refused_naming_key_and_value(overrides, message):
     with pytest.raises(ValueError, match=message):
         AutoscalerConfig.from_overrides(overrides)
+
+
+def test_a_scale_up_window_shorter_than_the_peak_span_is_read_whole():
+    # An endpoint's override of a 5-s scale-up window stays valid: its span is the whole window.
+    config = AutoscalerConfig.from_overrides({"scale_up_window_s": 5.0})
+    buckets = steady(80, end=T0 - 5) + steady(400, start=T0 - 5)
+    assert decide(spec(1, config=config), buckets, T0).need == pytest.approx(5.0)

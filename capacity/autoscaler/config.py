@@ -22,6 +22,10 @@ class AutoscalerConfig:
     # (mu_per_replica_minute) is already the benchmark's sustainable rate at the latency SLO.
     target_utilisation: float = 0.8
     scale_up_window_s: float = 20.0  # seconds of traffic a scale-up looks at; > 0
+    # The MU need of a window is its busiest span this long (a sliding sum of buckets), not its
+    # mean: what a replica must absorb without saturating its prefill (see horizontal); > 0; a
+    # scale-up window shorter than this is read whole. The oracle sizes on its busiest 10 s too.
+    peak_window_s: float = 10.0
     # A scale-down follows the highest MU need of this long; >= up window. Knative's stable
     # window; HPA's 300 s suits a controller that takes minutes to scale back up (see horizontal).
     scale_down_window_s: float = 60.0
@@ -59,6 +63,7 @@ class AutoscalerConfig:
             ("target_utilisation", 0 < self.target_utilisation <= 1),
             ("scale_up_window_s", self.scale_up_window_s > 0),
             ("scale_down_window_s", self.scale_down_window_s >= self.scale_up_window_s),
+            ("peak_window_s", self.peak_window_s > 0),
             ("tolerance", 0 <= self.tolerance < 1),
             ("max_scale_up_factor", self.max_scale_up_factor >= 1),
             ("max_scale_up_step", self.max_scale_up_step >= 1),

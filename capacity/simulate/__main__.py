@@ -3,6 +3,11 @@
 Prints a readable summary, or with --json one JSON object on the last line: gpu_hours,
 static_peak_gpu_hours, slo_attainment, p99_latency_s, rejected_fraction, scale_events and more
 (--minutes adds the per-minute series; --compare-oracle also runs the oracle for the ratio).
+
+The replayed deployment's context is `--max-model-len` (default 131,072: Llama 3.1's own 128k;
+the profile's 8,192 is what the live demo deploys with), bounded by the profile's KV cache: a
+trace with a prompt that leaves no room for one output token in it is refused, naming the row's
+prompt and the limit; a prompt + answer past it keeps its prompt and loses the answer's tail.
 """
 
 from __future__ import annotations
@@ -11,14 +16,38 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig, Result
-from capacity.simulate.scenario import POLICIES, simulate
-from capacity.simulate.traces import TraceError, amplify, load, time_scale
+from capacity.simulate.scenario import POLICIES, attainment_without, searched_oracle, simulate
+from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
+from dataplane.runtime.perf_model import EngineProfile
 from dataplane.runtime.profiles import get_profile
+
+CONTEXT_TOKENS = 131_072  # the default --max-model-len: Llama 3.1's context
+
+
+def with_context(profile: EngineProfile, max_model_len: int) -> EngineProfile:
+    """The profile deployed with `--max-model-len`; beyond its KV cache it could not start."""
+    if not 1 < max_model_len <= profile.kv_capacity_tokens:
+        raise ValueError(
+            f"--max-model-len {max_model_len} must be in [2, {profile.kv_capacity_tokens}]"
+            f" (profile {profile.name}'s KV cache holds {profile.kv_capacity_tokens} tokens)"
+        )
+    return replace(profile, max_model_len=max_model_len)
+
+
+def check_context(trace: Trace, profile: EngineProfile) -> None:
+    """Refuse a trace whose longest prompt leaves no room for one output token."""
+    longest = max(trace.prompts, default=0)
+    if longest > profile.max_model_len - 1:
+        at = trace.prompts.index(longest)
+        raise ValueError(
+            f"a prompt of {longest} tokens (arrival {at + 1}, at {trace.times[at]:.3f} s) is beyond"
+            f" the context length {profile.max_model_len} of profile {profile.name} (--max-model-len)"
+        )
 
 
 def summary(result: Result, oracle: Result | None = None) -> dict[str, Any]:
@@ -40,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--amplify", type=float, default=1.0, help="replay each arrival X times (X<1 thins)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time X times")
     parser.add_argument("--profile", default="h100-llama-8b")
+    parser.add_argument(
+        "--max-model-len", type=int, default=CONTEXT_TOKENS, help="the deployment's context, tokens"
+    )
     parser.add_argument("--pod-start", type=float, default=30.0, help="seconds from ask to ready")
     parser.add_argument("--min-replicas", type=int, default=1, help="0 allows scale to zero")
     parser.add_argument("--max-replicas", type=int, default=5000)
@@ -47,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--oracle-margin", type=float, default=0.9)
     parser.add_argument(
         "--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio"
+    )
+    parser.add_argument(
+        "--search-oracle",
+        action="store_true",
+        help="search the oracle's schedule by replaying it (slower); adds unmet_minutes and"
+        " slo_attainment_meetable (without the minutes no searched schedule met)",
     )
     parser.add_argument("--minutes", action="store_true", help="add the per-minute series to --json")
     parser.add_argument("--json", action="store_true")
@@ -57,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace = time_scale(trace, args.time_scale)
         if args.amplify != 1.0:
             trace = amplify(trace, args.amplify, seed=args.seed)
-        profile = get_profile(args.profile)
+        profile = with_context(get_profile(args.profile), args.max_model_len)
+        check_context(trace, profile)
         fleet = FleetConfig(
             pod_start_s=args.pod_start,
             min_replicas=args.min_replicas,
@@ -66,14 +105,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
         )
         apa = AutoscalerConfig()
-        result = simulate(profile, trace, args.policy, fleet, apa, args.oracle_margin)
+        searched = None
+        if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):
+            searched = searched_oracle(profile, trace, fleet, apa, args.oracle_margin)
+        if args.policy == "oracle" and searched is not None:
+            result = searched.result
+        else:
+            result = simulate(profile, trace, args.policy, fleet, apa, args.oracle_margin)
         oracle = None
         if args.compare_oracle and args.policy != "oracle":
-            oracle = simulate(profile, trace, "oracle", fleet, apa, args.oracle_margin)
+            oracle = (
+                searched.result
+                if searched
+                else simulate(profile, trace, "oracle", fleet, apa, args.oracle_margin)
+            )
     except (TraceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = summary(result, oracle if oracle is not None else (result if args.policy == "oracle" else None))
+    if searched is not None:
+        out["unmet_minutes"] = list(searched.unmet)
+        out["slo_attainment_meetable"] = attainment_without(result, searched.unmet)
     if args.minutes:
         out["minutes"] = [asdict(m) for m in result.minutes]
     if args.json:

@@ -100,8 +100,53 @@ def _shape(uniform: Callable[[], float]) -> tuple[int, int]:
     return prompt, output
 
 
-def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trace:
-    """A Poisson process of `rate(t)` requests per second over [0, seconds), by thinning."""
+Shape = Callable[[Callable[[], float]], tuple[int, int]]  # uniform draws -> (prompt, output)
+
+
+class LogNormalShape:
+    """Prompt and output lengths, each log-normal from its median and a quantile, clamped:
+    `LogNormalShape(1470, 0.9, 5200, 13, 0.9, 55)` is a prefill-heavy mix (RAG, code) whose
+    prompts have median 1,470 and p90 5,200 tokens. sigma = ln(quantile / median) / z(q)."""
+
+    __slots__ = ("max_output", "max_prompt", "mu_output", "mu_prompt", "sigma_output", "sigma_prompt")
+
+    def __init__(
+        self,
+        prompt_median: float,
+        prompt_q: float,
+        prompt_at_q: float,
+        output_median: float,
+        output_q: float,
+        output_at_q: float,
+        max_prompt: int = 6000,
+        max_output: int = 1000,
+    ) -> None:
+        z = _z
+        self.mu_prompt = math.log(prompt_median)
+        self.sigma_prompt = math.log(prompt_at_q / prompt_median) / z(prompt_q)
+        self.mu_output = math.log(output_median)
+        self.sigma_output = math.log(output_at_q / output_median) / z(output_q)
+        self.max_prompt, self.max_output = max_prompt, max_output
+
+    def __call__(self, uniform: Callable[[], float]) -> tuple[int, int]:
+        prompt = min(self.max_prompt, max(1, int(_lognormal(uniform, self.mu_prompt, self.sigma_prompt))))
+        output = min(self.max_output, max(1, int(_lognormal(uniform, self.mu_output, self.sigma_output))))
+        return prompt, output
+
+
+def _z(q: float) -> float:
+    """The standard normal's q-quantile (0.9 -> 1.2816, 0.99 -> 2.3263), by bisection."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def from_rate(rate: Callable[[float], float], seconds: float, seed: int, shape: Shape | None = None) -> Trace:
+    """A Poisson process of `rate(t)` requests per second over [0, seconds), by thinning; each
+    arrival's lengths from `shape` (default: chat-like, `_shape`)."""
+    draw = shape or _shape
     uniform = random.Random(seed).random  # [0, 1)
     peak = max(rate(t / 10.0) for t in range(int(seconds * 10) + 1))
     out = Trace()
@@ -114,7 +159,7 @@ def from_rate(rate: Callable[[float], float], seconds: float, seed: int) -> Trac
         if t >= seconds:
             break
         if uniform() * peak < rate(t):
-            prompt, output = _shape(uniform)
+            prompt, output = draw(uniform)
             times.append(t)
             prompts.append(prompt)
             outputs.append(output)

@@ -393,6 +393,16 @@ class Fleet:
         return bool(self.queue) or any(r.has_work() for r in self.replicas)
 
 
+def warmup_time(t: float, warmup_s: float) -> float:
+    """When the warm-up replays the arrival at trace time t (< warmup_s): mirrored, so that the
+    load the warm-up ends on is the load the measured trace starts with. Played forwards, the
+    warm-up ended on minute 4's load and the measured run stepped from it to minute 0's, a step
+    no deployment sees, and a policy that follows its load missed minute 0 for it (prefill-1).
+    Worked numbers, warm-up 300 s: trace time 10 s -> 290 s, 299 s -> 1 s; 0 s -> just under
+    300 s (before the measured minute 0 starts)."""
+    return min(warmup_s - t, math.nextafter(warmup_s, 0.0))
+
+
 def run(
     profile: EngineProfile,
     trace: Sequence[Arrival],
@@ -406,11 +416,11 @@ def run(
 ) -> Result:
     """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.
 
-    With `warmup_s`, the trace's first `warmup_s` play once before it, unmeasured, scaled by
-    `warmup_policy` (the oracle), so that every policy takes over a fleet sized for the load with
-    the metering history a running deployment has (given 10 s of history, apa's decider would
-    hold the warm fleet until its samples cover half its down window, hpa's and kpa's would
-    judge on seconds of metrics)."""
+    With `warmup_s`, the trace's first `warmup_s` play once before it, unmeasured and mirrored
+    in time (`warmup_time`), scaled by `warmup_policy` (the oracle), so that every policy takes
+    over a fleet sized for the load with the metering history a running deployment has (given
+    10 s of history, apa's decider would hold the warm fleet until its samples cover half its
+    down window, hpa's and kpa's would judge on seconds of metrics)."""
     batch = batch or full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale
@@ -418,8 +428,8 @@ def run(
     measured = len(trace)
     columns = trace if isinstance(trace, Trace) else Trace(trace)
     times, prompts, outputs = columns.times, columns.prompts, columns.outputs
-    # The warm-up plays the trace's first `warmup_s` (arrivals 0..prefix-1), then the whole
-    # trace follows, shifted by warmup_s: arrival k is row k, then row k - prefix.
+    # The warm-up plays the trace's first `warmup_s` (rows 0..prefix-1) backwards in time, then
+    # the whole trace follows, shifted by warmup_s: arrival k is row prefix-1-k, then k - prefix.
     prefix = bisect.bisect_left(times, warmup_s) if warmup_s > 0 else 0
     total = prefix + measured
     fleet.measure_from = warmup_s
@@ -432,8 +442,12 @@ def run(
         steps += 1
         now = steps * tick
         while k < total:
-            row, shift = (k, 0.0) if k < prefix else (k - prefix, warmup_s)
-            t = times[row] + shift
+            if k < prefix:
+                row = prefix - 1 - k
+                t = warmup_time(times[row], warmup_s)
+            else:
+                row = k - prefix
+                t = times[row] + warmup_s
             if t >= now:
                 break
             fleet.arrive(t, prompts[row], outputs[row], k)
@@ -474,4 +488,4 @@ def run(
     )
 
 
-__all__ = ["FleetConfig", "MinuteStats", "Result", "run"]
+__all__ = ["FleetConfig", "MinuteStats", "Result", "run", "warmup_time"]

@@ -71,3 +71,46 @@ def test_cli_reports_a_bad_trace(tmp_path):
         timeout=60,
     )
     assert out.returncode == 2 and "bad.csv:2" in out.stderr
+
+
+def _csv(tmp_path, rows):
+    path = tmp_path / "long.csv"
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2024-01-01 00:00:{s:02d}.0000000,{p},{o}" for s, p, o in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run(path, *extra):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capacity.simulate",
+            "--trace",
+            str(path),
+            "--policy",
+            "apa",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_accepts_prompts_up_to_128k_and_keeps_its_json(tmp_path):
+    out = _run(_csv(tmp_path, [(0, 131_000, 50), (1, 2_000, 50), (30, 100_000, 500)]))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert KEYS <= set(result) and result["requests"] == 3
+    assert result["rejected_fraction"] == 0.0
+
+
+def test_cli_refuses_a_prompt_beyond_the_context_naming_it(tmp_path):
+    out = _run(_csv(tmp_path, [(0, 2_000, 50), (1, 131_072, 50)]))
+    assert out.returncode == 2
+    assert "131072 tokens" in out.stderr and "context length 131072" in out.stderr
+    out = _run(_csv(tmp_path, [(0, 9_000, 50)]), "--max-model-len", "8192")
+    assert out.returncode == 2 and "context length 8192" in out.stderr

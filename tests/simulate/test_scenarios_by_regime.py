@@ -1,0 +1,48 @@
+"""apa against the oracle on each production-like regime of issue 23, 8-minute traces on
+synthetic time (the bench replays 30 minutes of each with more seeds; these keep the claims
+the README makes about each regime from silently breaking).
+
+- prefill-heavy, in lumps (20 copies of a heavy-tailed prompt within a second, no bursts):
+  apa at most 2 minutes of 9 missed, within 1.25x the oracle's GPU-hours. Reading the 20-s
+  mean (before the busiest-10-s rule) it missed 3 and 4 on these seeds.
+- long contexts at a 128k context (KV-bound batches): every minute, within 1.25x.
+- decode-heavy (long answers): every minute, within 1.25x.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from capacity.simulate.fleet import FleetConfig
+from capacity.simulate.scenario import simulate
+from capacity.simulate.traces import amplify, decode_heavy, long_context, prefill_heavy
+from dataplane.runtime.profiles import get_profile
+
+H100 = replace(get_profile("h100-llama-8b"), max_model_len=131_072)
+
+
+def _apa_and_oracle(trace):
+    return simulate(H100, trace, "apa", FleetConfig()), simulate(H100, trace, "oracle", FleetConfig())
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_prefill_heavy_lumps(seed):
+    trace = amplify(prefill_heavy(seed, seconds=480.0, base_qps=1.5, bursts=0), 20.0, seed=seed)
+    apa, oracle = _apa_and_oracle(trace)
+    assert oracle.slo_attainment == 1.0
+    assert len(apa.violating_minutes) <= 2, apa.violating_minutes
+    assert apa.gpu_hours <= 1.25 * oracle.gpu_hours
+
+
+def test_long_contexts_at_128k():
+    trace = long_context(1, seconds=480.0)
+    assert max(trace.prompts) > 60_000  # a real long tail, replayed uncut
+    apa, oracle = _apa_and_oracle(trace)
+    assert apa.slo_attainment == 1.0 and apa.rejected_fraction == 0.0
+    assert apa.gpu_hours <= 1.25 * oracle.gpu_hours
+
+
+def test_decode_heavy():
+    apa, oracle = _apa_and_oracle(decode_heavy(1, seconds=480.0, bursts=0))
+    assert apa.slo_attainment == 1.0
+    assert apa.gpu_hours <= 1.25 * oracle.gpu_hours
