@@ -12,11 +12,40 @@ group's history with no script and no inline style (the Content-Security-Policy 
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+_H = r"[0-9a-f]{1,4}"
+_V4 = r"\d{1,3}(?:\.\d{1,3}){3}"
+# IPv6 in full (eight groups) or compressed ("fd00:10:244::17", "::1", "::ffff:10.0.0.1"); never
+# a time ("16:07:30": no "::", three groups). Bracketed with a port: "[fd00::17]:8000".
+_V6 = rf"(?:(?:{_H}:){{7}}{_H}|(?:{_H}(?::{_H})*)?::(?:(?:{_H}:)*(?:{_V4}|{_H}))?)"
+# Cluster host names: services and pods (*.svc, *.svc.cluster.local, *.cluster.local), cloud
+# internal names (*.internal), and the pod-IP names ("ip-10-0-1-17", "10-244-1-17").
+_LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+_HOST = rf"(?:{_LABEL}\.)+(?:svc(?:\.cluster\.local)?|cluster\.local|internal)(?![\w-])(?::\d+)?"
+_POD_IP_NAME = r"(?:ip-)?\d{1,3}(?:-\d{1,3}){3}(?![\w-])"
+# The fleet's addresses beyond URLs and IPv4: normalised away and redacted for tenants alike.
+_FLEET_ADDRESS = (
+    rf"\[{_V6}\](?::\d+)?|(?<![\w:.])(?P<v6>{_V6})(?![\w:])|(?<![\w.-])(?:{_HOST}|{_POD_IP_NAME})"
+)
+_URL = r"\bhttps?://[^\s\"'<>]+"
+_ADDRESS = re.compile(rf"{_URL}|{_FLEET_ADDRESS}|\b{_V4}(?::\d+)?\b", re.I)
+_FLEET_ADDRESS_RE = re.compile(_FLEET_ADDRESS, re.I)
+
+
+def _replaced(token: str) -> Callable[[re.Match[str]], str]:
+    def replace(match: re.Match[str]) -> str:
+        # A bare "::", or hex words around one ("dead::beef"), are not addresses: an IPv6 has a digit.
+        v6 = match.group("v6")
+        return match.group() if v6 is not None and not any(c.isdigit() for c in v6) else token
+
+    return replace
+
 
 # Order matters: the longer, more specific shapes first, so a UUID is not read as numbers.
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\bhttps?://[^\s\"'<>]+", re.I), "<url>"),
+_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (re.compile(_URL, re.I), "<url>"),
+    (_FLEET_ADDRESS_RE, _replaced("<addr>")),  # IPv6 and host names, before their numbers are
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I), "<uuid>"),
     (re.compile(r"\b0x[0-9a-f]+\b", re.I), "<hex>"),
     # A hex id: 6+ hex digits with at least one digit and one letter ("7d9f0c", "a3f9e1b2").
@@ -46,8 +75,32 @@ def subject(endpoint_id: int | None, endpoint_name: str, pod: str) -> str:
     if endpoint_name:
         return f"endpoint-name:{endpoint_name}"
     if pod:
-        return f"pod:{pod}"
+        return f"pod:{workload(pod)}"
     return "fleet"
+
+
+# Kubernetes' suffix alphabet (no vowels, no 0/1/3): a replica set's hash and a pod's suffix.
+_K8S = "bcdfghjklmnpqrstvwxz2456789"
+_POD_SUFFIX = re.compile(rf"[{_K8S}]{{5}}")
+_REPLICA_SET_HASH = re.compile(rf"[{_K8S}]{{6,10}}")
+
+
+def workload(pod: str) -> str:
+    """The pod's name without what differs between a workload's pods: an ordinal ("ep-7-v1-13",
+    a stateful set's "db-2"), a replica set's hash and pod suffix ("chat-7d9f5c8b6-x2k4q"), or a
+    lone generated suffix with a digit ("node-agent-x2k4q"). So one crash across pods is one problem.
+
+    >>> [workload(p) for p in ("ep-7-v1-13", "chat-7d9f5c8b6-x2k4q", "agent-x2k4q", "chat-proxy")]
+    ['ep-7-v1', 'chat', 'agent', 'chat-proxy']
+    """
+    parts = pod.split("-")
+    if len(parts) >= 3 and _POD_SUFFIX.fullmatch(parts[-1]) and _REPLICA_SET_HASH.fullmatch(parts[-2]):
+        return "-".join(parts[:-2])
+    if len(parts) >= 2 and (
+        parts[-1].isdigit() or (_POD_SUFFIX.fullmatch(parts[-1]) and any(c.isdigit() for c in parts[-1]))
+    ):
+        return "-".join(parts[:-1])
+    return pod
 
 
 def fingerprint(kind: str, tenant_id: int | None, subject_: str, pattern: str) -> str:
@@ -76,10 +129,7 @@ def sparkline(counts: Sequence[int], width: float = 96.0, height: float = 18.0) 
     return " ".join(f"{(i + 0.5) * step:g},{height - 1 - span * n / top:g}" for i, n in enumerate(counts))
 
 
-_ADDRESS = re.compile(r"\b(?:https?://[^\s\"'<>]+|\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?)", re.I)
-
-
 def redact_addresses(text: str) -> str:
-    """The text with URLs and IP addresses replaced: what a tenant may read of a pod's report
-    (the pods' addresses are the fleet's, not the tenant's)."""
-    return _ADDRESS.sub("<internal address>", text)
+    """The text with URLs, IP addresses and cluster host names replaced: what a tenant may read
+    of a pod's report (the pods' addresses are the fleet's, not the tenant's)."""
+    return _ADDRESS.sub(_replaced("<internal address>"), text)

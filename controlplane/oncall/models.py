@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # for the annotation only: on-call's models load without the 
     from controlplane.endpoints.models import Endpoint
 
 SETTLE = timedelta(seconds=1)
+SILENCE_REASON_MAX = 300
 
 
 def may_acknowledge(principal: Principal) -> bool:
@@ -126,7 +127,7 @@ class EventGroup(models.Model):
     resolved_by = models.CharField(max_length=150, blank=True)
     silenced_until = models.DateTimeField(null=True, blank=True)
     silenced_by = models.CharField(max_length=150, blank=True)
-    silence_reason = models.CharField(max_length=300, blank=True)
+    silence_reason = models.CharField(max_length=SILENCE_REASON_MAX, blank=True)
     # Paging (controlplane.oncall.paging): what the webhook was last told ("", firing, resolved),
     # whether it must be told something now, and the retries of a delivery that failed.
     paged = models.CharField(max_length=8, blank=True)
@@ -198,16 +199,25 @@ class EventGroup(models.Model):
             if event.time >= group.last_at:
                 group.last_at, group.message, group.pod = event.time, event.message, event.pod
             worst = grouping.worse(group.severity, event.severity)
-            if worst != group.severity:  # worse than what was acknowledged: on-call must look again
+            rose = worst != group.severity
+            if rose:  # worse than what was acknowledged or silenced: on-call must look again
+                was = group.severity
                 group.severity, group.state = worst, cls.State.OPEN
-            group._page_if_due(timezone.now(), save=False)
+                if group.silenced_until is not None:
+                    # A silence was meant for the milder problem: it ends, and the row says why.
+                    group.silenced_until = None
+                    note = f"lifted when it rose from {was} to {worst}; was: {group.silence_reason}"
+                    group.silence_reason = note[:SILENCE_REASON_MAX]
+            group._page_if_due(timezone.now(), save=False, escalated=rose)
             group.save()
             return group
 
-    def _page_if_due(self, now: datetime, save: bool = True) -> None:
-        """Mark for the webhook when it pages and has not fired yet (paging sends it after commit)."""
+    def _page_if_due(self, now: datetime, save: bool = True, escalated: bool = False) -> None:
+        """Mark for the webhook when it pages and has not fired yet, or has fired at a milder
+        severity (`escalated`: the new page carries the new severity label, as Alertmanager
+        re-sends on a label change). Paging sends it after commit."""
         if (
-            self.paged != "firing"
+            (self.paged != "firing" or escalated)
             and self.state != self.State.RESOLVED
             and self.pages()
             and not self.silenced(now)

@@ -1,8 +1,9 @@
 """Paging: the groups that page go to ONCALL_WEBHOOK_URL as Alertmanager webhook JSON.
 
 One POST per change of a group: `firing` once when it first pages (a critical group, or a
-warning one with ONCALL_PAGE_WARNINGS=1, not silenced), `resolved` once when a group that fired
-is resolved (by an operator, or by `EventGroup.resolve_quiet` when it has had no repeat for
+warning one with ONCALL_PAGE_WARNINGS=1, not silenced), `firing` again when its severity rises
+(its labels changed: severity=critical; a rise also lifts a silence), `resolved` once when a
+group that fired is resolved (by an operator, or by `EventGroup.resolve_quiet` when it has had no repeat for
 ONCALL_RESOLVE_AFTER_S). The body is what Alertmanager's webhook receiver sends (version 4:
 status, groupKey, labels, annotations, alerts[] with startsAt/endsAt and generatorURL), so
 anything that takes Alertmanager's webhook takes ours, plus a Slack-style `text` field for chat
@@ -164,8 +165,9 @@ def process_one(now: datetime) -> bool:
         log.warning("page of group %d failed (attempt %d): %s", pk, attempts, exc)
         return True
     sent = {"paged": body["status"], "page_attempts": 0, "page_retry_at": None, "page_error": ""}
-    if not EventGroup.objects.filter(pk=pk, state=state).update(page_due=False, **sent):
-        # resolved while this page was on its way: the resolution is due in turn
+    same = {"state": state, "severity": group.severity}
+    if not EventGroup.objects.filter(pk=pk, **same).update(page_due=False, **sent):
+        # resolved, or escalated, while this page was on its way: the change is due in turn
         EventGroup.objects.filter(pk=pk).update(page_due=True, **sent)
     log.info("paged group %d: %s", pk, body["status"])
     return True

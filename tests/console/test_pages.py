@@ -63,6 +63,16 @@ def test_the_owner_sees_its_endpoint_reservation_and_events(owner_web, owned):
     assert "owner-hang-message" in owner_web.get("/console/oncall/").content.decode()
 
 
+def test_the_chart_marks_redact_addresses_for_the_tenant_not_the_operator(owner_web, operator_web, owned):
+    Event.record("scale", "scaled 1 -> 2 after the probe of http://10.9.8.7:8000 (fd00:10:244::17)",
+                 endpoint=owned, severity="info")  # fmt: skip
+    for path in (f"/console/endpoints/{owned.pk}/live/", f"/console/endpoints/{owned.pk}/"):
+        tenant = owner_web.get(path).content.decode()
+        assert "scaled 1 -&gt; 2 after the probe of &lt;internal address&gt;" in tenant, path
+        assert "10.9.8.7" not in tenant and "fd00" not in tenant, path
+        assert "http://10.9.8.7:8000" in operator_web.get(path).content.decode(), path
+
+
 def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(owner_web, owned):
     now = int(timezone.now().timestamp()) // 5 * 5
     # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5.0 req/s.

@@ -62,7 +62,7 @@ def test_another_cause_kind_subject_or_tenant_is_another_problem():
 def test_the_subject_is_the_endpoint_else_the_pod_else_the_fleet():
     assert grouping.subject(7, "chat", "ep-7-v1-1") == "endpoint:7"
     assert grouping.subject(None, "chat", "ep-7-v1-1") == "endpoint-name:chat"  # the endpoint is gone
-    assert grouping.subject(None, "", "bench-3") == "pod:bench-3"
+    assert grouping.subject(None, "", "bench-3") == "pod:bench"  # a workload's pods are one subject
     assert grouping.subject(None, "", "") == "fleet"
 
 
@@ -77,3 +77,42 @@ def test_the_sparkline_spans_its_box_with_the_tallest_bucket_at_the_top():
 def test_addresses_are_redacted_for_tenants():
     text = "upstream http://10.0.3.7:8000/v1/completions refused; probe 10.0.3.7:8001"
     assert grouping.redact_addresses(text) == "upstream <internal address> refused; probe <internal address>"
+
+
+def test_a_workloads_pods_are_one_subject_and_other_workloads_another():
+    rng = random.Random(6)
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    for _ in range(20):
+        pods = [f"ep-7-v1-{rng.randrange(100)}", f"ep-7-v1-{rng.randrange(100, 200)}"]
+        assert len({grouping.subject(None, "", p) for p in pods}) == 1, pods
+        rs = "".join(rng.choice(alphabet) for _ in range(rng.randrange(6, 11)))
+        deployment = [f"chat-{rs}-{''.join(rng.choice(alphabet) for _ in range(5))}" for _ in range(2)]
+        assert {grouping.workload(p) for p in deployment} == {"chat"}, deployment
+    assert grouping.workload("ep-7-v2-3") != grouping.workload("ep-7-v1-3")  # another version
+    assert grouping.workload("ep-8-v1-3") != grouping.workload("ep-7-v1-3")
+    assert grouping.workload("chat-proxy") == "chat-proxy"  # an ordinary word is kept
+
+
+def test_ipv6_and_cluster_host_names_are_redacted_but_not_times_or_words():
+    for address in (
+        "fd00:10:244::17", "[fd00:10:244::17]:8000", "[fd00:10:244::17]", "::1", "fe80::a1b2:3c4d",
+        "2001:db8:0:0:0:0:0:1", "::ffff:10.0.3.7", "chat.default.svc", "chat.default.svc:8000",
+        "ep-7.tenant-3.svc.cluster.local", "10-244-1-17.default.pod.cluster.local",
+        "ip-10-0-1-17.ec2.internal", "ip-10-0-1-17", "10-244-1-17",
+    ):  # fmt: skip
+        text = f"peer {address} refused"
+        assert grouping.redact_addresses(text) == "peer <internal address> refused", address
+    for kept in (
+        "at 16:07:30 on 2026-12-01", "std::vector", "dead::beef", "internal error", "the svc is up",
+        "ratio 3:1", "pod ep-7-v1-3 restarted", "build a3f9e1b2", "e.g. this",
+    ):  # fmt: skip
+        assert grouping.redact_addresses(kept) == kept, kept
+
+
+def test_repeats_from_other_ipv6_pods_and_hosts_are_one_problem():
+    texts = [
+        f"probe to [fd00:10:244::{i:x}]:8000 failed via ep-7-v1-{i}.tenant-3.svc.cluster.local"
+        for i in (7, 23)
+    ]
+    assert len({grouping.normalise(t) for t in texts}) == 1
+    assert "fd00" not in grouping.normalise(texts[0]) and "svc" not in grouping.normalise(texts[0])

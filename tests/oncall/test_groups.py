@@ -110,3 +110,12 @@ def test_two_writers_of_one_new_problem_make_one_group(owner):
         t.join(10)
     assert not errors
     assert list(EventGroup.objects.values_list("count", flat=True)) == [2]
+
+
+def test_one_crash_across_a_workloads_pods_is_one_group(owner):
+    for i in range(12):  # the endpoint is gone from the report: only the pods name the problem
+        pod = f"ep-7-v1-{i}"
+        Event.record("restart", f"pod {pod} restarted: Error, exit code 1", pod=pod, severity="warning")
+    other = "ep-9-v1-0"
+    Event.record("restart", f"pod {other} restarted: Error, exit code 1", pod=other, severity="warning")
+    assert sorted(EventGroup.objects.values_list("count", flat=True)) == [1, 12]  # endpoint 9's is another

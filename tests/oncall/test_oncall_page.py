@@ -182,3 +182,22 @@ def test_the_group_table_refreshes_alone(operator_web, owner):
     assert partial.startswith('<table class="grid groups">') and len(group_rows(partial)) == 1
     page = operator_web.get("/console/oncall/").content.decode()
     assert 'hx-get="/console/oncall/groups/?severity=warning&amp;severity=critical"' in page
+
+
+def test_who_silenced_a_group_and_why_is_for_operators_only(owner_web, operator_web, owner, make_endpoint):
+    chat = make_endpoint(owner, "chat")
+    e = Event.record("hang", "probe unanswered", endpoint=chat, severity="warning")
+    e.group.silence("opal", datetime.now(UTC) + timedelta(hours=1), "INTERNAL: node gpu-17 flaky, OPS-42")
+    (tenant_row,) = group_rows(owner_web.get("/console/oncall/").content.decode())
+    assert "silenced until" in tenant_row and "OPS-42" not in tenant_row and "opal" not in tenant_row
+    (operator_row,) = group_rows(operator_web.get("/console/oncall/").content.decode())
+    assert "by opal: INTERNAL: node gpu-17 flaky, OPS-42" in operator_row
+
+
+def test_the_owner_reads_no_ipv6_or_cluster_host_name_of_its_pods(owner_web, owner, make_endpoint):
+    chat = make_endpoint(owner, "chat")
+    message = "probe to [fd00:10:244::17]:8000 failed; peer fd00:10:244::18 via "
+    message += "ep-1-v1-1.tenant-1.svc.cluster.local at 16:07:30"
+    Event.record("hang", message, endpoint=chat, severity="critical")
+    html = owner_web.get("/console/oncall/").content.decode()
+    assert "fd00" not in html and "svc.cluster.local" not in html and "16:07:30" in html

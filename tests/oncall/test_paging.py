@@ -62,11 +62,43 @@ def test_warnings_page_only_when_asked_and_info_never(receiver, owner, settings)
 
 
 def test_a_silenced_group_does_not_page(receiver, owner):
-    first = Event.record("benchmark", "sweep failed at shape (16, 1)", tenant=owner, severity="warning")
+    first = Event.record("benchmark", "sweep failed at shape (16, 1)", tenant=owner, severity="critical")
     first.group.silence("opal", datetime.now(UTC) + timedelta(hours=1), "known: GPU swapped")
+    EventGroup.objects.filter(pk=first.group_id).update(page_due=False)  # silenced before delivery
     Event.record("benchmark", "sweep failed at shape (16, 16)", tenant=owner, severity="critical")
     paging.deliver_due(datetime.now(UTC))
     assert receiver.bodies == []
+
+
+def test_a_silenced_warning_that_turns_critical_pages_and_the_silence_is_lifted(receiver, owner):
+    first = Event.record("hang", "probe unanswered for 21 s", tenant=owner, severity="warning")
+    first.group.silence("opal", datetime.now(UTC) + timedelta(days=7), "noisy warning")
+    Event.record("hang", "probe unanswered for 33 s", tenant=owner, severity="warning")
+    paging.deliver_due(datetime.now(UTC))
+    assert receiver.bodies == []  # the silence holds while it is the problem that was silenced
+    Event.record("hang", "probe unanswered for 95 s", tenant=owner, severity="critical")
+    paging.deliver_due(datetime.now(UTC))
+    assert [b["alerts"][0]["labels"]["severity"] for b in receiver.bodies] == ["critical"]
+    group = EventGroup.objects.get(pk=first.group_id)
+    assert group.state == "open" and group.silenced_until is None and group.silenced_by == "opal"
+    assert group.silence_reason == "lifted when it rose from warning to critical; was: noisy warning"
+
+
+def test_a_fired_warning_that_turns_critical_pages_again_with_the_new_severity(receiver, owner, settings):
+    settings.ONCALL_PAGE_WARNINGS = True
+    first = Event.record("hang", "probe unanswered for 21 s", tenant=owner, severity="warning")
+    paging.deliver_due(NOW)
+    Event.record("hang", "probe unanswered for 40 s", tenant=owner, severity="warning")
+    paging.deliver_due(NOW)  # a repeat at the same severity is not news
+    Event.record("hang", "probe unanswered for 95 s", tenant=owner, severity="critical")
+    Event.record("hang", "probe unanswered for 99 s", tenant=owner, severity="critical")
+    paging.deliver_due(NOW)
+    labels = [b["alerts"][0]["labels"] for b in receiver.bodies]
+    assert [(b["status"], x["severity"]) for b, x in zip(receiver.bodies, labels, strict=True)] == [
+        ("firing", "warning"),
+        ("firing", "critical"),
+    ]
+    assert {x["group_id"] for x in labels} == {str(first.group_id)}  # one alert, its labels changed
 
 
 def test_a_failing_receiver_is_retried_with_backoff(owner, settings):

@@ -22,6 +22,7 @@ from controlplane.console.views.base import ConsoleRequest, console_view, filled
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
+from controlplane.oncall.templatetags.oncall import as_seen_by
 from controlplane.selling import NoPlacement
 from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
@@ -160,7 +161,7 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
                      "queued", "latency_counts")
     )  # fmt: skip
     marks = [
-        charts.Mark(t.timestamp(), f"{t:%H:%M:%S} {k}: {m}", f"mark {k}")
+        charts.Mark(t.timestamp(), f"{t:%H:%M:%S} {k}: {as_seen_by(m, request.principal)}", f"mark {k}")
         for k, t, m in Event.objects.filter(
             endpoint=endpoint, kind__in=["scale", "concurrency"], time__gte=datetime.fromtimestamp(since, UTC)
         )
