@@ -105,8 +105,10 @@ class StreamUsage:
             self._buf = buf
             return b""
         end += 2
-        block = buf[:end] if end < len(buf) else buf
-        self._buf = buf[end:]
+        if end < len(buf):
+            block, self._buf = buf[:end], buf[end:]
+        else:  # most reads end with an event
+            block, self._buf = buf, b""
         if self._held:
             block, self._held = self._held + block, b""
         keys = self._keys
@@ -123,7 +125,9 @@ class StreamUsage:
                 self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
                 before, after = block[:start], block[stop:]  # tokens: the usage says them
                 if self.hide_usage:
-                    return _stamped(before, usage_event, keys[1]) + after
+                    # the regex only where the key is (a chunk without one is the engine's choice)
+                    fp = _FINGERPRINT.search(usage_event) if b'"system_fingerprint"' in usage_event else None
+                    return (before if fp is None else _stamped(before, fp.group(0), keys[1])) + after
                 return before + self._with_mu(usage_event) + after
         elif self._holds and self.usage is None:
             at = block.find(keys[1])
@@ -191,13 +195,9 @@ def _event_start(block: bytes, at: int) -> int:
     return i + 2 if i >= 0 else 0
 
 
-def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
-    """``events`` with the usage chunk's ``system_fingerprint`` (bytes as sent) put back on each
-    terminal chunk, as vLLM sends them without include_usage."""
-    fp = _FINGERPRINT.search(usage_event)
-    if fp is None:
-        return events
-    stamp = fp.group(0)
+def _stamped(events: bytes, stamp: bytes, finished: bytes) -> bytes:
+    """``events`` with the usage chunk's ``system_fingerprint`` (``stamp``: its bytes as sent,
+    comma first) put back on each terminal chunk, as vLLM sends them without include_usage."""
     out = []
     end = len(events)
     at = events.rfind(finished)  # from the end: the terminal chunks are the last ones
