@@ -203,14 +203,20 @@ def demand(
         if "messages" in body:
             check_messages(body["messages"])
         prompts = 1
-        max_tokens = _int_param(body, "max_tokens")  # vLLM validates both fields ...
-        completion_tokens = _int_param(body, "max_completion_tokens")
+        max_tokens = body.get("max_tokens")  # vLLM validates both fields ...
+        if max_tokens is not None and type(max_tokens) is not int:  # no call in the common case
+            max_tokens = _int_param(body, "max_tokens")
+        completion_tokens = body.get("max_completion_tokens")
+        if completion_tokens is not None and type(completion_tokens) is not int:
+            completion_tokens = _int_param(body, "max_completion_tokens")
         name = "max_tokens" if completion_tokens is None else "max_completion_tokens"
         budget = max_tokens if completion_tokens is None else completion_tokens  # ... honours one
     else:
         prompt = body.get("prompt")
         prompts = 1 if prompt is None or isinstance(prompt, str) else prompt_count(prompt)
-        name, budget = "max_tokens", _int_param(body, "max_tokens")
+        name, budget = "max_tokens", body.get("max_tokens")
+        if budget is not None and type(budget) is not int:  # no call in the common case
+            budget = _int_param(body, name)
     if budget is None:
         budget = min(default_max_tokens, max_model_len)
     elif not 0 <= budget <= max_model_len:
