@@ -111,6 +111,7 @@ bench-runtime-fleet: install
 bench-router: install
 	DURATION=5 ROUNDS=3 bash bench/router_peers.sh
 	PY=$(BIN)/python DURATION=5 ROUNDS=3 bash bench/router_metering.sh
+	PY=$(BIN)/python bash bench/router_instructions.sh  # skips (a line) without valgrind
 	bash bench/concurrency.sh
 	$(BIN)/python bench/balancing.py
 	$(BIN)/python bench/balancing_http.py

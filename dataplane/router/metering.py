@@ -81,20 +81,20 @@ class Meter:
         return t
 
     def start(self, key: Key, now: float) -> None:
-        s = self._stats(key, now)
+        s = self.current.get(key) or self._stats(key, now)  # the key's second, made once
         s.inflight_integral += s.inflight * (now - s.inflight_since)
         s.inflight_since = now
         s.inflight += 1
-        self._total(key).inflight += 1
+        (self.totals.get(key) or self._total(key)).inflight += 1
 
     def finish(
         self, key: Key, now: float, latency_s: float, mu: float, tokens_in: int, tokens_out: int, error: bool
     ) -> None:
-        s = self._stats(key, now)
+        s = self.current.get(key) or self._stats(key, now)
         s.inflight_integral += s.inflight * (now - s.inflight_since)
         s.inflight_since = now
         s.inflight -= 1
-        for st in (s, self._total(key)):
+        for st in (s, self.totals.get(key) or self._total(key)):
             st.requests += 1
             st.mu += mu
             st.tokens_in += tokens_in

@@ -64,14 +64,14 @@ def metered(
     answer -> 5.42 MU; a 400 -> 0; a pod lost before its head -> 0.
     """
     if usage is not None:
-        return price(c, usage[0], usage[1]), usage[0], usage[1]
+        return c.cost(usage[0], usage[1]), usage[0], usage[1]
     tokens_in, most_out = estimate
     if delivered_tokens > 0:
-        return price(c, tokens_in, delivered_tokens), tokens_in, delivered_tokens
+        return c.cost(tokens_in, delivered_tokens), tokens_in, delivered_tokens
     if (answered or client_cut) and (200 <= status < 300 or (client_cut and status == 0)):
-        return price(c, tokens_in, most_out), tokens_in, most_out
+        return c.cost(tokens_in, most_out), tokens_in, most_out
     if 0 < status < 400:
-        return price(c, tokens_in, 0), tokens_in, 0
+        return c.cost(tokens_in, 0), tokens_in, 0
     return 0.0, 0, 0
 
 

@@ -71,7 +71,7 @@ def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, 
     return b"".join(out)
 
 
-_ASK_USAGE = b'"stream_options":{"include_usage":true},'
+_OPEN_ASKING_USAGE = b'{"stream_options":{"include_usage":true},'  # the body's brace, the field
 
 
 def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
@@ -88,23 +88,23 @@ def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
-    if lax_bool(body.get("stream")) is not True:  # "stream": 1 or "true" is a stream to vLLM
-        return raw, False
-    options = body.get("stream_options", _ASK_USAGE)
-    if options is not _ASK_USAGE and options is not None and not isinstance(options, dict):
+    stream = body.get("stream")
+    # "stream": 1 or "true" is a stream to vLLM; true is, and no false-like value ever is
+    if stream is not True and (not stream or lax_bool(stream) is not True):
         return raw, False
     batched = "stream_interval" in body
-    if isinstance(options, dict) and lax_bool(options.get("include_usage")) is True:
-        return (_dumped(body, None), False) if batched else (raw, False)
-    if options is _ASK_USAGE and not batched:
+    options = None
+    if "stream_options" not in body and not batched:  # the usual stream: the field goes in as bytes
         i = raw.find(b"{")
-        if raw[:i].strip() == b"":
-            return raw[: i + 1] + _ASK_USAGE + raw[i + 1 :], True
-    asked = {
-        **(options if isinstance(options, dict) else {}),
-        "include_usage": True,
-        "continuous_usage_stats": False,
-    }
+        if i == 0 or raw[:i].isspace():
+            return raw.replace(b"{", _OPEN_ASKING_USAGE, 1), True
+    else:
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            return raw, False
+        if options is not None and lax_bool(options.get("include_usage")) is True:
+            return (_dumped(body, None), False) if batched else (raw, False)
+    asked = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
     return _dumped(body, asked), True
 
 
@@ -114,61 +114,6 @@ def _dumped(body: dict[str, Any], stream_options: dict[str, Any] | None) -> byte
     if stream_options is not None:
         out["stream_options"] = stream_options
     return json.dumps(out, separators=(",", ":")).encode()
-
-
-class Delivery:
-    """What one request got from its pod, for its price (``pricing.metered``): the engine's usage
-    when it reported it, else the output tokens passed on to the client (``stream_usage``), else
-    the admission estimate when the answer came without usage."""
-
-    __slots__ = (
-        "answered",
-        "chat",
-        "client_cut",
-        "coefficients",
-        "estimated_input_tokens",
-        "estimated_output_tokens",
-        "hide_usage",
-        "sent",
-        "status",
-        "tokens_out",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        coefficients: Coefficients,
-        estimated_input_tokens: int,
-        hide_usage: bool,
-        chat: bool,
-        estimated_output_tokens: int = 0,
-    ) -> None:
-        self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
-        self.coefficients = coefficients
-        self.estimated_input_tokens = estimated_input_tokens
-        self.estimated_output_tokens = estimated_output_tokens  # the most it may generate
-        self.answered = False  # a whole non-streamed answer came (with its usage or not)
-        self.client_cut = False  # sent to a pod, then its client went away
-        self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
-        self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
-        self.status = 0
-        self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
-        self.tokens_out = 0  # output tokens delivered (streams)
-
-    def price(self) -> tuple[float, int, int]:
-        """(MU, input tokens, output tokens) it is metered at."""
-        return metered(
-            self.coefficients,
-            (self.estimated_input_tokens, self.estimated_output_tokens),
-            self.usage,
-            self.tokens_out,
-            self.status,
-            answered=self.answered,
-            client_cut=self.client_cut,
-        )
-
-    def exact(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return self.coefficients.cost(prompt_tokens, completion_tokens)
 
 
 def parse_usage(body: bytes) -> tuple[int, int] | None:
@@ -219,66 +164,114 @@ class UsageScan:
         return self.usage
 
 
-def _joined(chunks: list[bytes] | tuple[()]) -> bytes:
-    """The chunks as one bytes: the one chunk itself (most answers come in one read), no copy."""
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 class Exchange:
+    """One request's exchange with its pods, and what it got for its price (``pricing.metered``):
+    the engine's usage when it reported it, else the output tokens passed on to the client
+    (``stream_usage``), else the admission estimate when the answer came without usage.
+
+    Made once per request; ``send`` sends it to a pod, again to another on a retry. A retry
+    follows only an attempt that got no response byte, so the answer's state is still new then.
+    """
+
     __slots__ = (
-        "body_started",
+        "answered",
         "buffer",
         "buffered",
+        "chat",
         "client",
+        "client_cut",
+        "coefficients",
         "conn",
-        "delivery",
         "done",
+        "estimate",
         "head",
+        "hide_usage",
         "max_buffer_bytes",
         "pending",
         "pod_header",
+        "priced",
         "read_timeout_s",
         "response_headers",
         "scan",
+        "sent",
         "status",
         "stream",
         "timer",
+        "usage",
     )
 
     def __init__(
         self,
         client: ClientConnection,
-        conn: UpstreamConnection,
-        pod_header: bytes,
+        coefficients: Coefficients,
+        estimate: tuple[int, int],
+        hide_usage: bool,
+        chat: bool,
         read_timeout_s: float,
-        delivery: Delivery,
         max_buffer_bytes: int,
     ) -> None:
-        loop = client.loop
         self.client = client
-        self.conn = conn
-        self.pod_header = pod_header  # pre-encoded "x-pod: name\r\n"
-        self.delivery = delivery
+        self.coefficients = coefficients
+        self.estimate = estimate  # the admission's (input tokens, the most output tokens)
+        self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
+        self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
+        self.read_timeout_s = read_timeout_s
         self.max_buffer_bytes = max_buffer_bytes  # a JSON answer up to this size gets x-mu-cost
-        self.head: asyncio.Future[None] = loop.create_future()
-        self.done: asyncio.Future[None] = loop.create_future()
+        self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
+        self.client_cut = False  # sent to a pod, then its client went away
+        self.answered = False  # a whole non-streamed answer came (with its usage or not)
         self.status = 0
+        self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
+        self.priced: tuple[float, int, int] | None = None  # a held answer's price, sent in its head
         self.scan: UsageScan | None = None  # a passed-through answer's usage, read as it passes
         self.stream: StreamUsage | None = None  # an event stream's reader
         self.pending = b""  # the stream's events from the pod's current read, not written yet
         self.buffer: list[bytes] | None = None  # a JSON answer held for its price header
         self.buffered = 0  # bytes in buffer
         self.response_headers = b""  # the head's header lines, while the answer is held
-        self.body_started = False
-        self.read_timeout_s = read_timeout_s
-        self.timer: asyncio.TimerHandle | None = loop.call_later(read_timeout_s, self._check_timeout)
+        # the current attempt's
+        self.conn: UpstreamConnection | None = None
+        self.pod_header = b""  # pre-encoded "x-pod: name\r\n"
+        self.head: asyncio.Future[None] | None = None  # the response head came (or it failed)
+        self.done: asyncio.Future[None] | None = None  # the answer ended (or it failed)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def send(
+        self, conn: UpstreamConnection, pod_header: bytes, request: bytes
+    ) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
+        """Send ``request`` on ``conn`` (a pod's, ``pod_header`` its x-pod line); (head, done): the
+        futures of this attempt, its response head and its end (or its failure)."""
+        loop = self.client.loop
+        self.conn, self.pod_header = conn, pod_header
+        head = self.head = loop.create_future()
+        done = self.done = loop.create_future()
+        self.timer = loop.call_later(self.read_timeout_s, self._check_timeout)
+        conn.send(request, self)
+        self.sent = True
+        return head, done
+
+    def price(self) -> tuple[float, int, int]:
+        """(MU, input tokens, output tokens) it is metered at."""
+        if self.priced is not None:
+            return self.priced
+        return metered(
+            self.coefficients,
+            self.estimate,
+            self.usage,
+            self.stream.tokens if self.stream is not None else 0,
+            self.status,
+            answered=self.answered,
+            client_cut=self.client_cut,
+        )
 
     def _check_timeout(self) -> None:
-        idle = time.monotonic() - self.conn.last_activity
+        conn = self.conn
+        assert conn is not None
+        idle = time.monotonic() - conn.last_activity
         if idle >= self.read_timeout_s:
             self.timer = None
-            self.conn.sink = None
-            self.conn.close()
+            conn.sink = None
+            conn.close()
             self.upstream_lost(TimeoutError(f"pod silent for {idle:.1f} s"))
         else:  # activity since: re-arm for the rest of the window (one timer, not one per chunk)
             self.timer = self.client.loop.call_later(self.read_timeout_s - idle, self._check_timeout)
@@ -290,7 +283,7 @@ class Exchange:
 
     # --- Sink
     def upstream_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status = self.delivery.status = status
+        self.status = status
         length: int | None = None
         content_type = b""
         out = [self.pod_header]
@@ -305,22 +298,20 @@ class Exchange:
         client = self.client
         client.flow_peer = self.conn
         if content_type.startswith(b"text/event-stream"):
-            delivery = self.delivery
-            self.stream = StreamUsage(delivery.hide_usage, delivery.exact, delivery.chat)
+            self.stream = StreamUsage(self.hide_usage, self.coefficients.cost, self.chat)
+            # its length changes (usage chunk out, fingerprints in): re-framed
+            client.start_response(status, b"".join(out), None)
         elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:
             self.buffer = []
             self.response_headers = b"".join(out)
-        if self.stream is not None:  # its length changes (usage chunk out, fingerprints in)
-            length = None
-        if self.buffer is None:
-            if self.stream is None:
-                self.scan = UsageScan()
+        else:
+            self.scan = UsageScan()
             client.start_response(status, b"".join(out), length)
-            if client.write_paused:
-                self.conn.pause_reading()
-        self.body_started = True
-        if not self.head.done():
-            self.head.set_result(None)
+        if self.buffer is None and client.write_paused:
+            self._pause_pod()
+        head = self.head
+        if head is not None and not head.done():
+            head.set_result(None)
 
     def upstream_body(self, data: bytes) -> None:
         stream = self.stream
@@ -329,35 +320,32 @@ class Exchange:
             if transport is not None and not transport.is_closing():  # gone: nothing more delivered
                 # written once per read of the pod (upstream_flush, upstream_done): one syscall
                 self.pending += stream.feed(data)
-                self.delivery.tokens_out = stream.tokens
             return
         buffer = self.buffer
         if buffer is not None:
             buffer.append(data)
             self.buffered += len(data)
             if self.buffered > self.max_buffer_bytes:  # too large to hold: pass on, unpriced head
-                self._send_held(None)
+                self._pass_held()
             return
         self.client.write_body(data)
         if self.scan is not None:
             self.scan.feed(data)
 
-    def _send_held(self, price_header: bytes | None, held: bytes | None = None) -> None:
-        """The held JSON answer (``held``: its bytes, when already joined): whole with its price
-        and length, or (too large) its head and what came so far, the rest following as it
-        arrives."""
-        if held is None:
-            held = _joined(self.buffer or ())
+    def _pass_held(self) -> None:
+        """A JSON answer too large to hold: its head (no price, no length) and what came so far;
+        the rest follows as it arrives, searched for its usage as it passes."""
+        held = b"".join(self.buffer or ())
         self.buffer = None
-        client = self.client
-        if price_header is None:
-            client.start_response(self.status, self.response_headers, None)
-            self.scan = UsageScan()
-            self.scan.feed(held)
-        else:
-            client.start_response(self.status, self.response_headers + price_header, len(held))
-        client.write_body(held)
-        if client.write_paused:
+        self.client.start_response(self.status, self.response_headers, None)
+        self.scan = UsageScan()
+        self.scan.feed(held)
+        self.client.write_body(held)
+        if self.client.write_paused:
+            self._pause_pod()
+
+    def _pause_pod(self) -> None:
+        if self.conn is not None:
             self.conn.pause_reading()
 
     def upstream_flush(self) -> None:
@@ -369,31 +357,39 @@ class Exchange:
 
     def upstream_done(self) -> None:
         self.cancel_timer()
-        delivery = self.delivery
-        last = b""
-        if self.stream is not None:
-            if not self.client.closed:
-                last, self.pending = self.pending + self.stream.end(), b""
-            delivery.usage, delivery.tokens_out = self.stream.usage, self.stream.tokens
-        elif self.buffer is not None:
-            held = _joined(self.buffer)
-            delivery.usage, delivery.answered = parse_usage(held), True
-            mu = delivery.price()[0]
-            self._send_held(b"x-mu-cost: %s\r\n" % mu_text(mu).encode(), held)
+        client = self.client
+        stream = self.stream
+        if stream is not None:
+            last = b""
+            if not client.closed:
+                last, self.pending = self.pending + stream.end(), b""
+            self.usage = stream.usage
+            client.end_response(last)
+        elif self.buffer is not None:  # held whole: sent with its price and length, in one write
+            buffer, self.buffer = self.buffer, None
+            held = buffer[0] if len(buffer) == 1 else b"".join(buffer)  # most come in one read
+            self.usage, self.answered = parse_usage(held), True
+            self.priced = self.price()
+            price_header = b"x-mu-cost: %s\r\n" % mu_text(self.priced[0]).encode()
+            client.send_response(self.status, self.response_headers + price_header, held)
         else:
-            delivery.usage, delivery.answered = (self.scan.end() if self.scan is not None else None), True
-        self.client.end_response(last)
-        if not self.done.done():
-            self.done.set_result(None)
+            self.usage, self.answered = (self.scan.end() if self.scan is not None else None), True
+            client.end_response()
+        done = self.done
+        if done is not None and not done.done():
+            done.set_result(None)
 
     def upstream_lost(self, exc: BaseException | None) -> None:
         self.cancel_timer()
         if self.stream is not None:
-            self.delivery.usage = self.stream.usage  # tokens_out: what was passed on
+            self.usage = self.stream.usage  # tokens: what was passed on
         reason = f"pod connection lost: {exc!r}"
-        if not self.head.done():
-            self.head.set_exception(UpstreamFailed(True, reason))
-            self.done.set_exception(UpstreamFailed(True, reason))
-            self.done.exception()  # mark retrieved: nobody awaits done when head failed
-        elif not self.done.done():
-            self.done.set_exception(UpstreamFailed(False, reason))
+        head, done = self.head, self.done
+        if head is None or done is None:
+            return
+        if not head.done():
+            head.set_exception(UpstreamFailed(True, reason))
+            done.set_exception(UpstreamFailed(True, reason))
+            done.exception()  # mark retrieved: nobody awaits done when head failed
+        elif not done.done():
+            done.set_exception(UpstreamFailed(False, reason))

@@ -49,8 +49,8 @@ from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
 from dataplane.router.metering import Meter, publish
-from dataplane.router.pricing import estimate_input_tokens, price
-from dataplane.router.proxy import Delivery, Exchange, UpstreamFailed, build_request, pod_body
+from dataplane.router.pricing import estimate_input_tokens
+from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pod_body
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import demand
@@ -86,12 +86,6 @@ def json_body(raw: bytes) -> tuple[dict[str, Any], str]:
     if not isinstance(model, str) or not model:
         raise RequestError(400, "you must provide a model parameter", "missing_model")
     return body, model
-
-
-def tenant_body(body: dict[str, Any], raw: bytes) -> bytes:
-    """The body forwarded for a tenant's request: ``raw`` as it came, or re-encoded when its
-    ``priority`` had to be clamped to the tenants' range (``clamp_tenant_priority``)."""
-    return json.dumps(body).encode() if clamp_tenant_priority(body) else raw
 
 
 class Router:
@@ -147,7 +141,7 @@ class Router:
         path = req.path.partition(b"?")[0]
         try:
             if req.method == b"POST" and (path == COMPLETIONS or path == CHAT):
-                await self.proxy(client, req)
+                await self.proxy(client, req, path == CHAT)
                 return
             methods = TENANT_PATHS.get(path)
             if methods is None and self.admin_listen is None and path in OPERATOR_PATHS:
@@ -192,23 +186,32 @@ class Router:
             ready = self.table is not None and not self.state.draining
             client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
 
-    async def proxy(self, client: ClientConnection, req: Request) -> None:
-        """Price the request, admit it, forward it (queueing, retrying), meter what it cost."""
+    async def proxy(self, client: ClientConnection, req: Request, chat: bool) -> None:
+        """Price the request, admit it, forward it (queueing, retrying), meter what it cost
+        (``chat``: on /v1/chat/completions, else /v1/completions)."""
         cfg = self.config
         tenant = self.tenant_of(req)
         body, model = json_body(req.body)
         ep = self.endpoint_for(tenant, model)
         spec = ep.spec  # this request's, whatever a reload installs meanwhile
         key = (spec.id, tenant)
-        chat = req.path.partition(b"?")[0] == CHAT
-        need = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens)  # else 400
+        most_out = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens).output_tokens
         tokens_in = estimate_input_tokens(body, chat)
-        cost = price(spec.coefficients, tokens_in, need.output_tokens)
-        probe = is_probe(req.headers.get(self._probe_header), self.probe_key)
-        if not probe:
-            req.body = tenant_body(body, req.body)
+        cost = spec.coefficients.cost(tokens_in, most_out)  # the admission estimate (pricing)
+        # without a prober credential nothing is a probe: no header to read
+        probe = self.probe_key is not None and is_probe(req.headers.get(self._probe_header), self.probe_key)
+        if not probe and "priority" in body and clamp_tenant_priority(body):
+            req.body = json.dumps(body).encode()  # the tenant's priority raised to its range
         forwarded, hide_usage = pod_body(req.body, body)
-        delivery = Delivery(spec.coefficients, tokens_in, hide_usage, chat, need.output_tokens)
+        exch = Exchange(
+            client,
+            spec.coefficients,
+            (tokens_in, most_out),
+            hide_usage,
+            chat,
+            cfg.upstream_read_timeout_s,
+            cfg.max_body_bytes,
+        )
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
         try:
@@ -227,7 +230,7 @@ class Router:
                     self.meter.start(key, self.clock())
                     started = True
                 ok = await self.forward(
-                    client, req, forwarded, ep, pod, cost, len(tried) + 1 < cfg.max_attempts, delivery
+                    client, req, forwarded, ep, pod, cost, len(tried) + 1 < cfg.max_attempts, exch
                 )
                 if ok:
                     break
@@ -235,17 +238,17 @@ class Router:
         except BaseException as exc:
             end = self.clock()
             if started:  # cut short (client gone, pod lost): what was delivered (pricing.metered)
-                delivery.client_cut = client.closed and delivery.sent
-                mu, tin, tout = delivery.price()
+                exch.client_cut = client.closed and exch.sent
+                mu, tin, tout = exch.price()
                 self.admission.settle(ep, probe, cost, mu)
                 self.meter.finish(key, end, end - t0, mu, tin, tout, True)
             elif isinstance(exc, RequestError):
                 self.meter.reject(key, end, exc.status)
             raise
-        mu, tin, tout = delivery.price()
+        mu, tin, tout = exch.price()
         self.admission.settle(ep, probe, cost, mu)
         end = self.clock()
-        self.meter.finish(key, end, end - t0, mu, tin, tout, delivery.status >= 500)
+        self.meter.finish(key, end, end - t0, mu, tin, tout, exch.status >= 500)
 
     async def forward(
         self,
@@ -256,9 +259,9 @@ class Router:
         pod: balancer.PodLoad,
         cost: float,
         may_retry: bool,
-        delivery: Delivery,
+        exch: Exchange,
     ) -> bool:
-        """Send ``body`` to ``pod``; True when answered (``delivery`` says what), False to retry
+        """Send ``body`` to ``pod``; True when answered (``exch`` says what), False to retry
         elsewhere."""
         host, port, host_hdr, pod_hdr = ep.addresses[pod.url]
         pod.acquire(cost)
@@ -275,18 +278,10 @@ class Router:
                 raise RequestError(
                     502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                 ) from None
-            exch = Exchange(
-                client,
-                conn,
-                pod_hdr,
-                self.config.upstream_read_timeout_s,
-                delivery,
-                self.config.max_body_bytes,
-            )
-            conn.send(build_request(req.method, req.path, host_hdr, req.headers, body), exch)
-            delivery.sent = True
+            request = build_request(req.method, req.path, host_hdr, req.headers, body)
+            head, done = exch.send(conn, pod_hdr, request)
             try:
-                await exch.head
+                await head
             except UpstreamFailed as exc:
                 if not reused:  # a stale pooled socket is not the pod's fault
                     self._failed(pod, str(exc))
@@ -296,10 +291,10 @@ class Router:
                     502, "the pod closed the connection before answering", "upstream_failed"
                 ) from None
             try:
-                await exch.done
+                await done
             except UpstreamFailed:
                 if exch.status < 500:
-                    delivery.status = 502
+                    exch.status = 502
                 if not client.response_started:  # a held JSON answer: nothing sent yet
                     raise RequestError(
                         502, "the pod's connection was lost mid-answer", "upstream_failed"

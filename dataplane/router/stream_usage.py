@@ -44,14 +44,22 @@ from dataplane.router.pricing import CHARS_PER_TOKEN
 
 # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
 # match only as keys; found as vLLM's compact dump writes them, or a spaced one (the sim's).
-COMPACT = (b'"choices":[]', b'"finish_reason":"', b'{"role"')  # vLLM's
-SPACED = (b'"choices": []', b'"finish_reason": "', b'{"role"')  # json.dumps's, the sim's
-# each: the usage chunk's choices, a choice's terminal chunk (else null), chat's opening delta
+COMPACT = (b'"choices":[]', b'"finish_reason":"', b'"usage":{')  # vLLM's
+SPACED = (b'"choices": []', b'"finish_reason": "', b'"usage": {')  # json.dumps's, the sim's
+# each: the usage chunk's choices, a choice's terminal chunk (else null), the usage object's key.
+# The usage chunk's counts are read from its usage key on: inside vLLM's JSON a count key in a
+# string is escaped (\"prompt_tokens\"), and its chunks hold no count key outside usage.
 # A usage object's counts, each followed by what ends it (a number split across reads of an
 # answer is not read short): the one reading of them, for streams and whole answers alike.
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)\s*[,}]')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)\s*[,}]')
+# the usage chunk as vLLM (and the sim, spaced) lays it out: choices, then usage, its counts in order
+_VLLM_USAGE = re.compile(
+    rb'"choices":\s?\[\],\s?"usage":\s?\{"prompt_tokens":\s?(\d+),\s?"total_tokens":\s?\d+,'
+    rb'\s?"completion_tokens":\s?(\d+)\s*[,}]'
+)
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
+_OPENING = b'{"role"'  # chat's opening delta (no token), in either spelling
 _DECODER = json.JSONDecoder()
 MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
 MERGED_CHARS_PER_TOKEN = 2 * CHARS_PER_TOKEN  # a chunk's characters per token it counts, at least
@@ -105,8 +113,10 @@ class StreamUsage:
             self._buf = buf
             return b""
         end += 2
-        block = buf[:end] if end < len(buf) else buf
-        self._buf = buf[end:]
+        if end < len(buf):
+            block, self._buf = buf[:end], buf[end:]
+        else:  # most reads end with an event
+            block, self._buf = buf, b""
         if self._held:
             block, self._held = self._held + block, b""
         keys = self._keys
@@ -115,16 +125,22 @@ class StreamUsage:
             keys = self._keys = SPACED if i >= 0 and block.startswith(b" ", i + 10) else COMPACT
         at = block.rfind(keys[0]) if self.usage is None else -1  # at the end of a stream
         if at >= 0:
-            start = _event_start(block, at)
-            stop = block.find(b"\n\n", at) + 2
-            usage_event = block[start:stop]
-            counts = usage_counts(usage_event)
+            start, stop = _event_start(block, at), block.find(b"\n\n", at) + 2
+            m = _VLLM_USAGE.match(block, at, stop)  # one reading of both counts, most chunks
+            if m is not None:
+                counts: tuple[int, int] | None = (int(m[1]), int(m[2]))
+            else:  # another layout: each count from the usage key on
+                key = block.find(keys[2], start, stop)
+                counts = usage_counts(block, key, stop) if key >= 0 else None
             if counts is not None:
                 self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
                 before, after = block[:start], block[stop:]  # tokens: the usage says them
                 if self.hide_usage:
-                    return _stamped(before, usage_event, keys[1]) + after
-                return before + self._with_mu(usage_event) + after
+                    # the regex only where the key is (a chunk without one is the engine's choice)
+                    fp = block.find(b'"system_fingerprint"', start, stop)
+                    found = _FINGERPRINT.search(block, start, stop) if fp >= 0 else None
+                    return (before if found is None else _stamped(before, found[0], keys[1])) + after
+                return before + self._with_mu(block[start:stop]) + after
         elif self._holds and self.usage is None:
             at = block.find(keys[1])
             if at >= 0:  # it waits for the fingerprint in the usage chunk
@@ -157,7 +173,7 @@ class StreamUsage:
         else:
             tokens = n
         self._plain = min(plain, size / n) if plain else size / n
-        return max(0, tokens - events.count(b'{"role"')) if self.chat else tokens
+        return max(0, tokens - events.count(_OPENING)) if self.chat else tokens
 
     def _with_mu(self, event: bytes) -> bytes:
         """The usage chunk with ``"mu"`` as the last field of its usage object."""
@@ -191,13 +207,9 @@ def _event_start(block: bytes, at: int) -> int:
     return i + 2 if i >= 0 else 0
 
 
-def _stamped(events: bytes, usage_event: bytes, finished: bytes) -> bytes:
-    """``events`` with the usage chunk's ``system_fingerprint`` (bytes as sent) put back on each
-    terminal chunk, as vLLM sends them without include_usage."""
-    fp = _FINGERPRINT.search(usage_event)
-    if fp is None:
-        return events
-    stamp = fp.group(0)
+def _stamped(events: bytes, stamp: bytes, finished: bytes) -> bytes:
+    """``events`` with the usage chunk's ``system_fingerprint`` (``stamp``: its bytes as sent,
+    comma first) put back on each terminal chunk, as vLLM sends them without include_usage."""
     out = []
     end = len(events)
     at = events.rfind(finished)  # from the end: the terminal chunks are the last ones

@@ -61,7 +61,7 @@ class Demand(NamedTuple):  # a tuple: built per request, cheaper than a frozen d
     @property
     def output_tokens(self) -> int:
         """The most output tokens the engine may generate: 3 prompts x n 2 x 100 -> 600."""
-        return self.sequences * self.max_tokens
+        return self.prompts * self.n * self.max_tokens
 
 
 def _shown(value: Any) -> str:
@@ -115,18 +115,15 @@ def _int_param(body: dict[str, Any], name: str) -> int | None:
     return number
 
 
-def _in_range(name: str, value: int, low: int, high: int, why: str) -> int:
+def _out_of_range(name: str, value: int, low: int, high: int, why: str) -> InvalidParameter:
+    """The 400 of an integer ``value`` outside [low, high]."""
     if value < low:
-        raise InvalidParameter(
+        return InvalidParameter(
             name, f"{name} must be at least {low}, got {_shown(value)}", "integer_below_min_value"
         )
-    if value > high:
-        raise InvalidParameter(
-            name,
-            f"{name}={_shown(value)} cannot be greater than {high} ({why})",
-            "integer_above_max_value",
-        )
-    return value
+    return InvalidParameter(
+        name, f"{name}={_shown(value)} cannot be greater than {high} ({why})", "integer_above_max_value"
+    )
 
 
 def prompt_count(prompt: Any) -> int:
@@ -206,17 +203,27 @@ def demand(
         if "messages" in body:
             check_messages(body["messages"])
         prompts = 1
-        max_tokens = _int_param(body, "max_tokens")  # vLLM validates both fields ...
-        completion_tokens = _int_param(body, "max_completion_tokens")
+        max_tokens = body.get("max_tokens")  # vLLM validates both fields ...
+        if max_tokens is not None and type(max_tokens) is not int:  # no call in the common case
+            max_tokens = _int_param(body, "max_tokens")
+        completion_tokens = body.get("max_completion_tokens")
+        if completion_tokens is not None and type(completion_tokens) is not int:
+            completion_tokens = _int_param(body, "max_completion_tokens")
         name = "max_tokens" if completion_tokens is None else "max_completion_tokens"
         budget = max_tokens if completion_tokens is None else completion_tokens  # ... honours one
     else:
-        prompts = prompt_count(body["prompt"]) if body.get("prompt") is not None else 1
-        name, budget = "max_tokens", _int_param(body, "max_tokens")
+        prompt = body.get("prompt")
+        prompts = 1 if prompt is None or isinstance(prompt, str) else prompt_count(prompt)
+        name, budget = "max_tokens", body.get("max_tokens")
+        if budget is not None and type(budget) is not int:  # no call in the common case
+            budget = _int_param(body, name)
     if budget is None:
         budget = min(default_max_tokens, max_model_len)
-    else:
-        budget = _in_range(name, budget, 0, max_model_len, "the model's context length, max_model_len")
-    n = _int_param(body, "n")
-    n = 1 if n is None else _in_range("n", n, 1, max_n, "the router's max_n")
+    elif not 0 <= budget <= max_model_len:
+        raise _out_of_range(name, budget, 0, max_model_len, "the model's context length, max_model_len")
+    n = _int_param(body, "n") if "n" in body else None  # most requests set none
+    if n is None:
+        n = 1
+    elif not 1 <= n <= max_n:
+        raise _out_of_range("n", n, 1, max_n, "the router's max_n")
     return Demand(prompts, n, budget)

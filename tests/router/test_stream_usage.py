@@ -126,6 +126,21 @@ def test_the_usage_the_router_asked_for_is_dropped_and_the_fingerprint_put_back(
     assert (s.usage, s.tokens) == ((9, 3), 3)
 
 
+@pytest.mark.parametrize(
+    "usage_chunk",
+    [
+        {**HEAD, "usage": {"completion_tokens": 3, "prompt_tokens": 9}, "choices": []},  # usage first
+        {**HEAD, "choices": [], "usage": {"total_tokens": 12, "completion_tokens": 3, "prompt_tokens": 9}},
+    ],
+)
+def test_a_usage_chunk_in_another_layout_is_read_from_its_usage_key(usage_chunk):
+    """vLLM's layout is read in one match; any other one from the usage key on."""
+    s = StreamUsage(hide_usage=True, price=price)
+    out = s.feed(event(token(0, "a", "length")) + event(usage_chunk) + DONE) + s.end()
+    assert out == event(token(0, "a", "length")) + DONE
+    assert (s.usage, s.tokens) == ((9, 3), 3)
+
+
 def test_with_n_2_the_chunks_after_the_first_terminal_one_wait_for_the_usage_chunk():
     s = StreamUsage(hide_usage=True, price=price)
     assert s.feed(event(token(0, "a")) + event(token(1, "x"))) == event(token(0, "a")) + event(token(1, "x"))
