@@ -31,16 +31,19 @@ from django.db.models import Count
 from capacity.ledger import (
     NOTHING,
     Allocation,
+    Claim,
     Commitment,
     Oversold,
     PoolLedger,
     QuotaExceeded,
     Shape,
-    check_change,
+    check_demands_change,
     check_holds,
     check_quota,
+    committed_demands,
     pool_ledger,
 )
+from capacity.packing import ReplicaDemand
 from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
@@ -200,18 +203,39 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
     return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
 
 
+def pool_demands(pool: GpuPool) -> list[ReplicaDemand]:
+    """The pool's committed replicas, as its ledger packs them (capacity.ledger.committed_demands),
+    in one query of the columns they are counted from: what a sale check packs beside."""
+    rows = Endpoint.objects.filter(pool_id=pool.pk).values_list(
+        "pk", "profile__model", "profile__gpus_per_replica", "profile__mu_per_replica_minute",
+        "reservation__mu_per_minute", "min_provisioned_concurrency", "max_provisioned_concurrency",
+        "target_concurrency_per_replica", "scale_to_zero_enabled",
+    )  # fmt: skip
+    return committed_demands(
+        (
+            Claim(str(pk), model, gpus, mu, sold or 0, replica_bounds(low_c, high_c, target, to_zero)[0])
+            for pk, model, gpus, mu, sold, low_c, high_c, target, to_zero in rows
+        ),
+        overcommit(),
+    )
+
+
 def ensure_change(
     pool: GpuPool, endpoint: Endpoint, asked: Commitment, replacing: Commitment = NOTHING
 ) -> None:
     """Raise Oversold unless `pool` places `asked` (the endpoint's replicas) in place of
-    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction."""
-    check_change(
+    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction. The check
+    packs only the pool's committed replicas (pool_demands); a refusal reads the whole ledger."""
+    check_demands_change(
         pool.name,
-        pool_ledgers([pool])[pool.pk],
+        pool.node_count,
+        pool.node_shape,
+        pool_demands(pool),
         demand_key(endpoint),
         endpoint.profile.model,
         asked,
         replacing,
+        lambda: pool_ledgers([pool])[pool.pk],
     )
 
 
