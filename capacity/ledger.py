@@ -116,12 +116,13 @@ class Claim(NamedTuple):
     """What a sale check needs of one endpoint in its pool (no names, no metering): the
     figures its committed replicas are counted from, as in an Allocation."""
 
-    key: str  # the endpoint's id
+    key: str  # the endpoint's id (or a name for `endpoints` alike)
     model: str
     gpus_per_replica: int
     mu_per_replica_minute: int
     sold_mu_per_minute: int
     min_replicas: int
+    endpoints: int = 1  # endpoints alike in all of the above: each commits as many replicas
 
 
 class ReplicaCounter:
@@ -142,12 +143,14 @@ class ReplicaCounter:
 
 def committed_demands(claims: Iterable[Claim], overcommit: Fraction | float) -> list[ReplicaDemand]:
     """The committed replicas of these endpoints, as the packing takes them: what pool_ledger
-    packs, without the rest of the ledger (a sale check needs no more to say yes)."""
+    packs, without the rest of the ledger (a sale check needs no more to say yes). Endpoints
+    alike may come as one claim (`endpoints`): the packing counts replicas per shape, so their
+    replicas as one demand pack as they do apart."""
     replicas = ReplicaCounter(_exact(overcommit))
     demands = []
     for c in claims:
         if committed := replicas(c.sold_mu_per_minute, c.mu_per_replica_minute, c.min_replicas):
-            demands.append(ReplicaDemand(c.key, c.model, c.gpus_per_replica, committed))
+            demands.append(ReplicaDemand(c.key, c.model, c.gpus_per_replica, committed * c.endpoints))
     return demands
 
 
