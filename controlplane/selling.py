@@ -208,10 +208,11 @@ def pool_demands(pool: GpuPool, apart_from: int | None = None) -> list[ReplicaDe
     but for endpoint `apart_from`'s (the one a check changes), in one query grouped by what they
     are counted from: a fleet's endpoints take few distinct values of those, so 500 endpoints
     come back as tens of rows. What a sale check packs beside."""
+    endpoints = Endpoint.objects.filter(pool_id=pool.pk)
+    if apart_from is not None:
+        endpoints = endpoints.exclude(pk=apart_from)
     rows = (
-        Endpoint.objects.filter(pool_id=pool.pk)
-        .exclude(pk=apart_from)
-        .values_list(
+        endpoints.values_list(
             "profile__model", "profile__gpus_per_replica", "profile__mu_per_replica_minute",
             "reservation__mu_per_minute", "min_provisioned_concurrency", "max_provisioned_concurrency",
             "target_concurrency_per_replica", "scale_to_zero_enabled",
