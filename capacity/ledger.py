@@ -36,7 +36,7 @@ MU/min each sell two replicas (10 GPUs), not one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
@@ -110,6 +110,48 @@ class Allocation(NamedTuple):
     @property
     def held_gpus(self) -> int:
         return self.running_replicas * self.shape.gpus_per_replica
+
+
+class Claim(NamedTuple):
+    """What a sale check needs of one endpoint in its pool (no names, no metering): the
+    figures its committed replicas are counted from, as in an Allocation."""
+
+    key: str  # the endpoint's id (or a name for `endpoints` alike)
+    model: str
+    gpus_per_replica: int
+    mu_per_replica_minute: int
+    sold_mu_per_minute: int
+    min_replicas: int
+    endpoints: int = 1  # endpoints alike in all of the above: each commits as many replicas
+
+
+class ReplicaCounter:
+    """Whole replicas per endpoint by packing.replicas_needed at one over-commit, asked once
+    per distinct sale: a fleet's reservations take few values, and exact arithmetic per
+    endpoint is most of a ledger read."""
+
+    def __init__(self, overcommit: Fraction):
+        self.overcommit = overcommit
+        self._memo: dict[tuple[Fraction | int, int, int], int] = {}
+
+    def __call__(self, reserved: Fraction | int, mu_per_replica: int, least: int) -> int:
+        key = (reserved, mu_per_replica, least)
+        if (n := self._memo.get(key)) is None:
+            n = self._memo[key] = replicas_needed(Fraction(reserved) / self.overcommit, mu_per_replica, least)
+        return n
+
+
+def committed_demands(claims: Iterable[Claim], overcommit: Fraction | float) -> list[ReplicaDemand]:
+    """The committed replicas of these endpoints, as the packing takes them: what pool_ledger
+    packs, without the rest of the ledger (a sale check needs no more to say yes). Endpoints
+    alike may come as one claim (`endpoints`): the packing counts replicas per shape, so their
+    replicas as one demand pack as they do apart."""
+    replicas = ReplicaCounter(_exact(overcommit))
+    demands = []
+    for c in claims:
+        if committed := replicas(c.sold_mu_per_minute, c.mu_per_replica_minute, c.min_replicas):
+            demands.append(ReplicaDemand(c.key, c.model, c.gpus_per_replica, committed * c.endpoints))
+    return demands
 
 
 @dataclass(frozen=True)
@@ -305,16 +347,7 @@ def pool_ledger(
     `default_shape` prices MU when nothing is placed there yet."""
     overcommit = _exact(overcommit)
     allocations = list(allocations)
-    # Whole replicas per endpoint by packing.replicas_needed, asked once per distinct sale: a
-    # fleet's reservations take few values, and exact arithmetic per endpoint is most of a read.
-    memo: dict[tuple[Fraction | int, int, int], int] = {}
-
-    def replicas(reserved: Fraction | int, mu_per_replica: int, least: int) -> int:
-        key = (reserved, mu_per_replica, least)
-        if (n := memo.get(key)) is None:
-            n = memo[key] = replicas_needed(Fraction(reserved) / overcommit, mu_per_replica, least)
-        return n
-
+    replicas = ReplicaCounter(overcommit)
     demands: list[ReplicaDemand] = []
     committed_replicas = committed_gpus = committed_mu = sold_replicas = sold_gpus = used_gpus = 0
     for a in allocations:
@@ -379,19 +412,34 @@ def check_change(
     replicas of `model`) in place of `replacing` (its commitment there now, NOTHING for a new
     one). A change that asks no more replicas of no larger a shape always passes, even in a
     pool that is already over (say after a shrink): it makes nothing worse."""
+    check_demands_change(
+        pool, ledger.node_count, ledger.node_shape, ledger.demands, key, model, asked, replacing,
+        lambda: ledger,
+    )  # fmt: skip
+
+
+def check_demands_change(
+    pool: str,
+    node_count: int,
+    node_shape: NodeShape,
+    demands: Sequence[ReplicaDemand],
+    key: str,
+    model: str,
+    asked: Commitment,
+    replacing: Commitment,
+    read_ledger: Callable[[], PoolLedger],
+) -> None:
+    """check_change from the pool's committed replicas alone (committed_demands): the whole
+    ledger, which a refusal carries, is read (`read_ledger`) only when the change is refused."""
     if (
         asked.replicas <= replacing.replicas
         and asked.shape.gpus_per_replica <= replacing.shape.gpus_per_replica
     ):
         return
-    verdict = packing_check_change(
-        ledger.node_count,
-        ledger.node_shape,
-        ledger.demands,
-        ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas),
-    )
+    change = ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas)
+    verdict = packing_check_change(node_count, node_shape, demands, change)
     if not verdict.fits:
-        raise Oversold(pool, ledger, asked, replacing, verdict.fit_replicas)
+        raise Oversold(pool, read_ledger(), asked, replacing, verdict.fit_replicas)
 
 
 def more_replicas_after(

@@ -252,6 +252,14 @@ BENCHMARK_VLLM_PYTHON = envstr("BENCHMARK_VLLM_PYTHON", "")
 BENCHMARK_VLLM_ARGS = envstr("BENCHMARK_VLLM_ARGS", "")
 BENCHMARK_POD_READY_TIMEOUT_S = envfloat("BENCHMARK_POD_READY_TIMEOUT_S", 300.0, minimum=1.0)
 
+# What endpoints' pods run: "sim" (the simulated engine for the profile's GPU type, no GPUs) or
+# "vllm" (the profile's model; --tensor-parallel-size and the pod's nvidia.com/gpu limit are the
+# profile's gpus_per_replica; ENDPOINT_VLLM_ARGS added, e.g. "--max-num-seqs 64").
+ENDPOINT_POD_ENGINE = envstr("ENDPOINT_POD_ENGINE", "sim")
+if ENDPOINT_POD_ENGINE not in ("sim", "vllm"):
+    raise ImproperlyConfigured(f"ENDPOINT_POD_ENGINE={ENDPOINT_POD_ENGINE!r}: use 'sim' or 'vllm'")
+ENDPOINT_VLLM_ARGS = envstr("ENDPOINT_VLLM_ARGS", "")
+
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
 # at CLUSTER_AGENT_URL; the embedded default), "kubernetes" (a Deployment per endpoint in

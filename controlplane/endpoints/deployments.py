@@ -1,7 +1,11 @@
 """What an endpoint version runs in the cluster: one deployment per version, named ep-{id}-v{version}.
 
 Locally the pods run the simulated engine standing in for the profile's GPU type; the
-Kubernetes driver maps the same Deployment onto a real one.
+Kubernetes driver maps the same Deployment onto a real one. With ENDPOINT_POD_ENGINE=vllm they
+run vLLM on the profile's model instead, one replica on `gpus_per_replica` GPUs of one node:
+its tensor-parallel size is the profile's GPUs, which is also what the pod's `nvidia.com/gpu`
+limit asks (dataplane.cluster.k8s_objects.gpus_of reads it back), so the pod takes on a node
+exactly the GPUs the ledger packed for the replica. The simulated engine asks for no GPUs.
 """
 
 import re
@@ -13,6 +17,7 @@ from django.conf import settings
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint
 from dataplane.cluster.driver import Deployment
+from dataplane.cluster.k8s_objects import PARALLEL_FLAGS, gpus_of
 
 DEPLOYMENT_PREFIX = "ep-"
 DEPLOYMENT_NAME = re.compile(r"ep-(\d+)-v(\d+)")
@@ -37,9 +42,19 @@ def deployment(
     """An endpoint version's pods: its simulated engine profile, served under the endpoint's name."""
     profile = profile or endpoint.profile
     version = endpoint.version if version is None else version
+    labels = {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name}
+    name, replicas = deployment_name(endpoint.pk, version), endpoint.desired_replicas
+    if settings.ENDPOINT_POD_ENGINE == "vllm":
+        args = vllm_args(
+            profile.model,
+            profile.gpus_per_replica,
+            endpoint.name,
+            tuple(shlex.split(settings.ENDPOINT_VLLM_ARGS)),
+        )
+        return Deployment(name, replicas, "vllm", args, endpoint.target_concurrency_per_replica, labels)
     return Deployment(
-        deployment_name(endpoint.pk, version),
-        endpoint.desired_replicas,
+        name,
+        replicas,
         "sim",
         (
             "--profile",
@@ -50,8 +65,28 @@ def deployment(
             endpoint.name,
         ),
         endpoint.target_concurrency_per_replica,
-        {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name},
+        labels,
     )
+
+
+def vllm_args(
+    model: str, gpus_per_replica: int, served_model_name: str = "", extra: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The pod's arguments for a vLLM replica of `gpus_per_replica` GPUs: `--model`, then
+    `extra` (the pod's own flags, then after `--` vLLM's), then `--tensor-parallel-size` as a
+    vLLM flag. ("m", 4) -> (--model m -- --tensor-parallel-size 4). `extra` that names its own
+    tensor or pipeline size must multiply to `gpus_per_replica` (ValueError otherwise): the
+    ledger packed that many GPUs on one node for the replica."""
+    args = ("--model", model, *(("--served-model-name", served_model_name) if served_model_name else ()))
+    args += extra
+    if any(arg.partition("=")[0] in PARALLEL_FLAGS for arg in extra):
+        if gpus_of(args) != gpus_per_replica:
+            raise ValueError(
+                f"vLLM arguments {' '.join(extra)!r} ask {gpus_of(args)} GPUs per replica; the"
+                f" profile of {model} has {gpus_per_replica}"
+            )
+        return args
+    return args + ((() if "--" in args else ("--",)) + ("--tensor-parallel-size", str(gpus_per_replica)))
 
 
 def sim_profile(gpu_type: str) -> str:
@@ -70,10 +105,12 @@ def benchmark_deployment(profile: ModelProfile) -> Deployment:
     """The engine a benchmark of `profile` measures (BENCHMARK_POD_ENGINE): one replica."""
     if settings.BENCHMARK_POD_ENGINE == "vllm":
         engine = "vllm"
-        args: tuple[str, ...] = ("--model", settings.BENCHMARK_VLLM_MODEL or profile.model)
-        if settings.BENCHMARK_VLLM_PYTHON:
-            args += ("--vllm-python", settings.BENCHMARK_VLLM_PYTHON)
-        args += tuple(shlex.split(settings.BENCHMARK_VLLM_ARGS))
+        python = ("--vllm-python", settings.BENCHMARK_VLLM_PYTHON) if settings.BENCHMARK_VLLM_PYTHON else ()
+        args: tuple[str, ...] = vllm_args(
+            settings.BENCHMARK_VLLM_MODEL or profile.model,
+            profile.gpus_per_replica,
+            extra=(*python, *shlex.split(settings.BENCHMARK_VLLM_ARGS)),
+        )
     else:
         engine = "sim"
         args = (

@@ -129,15 +129,18 @@ def labels_of(d: Deployment) -> dict[str, str]:
     return labels
 
 
+PARALLEL_FLAGS = {
+    "--tensor-parallel-size": "tensor",
+    "-tp": "tensor",
+    "--pipeline-parallel-size": "pipeline",
+    "-pp": "pipeline",
+}
+
+
 def gpus_of(args: tuple[str, ...]) -> int:
     """GPUs one vLLM replica uses: tensor x pipeline parallel size from its arguments (1, 1)."""
     sizes = {"tensor": 1, "pipeline": 1}
-    flags = {
-        "--tensor-parallel-size": "tensor",
-        "-tp": "tensor",
-        "--pipeline-parallel-size": "pipeline",
-        "-pp": "pipeline",
-    }
+    flags = PARALLEL_FLAGS
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
         if flag in flags:
