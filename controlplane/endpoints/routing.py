@@ -39,7 +39,9 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
         name=endpoint.name,
         model=profile.model,
         policy=endpoint.routing_policy,
-        coefficients=CostModel(profile.alpha, profile.beta, profile.gamma),
+        coefficients=CostModel(
+            profile.alpha, profile.beta, profile.gamma, rho=profile.rho, kappa=profile.kappa
+        ),
         mu_per_replica_minute=profile.mu_per_replica_minute,
         target_concurrency=endpoint.target_concurrency_per_replica,
         scale_to_zero_enabled=endpoint.scale_to_zero_enabled,
