@@ -361,3 +361,12 @@ def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, 
     small_model.refresh_from_db()
     assert small_model.benchmark_requested_at is not None
     assert owner_web.post(f"/console/capacity/profiles/{small_model.pk}/benchmark/").status_code == 403
+
+
+def test_a_failing_streak_shows_on_the_profile(operator_web, small_model):
+    from controlplane.capacity import profile_benchmarks
+
+    profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")  # nothing listens
+    profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")
+    html = operator_web.get("/console/capacity/").content.decode()
+    assert 'class="benchmark-streak"' in html and "2 in a row, next" in html

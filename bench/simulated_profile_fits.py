@@ -1,0 +1,36 @@
+"""Fit every simulated profile on the virtual clock and print its figures (SIMULATED).
+
+    PYTHONPATH=. python bench/simulated_profile_fits.py [PROFILE ...]
+
+Per profile: held-out MAPE, R^2, the worst under-pricing and the shape, the coefficients, and
+whether the fit publishes at the default thresholds (10 % held out, 5 % under-priced). The
+virtual clock makes the figures the same on a busy machine as on a quiet one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from capacity.benchmark.drivers import SimulatedDriver
+from capacity.benchmark.sweep import sweep
+from dataplane.runtime.profiles import PROFILES
+
+
+def main(names: list[str]) -> None:
+    for name in names or sorted(PROFILES):
+        driver = SimulatedDriver(PROFILES[name])
+        result = asyncio.run(sweep(driver, clock=lambda d=driver: d.elapsed_s))
+        fitted = result.fit()
+        ok, why = fitted.verdict(0.10, 0.05)
+        worst, shape = fitted.worst_underprice
+        print(
+            f"{name:18} held-out {fitted.heldout_mape:6.1%}  R^2 {fitted.r2:.4f}"
+            f"  worst {worst:+.1%} at {shape}"
+            f"  alpha {fitted.alpha:.3g} beta {fitted.beta:.3g} gamma {fitted.gamma:.3g}"
+            f" rho {fitted.rho:.3g} kappa {fitted.kappa:.3g}  {'published' if ok else 'REFUSED: ' + why}"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
