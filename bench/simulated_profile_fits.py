@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from capacity.benchmark.config import SweepConfig
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.sweep import sweep
 from dataplane.runtime.profiles import PROFILES
@@ -20,7 +21,8 @@ from dataplane.runtime.profiles import PROFILES
 def main(names: list[str]) -> None:
     for name in names or sorted(PROFILES):
         driver = SimulatedDriver(PROFILES[name])
-        result = asyncio.run(sweep(driver, clock=lambda d=driver: d.elapsed_s))
+        config = SweepConfig(open_loop_bisections=4, open_loop_resolution=0.01)  # as run_benchmark's
+        result = asyncio.run(sweep(driver, config, clock=lambda d=driver: d.elapsed_s))
         fitted = result.fit()
         ok, why = fitted.verdict(0.10, 0.05)
         worst, shape = fitted.worst_underprice

@@ -230,9 +230,14 @@ async def _measure_shape(
         # One bisection between the step that missed and the one that met: the fractions are
         # coarse (0.8 after 0.9 says "somewhere in 0.8-0.9"), and rounding that differs from
         # shape to shape is error the fit cannot explain.
-        middle = (fraction + failed) / 2
-        if failed - fraction > 0.05 + 1e-9 and await open_step(middle):
-            fraction = middle
+        for _ in range(cfg.open_loop_bisections):
+            if failed - fraction <= cfg.open_loop_resolution + 1e-9:
+                break
+            middle = (fraction + failed) / 2
+            if await open_step(middle):
+                fraction = middle
+            else:
+                failed = middle
         note = "second look" if known else ""
         return ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note)
     return ShapeResult(*shape, 0.0, solo, tuple(steps), note="no open-loop step met the SLO")
