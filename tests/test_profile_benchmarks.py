@@ -414,3 +414,25 @@ def test_the_sweep_takes_its_shapes_and_wall_budget_from_settings(settings):
     settings.BENCHMARK_SHAPES = "16x1,big"
     with pytest.raises(ValueError, match="BENCHMARK_SHAPES='16x1,big': write shapes as 16x1"):
         profile_benchmarks.sweep_config()
+
+
+def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, settings):
+    settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
+    out = StringIO()
+    call_command(
+        "benchmark",
+        "--model",
+        "sim-tiny",
+        "--gpu",
+        "h100-80gb",
+        "--simulated",
+        "tiny-test",
+        "--json",
+        stdout=out,
+    )
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    contract = ("alpha", "beta", "gamma", "delta", "r2", "heldout_mape", "samples", "published")
+    assert set(contract) <= set(summary) and summary["delta"] == 0.0 and summary["samples"] == len(SHAPES)
+    assert summary["simulated"] and summary["engine"].startswith("simulated:tiny-test")
+    with pytest.raises(CommandError, match="unknown profile 'no-such'"):
+        call_command("benchmark", "--model", "m", "--gpu", "h100-80gb", "--simulated", "no-such")
