@@ -5,6 +5,7 @@ with the one rule here (`price`) and the one normalisation (`MU_PER_REPLICA_MINU
     cost = alpha * input_tokens + beta * output_tokens + gamma        [MU]
          + rho * input_tokens * log2(output_tokens)                   (prefill stalls)
          + kappa * output_tokens * (input_tokens + output_tokens / 2) (KV token-steps)
+         + delta * images                                             (vision inputs)
 
 alpha, beta and gamma are the headline price; rho and kappa (0 unless a benchmark fitted them)
 refine it where the two straight lines under-price long requests. `kappa`: a batch bounded by
@@ -45,6 +46,8 @@ def price(
     output_tokens: float,
     rho: float = 0.0,
     kappa: float = 0.0,
+    delta: float = 0.0,
+    images: int = 0,
 ) -> float:
     """The MU price rule: alpha * in + beta * out + gamma + rho * stall(in, out) + kappa * kv(in, out).
 
@@ -57,6 +60,8 @@ def price(
         cost += rho * prefill_stall(input_tokens, output_tokens)
     if kappa:
         cost += kappa * kv_token_steps(input_tokens, output_tokens)
+    if delta and images > 0:
+        cost += delta * images
     return cost
 
 
@@ -79,17 +84,18 @@ class CostModel:
     cached_token_factor: float = 0.1  # share of alpha a prefix-cache hit still costs; in [0, 1]
     rho: float = 0.0  # MU per prompt token x log2(output tokens) (prefill stalls); >= 0
     kappa: float = 0.0  # MU per KV token-step, out x (in + out / 2) (KV-bound batches); >= 0
+    delta: float = 0.0  # MU per image of a request (vision encoder and preprocessing); >= 0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "gamma", "rho", "kappa"):
+        for name in ("alpha", "beta", "gamma", "rho", "kappa", "delta"):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not 0 <= self.cached_token_factor <= 1:
             raise ValueError(f"cached_token_factor must be in [0, 1], got {self.cached_token_factor!r}")
 
-    def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
-        """MU of a request with these token counts (cached_tokens <= input_tokens)."""
+    def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0, images: int = 0) -> float:
+        """MU of a request with these token counts (cached_tokens <= input_tokens) and images."""
         cached = min(max(cached_tokens, 0), input_tokens)
         fresh = input_tokens - cached
         return price(
@@ -100,6 +106,8 @@ class CostModel:
             output_tokens,
             self.rho,
             self.kappa,
+            self.delta,
+            images,
         )
 
     def estimate(self, prompt_bytes: int, max_tokens: int) -> float:

@@ -76,6 +76,9 @@ class ModelProfile(models.Model):
         validators=[validate_finite_non_negative],
         help_text="MU per KV token-step, output x (input + output / 2): KV-bound batches",
     )
+    delta = models.FloatField(
+        default=0.0, validators=[validate_finite_non_negative], help_text="MU per image of a request"
+    )
     # The simulated engine profile (dataplane.runtime.profiles) standing in for this model on
     # this GPU where no GPU can be had: benchmarks on a virtual clock and local pods run it.
     simulated_profile = models.CharField(
@@ -118,7 +121,7 @@ class ModelProfile(models.Model):
             ),
             models.CheckConstraint(
                 name="profile_long_request_terms_non_negative",
-                condition=models.Q(rho__gte=0, kappa__gte=0),
+                condition=models.Q(rho__gte=0, kappa__gte=0, delta__gte=0),
             ),
             models.CheckConstraint(
                 name="profile_replica_shape_positive",

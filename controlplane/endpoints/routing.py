@@ -40,7 +40,12 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
         model=profile.model,
         policy=endpoint.routing_policy,
         coefficients=CostModel(
-            profile.alpha, profile.beta, profile.gamma, rho=profile.rho, kappa=profile.kappa
+            profile.alpha,
+            profile.beta,
+            profile.gamma,
+            rho=profile.rho,
+            kappa=profile.kappa,
+            delta=profile.delta,
         ),
         mu_per_replica_minute=profile.mu_per_replica_minute,
         target_concurrency=endpoint.target_concurrency_per_replica,
