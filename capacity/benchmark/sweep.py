@@ -5,7 +5,9 @@ Driver (capacity.benchmark.drivers). For each shape (input tokens, output tokens
 
 1. closed loop: keep C requests in flight for C = 1, 2, 4, ... and measure throughput, until it
    stops growing (< 5 % more for two doublings in a row), p99 latency passes the SLO, or C hits
-   its bound (a step that collapses below 70 % of the best so far is measured once more); the
+   its bound (a step that collapses below 70 % of the best so far is measured once more); a
+   climb that ended on a missed SLO bisects C between the knee and the doubling that missed
+   (`concurrency_bisections`, none by default, four on the virtual clock); the
    C with the best throughput within the SLO is measured again in one step of `confirm_s`
    (3 s) when that is longer than the climb's step, and the better of the two is the shape's
    capacity estimate X (a closed step can only measure less than the engine sustains, so the
@@ -168,12 +170,31 @@ async def _measure_shape(
             concurrency *= 2
         return capacity, knee, False
 
+    async def bisect(capacity: float, knee: int) -> tuple[float, int]:
+        """Between the knee and its doubling (which missed the SLO): the most requests in
+        flight that still meet it, and the best throughput seen."""
+        low, high = knee, min(2 * knee, cfg.max_concurrency + 1)
+        for _ in range(cfg.concurrency_bisections):
+            if high - low <= 1:
+                break
+            middle = (low + high) // 2
+            throughput, met = await closed_step(middle, max(16, middle * cfg.requests_per_concurrency))
+            if not met:
+                high = middle
+                continue
+            low = middle
+            if throughput > capacity:
+                capacity, knee = throughput, middle
+        return capacity, knee
+
     if known is None:
         capacity, knee, flat = await climb(1, 0.0, 1)
         if capacity <= 0:
             return ShapeResult(
                 *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
             )
+        if not flat:
+            capacity, knee = await bisect(capacity, knee)
     else:
         # A second look climbs again from the earlier knee: a climb that a disturbance ended early
         # stays at the wrong knee however often that knee is measured again (real vLLM, 128 x 64:

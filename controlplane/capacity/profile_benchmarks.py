@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, on_virtual_clock
 from capacity.benchmark.drivers import Driver, SimulatedDriver
 from capacity.benchmark.results import BenchmarkError, SweepResult
 from capacity.benchmark.sweep import sweep
@@ -215,8 +215,9 @@ def run_benchmark(
         if isinstance(driver, SimulatedDriver):
             # Virtual time throughout: how many second looks fit is counted in engine seconds
             # too, so a busy machine changes neither the measurements nor which were taken.
-            # An open-loop step costs no wall time here: bisect to within 1 % of the capacity.
-            config = replace(config, open_loop_bisections=4, open_loop_resolution=0.01)
+            # A step costs no wall time here: bisect the open loop to within 1 % of the
+            # capacity, and the closed loop's knee to within a few requests in flight.
+            config = on_virtual_clock(config)
             result = asyncio.run(sweep(driver, config, slo(), clock=lambda: driver.elapsed_s))
         elif driver is not None:  # another in-process engine
             result = asyncio.run(sweep(driver, config, slo()))
