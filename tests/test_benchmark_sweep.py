@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.benchmark.config import Slo, SweepConfig, on_virtual_clock
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, grid_for_context, on_virtual_clock
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.report import table
 from capacity.benchmark.results import BenchmarkError
@@ -376,3 +376,16 @@ def test_bisecting_the_knee_finds_the_batch_between_two_doublings():
     truth = 60 * perf_model.steady_state_requests_per_s(profile, *shape, knees[1])
     assert rates[1] > rates[0] * 1.03
     assert rates[1] == pytest.approx(truth, rel=0.03)
+
+
+def test_a_short_context_gets_the_grid_within_it():
+    assert grid_for_context(8192) == DEFAULT_SHAPES  # the default grid fits: 2,048 + 512
+    grid = grid_for_context(512)  # tiny-test: the default grid would keep 6 shapes of 17
+    assert len(grid) == 17 and max(i + o for i, o in grid) <= 512
+    assert {i for i, _ in grid} == {16, 40, 50, 102, 256} and {o for _, o in grid} == {1, 16, 45, 50, 128}
+    assert len(set(grid_for_context(64))) == len(grid_for_context(64))  # no shape twice
+    driver = SimulatedDriver(TINY)
+    config = replace(on_virtual_clock(SweepConfig()), remeasure_share=0)
+    result = asyncio.run(sweep(driver, config, clock=lambda: driver.elapsed_s))
+    assert [s.shape for s in result.shapes] == list(grid)
+    assert all(s.sustainable_per_minute > 0 for s in result.shapes)

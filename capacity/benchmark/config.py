@@ -14,6 +14,25 @@ DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
 )
 
 
+def grid_for_context(max_model_len: int) -> tuple[tuple[int, int], ...]:
+    """The default grid, or, for an engine whose context is shorter than its largest shape, the
+    same log grid within the context: inputs 16 to a power of two at most half of it, outputs
+    1, then 16 to a power of two at most a quarter, four of each, and 50 x 50 if it fits.
+
+    Shapes beyond the context cannot be measured, and a grid that loses most of them leaves
+    the fit too few (the 512-token tiny-test engine kept 6 of the 17: held-out MAPE 9.0 %;
+    its own grid of 17: 4.5 %). 512 -> inputs 16, 40, 102, 256 and outputs 1, 16, 45, 128.
+    """
+    if max(i + o for i, o in DEFAULT_SHAPES) <= max_model_len or max_model_len < 64:
+        return DEFAULT_SHAPES
+    top_in = 1 << max(4, (max_model_len // 2).bit_length() - 1)
+    top_out = 1 << max(4, (max_model_len // 4).bit_length() - 1)
+    inputs = [round(16 * (top_in / 16) ** (k / 3)) for k in range(4)]
+    outputs = [1, *(round(16 * (top_out / 16) ** (k / 2)) for k in range(3))]
+    shapes = dict.fromkeys((i, o) for i in inputs for o in outputs if i + o <= max_model_len)
+    return (*shapes, *([(50, 50)] if 100 <= max_model_len and (50, 50) not in shapes else []))
+
+
 @dataclass(frozen=True)
 class Slo:
     """A latency objective per request, as a deadline that grows with the answer's length.

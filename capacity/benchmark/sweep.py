@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from capacity.benchmark.checks import at_least_larger, implausible, slow_outliers, slowest_first
-from capacity.benchmark.config import Slo, SweepConfig
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, grid_for_context
 from capacity.benchmark.drivers import Driver, HttpDriver, connect
 from capacity.benchmark.results import ShapeResult, Step, SweepResult
 
@@ -65,7 +65,10 @@ async def sweep(
     driver = await connect(engine, config) if isinstance(engine, str) else engine
     results = []
     try:
-        for shape in config.shapes:
+        shapes = config.shapes
+        if shapes == DEFAULT_SHAPES:
+            shapes = grid_for_context(driver.max_model_len)  # a short context gets its own grid
+        for shape in shapes:
             if shape[0] + shape[1] > driver.max_model_len:
                 note = f"longer than max_model_len {driver.max_model_len}"
                 result = ShapeResult(*shape, 0.0, 0.0, (), note=note)
