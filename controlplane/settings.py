@@ -220,14 +220,28 @@ DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, minimum=0)
 
 # --- Benchmarks (model units) -----------------------------------------------------------------
-# Where to measure: one engine URL for every model x GPU pair, or else a local SIMULATED engine
-# pod of this profile (the embedded default; fits from it say "simulated" in their engine field).
+# Where to measure: one engine URL for every model x GPU pair, or else a SIMULATED engine: "auto"
+# (the embedded default) runs each pair's own simulated profile (ModelProfile.simulated_profile,
+# else its GPU type's), a profile name runs that one for every pair, "" measures no simulation.
+# Fits from a simulated engine say "simulated" in their engine field.
 BENCHMARK_ENGINE_URL = envstr("BENCHMARK_ENGINE_URL", "")
-BENCHMARK_SIMULATED_PROFILE = envstr("BENCHMARK_SIMULATED_PROFILE", "tiny-test" if EMBEDDED else "")
+BENCHMARK_SIMULATED_PROFILE = envstr("BENCHMARK_SIMULATED_PROFILE", "auto" if EMBEDDED else "")
+# "virtual": the simulated engine's performance model runs in-process on a virtual clock, which
+# the machine's load cannot bend (a 17-shape sweep in seconds, the same fit on a busy machine);
+# "wall": a simulated engine pod over HTTP at BENCHMARK_SIMULATED_TIME_SCALE, timed by the wall
+# clock (the whole path, and the machine's noise with it).
+BENCHMARK_SIMULATED_CLOCK = envstr("BENCHMARK_SIMULATED_CLOCK", "virtual")
+if BENCHMARK_SIMULATED_CLOCK not in ("virtual", "wall"):
+    raise ImproperlyConfigured(
+        f"BENCHMARK_SIMULATED_CLOCK={BENCHMARK_SIMULATED_CLOCK!r}: use 'virtual' or 'wall'"
+    )
 BENCHMARK_SIMULATED_TIME_SCALE = envfloat("BENCHMARK_SIMULATED_TIME_SCALE", 20.0, minimum=0.001)
 BENCHMARK_ENGINE_VERSION = envstr("BENCHMARK_ENGINE_VERSION", "")  # a change makes every fit stale
 BENCHMARK_MAX_AGE_S = envint("BENCHMARK_MAX_AGE_S", 7 * 86400, minimum=60)
 BENCHMARK_MAX_HELDOUT_MAPE = envfloat("BENCHMARK_MAX_HELDOUT_MAPE", 0.10, minimum=0.0)
+# A fit that prices any measured shape more than this below its measurement is refused: it would
+# oversell those requests (the fit reweights such shapes first, capacity.fitting).
+BENCHMARK_MAX_UNDERPRICE = envfloat("BENCHMARK_MAX_UNDERPRICE", 0.05, minimum=0.0)
 # The latency objective a shape's rate must meet: p99 end to end within
 # first token + per output token x its output length (TTFT and inter-token budgets).
 BENCHMARK_SLO_FIRST_TOKEN_S = envfloat("BENCHMARK_SLO_FIRST_TOKEN_S", 5.0, minimum=0.001)
@@ -237,7 +251,10 @@ BENCHMARK_SHAPES = envstr("BENCHMARK_SHAPES", "")  # "16x1,128x16,..."; empty: t
 # look starts that would end it later (0: only their share of the first pass bounds them).
 BENCHMARK_MAX_WALL_S = envfloat("BENCHMARK_MAX_WALL_S", 0.0, minimum=0.0)
 BENCHMARK_CLAIM_TTL_S = envint("BENCHMARK_CLAIM_TTL_S", 3600, minimum=60)  # a crashed worker's claim expires
-BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)  # doubles per failure, up to a day
+# A failed or refused benchmark is retried after this, doubling per failure in a row, up to
+# BENCHMARK_RETRY_MAX_S (60 s, 2 min, 4 min, ... 4 h).
+BENCHMARK_RETRY_BASE_S = envint("BENCHMARK_RETRY_BASE_S", 60, minimum=1)
+BENCHMARK_RETRY_MAX_S = envint("BENCHMARK_RETRY_MAX_S", 4 * 3600, minimum=1)
 BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimum=0.1)
 # Without BENCHMARK_ENGINE_URL and with a cluster driver, a benchmark runs against a pod of its
 # own: the deployment bench-{profile id}, declared by the autoscaler's pass while the benchmark

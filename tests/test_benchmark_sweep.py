@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.benchmark.config import Slo, SweepConfig
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, grid_for_context, on_virtual_clock
+from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.report import table
 from capacity.benchmark.results import BenchmarkError
 from capacity.benchmark.sweep import sweep
@@ -71,6 +72,7 @@ def test_an_engine_that_hangs_mid_sweep_fails_naming_the_shape(tiny_sim):
         ({"time_scale": 0}, "time_scale must be > 0"),
         ({"remeasure_share": -0.1}, "remeasure_share must be >= 0"),
         ({"max_wall_s": 0}, "max_wall_s must be > 0"),
+        ({"concurrency_bisections": -1}, "concurrency_bisections must be >= 0"),
         ({"shapes": ((0, 8),)}, r"shape \(0 in, 8 out\): token counts must be >= 1"),
     ],
 )
@@ -349,3 +351,41 @@ def test_a_second_look_climbs_again_from_the_knee():
     ]  # fmt: skip
     assert engine.inner.offered == pytest.approx([11.4, 23.275])
     assert shape.note == "second look" and shape.sustainable_per_minute == pytest.approx(1396.5)
+
+
+def test_bisecting_the_knee_finds_the_batch_between_two_doublings():
+    # Simulated L40S, 128 x 16: C=64 meets the 6.6-s SLO and C=128 misses it, so the doubling
+    # climb reads the shape at C=64; the bisection finds the largest C in between that meets it.
+    profile, shape, slo = get_profile("l40s-llama-8b"), (128, 16), Slo()
+    rates, knees = [], []
+    for bisections in (0, 4):
+        driver = SimulatedDriver(profile)
+        config = replace(
+            on_virtual_clock(SweepConfig(shapes=(shape,), remeasure_share=0)),
+            concurrency_bisections=bisections,
+        )
+        (result,) = asyncio.run(sweep(driver, config, slo, clock=lambda d=driver: d.elapsed_s)).shapes
+        closed = [s for s in result.steps if s.mode == "closed" and s.met_slo]
+        knees.append(max(closed, key=lambda s: s.throughput_per_s).concurrency)
+        missed = [s.concurrency for s in result.steps if s.mode == "closed" and not s.met_slo]
+        assert all(knees[-1] < c for c in missed)  # the knee is below every C that missed
+        rates.append(result.sustainable_per_minute)
+    assert knees[0] & (knees[0] - 1) == 0  # a power of two
+    assert knees[0] < knees[1] < 2 * knees[0]
+    # The exact steady state of the knee's batch (one prefill step + 15 decode steps a request).
+    truth = 60 * perf_model.steady_state_requests_per_s(profile, *shape, knees[1])
+    assert rates[1] > rates[0] * 1.03
+    assert rates[1] == pytest.approx(truth, rel=0.03)
+
+
+def test_a_short_context_gets_the_grid_within_it():
+    assert grid_for_context(8192) == DEFAULT_SHAPES  # the default grid fits: 2,048 + 512
+    grid = grid_for_context(512)  # tiny-test: the default grid would keep 6 shapes of 17
+    assert len(grid) == 17 and max(i + o for i, o in grid) <= 512
+    assert {i for i, _ in grid} == {16, 40, 50, 102, 256} and {o for _, o in grid} == {1, 16, 45, 50, 128}
+    assert len(set(grid_for_context(64))) == len(grid_for_context(64))  # no shape twice
+    driver = SimulatedDriver(TINY)
+    config = replace(on_virtual_clock(SweepConfig()), remeasure_share=0)
+    result = asyncio.run(sweep(driver, config, clock=lambda: driver.elapsed_s))
+    assert [s.shape for s in result.shapes] == list(grid)
+    assert all(s.sustainable_per_minute > 0 for s in result.shapes)

@@ -42,6 +42,7 @@ def local_pods(monkeypatch, settings):
 
     settings.BENCHMARK_ENGINE_URL = ""
     settings.BENCHMARK_SIMULATED_PROFILE = "tiny-test"
+    settings.BENCHMARK_SIMULATED_CLOCK = "wall"  # the pod over HTTP, not the in-process model
     settings.BENCHMARK_SIMULATED_TIME_SCALE = 20.0
     started: set[tuple[int, str]] = set()
 
@@ -114,12 +115,57 @@ def test_a_failing_engine_is_reported_naming_the_shape_and_retried_later(small_m
     assert small_model.alpha == 0.0004 and small_model.benchmark_failures == 1
     assert small_model.benchmark_retry_at >= before + timedelta(seconds=60)
     event = Event.objects.get(kind="benchmark")
-    assert event.severity == "critical" and "shape (16 in, 1 out)" in event.message
+    # The engine answers (errors): a warning, not a page.
+    assert event.severity == "warning" and "shape (16 in, 1 out)" in event.message
     assert not profile_benchmarks.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
     profile_benchmarks.run_benchmark(small_model, engine_url=tiny_sim.url, config=QUICK)
     small_model.refresh_from_db()
     assert small_model.benchmark_failures == 2  # backs off: 120 s now
     assert small_model.benchmark_retry_at >= timezone.now() + timedelta(seconds=110)
+    # One event for the streak, brought up to date with its count.
+    event = Event.objects.get(kind="benchmark")
+    assert event.detail["count"] == 2 and "2 attempts in a row, next in 2 min" in event.message
+
+
+def test_a_streak_backs_off_to_its_cap_and_pages_once_when_the_engine_is_unreachable(small_model, settings):
+    settings.BENCHMARK_RETRY_BASE_S, settings.BENCHMARK_RETRY_MAX_S = 60, 4 * 3600
+    assert [profile_benchmarks.retry_in_s(n) for n in (1, 2, 3, 8, 9, 60)] == [
+        60, 120, 240, 7680, 14400, 14400
+    ]  # fmt: skip
+    gone = "http://127.0.0.1:9"  # discard port: nothing listens
+    for _ in range(3):
+        record = profile_benchmarks.run_benchmark(small_model, engine_url=gone, config=QUICK)
+        assert record.status == "failed" and "unreachable" in record.reason
+    events = list(Event.objects.filter(kind="benchmark"))
+    assert [e.severity for e in events] == ["critical"] and events[0].detail["count"] == 3
+    # A refused fit extends the streak (a warning would be a second event only for a new streak).
+    settings.BENCHMARK_MAX_HELDOUT_MAPE = 0.0
+    profile_benchmarks.run_benchmark(small_model, config=QUICK, driver=TINY)
+    small_model.refresh_from_db()
+    assert small_model.benchmark_failures == 4 and Event.objects.filter(kind="benchmark").count() == 1
+    # A published fit ends it; the next failure starts a new streak with its own event.
+    settings.BENCHMARK_MAX_HELDOUT_MAPE, settings.BENCHMARK_MAX_UNDERPRICE = 1.0, 1.0
+    assert profile_benchmarks.run_benchmark(small_model, config=QUICK, driver=TINY).status == "published"
+    small_model.refresh_from_db()
+    assert (small_model.benchmark_failures, small_model.benchmark_retry_at) == (0, None)
+    profile_benchmarks.run_benchmark(small_model, engine_url=gone, config=QUICK)
+    assert Event.objects.filter(kind="benchmark", severity="critical").count() == 2
+
+
+def test_each_pair_is_measured_on_its_own_simulated_profile_on_a_virtual_clock(small_model, settings):
+    settings.BENCHMARK_ENGINE_URL, settings.BENCHMARK_SIMULATED_PROFILE = "", "auto"
+    settings.BENCHMARK_SIMULATED_CLOCK = "virtual"
+    small_model.simulated_profile = "tiny-test"
+    small_model.save()
+    first = profile_benchmarks.run_benchmark(small_model, config=QUICK)
+    assert first.engine.startswith("simulated:tiny-test (in-process performance model, virtual clock)")
+    # The virtual clock: the same numbers however busy the machine is.
+    again = profile_benchmarks.run_benchmark(small_model, config=QUICK)
+    assert [r["requests_per_minute"] for r in again.shapes] == [
+        r["requests_per_minute"] for r in first.shapes
+    ]
+    small_model.simulated_profile = ""  # none of its own: its GPU type's
+    assert small_model.engine_profile() == "h100-llama-8b"
 
 
 def test_which_profiles_are_due(small_model, big_model, settings):
@@ -158,9 +204,10 @@ def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
 
 def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, settings, local_pods):
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0  # the pod's lifecycle is under test, not accuracy
+    settings.BENCHMARK_MAX_UNDERPRICE = 1.0
     record = profile_benchmarks.run_benchmark(small_model, config=QUICK)
     assert record.status == "published", record.reason
-    assert record.engine == "simulated:tiny-test (local pod, time scale 20)"
+    assert record.engine == "simulated:tiny-test (local pod, time scale 20, wall clock)"
     assert local_pods, "the benchmark started no pod"
     assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
 
@@ -188,6 +235,7 @@ def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, setti
     # HTTP timings on a shared 2-core machine are noisy; accuracy is bench/'s business, the
     # command's contract is this test's.
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0
+    settings.BENCHMARK_MAX_UNDERPRICE = 1.0
     out = StringIO()
     call_command(
         "benchmark",
@@ -253,6 +301,7 @@ def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model,
         "BENCHMARK_SHAPES": ",".join(f"{i}x{o}" for i, o in SHAPES),
         "BENCHMARK_CHECK_INTERVAL_S": "1",
         "BENCHMARK_MAX_HELDOUT_MAPE": "1.0",  # the wiring is under test here, not accuracy
+        "BENCHMARK_MAX_UNDERPRICE": "1.0",
         "CAPACITY_SNAPSHOT_INTERVAL_S": "3600",
     }
     log = open(tmp_path / "worker.log", "wb")
@@ -308,8 +357,10 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{port}"
     settings.BENCHMARK_ENGINE_URL, settings.BENCHMARK_POD_ENGINE = "", "sim"
     settings.BENCHMARK_SIMULATED_PROFILE, settings.BENCHMARK_SIMULATED_TIME_SCALE = "tiny-test", 20.0
+    settings.BENCHMARK_SIMULATED_CLOCK = "wall"  # a pod of its own, declared for its claim
     settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0  # the wiring is under test here, not accuracy
+    settings.BENCHMARK_MAX_UNDERPRICE = 1.0
     agent = subprocess.Popen(
         [
             sys.executable,
@@ -363,3 +414,25 @@ def test_the_sweep_takes_its_shapes_and_wall_budget_from_settings(settings):
     settings.BENCHMARK_SHAPES = "16x1,big"
     with pytest.raises(ValueError, match="BENCHMARK_SHAPES='16x1,big': write shapes as 16x1"):
         profile_benchmarks.sweep_config()
+
+
+def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, settings):
+    settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
+    out = StringIO()
+    call_command(
+        "benchmark",
+        "--model",
+        "sim-tiny",
+        "--gpu",
+        "h100-80gb",
+        "--simulated",
+        "tiny-test",
+        "--json",
+        stdout=out,
+    )
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    contract = ("alpha", "beta", "gamma", "delta", "r2", "heldout_mape", "samples", "published")
+    assert set(contract) <= set(summary) and summary["delta"] == 0.0 and summary["samples"] == len(SHAPES)
+    assert summary["simulated"] and summary["engine"].startswith("simulated:tiny-test")
+    with pytest.raises(CommandError, match="unknown profile 'no-such'"):
+        call_command("benchmark", "--model", "m", "--gpu", "h100-80gb", "--simulated", "no-such")

@@ -88,7 +88,7 @@ class HttpDriver:
                 shape, f"no answer within {self.config.request_timeout_s:g} s: the engine hangs"
             ) from None
         except OSError as exc:
-            raise BenchmarkError(shape, f"engine unreachable: {exc}") from None
+            raise BenchmarkError(shape, f"engine unreachable: {exc}", unreachable=True) from None
         if response.status != 200:
             raise BenchmarkError(shape, f"engine answered {response.status}: {_error_text(response)}")
         return (time.perf_counter() - started) * self.config.time_scale
@@ -188,8 +188,10 @@ class SimulatedDriver:
     model: str = ""
     max_model_len: int = 0
 
+    elapsed_s: float = 0.0  # engine seconds simulated so far: the sweep's clock, load-proof
+
     def __post_init__(self) -> None:
-        self.name = f"simulated:{self.profile.name} (in-process performance model)"
+        self.name = f"simulated:{self.profile.name} (in-process performance model, virtual clock)"
         self.model, self.max_model_len = self.profile.model, self.profile.max_model_len
         self._rng = random.Random(self.seed)
         self._ids = itertools.count()
@@ -218,6 +220,7 @@ class SimulatedDriver:
                     perf_model.submit(state, nxt)
                     arrived[nxt.request_id] = now
                     submitted += 1
+        self.elapsed_s += now
         return latencies, now
 
     async def open(
@@ -243,6 +246,7 @@ class SimulatedDriver:
             result = perf_model.step(self.profile, state)
             if result is None:
                 if sent >= len(times) or saturated:
+                    self.elapsed_s += now
                     return latencies, sent, saturated, now
                 now = times[sent]
                 continue
@@ -259,7 +263,7 @@ async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:
     try:
         models = await request("GET", host, port, "/v1/models", timeout_s=10)
     except (OSError, TimeoutError) as exc:
-        raise BenchmarkError(None, f"engine at {engine_url} unreachable: {exc!r}") from None
+        raise BenchmarkError(None, f"engine at {engine_url} unreachable: {exc!r}", unreachable=True) from None
     if models.status != 200:
         raise BenchmarkError(None, f"GET /v1/models answered {models.status}: {_error_text(models)}")
     card = models.json()["data"][0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.fitting import Fit, Measurement, fit
+from capacity.fitting import DEFAULT_MAX_UNDERPRICE, Fit, Measurement, fit
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -50,12 +50,20 @@ class SweepResult:
     def measurements(self) -> list[Measurement]:
         return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0]
 
-    def fit(self, mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE) -> Fit:
-        return fit(self.measurements(), mu_per_replica_minute)
+    def fit(
+        self,
+        mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE,
+        max_underprice: float = DEFAULT_MAX_UNDERPRICE,
+    ) -> Fit:
+        return fit(self.measurements(), mu_per_replica_minute, max_underprice)
 
 
 class BenchmarkError(Exception):
-    def __init__(self, shape: tuple[int, int] | None, message: str):
+    """The engine failed a sweep. `unreachable`: the engine itself could not be reached (down,
+    refusing connections, its pod never ready), not merely answering errors or slowly."""
+
+    def __init__(self, shape: tuple[int, int] | None, message: str, unreachable: bool = False):
         self.shape = shape
+        self.unreachable = unreachable
         where = f"shape ({shape[0]} in, {shape[1]} out): " if shape else ""
         super().__init__(f"{where}{message}")

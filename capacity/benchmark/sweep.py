@@ -5,7 +5,9 @@ Driver (capacity.benchmark.drivers). For each shape (input tokens, output tokens
 
 1. closed loop: keep C requests in flight for C = 1, 2, 4, ... and measure throughput, until it
    stops growing (< 5 % more for two doublings in a row), p99 latency passes the SLO, or C hits
-   its bound (a step that collapses below 70 % of the best so far is measured once more); the
+   its bound (a step that collapses below 70 % of the best so far is measured once more); a
+   climb that ended on a missed SLO bisects C between the knee and the doubling that missed
+   (`concurrency_bisections`, none by default, four on the virtual clock); the
    C with the best throughput within the SLO is measured again in one step of `confirm_s`
    (3 s) when that is longer than the climb's step, and the better of the two is the shape's
    capacity estimate X (a closed step can only measure less than the engine sustains, so the
@@ -41,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from capacity.benchmark.checks import at_least_larger, implausible, slow_outliers, slowest_first
-from capacity.benchmark.config import Slo, SweepConfig
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, grid_for_context
 from capacity.benchmark.drivers import Driver, HttpDriver, connect
 from capacity.benchmark.results import ShapeResult, Step, SweepResult
 
@@ -63,7 +65,10 @@ async def sweep(
     driver = await connect(engine, config) if isinstance(engine, str) else engine
     results = []
     try:
-        for shape in config.shapes:
+        shapes = config.shapes
+        if shapes == DEFAULT_SHAPES:
+            shapes = grid_for_context(driver.max_model_len)  # a short context gets its own grid
+        for shape in shapes:
             if shape[0] + shape[1] > driver.max_model_len:
                 note = f"longer than max_model_len {driver.max_model_len}"
                 result = ShapeResult(*shape, 0.0, 0.0, (), note=note)
@@ -168,12 +173,31 @@ async def _measure_shape(
             concurrency *= 2
         return capacity, knee, False
 
+    async def bisect(capacity: float, knee: int) -> tuple[float, int]:
+        """Between the knee and its doubling (which missed the SLO): the most requests in
+        flight that still meet it, and the best throughput seen."""
+        low, high = knee, min(2 * knee, cfg.max_concurrency + 1)
+        for _ in range(cfg.concurrency_bisections):
+            if high - low <= 1:
+                break
+            middle = (low + high) // 2
+            throughput, met = await closed_step(middle, max(16, middle * cfg.requests_per_concurrency))
+            if not met:
+                high = middle
+                continue
+            low = middle
+            if throughput > capacity:
+                capacity, knee = throughput, middle
+        return capacity, knee
+
     if known is None:
         capacity, knee, flat = await climb(1, 0.0, 1)
         if capacity <= 0:
             return ShapeResult(
                 *shape, 0.0, solo, tuple(steps), note="one request at a time already misses the SLO"
             )
+        if not flat:
+            capacity, knee = await bisect(capacity, knee)
     else:
         # A second look climbs again from the earlier knee: a climb that a disturbance ended early
         # stays at the wrong knee however often that knee is measured again (real vLLM, 128 x 64:
@@ -230,9 +254,14 @@ async def _measure_shape(
         # One bisection between the step that missed and the one that met: the fractions are
         # coarse (0.8 after 0.9 says "somewhere in 0.8-0.9"), and rounding that differs from
         # shape to shape is error the fit cannot explain.
-        middle = (fraction + failed) / 2
-        if failed - fraction > 0.05 + 1e-9 and await open_step(middle):
-            fraction = middle
+        for _ in range(cfg.open_loop_bisections):
+            if failed - fraction <= cfg.open_loop_resolution + 1e-9:
+                break
+            middle = (fraction + failed) / 2
+            if await open_step(middle):
+                fraction = middle
+            else:
+                failed = middle
         note = "second look" if known else ""
         return ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note)
     return ShapeResult(*shape, 0.0, solo, tuple(steps), note="no open-loop step met the SLO")

@@ -104,6 +104,25 @@ class ModelProfile(models.Model):
     alpha = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per input token")
     beta = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per output token")
     gamma = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per request")
+    # Beyond the headline three (capacity.units): what long requests cost, 0 unless fitted.
+    rho = models.FloatField(
+        default=0.0,
+        validators=[validate_finite_non_negative],
+        help_text="MU per input token x log2(output tokens): prefill stalls under the latency SLO",
+    )
+    kappa = models.FloatField(
+        default=0.0,
+        validators=[validate_finite_non_negative],
+        help_text="MU per KV token-step, output x (input + output / 2): KV-bound batches",
+    )
+    delta = models.FloatField(
+        default=0.0, validators=[validate_finite_non_negative], help_text="MU per image of a request"
+    )
+    # The simulated engine profile (dataplane.runtime.profiles) standing in for this model on
+    # this GPU where no GPU can be had: benchmarks on a virtual clock and local pods run it.
+    simulated_profile = models.CharField(
+        max_length=100, blank=True, help_text="Simulated engine profile; empty: the GPU type's default"
+    )
     mu_per_replica_minute = models.PositiveIntegerField(
         default=settings.MU_PER_REPLICA_MINUTE, validators=[MinValueValidator(1)]
     )
@@ -124,8 +143,12 @@ class ModelProfile(models.Model):
     # failures retried with backoff, operators may ask for a re-run.
     benchmark_requested_at = models.DateTimeField(null=True, blank=True)
     benchmark_claimed_at = models.DateTimeField(null=True, blank=True)
-    benchmark_failures = models.PositiveIntegerField(default=0)
+    benchmark_failures = models.PositiveIntegerField(default=0)  # failed or refused in a row: the streak
     benchmark_retry_at = models.DateTimeField(null=True, blank=True)
+    # The one on-call event of the current streak (its count is updated, never repeated), and
+    # whether the streak has paged (critical, once: the engine itself was unreachable).
+    benchmark_streak_event_id = models.PositiveBigIntegerField(null=True, blank=True)
+    benchmark_streak_paged = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["model", "gpu_type__name"]
@@ -134,6 +157,10 @@ class ModelProfile(models.Model):
             models.CheckConstraint(
                 name="profile_coefficients_non_negative",
                 condition=models.Q(alpha__gte=0, beta__gte=0, gamma__gte=0),
+            ),
+            models.CheckConstraint(
+                name="profile_long_request_terms_non_negative",
+                condition=models.Q(rho__gte=0, kappa__gte=0, delta__gte=0),
             ),
             models.CheckConstraint(
                 name="profile_replica_shape_positive",
@@ -147,6 +174,12 @@ class ModelProfile(models.Model):
     @property
     def shape(self) -> Shape:
         return Shape(self.mu_per_replica_minute, self.gpus_per_replica)
+
+    def engine_profile(self) -> str:
+        """The simulated profile standing in for this pair: its own, else the GPU type's."""
+        from controlplane.endpoints.deployments import sim_profile
+
+        return self.simulated_profile or sim_profile(self.gpu_type.name)
 
 
 class ProfileFit(models.Model):
@@ -163,6 +196,8 @@ class ProfileFit(models.Model):
     alpha = models.FloatField(null=True, blank=True)
     beta = models.FloatField(null=True, blank=True)
     gamma = models.FloatField(null=True, blank=True)
+    rho = models.FloatField(null=True, blank=True)
+    kappa = models.FloatField(null=True, blank=True)
     r2 = models.FloatField(null=True, blank=True)
     heldout_mape = models.FloatField(null=True, blank=True)
     samples = models.PositiveIntegerField(default=0)

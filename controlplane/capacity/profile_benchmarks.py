@@ -4,8 +4,18 @@
 (capacity.fitting), keeps every attempt as a ProfileFit, publishes a good fit as the profile's
 coefficients, and writes a benchmark Event either way. A profile is due when it was never
 benchmarked, its fit is older than BENCHMARK_MAX_AGE_S, the engine version changed, or an
-operator asked for a re-run. Claims are filtered updates (two workers never measure one pair);
-failures back off (60 s, 120 s, ... up to a day) and never leave an engine pod running.
+operator asked for a re-run. Claims are filtered updates (two workers never measure one pair).
+
+Where no GPU can be had (BENCHMARK_SIMULATED_PROFILE), each pair is measured on its own simulated
+profile (ModelProfile.engine_profile(): 70B on 4 x H100 is not 8B on an L40S), in-process on a
+virtual clock by default (BENCHMARK_SIMULATED_CLOCK), so the machine's load cannot bend the
+numbers; the record's engine says "simulated:<profile>".
+
+A failure or a refused fit starts or extends a streak: the next try waits 60 s, doubling per
+attempt in a row up to BENCHMARK_RETRY_MAX_S (4 h), and the streak has one on-call event whose
+message and count are brought up to date at each attempt (warning; critical, once per streak,
+when the engine itself was unreachable). A published fit ends the streak. No engine pod is left
+running, whatever happens.
 """
 
 import asyncio
@@ -22,13 +32,14 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig
-from capacity.benchmark.drivers import Driver
+from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, on_virtual_clock
+from capacity.benchmark.drivers import Driver, SimulatedDriver
 from capacity.benchmark.results import BenchmarkError, SweepResult
 from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
+from dataplane.runtime.profiles import get_profile
 
 log = logging.getLogger("controlplane.capacity.profile_benchmarks")
 
@@ -83,6 +94,34 @@ def sweep_config() -> SweepConfig:
     return SweepConfig(shapes=shapes, time_scale=time_scale, max_wall_s=settings.BENCHMARK_MAX_WALL_S or None)
 
 
+def simulated_profile_name(profile: ModelProfile) -> str | None:
+    """The simulated engine profile a benchmark of this pair measures; None: simulation is off."""
+    setting = settings.BENCHMARK_SIMULATED_PROFILE
+    if not setting:
+        return None
+    return profile.engine_profile() if setting == "auto" else setting
+
+
+def runs_in_process(profile: ModelProfile, engine_url: str | None = None) -> bool:
+    """Whether a benchmark of this pair runs the simulated profile in-process on the virtual
+    clock: no engine URL, simulation on, BENCHMARK_SIMULATED_CLOCK "virtual", no vLLM pod."""
+    if engine_url or settings.BENCHMARK_ENGINE_URL or settings.BENCHMARK_SIMULATED_CLOCK != "virtual":
+        return False
+    if settings.BENCHMARK_POD_ENGINE == "vllm":
+        from controlplane.endpoints import scaling
+
+        if scaling.driver() is not None:
+            return False
+    return simulated_profile_name(profile) is not None
+
+
+def in_process_driver(profile: ModelProfile, engine_url: str | None = None) -> SimulatedDriver | None:
+    """The pair's simulated profile on the virtual clock, when that is what measures it (an
+    unknown profile name raises ValueError naming the known ones)."""
+    name = simulated_profile_name(profile)
+    return SimulatedDriver(get_profile(name)) if name and runs_in_process(profile, engine_url) else None
+
+
 @contextmanager
 def benchmark_engine(
     profile: ModelProfile, engine_url: str | None = None
@@ -99,7 +138,8 @@ def benchmark_engine(
     if cluster is not None:
         yield cluster_engine(cluster, profile)
         return  # the claim's release undeclares the pod: the next pass removes it
-    if not settings.BENCHMARK_SIMULATED_PROFILE:
+    simulated = simulated_profile_name(profile)
+    if not simulated:
         raise BenchmarkError(None, "no engine: set BENCHMARK_ENGINE_URL (or BENCHMARK_SIMULATED_PROFILE)")
     from dataplane.runtime.pod_process import PodLaunch
     from dataplane.runtime.supervisor import Supervisor
@@ -114,16 +154,18 @@ def benchmark_engine(
             "sim",
             port,
             probe_port,
-            args=("--profile", settings.BENCHMARK_SIMULATED_PROFILE, "--time-scale", str(scale)),
+            args=("--profile", simulated, "--time-scale", str(scale)),
         )
     )
     try:
         deadline = time.monotonic() + 30
         while not _ready(supervisor, name):
             if time.monotonic() > deadline:
-                raise BenchmarkError(None, f"benchmark pod {name} was not ready within 30 s")
+                raise BenchmarkError(
+                    None, f"benchmark pod {name} was not ready within 30 s", unreachable=True
+                )
             time.sleep(0.1)  # waiting on a process starting, not faking time
-        label = f"simulated:{settings.BENCHMARK_SIMULATED_PROFILE} (local pod, time scale {scale:g})"
+        label = f"simulated:{simulated} (local pod, time scale {scale:g}, wall clock)"
         yield f"http://127.0.0.1:{port}", scale, label
     finally:
         supervisor.stop_pod(name, grace_s=5)
@@ -133,7 +175,7 @@ def benchmark_engine(
 def cluster_engine(cluster, profile: ModelProfile) -> tuple[str, float, str]:  # type: ignore[no-untyped-def]
     """The benchmark deployment's pod, once ready: the autoscaler's pass declares it for as long
     as this benchmark holds the profile's claim."""
-    from controlplane.endpoints.deployments import benchmark_deployment_name, sim_profile
+    from controlplane.endpoints.deployments import benchmark_deployment_name
 
     name = benchmark_deployment_name(profile.pk)
     deadline = time.monotonic() + settings.BENCHMARK_POD_READY_TIMEOUT_S
@@ -146,11 +188,12 @@ def cluster_engine(cluster, profile: ModelProfile) -> tuple[str, float, str]:  #
                 None,
                 f"benchmark pod of {name} not ready within {settings.BENCHMARK_POD_READY_TIMEOUT_S:g} s"
                 " (the autoscaler's pass declares it: is Celery beat running?)",
+                unreachable=True,
             )
         time.sleep(0.5)  # waiting on the cluster, not faking time
     vllm = settings.BENCHMARK_POD_ENGINE == "vllm"
     scale = 1.0 if vllm else settings.BENCHMARK_SIMULATED_TIME_SCALE
-    simulated = settings.BENCHMARK_SIMULATED_PROFILE or sim_profile(profile.gpu_type.name)
+    simulated = simulated_profile_name(profile) or profile.engine_profile()
     engine = "vllm" if vllm else f"simulated:{simulated}"
     return ready[0].url, scale, f"{engine} (cluster pod {ready[0].name}, time scale {scale:g})"
 
@@ -168,16 +211,25 @@ def run_benchmark(
     fit: Fit | None = None
     result: SweepResult | None = None
     try:
-        if driver is not None:  # an in-process engine (the simulated performance model)
+        driver = driver or in_process_driver(profile, engine_url)
+        if isinstance(driver, SimulatedDriver):
+            # Virtual time throughout: how many second looks fit is counted in engine seconds
+            # too, so a busy machine changes neither the measurements nor which were taken.
+            # A step costs no wall time here: bisect the open loop to within 1 % of the
+            # capacity, and the closed loop's knee to within a few requests in flight.
+            config = on_virtual_clock(config)
+            result = asyncio.run(sweep(driver, config, slo(), clock=lambda: driver.elapsed_s))
+        elif driver is not None:  # another in-process engine
             result = asyncio.run(sweep(driver, config, slo()))
         else:
             with benchmark_engine(profile, engine_url) as (url, scale, label):
                 config = SweepConfig(**{**asdict(config), "time_scale": scale})
                 result = replace(asyncio.run(sweep(url, config, slo())), engine_url=label)
-        fit = result.fit(profile.mu_per_replica_minute)
+        fit = result.fit(profile.mu_per_replica_minute, settings.BENCHMARK_MAX_UNDERPRICE)
     except (BenchmarkError, ValueError) as error:
-        return _record_failure(profile, started, str(error), result)
-    publish, reason = fit.verdict(settings.BENCHMARK_MAX_HELDOUT_MAPE)
+        unreachable = isinstance(error, BenchmarkError) and error.unreachable
+        return _record_failure(profile, started, str(error), result, unreachable)
+    publish, reason = fit.verdict(settings.BENCHMARK_MAX_HELDOUT_MAPE, settings.BENCHMARK_MAX_UNDERPRICE)
     record = ProfileFit(
         profile=profile,
         status=ProfileFit.Status.REFUSED,
@@ -185,6 +237,8 @@ def run_benchmark(
         alpha=fit.alpha,
         beta=fit.beta,
         gamma=fit.gamma,
+        rho=fit.rho,
+        kappa=fit.kappa,
         r2=fit.r2,
         heldout_mape=fit.heldout_mape,
         samples=fit.samples,
@@ -202,31 +256,38 @@ def run_benchmark(
         record.status = ProfileFit.Status.PUBLISHED
     if profile.pk is None:
         return record  # refused: nothing to attach the record to
+    terms = f"alpha {fit.alpha:.3g}, beta {fit.beta:.3g}, gamma {fit.gamma:.3g}"
+    if fit.rho or fit.kappa:
+        terms += f"; long requests: rho {fit.rho:.3g}, kappa {fit.kappa:.3g}"
+    detail = {
+        "profile": profile.pk,
+        "fit": record.pk,
+        "status": record.status,
+        "r2": fit.r2,
+        "heldout_mape": fit.heldout_mape,
+        "engine": record.engine,
+    }
     with transaction.atomic():
         record.save()
-        ModelProfile.objects.filter(pk=profile.pk).update(
-            benchmark_claimed_at=None,
-            benchmark_requested_at=None,
-            benchmark_failures=0,
-            benchmark_retry_at=None,
-        )
-        Event.record(
-            Event.Kind.BENCHMARK,
-            f"{profile}: fit {record.status} (alpha {fit.alpha:.3g}, beta {fit.beta:.3g},"
-            f" gamma {fit.gamma:.3g}; {reason})",
-            severity=Event.Severity.INFO
-            if record.status == ProfileFit.Status.PUBLISHED
-            else Event.Severity.WARNING,
-            reported_by="benchmark",
-            detail={
-                "profile": profile.pk,
-                "fit": record.pk,
-                "status": record.status,
-                "r2": fit.r2,
-                "heldout_mape": fit.heldout_mape,
-                "engine": record.engine,
-            },
-        )
+        detail["fit"] = record.pk
+        if record.status == ProfileFit.Status.PUBLISHED:
+            ModelProfile.objects.filter(pk=profile.pk).update(
+                benchmark_claimed_at=None,
+                benchmark_requested_at=None,
+                benchmark_failures=0,
+                benchmark_retry_at=None,
+                benchmark_streak_event_id=None,
+                benchmark_streak_paged=False,
+            )
+            Event.record(
+                Event.Kind.BENCHMARK,
+                f"{profile}: fit published ({terms}; {reason})",
+                severity=Event.Severity.INFO,
+                reported_by="benchmark",
+                detail=detail,
+            )
+        else:
+            _extend_streak(profile, f"fit refused ({terms}; {reason})", detail, unreachable=False)
     return record
 
 
@@ -235,6 +296,7 @@ def _publish(profile: ModelProfile, fit: Fit, record: ProfileFit) -> None:
         profile.refresh_from_db()
     # From the fit, not the record: the same figures, but a record's may be None (a failed run's).
     profile.alpha, profile.beta, profile.gamma = fit.alpha, fit.beta, fit.gamma
+    profile.rho, profile.kappa = fit.rho, fit.kappa
     profile.r2, profile.samples, profile.heldout_mape = fit.r2, fit.samples, fit.heldout_mape
     profile.fitted_at, profile.source = record.finished_at, ModelProfile.Source.BENCHMARK
     profile.engine, profile.engine_version = record.engine, record.engine_version
@@ -242,10 +304,8 @@ def _publish(profile: ModelProfile, fit: Fit, record: ProfileFit) -> None:
 
 
 def _record_failure(
-    profile: ModelProfile, started: datetime, error: str, result: SweepResult | None
+    profile: ModelProfile, started: datetime, error: str, result: SweepResult | None, unreachable: bool
 ) -> ProfileFit:
-    failures = profile.benchmark_failures + 1
-    retry_in = min(settings.BENCHMARK_RETRY_BASE_S * 2 ** (failures - 1), 86400)
     with transaction.atomic():
         record = ProfileFit.objects.create(
             profile=profile,
@@ -256,26 +316,60 @@ def _record_failure(
             started_at=started,
             finished_at=timezone.now(),
         )
-        ModelProfile.objects.filter(pk=profile.pk).update(
-            benchmark_claimed_at=None,
-            benchmark_failures=failures,
-            benchmark_retry_at=timezone.now() + timedelta(seconds=retry_in),
-        )
-        Event.record(
-            Event.Kind.BENCHMARK,
-            f"{profile}: benchmark failed ({error}); the current profile stays; retry in {retry_in} s",
-            severity=Event.Severity.CRITICAL,
-            reported_by="benchmark",
-            detail={
-                "profile": profile.pk,
-                "fit": record.pk,
-                "error": error,
-                "failures": failures,
-                "retry_in_s": retry_in,
-            },
-        )
+        detail = {"profile": profile.pk, "fit": record.pk, "status": record.status, "error": error}
+        _extend_streak(profile, f"benchmark failed ({error})", detail, unreachable)
     log.warning("benchmark of %s failed: %s", profile, error)
     return record
+
+
+def retry_in_s(failures: int) -> int:
+    """Seconds before the next try after `failures` in a row: 60, 120, 240, ... up to the cap."""
+    return int(
+        min(settings.BENCHMARK_RETRY_BASE_S * 2 ** min(failures - 1, 40), settings.BENCHMARK_RETRY_MAX_S)
+    )
+
+
+def _extend_streak(profile: ModelProfile, what: str, detail: dict[str, object], unreachable: bool) -> None:
+    """One more failed or refused attempt in a row: back off, and bring the streak's one event up
+    to date (a new one only for the streak's first attempt, and once, critical, for the first
+    time the engine itself was unreachable). Inside the caller's transaction."""
+    row = ModelProfile.objects.select_for_update().get(pk=profile.pk)
+    failures = row.benchmark_failures + 1
+    retry_in = retry_in_s(failures)
+    message = (
+        f"{profile}: {what}; the current price stays; {failures} attempt{'s' if failures > 1 else ''}"
+        f" in a row, next in {_duration(retry_in)}"
+    )
+    detail = {**detail, "count": failures, "failures": failures, "retry_in_s": retry_in}
+    event_id, paged = row.benchmark_streak_event_id, row.benchmark_streak_paged
+    if unreachable and not paged:
+        event_id, paged = _streak_event(message, detail, Event.Severity.CRITICAL), True
+    elif event_id is None or not Event.objects.filter(pk=event_id).update(message=message, detail=detail):
+        event_id = _streak_event(message, detail, Event.Severity.WARNING)
+    done = {"benchmark_requested_at": None} if detail.get("status") == ProfileFit.Status.REFUSED else {}
+    ModelProfile.objects.filter(pk=profile.pk).update(
+        **done,
+        benchmark_claimed_at=None,
+        benchmark_failures=failures,
+        benchmark_retry_at=timezone.now() + timedelta(seconds=retry_in),
+        benchmark_streak_event_id=event_id,
+        benchmark_streak_paged=paged,
+    )
+
+
+def _streak_event(message: str, detail: dict[str, object], severity: str) -> int:
+    return Event.record(
+        Event.Kind.BENCHMARK, message, severity=severity, reported_by="benchmark", detail=detail
+    ).pk
+
+
+def _duration(seconds: int) -> str:
+    """60 -> "60 s", 240 -> "4 min", 14400 -> "4 h"."""
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:g} h"
 
 
 def _shape_rows(result: SweepResult, fit: Fit, mu: int) -> list[dict[str, float | int | str]]:
@@ -290,6 +384,7 @@ def _shape_rows(result: SweepResult, fit: Fit, mu: int) -> list[dict[str, float 
                 "solo_latency_s": round(s.solo_latency_s, 4),
                 "cost_mu": round(cost, 6) if cost else "",
                 "fitted_mu": round(fit.predict(s.input_tokens, s.output_tokens), 6),
+                "residual": round(fit.predict(s.input_tokens, s.output_tokens) / cost - 1, 4) if cost else "",
                 "note": s.note,
             }
         )

@@ -58,7 +58,7 @@ def deployment(
         "sim",
         (
             "--profile",
-            sim_profile(profile.gpu_type.name),
+            profile.engine_profile(),
             "--time-scale",
             str(settings.LOCAL_POD_TIME_SCALE),
             "--served-model-name",
@@ -97,6 +97,12 @@ def sim_profile(gpu_type: str) -> str:
     return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
 
 
+def _benchmark_sim_profile(profile: ModelProfile) -> str:
+    from controlplane.capacity.profile_benchmarks import simulated_profile_name
+
+    return simulated_profile_name(profile) or profile.engine_profile()
+
+
 def benchmark_deployment_name(profile_id: int) -> str:
     return f"{BENCHMARK_PREFIX}{profile_id}"
 
@@ -115,7 +121,7 @@ def benchmark_deployment(profile: ModelProfile) -> Deployment:
         engine = "sim"
         args = (
             "--profile",
-            settings.BENCHMARK_SIMULATED_PROFILE or sim_profile(profile.gpu_type.name),
+            _benchmark_sim_profile(profile),
             "--time-scale",
             str(settings.BENCHMARK_SIMULATED_TIME_SCALE),
         )
@@ -129,4 +135,7 @@ def benchmark_deployments(now: datetime) -> list[Deployment]:
         return []
     live = now - timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S)
     claimed = ModelProfile.objects.filter(benchmark_claimed_at__gt=live).select_related("gpu_type")
-    return [benchmark_deployment(p) for p in claimed.order_by("id")]
+    from controlplane.capacity.profile_benchmarks import runs_in_process
+
+    # A benchmark on the virtual clock runs in-process: it needs no pod.
+    return [benchmark_deployment(p) for p in claimed.order_by("id") if not runs_in_process(p)]

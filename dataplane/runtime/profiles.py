@@ -26,6 +26,7 @@ from dataclasses import replace
 from dataplane.runtime.perf_model import EngineProfile
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 # H100 SXM 80 GB: 3.35 TB/s HBM3, 989 TFLOPS dense BF16.
 H100_LLAMA_8B = EngineProfile(
@@ -62,6 +63,28 @@ L40S_LLAMA_8B = EngineProfile(
     max_model_len=8192,
 )
 
+# Llama-3.1-70B on 4 x H100 SXM with tensor parallelism 4 (the demo's gpus_per_replica 4).
+# 70.6e9 parameters -> 141 GB of BF16 weights, 35.3 GB per GPU; ~141 GFLOP per token; KV per
+# token = 2 x 80 layers x 8 KV heads x 128 dims x 2 bytes = 320 KiB (2.5x the 8B's).
+H100X4_LLAMA_70B = EngineProfile(
+    name="h100x4-llama-70b",
+    model=LLAMA_70B,
+    # 35.3 GB / 3.35 TB/s = 10.5 ms of weight reads per GPU (all four in parallel) + ~1.5 ms
+    # overhead + ~1.5 ms of tensor-parallel all-reduces (2 per layer x 80 layers x ~10 us).
+    step_base_s=0.0135,
+    # Per sequence: 2.5x the 8B's KV reads and 8.8x its FLOPs, spread over 4 GPUs: ~1.7x the 8B's
+    # 60 us -> 100 us; batch 64 -> 13.5 + 6.4 = 19.9 ms/step (about 50 tokens/s per sequence).
+    decode_per_seq_s=0.000_1,
+    # 141 GFLOP/token / (4 x 989 TFLOPS x 40 %) = 89 us/token; 2,000-token prompt -> 190 ms TTFT.
+    prefill_per_token_s=0.000_09,
+    max_batched_tokens=8192,
+    max_num_seqs=256,
+    # 4 x 0.9 x 80 GB = 288 GB - 141 GB weights - ~4 x 4 GB activations = 131 GB / 320 KiB
+    # = ~400k tokens: the same KV room as the 8B on one H100, shared by a batch 2.5x dearer.
+    kv_capacity_tokens=400_000,
+    max_model_len=8192,
+)
+
 # A small engine for tests: few slots and a small KV cache so that saturation and queueing
 # happen with a handful of requests; slow enough per step that timings are measurable at a
 # large --time-scale. Not a model of any hardware.
@@ -77,7 +100,9 @@ TINY_TEST = EngineProfile(
     max_model_len=512,
 )
 
-PROFILES: dict[str, EngineProfile] = {p.name: p for p in (H100_LLAMA_8B, L40S_LLAMA_8B, TINY_TEST)}
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p for p in (H100_LLAMA_8B, H100X4_LLAMA_70B, L40S_LLAMA_8B, TINY_TEST)
+}
 
 
 def get_profile(name: str, model: str | None = None) -> EngineProfile:

@@ -1,6 +1,7 @@
 """SIMULATED inference engine: speaks vLLM's OpenAI API, runs no model, needs no GPU.
 
     python -m dataplane.runtime.sim --port 8000 --profile h100-llama-8b [--time-scale 100]
+    python -m dataplane.runtime.sim --list-profiles        # the profiles, one per line
 
 It stands in for a GPU in tests, what-if runs and fleet-scale benchmarks, and says so: the
 startup log, an ``x-engine: simulated`` header on every response, a ``simulated`` field in the
@@ -410,7 +411,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m dataplane.runtime.sim", description="SIMULATED vLLM-compatible engine (no model)."
     )
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, help="port to serve on (required unless --list-profiles)")
+    parser.add_argument(
+        "--list-profiles", action="store_true", help="print the simulated profiles, one per line, and exit"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--profile", default="h100-llama-8b", choices=sorted(PROFILES))
     parser.add_argument("--served-model-name", default=None)
@@ -423,7 +427,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--fault-after", type=float, default=0.0, help="real seconds after start before --fault applies"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.port is None and not args.list_profiles:
+        parser.error("--port is required")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -457,7 +464,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     # uvloop, as vLLM's uvicorn picks it: measured with bench/runtime_fleet.py-style load, it costs
     # a pod about 2.6 MiB more than asyncio's loop and a third less CPU per request.
-    uvloop.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    if args.list_profiles:
+        sys.stdout.write("".join(f"{name}\n" for name in sorted(PROFILES)))
+        return
+    uvloop.run(serve(args))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from dataplane.runtime import sim_tokenizer
 
 SIM_WORDS = (
-    "sim", "ulat", "ed", " tok", "en", " tex", "t", ".", " The", " eng", "ine", " say", "s", " no",
+    " sim", "ulat", "ed", " tok", "en", " tex", "t", ".", " The", " eng", "ine", " say", "s", " no",
     " mod", "el", " run", " her", "e", ",", " and", " a", " GPU", " is", " not", " in", " use",
     " it", " jus", " wai", " to", "\n",
 )  # fmt: skip

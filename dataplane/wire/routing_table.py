@@ -6,7 +6,8 @@ its ETag). Readers: the routers (``dataplane.router.discovery``), which keep the
 when a new one is refused.
 
     {"version": "<etag>",
-     "endpoints": [{"id", "tenant", "name", "model", "policy", "alpha", "beta", "gamma",
+     "endpoints": [{"id", "tenant", "name", "model", "policy",
+                    "alpha", "beta", "gamma", "rho", "kappa", "delta",
                     "mu_per_replica_minute", "target_concurrency_per_replica",
                     "scale_to_zero_enabled", "max_model_len",
                     "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
@@ -104,6 +105,9 @@ class RoutedEndpoint:
             "alpha": self.coefficients.alpha,
             "beta": self.coefficients.beta,
             "gamma": self.coefficients.gamma,
+            "rho": self.coefficients.rho,
+            "kappa": self.coefficients.kappa,
+            "delta": self.coefficients.delta,
             "mu_per_replica_minute": self.mu_per_replica_minute,
             "target_concurrency_per_replica": self.target_concurrency,
             "scale_to_zero_enabled": self.scale_to_zero_enabled,
@@ -145,7 +149,12 @@ class RoutedEndpoint:
             model=str(e.get("model") or e["name"]),
             policy=policy,
             coefficients=CostModel(
-                _num(e, "alpha", where, 0.0), _num(e, "beta", where, 0.0), _num(e, "gamma", where, 0.0)
+                _num(e, "alpha", where, 0.0),
+                _num(e, "beta", where, 0.0),
+                _num(e, "gamma", where, 0.0),
+                rho=_num(e, "rho", where, 0.0),  # absent from an older control plane's table: 0
+                kappa=_num(e, "kappa", where, 0.0),
+                delta=_num(e, "delta", where, 0.0),
             ),
             mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, MU_PER_REPLICA_MINUTE),
             target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),

@@ -430,3 +430,12 @@ def test_timeline_bins_sum_buckets_by_slot_and_the_last_minute_in_one():
     assert by_minute[0].in_flight == (2.0 * 5 + 5.0 * 5) / 10 and by_minute[0].latency_counts == [1, 5]
     (whole,) = timeline_bins(rows, float("inf"))  # a minute that straddles two slots is one bin
     assert (whole.requests, whole.seconds, whole.desired) == (35, 15, 3.0)
+
+
+def test_a_failing_streak_shows_on_the_profile(operator_web, small_model):
+    from controlplane.capacity import profile_benchmarks
+
+    profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")  # nothing listens
+    profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")
+    html = operator_web.get("/console/capacity/").content.decode()
+    assert 'class="benchmark-streak"' in html and "2 in a row, next" in html

@@ -60,3 +60,25 @@ def test_n_choices_run_as_n_sequences(sim: SimProcess, client: openai.OpenAI) ->
     assert metric_value(sim.url, "vllm:prompt_tokens_total") - prompt_before == 3 * 3
     assert metric_value(sim.url, "vllm:generation_tokens_total") - tokens_before == 15
     assert success(sim, "length") - length_before == 3
+
+
+def test_the_simulated_profiles_are_listed_one_per_line():
+    import subprocess
+    import sys
+
+    from dataplane.runtime.profiles import PROFILES
+
+    out = subprocess.run(
+        [sys.executable, "-m", "dataplane.runtime.sim", "--list-profiles"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines() == sorted(PROFILES) and "h100x4-llama-70b" in out
+
+
+def test_the_simulated_text_keeps_its_spaces():
+    from dataplane.runtime.sim_generation import SIM_WORDS
+
+    # "says" then "simulated" read "sayssimulated": every word that starts one starts with a space.
+    assert " sim" in SIM_WORDS and "sim" not in SIM_WORDS

@@ -1,4 +1,8 @@
-"""python manage.py benchmark --model M --gpu G [--engine-url URL] [--json]"""
+"""python manage.py benchmark --model M --gpu G [--engine-url URL | --simulated PROFILE] [--json]
+
+--simulated PROFILE measures that simulated engine profile (python -m dataplane.runtime.sim
+--list-profiles) in-process on a virtual clock: SIMULATED, and labelled so in the record's
+engine field and the JSON's; the machine's load does not change its numbers."""
 
 import json
 from typing import Any
@@ -6,8 +10,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from capacity.benchmark.drivers import SimulatedDriver
 from controlplane.capacity import profile_benchmarks
 from controlplane.capacity.models import GpuType, ModelProfile, ProfileFit
+from dataplane.runtime.profiles import get_profile
 
 
 class Command(BaseCommand):
@@ -20,9 +26,24 @@ class Command(BaseCommand):
         parser.add_argument("--model", required=True, help="model name, as endpoints and profiles name it")
         parser.add_argument("--gpu", required=True, help="GPU type name, e.g. h100-80gb")
         parser.add_argument("--engine-url", help="an OpenAI-compatible engine serving the model on that GPU")
+        parser.add_argument(
+            "--simulated",
+            metavar="PROFILE",
+            help="measure this SIMULATED engine profile in-process on a virtual clock (no GPU)",
+        )
         parser.add_argument("--json", action="store_true", help="end with one JSON line")
 
-    def handle(self, model: str, gpu: str, engine_url: str | None, json: bool, **options: Any) -> None:
+    def handle(
+        self, model: str, gpu: str, engine_url: str | None, simulated: str | None, json: bool, **options: Any
+    ) -> None:
+        if engine_url and simulated:
+            raise CommandError("give --engine-url or --simulated, not both")
+        driver = None
+        if simulated:
+            try:
+                driver = SimulatedDriver(get_profile(simulated))
+            except ValueError as error:
+                raise CommandError(f"--simulated: {error}") from None
         gpu_type = GpuType.objects.filter(name=gpu).first()
         if gpu_type is None:
             known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
@@ -32,13 +53,17 @@ class Command(BaseCommand):
             profile = ModelProfile(model=model, gpu_type=gpu_type, alpha=0, beta=0, gamma=0)
         elif not profile_benchmarks.claim(profile.pk, timezone.now(), only_if_due=False):
             raise CommandError(f"a benchmark of {profile} is already running")
-        self.stderr.write(f"Benchmarking {model} on {gpu} at {engine_url or 'the configured engine'} ...")
-        record = profile_benchmarks.run_benchmark(profile, engine_url=engine_url)
+        where = engine_url or (f"SIMULATED profile {simulated} (virtual clock)" if simulated else None)
+        self.stderr.write(f"Benchmarking {model} on {gpu} at {where or 'the configured engine'} ...")
+        record = profile_benchmarks.run_benchmark(profile, engine_url=engine_url, driver=driver)
         self.stdout.write(_table(record))
         summary = {
             "alpha": record.alpha,
             "beta": record.beta,
             "gamma": record.gamma,
+            "delta": 0.0,  # MU per image: no profile prices images yet
+            "rho": record.rho,
+            "kappa": record.kappa,
             "r2": record.r2,
             "heldout_mape": record.heldout_mape,
             "samples": record.samples,
@@ -46,6 +71,10 @@ class Command(BaseCommand):
             "status": record.status,
             "reason": record.reason,
             "engine": record.engine,
+            "simulated": record.engine.startswith("simulated"),
+            "worst_underprice": min(
+                (row["residual"] for row in record.shapes if row.get("residual", "") != ""), default=None
+            ),
             "beta_over_alpha": (record.beta / record.alpha)
             if record.alpha and record.beta is not None
             else None,
@@ -72,7 +101,8 @@ def _table(record: ProfileFit) -> str:
     if record.alpha is not None:
         lines.append(
             f"alpha {record.alpha:.6g} MU/input token, beta {record.beta:.6g} MU/output token,"
-            f" gamma {record.gamma:.6g} MU/request; R^2 {record.r2:.4f},"
+            f" gamma {record.gamma:.6g} MU/request (long requests: rho {record.rho or 0:.3g},"
+            f" kappa {record.kappa or 0:.3g}); R^2 {record.r2:.4f},"
             f" held-out MAPE {record.heldout_mape:.2%}, {record.samples} shapes"
         )
     return "\n".join(lines)

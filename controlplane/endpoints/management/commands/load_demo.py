@@ -1,7 +1,9 @@
 """A small demo fleet: GPU types, pools, model profiles, two tenants, endpoints, reservations.
 
 Idempotent: a second run finds the fleet and changes nothing. Coefficients are hand-set
-placeholders (source=manual) until the benchmarks fit real ones.
+placeholders (source=manual) until the benchmarks fit real ones; each model x GPU pair names the
+simulated engine profile (dataplane.runtime.profiles, where its numbers are derived) that its
+benchmark and its local pods run where no GPU can be had.
 """
 
 from pathlib import Path
@@ -22,11 +24,12 @@ POOLS = [
     ("eu-west-h100", "h100-80gb", "eu-west-1", "euw1-a", 32),
     ("us-east-l40s", "l40s-48gb", "us-east-1", "use1-b", 48),
 ]
-# model, gpu type, alpha, beta, gamma (MU per input token, per output token, per request), GPUs/replica
+# model, gpu type, alpha, beta, gamma (MU per input token, per output token, per request),
+# GPUs/replica, simulated engine profile
 PROFILES = [
-    ("llama-3.1-8b-instruct", "h100-80gb", 0.0004, 0.004, 0.02, 1),
-    ("llama-3.1-8b-instruct", "l40s-48gb", 0.001, 0.01, 0.05, 1),
-    ("llama-3.1-70b-instruct", "h100-80gb", 0.002, 0.02, 0.1, 4),
+    ("llama-3.1-8b-instruct", "h100-80gb", 0.0004, 0.004, 0.02, 1, "h100-llama-8b"),
+    ("llama-3.1-8b-instruct", "l40s-48gb", 0.001, 0.01, 0.05, 1, "l40s-llama-8b"),
+    ("llama-3.1-70b-instruct", "h100-80gb", 0.002, 0.02, 0.1, 4, "h100x4-llama-70b"),
 ]
 # tenant, endpoint, model, gpu type, min/max provisioned concurrency, scale to zero, reserved MU/min
 ENDPOINTS = [
@@ -66,9 +69,15 @@ class Command(BaseCommand):
         }
         profiles = {
             (model, gpu): ModelProfile.objects.create(
-                model=model, gpu_type=types[gpu], alpha=a, beta=b, gamma=g, gpus_per_replica=gpr
+                model=model,
+                gpu_type=types[gpu],
+                alpha=a,
+                beta=b,
+                gamma=g,
+                gpus_per_replica=gpr,
+                simulated_profile=simulated,
             )
-            for model, gpu, a, b, g, gpr in PROFILES
+            for model, gpu, a, b, g, gpr, simulated in PROFILES
         }
         tenants = {name: Tenant.objects.create(name=name) for name in ("acme", "globex")}
         for tenant, name, model, gpu, low, high, to_zero, reserved in ENDPOINTS:
