@@ -22,7 +22,7 @@ from controlplane.console.views.base import ConsoleRequest, console_view, filled
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
-from controlplane.selling import NoPlacement
+from controlplane.selling import MoveRefused, NoPlacement
 from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 
@@ -91,6 +91,8 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
                 errors = {"pool": str(refused)}
             except QuotaExceeded as refused:
                 errors = {"max_provisioned_concurrency": str(refused)}
+            except MoveRefused as refused:
+                errors = {refused.field: str(refused)}
             else:
                 return redirect("console:endpoint", pk=saved.pk)
         elif not errors:
