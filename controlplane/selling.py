@@ -316,7 +316,7 @@ def _check_move(before: Endpoint, to: GpuPool, changed: Iterable[str], by_operat
     if pods or (reservation is not None and not by_operator):
         asked = set(changed)
         field = next((f for f in ("region_preference", "pool") if f in asked), "pool")
-        if field == "pool" and "profile" in asked:
+        if field == "pool" and before.profile.gpu_type_id != to.gpu_type_id:
             field = "gpu_type"  # a model on another GPU type re-places the endpoint
         raise MoveRefused(before, field, to, reservation, pods)
 
