@@ -59,6 +59,10 @@ EXACT_WORK = 40_000
 # worst a replica is charged 1/64 of a node more than it needs.
 GRAINS = 64
 
+# Work bound of the configuration LP's simplex (tableau cells updated, over all pivots): about
+# 40 ms of pure Python; beyond it the LP gives up (no rounding, no bound) and the heuristics stand.
+LP_WORK = 400_000
+
 # Node contents enumerated at most (for 8-GPU nodes and sizes 1-8 there are 66).
 MAX_FILLS = 5_000
 
@@ -309,7 +313,8 @@ def check_change(
     asked -> fits; 3 asked -> does not, 2 fit.
 
     `fit_replicas` is the most replicas of the change that pack with the rest (binary search on
-    the count, each step a `pack`; 0 when the rest alone does not pack)."""
+    the count, each step a `pack` without the configuration LP; 0 when the rest alone does not
+    pack)."""
     others = [d for d in demands if d.key != change.key]
     problem = _Problem.build(nodes, shape, [*others, change])
     _, left, _ = _solve(problem, any_fit=True)
@@ -322,7 +327,10 @@ def check_change(
 
         def solve_with(k: int) -> tuple[dict[tuple[int, ...], int], list[int], str]:
             counts = (*problem.counts[:i], base + k, *problem.counts[i + 1 :])
-            return _solve(dataclasses.replace(problem, counts=counts), any_fit=True)
+            # Without the LP: one simplex per step made a refused check on 16-GPU nodes with
+            # 16 sizes take seconds while it holds the pool's locks. The steps' answer is then
+            # the heuristics' (the exact programme's on a small pool): a lower bound.
+            return _solve(dataclasses.replace(problem, counts=counts), any_fit=True, lp=False, within=problem)
 
         states, left, _ = solve_with(0)
         if any(left):
@@ -438,16 +446,26 @@ def defrag_plan(
 # -- internals ------------------------------------------------------------------------------------
 
 
-def _solve(p: _Problem, any_fit: bool = False) -> tuple[dict[tuple[int, ...], int], list[int], str]:
+def _solve(
+    p: _Problem, any_fit: bool = False, lp: bool = True, within: _Problem | None = None
+) -> tuple[dict[tuple[int, ...], int], list[int], str]:
     """The better of best-fit decreasing and fullest-node-first (more GPUs placed; when both
     place everything, the free space gathered on fewer nodes); when both leave replicas out, the
     rounded configuration LP, and the exact programme on a small pool unless the LP's bound shows
     the best so far is optimal already. `any_fit`: return the first that places everything
-    (a yes/no question: which placement does not matter)."""
+    (a yes/no question: which placement does not matter). `lp=False`: without the LP (the
+    steps of `check_change`'s search, where the LP is most of the work). `within`: a problem with
+    at least these counts, whose node contents are filtered rather than enumerated again (when
+    it has too many, so does this one, as far as the work goes)."""
     best = (*_best_fit_decreasing(p), "best-fit-decreasing")
     if any_fit and not any(best[1]):
         return best
-    fills = p._fills(p._caps())
+    caps = p._caps()
+    fills = p.fills if within is None else within.fills
+    if fills is not None and within is not None:
+        # The contents within the smaller caps, in the same order (fullest first).
+        tighter = [(j, c) for j, (c, w) in enumerate(zip(caps, within._caps(), strict=True)) if c < w]
+        fills = [f for f in fills if all(f[j] <= c for j, c in tighter)]
     if fills is None:
         return best
     other = (*_fullest_node_first(p, fills), "fullest-node-first")
@@ -455,7 +473,7 @@ def _solve(p: _Problem, any_fit: bool = False) -> tuple[dict[tuple[int, ...], in
         best = other
     if not any(best[1]):
         return best
-    rounded = _rounded_lp(p, fills)
+    rounded = _rounded_lp(p, fills) if lp else None
     bound = None
     if rounded is not None:
         states, left, bound = rounded
@@ -526,6 +544,11 @@ class _Problem:
                 box *= c - a + 1
             work += box
         return work
+
+    @functools.cached_property
+    def fills(self) -> list[tuple[int, ...]] | None:
+        """`_fills` within `_caps`, enumerated once per problem."""
+        return self._fills(self._caps())
 
     def _caps(self) -> tuple[int, ...]:
         """Replicas per kind that could be placed at all (no more than the nodes hold)."""
@@ -724,7 +747,7 @@ def _rounded_lp(
 
 def _simplex_max(gain: list[float], rows: list[list[float]], bounds: list[float]) -> list[float] | None:
     """max gain . y subject to rows . y <= bounds, y >= 0 (bounds >= 0): the tableau simplex
-    with Bland's rule (no cycling), in floats: callers check the rounded answer exactly."""
+    in floats: callers check the rounded answer exactly."""
     m, n = len(rows), len(gain)
     eps = 1e-9
     table = [
@@ -733,9 +756,12 @@ def _simplex_max(gain: list[float], rows: list[list[float]], bounds: list[float]
     ]
     cost = [*(-g for g in gain), *([0.0] * m), 0.0]
     basis = list(range(n, n + m))
-    for _ in range(50 * (n + m)):
-        entering = next((j for j in range(n + m) if cost[j] < -eps), None)
-        if entering is None:
+    # Dantzig's rule (most negative reduced cost: far fewer pivots than Bland's on these
+    # tableaux); a degenerate pivot may cycle, so the pivots are capped, and so is the work (a
+    # sale check holds row locks): past LP_WORK cell updates the caller keeps its heuristics.
+    for _ in range(min(50 * (n + m), LP_WORK // (m * (n + m + 1)) + 1)):
+        entering = min(range(n + m), key=cost.__getitem__)
+        if cost[entering] >= -eps:
             y = [0.0] * n
             for i, b in enumerate(basis):
                 if b < n:

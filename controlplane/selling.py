@@ -65,6 +65,32 @@ class EndpointReserved(Exception):
         )
 
 
+class MoveRefused(Exception):
+    """Moving an endpoint to another pool that may not move now: a tenant's endpoint that holds
+    an operator's reservation (the operator releases or moves it), or one whose pods still run
+    in the pool it leaves (the ledger counts ready pods in the endpoint's pool, so they would be
+    counted where they do not run). `field` is the request's field that asked for the move."""
+
+    def __init__(
+        self, endpoint: Endpoint, field: str, to: GpuPool, reservation: Reservation | None, pods: int
+    ):
+        self.endpoint, self.field, self.to = endpoint, field, to
+        self.reservation, self.pods = reservation, pods
+        leaving = f"endpoint {endpoint.name!r} cannot move from pool {endpoint.pool.name!r} to {to.name!r}"
+        if reservation is not None and not pods:
+            reason = (
+                f"it holds a reservation of {reservation.mu_per_minute} MU/min (reservation"
+                f" {reservation.pk}, sold by {reservation.sold_by or 'unknown'}): an operator releases"
+                " it (DELETE /api/v1/reservations/<id>/) or moves the endpoint"
+            )
+        else:
+            reason = (
+                f"{pods} of its pods still run in {endpoint.pool.name!r}: it moves when none runs"
+                " (scale it to zero, or delete it and create it in the new region)"
+            )
+        super().__init__(f"{leaving}: {reason}")
+
+
 def default_shape() -> Shape:
     return Shape(settings.MU_PER_REPLICA_MINUTE, 1)
 
@@ -270,7 +296,9 @@ def save_profile(profile: ModelProfile) -> None:
             check_holds(pool.name, ledgers[pool.pk])
 
 
-def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> None:
+def save_endpoint(
+    endpoint: Endpoint, changed: Iterable[str] | None = None, *, by_operator: bool = False
+) -> None:
     """Save, refusing what would oversell the endpoint's pool or exceed its tenant's GPU quota.
 
     The endpoint commits max(its reservation, its minimum replicas) in its pool (capacity.ledger):
@@ -283,7 +311,13 @@ def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> N
     `changed` names the fields this write sets on an endpoint read earlier: its other fields are
     re-read under the lock (the checks see what the autoscaler wrote since, say a lower target)
     and only the changed ones are written, so a PATCH never reverts desired_replicas or state.
+
+    A move to another pool (a new region preference or GPU type, or a pool named) is refused
+    (MoveRefused) while the endpoint has pods (they run in the pool it leaves; nothing here moves
+    a pod), and, unless `by_operator`, when it holds a reservation (sold by an operator: only one
+    moves it, and only to a pool that packs it, the check below).
     """
+    changed = None if changed is None else list(changed)
     with transaction.atomic():
         # Tenant first, then pools: every writer that takes both takes them in this order.
         tenant = locked_tenant(endpoint.tenant_id)
@@ -298,6 +332,8 @@ def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> N
         pools = {p.pk: p for p in locked_pools({endpoint.pool_id, *([before.pool_id] if before else [])})}
         pool = pools[endpoint.pool_id]
         reserved = _reserved(before)
+        if before is not None and before.pool_id != endpoint.pool_id:
+            _check_move(before, pool, changed or (), by_operator)
         _check_quota(tenant, endpoint, before)
         replacing = NOTHING
         if before is not None and before.pool_id == endpoint.pool_id:
@@ -308,6 +344,17 @@ def save_endpoint(endpoint: Endpoint, changed: Iterable[str] | None = None) -> N
         if endpoint.pk and not endpoint._state.adding:
             endpoint.start_rollout_if_the_model_changed()
         endpoint.save(update_fields=update_fields)
+
+
+def _check_move(before: Endpoint, to: GpuPool, changed: Iterable[str], by_operator: bool) -> None:
+    reservation = getattr(before, "reservation", None)
+    pods = Pod.objects.filter(endpoint_id=before.pk).count()
+    if pods or (reservation is not None and not by_operator):
+        asked = set(changed)
+        field = next((f for f in ("region_preference", "pool") if f in asked), "pool")
+        if field == "pool" and before.profile.gpu_type_id != to.gpu_type_id:
+            field = "gpu_type"  # a model on another GPU type re-places the endpoint
+        raise MoveRefused(before, field, to, reservation, pods)
 
 
 def _keep_others(endpoint: Endpoint, before: Endpoint, changed: Iterable[str]) -> list[str]:

@@ -480,3 +480,31 @@ def test_a_defrag_plan_makes_room_for_what_is_wanted(pool, gpus, count, rnd):
     elif plan is not None:
         assert plan and len(plan) <= 16
         assert_plan_makes_room(shape, demands, placed, plan, wanted)
+
+
+def test_a_refused_check_solves_the_lp_once_whatever_the_sizes(monkeypatch):
+    # 16-GPU nodes, 16 replica sizes: 900-odd node contents, a simplex of ~20 ms; one per
+    # bisection step made a refused check take seconds under the pool's locks (review, issue 25).
+    import capacity.packing as packing
+
+    solves = []
+    real = packing._simplex_max
+    monkeypatch.setattr(packing, "_simplex_max", lambda *a: solves.append(1) or real(*a))
+    rng = random.Random(1)
+    sixteen = NodeShape(gpus=16)
+    demands = [demand(f"e{i}", rng.randint(1, 16), rng.randint(0, 3)) for i in range(180)]
+    free = 300 * 16 - sum(d.gpus * d.count for d in demands)
+    verdict = check_change(300, sixteen, demands, demand("x", 9, free // 9 + 1))
+    assert not verdict.fits and 0 < verdict.fit_replicas < free // 9 + 1
+    assert len(solves) == 1
+    # What it says fits does fit.
+    assert check_change(300, sixteen, demands, demand("x", 9, verdict.fit_replicas)).fits
+
+
+def test_the_simplex_gives_up_past_its_work_bound(monkeypatch):
+    import capacity.packing as packing
+
+    gain, rows, bounds = [3.0, 2.0], [[1.0, 1.0], [1.0, 3.0]], [4.0, 6.0]
+    assert _simplex_max(gain, rows, bounds) == pytest.approx([4.0, 0.0])
+    monkeypatch.setattr(packing, "LP_WORK", 0)  # one pivot: not enough for the optimum here
+    assert _simplex_max(gain, rows, bounds) is None

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from capacity.ledger import Oversold, QuotaExceeded, as_json_number
-from controlplane.selling import EndpointReserved, NoPlacement
+from controlplane.selling import EndpointReserved, MoveRefused, NoPlacement
 from dataplane.cluster.driver import ClusterError
 
 
@@ -43,6 +43,8 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
         return Response(no_placement_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         return Response(quota_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, MoveRefused):
+        return Response(move_refused_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, EndpointReserved):
         return Response(reserved_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ProtectedError):
@@ -147,6 +149,21 @@ def reserved_body(exc: EndpointReserved) -> dict[str, Any]:
         "error": "protected",
         "detail": str(exc),
         "reservation": {"id": r.pk, "mu_per_minute": r.mu_per_minute, "sold_by": r.sold_by},
+    }
+
+
+def move_refused_body(exc: MoveRefused) -> dict[str, Any]:
+    r = exc.reservation
+    return {
+        "error": "protected",
+        "detail": str(exc),
+        "fields": {exc.field: {"errors": [str(exc)]}},
+        "pool": exc.endpoint.pool.name,
+        "to_pool": exc.to.name,
+        "pods": exc.pods,
+        "reservation": (
+            None if r is None else {"id": r.pk, "mu_per_minute": r.mu_per_minute, "sold_by": r.sold_by}
+        ),
     }
 
 

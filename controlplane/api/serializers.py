@@ -510,7 +510,11 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         values = {**self.validated_data, **kwargs}
         for field, value in values.items():
             setattr(endpoint, field, value)
-        selling.save_endpoint(endpoint, changed=values if self.instance is not None else None)
+        selling.save_endpoint(
+            endpoint,
+            changed=values if self.instance is not None else None,
+            by_operator=principal_of(self).is_operator,
+        )
         endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
         self.instance = endpoint
         return endpoint

@@ -86,12 +86,18 @@ def test_switching_a_reserved_endpoint_to_a_bigger_model_is_refused(
     assert chat.profile.model == "llama-8b"
 
 
-def test_moving_a_reserved_endpoint_needs_room_in_the_new_pool(owner_client, owner, make_endpoint, h100):
+def test_moving_a_reserved_endpoint_needs_room_in_the_new_pool(
+    owner_client, operator_client, owner, make_endpoint, h100
+):
     GpuPool.objects.create(name="tiny", gpu_type=h100, region="r", gpu_count=2)
     chat = make_endpoint(owner, "chat")
     sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="t")
-    refused = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"pool": "tiny"}, format="json")
+    # Only an operator moves a reserved endpoint (tests/api/test_region_moves.py), and only where it packs.
+    refused = operator_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"pool": "tiny"}, format="json")
     assert refused.status_code == 409 and refused.json()["pool"] == "tiny"
+    protected = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"pool": "tiny"}, format="json")
+    assert protected.status_code == 409 and protected.json()["error"] == "protected"
+    assert list(protected.json()["fields"]) == ["pool"]
 
 
 def test_deleting_what_is_in_use_is_a_409(operator_client, owner, make_endpoint, pool, small_model, h100):

@@ -23,7 +23,7 @@ from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.oncall.templatetags.oncall import as_seen_by
-from controlplane.selling import NoPlacement
+from controlplane.selling import MoveRefused, NoPlacement
 from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 
@@ -92,6 +92,8 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
                 errors = {"pool": str(refused)}
             except QuotaExceeded as refused:
                 errors = {"max_provisioned_concurrency": str(refused)}
+            except MoveRefused as refused:
+                errors = {refused.field: str(refused)}
             else:
                 return redirect("console:endpoint", pk=saved.pk)
         elif not errors:
