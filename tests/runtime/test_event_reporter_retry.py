@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from dataclasses import replace
@@ -83,7 +84,16 @@ def test_full_queue_drops_the_oldest() -> None:
         reporter.close(flush_timeout_s=0)
 
 
-def test_without_a_url_events_are_only_logged(caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_url_events_are_only_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reporter's own logger, as a pod process has it: earlier tests in this process configure
+    # logging in-process (Django, Celery's test worker, uvicorn), and one of them leaves existing
+    # loggers disabled or not propagating, which a pod, its own process, never sees.
+    events_log = logging.getLogger("dataplane.runtime.events")
+    monkeypatch.setattr(events_log, "disabled", False)
+    monkeypatch.setattr(events_log, "propagate", True)
+    caplog.set_level(logging.WARNING, logger="dataplane.runtime.events")
     reporter = EventReporter(ReporterConfig(url=None, pod="p"))
     event = reporter.report("crash_loop", "critical", "looping")
     assert reporter.pending() == 0 and event.pod == "p"
