@@ -87,9 +87,10 @@ def test_full_queue_drops_the_oldest() -> None:
 def test_without_a_url_events_are_only_logged(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The reporter's own logger, as a pod process has it: earlier tests in this process configure
-    # logging in-process (Django, Celery's test worker, uvicorn), and one of them leaves existing
-    # loggers disabled or not propagating, which a pod, its own process, never sees.
+    # The reporter's own logger as a pod process has it (enabled, propagating, at WARNING): tests
+    # earlier in the run configure logging in-process (Django, Celery's embedded worker, uvicorn)
+    # and in the full run one left this logger silent (seen in CI; not reproduced with
+    # test_celery or test_paging alone). A pod, its own process, never sees their setup.
     events_log = logging.getLogger("dataplane.runtime.events")
     monkeypatch.setattr(events_log, "disabled", False)
     monkeypatch.setattr(events_log, "propagate", True)
