@@ -27,27 +27,8 @@ cleanup() { [[ -f $WORK/nginx.pid ]] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/n
 trap cleanup EXIT
 mkdir "$WORK/base" && git archive "$BASE_REF" | tar -x -C "$WORK/base"
 
-HEAD_JSON='{"id":"cmpl-1","object":"text_completion","created":1,"model":"m"'
-JSON_BODY="$HEAD_JSON"',"choices":[{"index":0,"text":"hello world","finish_reason":"length"}],"usage":{"prompt_tokens":50,"completion_tokens":50,"total_tokens":100}}'
-SSE=""
-for i in $(seq 1 16); do
-  finish=null; [[ $i == 16 ]] && finish='"length"'
-  SSE+="data: $HEAD_JSON"',"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":'"$finish"',"stop_reason":null}]}'$'\n\n'
-done
-SSE+="data: $HEAD_JSON"',"choices":[],"usage":{"prompt_tokens":50,"total_tokens":66,"completion_tokens":16}}'$'\n\n'
-SSE+=$'data: [DONE]\n\n'
-cat >"$WORK/nginx.conf" <<NGX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 1024; }
-http { access_log off;
-  server { listen 127.0.0.1:18321; listen 127.0.0.1:18322;
-    location / { default_type application/json; return 200 '$JSON_BODY'; } }
-  server { listen 127.0.0.1:18331; listen 127.0.0.1:18332;
-    location / { default_type text/event-stream; return 200 '$SSE'; } } }
-NGX
-nginx -c "$WORK/nginx.conf"
+source "$(dirname "$0")/nginx_pods.sh"
+start_nginx_pods "$WORK" 1024 18321 18322 18331 18332
 
 cat >"$WORK/router.py" <<'PY'
 """The router on real sockets until it has served TOTAL requests: router.py json|stream PORT TOTAL"""

@@ -26,27 +26,8 @@ cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done
 trap cleanup EXIT
 git worktree add --detach -q "$WORK/base" "$BASE_REF"
 
-HEAD_JSON='{"id":"cmpl-1","object":"text_completion","created":1,"model":"m"'
-JSON_BODY="$HEAD_JSON"',"choices":[{"index":0,"text":"hello world","finish_reason":"length"}],"usage":{"prompt_tokens":50,"completion_tokens":50,"total_tokens":100}}'
-SSE=""
-for i in $(seq 1 16); do
-  finish=null; [[ $i == 16 ]] && finish='"length"'
-  SSE+="data: $HEAD_JSON"',"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":'"$finish"',"stop_reason":null}]}'$'\n\n'
-done
-SSE+="data: $HEAD_JSON"',"choices":[],"usage":{"prompt_tokens":50,"total_tokens":66,"completion_tokens":16}}'$'\n\n'
-SSE+=$'data: [DONE]\n\n'
-cat >"$WORK/nginx.conf" <<NGX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err;
-events { worker_connections 8192; }
-http { access_log off;
-  server { listen 127.0.0.1:18301; listen 127.0.0.1:18302;
-    location / { default_type application/json; return 200 '$JSON_BODY'; } }
-  server { listen 127.0.0.1:18311; listen 127.0.0.1:18312;
-    location / { default_type text/event-stream; return 200 '$SSE'; } } }
-NGX
-nginx -c "$WORK/nginx.conf"
+source "$(dirname "$0")/nginx_pods.sh"
+start_nginx_pods "$WORK" 8192 18301 18302 18311 18312
 
 declare -A router_pid
 start_router() {  # tree port backends
