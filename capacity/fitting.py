@@ -6,13 +6,24 @@ that shape costs cost_s = 100 / R_s MU, and we fit capacity.units' price rule
 
     cost_s ~ alpha * in + beta * out + gamma + rho * in * log2(out) + kappa * out * (in + out/2)
 
-with every coefficient >= 0, by non-negative least squares on *relative* residuals (each row
-weighted by 1 / cost_s), so a 0.2-MU chat turn counts as much as a 20-MU long generation. With
-five unknowns NNLS is exact by enumeration: the optimum is the least-squares solution on some
-subset of the coefficients (the others pinned at 0) that is itself non-negative, so we solve
-every subset (31) and keep the best. alpha, beta, gamma are the headline; rho (prefill stalls
-under the SLO) and kappa (KV-bound batches) are what long requests cost beyond two straight
-lines (capacity.units says why each exists).
+with alpha, beta, rho, kappa >= 0 and gamma >= -beta (a one-token answer, beyond its prompt,
+never costs less than nothing), by least squares on *relative* residuals (each row weighted by
+1 / cost_s), so a 0.2-MU chat turn counts as much as a 20-MU long generation.
+
+Why gamma may be negative: an engine emits a request's first token with its prefill, and only
+the out - 1 tokens after it are decode steps, so the cost is linear in the *decoded* tokens,
+beta * (out - 1) + gamma_d, with gamma_d >= 0 the request's own cost (its prefill step's share,
+scheduling). Re-expressed on `out` that is beta * out + (gamma_d - beta): the same straight line,
+an intercept below 0 when gamma_d < beta. The former constraint gamma >= 0 pinned the intercept
+at 0 on every simulated profile and tilted the whole line (tiny-test: gamma_d 0.0040 and beta
+0.0059 MU; pinned, held-out MAPE 5.2 %, on the decoded tokens 1.4 %; L40S 5.1 -> 2.8 %). So the
+fit solves for gamma_d >= 0 on the column out - 1 and publishes gamma = gamma_d - beta: the price
+rule and its headline keys are unchanged. With five unknowns non-negative least squares is exact
+by enumeration: the optimum is the least-squares solution on some subset of the coefficients (the
+others pinned at 0) that is itself non-negative, so we solve every subset (31) and keep the best.
+alpha, beta, gamma are the headline; rho (prefill stalls under the SLO) and kappa (KV-bound
+batches) are what long requests cost beyond two straight lines (capacity.units says why each
+exists).
 
 One-sided: a price below the truth oversells, one above only leaves capacity unsold. So when a
 shape is priced more than `max_underprice` below its measurement, its weight triples and the
@@ -146,7 +157,7 @@ def fit(
     mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE,
     max_underprice: float = DEFAULT_MAX_UNDERPRICE,
 ) -> Fit:
-    """Fit alpha, beta, gamma, rho, kappa >= 0; refuses bad measurements naming the shape."""
+    """Fit alpha, beta, rho, kappa >= 0 and gamma >= -beta; refuses bad measurements naming the shape."""
     for m in measurements:
         _check(m)
     if len({(m.input_tokens, m.output_tokens) for m in measurements}) < MIN_SHAPES:
@@ -165,7 +176,7 @@ def fit(
     return Fit(
         alpha=coef[0],
         beta=coef[1],
-        gamma=coef[2],
+        gamma=coef[2] - coef[1],  # gamma_d - beta: the headline on all output tokens
         rho=coef[3],
         kappa=coef[4],
         intervals=intervals,
@@ -190,10 +201,11 @@ def heldout_errors(
 
 
 def design_row(input_tokens: float, output_tokens: float) -> tuple[float, ...]:
-    """What each coefficient multiplies in the price rule, in NAMES order."""
+    """What each coefficient multiplies, in NAMES order, with beta on the decoded tokens (out - 1)
+    and gamma as gamma_d = gamma + beta: the price rule's own line, its coefficients >= 0."""
     return (
         float(input_tokens),
-        float(output_tokens),
+        float(output_tokens) - 1.0,
         1.0,
         prefill_stall(input_tokens, output_tokens),
         kv_token_steps(input_tokens, output_tokens),
@@ -309,6 +321,7 @@ def _intervals(
     """95 % intervals from the weighted fit's covariance on the active coefficients.
 
     A coefficient pinned at 0 by the constraint gets (0, 0): the data pushed it to the bound.
+    gamma's is that of gamma_d - beta, no lower than -beta.
     """
     out = {name: (0.0, 0.0) for name in NAMES}
     dof = len(rows) - len(active)
@@ -328,11 +341,25 @@ def _intervals(
     if any(col is None for col in inverse):
         return out
     t = _T975[dof - 1] if dof <= len(_T975) else 1.96
-    for pos, k in enumerate(active):
-        column = inverse[pos]
+
+    def covariance(a: int, b: int) -> float:
+        """Of active coefficients a and b (NAMES indices), in their own units; 0 if pinned."""
+        if a not in active or b not in active:
+            return 0.0
+        pa, pb = active.index(a), active.index(b)
+        column = inverse[pb]
         assert column is not None
-        half = t * math.sqrt(max(sse / dof * column[pos], 0.0)) / norms[pos]
+        return sse / dof * column[pa] / (norms[pa] * norms[pb])
+
+    for k in active:
+        half = t * math.sqrt(max(covariance(k, k), 0.0))
         out[NAMES[k]] = (max(coef[k] - half, 0.0), coef[k] + half)
+    # The published gamma is gamma_d - beta: its variance var(gamma_d) + var(beta) - 2 cov.
+    gamma = coef[2] - coef[1]
+    spread = covariance(2, 2) + covariance(1, 1) - 2 * covariance(1, 2)
+    half = t * math.sqrt(max(spread, 0.0))
+    upper_beta = out["beta"][1] if 1 in active else 0.0
+    out["gamma"] = (max(gamma - half, -upper_beta), gamma + half)
     return out
 
 

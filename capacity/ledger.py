@@ -93,36 +93,27 @@ NOTHING = Commitment(0, Shape(1, 1))
 
 
 class Allocation(NamedTuple):
-    """What one endpoint holds in its pool (a tuple: a ledger read builds one per endpoint)."""
+    """What one endpoint holds in its pool (a tuple: a ledger read builds one per endpoint), or
+    what `endpoints` alike endpoints hold (the same shape, model, sale and minimum: each commits
+    as many replicas, and the packing counts replicas per shape, so as one they pack as apart)."""
 
-    key: str  # the endpoint's id: its replicas' name in the packing
+    key: str  # the endpoint's id: its replicas' name in the packing (a group's: any unique name)
     shape: Shape
     model: str  # model name, for the per-model view
-    sold_mu_per_minute: int  # its reservation; >= 0
-    used_mu_per_minute: float  # metered by the router; >= 0
-    min_replicas: int = 0  # its provisioned minimum (capacity.provisioning.replica_bounds)
-    running_replicas: int = 0  # ready pods
+    sold_mu_per_minute: int  # its reservation (each one's, for alike endpoints); >= 0
+    used_mu_per_minute: float  # metered by the router (alike endpoints: theirs summed); >= 0
+    min_replicas: int = 0  # its provisioned minimum (capacity.provisioning.replica_bounds), each one's
+    running_replicas: int = 0  # ready pods (alike endpoints: theirs summed)
     label: str = ""  # how people name it ("tenant/endpoint"), for the node grid
+    endpoints: int = 1  # endpoints alike in shape, model, sale and minimum; >= 1
 
     def committed(self, overcommit: Fraction = Fraction(1)) -> Commitment:
+        """One endpoint's commitment (each of alike endpoints commits this)."""
         return self.shape.commitment(self.sold_mu_per_minute, self.min_replicas, overcommit)
 
     @property
     def held_gpus(self) -> int:
         return self.running_replicas * self.shape.gpus_per_replica
-
-
-class Claim(NamedTuple):
-    """What a sale check needs of one endpoint in its pool (no names, no metering): the
-    figures its committed replicas are counted from, as in an Allocation."""
-
-    key: str  # the endpoint's id (or a name for `endpoints` alike)
-    model: str
-    gpus_per_replica: int
-    mu_per_replica_minute: int
-    sold_mu_per_minute: int
-    min_replicas: int
-    endpoints: int = 1  # endpoints alike in all of the above: each commits as many replicas
 
 
 class ReplicaCounter:
@@ -141,16 +132,14 @@ class ReplicaCounter:
         return n
 
 
-def committed_demands(claims: Iterable[Claim], overcommit: Fraction | float) -> list[ReplicaDemand]:
-    """The committed replicas of these endpoints, as the packing takes them: what pool_ledger
-    packs, without the rest of the ledger (a sale check needs no more to say yes). Endpoints
-    alike may come as one claim (`endpoints`): the packing counts replicas per shape, so their
-    replicas as one demand pack as they do apart."""
+def committed_demands(allocations: Iterable[Allocation], overcommit: Fraction | float) -> list[ReplicaDemand]:
+    """The committed replicas of these allocations, as pool_ledger packs them, without the rest
+    of the ledger (a sale check needs no more to say yes)."""
     replicas = ReplicaCounter(_exact(overcommit))
     demands = []
-    for c in claims:
-        if committed := replicas(c.sold_mu_per_minute, c.mu_per_replica_minute, c.min_replicas):
-            demands.append(ReplicaDemand(c.key, c.model, c.gpus_per_replica, committed * c.endpoints))
+    for a in allocations:
+        if committed := replicas(a.sold_mu_per_minute, a.shape.mu_per_replica_minute, a.min_replicas):
+            demands.append(ReplicaDemand(a.key, a.model, a.shape.gpus_per_replica, committed * a.endpoints))
     return demands
 
 
@@ -272,7 +261,12 @@ class Oversold(Exception):
     """A sale (or a change) whose committed replicas do not pack onto the pool's nodes. `ledger`
     is the pool's as it stands (what /capacity/ shows); `asked` what the change commits,
     `replacing` what it commits now (NOTHING for a new endpoint or for a pool or profile change,
-    checked after it), `fit_replicas` how many replicas of the asked shape fit in its place."""
+    checked after it), `fit_replicas` how many replicas of the asked shape fit in its place.
+
+    Two views: an operator's (str(): the pool's whole ledger, every tenant's sales and minimums
+    summed) and a tenant's (`tenant_message`: its pool and node shape, which it reads at
+    /api/v1/pools/, what it asked in place of what, and how many replicas fit for it; not what
+    is committed, sold, used or free in the pool, which would show other tenants' sales)."""
 
     def __init__(
         self,
@@ -287,26 +281,34 @@ class Oversold(Exception):
         self.asked = asked
         self.replacing = replacing
         self.fit_replicas = fit_replicas
-        where = f"its {ledger.node_count} nodes x {ledger.gpus_per_node} GPUs"
-        if asked.replicas:
-            head = (
-                f"pool {pool!r} cannot place this: {asked.replicas} replicas of"
-                f" {asked.shape.gpus_per_replica} GPUs ({asked.mu_per_minute} MU/min) were asked"
-                + (f" in place of its {replacing.replicas}" if replacing.replicas else "")
-                + f", {fit_replicas} fit on {where}"
-            )
-        else:
-            head = (
-                f"pool {pool!r} cannot hold what is committed in it: {ledger.unplaced_replicas} of"
-                f" {ledger.committed_replicas} committed replicas do not fit on {where}"
-            )
         super().__init__(
-            f"{head}; {ledger.committed_replicas} replicas ({ledger.committed_gpus} GPUs,"
+            f"{self._head()}; {ledger.committed_replicas} replicas ({ledger.committed_gpus} GPUs,"
             f" {ledger.committed_mu_per_minute} MU/min) are committed to reservations and minimum"
             f" replicas ({ledger.sold_replicas} replicas = {_fmt(ledger.sold_mu_per_minute)} MU/min"
             f" sold at over-commit {_fmt(ledger.overcommit)}), {ledger.free_gpus} GPUs are free,"
             f" {ledger.stranded_gpus} of them stranded"
         )
+
+    def _head(self) -> str:
+        ledger, asked, replacing = self.ledger, self.asked, self.replacing
+        where = f"its {ledger.node_count} nodes x {ledger.gpus_per_node} GPUs"
+        if not asked.replicas:
+            return (
+                f"pool {self.pool!r} cannot hold what is committed in it: {ledger.unplaced_replicas}"
+                f" of {ledger.committed_replicas} committed replicas do not fit on {where}"
+            )
+        return (
+            f"pool {self.pool!r} cannot place this: {asked.replicas} replicas of"
+            f" {asked.shape.gpus_per_replica} GPUs ({asked.mu_per_minute} MU/min) were asked"
+            + (f" in place of its {replacing.replicas}" if replacing.replicas else "")
+            + f", {self.fit_replicas} fit on {where}"
+        )
+
+    def tenant_message(self) -> str:
+        """The refusal as a tenant reads it: what it asked and what fits for it, no pool totals."""
+        if not self.asked.replicas:  # a pool shrink or a re-pricing: operators' writes
+            return f"pool {self.pool!r} cannot hold what is committed in it"
+        return self._head()
 
     @property
     def asked_gpus(self) -> int:
@@ -352,8 +354,8 @@ def pool_ledger(
     committed_replicas = committed_gpus = committed_mu = sold_replicas = sold_gpus = used_gpus = 0
     for a in allocations:
         mu, gpus = a.shape.mu_per_replica_minute, a.shape.gpus_per_replica
-        committed = replicas(a.sold_mu_per_minute, mu, a.min_replicas)
-        sold = replicas(a.sold_mu_per_minute, mu, 0)
+        committed = replicas(a.sold_mu_per_minute, mu, a.min_replicas) * a.endpoints
+        sold = replicas(a.sold_mu_per_minute, mu, 0) * a.endpoints
         if committed:
             demands.append(ReplicaDemand(a.key, a.model, gpus, committed))
         committed_replicas += committed
@@ -392,7 +394,7 @@ def pool_ledger(
         sold_gpus=sold_gpus,
         used_gpus=used_gpus,
         committed_mu_per_minute=committed_mu,
-        sold_mu_per_minute=sum(a.sold_mu_per_minute for a in allocations),
+        sold_mu_per_minute=sum(a.sold_mu_per_minute * a.endpoints for a in allocations),
         used_mu_per_minute=sum(a.used_mu_per_minute for a in allocations),
         mu_per_gpu=mu_per_gpu,
         free_gpus=sum(packing.free_per_node),

@@ -200,7 +200,12 @@ class Packing:
         free GPUs take two 4-GPU replicas (none on the 3)."""
         _check_int("gpus_per_replica", gpus_per_replica, 1)
         need = self.shape.grains(gpus_per_replica, cpu_millicores, memory_mib)
-        return sum(_room(free, need) for free in self.free_grains or self.free_resources)
+        return sum(n * _room(free, need) for free, n in self._free_counted.items())
+
+    @functools.cached_property
+    def _free_counted(self) -> Counter[Kind]:
+        # Nodes by what is free on them: a fleet's nodes leave few distinct free spaces.
+        return Counter(self.free_grains or self.free_resources)
 
     def stranded_gpus(self, sizes: Iterable[int]) -> int:
         """Free GPUs that no combination of replicas of the given sizes can use, node by node:

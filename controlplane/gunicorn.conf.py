@@ -37,5 +37,7 @@ webserver.configure(
     static_slots=16,  # static files' own slots (whitenoise, no database connection)
     send_timeout_s=10.0,  # a response the client does not take for this long is aborted
     response_timeout_s=60.0,  # ... or stalled this long in all (a trickle reader)
+    max_head_bytes=65_536,  # request line and headers in all; a longer head gets 431
+    max_pipelined_requests=16,  # requests queued on a connection behind the running one; then reads pause
 )
 accesslog = "-"

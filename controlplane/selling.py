@@ -2,7 +2,8 @@
 
 The ledger arithmetic is pure (capacity.ledger); this module feeds it from the database and holds
 the rules around it. Each write locks the rows it is checked against first (the tenant's row for
-a quota check, then the pool rows in id order: `locked_pools`), then reads the ledger, then
+a quota check, then the pool rows in id order: `locked_pools`; a sale takes its tenant's and its
+pool's in one statement, `check_sale`), then reads the ledger, then
 refuses what would oversell (Oversold) or go beyond the tenant's GPU quota (QuotaExceeded), so two
 concurrent writes on one pool (or one tenant) serialise on its row and the second sees the first.
 A change is checked against the pool's ledger as it stands, with what the change commits and what
@@ -18,20 +19,21 @@ Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell`
 The API, the console and `load_demo` all call these, so each gets the same checks and events.
 """
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable
 from copy import copy
 from fractions import Fraction
 from math import ceil
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count
+from django.db import connection, transaction
+from django.db.models import Count, Model
 
 from capacity.ledger import (
     NOTHING,
     Allocation,
-    Claim,
     Commitment,
     Oversold,
     PoolLedger,
@@ -43,7 +45,6 @@ from capacity.ledger import (
     committed_demands,
     pool_ledger,
 )
-from capacity.packing import ReplicaDemand
 from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
@@ -174,8 +175,14 @@ def bounds_gpus(endpoint: Endpoint) -> tuple[int, int]:
 
 
 class NoPlacement(Exception):
-    """No pool of the endpoint's GPU type in its preferred region places its replicas. `elsewhere`
-    says what exists: every pool of that GPU type, its region and how many replicas fit there."""
+    """No pool of the endpoint's GPU type in its preferred region places its replicas. `options`
+    says what exists: every pool of that GPU type, its region and how many replicas fit there.
+
+    Two views: an operator's (str(): every pool, with what fits in it) and a tenant's
+    (`tenant_message` and the fields below: what it needs to act, not other pools' free
+    capacity): the pool of its region where most fit (`pool`, None when its region has none),
+    how many fit there (`fit_replicas`) and the other regions where a pool would place them
+    (`regions_that_fit`, names only)."""
 
     def __init__(self, region: str, profile: ModelProfile, replicas: int, options: list[tuple[GpuPool, int]]):
         self.region = region
@@ -184,17 +191,40 @@ class NoPlacement(Exception):
         self.gpus_per_replica = profile.gpus_per_replica
         self.replicas = replicas
         self.options = options
-        here = [f"{p.name} ({fit})" for p, fit in options if p.region == region]
+        here = [(p, fit) for p, fit in options if p.region == region]
+        best = max(here, key=lambda pf: pf[1], default=None)  # ties: the first, by name (place())
+        self.pool: str | None = best[0].name if best else None
+        self.fit_replicas = best[1] if best else 0
+        self.regions_that_fit = sorted(
+            {p.region for p, fit in options if p.region != region and fit >= replicas}
+        )
         there = [f"{p.name} in {p.region} ({fit})" for p, fit in options if p.region != region]
         super().__init__(
-            f"no {self.gpu_type} pool in region {region!r} places {replicas} replica(s) of {self.model}"
-            f" ({self.gpus_per_replica} GPUs each): "
+            f"{self._asked()}: "
             + (
-                f"in {region}, replicas that fit: {', '.join(here)}"
+                f"in {region}, replicas that fit: {', '.join(f'{p.name} ({fit})' for p, fit in here)}"
                 if here
                 else f"no {self.gpu_type} pool is in {region}"
             )
             + (f"; elsewhere: {', '.join(there)}" if there else "; there is none elsewhere")
+        )
+
+    def _asked(self) -> str:
+        return (
+            f"no {self.gpu_type} pool in region {self.region!r} places {self.replicas} replica(s) of"
+            f" {self.model} ({self.gpus_per_replica} GPUs each)"
+        )
+
+    def tenant_message(self) -> str:
+        """The refusal as a tenant reads it: its region's best pool and the regions that fit."""
+        here = (
+            f"{self.fit_replicas} fit in pool {self.pool}"
+            if self.pool is not None
+            else f"no {self.gpu_type} pool is in {self.region}"
+        )
+        there = ", ".join(self.regions_that_fit)
+        return f"{self._asked()}: {here}; " + (
+            f"they would fit in region(s) {there}" if there else "no other region would place them"
         )
 
 
@@ -229,52 +259,162 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
     return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
 
 
-def pool_demands(pool: GpuPool, apart_from: int | None = None) -> list[ReplicaDemand]:
-    """The pool's committed replicas, as its ledger packs them (capacity.ledger.committed_demands),
-    but for endpoint `apart_from`'s (the one a check changes), in one query grouped by what they
-    are counted from: a fleet's endpoints take few distinct values of those, so 500 endpoints
-    come back as tens of rows. What a sale check packs beside."""
-    endpoints = Endpoint.objects.filter(pool_id=pool.pk)
-    if apart_from is not None:
-        endpoints = endpoints.exclude(pk=apart_from)
-    rows = (
-        endpoints.values_list(
-            "profile__model", "profile__gpus_per_replica", "profile__mu_per_replica_minute",
-            "reservation__mu_per_minute", "min_provisioned_concurrency", "max_provisioned_concurrency",
-            "target_concurrency_per_replica", "scale_to_zero_enabled",
-        )
-        .annotate(endpoints=Count("pk"))
-        .order_by()
-    )  # fmt: skip
-    return committed_demands(
-        (
-            Claim(
-                f"alike-{i}", model, gpus, mu, sold or 0, replica_bounds(low_c, high_c, target, to_zero)[0], n
-            )
-            for i, (model, gpus, mu, sold, low_c, high_c, target, to_zero, n) in enumerate(rows)
-        ),
-        overcommit(),
+# A group of alike endpoints, what their replicas are counted from (endpoints alike in these
+# commit alike): (is it the changed endpoint, model, gpus_per_replica, mu_per_replica_minute,
+# reservation MU/min, min, max and target concurrency, scale to zero).
+Group = tuple[Any, ...]
+
+
+def _table(model: type[Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+@functools.cache
+def _lock_sql() -> str:
+    """A sale's locks: the tenant's row, then the pool's (the order of locked_tenant then
+    locked_pools; FOR UPDATE OF takes them in the order named), in one statement."""
+    fields = GpuPool._meta.concrete_fields
+    columns = ", ".join(f"p.{connection.ops.quote_name(str(f.column))}" for f in fields)
+    return (
+        f"SELECT {columns} FROM {_table(Tenant)} t, {_table(GpuPool)} p"
+        " WHERE t.id = %s AND p.id = %s FOR UPDATE OF t, p"
     )
 
 
+def _locked_pool(rows: list[tuple[Any, ...]], tenant_id: int, pool_id: int) -> GpuPool:
+    if not rows:
+        raise GpuPool.DoesNotExist(f"no pool {pool_id} (or no tenant {tenant_id}) to lock")
+    return GpuPool.from_db(connection.alias, [f.attname for f in GpuPool._meta.concrete_fields], rows[0])
+
+
+@functools.cache
+def _alike_sql() -> str:
+    """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
+    metered MU summed, ready pods summed). Written once as SQL, not built by the ORM per call:
+    the ready pods are counted per endpoint in a derived table joined to the rows (one pass over
+    the pool's ready pods, not a count per endpoint), which the ORM cannot say without counting
+    each endpoint once per pod."""
+    return (
+        "SELECT e.id = %(changed)s, m.model, m.gpus_per_replica, m.mu_per_replica_minute,"
+        " r.mu_per_minute, e.min_provisioned_concurrency, e.max_provisioned_concurrency,"
+        " e.target_concurrency_per_replica, e.scale_to_zero_enabled,"
+        " count(*), sum(e.used_mu_per_minute), coalesce(sum(ready.n), 0)"
+        f" FROM {_table(Endpoint)} e"
+        f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
+        f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id"
+        " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
+        f" FROM {_table(Pod)} pod JOIN {_table(Endpoint)} pe ON pe.id = pod.endpoint_id"
+        " WHERE pod.ready AND pe.pool_id = %(pool)s GROUP BY pod.endpoint_id) ready"
+        " ON ready.endpoint_id = e.id"
+        " WHERE e.pool_id = %(pool)s"
+        " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    )
+
+
+def alike_groups(pool: GpuPool, changed: int | None = None) -> dict[Group, tuple[Any, ...]]:
+    """The pool's endpoints in one query grouped by what their replicas are counted from (a
+    fleet's endpoints take few distinct values of those, so 500 endpoints come back as tens of
+    rows), endpoint `changed` apart: per group (endpoints, their metered MU summed, their ready
+    pods summed). Read after the pool's lock, in a statement of its own: a statement sees the
+    rows committed before it starts, so the read must start once the lock is held."""
+    with connection.cursor() as cursor:
+        cursor.execute(_alike_sql(), {"changed": changed, "pool": pool.pk})
+        return _groups(cursor.fetchall())
+
+
+def _groups(rows: list[tuple[Any, ...]]) -> dict[Group, tuple[Any, ...]]:
+    return {tuple(row[:9]): tuple(row[9:]) for row in rows}
+
+
+def own_reservation(groups: dict[Group, tuple[Any, ...]]) -> int:
+    """The changed endpoint's reservation (MU/min, 0 for none) as alike_groups read it."""
+    return next((group[4] or 0 for group in groups if group[0]), 0)
+
+
+def alike_allocations(
+    groups: dict[Group, tuple[Any, ...]], changed: int | None
+) -> tuple[list[Allocation], list[Allocation]]:
+    """The groups as the ledger counts them (pool_ledger): (the others, endpoint `changed`'s
+    own). No names."""
+    others: list[Allocation] = []
+    own: list[Allocation] = []
+    for i, (group, (n, used, running)) in enumerate(groups.items()):
+        is_own, model, gpus, mu, sold, low_c, high_c, target, to_zero = group
+        (own if is_own else others).append(
+            Allocation(
+                key=str(changed) if is_own else f"alike-{i}",
+                shape=Shape(mu, gpus),
+                model=model,
+                sold_mu_per_minute=sold or 0,
+                used_mu_per_minute=used or 0.0,
+                min_replicas=replica_bounds(low_c, high_c, target, to_zero)[0],
+                running_replicas=running,
+                label=f"{n} endpoint(s) of {model}",
+                endpoints=n,
+            )
+        )
+    return others, own
+
+
 def ensure_change(
-    pool: GpuPool, endpoint: Endpoint, asked: Commitment, replacing: Commitment = NOTHING
+    pool: GpuPool,
+    endpoint: Endpoint,
+    asked: Commitment,
+    replacing: Commitment = NOTHING,
+    groups: dict[Group, tuple[Any, ...]] | None = None,
 ) -> None:
     """Raise Oversold unless `pool` places `asked` (the endpoint's replicas) in place of
-    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction. The check
-    packs only the pool's other committed replicas (pool_demands) beside `asked`; a refusal
-    reads the whole ledger, which it carries."""
+    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction. One read
+    of the pool (alike_groups, or the caller's `groups` read under the lock): the check packs
+    its other committed replicas beside `asked`; a refusal's ledger (the figures pool_ledgers
+    gives, without names) is built from the same rows (the endpoint's own as stored, and the
+    ready pods), not read again."""
+    if groups is None:
+        groups = alike_groups(pool, changed=endpoint.pk)
+    others, _ = alike_allocations(groups, endpoint.pk)
+
+    def ledger() -> PoolLedger:
+        rest, own = alike_allocations(groups, endpoint.pk)
+        return pool_ledger(pool.node_count, pool.node_shape, overcommit(), [*rest, *own], default_shape())
+
     check_demands_change(
         pool.name,
         pool.node_count,
         pool.node_shape,
-        pool_demands(pool, apart_from=endpoint.pk),
+        committed_demands(others, overcommit()),
         demand_key(endpoint),
         endpoint.profile.model,
         asked,
         replacing,
-        lambda: pool_ledgers([pool])[pool.pk],
+        ledger,
     )
+
+
+def check_sale(endpoint: Endpoint, mu_per_minute: int) -> int:
+    """The check a sale of `mu_per_minute` on `endpoint` meets (Oversold when its pool does not
+    place it), inside the caller's transaction: the tenant's and the pool's locks in one
+    statement, then one read of the pool (its grouped rows, the endpoint's own sale among them).
+    Returns the endpoint's reservation before the sale (MU/min, 0 for none).
+
+    The two statements (and the transaction's BEGIN) go in one round trip, pipelined: the server
+    runs them in order, so the read still starts, and takes its snapshot, once the locks are
+    held (_lock_sql, alike_groups); what it saves is the waits for the network and, on a busy
+    machine, for a core, twice per check."""
+    tenant_id, pool_id = endpoint.tenant_id, endpoint.pool_id
+    if connection.vendor != "postgresql":  # SQLite (development): no row locks, no pipeline
+        locked_tenant(tenant_id)
+        (pool,) = locked_pools([pool_id])
+        groups = alike_groups(pool, changed=endpoint.pk)
+    else:
+        connection.ensure_connection()
+        with connection.connection.pipeline(), connection.cursor() as lock, connection.cursor() as read:
+            lock.execute(_lock_sql(), [tenant_id, pool_id])
+            read.execute(_alike_sql(), {"changed": endpoint.pk, "pool": pool_id})
+            pool = _locked_pool(lock.fetchall(), tenant_id, pool_id)
+            groups = _groups(read.fetchall())
+    current = own_reservation(groups)
+    ensure_change(pool, endpoint, commitment(endpoint, mu_per_minute), commitment(endpoint, current), groups)
+    return current
 
 
 def save_pool(pool: GpuPool) -> None:
@@ -438,12 +578,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
     with transaction.atomic():
-        locked_tenant(endpoint.tenant_id)
-        (pool,) = locked_pools([endpoint.pool_id])
-        current = (
-            Reservation.objects.filter(endpoint=endpoint).values_list("mu_per_minute", flat=True).first()
-        )
-        ensure_change(pool, endpoint, commitment(endpoint, mu_per_minute), commitment(endpoint, current or 0))
+        current = check_sale(endpoint, mu_per_minute)
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={

@@ -348,6 +348,12 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# With Redis the routing table is built once every ROUTING_TABLE_PUBLISH_INTERVAL_S seconds (or
+# twice a build's time after it, when longer) and served from there
+# (controlplane.endpoints.routing); a copy older than ROUTING_TABLE_STALE_AFTER_S is not served
+# (its builder is down) and the view builds the table. 10,000 endpoints build in about 2.3 s.
+ROUTING_TABLE_PUBLISH_INTERVAL_S = envfloat("ROUTING_TABLE_PUBLISH_INTERVAL_S", 1.0, minimum=0.1)
+ROUTING_TABLE_STALE_AFTER_S = envfloat("ROUTING_TABLE_STALE_AFTER_S", 10.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
     "record-capacity-snapshot": {
         "task": "controlplane.capacity.tasks.record_capacity_snapshot",
@@ -362,6 +368,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "controlplane.endpoints.tasks.autoscale_vertical",
         "schedule": AUTOSCALER_VERTICAL_INTERVAL_S,
         "options": {"expires": AUTOSCALER_VERTICAL_INTERVAL_S},
+    },
+    "publish-routing-table": {
+        "task": "controlplane.endpoints.tasks.publish_routing_table",
+        "schedule": ROUTING_TABLE_PUBLISH_INTERVAL_S,
+        "options": {"expires": ROUTING_TABLE_PUBLISH_INTERVAL_S},
     },
     "sync-pods": {
         "task": "controlplane.endpoints.tasks.sync_pods",

@@ -6,14 +6,19 @@ not starve the others (gunicorn's sync and gthread workers block a thread per cl
 headers). Uvicorn itself waits for headers and bodies without end; ``DeadlineProtocol`` adds the
 two deadlines: a request's headers must be complete within ``header_timeout_s`` of its
 connection (or, on a kept-alive connection, of its first byte), its body within
-``body_timeout_s`` of its headers. A client that misses one gets 408 and is disconnected. The
+``body_timeout_s`` of its headers. A client that misses one gets 408 and is disconnected. A
+head (request line and headers) over ``max_head_bytes`` gets 431 and is disconnected unread, and
+so does a chunked body's trailer over it (any run of that many bytes that carries no body). The
 numbers are set in ``controlplane/gunicorn.conf.py`` (``configure``), the server's one
 configuration file.
 
 Uvicorn also waits without end for a client that does not read its response; the third
 deadline: writes stalled (the transport's buffer over its high-water mark) for
 ``send_timeout_s`` at a time, or ``response_timeout_s`` in all on one request, abort the
-connection, so a non-reader holds its request's slot that long at most.
+connection, so a non-reader holds its request's slot that long at most. Reads pause while
+``max_pipelined_requests`` wait behind the running request (``PipelineFlowControl``): uvicorn
+alone resumed them at each body read, so a client pipelining without reading its answers
+filled the worker's memory.
 
 ``BoundedApp`` wraps Django's ASGI app: at most ``app_concurrency`` requests per worker run
 inside Django at once (so threads and database connections stay bounded however many clients
@@ -34,6 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
@@ -59,6 +65,10 @@ class Deadlines:
     # request, abort the connection.
     send_timeout_s: float = 10.0
     response_timeout_s: float = 60.0
+    # A request's line and headers in all, in bytes; a longer head gets 431, unread.
+    max_head_bytes: int = 65_536
+    # Requests parsed and queued behind the one running on a connection before reads pause.
+    max_pipelined_requests: int = 16
 
 
 DEADLINES = Deadlines()
@@ -78,6 +88,35 @@ REQUEST_TIMEOUT = (
 )
 
 
+def error_body(path: str, status: int) -> tuple[bytes, bytes]:
+    """(body, content type) of an error the server answers before Django: JSON under /api/, as
+    controlplane.api.middleware answers the API's errors; plain text elsewhere."""
+    from controlplane.api.middleware import API_PREFIX, CODES, DETAILS
+
+    if path.startswith(API_PREFIX):
+        return json.dumps({"error": CODES[status], "detail": DETAILS[status]}).encode(), b"application/json"
+    return DETAILS[status].encode() + b"\n", b"text/plain; charset=utf-8"
+
+
+class PipelineFlowControl(FlowControl):
+    """Uvicorn's read flow control, with reads kept paused while ``max_pipelined_requests`` wait.
+
+    Uvicorn pauses reads when a request is queued behind another, but resumes them whenever the
+    running request awaits its body (Django and BoundedApp always do) or its response ends, however
+    many wait: a client pipelining requests it never reads the answers to had a worker take 116 MB
+    of them in 4 s, held as queued requests."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: "DeadlineProtocol") -> None:
+        super().__init__(transport)
+        self.protocol = protocol
+
+    def resume_reading(self) -> None:
+        if len(self.protocol.pipeline) < DEADLINES.max_pipelined_requests:
+            super().resume_reading()
+            if self.protocol.held:  # what was read before the queue filled, parsed now
+                self.protocol.loop.call_soon(self.protocol.data_received, b"")
+
+
 class DeadlineProtocol(HttpToolsProtocol):
     """Uvicorn's httptools protocol with a header deadline and a body deadline."""
 
@@ -85,6 +124,11 @@ class DeadlineProtocol(HttpToolsProtocol):
     send_deadline: asyncio.TimerHandle | None = None
     stalled_since: float | None = None
     stalled_s = 0.0  # writes stalled so far on this request
+    reading_head = True  # from the end of a request (or the connection's start) to its headers' end
+    head_bytes = 0  # bytes given to the parser since the head began, its end or the last body bytes
+    url = b""  # uvicorn's, set when a request begins
+    held = b""  # bytes read but not parsed while the pipeline was full (one read at most)
+    refuse_head = False  # a head over the limit waits for the answers before it to get its 431
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -134,6 +178,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = PipelineFlowControl(transport, self)
         self._arm(DEADLINES.header_timeout_s, "headers")
 
     def on_message_begin(self) -> None:
@@ -142,13 +187,65 @@ class DeadlineProtocol(HttpToolsProtocol):
         if self.deadline is None:  # a kept-alive connection's next request starts its clock
             self._arm(DEADLINES.header_timeout_s, "headers")
 
+    # uvicorn (and httptools, for one header's name and value) keep a head whole in memory however
+    # long it is; the header deadline bounds its time, not its size (a fast client sends gigabytes
+    # in 10 s). A chunked body's trailer is headers too, read after the head, and httptools grows
+    # one trailer value by concatenation (quadratic: 80 MB blocked a worker past gunicorn's 30 s
+    # timeout). So bytes reach the parser max_head_bytes at a time, and a run of that many
+    # without body bytes (on_body resets the count) is a head or trailer too large.
+    def data_received(self, data: bytes) -> None:
+        data, self.held = self.held + data, b""
+        while data and not self.transport.is_closing():
+            if len(self.pipeline) >= DEADLINES.max_pipelined_requests:
+                self.held = data  # parsed once the queue is shorter (PipelineFlowControl)
+                self.flow.pause_reading()
+                return
+            room = DEADLINES.max_head_bytes - self.head_bytes
+            if room <= 0:
+                return self._head_too_large()
+            piece, data = data[:room], data[room:]
+            self.head_bytes += len(piece)
+            super().data_received(piece)  # may complete the head: the rest is its body
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self.head_bytes = 0  # the body progresses: what counts is what follows it
+
+    def _head_too_large(self) -> None:
+        self._disarm()
+        self.held = b""  # nothing more of this connection is parsed
+        if self.reading_head and self.cycle is not None and not self.cycle.response_complete:
+            # Requests before this head are still being answered: their answers first, then the
+            # 431 (on_response_complete), else the client would read it as theirs.
+            self.refuse_head = True
+            self.flow.pause_reading()
+            return
+        self.logger.info("%s: request head over %d bytes, closing", self.client, DEADLINES.max_head_bytes)
+        if not self.reading_head and self.cycle is not None and self.cycle.response_started:
+            self.transport.close()  # a trailer after the app answered: no second status line
+            return
+        body, kind = error_body(self.url.decode("latin-1"), 431)
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: %s\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (kind, len(body), body)
+        )
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.refuse_head and self.cycle.response_complete and not self.pipeline:
+            self.refuse_head = False
+            self._head_too_large()  # the requests before it answered: now its 431
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self.reading_head, self.head_bytes = False, 0
         self._arm(DEADLINES.body_timeout_s, "body")
 
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+        self.reading_head, self.head_bytes = True, 0  # what follows is the next request's head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -208,15 +305,8 @@ def declared_length(scope: Scope) -> int | None:
 
 
 async def too_large(scope: Scope, send: Send) -> None:
-    """413, closing the connection: the rest of the body is never read. JSON under /api/, as
-    controlplane.api.middleware answers the API's errors."""
-    from controlplane.api.middleware import API_PREFIX, CODES, DETAILS
-
-    if scope.get("path", "").startswith(API_PREFIX):
-        body = json.dumps({"error": CODES[413], "detail": DETAILS[413]}).encode()
-        kind = b"application/json"
-    else:
-        body, kind = b"request body too large\n", b"text/plain; charset=utf-8"
+    """413, closing the connection: the rest of the body is never read."""
+    body, kind = error_body(scope.get("path", ""), 413)
     headers = [(b"content-type", kind), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -138,6 +138,32 @@ def endpoint_body(**overrides) -> dict:
     return body
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _published_tables_redis():
+    import os
+
+    import redis
+
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_routing_table_published_by_another_test(_published_tables_redis):
+    """A routing table that another test's beat published (with Redis the beat builds it every
+    second) holds that test's keys and endpoints, and the view would serve it for
+    ROUTING_TABLE_STALE_AFTER_S: each test starts without one."""
+    from redis.exceptions import RedisError
+
+    from controlplane.endpoints.routing import PUBLISHED_KEY
+
+    try:
+        _published_tables_redis.delete(PUBLISHED_KEY)
+    except (RedisError, OSError):
+        pass  # no Redis here: nothing can have been published either
+
+
 @pytest.fixture
 def metrics():
     """The routers' metering keys in the test Redis (REDIS_URL), removed after the test."""

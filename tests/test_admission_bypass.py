@@ -4,9 +4,10 @@ control-plane mode (a live control plane, a sold reservation).
 
 100 MU/min and a 10 s burst tolerance hold 16.7 MU; a `max_tokens` 3000 completion is priced at
 0.02 x 3000 + 0.1 + input = 60.1 MU (static and the 70B profile price alike), so one request in
-an empty bucket conforms and the next 19 are 429: plainly, with the header `x-probe: 1`, and with
-`"priority": -1000` (measured before this: 20 of 20 with either). The prober's credential, and
-only it, still makes a probe."""
+an empty bucket conforms and the next 19 are 429; then, the bucket still full (it drains 1.7 MU
+a second), none of 20 with the header `x-probe: 1` nor with `"priority": -1000` (measured before
+this: 20 of 20 with either). The prober's credential, and only it, still makes a probe. (The
+bucket is the router's own, at the share of the reservation it leases from Redis.)"""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ ENGINE = ("--profile", "h100-llama-8b", "--time-scale", "1000", "--served-model-
 
 @pytest.fixture
 def redis_db() -> Iterator[object]:
-    """The test Redis; the GCRA keys (``mu:gcra:*``) removed before and after."""
+    """The test Redis; the lease keys (``mu:lease:*``) removed before and after."""
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
@@ -41,10 +42,10 @@ def redis_db() -> Iterator[object]:
         client.ping()
     except redis.RedisError as exc:  # pragma: no cover - CI starts Redis (.ci/run)
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    for key in client.scan_iter("mu:gcra:*"):
+    for key in client.scan_iter("mu:lease:*"):
         client.delete(key)
     yield client
-    for key in client.scan_iter("mu:gcra:*"):
+    for key in client.scan_iter("mu:lease:*"):
         client.delete(key)
     client.close()
 
@@ -70,9 +71,8 @@ def test_static_mode_reservation_holds_whatever_the_client_claims(redis_db, tmp_
         router("--backends", engine.url, *static) as base,
         httpx.Client(base_url=base, timeout=30) as c,
     ):
-        for claim in ({}, {"headers": {"x-probe": "1"}}, {"priority": -1000}):
-            assert admitted(c, **claim) == 1, claim
-            redis_db.delete("mu:gcra:0")  # type: ignore[attr-defined]  # an empty bucket again
+        for claim, conforming in (({}, 1), ({"headers": {"x-probe": "1"}}, 0), ({"priority": -1000}, 0)):
+            assert admitted(c, **claim) == conforming, claim
         assert admitted(c, 5, headers={"x-probe": PROBE_KEY}) == 5  # the prober's credential
         # the contract: an absurd budget is a 400 that names it, and nothing is metered
         r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 10**26})
@@ -82,7 +82,7 @@ def test_static_mode_reservation_holds_whatever_the_client_claims(redis_db, tmp_
         finished = sum(
             s.value for s in families["router_requests"].samples if s.name == "router_requests_total"
         )
-        assert finished == 3 + 5  # the three admitted and the probes; the 400 was not metered
+        assert finished == 1 + 5  # the one admitted and the probes; the 400 was not metered
 
 
 @pytest.mark.django_db(transaction=True)
@@ -107,9 +107,8 @@ def test_control_plane_mode_reservation_holds_whatever_the_tenant_claims(
             while "chat" not in [m["id"] for m in c.get("/v1/models").json().get("data", [])]:
                 assert time.monotonic() < deadline, "the router never loaded the endpoint"
                 time.sleep(0.2)
-            for claim in ({}, {"headers": {"x-probe": "1"}}, {"priority": -1000}):
-                assert admitted(c, **claim) == 1, claim
-                redis_db.delete(f"mu:gcra:{chat.pk}")  # type: ignore[attr-defined]
+            for claim, conforming in (({}, 1), ({"headers": {"x-probe": "1"}}, 0), ({"priority": -1000}, 0)):
+                assert admitted(c, **claim) == conforming, claim
             assert admitted(c, 3, headers={"x-probe": PROBE_KEY}) == 3
             r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi", "max_tokens": 5000})
             assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide
+from capacity.autoscaler.horizontal import planned_utilisation
 
 T0 = 1_000_000.0
 
@@ -108,6 +109,22 @@ def test_scale_down_waits_for_the_highest_need_of_60_seconds():
     assert decision.replicas == 1 and "60 s" in decision.reason
 
 
+def test_burst_memory_fades_a_past_burst_out_over_its_length():
+    # A 20-s burst at 800 MU/min ending 120 s ago, 80 MU/min since (1 replica at 80 % of 100).
+    # Off (the default), the 60-s window has forgotten it: down to 1.
+    buckets = steady(80, end=T0 - 140) + steady(800, start=T0 - 140, end=T0 - 120)
+    buckets += steady(80, start=T0 - 120)
+    assert decide(spec(10), buckets, T0).replicas == 1
+    # With burst_memory_s 300 its busiest span, 120 s old, counts x (300 - 120) / (300 - 60)
+    # = 0.75: 800 / 80 x 0.75 = 7.5 -> 8 replicas.
+    cfg = AutoscalerConfig(burst_memory_s=300.0)
+    decision = decide(spec(10, config=cfg), buckets, T0)
+    assert decision.down_need == pytest.approx(7.5) and decision.replicas == 8
+    # 300 s after the burst it is gone: 1 replica.
+    later = buckets + steady(80, start=T0, end=T0 + 180)
+    assert decide(spec(8, config=cfg), later, T0 + 180).replicas == 1
+
+
 def test_a_short_dip_never_scales_down():
     # 20 s of silence inside steady traffic: the scale-down window remembers the traffic.
     buckets = steady(350, end=T0 - 20) + steady(0, start=T0 - 20, requests=0)
@@ -179,6 +196,60 @@ def test_a_backlog_at_the_router_is_planned_to_drain_in_30_seconds():
     assert decide(spec(1, config=slow), buckets, T0).replicas == 3
 
 
+AT_READY = AutoscalerConfig(drain_backlog_at_ready=True)
+
+
+def test_a_growing_backlog_is_sized_on_what_will_wait_when_new_pods_are_ready():
+    # With drain_backlog_at_ready (off by default), a burst queues: 50 MU waited 5 s ago, 100
+    # now, so the backlog grows 10 MU/s beyond what the running fleet serves. Pods asked now are
+    # ready in 30 s, when 100 + 10 x 30 = 400 MU will wait: draining those in 30 s is 800
+    # MU/min, (80 + 800) / 80 = 11 replicas (the backlog now, 100 MU, asks (80 + 200) / 80 -> 4
+    # and leaves 300 MU queued at ready).
+    buckets = with_backlog(steady(80), 100.0)
+    buckets[-2] = replace(buckets[-2], backlog_mu=50.0)
+    decision = decide(spec(2, config=AT_READY), buckets, T0)
+    assert decision.need == pytest.approx(11.0)
+    assert decision.replicas == 11
+    # Pods that start in 10 s: 100 + 10 x 10 = 200 MU at ready, (80 + 400) / 80 = 6.
+    quick = AutoscalerConfig.from_overrides({"pod_start_s": 10.0}, base=AT_READY)
+    assert decide(spec(2, config=quick), buckets, T0).replicas == 6
+    assert decide(spec(2), buckets, T0).replicas == 4  # the default drains the backlog now
+
+
+def test_a_draining_backlog_asks_for_no_more_pods_and_keeps_those_it_has():
+    # With drain_backlog_at_ready: the pods a burst asked for are serving, 300 MU waited 5 s
+    # ago and 100 now (-40 MU/s), so the fleet empties the queue in 2.5 s, long before another
+    # pod would be ready: 100 - 40 x 30 < 0 leaves arrivals only, 80 / 80 = 1. The 8 replicas
+    # stay while anything waits, then step down to the highest arrival need of the down window.
+    buckets = with_backlog(steady(80), 100.0)
+    buckets[-2] = replace(buckets[-2], backlog_mu=300.0)
+    decision = decide(spec(8, config=AT_READY), buckets, T0)
+    assert decision.need == pytest.approx(1.0)
+    assert decision.replicas == 8 and "backlog" in decision.reason
+    buckets[-1] = replace(buckets[-1], backlog_mu=0.0)
+    assert decide(spec(8, config=AT_READY), buckets, T0).replicas == 1
+
+
+def test_smooth_spread_plans_smooth_traffic_at_one_minus_the_tolerance():
+    # The docstring's numbers: spans of 400-460 MU/min (mean 430, busiest 7 % above) are smooth
+    # within 20 %: plan for 0.9; spans of 300-600 (mean 450, busiest 33 % above): 0.8. Off: 0.8.
+    smooth = AutoscalerConfig(smooth_spread=0.2)
+    assert planned_utilisation([400.0, 430.0, 460.0], smooth) == pytest.approx(0.9)
+    assert planned_utilisation([300.0, 450.0, 600.0], smooth) == pytest.approx(0.8)
+    assert planned_utilisation([400.0, 430.0, 460.0], AutoscalerConfig()) == pytest.approx(0.8)
+    # 450 MU/min for 5 min against 100 per replica: 450 / 80 = 5.63 -> 6 at 0.8; every 10-s
+    # span is at the mean, so with smooth_spread 450 / 90 = 5.0: 5 hold it.
+    assert decide(spec(5), steady(450), T0).replicas == 6
+    decision = decide(spec(5, config=smooth), steady(450), T0)
+    assert decision.need == pytest.approx(5.0) and decision.replicas == 5
+    # 30 s at 300 then 30 s at 600: the spans of the last 60 s run 300-600 (mean 437.5, busiest
+    # 37 % above), so 0.8 stays, for the scale-down window's needs too: 600 / 80 = 7.5 -> 8.
+    lumpy = steady(300, end=T0 - 30) + steady(600, start=T0 - 30)
+    decision = decide(spec(8, config=smooth), lumpy, T0)
+    assert decision.need == pytest.approx(7.5) and decision.down_need == pytest.approx(7.5)
+    assert decision.replicas == 8
+
+
 def test_no_scale_down_while_a_backlog_waits():
     # 8 replicas asked for, 80 MU/min for 5 min (1 replica) and 10 MU still waiting at the router
     # (pods are starting): (80 + 20) / 80 = 1.25 -> 2 would do, but the fleet is behind: hold 8.
@@ -216,6 +287,8 @@ def test_the_down_window_remembers_arrivals_not_work_in_flight():
         ({"tolerance": -0.1}, "tolerance=-0.1 is out of range"),
         ({"scale_down_window_s": 10.0}, "scale_down_window_s=10.0 is out of range"),
         ({"backlog_drain_s": 0}, "backlog_drain_s=0.0 is out of range"),
+        ({"pod_start_s": -1}, "pod_start_s=-1.0 is out of range"),
+        ({"smooth_spread": 1}, "smooth_spread=1.0 is out of range"),
         ({"max_scale_up_step": 2.5}, "max_scale_up_step=2.5 must be an integer"),
         ({"predictive_min": "yes"}, "predictive_min='yes' must be true or false"),
         ({"target_utilisaton": 0.5}, "unknown autoscaler setting 'target_utilisaton'"),

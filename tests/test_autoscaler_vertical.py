@@ -27,9 +27,23 @@ def test_latency_behind_a_router_backlog_does_not_shrink():
     backlog = [replace(b, backlog_mu=50.0) for b in window(9.5)]
     decision = decide_concurrency(16, 4, backlog, T0, CFG)
     assert decision.target == 16 and "hold 16" in decision.reason
-    # KV cache at 95 % is still the replica's own overload, backlog or not: 16 -> 12.
+    # KV cache at 95 % behind the backlog: every replica is at its target because the fleet is
+    # short (a burst of long answers fills the cache), not because the target is too large: hold.
     full = [replace(b, backlog_mu=50.0) for b in window(2.0, kv=0.95)]
-    assert decide_concurrency(16, 4, full, T0, CFG).target == 12
+    assert decide_concurrency(16, 4, full, T0, CFG).target == 16
+    # Without the backlog the same KV cache is the replica's own overload: 16 -> 12.
+    assert decide_concurrency(16, 4, window(2.0, kv=0.95), T0, CFG).target == 12
+
+
+def test_a_backlog_anywhere_in_the_window_is_no_evidence():
+    # A burst's backlog in the first bucket only; the requests that waited in it finish late
+    # (p99 9.5 s) in the buckets after it, and the cache is full: all of it is the wait for
+    # replicas, so the target holds at 16 (before: 16 -> 12, and never back: the ratchet).
+    after = window(9.5, kv=1.0)
+    after[0] = replace(after[0], backlog_mu=40.0)
+    assert decide_concurrency(16, 4, after, T0, CFG).target == 16
+    # The next window, the backlog gone and the latency still there: now it is evidence.
+    assert decide_concurrency(16, 4, window(9.5), T0, CFG).target == 12
 
 
 def test_a_single_spike_does_not_shrink():

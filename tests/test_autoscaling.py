@@ -44,8 +44,9 @@ class Recorder:
         return self.pods
 
 
-def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=None, queue=0.0):
-    """5-second buckets covering the last `seconds_back` seconds before NOW."""
+def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=None, queue=0.0, until_s_ago=0):
+    """5-second buckets covering the last `seconds_back` seconds before NOW (or before
+    `until_s_ago` seconds before it)."""
     LoadBucket.objects.bulk_create(
         LoadBucket(
             endpoint=endpoint,
@@ -61,7 +62,7 @@ def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=No
             ready_replicas=endpoint.ready_replicas,
             desired_replicas=endpoint.desired_replicas,
         )
-        for end in range(TS - seconds_back + 5, TS + 1, 5)
+        for end in range(TS - seconds_back + 5, TS - until_s_ago + 1, 5)
     )
 
 
@@ -150,6 +151,21 @@ def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
     assert event.detail["from"] == 1 and event.detail["to"] == 5
     d = cluster.applied[f"ep-{chat.pk}-v1"]
     assert d.args[-2:] == ("--served-model-name", "chat") and d.labels["endpoint"] == str(chat.pk)
+
+
+@pytest.mark.parametrize("burst_memory_s", [0.0, 900.0])
+def test_the_pass_reads_back_as_far_as_the_burst_memory(chat, burst_memory_s):
+    # A burst 500-600 s ago (1,000 MU/min: 10 replicas), quiet since. With burst_memory_s 900
+    # its spans count x (900 - age) / (900 - 60), ~0.48 at 500 s: about 5 replicas stay. The
+    # pass must load that far back; it loaded its windows' 90 s or the 300-s grace, not the memory.
+    chat.autoscaler = {"burst_memory_s": burst_memory_s}
+    chat.desired_replicas = 10
+    chat.save()
+    buckets(chat, 600, in_flight=40.0, mu=1000.0, requests=500, until_s_ago=500)
+    buckets(chat, 500, in_flight=0.5, mu=5.0, requests=5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert (chat.desired_replicas >= 4) == (burst_memory_s > 0), chat.desired_replicas
 
 
 def test_two_ticks_at_once_decide_once(chat):

@@ -2,9 +2,15 @@
 from the real router's samples, the local cluster agent starts and stops real simulated-engine
 pods, the pod mirror feeds the routing table back to the router. Under load an endpoint scales
 up, and back down after its (shortened) scale-down window; an endpoint at zero is woken by a
-request, which completes once the new pod is ready."""
+request, which completes once the new pod is ready.
+
+Waits are on events, not on the machine's speed: the load runs until the scale-up is seen (then
+Ctrl-C ends it), and the waking request waits for the router's own answer. The bounds only catch
+a stack that hangs; on a busy 2-core machine every step may take several times longer."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -18,8 +24,21 @@ from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import free_port, http, wait_until
+from dataplane.router.config import RouterConfig
+from tests.runtime.support import free_ports, http, wait_until
 from tests.test_stack import post
+
+# Longest the load may run while the test waits for the scale-up: a bound on a hang only, as the
+# test ends the load (Ctrl-C) once chat has its 4 replicas.
+LOAD_BOUND_S = 180
+# `python -m dataplane.loadgen` with Ctrl-C's handler set, lest the shell that started the tests
+# left SIGINT ignored for its children.
+LOADGEN = (
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " from dataplane.loadgen.__main__ import main; sys.exit(main())",
+)
+TOTAL = re.compile(r"^total \d+s\s+sent\s+\d+\s+ok\s+(?P<ok>\d+)", re.MULTILINE)
 
 
 def spawn(args, env, log):
@@ -40,6 +59,7 @@ def stop(proc):
 
 @pytest.mark.celery
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(LOAD_BOUND_S + 300)  # the load's bound and the steps around it
 def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
     live_server, settings, owner, make_endpoint, tmp_path
 ):
@@ -55,7 +75,7 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
     broker = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
     redis.Redis.from_url(broker).flushdb()  # no stale tasks or samples from an earlier run
     db = django_settings.DATABASES["default"]
-    agent_port, router_port = free_port(), free_port()
+    agent_port, router_port = free_ports(2)
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"  # wake
     env = {
         **os.environ,
@@ -94,7 +114,11 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         assert replicas(nightly) == (0, 0)
         started = time.monotonic()
         hello = {"model": "nightly", "prompt": "hi", "max_tokens": 4}
-        status, answer = post(f"{router}/v1/completions", hello, tenant_key)
+        # The router holds the request until the pod is ready or its wake deadline passes (then
+        # 503): the client waits longer than that, for the router's answer.
+        status, answer = post(
+            f"{router}/v1/completions", hello, tenant_key, timeout=RouterConfig.wake_deadline_s + 30
+        )
         woke_in = time.monotonic() - started
         assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
         assert replicas(nightly)[0] == 1
@@ -104,18 +128,25 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # the router): 8 at the pod and 16 waiting -> (8 + 16) / (0.8 x 8) = 3.75 replicas -> 4
         # once the 20-s window is full of it. The first passes see the window partly loaded and
         # ask for 2, then 3; their pods drain the queue, which then no longer counts, and the
-        # requests in flight fill the window alone: 4 about 40 s into the load. The load
-        # generator is the one a newcomer runs (README).
-        load = spawn(["-m", "dataplane.loadgen", "--url", router, "--model", "chat", "--stages", "70x24",
-                      "--max-tokens", "300"], {**env, "MU_API_KEY": tenant_key}, log)  # fmt: skip
+        # requests in flight fill the window alone: 4 about 40 s into the load on a quiet
+        # machine, later on a busy one, so the load goes on until the 4 pods are ready and then
+        # ends as a newcomer ends it, with Ctrl-C. The load generator is the one a newcomer runs
+        # (README).
+        load_log = tmp_path / "load.log"
+        with load_log.open("wb") as load_out:
+            load = spawn([*LOADGEN, "--url", router, "--model", "chat", "--stages", f"{LOAD_BOUND_S}x24",
+                          "--max-tokens", "300"], {**env, "MU_API_KEY": tenant_key}, load_out)  # fmt: skip
         loaded = time.monotonic()
         try:
-            wait_until(lambda: replicas(chat)[0] >= 4, timeout=75, interval=0.5)
+            wait_until(lambda: replicas(chat)[0] >= 4, timeout=LOAD_BOUND_S, interval=0.5)
             up_in = time.monotonic() - loaded
-            wait_until(lambda: replicas(chat)[1] >= 4, timeout=30, interval=0.5)
+            wait_until(lambda: replicas(chat)[1] >= 4, timeout=60, interval=0.5)
             peak = replicas(chat)[0]
         finally:
-            assert load.wait(timeout=60) == 0
+            load.send_signal(signal.SIGINT)
+            load.wait(timeout=60)
+        total = TOTAL.search(load_log.read_text())
+        assert load.returncode == 130 and total and int(total["ok"]) > 0, load_log.read_text()[-3000:]
         up = Event.objects.filter(endpoint=chat, kind="scale").order_by("id").first()
         assert up is not None and "in flight" in up.message and up.detail["to"] > up.detail["from"]
 

@@ -132,6 +132,7 @@ class ScriptedEngine:
     req/s."""
 
     name, model, max_model_len = "scripted", "m", 4096
+    last_step_engine_timed = False  # timed as by a client's clock
 
     def __init__(self, short_steps, long_step=10.0, open_limit=8.6):
         self.short_steps = short_steps  # concurrency -> req/s of a short closed step
@@ -246,6 +247,7 @@ class Clocked:
     def __init__(self, inner):
         self.inner, self.now = inner, 0.0
         self.name, self.model, self.max_model_len = inner.name, inner.model, inner.max_model_len
+        self.last_step_engine_timed = False
 
     def clock(self):
         return self.now
@@ -270,6 +272,7 @@ class SlowForVisits:
 
         self.inner = SimulatedDriver(get_profile("h100-llama-8b"))
         self.name, self.model, self.max_model_len = "slowed", self.inner.model, self.inner.max_model_len
+        self.last_step_engine_timed = False
         self.shape, self.factor, self.visits, self.seen, self.last = shape, factor, visits, 0, None
 
     def slow(self, shape):

@@ -54,8 +54,24 @@ def test_coefficients_never_go_negative():
     # Costs that fall with input length would need alpha < 0: NNLS pins alpha at 0 instead.
     shapes = [Measurement(i, 10, 100 / (0.2 - 0.00005 * i)) for i in (16, 100, 400, 1000, 2000)]
     result = fit(shapes)
-    assert result.alpha == 0 and result.beta >= 0 and result.gamma >= 0
+    assert result.alpha == 0 and result.beta >= 0 and result.gamma >= -result.beta
     assert result.intervals["alpha"] == (0.0, 0.0)
+    assert result.predict(16, 1) >= 0  # a one-token answer never costs less than nothing
+
+
+def test_a_line_on_the_decoded_tokens_is_recovered_with_its_negative_intercept():
+    # The engine emits the first token with the prefill: cost = 0.0002 in + 0.006 (out - 1) +
+    # 0.004 = 0.0002 in + 0.006 out - 0.002. gamma >= 0 would tilt the line (beta too low, the
+    # short answers over-priced, the long ones under-priced); gamma >= -beta holds it exactly.
+    def decoded(i: int, o: int) -> float:
+        return 100 / (0.0002 * i + 0.006 * (o - 1) + 0.004)
+
+    result = fit([Measurement(i, o, decoded(i, o)) for i, o in GRID])
+    assert (result.alpha, result.beta, result.gamma) == pytest.approx((0.0002, 0.006, -0.002), rel=1e-9)
+    assert result.heldout_mape < 1e-9 and result.worst_underprice[0] > -1e-9
+    low, high = result.intervals["gamma"]
+    assert low <= -0.002 <= high
+    assert result.predict(16, 1) == pytest.approx(0.0002 * 16 + 0.004)
 
 
 def test_a_poor_fit_is_refused_with_the_reason():

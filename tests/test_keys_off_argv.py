@@ -14,7 +14,7 @@ from dataplane.cluster import agent as agent_cli
 from dataplane.loadgen.__main__ import parse_args as loadgen_args
 from dataplane.router.__main__ import parse_args as router_args
 from dataplane.runtime import pod as pod_cli
-from tests.runtime.support import answers, free_port, http, wait_until
+from tests.runtime.support import answers, free_ports, http, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,7 +95,7 @@ def test_run_local_passes_the_key_to_the_agent_its_pods_and_the_router_off_argv(
     key_file.write_text(operator + "\n")
     key_file.chmod(0o600)
     assert "--key-file" in (ROOT / "scripts/run-local.sh").read_text()
-    agent_port, router_port = free_port(), free_port()
+    agent_port, router_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_KEY", "MU_CONTROL_PLANE_KEY")}
     started = [
         subprocess.Popen(

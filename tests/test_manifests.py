@@ -133,6 +133,17 @@ def test_the_router_and_the_driver_agree_on_the_runtime_namespace(documents):
     assert args[args.index("--endpointslices") + 1] == env["data"]["KUBERNETES_NAMESPACE"] == "mu-runtime"
 
 
+def test_the_router_meters_into_the_redis_the_control_plane_reads(documents):
+    # The autoscaler reads the routers' per-second rows from REDIS_URL: a router writing to
+    # another database (it once wrote to db 1 while the control plane read db 0) meters nothing.
+    env = next(
+        d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "controlplane-env"
+    )
+    router = next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "router")
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--redis") + 1] == env["data"]["REDIS_URL"]
+
+
 def test_the_router_serves_metrics_on_its_admin_port_and_prometheus_scrapes_it(documents):
     router = next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "router")
     (container,) = router["spec"]["template"]["spec"]["containers"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from capacity.benchmark.config import SweepConfig
@@ -251,8 +252,11 @@ def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, setti
     )
     lines = out.getvalue().strip().splitlines()
     summary = json.loads(lines[-1])
-    assert {"alpha", "beta", "gamma", "r2", "heldout_mape", "samples", "published"} <= set(summary)
-    assert summary["published"] is True and summary["samples"] == len(SHAPES)
+    contract = {"alpha", "beta", "gamma", "delta", "r2", "heldout_mape", "samples", "published"}
+    assert contract <= set(summary)
+    assert summary["delta"] == 0.0 and summary["simulated"] is False  # the tiny profile has no vision
+    # Every shape is priced from, or named as one this machine's client could not drive.
+    assert summary["published"] is True and summary["samples"] + len(summary["client_bound"]) == len(SHAPES)
     assert lines[0].split()[:3] == ["in", "out", "solo"]
     profile = ModelProfile.objects.get(model="sim-tiny", gpu_type=h100)  # a new pair gets its profile
     assert profile.fits.get().status == ProfileFit.Status.PUBLISHED
@@ -436,3 +440,21 @@ def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, set
     assert summary["simulated"] and summary["engine"].startswith("simulated:tiny-test")
     with pytest.raises(CommandError, match="unknown profile 'no-such'"):
         call_command("benchmark", "--model", "m", "--gpu", "h100-80gb", "--simulated", "no-such")
+
+
+def test_a_profile_s_gamma_may_be_below_zero_down_to_minus_beta(operator_client, small_model):
+    # A fit on the decoded tokens publishes gamma = gamma_d - beta; an operator may write the
+    # same, and nothing that would price a one-token answer below nothing.
+    url = f"/api/v1/model-profiles/{small_model.pk}/"
+    beta = small_model.beta
+    assert operator_client.patch(url, {"gamma": -beta / 2}, format="json").status_code == 200
+    refused = operator_client.patch(url, {"gamma": -2 * beta}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["fields"]["gamma"]["errors"] == [
+        f"must be >= -beta ({-beta:g}): a one-token answer costs >= 0, got {-2 * beta:g}"
+    ]
+    small_model.refresh_from_db()
+    assert small_model.gamma == -beta / 2
+    with pytest.raises(IntegrityError):  # the database holds the rule too
+        with transaction.atomic():
+            ModelProfile.objects.filter(pk=small_model.pk).update(gamma=-2 * beta)

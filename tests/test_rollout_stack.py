@@ -18,7 +18,7 @@ from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import answers, free_port, wait_until
+from tests.runtime.support import answers, free_ports, wait_until
 from tests.test_autoscaling_stack import spawn, stop
 from tests.test_stack import post
 
@@ -31,7 +31,7 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
     sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="test")
     _, operator = ApiKey.issue(name="router", tenant=None)
     _, tenant_key = ApiKey.issue(name="app", tenant=owner)
-    agent_port, router_port = free_port(), free_port()
+    agent_port, router_port = free_ports(2)
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"
     settings.ROLLOUT_DRAIN_S = 3.0
     settings.REDIS_URL = ""  # the router posts its samples to the control plane

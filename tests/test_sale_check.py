@@ -1,4 +1,4 @@
-"""The sale check's short path (selling.pool_demands: the pool's other endpoints grouped by what
+"""The sale check's short path (selling.alike_allocations: the pool's other endpoints grouped by what
 their replicas are counted from, packed beside the change) answers as the whole ledger does
 (capacity.ledger.check_change on selling.pool_ledgers): the same yes or no, the same replicas
 that fit, on generated pools of mixed TP sizes, several seeds."""
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from capacity.ledger import Oversold, check_change
+from capacity.ledger import Oversold, as_json_number, check_change
 from controlplane import selling
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint
@@ -62,3 +62,104 @@ def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
         assert short == whole, (endpoint.name, asked, replacing)
         refused += whole is not None
     assert 0 < refused < 12  # both answers were exercised
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
+    """The refused check builds its 409's ledger from the rows it read for the check (one query,
+    no names): each figure the 409 shows, and each model's, is the one selling.pool_ledgers
+    gives for that pool, with metered MU, ready pods (and not-ready ones, not counted) and the
+    changed endpoint's own sale and pods in it."""
+    from controlplane.api.errors import LEDGER_FIGURES, oversold_body
+    from controlplane.endpoints.models import Pod
+
+    rng = random.Random(seed)
+    pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=64, gpus_per_node=8)
+    elsewhere = GpuPool.objects.create(name="q", gpu_type=h100, gpu_count=64, gpus_per_node=8)
+    profiles = [
+        ModelProfile.objects.create(
+            model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
+        )
+        for g in (1, 2, 4, 8)
+    ]
+    tenant = Tenant.objects.create(name="t", gpu_quota=10_000)
+    endpoints = Endpoint.objects.bulk_create(
+        Endpoint(
+            tenant=tenant, name=f"e{i}", profile=rng.choice(profiles),
+            pool=rng.choice([pool, pool, elsewhere]),
+            min_provisioned_concurrency=rng.choice([0, 8, 16]), max_provisioned_concurrency=64,
+            target_concurrency_per_replica=8, scale_to_zero_enabled=False,
+            used_mu_per_minute=rng.choice([0.0, 12.5, 40.25, 100.0]),
+        )
+        for i in range(30)
+    )  # fmt: skip
+    Reservation.objects.bulk_create(
+        Reservation(endpoint=e, mu_per_minute=rng.choice([50, 100, 150, 250]), sold_by="t")
+        for e in endpoints
+        if rng.random() < 0.4
+    )
+    Pod.objects.bulk_create(
+        Pod(endpoint=e, name=f"{e.name}-{j}", url="http://127.0.0.1:9", ready=j < 2)
+        for e in endpoints
+        for j in range(rng.choice([0, 1, 3]))
+    )
+    mine = next(e for e in Endpoint.objects.with_related().filter(pool=pool) if e.pods.filter(ready=True))
+    current = getattr(getattr(mine, "reservation", None), "mu_per_minute", 0)
+    with pytest.raises(Oversold) as refused:
+        selling.ensure_change(
+            pool, mine, selling.commitment(mine, 100_000), selling.commitment(mine, current)
+        )
+    whole = selling.pool_ledgers([pool])[pool.pk]
+    assert whole.used_gpus > 0 and whole.sold_mu_per_minute > 0 and whole.used_mu_per_minute > 0
+    body = oversold_body(refused.value)
+    assert {name: body[name] for name in LEDGER_FIGURES} == {
+        name: as_json_number(getattr(whole, name)) for name in LEDGER_FIGURES
+    }
+    assert refused.value.ledger.models == whole.models
+    assert refused.value.ledger.mu_per_gpu == whole.mu_per_gpu
+    assert refused.value.ledger.packing.free_per_node == whole.packing.free_per_node
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sale_lock_takes_the_tenant_before_the_pool(h100):
+    """A sale (selling.check_sale) locks both rows in one statement in the order every writer takes
+    them (tenant, then pool): while the pool is held elsewhere, the waiting sale already holds
+    its tenant, as locked_tenant then locked_pools would."""
+    import threading
+
+    import psycopg
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL (SQLite serialises all writers anyway)")
+    tenant = Tenant.objects.create(name="t")
+    pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=8, gpus_per_node=8)
+    s = connection.settings_dict
+    conninfo = psycopg.conninfo.make_conninfo(
+        dbname=s["NAME"], user=s["USER"], password=s["PASSWORD"] or None, host=s["HOST"], port=s["PORT"]
+    )
+    holder, seller, probe = (psycopg.connect(conninfo) for _ in range(3))
+    holder.execute("SELECT 1 FROM capacity_gpupool WHERE id = %s FOR UPDATE", [pool.pk])
+    waiting = threading.Thread(target=seller.execute, args=(selling._lock_sql(), [tenant.pk, pool.pk]))
+    waiting.start()
+    try:
+        # Until the seller waits on the pool, the tenant is free; then it is held.
+        held = False
+        for _ in range(500):
+            try:
+                probe.execute("SELECT 1 FROM tenants_tenant WHERE id = %s FOR UPDATE NOWAIT", [tenant.pk])
+                probe.rollback()
+            except psycopg.errors.LockNotAvailable:
+                probe.rollback()
+                held = True
+                break
+            waiting.join(timeout=0.01)
+        assert held and waiting.is_alive()  # the tenant is held, the pool still awaited
+        holder.rollback()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive()
+    finally:
+        holder.close()  # frees the seller, should the assertions fail first
+        waiting.join(timeout=10)
+        for conn in (seller, probe):
+            conn.close()

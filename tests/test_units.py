@@ -30,13 +30,27 @@ def test_the_estimate_prices_output_at_max_tokens():
     [
         ({"alpha": -1, "beta": 0, "gamma": 0}, "alpha must be a finite number >= 0, got -1"),
         ({"alpha": 0, "beta": float("nan"), "gamma": 0}, "beta must be a finite number >= 0, got nan"),
-        ({"alpha": 0, "beta": 0, "gamma": float("inf")}, "gamma must be a finite number >= 0, got inf"),
+        (
+            {"alpha": 0, "beta": 0, "gamma": float("inf")},
+            r"gamma must be a finite number >= -beta \(0\), got inf",
+        ),
+        (
+            {"alpha": 0, "beta": 0.5, "gamma": -0.6},
+            r"gamma must be a finite number >= -beta \(-0.5\), got -0.6",
+        ),
         ({"alpha": 0, "beta": 0, "gamma": 0, "cached_token_factor": 2}, "cached_token_factor must be in"),
     ],
 )
 def test_bad_coefficients_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CostModel(**kwargs)
+
+
+def test_a_negative_gamma_never_prices_a_request_below_zero():
+    # A fitted line on the decoded tokens: gamma = gamma_d - beta = 0.004 - 0.006.
+    model = CostModel(alpha=0.0002, beta=0.006, gamma=-0.002)
+    assert model.cost(16, 1) == pytest.approx(0.0002 * 16 + 0.004)
+    assert model.cost(0, 0) == 0.0 and model.cost(5, 0) == 0.0  # not -0.002 nor -0.001
 
 
 def test_the_fit_the_router_and_the_simulator_price_with_the_one_rule():

@@ -10,56 +10,31 @@ must then have disconnected the slow header senders, each with a 408.
 
 import json
 import os
+import re
+import select
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
+from tests.production_server import ROOT, database_url, image_command, rebound
 from tests.router.conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = ROOT / "docker" / "controlplane.Dockerfile"
 SLOW_CLIENTS = 200
 SLOW_BODIES = 50  # more than controlplane/gunicorn.conf.py lets into Django at once (2 x 16)
 PROBE_FOR_S = 12.0  # past the 10 s header deadline of controlplane/gunicorn.conf.py
 PROBE_LIMIT_S = 1.0
 
 
-def image_command() -> list[str]:
-    """The last CMD of the Dockerfile, which must be a JSON array."""
-    cmds = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("CMD ")]
-    assert cmds, "the Dockerfile has no CMD"
-    command = json.loads(cmds[-1].removeprefix("CMD "))
-    assert isinstance(command, list) and all(isinstance(arg, str) for arg in command)
-    return command
-
-
 def test_the_image_command_is_a_json_array_binding_all_interfaces_on_8000():
     command = image_command()
     assert command[0] == "gunicorn"
     assert command[command.index("--bind") + 1] == "0.0.0.0:8000"
-
-
-def rebound(command: list[str], port: int) -> list[str]:
-    at = command.index("--bind") + 1
-    program = shutil.which(command[0], path=str(Path(sys.executable).parent)) or command[0]
-    return [program, *command[1:at], f"127.0.0.1:{port}", *command[at + 1 :]]
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    assert db["ENGINE"] == "django.db.backends.postgresql", "runs against the test PostgreSQL"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def get(port: int, path: str, timeout: float) -> tuple[int, float]:
@@ -269,7 +244,148 @@ def test_a_chunked_body_over_the_limit_is_refused_once_past_it(server):
             s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         head, body = recv_response(s)
     assert head.startswith(b"HTTP/1.1 413"), head
-    assert body == b"request body too large\n"
+    assert body == b"The request body is larger than the server accepts.\n"
+
+
+MAX_HEAD_BYTES = 65_536  # controlplane/gunicorn.conf.py's max_head_bytes
+
+
+def closed(s: socket.socket) -> bool:
+    """Whether the server ended the connection: end of stream, or a reset (it closes with the
+    client's unread bytes in its socket)."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_long_url_reaches_the_api_and_a_head_over_the_limit_gets_431(server):
+    """A 12 kB query (past the 4,094-byte request line a plain gunicorn answers 414 to, which the
+    schema does not list) is the API's to answer; a head over 64 KiB gets the documented 431 before
+    it is all read, JSON under /api/, and the connection is closed."""
+    query = "&".join(f"page_size=x{i}" for i in range(1000))
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        s.sendall(f"GET /api/v1/endpoints/?{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        head, body = recv_response(s)
+    assert len(query) > 12_000 and head.startswith(b"HTTP/1.1 401"), head
+    assert json.loads(body)["error"] == "not_authenticated"
+
+    fits = b"x" * (MAX_HEAD_BYTES - 1000)
+    for path, pad, status in [("/api/v1/endpoints/", fits, 401), ("/api/v1/endpoints/", fits * 2, 431)]:
+        with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ".encode() + pad + b"\r\n\r\n")
+            head, body = recv_response(s)
+            assert head.startswith(b"HTTP/1.1 %d" % status), head
+            if status == 431:
+                assert b"connection: close" in head.lower() and closed(s), head
+                assert json.loads(body)["error"] == "head_too_large"
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        s.sendall(
+            b"GET /accounts/login/?q=" + b"y" * (2 * MAX_HEAD_BYTES) + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        head, body = recv_response(s)
+    assert head.startswith(b"HTTP/1.1 431") and body.startswith(b"The request line and headers"), head
+    assert get(server, "/healthz", 2.0)[0] == 200
+
+
+def refused_while_sending(port: int, start: bytes) -> None:
+    """Send `start`, then 8 KiB of one header value at a time without end, until the server
+    answers (at most 4 MB): that answer must be the 431."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(start)
+        try:
+            while sent < 64 * MAX_HEAD_BYTES and not select.select([s], [], [], 0)[0]:
+                s.sendall(b"x" * 8192)
+                sent += 8192
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed by the server, its answer already sent
+        head, body = recv_response(s)
+    assert head.startswith(b"HTTP/1.1 431"), (head, sent)
+    assert json.loads(body)["error"] == "head_too_large"
+
+
+def test_a_header_that_never_ends_is_cut_at_the_limit_not_held(server):
+    """One header value sent 8 KiB at a time without end (httptools grows one header in memory
+    until its line ends): 431 while the client is still sending, at most 4 MB in."""
+    refused_while_sending(server, b"GET /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ")
+
+
+def test_a_trailer_that_never_ends_is_cut_at_the_limit_not_held(server):
+    """A chunked body's trailer is headers too, after the head: one trailer value sent without end
+    gets 431 at most 4 MB in (unbounded, 80 MB of it blocked a worker past gunicorn's timeout)."""
+    refused_while_sending(
+        server,
+        b"POST /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ",
+    )
+
+
+def test_a_head_over_the_limit_behind_a_request_gets_431_after_its_answer(server):
+    """A POST and its body, then a 200 kB head, in one write: the POST's answer (401), then the
+    431 for the head (it reached the parser unbounded behind a body; counted, its 431 must not
+    come first, where the client reads it as the POST's)."""
+    body = b'{"x": "' + b"y" * 500_000 + b'"}'
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        s.sendall(
+            b"POST /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+            + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+            + b"z" * 200_000
+            + b"\r\n\r\n"
+        )
+        answers = b""
+        while more := s.recv(65536):  # both answers, then the server's close
+            answers += more
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)
+    assert statuses == [b"401", b"431"], answers[:300]
+
+
+def test_a_large_body_in_the_heads_read_and_a_chunked_one_with_a_trailer_pass(server):
+    """The limit counts what carries no body: a 1 MB body sent with its head in one write, and a
+    chunked body of 64 KiB chunks with a short trailer, reach the API (401 without a key)."""
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        body = b'{"x": "' + b"y" * 2**20 + b'"}'
+        s.sendall(
+            b"POST /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert recv_response(s)[0].startswith(b"HTTP/1.1 401")
+        chunk = b"y" * 65536
+        s.sendall(
+            b"POST /api/v1/endpoints/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(8))
+            + b"0\r\nX-Checksum: abc\r\n\r\n"
+        )
+        assert recv_response(s)[0].startswith(b"HTTP/1.1 401")
+
+
+def test_a_client_that_pipelines_without_reading_is_not_read_on(server):
+    """Requests pipelined without reading the answers: the server stops reading once 16 wait (the
+    kernel's buffers take the rest), where it had taken 64 MB within 3 s and held it; read
+    afterwards, the answers come in order."""
+    pad = b"p" * 3000
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: %s\r\n\r\n" % pad
+    batch, sent = request * 100, 0
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as s:
+        s.setblocking(False)
+        deadline = time.monotonic() + 3
+        while sent < 64 * 2**20 and time.monotonic() < deadline:
+            if select.select([], [s], [], 0.5)[1]:
+                try:
+                    sent += s.send(batch)
+                except BlockingIOError:
+                    pass
+        assert sent < 32 * 2**20, f"{sent >> 20} MB taken from a client that reads nothing"
+        s.setblocking(True)
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 50:  # /healthz's answers are short, without a length
+            more = s.recv(65536)
+            assert more, answers[-300:]
+            answers += more
+    assert answers.count(b"HTTP/1.1 200") >= 50 and answers.startswith(b"HTTP/1.1 200"), answers[:300]
 
 
 BIG_STATIC = "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js"  # 1.6 MB

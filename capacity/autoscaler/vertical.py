@@ -4,18 +4,26 @@ It reads the last 30 s of 5-second buckets. A bucket is *overloaded* when p99 la
 90 % of the SLO, or KV-cache usage passes 90 %, or more than one request per replica waits; it
 has *room* when p99 is under half the SLO, KV-cache under 70 %, nothing waits, and the replicas
 use at least 80 % of their target (growing the target of idle replicas proves nothing).
-Latency in a bucket that ends with a backlog at the router (`backlog_mu` > 0) is no evidence
-against the target: those requests waited for a free replica, too few replicas is the
-horizontal decider's to fix, and shrinking the target would only lengthen the queue (a ratchet:
-each burst would cut the target for good, as idle replicas never earn it back).
+A window in which the router held a backlog (`backlog_mu` > 0 in any of its buckets) is no
+evidence against the target, neither its latency nor its KV cache nor its engines' queues:
+while requests wait at the router every replica is at its target, so a burst of long answers
+fills the KV cache and the requests that waited for a replica finish late (for up to their
+latency after the backlog is gone, still inside the window). Too few replicas is the horizontal
+decider's to fix, and shrinking the target would only lengthen the queue; worse, it is a
+ratchet: the target grows back only when the replicas use 80 % of it, which the horizontal
+decider, planning for 80 % of a replica, seldom lets them do, so each burst would cut it for
+good. Measured (issue 23, decode-heavy seed 1): two bursts cut the router's limit 246 -> 184
+-> 138 for the rest of the trace, and the later bursts queued at the router behind it (7 minutes
+missed; 5 with the target kept). A target too large for the KV cache still shrinks, in the
+first window without a backlog.
 
 Shrink fast, grow slowly, only on stable signals: shrink when more than half the window's
 buckets, the latest among them, are overloaded (target x 0.75, at least -1); grow when every
 bucket has room (+10 %, at least +1); otherwise hold. Always within [min, max].
 
 Worked numbers: target 16, p99 9.5 s against a 10 s SLO in 5 of 6 buckets -> 12; the same
-with 50 MU waiting at the router in every bucket -> 16. Target 8, p99 2 s, KV 40 %, no queue,
-7 in flight per replica for the whole 30 s -> 9.
+with 50 MU waiting at the router in every bucket, or only in the first -> 16. Target 8, p99
+2 s, KV 40 %, no queue, 7 in flight per replica for the whole 30 s -> 9.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ def decide_concurrency(
     if ready_replicas < 1:
         return ConcurrencyDecision(None, "no ready replica to measure: no decision")
     window.sort(key=lambda b: b.end)
-    overloaded = [_overload(b, ready_replicas, config) for b in window]
+    queued = any(b.backlog_mu > 0 for b in window)  # the fleet was short: no evidence (above)
+    overloaded = [_overload(b, ready_replicas, config, queued) for b in window]
     roomy = [_room(b, target, ready_replicas, config) for b in window]
     lo, hi = config.min_target_concurrency, config.max_target_concurrency
     if overloaded[-1] and sum(1 for o in overloaded if o) * 2 > len(overloaded):
@@ -71,13 +80,12 @@ def decide_concurrency(
     )
 
 
-def _overload(b: Bucket, replicas: int, c: AutoscalerConfig) -> str:
-    """Why this bucket is overloaded, or '' when it is not."""
-    if (
-        b.p99_latency_s is not None
-        and b.p99_latency_s > c.latency_high * c.latency_slo_s
-        and b.backlog_mu <= 0
-    ):
+def _overload(b: Bucket, replicas: int, c: AutoscalerConfig, queued: bool = False) -> str:
+    """Why this bucket is overloaded, or '' when it is not (never in a window the router held a
+    backlog in: see the module's docstring)."""
+    if queued:
+        return ""
+    if b.p99_latency_s is not None and b.p99_latency_s > c.latency_high * c.latency_slo_s:
         return f"p99 {b.p99_latency_s:.2f} s > {c.latency_high:.0%} of the {c.latency_slo_s:g} s SLO"
     if b.kv_cache_usage is not None and b.kv_cache_usage > c.kv_cache_high:
         return f"KV cache {b.kv_cache_usage:.0%} > {c.kv_cache_high:.0%}"

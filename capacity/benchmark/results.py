@@ -10,6 +10,11 @@ from capacity.fitting import DEFAULT_MAX_UNDERPRICE, Fit, Measurement, fit
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
+def shape_name(input_tokens: int, output_tokens: int) -> str:
+    """How a shape is named in tables, notes and JSON: "16x1" is 16 tokens in, 1 out."""
+    return f"{input_tokens}x{output_tokens}"
+
+
 @dataclass(frozen=True)
 class Step:
     mode: str  # "closed" (concurrency held) or "open" (Poisson arrivals)
@@ -21,6 +26,11 @@ class Step:
     p99_e2e_s: float | None  # engine seconds
     saturated: bool  # stopped early: too many in flight
     met_slo: bool
+    # Closed, timed by the engine's own histogram: the share of the C requests the client meant
+    # to hold that the engine held, by Little's law on the engine's latencies (their sum / (C x
+    # duration)); the rest of each request's time was spent in the client or on the wire.
+    # None: open, or timed by the client's clock (which counts its own time too).
+    held_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,9 @@ class ShapeResult:
     solo_latency_s: float  # one request alone, engine seconds
     steps: tuple[Step, ...]
     note: str = ""  # why a shape was skipped or gave 0
+    # The client, not the engine, bounded the rate (capacity.benchmark.checks.client_bound):
+    # not the engine's capacity, so the fit leaves it out.
+    client_bound: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -48,7 +61,13 @@ class SweepResult:
     wall_s: float  # how long the sweep took
 
     def measurements(self) -> list[Measurement]:
-        return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0]
+        """What the fit prices from: the measured shapes, less those the client bounded."""
+        return [s.measurement() for s in self.shapes if s.sustainable_per_minute > 0 and not s.client_bound]
+
+    @property
+    def client_bound(self) -> list[str]:
+        """The shapes this machine's client could not drive to the engine's capacity, "16x1"."""
+        return [shape_name(*s.shape) for s in self.shapes if s.client_bound]
 
     def fit(
         self,

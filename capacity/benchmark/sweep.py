@@ -42,7 +42,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from capacity.benchmark.checks import at_least_larger, implausible, slow_outliers, slowest_first
+from capacity.benchmark.checks import (
+    CLIENT_BOUND_SHARE,
+    at_least_larger,
+    client_bound,
+    implausible,
+    slow_outliers,
+    slowest_first,
+)
 from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, grid_for_context
 from capacity.benchmark.drivers import Driver, HttpDriver, connect
 from capacity.benchmark.results import ShapeResult, Step, SweepResult
@@ -120,7 +127,7 @@ async def sweep(
             waiting = set()
     finally:
         if isinstance(driver, HttpDriver):
-            driver.close()
+            await driver.aclose()
     return SweepResult(driver.name, driver.model, at_least_larger(results), clock() - started)
 
 
@@ -145,7 +152,12 @@ async def _measure_shape(
         p99 = _p99(latencies)
         met = p99 is not None and p99 <= deadline
         throughput = len(latencies) / elapsed
-        steps.append(Step("closed", concurrency, 0.0, total, len(latencies), throughput, p99, False, met))
+        # Only the engine's own timings say how many requests it held: the client's clock counts
+        # the client's time too.
+        by_engine = driver.last_step_engine_timed
+        held = sum(latencies) / (concurrency * elapsed) if by_engine and elapsed > 0 else None
+        step = Step("closed", concurrency, 0.0, total, len(latencies), throughput, p99, False, met, held)
+        steps.append(step)
         return throughput, met
 
     async def climb(concurrency: int, capacity: float, knee: int) -> tuple[float, int, bool]:
@@ -263,7 +275,12 @@ async def _measure_shape(
             else:
                 failed = middle
         note = "second look" if known else ""
-        return ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note)
+        result = ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note)
+        if client_bound(result):
+            held = f"the engine held under {CLIENT_BOUND_SHARE:.0%} of the requests in flight"
+            note = f"{note} client-bound: {held}"
+            result = replace(result, client_bound=True, note=note.strip())
+        return result
     return ShapeResult(*shape, 0.0, solo, tuple(steps), note="no open-loop step met the SLO")
 
 

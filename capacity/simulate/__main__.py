@@ -8,6 +8,8 @@ The replayed deployment's context is `--max-model-len` (default 131,072: Llama 3
 the profile's 8,192 is what the live demo deploys with), bounded by the profile's KV cache: a
 trace with a prompt that leaves no room for one output token in it is refused, naming the row's
 prompt and the limit; a prompt + answer past it keeps its prompt and loses the answer's tail.
+Its chunk of prefill per step is the largest within the SLO's inter-token deadline
+(`sizing.chunk_within_itl`: 2,048 tokens on h100-llama-8b, not the profile's 8,192).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig, Result
 from capacity.simulate.scenario import POLICIES, attainment_without, searched_oracle, simulate
+from capacity.simulate.sizing import chunk_within_itl
 from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
 from dataplane.runtime.perf_model import EngineProfile
 from dataplane.runtime.profiles import get_profile
@@ -104,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             initial_replicas=args.min_replicas,
             seed=args.seed,
         )
+        profile = chunk_within_itl(profile, fleet.slo_per_output_token_s)
         apa = AutoscalerConfig()
         searched = None
         if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):

@@ -37,10 +37,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency
+from capacity.autoscaler import AutoscalerConfig, Bucket, Decision, EndpointSpec, decide, decide_concurrency
 from capacity.autoscaler.forecast import predicted_min_replicas
+from capacity.autoscaler.horizontal import lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.units import MU_PER_REPLICA_MINUTE
+
+# apa's horizontal decisions with their inputs: (now, the scale-up window's MU/min, in flight,
+# waiting at the router, backlog MU, the Decision), for the bench's per-minute series.
+DecisionLog = list[tuple[float, float, float, float, float, Decision]]
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class ScalingPolicy:
 
     name = "hold"
     tick_s = 5.0  # seconds between horizontal decisions
+    history_s = 660.0  # seconds of buckets the fleet keeps for it: the longest it reads back
 
     def decide(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:
         return state.desired
@@ -112,6 +118,7 @@ class Apa(ScalingPolicy):
     last_vertical: float = -math.inf  # simulated seconds of the last vertical decision
     history: list[tuple[float, float]] = field(default_factory=list)  # (minute's end, MU/min)
     predicted_min: int = 0  # the forecast's floor, replicas; updated once a minute
+    decisions: DecisionLog | None = None  # when a list, every horizontal decision goes there
 
     def __post_init__(self) -> None:
         self.tick_s = self.config.tick_s
@@ -130,8 +137,12 @@ class Apa(ScalingPolicy):
             lead_s=self.config.forecast_lead_s,
         )
 
+    @property
+    def history_s(self) -> float:  # type: ignore[override]
+        return max(ScalingPolicy.history_s, lookback_s(self.config) + 5)
+
     def decide(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:
-        span = self.config.scale_down_window_s + self.config.scale_up_window_s + 5
+        span = lookback_s(self.config) + 5
         if self.config.predictive_min:
             self._forecast(buckets, now)
         spec = EndpointSpec(
@@ -144,7 +155,14 @@ class Apa(ScalingPolicy):
             predicted_min_replicas=self.predicted_min,
             config=self.config,
         )
-        decision = decide(spec, merge(buckets, 5.0, now, span), now)
+        merged = merge(buckets, 5.0, now, span)
+        decision = decide(spec, merged, now)
+        if self.decisions is not None:
+            load = aggregate(merged, now, self.config.scale_up_window_s)
+            if load is not None:
+                self.decisions.append(
+                    (now, load.mu_per_minute, load.in_flight, load.queued, load.backlog_mu, decision)
+                )
         return state.desired if decision.replicas is None else decision.replicas
 
     def concurrency(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.arrivals import Arrival
 from capacity.simulate.fleet import FleetConfig, Result, run
-from capacity.simulate.policies import Apa, Hpa, Kpa, ScalingPolicy, Schedule
+from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
 from capacity.simulate.sizing import (
     full_batch,
     oracle_schedule,
@@ -122,6 +122,7 @@ def simulate(
     oracle_margin: float = 0.9,
     warmup_s: float = 300.0,
     schedule: Sequence[int] | None = None,
+    decisions: DecisionLog | None = None,  # apa's decisions with their inputs go here
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
     (static-peak at its peak) and with `warmup_s` of history (the trace's first minutes played
@@ -149,6 +150,8 @@ def simulate(
     if policy in UNLIMITED and not fleet.target_concurrency:
         fleet = replace(fleet, target_concurrency=NO_LIMIT)
     chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s, capacity * 60.0)
+    if isinstance(chosen, Apa):
+        chosen.decisions = decisions
     return run(
         profile,
         trace,

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from capacity.ledger import Oversold, QuotaExceeded, as_json_number
+from controlplane.api.filters import principal_of_request
 from controlplane.selling import EndpointReserved, MoveRefused, NoPlacement
 from dataplane.cluster.driver import ClusterError
 
@@ -38,9 +39,9 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
             headers={"Retry-After": "5"},
         )
     if isinstance(exc, Oversold):
-        return Response(oversold_body(exc), status=status.HTTP_409_CONFLICT)
+        return Response(oversold_body(exc, _by_operator(context)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, NoPlacement):
-        return Response(no_placement_body(exc), status=status.HTTP_409_CONFLICT)
+        return Response(no_placement_body(exc, _by_operator(context)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         return Response(quota_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, MoveRefused):
@@ -98,13 +99,20 @@ LEDGER_FIGURES = [
 ]  # fmt: skip
 
 
-def oversold_body(exc: Oversold) -> dict[str, Any]:
-    """The pool as /capacity/ shows it, plus what the change asked and what it would replace."""
+# What a tenant's oversold body keeps of them: the pool's hardware, which it reads at /pools/.
+TENANT_LEDGER_FIGURES = ["node_count", "gpus_per_node", "have_gpus"]
+
+
+def oversold_body(exc: Oversold, operator: bool = True) -> dict[str, Any]:
+    """What the change asked, what it would replace and how many replicas fit; an operator also
+    sees the pool as /capacity/ shows it (the default), a tenant only its hardware (Oversold:
+    the two views)."""
+    figures = LEDGER_FIGURES if operator else TENANT_LEDGER_FIGURES
     return {
         "error": "oversold",
-        "detail": str(exc),
+        "detail": str(exc) if operator else exc.tenant_message(),
         "pool": exc.pool,
-        **{name: as_json_number(getattr(exc.ledger, name)) for name in LEDGER_FIGURES},
+        **{name: as_json_number(getattr(exc.ledger, name)) for name in figures},
         "asked_replicas": exc.asked.replicas,
         "asked_gpus_per_replica": exc.asked.shape.gpus_per_replica if exc.asked.replicas else None,
         "asked_gpus": as_json_number(exc.asked.gpus),
@@ -116,18 +124,29 @@ def oversold_body(exc: Oversold) -> dict[str, Any]:
     }
 
 
-def no_placement_body(exc: NoPlacement) -> dict[str, Any]:
-    """What the preferred region lacks and what exists elsewhere, pool by pool."""
-    return {
+def no_placement_body(exc: NoPlacement, operator: bool) -> dict[str, Any]:
+    """What the preferred region lacks and where the replicas would fit; an operator also sees
+    every pool and what fits in it, a tenant not other pools' free capacity (NoPlacement)."""
+    body: dict[str, Any] = {
         "error": "no_placement",
-        "detail": str(exc),
+        "detail": str(exc) if operator else exc.tenant_message(),
         "region": exc.region,
         "model": exc.model,
         "gpu_type": exc.gpu_type,
         "asked_replicas": exc.replicas,
         "gpus_per_replica": exc.gpus_per_replica,
-        "pools": [{"pool": p.name, "region": p.region, "fit_replicas": fit} for p, fit in exc.options],
+        "pool": exc.pool,
+        "fit_replicas": exc.fit_replicas,
+        "regions_that_fit": exc.regions_that_fit,
     }
+    if operator:
+        body["pools"] = [{"pool": p.name, "region": p.region, "fit_replicas": fit} for p, fit in exc.options]
+    return body
+
+
+def _by_operator(context: dict[str, Any]) -> bool:
+    principal = principal_of_request(context.get("request")) if context else None
+    return principal is not None and principal.is_operator
 
 
 def quota_body(exc: QuotaExceeded) -> dict[str, Any]:

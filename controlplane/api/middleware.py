@@ -25,11 +25,13 @@ CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
+    431: "head_too_large",
     500: "internal",
 }
 DETAILS = {
     404: "Not found.",
     413: "The request body is larger than the server accepts.",
+    431: "The request line and headers are larger than the server accepts.",
     500: "Internal error; it has been logged.",
 }
 KEPT_HEADERS = ("Location", "Allow", "Retry-After", "WWW-Authenticate", "Vary")

@@ -3,7 +3,8 @@
 drf-spectacular lists the success responses from each view; this AutoSchema adds the 4xx an
 operation can answer, all with the `ApiError` body: 400 (a bad field, query parameter or body),
 401 (no valid key), 403 (a tenant doing what operators do), 404 (missing or another tenant's),
-and for writes 409 (a conflict: oversold, protected, taken), 413 (too big) and 415 (not JSON).
+431 (a head over the web server's limit), and for writes 409 (a conflict: oversold, protected,
+taken), 413 (too big) and 415 (not JSON).
 """
 
 from typing import Any
@@ -44,6 +45,7 @@ ALWAYS = {
     "401": "No API key, or an unknown or revoked one",
     "403": "Not for this principal (operators only)",
     "404": "Does not exist, or belongs to another tenant",
+    "431": "The request line and headers exceed what the server reads (64 KiB)",
 }
 WRITES = {
     "409": "Conflicts with what exists: oversold, still in use, or taken",

@@ -218,11 +218,14 @@ class ProfileFitSerializer(serializers.ModelSerializer[ProfileFit]):
             "alpha",
             "beta",
             "gamma",
+            "delta",
+            "cached_token_factor",
             "r2",
             "heldout_mape",
             "samples",
             "intervals",
             "shapes",
+            "extras",
             "engine",
             "engine_version",
             "started_at",
@@ -235,7 +238,14 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
 
     class Meta:
         model = ModelProfile
-        read_only_fields = ["heldout_mape", "engine", "engine_version", "benchmark_requested_at"]
+        read_only_fields = [
+            "heldout_mape",
+            "engine",
+            "engine_version",
+            "benchmark_requested_at",
+            "delta",
+            "cached_token_factor",
+        ]
         fields = [
             "id",
             "model",
@@ -243,6 +253,8 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
             "alpha",
             "beta",
             "gamma",
+            "delta",
+            "cached_token_factor",
             "mu_per_replica_minute",
             "gpus_per_replica",
             "max_model_len",
@@ -274,6 +286,12 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
         if clash.exists():
             raise serializers.ValidationError(
                 {"model": f"a profile for model {model!r} on {gpu_type} already exists"}
+            )
+        beta = attrs.get("beta", getattr(self.instance, "beta", 0.0))
+        gamma = attrs.get("gamma", getattr(self.instance, "gamma", 0.0))
+        if gamma is not None and beta is not None and gamma < -beta:
+            raise serializers.ValidationError(
+                {"gamma": f"must be >= -beta ({-beta:g}): a one-token answer costs >= 0, got {gamma:g}"}
             )
         return attrs
 

@@ -3,6 +3,7 @@
 from typing import Any, NamedTuple, TypeVar, cast
 
 from django.db.models import Model, QuerySet
+from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -21,7 +22,7 @@ from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
 from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
-from controlplane.endpoints import rollouts, samples, scaling
+from controlplane.endpoints import rollouts, routing, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
@@ -204,12 +205,17 @@ class RoutingTableView(APIView):
     permission_classes = [AUTHENTICATED, OperatorOnly]
 
     @extend_schema(responses={200: dict, 304: None})
-    def get(self, request: Request) -> Response:
-        table = routing_table()
-        etag = f'"{table.version}"'
+    def get(self, request: Request) -> Response | HttpResponse:
+        copy = routing.published_copy()  # with Redis: the table built in the last seconds
+        table, version = (None, copy[0]) if copy else (t := routing_table(), t.version)
+        etag = f'"{version}"'
         if request.headers.get("If-None-Match") == etag:
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-        return Response(table.to_json(), headers={"ETag": etag})
+        body = None if copy is None else copy[1]()
+        if body is None:  # no copy, or its body gone: the table as built now
+            table = table or routing_table()
+            return Response(table.to_json(), headers={"ETag": f'"{table.version}"'})
+        return HttpResponse(body, content_type="application/json", headers={"ETag": etag})
 
 
 class LoadSamplesView(APIView):

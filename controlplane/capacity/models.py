@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -22,6 +22,11 @@ from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
 def validate_finite_non_negative(value: float) -> None:
     if not math.isfinite(value) or value < 0:
         raise ValidationError(f"must be a finite number >= 0, got {value}")
+
+
+def validate_finite(value: float) -> None:
+    if not math.isfinite(value):
+        raise ValidationError(f"must be a finite number, got {value}")
 
 
 class GpuType(models.Model):
@@ -103,7 +108,9 @@ class ModelProfile(models.Model):
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="profiles")
     alpha = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per input token")
     beta = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per output token")
-    gamma = models.FloatField(validators=[validate_finite_non_negative], help_text="MU per request")
+    # >= -beta (checked below): a fitted line on the decoded tokens, beta * (out - 1) + gamma_d,
+    # has gamma = gamma_d - beta (capacity.fitting), so one output token costs >= 0 beyond the prompt.
+    gamma = models.FloatField(validators=[validate_finite], help_text="MU per request (>= -beta)")
     # Beyond the headline three (capacity.units): what long requests cost, 0 unless fitted.
     rho = models.FloatField(
         default=0.0,
@@ -116,7 +123,14 @@ class ModelProfile(models.Model):
         help_text="MU per KV token-step, output x (input + output / 2): KV-bound batches",
     )
     delta = models.FloatField(
-        default=0.0, validators=[validate_finite_non_negative], help_text="MU per image of a request"
+        default=0.0,
+        validators=[validate_finite_non_negative],
+        help_text="MU per image token of a request (its vision encoder; capacity.units.image_tokens)",
+    )
+    cached_token_factor = models.FloatField(
+        default=0.1,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of alpha a prompt token found in the prefix cache costs, measured by the benchmark",
     )
     # The simulated engine profile (dataplane.runtime.profiles) standing in for this model on
     # this GPU where no GPU can be had: benchmarks on a virtual clock and local pods run it.
@@ -156,7 +170,7 @@ class ModelProfile(models.Model):
             models.UniqueConstraint(fields=["model", "gpu_type"], name="one_profile_per_model_gpu"),
             models.CheckConstraint(
                 name="profile_coefficients_non_negative",
-                condition=models.Q(alpha__gte=0, beta__gte=0, gamma__gte=0),
+                condition=models.Q(alpha__gte=0, beta__gte=0, gamma__gte=-models.F("beta")),
             ),
             models.CheckConstraint(
                 name="profile_long_request_terms_non_negative",
@@ -198,11 +212,16 @@ class ProfileFit(models.Model):
     gamma = models.FloatField(null=True, blank=True)
     rho = models.FloatField(null=True, blank=True)
     kappa = models.FloatField(null=True, blank=True)
+    delta = models.FloatField(null=True, blank=True)  # MU per image token; None: no image shapes
+    cached_token_factor = models.FloatField(null=True, blank=True)  # None: no prefix shapes
     r2 = models.FloatField(null=True, blank=True)
     heldout_mape = models.FloatField(null=True, blank=True)
     samples = models.PositiveIntegerField(default=0)
     intervals = models.JSONField(default=dict, blank=True)  # {"alpha": [low, high], ...}
     shapes = models.JSONField(default=list, blank=True)  # per shape: in, out, req/min, cost, residual
+    # images and the prefix cache (capacity.benchmark.extras), per term: {"delta": {"value",
+    # "interval", "heldout_mape", "samples", "shapes": [...]}, "cached_token_factor": {...}}
+    extras = models.JSONField(default=dict, blank=True)
     engine = models.CharField(max_length=300, blank=True)
     engine_version = models.CharField(max_length=100, blank=True)
     started_at = models.DateTimeField()

@@ -32,8 +32,10 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from capacity.benchmark.checks import client_bound_verdict
 from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, on_virtual_clock
 from capacity.benchmark.drivers import Driver, SimulatedDriver
+from capacity.benchmark.extras import Extras, measure_extras
 from capacity.benchmark.results import BenchmarkError, SweepResult
 from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
@@ -210,6 +212,7 @@ def run_benchmark(
     config = config or sweep_config()
     fit: Fit | None = None
     result: SweepResult | None = None
+    extras: Extras | None = None  # images and the prefix cache: measured on simulated profiles
     try:
         driver = driver or in_process_driver(profile, engine_url)
         if isinstance(driver, SimulatedDriver):
@@ -226,10 +229,25 @@ def run_benchmark(
                 config = SweepConfig(**{**asdict(config), "time_scale": scale})
                 result = replace(asyncio.run(sweep(url, config, slo())), engine_url=label)
         fit = result.fit(profile.mu_per_replica_minute, settings.BENCHMARK_MAX_UNDERPRICE)
+        if isinstance(driver, SimulatedDriver):
+            extras = asyncio.run(
+                measure_extras(driver.profile, fit, config, slo(), profile.mu_per_replica_minute)
+            )
     except (BenchmarkError, ValueError) as error:
         unreachable = isinstance(error, BenchmarkError) and error.unreachable
         return _record_failure(profile, started, str(error), result, unreachable)
     publish, reason = fit.verdict(settings.BENCHMARK_MAX_HELDOUT_MAPE, settings.BENCHMARK_MAX_UNDERPRICE)
+    bound_ok, why = client_bound_verdict(
+        result.shapes, fit.predict, profile.mu_per_replica_minute, settings.BENCHMARK_MAX_HELDOUT_MAPE
+    )
+    if publish and not bound_ok:
+        publish, reason = False, why
+    factor_ok = False
+    if extras is not None:
+        ok, factor_ok, why = extras.verdict(
+            settings.BENCHMARK_MAX_HELDOUT_MAPE, settings.BENCHMARK_MAX_UNDERPRICE
+        )
+        publish, reason = publish and ok, f"{reason}; {why}" if ok or not publish else why
     record = ProfileFit(
         profile=profile,
         status=ProfileFit.Status.REFUSED,
@@ -239,10 +257,13 @@ def run_benchmark(
         gamma=fit.gamma,
         rho=fit.rho,
         kappa=fit.kappa,
+        delta=extras.images.value if extras and extras.images else None,
+        cached_token_factor=extras.prefix.value if extras and factor_ok else None,
         r2=fit.r2,
         heldout_mape=fit.heldout_mape,
         samples=fit.samples,
         intervals={k: list(v) for k, v in fit.intervals.items()},
+        extras=extras.to_json() if extras else {},
         shapes=_shape_rows(result, fit, profile.mu_per_replica_minute),
         engine=result.engine_url,
         engine_version=settings.BENCHMARK_ENGINE_VERSION,
@@ -297,6 +318,10 @@ def _publish(profile: ModelProfile, fit: Fit, record: ProfileFit) -> None:
     # From the fit, not the record: the same figures, but a record's may be None (a failed run's).
     profile.alpha, profile.beta, profile.gamma = fit.alpha, fit.beta, fit.gamma
     profile.rho, profile.kappa = fit.rho, fit.kappa
+    if record.delta is not None:
+        profile.delta = record.delta
+    if record.cached_token_factor is not None:
+        profile.cached_token_factor = record.cached_token_factor
     profile.r2, profile.samples, profile.heldout_mape = fit.r2, fit.samples, fit.heldout_mape
     profile.fitted_at, profile.source = record.finished_at, ModelProfile.Source.BENCHMARK
     profile.engine, profile.engine_version = record.engine, record.engine_version
@@ -384,8 +409,12 @@ def _shape_rows(result: SweepResult, fit: Fit, mu: int) -> list[dict[str, float 
                 "solo_latency_s": round(s.solo_latency_s, 4),
                 "cost_mu": round(cost, 6) if cost else "",
                 "fitted_mu": round(fit.predict(s.input_tokens, s.output_tokens), 6),
-                "residual": round(fit.predict(s.input_tokens, s.output_tokens) / cost - 1, 4) if cost else "",
+                # A client-bound shape is not priced from: its residual would be the client's.
+                "residual": round(fit.predict(s.input_tokens, s.output_tokens) / cost - 1, 4)
+                if cost and not s.client_bound
+                else "",
                 "note": s.note,
+                "client_bound": s.client_bound,
             }
         )
     return rows

@@ -48,27 +48,25 @@ class SecondsSource(Protocol):
 
 
 class RedisSeconds:
+    MGET_KEYS = 1000  # keys per MGET: 5 s x 10,000 endpoints is 50 commands in one round trip
+
     def __init__(self, redis) -> None:  # type: ignore[no-untyped-def]
         self.redis = redis
 
     def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
         seconds = range(first, last + 1)
+        cells = [(endpoint_id, second) for endpoint_id in endpoint_ids for second in seconds]
+        keys = [routers_key(second) for second in seconds] + [load_key(e, s) for e, s in cells]
         pipe = self.redis.pipeline(transaction=False)
-        for second in seconds:
-            pipe.get(routers_key(second))
-        for endpoint_id in endpoint_ids:
-            for second in seconds:
-                pipe.hgetall(load_key(endpoint_id, second))
-        values = pipe.execute()
+        for i in range(0, len(keys), self.MGET_KEYS):
+            pipe.mget(keys[i : i + self.MGET_KEYS])
+        values = [v for chunk in pipe.execute() for v in chunk]
         observed = {s for s, v in zip(seconds, values, strict=False) if v}
-        rows: Rows = {}
-        i = len(seconds)
-        for endpoint_id in endpoint_ids:
-            for second in seconds:
-                raw = values[i]
-                i += 1
-                if raw:
-                    rows[(endpoint_id, second)] = EndpointSecond.from_redis_hash(raw)
+        rows: Rows = {
+            cell: EndpointSecond.from_redis_slots(raw)
+            for cell, raw in zip(cells, values[len(seconds) :], strict=True)
+            if raw
+        }
         return observed, rows
 
 
@@ -105,12 +103,12 @@ def source() -> SecondsSource:
     from django.conf import settings
 
     if settings.REDIS_URL:
-        return RedisSeconds(_redis(settings.REDIS_URL))
+        return RedisSeconds(redis_client(settings.REDIS_URL))
     return DatabaseSeconds()
 
 
 @functools.cache
-def _redis(url: str):  # type: ignore[no-untyped-def]
+def redis_client(url: str):  # type: ignore[no-untyped-def]
     """One client (and connection pool) per process, not one per pass every 5 s."""
     import redis
 

@@ -33,7 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency, forecast
-from capacity.autoscaler.horizontal import Decision
+from capacity.autoscaler.horizontal import Decision, lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand
@@ -286,10 +286,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             # The decider reads back as far as its scale-down memory or the idle grace period, the
             # forecast's recorder to the last settled minute.
             horizon = max(
-                (
-                    max(c.scale_down_window_s + c.scale_up_window_s, c.scale_to_zero_grace_s)
-                    for c in configs.values()
-                ),
+                (max(lookback_s(c), c.scale_to_zero_grace_s) for c in configs.values()),
                 default=0,
             )
             horizon = max(horizon, 120 + MINUTE_SETTLE_S)

@@ -1,12 +1,15 @@
 """Celery tasks of the endpoints app: the autoscaler's passes and the pod mirror, thin wrappers."""
 
+import time
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
-from controlplane.endpoints import scaling
+from controlplane.endpoints import routing, scaling
 from controlplane.endpoints.models import LoadBucket, LoadMinute, RouterSample, UsageHour
+from controlplane.endpoints.samples import redis_client
 
 
 @shared_task
@@ -22,6 +25,21 @@ def autoscale_horizontal() -> str:
     LoadMinute.objects.filter(end__lt=ts - HISTORY_S).delete()  # older than any forecast reads
     UsageHour.objects.filter(start__lt=ts - settings.USAGE_RETENTION_DAYS * 86400).delete()
     return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
+
+
+@shared_task
+def publish_routing_table(force: bool = False) -> str:
+    """Beat, every second with Redis: build the routing table once for every router and web
+    worker, keep it in Redis, announce its version (controlplane.endpoints.routing.publish).
+    ``force``: now, due or not (queued by a withdrawal: routing.withdraw_after_commit)."""
+    if not settings.REDIS_URL:
+        return "no Redis: the view builds the table for each poll"
+    redis = redis_client(settings.REDIS_URL)
+    if force:
+        version = routing.publish(redis)
+    else:
+        version = routing.publish_due(redis, time.time(), settings.ROUTING_TABLE_PUBLISH_INTERVAL_S)
+    return version or "not published: not due, or a withdrawal came after its read"
 
 
 @shared_task

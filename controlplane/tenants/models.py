@@ -150,8 +150,11 @@ class ApiKey(models.Model):
 
     def revoke(self) -> None:
         if self.revoked_at is None:
+            from controlplane.endpoints.routing import withdraw_after_commit  # it imports this module
+
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
+            withdraw_after_commit()  # routers refuse it within a poll, however large the table
 
     @property
     def principal(self) -> Principal:

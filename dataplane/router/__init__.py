@@ -11,8 +11,8 @@ Its modules, by job. Pure, without I/O and with time passed in:
   pricing         the MU price of a request: estimated before it runs, metered after
   balancer        pod load and health (ejection, probes) and the balancing policies
   affinity        a request's workload and its sticky subset of pods (rendezvous hashing)
-  ratelimit       GCRA and the traffic classes (pure), and the limiters that keep GCRA state
-                  in process or in Redis
+  ratelimit       GCRA and the traffic classes (pure), and the in-process limiter
+  lease           leased shares of a reservation across routers: grants, demand, fallback
 State and policy on the event loop:
   endpoint_state  one endpoint's live state: spec, pods, waiting requests, admitted MU rate
   admission       admission policies (probe, reserved, best effort or 429) and the queues
@@ -26,12 +26,16 @@ Sockets, Redis and the control plane, at the edges:
                   endpointslices takes the pods from Kubernetes EndpointSlices instead
   control_plane   the router's calls to the control plane: wake, load samples, following
                   the routing table
+  lease_limiter   the limiter of routers sharing Redis: GCRA at the leased rate in process,
+                  leases renewed in the background (one Lua script per endpoint)
   metering        per-second load samples (published to Redis), the cumulative
                   counters and the workers' snapshots of them
   exposition      GET /metrics in Prometheus text, summed over the workers
 
 Run: ``python -m dataplane.router --help`` (static ``--backends`` or ``--control-plane`` mode).
-Measure: bench/router_peers.sh (proxy speed against HAProxy and vllm-router), bench/concurrency.sh
-(8,000 concurrent slow streams), bench/balancing.py (policies and sticky subsets on a simulated
-fleet) and bench/balancing_http.py (policies through real sockets in front of simulated engines).
+Measure: bench/router_peers.sh (proxy speed against HAProxy and vllm-router),
+bench/router_limiter.sh (the leased limiter against the in-process one and vllm-router, Redis
+commands per request), bench/concurrency.sh (8,000 concurrent slow streams), bench/balancing.py
+(policies and sticky subsets on a simulated fleet) and bench/balancing_http.py (policies through
+real sockets in front of simulated engines).
 """

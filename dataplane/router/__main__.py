@@ -42,7 +42,8 @@ from dataplane.keys import add_key_arguments, read_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
-from dataplane.router.ratelimit import InProcessLimiter, Limiter, RedisLimiter
+from dataplane.router.lease_limiter import LeasedLimiter
+from dataplane.router.ratelimit import InProcessLimiter, Limiter
 from dataplane.router.server import Router
 
 log = logging.getLogger("dataplane.router")
@@ -97,8 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rate-limit-mu-per-min",
         type=float,
         default=0.0,
-        help="static mode: a reservation (MU/min) enforced by the in-process GCRA on every "
-        "request (0 = none)",
+        help="static mode: a reservation (MU/min) for all traffic (0 = none); with --redis, "
+        "enforced across every router (and worker) sharing that Redis, else per process",
     )
     p.add_argument(
         "--max-model-len",
@@ -113,7 +114,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="file holding the prober credential (else $ROUTER_PROBE_KEY): a request whose "
         "x-probe header carries it is a health probe, never shed; without one, nothing is",
     )
-    p.add_argument("--redis", default=None, help="Redis URL: shared GCRA and per-second load metrics")
+    p.add_argument(
+        "--redis",
+        default=None,
+        help="Redis URL: reservations leased across the routers sharing it, per-second load metrics",
+    )
+    p.add_argument(
+        "--limiter-namespace",
+        default=None,
+        help="with --redis: the deployment whose routers share leases (the lease keys hold it); "
+        "default: the --control-plane URL, or 'static' in static mode, so that routers started "
+        "with one command line share; give a second static fleet on the same Redis its own",
+    )
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--log-level", default="warning")
     for f in fields(RouterConfig):
@@ -135,6 +147,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--control-plane needs the operator key: $ROUTER_KEY or --key-file PATH")
     if args.endpointslices and not args.control_plane:
         p.error("--endpointslices needs --control-plane (endpoints and keys come from there)")
+    if args.admin_listen and args.admin_listen[1] == args.listen[1] != 0:
+        # With --workers, every socket is SO_REUSEPORT: both would bind, and the kernel would
+        # hand clients' connections to the operator endpoints (404) at random.
+        p.error(f"--admin-listen must use another port than --listen ({args.listen[1]})")
     if args.max_model_len < 1:
         p.error(f"--max-model-len must be >= 1, got {args.max_model_len}")
     try:
@@ -142,6 +158,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as exc:  # a bad value of a RouterConfig field, named
         p.error(str(exc))
     return args
+
+
+def lease_prefix(args: argparse.Namespace) -> str:
+    """The Redis key prefix of this deployment's leases: endpoint ids are only unique within one
+    control plane (and every static table's endpoint is 0), so the deployment is in the key."""
+    namespace = args.limiter_namespace
+    if namespace is None:
+        namespace = args.control_plane.rstrip("/") if args.control_plane else "static"
+    return f"mu:lease:{namespace}:"
 
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
@@ -160,7 +185,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         from redis.asyncio import Redis
 
         redis = Redis.from_url(args.redis, socket_timeout=0.5, socket_connect_timeout=0.5)
-        limiter = RedisLimiter(redis, fallback=InProcessLimiter(asyncio.get_running_loop().time))
+        limiter = LeasedLimiter(redis, asyncio.get_running_loop().time, prefix=lease_prefix(args))
     router = Router(
         config,
         limiter=limiter,
@@ -182,6 +207,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         )
         discovery = StaticDiscovery(table)
     else:
+        from dataplane.router.control_plane import TablePush
         from dataplane.router.upstream import fetch
 
         discovery = ControlPlaneDiscovery(
@@ -191,6 +217,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
             config.poll_interval_s,
             config.control_plane_timeout_s,
             on_confirmed=router.confirm_table,
+            push=TablePush(args.redis) if args.redis else None,  # poll on change, not every second
         )
         if args.endpointslices:
             from dataplane.router.endpointslices import EndpointSliceDiscovery

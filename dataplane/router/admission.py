@@ -7,7 +7,9 @@ and the estimate. The router holds one policy, made by name by ``make_admission`
   reservation-first  probes (``is_probe``: the prober credential) always; reserved traffic
                      while it conforms to the endpoint's reservation (GCRA through the
                      router's ``Limiter``); best effort beyond it while the endpoint has
-                     headroom (``ratelimit.classify`` has the table).
+                     headroom: what this router admitted over ``best_effort_window_s`` plus
+                     what the limiter last heard the other routers admit, below capacity
+                     (``ratelimit.classify`` has the table). Nothing here waits on Redis.
 
 Queueing: an admitted request that finds no pod under its target concurrency waits in its
 endpoint's queue (``wait_for_room``: reserved traffic and probes first, the newest best-effort
@@ -58,7 +60,7 @@ class ReservationFirst:
         res = ep.spec.reservation
         conforms = False
         retry_after = float(self.retry_after_s)
-        if ep.limit is not None and not is_probe:  # no reservation: no GCRA, no Redis round trip
+        if ep.limit is not None and not is_probe:  # no reservation: no GCRA
             d = await self.limiter.check(ep.limit_key, cost_mu, ep.limit)
             conforms = d.allowed
             retry_after = max(retry_after, d.retry_after_s)
@@ -68,7 +70,11 @@ class ReservationFirst:
             not is_probe
             and not conforms
             and best_effort_allowed
-            and has_headroom(ep.rate.rate_per_min(now), cost_mu, ep.capacity_mu_per_min())
+            and has_headroom(
+                ep.rate.rate_per_min(now) + self.limiter.others_mu_per_min(ep.limit_key),
+                cost_mu,
+                ep.capacity_mu_per_min(),
+            )
         )
         cls = classify(is_probe, res is not None, conforms, best_effort_allowed, headroom)
         if cls is TrafficClass.REJECTED:
@@ -80,6 +86,8 @@ class ReservationFirst:
                 b"retry-after: %s\r\n" % retry_after_header(retry_after).encode(),
             )
         ep.rate.add(now, cost_mu)
+        if not is_probe and self.limiter.reports_admitted:
+            self.limiter.admitted(ep.limit_key, cost_mu)
         return cls
 
     def settle(self, ep: EndpointState, is_probe: bool, estimated_mu: float, exact_mu: float) -> None:

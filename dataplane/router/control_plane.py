@@ -8,14 +8,18 @@ with what it has when the control plane is down):
                  (``metering``), when there is no Redis to publish them to;
   routing table  ``follow`` applies each snapshot of a ``Discovery`` as it arrives (the
                  control plane's, polled by ``discovery.ControlPlaneDiscovery``, or a static one);
+                 with ``--redis``, ``TablePush`` hears the control plane announce its table's
+                 version about once a second, and the router polls only when it changes;
                  ``TableFreshness`` refuses keys from a table the control plane has not
                  confirmed for longer than a bound (or, fail-open, serves and counts them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -23,7 +27,7 @@ from dataplane.router.discovery import Discovery
 from dataplane.router.http import RequestError
 from dataplane.wire.load_samples import RouterSecond, Sample
 from dataplane.wire.prometheus_text import family_header
-from dataplane.wire.routing_table import RoutingTable
+from dataplane.wire.routing_table import RoutingTable, channel
 
 log = logging.getLogger("dataplane.router")
 
@@ -67,6 +71,73 @@ async def follow(discovery: Discovery, apply: Callable[[RoutingTable], None]) ->
     """Apply every routing-table snapshot ``discovery`` yields, for as long as it yields them."""
     async for table in discovery.snapshots():
         apply(table)
+
+
+class TablePush:
+    """The control plane's announcements of its routing table's version, over Redis pub/sub
+    (``channel``, one per table it builds, about one a second). While they come the router polls
+    when one names a version not its own, and otherwise only every ``safety_poll_s``; after
+    ``silence_s`` without one (Redis down, or the control plane's publishing task) the push is
+    down and the router polls every ``poll_interval_s``, as it does without Redis. (The
+    announcements themselves confirm the table: its version is a hash of its content, so the
+    safety poll only bounds how long a lost message could go unnoticed.)
+
+    1,000 routers then poll 1,000 / 60 s = 17 times a second, not 1,000, plus once each per change
+    (bench/routing_table_fanout.py: 4-5 ms of a web worker's CPU per 304, whatever the table's size).
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        safety_poll_s: float = 60.0,
+        silence_s: float = 3.0,
+        retry_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.redis_url = redis_url
+        self.safety_poll_s = safety_poll_s  # polls while the push is up, s apart at most
+        self.silence_s = silence_s  # no announcement for this long: the push is down, s
+        self.retry_s = retry_s  # between attempts to subscribe again, s
+        self.clock = clock
+        self.version: str | None = None  # the last version announced
+        self.heard_at: float | None = None  # clock s of the last announcement
+        self.changed = asyncio.Event()  # set when an announcement names a new version
+        self._down_logged = False
+
+    def up(self, now: float) -> bool:
+        return self.heard_at is not None and now - self.heard_at <= self.silence_s
+
+    def heard(self, version: str, now: float) -> None:
+        if self._down_logged:
+            log.warning("routing-table announcements heard again: polling on change")
+            self._down_logged = False
+        self.heard_at = now
+        if version != self.version:
+            self.version = version
+            self.changed.set()
+
+    async def run(self) -> None:
+        """Listen for as long as the router runs, subscribing again after every failure."""
+        from redis.asyncio import Redis
+        from redis.exceptions import RedisError
+
+        while True:
+            client = Redis.from_url(self.redis_url, socket_connect_timeout=1.0)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel(client))
+                while True:
+                    message = await pubsub.get_message(timeout=self.silence_s)
+                    if message is not None and message["type"] == "message":
+                        self.heard(message["data"].decode(), self.clock())
+            except (OSError, RedisError, UnicodeDecodeError) as exc:
+                if not self._down_logged:
+                    log.warning("routing-table announcements lost (%s): polling every interval", exc)
+                    self._down_logged = True
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await client.aclose()
+            await asyncio.sleep(self.retry_s)
 
 
 class TableFreshness:

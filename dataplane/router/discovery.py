@@ -8,6 +8,8 @@ reload drops nothing). Two sources today:
   ControlPlaneDiscovery  polls ``GET {control_plane}/api/v1/routing-table/`` with the operator's
                          bearer key and ``If-None-Match: <etag>``; 304 = unchanged; a control
                          plane that is down or answers garbage leaves the last good table in use.
+                         Given a ``control_plane.TablePush`` that is up, it polls when the push
+                         announces a version not its own (and every ``safety_poll_s``) instead.
 
 On Kubernetes, ``endpointslices.EndpointSliceDiscovery`` wraps the control-plane source and
 yields the same snapshots with each endpoint's pods taken from its EndpointSlices.
@@ -18,15 +20,19 @@ The table's format, shared with the control plane that writes it, is dataplane.w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN
 from dataplane.router.pricing import Coefficients
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
+
+if TYPE_CHECKING:
+    from dataplane.router.control_plane import TablePush
 
 log = logging.getLogger("dataplane.router.discovery")
 
@@ -93,6 +99,7 @@ class ControlPlaneDiscovery:
         timeout_s: float = 5.0,
         max_polls: int | None = None,
         on_confirmed: Callable[[], None] | None = None,
+        push: TablePush | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/api/v1/routing-table/"
         self.key = key
@@ -103,9 +110,11 @@ class ControlPlaneDiscovery:
         # Called on every answer that confirms the table in use (a new one, or a 304): the
         # router's measure of how stale its keys may be (control_plane.TableFreshness).
         self.on_confirmed = on_confirmed
+        self.push = push
         self.etag: str | None = None
         self.failures = 0  # polls in a row that got no usable answer, count
         self._rng = random.Random()
+        self._chased: str | None = None  # the announced version last polled for at once
 
     async def poll_once(self) -> RoutingTable | None:
         """A new table, or None (unchanged, unreachable or garbage: keep the last good one)."""
@@ -146,11 +155,52 @@ class ControlPlaneDiscovery:
         return self.poll_interval_s * (1 + JITTER)
 
     async def snapshots(self) -> AsyncIterator[RoutingTable]:
-        polls = 0
-        while self.max_polls is None or polls < self.max_polls:
-            polls += 1
-            table = await self.poll_once()
-            if table is not None:
-                yield table
-            # jittered so that a fleet of routers does not poll in lockstep
-            await asyncio.sleep(self.poll_interval_s * (1 - JITTER + 2 * JITTER * self._rng.random()))
+        listening = None if self.push is None else asyncio.create_task(self.push.run())
+        try:
+            polls = 0
+            while self.max_polls is None or polls < self.max_polls:
+                polls += 1
+                table = await self.poll_once()
+                if table is not None:
+                    yield table
+                await self._until_next_poll()
+        finally:
+            if listening is not None:
+                listening.cancel()
+
+    def _jittered(self, seconds: float) -> float:
+        # jittered so that a fleet of routers does not poll in lockstep
+        return seconds * (1 - JITTER + 2 * JITTER * self._rng.random())
+
+    async def _until_next_poll(self) -> None:
+        """poll_interval_s; or, while the push is up, until it announces a version not ours
+        (at once the first time, then every poll_interval_s while ours still differs: a web
+        worker may serve the older table for a moment) or safety_poll_s have passed."""
+        push = self.push
+        if push is None:
+            await asyncio.sleep(self._jittered(self.poll_interval_s))
+            return
+        start = push.clock()
+        interval, safety = self._jittered(self.poll_interval_s), self._jittered(push.safety_poll_s)
+        while True:
+            now = push.clock()
+            ours = (self.etag or "").strip('"')
+            if not push.up(now):
+                due = start + interval
+            elif push.version is not None and push.version != ours:
+                if push.version != self._chased:
+                    self._chased = push.version
+                    return
+                due = start + interval
+            else:
+                due = start + safety
+                # the control plane announced our version: as good as a 304 for freshness
+                if self.on_confirmed is not None:
+                    self.on_confirmed()
+            if now >= due:
+                return
+            push.changed.clear()
+            # woken by an announcement of a new version, or to look again whether the push
+            # has gone silent (then the plain interval applies)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(push.changed.wait(), min(due - now, push.silence_s))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
@@ -24,6 +25,8 @@ from typing import Any, Protocol, cast
 import httptools
 
 from dataplane.router.config import RouterConfig
+
+log = logging.getLogger("dataplane.router")
 
 REASONS = {
     200: b"OK",
@@ -161,6 +164,7 @@ class ClientConnection(asyncio.Protocol):
         self.write_paused = False
         self.flow_peer: FlowPeer | None = None  # the upstream to pause while our buffer is full
         self.response_started = False
+        self.response_ended = False  # the whole response is written: the client has all of it
         self.response_chunked = False
         self._head_only = False  # answering a HEAD request: the head of the GET answer, no body
         self._head = b""  # response head not yet written: it goes out with the first body bytes
@@ -189,8 +193,11 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.state.connections.discard(self)
         self._disarm()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # the client is gone: cancel the upstream request
+        if self._task is not None and not self._task.done() and not self.response_ended:
+            # The client is gone mid-answer: cancel the upstream request. Once the whole answer
+            # is written the request is served, whatever the client does next: its handler
+            # finishes its bookkeeping (closing as soon as it has read it is no error).
+            self._task.cancel()
         self._pending.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -304,7 +311,7 @@ class ClientConnection(asyncio.Protocol):
 
     # --- request lifecycle
     def _start(self, req: Request) -> None:
-        self.response_started = False
+        self.response_started = self.response_ended = False
         self._head_only = req.method == b"HEAD"
         self._keep_alive = req.keep_alive and not self.state.draining
         self._http11 = req.http11
@@ -319,6 +326,7 @@ class ClientConnection(asyncio.Protocol):
             if not self.closed and self.transport is not None:
                 self.transport.abort() if self.response_started else self.transport.close()
         except Exception:  # one error boundary per request: 500 before headers, close after
+            log.exception("request handler failed (%s)", "cut" if self.response_started else "answered 500")
             self._keep_alive = False
             if not self.response_started:
                 self.send_error(500, "internal router error", "internal_error")
@@ -368,7 +376,7 @@ class ClientConnection(asyncio.Protocol):
         request the same head, Content-Length included, without the body (RFC 9110 9.3.2)."""
         if self.transport is None or self.closed:
             return
-        self.response_started = True
+        self.response_started = self.response_ended = True
         conn = b"" if self._keep_alive else b"connection: close\r\n"
         self.transport.write(
             b"%scontent-length: %d\r\n%s%s\r\n%s"
@@ -426,8 +434,13 @@ class ClientConnection(asyncio.Protocol):
         """End the body, ``last`` its final bytes: one write (one syscall) with the framing's end."""
         if self.transport is None or self.closed:
             return
+        self.response_ended = True
         if self.response_chunked:
-            tail = b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last) if last else b"0\r\n\r\n"
+            if last:  # head (when still held), last chunk and end in one format: one copy of last
+                self.transport.write(b"%s%x\r\n%s\r\n0\r\n\r\n" % (self._head, len(last), last))
+                self._head = b""
+                return
+            tail = b"0\r\n\r\n"
         else:
             tail = last
         if self._head or tail:

@@ -40,6 +40,8 @@ def metered(
     status: int,
     answered: bool = False,
     client_cut: bool = False,
+    details: tuple[int, int] = (0, 0),
+    image_tokens: int = 0,
 ) -> tuple[float, int, int]:
     """(MU, input tokens, output tokens) a finished request is metered at; ``estimate`` is the
     admission's (input tokens, the most output tokens the engine may generate).
@@ -55,23 +57,38 @@ def metered(
        some decoding for it (vLLM aborts only when it notices), and the client walked away from
        what it was admitted for: a non-streamed request must not become free by a reset just
        before its answer.
-    5. Else a 2xx/3xx head with nothing delivered: the estimated input tokens (the prompt was
-       read); an error answer (status 400 or more) or none (a pod failure before the head: the
-       client got a 502/504, not its doing) produced nothing for the client and costs nothing.
+    5. A 4xx answer from the pod (it refused the request: the client's doing, found after the
+       engine read the prompt): the smallest answer it could have had, its estimated input
+       tokens and one output token (vLLM generates at least one). Never free, or a request the
+       pod refuses would spend no reservation, whatever its estimate on admission was.
+    6. Else a 2xx/3xx head with nothing delivered: the estimated input tokens (the prompt was
+       read); a 5xx answer or none (a pod failure before the head: the client got a 502/504)
+       is not the client's doing and costs nothing.
 
     Coefficients 0.002/0.02/0.1, estimate 100 in / 256 out: usage 90 in / 40 out -> 1.08 MU;
     cut after 20 tokens -> 0.7 MU; a 200 answer without usage, or a client's reset before the
-    answer -> 5.42 MU; a 400 -> 0; a pod lost before its head -> 0.
+    answer -> 5.42 MU; a 400 -> 0.2 + 0.02 + 0.1 = 0.32 MU (100 in / 1 out; with gamma at its
+    floor -beta, 0.2 MU: one output token is never under 0); a 500 -> 0; a pod lost before its
+    head -> 0.
+
+    ``details``: (cached, image) prompt tokens of the usage (usage_details): cached ones at the
+    cached-token factor, image ones at delta. ``image_tokens``: the router's count of the
+    request's image tokens (in ``estimate``'s input tokens), which prices them when the usage
+    does not say (alpha 0.002, delta 0.0001, factor 0.1: usage 1,300 in (1,024 cached, 256 of
+    images) / 16 out -> 0.002 x (276 + 102.4) + 0.32 + 0.1 + 0.0256 = 1.2024 MU).
     """
     if usage is not None:
-        return c.cost(usage[0], usage[1]), usage[0], usage[1]
+        cached, images = details
+        return c.cost(usage[0], usage[1], cached, images or image_tokens), usage[0], usage[1]
     tokens_in, most_out = estimate
     if delivered_tokens > 0:
-        return c.cost(tokens_in, delivered_tokens), tokens_in, delivered_tokens
+        return c.cost(tokens_in, delivered_tokens, 0, image_tokens), tokens_in, delivered_tokens
     if (answered or client_cut) and (200 <= status < 300 or (client_cut and status == 0)):
-        return c.cost(tokens_in, most_out), tokens_in, most_out
+        return c.cost(tokens_in, most_out, 0, image_tokens), tokens_in, most_out
+    if 400 <= status < 500:
+        return c.cost(tokens_in, 1, 0, image_tokens), tokens_in, 1
     if 0 < status < 400:
-        return c.cost(tokens_in, 0), tokens_in, 0
+        return c.cost(tokens_in, 0, 0, image_tokens), tokens_in, 0
     return 0.0, 0, 0
 
 

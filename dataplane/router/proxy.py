@@ -10,7 +10,8 @@ response head (hop-by-hop headers dropped, framing redone), and what the pod pro
   out in the head as ``x-mu-cost`` (with a Content-Length); a larger one passes through, without;
 - anything else passes through, searched read by read for its ``usage`` (``UsageScan``).
 
-``pod_body`` is the one place the request body is rewritten for the pod.
+``pod_body`` is the one place the request body is rewritten for the pod (usage asked for, the
+tenant's ``cache_salt`` set).
 
 Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`` only):
   connect refused / timed out, or the connection lost before any response byte
@@ -27,15 +28,18 @@ A pod silent for ``upstream_read_timeout_s`` is treated as lost (504 before the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
 from typing import Any
 
+from dataplane.router.cache_salt import FIELD, check_client_salt, salt_member, salted, tenant_salt
 from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
 from dataplane.router.stream_usage import StreamUsage, mu_text, usage_counts
 from dataplane.router.upstream import UpstreamConnection
+from dataplane.router.usage_details import DETAILS_KEY, NO_DETAILS, prompt_details
 from dataplane.router.validation import lax_bool
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing we redo ourselves.
@@ -74,46 +78,88 @@ def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, 
 _OPEN_ASKING_USAGE = b'{"stream_options":{"include_usage":true},'  # the body's brace, the field
 
 
-def pod_body(raw: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+def pod_body(raw: bytes, body: dict[str, Any], tenant: str | None = None) -> tuple[bytes, bool]:
     """(the body to forward, whether the router asked for the stream's usage itself).
+
+    ``tenant``: the request's (None in static mode: the body keeps the client's salt, if any).
+    Its ``cache_salt`` (``cache_salt.salt_member``) goes in, combined with the client's own
+    (``cache_salt.salted``, checked by ``check_client_salt``: a 400) when it sent one.
 
     A stream whose client did not set ``stream_options.include_usage`` gets it (and
     ``continuous_usage_stats`` off, which the client did not get either), so the engine reports
-    what it produced; ``StreamUsage`` then drops that usage chunk. Without ``stream_options`` the
-    field goes in as bytes after the opening brace (no re-serialising); else the body is dumped
-    again. A ``stream_options`` that is not an object is the engine's to refuse: left as it is.
+    what it produced; ``StreamUsage`` then drops that usage chunk. The usual body (no
+    ``stream_options``, no client ``cache_salt``) gets its new members as bytes after the opening
+    brace (no re-serialising); else the body is dumped again. A ``stream_options`` that is not an
+    object is the engine's to refuse: left as it is.
     ``stream`` and ``include_usage`` are read as vLLM reads them (``validation.lax_bool``: 1,
     "true", "yes" are true); a ``continuous_usage_stats`` of the client's is set off whatever it
     says when the router asks for usage, and left to the engine when the client asked.
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
+    if FIELD in body:  # the client's own salt (most requests send none), as vLLM reads it
+        client = check_client_salt(body[FIELD])
+        if tenant is not None:  # combined with the tenant's, in its place: the body is dumped
+            ours = {**body, FIELD: salted(tenant_salt(tenant), client)}
+            return pod_body(json.dumps(ours, separators=(",", ":")).encode(), ours)
+        opening, asking = None, _OPEN_ASKING_USAGE
+    elif tenant is None:  # static mode
+        opening, asking = None, _OPEN_ASKING_USAGE
+    else:
+        opening, asking = _salted_openings(tenant)
     stream = body.get("stream")
     # "stream": 1 or "true" is a stream to vLLM; true is, and no false-like value ever is
     if stream is not True and (not stream or lax_bool(stream) is not True):
-        return raw, False
+        return _opened(raw, body, opening), False
     batched = "stream_interval" in body
     options = None
     if "stream_options" not in body and not batched:  # the usual stream: the field goes in as bytes
-        i = raw.find(b"{")
-        if i == 0 or raw[:i].isspace():
-            return raw.replace(b"{", _OPEN_ASKING_USAGE, 1), True
+        if _brace_first(raw):
+            return raw.replace(b"{", asking, 1), True
     else:
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
-            return raw, False
+            return _opened(raw, body, opening), False
         if options is not None and lax_bool(options.get("include_usage")) is True:
-            return (_dumped(body, None), False) if batched else (raw, False)
+            if batched:
+                return _dumped(body, None, opening), False
+            return _opened(raw, body, opening), False
     asked = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
-    return _dumped(body, asked), True
+    return _dumped(body, asked, opening), True
 
 
-def _dumped(body: dict[str, Any], stream_options: dict[str, Any] | None) -> bytes:
-    """``body`` as JSON without ``stream_interval``, with ``stream_options`` when given."""
+@functools.cache  # per request: one dict lookup (tenants: the routing table's, a bounded set)
+def _salted_openings(tenant: str) -> tuple[bytes, bytes]:
+    """A tenant's body openings: its brace and its ``cache_salt``, without and with usage asked."""
+    member = salt_member(tenant)
+    return b"{" + member, _OPEN_ASKING_USAGE + member
+
+
+def _brace_first(raw: bytes) -> bool:
+    """Whether the body's first non-space byte is its brace (members go in after it as bytes).
+    The brace first, as clients send it, is read as a byte (an int), not searched for."""
+    return raw[0] == 0x7B or raw[: raw.find(b"{")].isspace()
+
+
+def _opened(raw: bytes, body: dict[str, Any], opening: bytes | None) -> bytes:
+    """``raw`` opening with ``opening`` (a brace and members; None: as it is)."""
+    if opening is None:
+        return raw
+    if _brace_first(raw):  # a body names a model: a member follows the brace
+        return raw.replace(b"{", opening, 1)
+    return _dumped(body, None, opening)  # e.g. a byte order mark before the brace
+
+
+def _dumped(
+    body: dict[str, Any], stream_options: dict[str, Any] | None, opening: bytes | None = None
+) -> bytes:
+    """``body`` as JSON without ``stream_interval``, with ``stream_options`` when given, opening
+    with ``opening`` (a brace and the tenant's salt) when given."""
     out = {k: v for k, v in body.items() if k != "stream_interval"}
     if stream_options is not None:
         out["stream_options"] = stream_options
-    return json.dumps(out, separators=(",", ":")).encode()
+    dumped = json.dumps(out, separators=(",", ":")).encode()
+    return opening + dumped[1:] if opening else dumped
 
 
 def parse_usage(body: bytes) -> tuple[int, int] | None:
@@ -131,17 +177,24 @@ def parse_usage(body: bytes) -> tuple[int, int] | None:
 class UsageScan:
     """Finds an answer's usage as its bytes pass, read by read: each read is searched for the
     usage key (with the last ``USAGE_OVERLAP`` bytes of the one before); from the key on, only
-    up to ``USAGE_SPAN`` bytes are kept, until both counts are read. Then it reads nothing more."""
+    up to ``USAGE_SPAN`` bytes are kept, until both counts are read, and then until the span is
+    full or the answer ends, for the details that follow the counts (``usage_details``). Then it
+    reads nothing more."""
 
-    __slots__ = ("_kept", "_open", "usage")
+    __slots__ = ("_kept", "_open", "details", "usage")
 
     def __init__(self) -> None:
         self.usage: tuple[int, int] | None = None
+        self.details = NO_DETAILS  # (cached, image) prompt tokens (usage_details)
         self._kept = b""  # the overlap before the key is found, the usage object's bytes after
         self._open = False  # the key was found: _kept starts at the usage object
 
     def feed(self, data: bytes) -> None:
         if self.usage is not None:
+            if self._kept:  # the details after the counts, within the span
+                self._kept = (self._kept + data)[:USAGE_SPAN]
+                if len(self._kept) >= USAGE_SPAN:
+                    self.details, self._kept = prompt_details(self._kept), b""
             return
         kept = self._kept + data if self._kept else data
         if not self._open:
@@ -153,14 +206,16 @@ class UsageScan:
         kept = kept[:USAGE_SPAN]
         usage = usage_counts(kept)
         if usage is not None:
-            self.usage, self._kept = usage, b""
+            self.usage, self._kept = usage, kept
         elif len(kept) >= USAGE_SPAN:  # no counts in its usage object: not reported
             self._open, self._kept = False, b""
         else:
             self._kept = kept
 
     def end(self) -> tuple[int, int] | None:
-        """The usage, once the answer ended."""
+        """The usage, once the answer ended (its details in ``details``)."""
+        if self._kept and self.usage is not None:
+            self.details, self._kept = prompt_details(self._kept), b""
         return self.usage
 
 
@@ -182,10 +237,12 @@ class Exchange:
         "client_cut",
         "coefficients",
         "conn",
+        "details",
         "done",
         "estimate",
         "head",
         "hide_usage",
+        "image_tokens",
         "max_buffer_bytes",
         "pending",
         "pod_header",
@@ -209,6 +266,7 @@ class Exchange:
         chat: bool,
         read_timeout_s: float,
         max_buffer_bytes: int,
+        image_tokens: int = 0,
     ) -> None:
         self.client = client
         self.coefficients = coefficients
@@ -222,6 +280,8 @@ class Exchange:
         self.answered = False  # a whole non-streamed answer came (with its usage or not)
         self.status = 0
         self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
+        self.details = NO_DETAILS  # (cached, image) prompt tokens of the usage, when reported
+        self.image_tokens = image_tokens  # the router's count of the request's image tokens
         self.priced: tuple[float, int, int] | None = None  # a held answer's price, sent in its head
         self.scan: UsageScan | None = None  # a passed-through answer's usage, read as it passes
         self.stream: StreamUsage | None = None  # an event stream's reader
@@ -254,15 +314,33 @@ class Exchange:
         """(MU, input tokens, output tokens) it is metered at."""
         if self.priced is not None:
             return self.priced
+        usage = self.usage
+        if usage is not None:  # metered's first rule, the usual one, without the call that decides it
+            stream = self.stream
+            cached, images = self.details if stream is None else stream.details
+            prompt, completion = usage  # (no list built for the result, as *usage would)
+            return (
+                self.coefficients.cost(prompt, completion, cached, images or self.image_tokens),
+                prompt,
+                completion,
+            )
         return metered(
             self.coefficients,
             self.estimate,
-            self.usage,
+            None,
             self.stream.tokens if self.stream is not None else 0,
             self.status,
             answered=self.answered,
             client_cut=self.client_cut,
+            details=self.stream.details if self.stream is not None else self.details,
+            image_tokens=self.image_tokens,
         )
+
+    def _usage_price(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """A stream's price from its usage chunk (its details read just before)."""
+        assert self.stream is not None
+        cached, images = self.stream.details
+        return self.coefficients.cost(prompt_tokens, completion_tokens, cached, images or self.image_tokens)
 
     def _check_timeout(self) -> None:
         conn = self.conn
@@ -298,7 +376,7 @@ class Exchange:
         client = self.client
         client.flow_peer = self.conn
         if content_type.startswith(b"text/event-stream"):
-            self.stream = StreamUsage(self.hide_usage, self.coefficients.cost, self.chat)
+            self.stream = StreamUsage(self.hide_usage, self._usage_price, self.chat)
             # its length changes (usage chunk out, fingerprints in): re-framed
             client.start_response(status, b"".join(out), None)
         elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:
@@ -369,11 +447,15 @@ class Exchange:
             buffer, self.buffer = self.buffer, None
             held = buffer[0] if len(buffer) == 1 else b"".join(buffer)  # most come in one read
             self.usage, self.answered = parse_usage(held), True
+            if self.usage is not None and DETAILS_KEY in held:  # most answers: none, no call
+                self.details = prompt_details(held)
             self.priced = self.price()
             price_header = b"x-mu-cost: %s\r\n" % mu_text(self.priced[0]).encode()
             client.send_response(self.status, self.response_headers + price_header, held)
         else:
             self.usage, self.answered = (self.scan.end() if self.scan is not None else None), True
+            if self.scan is not None:
+                self.details = self.scan.details
             client.end_response()
         done = self.done
         if done is not None and not done.done():

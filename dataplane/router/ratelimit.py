@@ -1,4 +1,4 @@
-"""Per-tenant rate limiting in model units: GCRA (pure), in-process and Redis backends.
+"""Per-tenant rate limiting in model units: GCRA (pure) and the in-process limiter.
 
 A reservation of R MU/min is a GCRA (generic cell rate algorithm, the leaky bucket as a meter)
 keyed by endpoint: each MU advances a "theoretical arrival time" (TAT) by 60/R seconds; a
@@ -9,18 +9,19 @@ From an empty bucket at t=0, twenty 5-MU requests conform (TAT 10.0); the 21st w
 conforms when the bucket is empty (else it could never run), and pushes TAT forward.
 
 Estimates are corrected exactly after a response: the difference (exact - estimate, often
-negative because output is priced at max_tokens) is carried per key in memory and added to the
-key's next check, so the exact price is charged with no extra Redis round trip.
+negative because output is priced at max_tokens) is carried per key in memory and applied to the
+key's TAT at its next check, before that request is judged, so the exact price is charged with no
+round trip and a request is judged against the bucket the exact prices left.
 
 Classes of traffic (``classify``): probes are always admitted; reserved traffic is what conforms
 to the reservation; traffic beyond it is best-effort, admitted only if the reservation allows
 best effort and the endpoint has headroom; otherwise 429 with Retry-After. An endpoint without a
-reservation has no GCRA to check (no Redis round trip): all of its traffic is best-effort.
+reservation has no GCRA to check: all of its traffic is best-effort.
 
-The Redis backend runs one Lua script (atomic, one round trip; the clock is Redis TIME so that
-all router replicas share it). Key layout: ``mu:gcra:{key}`` -> TAT as a decimal string, seconds
-since the epoch, with a TTL of (TAT - now) + 1 s so that idle tenants leave nothing behind.
-If Redis is unreachable the router falls back to the in-process limiter (fail open, per replica).
+Limiters keep the GCRA state. ``InProcessLimiter``: one router alone (R enforced per process).
+Routers sharing a Redis URL use ``lease_limiter.LeasedLimiter``: each admits locally, in
+process, at the rate of a share of R it leases from Redis in the background (``lease``), so
+that R holds across all of them and no request waits on Redis.
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
-
-from redis.exceptions import RedisError
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -52,12 +51,21 @@ class GcraDecision:
     tat: float  # the new theoretical arrival time (unchanged when denied), s
 
 
-def gcra(tat: float, now: float, cost_mu: float, limit: GcraLimit) -> GcraDecision:
-    """One GCRA step. tat=0, now=0, 5 MU at 600 MU/min, burst 10 s -> allowed, tat 0.5."""
-    base = tat if tat > now else now
+def gcra(
+    tat: float, now: float, cost_mu: float, limit: GcraLimit, correction_mu: float = 0.0
+) -> GcraDecision:
+    """One GCRA step. tat=0, now=0, 5 MU at 600 MU/min, burst 10 s -> allowed, tat 0.5.
+
+    ``correction_mu`` (exact - estimated MU of requests already admitted) moves the TAT before
+    this request is judged, so a request is judged against the bucket as the exact prices left it:
+    at 100 MU/min, a 60-MU estimate admitted at 0 (TAT 36 s) that cost 0.12 MU leaves TAT 0.07 s,
+    and a second 60-MU request at 0.3 s finds the bucket empty and runs (folded into its cost
+    instead, the TAT of 36 s would refuse it for 26 s)."""
+    corrected = tat + correction_mu * limit.interval_s
+    base = corrected if corrected > now else now  # a refund empties the bucket, no further
     new_tat = base + cost_mu * limit.interval_s
     if new_tat < now:
-        new_tat = now  # a negative correction cannot bank credit beyond an empty bucket
+        new_tat = now  # a negative cost cannot bank credit beyond an empty bucket
     if base > now and new_tat - now > limit.burst_s:
         return GcraDecision(False, new_tat - now - limit.burst_s, tat)
     return GcraDecision(True, 0.0, new_tat)
@@ -89,34 +97,46 @@ def has_headroom(mu_rate_per_min: float, cost_mu: float, capacity_mu_per_min: fl
 
 
 class Limiter(Protocol):
-    async def check(self, key: str, cost_mu: float, limit: GcraLimit) -> GcraDecision: ...
+    reports_admitted: bool  # other routers read what this one admits (``admitted``; called only then)
 
-    def correct(self, key: str, delta_mu: float) -> None: ...
-
-
-class _Corrections:
-    def __init__(self) -> None:
-        self._pending: dict[str, float] = {}
+    async def check(self, key: str, cost_mu: float, limit: GcraLimit) -> GcraDecision:
+        """The reserved-traffic decision for ``cost_mu`` MU on ``key`` (an endpoint)."""
+        ...
 
     def correct(self, key: str, delta_mu: float) -> None:
         """Exact minus estimated MU of a finished request, charged on the key's next check."""
-        self._pending[key] = self._pending.get(key, 0.0) + delta_mu
+        ...
 
-    def _take(self, key: str) -> float:
-        return self._pending.pop(key, 0.0)
+    def admitted(self, key: str, cost_mu: float) -> None:
+        """A request of ``key`` was admitted (any class), for the shared headroom figures."""
+        ...
+
+    def others_mu_per_min(self, key: str) -> float:
+        """MU/min that other routers admit on ``key`` (0 when none share it)."""
+        ...
+
+    async def run(self) -> None:
+        """Background work for as long as the router runs (none in process)."""
+        ...
+
+    def metrics_text(self) -> str:
+        """The limiter's own metrics, Prometheus text ("" when it has none)."""
+        ...
 
 
-class InProcessLimiter(_Corrections):
-    """GCRA state in a dict, for the embedded single-router mode and as Redis's fallback."""
+class InProcessLimiter:
+    """GCRA state in a dict: one router process alone (static mode without ``--redis``)."""
+
+    reports_admitted = False  # alone: nobody reads what it admitted (no call a request)
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        super().__init__()
         self._clock = clock
         self._tat: dict[str, float] = {}
+        self._pending: dict[str, float] = {}  # exact - estimated MU, charged on the next check
 
     def check_now(self, key: str, cost_mu: float, limit: GcraLimit) -> GcraDecision:
-        correction = self._take(key)
-        d = gcra(self._tat.get(key, 0.0), self._clock(), cost_mu + correction, limit)
+        correction = self._pending.pop(key, 0.0)
+        d = gcra(self._tat.get(key, 0.0), self._clock(), cost_mu, limit, correction)
         if d.allowed:
             self._tat[key] = d.tat
         elif correction:
@@ -126,61 +146,20 @@ class InProcessLimiter(_Corrections):
     async def check(self, key: str, cost_mu: float, limit: GcraLimit) -> GcraDecision:
         return self.check_now(key, cost_mu, limit)
 
+    def correct(self, key: str, delta_mu: float) -> None:
+        self._pending[key] = self._pending.get(key, 0.0) + delta_mu
 
-# KEYS[1] gcra key; ARGV: cost MU, seconds per MU, burst s, [now s for tests, else Redis TIME].
-# Returns {allowed 0/1, retry_after string, tat string} (Lua numbers would be truncated to ints).
-GCRA_LUA = """
-local now
-if ARGV[4] and ARGV[4] ~= '' then now = tonumber(ARGV[4]) else
-  local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
-local cost, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-local base = tat
-if base < now then base = now end
-local new_tat = base + cost * interval
-if new_tat < now then new_tat = now end
-if base > now and new_tat - now > burst then
-  return {0, string.format('%.6f', new_tat - now - burst), string.format('%.6f', tat)}
-end
-redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.floor((new_tat - now) * 1000) + 1000)
-return {1, '0', string.format('%.6f', new_tat)}
-"""
+    def admitted(self, key: str, cost_mu: float) -> None:
+        pass  # the endpoint's local rate window is all there is
 
+    def others_mu_per_min(self, key: str) -> float:
+        return 0.0
 
-class RedisLimiter(_Corrections):
-    """GCRA in Redis, shared by every router replica; one EVALSHA per checked request."""
+    async def run(self) -> None:
+        pass
 
-    def __init__(
-        self,
-        redis: Any,
-        prefix: str = "mu:gcra:",
-        fallback: InProcessLimiter | None = None,
-        now_for_tests: Callable[[], float] | None = None,
-    ) -> None:
-        super().__init__()
-        self._redis = redis
-        self._prefix = prefix
-        self._script = redis.register_script(GCRA_LUA)
-        self._fallback = fallback
-        self._now = now_for_tests
-        self.errors = 0  # Redis failures answered by the fallback, count
-
-    async def check(self, key: str, cost_mu: float, limit: GcraLimit) -> GcraDecision:
-        correction = self._take(key)
-        now = "" if self._now is None else repr(self._now())
-        try:
-            allowed, retry, tat = await self._script(
-                keys=[self._prefix + key],
-                args=[repr(cost_mu + correction), repr(limit.interval_s), repr(limit.burst_s), now],
-            )
-        except (RedisError, OSError):
-            self.errors += 1
-            if self._fallback is None:
-                raise
-            return self._fallback.check_now(key, cost_mu + correction, limit)
-        if not int(allowed) and correction:
-            self._pending[key] = self._pending.get(key, 0.0) + correction
-        return GcraDecision(bool(int(allowed)), float(retry), float(tat))
+    def metrics_text(self) -> str:
+        return ""
 
 
 def retry_after_header(seconds: float) -> str:

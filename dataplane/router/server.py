@@ -4,7 +4,8 @@ Per request (``Router.handle``), in order, each step answering with an OpenAI-st
 it fails: tenant from the bearer key (401) -> parse the JSON body (400) -> endpoint from
 ``model`` (404) -> validate what it asks the engine to generate (``validation``, 400 naming the
 parameter) -> price in MU -> its class: a probe only with the prober credential, a tenant's
-``priority`` clamped -> admission (``admission``): GCRA on the reservation, best effort
+``priority`` clamped -> the tenant's ``cache_salt`` set (``cache_salt``: a 400 for a client's
+that vLLM refuses) -> admission (``admission``): GCRA on the reservation, best effort
 on headroom (429 + Retry-After) -> pick a pod (queue up to ``queue_wait_s`` when every pod is at
 its target concurrency; 503 + Retry-After beyond) -> forward, retrying another pod when the
 connection fails before any response byte -> meter.
@@ -107,7 +108,8 @@ class Router:
         # (host, port) of the operator endpoints' listener; None: the main one, loopback only
         self.admin_listen = admin_listen
         self.clock = time.monotonic
-        self.admission = make_admission(DEFAULT_ADMISSION, limiter or InProcessLimiter(self.clock), config)
+        self.limiter = limiter or InProcessLimiter(self.clock)
+        self.admission = make_admission(DEFAULT_ADMISSION, self.limiter, config)
         self.fetch: Fetch = fetch
         self.control_plane = (
             ControlPlaneClient(control_plane, key, self.fetch, config.control_plane_timeout_s)
@@ -180,7 +182,7 @@ class Router:
             client.send_json(200, await self.models(req))
         elif path == b"/metrics":
             text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
-            text += self.freshness.metrics_text(self.clock())
+            text += self.freshness.metrics_text(self.clock()) + self.limiter.metrics_text()
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
         else:  # /health
             ready = self.table is not None and not self.state.draining
@@ -195,14 +197,16 @@ class Router:
         ep = self.endpoint_for(tenant, model)
         spec = ep.spec  # this request's, whatever a reload installs meanwhile
         key = (spec.id, tenant)
-        most_out = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens).output_tokens
-        tokens_in = estimate_input_tokens(body, chat)
-        cost = spec.coefficients.cost(tokens_in, most_out)  # the admission estimate (pricing)
+        asked = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens)
+        most_out, image_tokens = asked.output_tokens, asked.images.image_tokens
+        tokens_in = estimate_input_tokens(body, chat) + image_tokens  # the engine counts both
+        cost = spec.coefficients.cost(tokens_in, most_out, 0, image_tokens)  # the admission estimate
         # without a prober credential nothing is a probe: no header to read
         probe = self.probe_key is not None and is_probe(req.headers.get(self._probe_header), self.probe_key)
         if not probe and "priority" in body and clamp_tenant_priority(body):
             req.body = json.dumps(body).encode()  # the tenant's priority raised to its range
-        forwarded, hide_usage = pod_body(req.body, body)
+        # each tenant's own prefix cache on the pods (cache_salt); static mode has no tenants
+        forwarded, hide_usage = pod_body(req.body, body, tenant or None)
         exch = Exchange(
             client,
             spec.coefficients,
@@ -211,6 +215,7 @@ class Router:
             chat,
             cfg.upstream_read_timeout_s,
             cfg.max_body_bytes,
+            image_tokens,
         )
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
@@ -292,7 +297,8 @@ class Router:
                 ) from None
             try:
                 await done
-            except UpstreamFailed:
+            except UpstreamFailed as exc:
+                log.warning("pod %s lost mid-answer: %s", pod.url, exc)
                 if exch.status < 500:
                     exch.status = 502
                 if not client.response_started:  # a held JSON answer: nothing sent yet
@@ -512,6 +518,7 @@ class Router:
     ) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(follow(discovery, self.apply)))
         self._tasks.append(asyncio.get_running_loop().create_task(self.maintenance()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self.limiter.run()))  # leases
         loop = asyncio.get_running_loop()
         if sock is not None:
             self._server = await loop.create_server(

@@ -31,7 +31,9 @@ received) holds as before. Text characters: the JSON string's bytes, a ``\\u`` e
 
 Cheap on the hot path: a read is measured chunk by chunk only when it is larger than its chunks
 would be at one token each (``_plain``: the fewest bytes a chunk took, learned from the reads,
-the first one measured); else each chunk counts 1 from a byte count.
+the first one measured); else each chunk counts 1 from a byte count. The usage event in vLLM's
+compact layout is read in one anchored match (``_VLLM_USAGE_EVENT``: counts, end, fingerprint);
+any other layout from its usage key on, to the same result.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import re
 from collections.abc import Callable
 
 from dataplane.router.pricing import CHARS_PER_TOKEN
+from dataplane.router.usage_details import NO_DETAILS, prompt_details
 
 # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
 # match only as keys; found as vLLM's compact dump writes them, or a spaced one (the sim's).
@@ -57,6 +60,18 @@ _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)\s*[,}]')
 _VLLM_USAGE = re.compile(
     rb'"choices":\s?\[\],\s?"usage":\s?\{"prompt_tokens":\s?(\d+),\s?"total_tokens":\s?\d+,'
     rb'\s?"completion_tokens":\s?(\d+)\s*[,}]'
+)
+# A whole usage event in vLLM's compact dump (vLLM writes no other), from its start to its end:
+# one match reads the counts, the event's end and the fingerprint (after usage, as vLLM puts it),
+# and proves there is no other fingerprint in it, where the general path takes three finds over
+# the event and a spaced-tolerant match (each optional space a branch in the regex engine).
+# Any other layout takes the general path. The strings before choices are read as [^"]* (the
+# regex engine's fastest repeat, a byte compare): an escaped quote in one stops the match there
+# (what follows it is no '",' outside the string in valid JSON) and sends it the general way.
+_VLLM_USAGE_EVENT = re.compile(
+    rb'data: \{"id":"[^"]*","object":"[^"]*","created":\d+,"model":"[^"]*",'
+    rb'"choices":\[\],"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)\}'
+    rb'(,"system_fingerprint":"(?:[^"\\]|\\.)*")?\}\n\n'
 )
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _OPENING = b'{"role"'  # chat's opening delta (no token), in either spelling
@@ -84,6 +99,7 @@ class StreamUsage:
         "_keys",
         "_plain",
         "chat",
+        "details",
         "hide_usage",
         "price",
         "tokens",
@@ -97,6 +113,7 @@ class StreamUsage:
         self._keys: tuple[bytes, bytes, bytes] | None = None  # the spelling, from the first chunk
         self.tokens = 0  # output tokens in the chunks passed on (the usage's once it came)
         self.usage: tuple[int, int] | None = None  # (prompt, completion) of the usage chunk
+        self.details = NO_DETAILS  # (cached, image) prompt tokens of the usage chunk (usage_details)
         self._buf = b""  # an event not complete yet
         self._held = b""  # events from the first terminal chunk on, awaiting the usage chunk
         self._plain = 0.0  # the fewest bytes a chunk took in a read (0: none read yet)
@@ -119,46 +136,67 @@ class StreamUsage:
             block, self._buf = buf, b""
         if self._held:
             block, self._held = self._held + block, b""
-        keys = self._keys
-        if keys is None:
-            i = block.find(b'"choices":')  # the first chunk's, near its start
-            keys = self._keys = SPACED if i >= 0 and block.startswith(b" ", i + 10) else COMPACT
-        at = block.rfind(keys[0]) if self.usage is None else -1  # at the end of a stream
-        if at >= 0:
-            start, stop = _event_start(block, at), block.find(b"\n\n", at) + 2
-            m = _VLLM_USAGE.match(block, at, stop)  # one reading of both counts, most chunks
-            if m is not None:
-                counts: tuple[int, int] | None = (int(m[1]), int(m[2]))
-            else:  # another layout: each count from the usage key on
-                key = block.find(keys[2], start, stop)
-                counts = usage_counts(block, key, stop) if key >= 0 else None
-            if counts is not None:
-                self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
-                before, after = block[:start], block[stop:]  # tokens: the usage says them
-                if self.hide_usage:
-                    # the regex only where the key is (a chunk without one is the engine's choice)
-                    fp = block.find(b'"system_fingerprint"', start, stop)
-                    found = _FINGERPRINT.search(block, start, stop) if fp >= 0 else None
-                    return (before if found is None else _stamped(before, found[0], keys[1])) + after
-                return before + self._with_mu(block[start:stop]) + after
-        elif self._holds and self.usage is None:
-            at = block.find(keys[1])
-            if at >= 0:  # it waits for the fingerprint in the usage chunk
-                start = _event_start(block, at)
-                if len(block) - start <= MAX_HELD_BYTES:
-                    block, self._held = block[:start], block[start:]
-                else:  # too much to hold: it goes on as it came, unstamped, and so does the rest
-                    self._holds = False
+        if self.usage is None:  # the usage chunk not come yet: it, or a terminal chunk to hold
+            keys = self._keys
+            if keys is None:  # the first read: the spelling, from vLLM's marker when it is there
+                at = block.rfind(COMPACT[0])  # (a stream in one read: no search for the spelling)
+                keys = self._keys = COMPACT if at >= 0 else _spelling(block)
+                if keys is SPACED:
+                    at = block.rfind(SPACED[0])
+            else:
+                at = block.rfind(keys[0])  # at the end of a stream
+            if at >= 0:
+                i = block.rfind(b"\n\n", 0, at)
+                start = i + 2 if i >= 0 else 0  # the usage event's
+                m = _VLLM_USAGE_EVENT.match(block, start) if keys is COMPACT else None
+                if m is not None:  # vLLM's: all of it read in one match (the usual end of a stream)
+                    completion = int(m[2])
+                    self.usage, self.tokens = (int(m[1]), completion), completion  # exact: all of it goes out
+                    stop = m.end()
+                    if not self.hide_usage:
+                        return block[:start] + self._with_mu(block[start:stop]) + block[stop:]
+                    stamp = m[3]
+                    if stamp is None:  # the usual one: the usage event cut out, nothing to stamp
+                        return block[:start] + block[stop:]
+                    return _stamped(block[:start], stamp, keys[1]) + block[stop:]
+                stop = block.find(b"\n\n", at) + 2
+                m = _VLLM_USAGE.match(block, at, stop)  # one reading of both counts, most chunks
+                if m is not None:
+                    counts: tuple[int, int] | None = (int(m[1]), int(m[2]))
+                else:  # another layout: each count from the usage key on
+                    key = block.find(keys[2], start, stop)
+                    counts = usage_counts(block, key, stop) if key >= 0 else None
+                if counts is not None:
+                    self.usage, self.tokens = counts, counts[1]  # exact now: all of it goes out
+                    self.details = prompt_details(block, start, stop)  # after the counts in vLLM's
+                    before, after = block[:start], block[stop:]  # tokens: the usage says them
+                    if self.hide_usage:
+                        # the regex only where the key is (a chunk without one is the engine's choice)
+                        fp = block.find(b'"system_fingerprint"', start, stop)
+                        found = _FINGERPRINT.search(block, start, stop) if fp >= 0 else None
+                        return (before if found is None else _stamped(before, found[0], keys[1])) + after
+                    return before + self._with_mu(block[start:stop]) + after
+            if at < 0 and self._holds:
+                at = block.find(keys[1])
+                if at >= 0:  # it waits for the fingerprint in the usage chunk
+                    start = _event_start(block, at)
+                    if len(block) - start <= MAX_HELD_BYTES:
+                        block, self._held = block[:start], block[start:]
+                    else:  # too much to hold: it goes on as it came, unstamped, and so does the rest
+                        self._holds = False
         self.tokens += self._tokens(block)
         return block
 
     def end(self) -> bytes:
         """The pod ended the stream: whatever is still held goes out as it came."""
-        out = self._held + self._buf
-        if self._held:  # most streams end with nothing held: no count to make
-            self.tokens += self._tokens(self._held)
+        held, out = self._held, self._buf
+        if not held:  # most streams end with nothing held: no count to make, nothing to join
+            if out:
+                self._buf = b""
+            return out
+        self.tokens += self._tokens(held)
         self._held, self._buf = b"", b""
-        return out
+        return held + out
 
     def _tokens(self, events: bytes) -> int:
         """Tokens in whole chunks (none of them the usage chunk): one a chunk (vLLM's hold one
@@ -199,6 +237,12 @@ def _measured(events: bytes) -> int:
             chars += len(text) - 5 * text.count(b"\\u")  # \u00e9: one character
         tokens += max(1, chars // MERGED_CHARS_PER_TOKEN)
     return tokens
+
+
+def _spelling(block: bytes) -> tuple[bytes, bytes, bytes]:
+    """The keys as the pod spells them, from its first chunk's choices key (COMPACT if none)."""
+    i = block.find(b'"choices":')  # the first chunk's, near its start
+    return SPACED if i >= 0 and block[i + 10] == 32 else COMPACT  # 32: b" " (a byte is an int)
 
 
 def _event_start(block: bytes, at: int) -> int:

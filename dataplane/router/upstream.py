@@ -18,11 +18,14 @@ still the pod lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger("dataplane.router")
 
 
 class Sink(Protocol):
@@ -73,6 +76,8 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            if isinstance(exc, httptools.HttpParserCallbackError):  # our own code failed, not the pod
+                log.error("handling a pod's answer failed", exc_info=exc.__context__)
             sink, self.sink = self.sink, None
             self.close()
             if sink is not None:

@@ -8,9 +8,11 @@ and refuses, with a 400 naming the parameter, what would poison the price:
 
   max_tokens, max_completion_tokens  an integer (vLLM reads JSON in pydantic's lax mode: 12,
                         12.0, "12" and true are integers; 12.5, "x", [] and 1e400 (inf) are not),
-                        0 <= budget <= the endpoint's context length (``max_model_len``: vLLM
-                        refuses a larger budget too). /v1/chat/completions honours
-                        ``max_completion_tokens`` when set, else ``max_tokens``;
+                        1 <= budget <= the endpoint's context length (``max_model_len``: vLLM
+                        refuses a larger budget too, and a budget of 0 after tokenising the
+                        prompt; /v1/completions with a true ``echo`` takes 0: the prompt
+                        alone). /v1/chat/completions honours ``max_completion_tokens``
+                        when set, else ``max_tokens``;
                         /v1/completions knows only ``max_tokens`` (the other is an unknown field
                         the engine ignores, so the router ignores it too).
   n                     an integer, 1 <= n <= the router's ``max_n`` (vLLM's own cap is 16,384).
@@ -20,10 +22,14 @@ and refuses, with a 400 naming the parameter, what would poison the price:
                         content parts; a part is a string or an object; a text part's text
                         field (``text``, or ``refusal`` / ``thinking`` for those types), when
                         present, is a string (``[{"text": 5}]`` is a 400, never a 500).
+                        Image parts are counted and sized (``images``: a data URL only, a
+                        remote or malformed one is a 400 naming the part).
 
 ``best_of`` is not read: vLLM 0.32's engine (V1) has no best_of and ignores the field, so it
-neither costs anything nor may be refused. Anything else is the engine's to check: the router
-never refuses what vLLM accepts.
+neither costs anything nor may be refused. A set ``mm_processor_kwargs`` (chat) is a 400: vLLM
+hands it to the HF processor, whose min_pixels / max_pixels resize every image past the
+resolution the router prices. Anything else is the engine's to check: the router never refuses
+what vLLM accepts.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import math
 from typing import Any, NamedTuple
 
 from dataplane.router.http import RequestError
+from dataplane.router.images import NO_IMAGES, ImageCount, count_images, part_kind
 
 # Content-part types vLLM reads as text (renderers/chat_utils.py TEXT_PART_TYPES); refusal and
 # thinking parts keep their text in a field named after the type, the others in "text".
@@ -53,6 +60,7 @@ class Demand(NamedTuple):  # a tuple: built per request, cheaper than a frozen d
     prompts: int  # prompts in the request (a batch counts each), >= 1
     n: int  # sequences per prompt, >= 1
     max_tokens: int  # output tokens per sequence at most, >= 0
+    images: ImageCount = NO_IMAGES  # the chat's images: count, prompt tokens, bytes
 
     @property
     def sequences(self) -> int:
@@ -62,6 +70,9 @@ class Demand(NamedTuple):  # a tuple: built per request, cheaper than a frozen d
     def output_tokens(self) -> int:
         """The most output tokens the engine may generate: 3 prompts x n 2 x 100 -> 600."""
         return self.prompts * self.n * self.max_tokens
+
+
+_new_tuple = tuple.__new__  # Demand(...) without its Python-level __new__ (a frame a request)
 
 
 def _shown(value: Any) -> str:
@@ -150,12 +161,15 @@ def prompt_count(prompt: Any) -> int:
     )
 
 
-def check_messages(messages: Any) -> None:
-    """Chat ``messages`` in a shape the price reads (vLLM refuses every fault named here)."""
+def check_messages(messages: Any) -> bool:
+    """Chat ``messages`` in a shape the price reads (vLLM refuses every fault named here);
+    True when a part is a media part (an image to count). A part's ``uuid`` is a 400 (vLLM does
+    accept it, as the image's cache key, but that key is shared by every tenant)."""
     if not isinstance(messages, list):
         raise InvalidParameter(
             "messages", f"messages must be a list, got {type(messages).__name__}", "invalid_type"
         )
+    media = False
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -179,9 +193,18 @@ def check_messages(messages: Any) -> None:
                 raise InvalidParameter(
                     at, f"{at} must be a content part object, got {type(part).__name__}", "invalid_type"
                 )
-            kind = part.get("type")
+            if part.get("uuid") is not None:
+                # vLLM takes a part's uuid as the image's hash: its processor, encoder and prefix
+                # caches would serve whatever image first came with that uuid, another tenant's
+                # (its pixels to this tenant, and its tokens at this part's price).
+                raise InvalidParameter(
+                    f"{at}.uuid",
+                    f"{at}.uuid is not accepted: the engine would key its caches by it across tenants",
+                )
+            kind = part_kind(part)  # as vLLM reads it: {"image_url": ...} with no type is an image
             if kind is not None and kind not in TEXT_PART_TYPES:
-                continue  # media parts: the engine's to read (no text to price)
+                media = True  # media parts: priced by their images (no text to price)
+                continue
             field = kind if kind in _OWN_FIELD_PARTS else "text"
             if field in part and not isinstance(part[field], str):
                 raise InvalidParameter(
@@ -189,6 +212,7 @@ def check_messages(messages: Any) -> None:
                     f"{at}.{field} must be a string, got {type(part[field]).__name__}",
                     "invalid_type",
                 )
+    return media
 
 
 def demand(
@@ -199,9 +223,17 @@ def demand(
 
     ``default_max_tokens`` prices a request that sets no budget (the engine's own default is no
     more than the context left), bounded by ``max_model_len``."""
+    images = NO_IMAGES
     if chat:
-        if "messages" in body:
-            check_messages(body["messages"])
+        if body.get("mm_processor_kwargs"):  # None and {} change nothing
+            # vLLM passes them to the HF processor: min_pixels / max_pixels (or size) resize
+            # every image, a 1 x 1 PNG to 16,384 tokens, past the resolution the router prices.
+            raise InvalidParameter(
+                "mm_processor_kwargs",
+                "is not accepted: images are priced at the served resolution, which it would change",
+            )
+        if "messages" in body and check_messages(body["messages"]):
+            images = count_images(body["messages"])
         prompts = 1
         max_tokens = body.get("max_tokens")  # vLLM validates both fields ...
         if max_tokens is not None and type(max_tokens) is not int:  # no call in the common case
@@ -211,19 +243,21 @@ def demand(
             completion_tokens = _int_param(body, "max_completion_tokens")
         name = "max_tokens" if completion_tokens is None else "max_completion_tokens"
         budget = max_tokens if completion_tokens is None else completion_tokens  # ... honours one
+        least = 1
     else:
         prompt = body.get("prompt")
         prompts = 1 if prompt is None or isinstance(prompt, str) else prompt_count(prompt)
         name, budget = "max_tokens", body.get("max_tokens")
+        least = 0 if "echo" in body and lax_bool(body["echo"]) else 1  # echo and 0: the prompt alone
         if budget is not None and type(budget) is not int:  # no call in the common case
             budget = _int_param(body, name)
     if budget is None:
         budget = min(default_max_tokens, max_model_len)
-    elif not 0 <= budget <= max_model_len:
-        raise _out_of_range(name, budget, 0, max_model_len, "the model's context length, max_model_len")
+    elif not least <= budget <= max_model_len:
+        raise _out_of_range(name, budget, least, max_model_len, "the model's context length, max_model_len")
     n = _int_param(body, "n") if "n" in body else None  # most requests set none
     if n is None:
         n = 1
     elif not 1 <= n <= max_n:
         raise _out_of_range("n", n, 1, max_n, "the router's max_n")
-    return Demand(prompts, n, budget)
+    return _new_tuple(Demand, (prompts, n, budget, images))  # per request: no NamedTuple __new__ frame

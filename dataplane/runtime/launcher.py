@@ -99,6 +99,7 @@ def build_command(spec: VllmSpec) -> list[str]:
         cmd += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.enforce_eager:
         cmd.append("--enforce-eager")
+    cmd.append("--enable-prompt-tokens-details")  # usage's cached and image tokens, which are priced
     if spec.api_server_count > 1:
         cmd += [API_SERVER_COUNT_FLAG, str(spec.api_server_count)]
     return cmd + list(spec.extra_args)

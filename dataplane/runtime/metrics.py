@@ -33,6 +33,17 @@ REQUEST_LATENCY_BUCKETS = (
     1920.0,
     7680.0,
 )
+# What the simulated engine's e2e latency histogram uses, and what a benchmark of real vLLM asks
+# for (`--custom-histogram-buckets '{"request_latency": [...]}'`): vLLM's bounds and a log grid of
+# 5 % steps from 1 ms to 7,680 s (325 bounds), so a sweep can read each step's p99 from the
+# engine's own timings to within a few percent (capacity.benchmark.engine_timing). vLLM's
+# defaults alone put 5.1 s and 9.9 s in one bucket.
+BENCHMARK_LATENCY_BUCKETS = tuple(
+    sorted(
+        {*REQUEST_LATENCY_BUCKETS}
+        | {float(f"{0.001 * 1.05**k:.4g}") for k in range(400) if 0.001 * 1.05**k <= 7680.0}
+    )
+)
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001,
     0.005,

@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.sim_generation import GREEDY_TEMPERATURE
+from dataplane.runtime.vision import VisionProfile
+from dataplane.wire import cache_salt as salt_rule
+from dataplane.wire.images import ImageError, read_data_url
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
 # config/model.py max_logprobs (its default).
@@ -303,6 +307,7 @@ class ServedModel:
     name: str  # served model name
     max_model_len: int  # prompt + output limit, tokens
     chat_default_max_tokens: int  # output tokens of a chat request that sets none (the sim has no EOS)
+    vision: VisionProfile | None = None  # a vision-language model takes image parts; None: text only
 
 
 @dataclass(frozen=True)
@@ -335,6 +340,9 @@ class ParsedRequest:
     include_usage: bool  # stream_options.include_usage
     continuous_usage: bool  # stream_options.continuous_usage_stats (with include_usage)
     engine_error: ApiError | None  # refused as the engine takes it (step 6 above)
+    images: tuple[tuple[int, int], ...] = ()  # chat: the images' (width, height), in order
+    image_tokens: int = 0  # prompt tokens the images take (in prompts' token ids)
+    cache_salt: str | None = None  # salts the prefix cache (prefix_cache.block_hashes)
 
     @property
     def prompt_tokens(self) -> int:
@@ -433,6 +441,20 @@ def _prompt_given_check(raw: dict[str, Any]) -> None:
         raise invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
 
 
+def _cache_salt_check(raw: dict[str, Any]) -> None:
+    """``cache_salt``: absent or null (no salt), else a non-empty string of at most 128
+    characters without '@', '/', '\\' or NUL (both request models' check_cache_salt_support)."""
+    refused = salt_rule.fault(raw.get("cache_salt"))
+    if refused == "type":
+        raise invalid("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+    if refused == "content":
+        raise invalid(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+            "'@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+
+
 def _before_validators(raw: dict[str, Any], chat: bool) -> None:
     """The request model's ``mode="before"`` validators that can refuse, in the order they run
     (the reverse of their definition)."""
@@ -445,6 +467,7 @@ def _before_validators(raw: dict[str, Any], chat: bool) -> None:
         _prompt_given_check(raw)
         _stream_options_check(raw)
         _logprobs_checks(raw, chat)
+    _cache_salt_check(raw)  # defined first in both models: it runs last
 
 
 @dataclass(frozen=True)
@@ -482,9 +505,10 @@ def _part_error(index: int, field: str, problem: str, kind: str, value: object) 
     return ApiError(400, f"1 validation error for ValidatorIterator\n{index}.{field}\n  {problem} {found}")
 
 
-def _message_text(message: _Message, served: ServedModel) -> str:
+def _message_text(message: _Message, served: ServedModel, images: list[str] | None = None) -> str:
     """A message's text: its text parts (and plain strings) joined by newlines, as vLLM joins
-    them (renderers/chat_utils.py _parse_chat_message_content_parts)."""
+    them (renderers/chat_utils.py _parse_chat_message_content_parts); a vision model's image
+    URLs are appended to ``images``."""
     if isinstance(message.content, str):
         return message.content
     texts = []
@@ -493,6 +517,13 @@ def _message_text(message: _Message, served: ServedModel) -> str:
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url" and served.vision is not None and images is not None:
+            field = part.get("image_url")
+            url = field.get("url") if isinstance(field, dict) else field
+            if not isinstance(url, str):
+                raise _part_error(j, "image_url.url", "Field required", "missing", part)
+            images.append(url)
+            continue
         if kind in MEDIA_PART_TYPES:
             # chat_utils.py -> multimodal/registry.py create_processor raises a ValueError: 400.
             raise ApiError(400, f"{served.name} is not a multimodal model")
@@ -686,13 +717,18 @@ def parse_request(raw: bytes, content_type: str, chat: bool, served: ServedModel
     model = check_model(body.raw, served)
     _max_tokens_budget(requested, budget_name, served)
     echo_text, answer_role = "", "assistant"
+    images: tuple[tuple[int, int], ...] = ()
     if chat:
         if not messages:
             raise invalid(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
             )
-        texts = [_message_text(m, served) for m in messages]
+        urls: list[str] = []
+        texts = [_message_text(m, served, urls) for m in messages]
         ids = sim_tokenizer.render_chat([(m.role, text) for m, text in zip(messages, texts, strict=True)])
+        images = tuple(_image_size(url) for url in urls)
+        if served.vision is not None:
+            ids += _image_ids(urls, images, served.vision)
         rendered = sim_tokenizer.decode(ids)
         _context_check(ids, rendered, served)
         prompts: tuple[Prompt, ...] = (Prompt(tuple(ids), rendered),)
@@ -753,7 +789,34 @@ def parse_request(raw: bytes, content_type: str, chat: bool, served: ServedModel
         include_usage=bool(stream) and include_usage,
         continuous_usage=bool(stream) and include_usage and continuous_usage,
         engine_error=_engine_error(prompts, logprobs, prompt_logprobs),
+        images=images,
+        image_tokens=sum(served.vision.image_tokens(w, h) for w, h in images) if served.vision else 0,
+        cache_salt=raw_body.get("cache_salt"),  # checked by _cache_salt_check: a string or None
     )
+
+
+def _image_size(url: str) -> tuple[int, int]:
+    """(width, height) of an image data URL; a 400 as vLLM's media connector gives for a bad one.
+    The simulated engine does not fetch: a remote URL is a 400 too (vLLM would fetch it)."""
+    if not url.startswith("data:"):
+        raise ApiError(400, "the simulated engine does not fetch remote images; send a data URL")
+    try:
+        image = read_data_url(url)
+    except ImageError as error:
+        raise ApiError(400, f"Failed to load image: {error}") from None
+    return image.width, image.height
+
+
+def _image_ids(urls: list[str], sizes: tuple[tuple[int, int], ...], vision: VisionProfile) -> list[int]:
+    """The images' placeholder tokens, after the text (vLLM puts them where the part was): 4-byte
+    runs of hex digits from the image's CRC, so the same image is the same tokens (its prefix
+    cache blocks hit, as vLLM's multimodal hashes make them) and another image is not."""
+    ids: list[int] = []
+    for url, (w, h) in zip(urls, sizes, strict=True):
+        crc = zlib.crc32(url.encode())
+        runs = (f"{(crc + k) & 0xFFFF:04x}".encode() for k in range(vision.image_tokens(w, h)))
+        ids += (sim_tokenizer.run_id(run) for run in runs)
+    return ids
 
 
 def _stream_options(body: Body) -> tuple[bool, bool]:
@@ -806,7 +869,10 @@ def parse_tokenize(raw: bytes, content_type: str, served: ServedModel) -> Tokeni
     check_model(raw_body, served)
     if not messages:
         raise invalid("Cannot apply chat template to an empty conversation. Provide at least one message.")
-    ids = sim_tokenizer.render_chat([(m.role, _message_text(m, served)) for m in messages])
+    urls: list[str] = []
+    ids = sim_tokenizer.render_chat([(m.role, _message_text(m, served, urls)) for m in messages])
+    if served.vision is not None:
+        ids += _image_ids(urls, tuple(_image_size(url) for url in urls), served.vision)
     return TokenizeRequest(tuple(ids), bool(with_strs))
 
 

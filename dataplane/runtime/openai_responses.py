@@ -46,11 +46,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "total_tokens": total, "completion_tokens": completion_tokens}
 
 
-def _full_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _full_usage(
+    prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         **usage(prompt_tokens, completion_tokens),
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": details,
         "completion_tokens_details": None,
+    }
+
+
+def prompt_tokens_details(
+    cached_tokens: int, image_tokens: int, created_cache_tokens: int | None = None
+) -> dict[str, Any]:
+    """usage.prompt_tokens_details as vLLM sends it with --enable-prompt-tokens-details
+    (PromptTokenUsageInfo): the prompt tokens the prefix cache held, those it wrote (chat only;
+    null in completions), and the images' tokens (already in prompt_tokens) under
+    multimodal_tokens, null without images."""
+    return {
+        "cached_tokens": cached_tokens,
+        "created_cache_tokens": created_cache_tokens,
+        "multimodal_tokens": {"image": image_tokens} if image_tokens else None,
     }
 
 
@@ -168,7 +184,12 @@ def _chat_choice(req: ParsedRequest, index: int, out: SequenceOutput) -> dict[st
 
 
 def full_response(
-    req: ParsedRequest, outputs: Sequence[SequenceOutput], request_id: str, created: int, fingerprint: str
+    req: ParsedRequest,
+    outputs: Sequence[SequenceOutput],
+    request_id: str,
+    created: int,
+    fingerprint: str,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The non-streamed answer: every choice, usage summed over them (prompts counted once)."""
     completion_tokens = sum(len(out.token_ids) for out in outputs)
@@ -177,7 +198,7 @@ def full_response(
     tail = {
         "service_tier": None,
         "system_fingerprint": fingerprint,
-        "usage": _full_usage(req.prompt_tokens, completion_tokens),
+        "usage": _full_usage(req.prompt_tokens, completion_tokens, details),
     }
     if not req.chat:
         choices = [_completion_choice(req, i, out) for i, out in enumerate(outputs)]
@@ -204,8 +225,10 @@ class StreamWriter:
         request_id: str,
         created: int,
         fingerprint: str,
+        details: dict[str, Any] | None = None,
     ):
         self.req = req
+        self.details = details  # usage.prompt_tokens_details of the usage chunk; None: not sent
         self.outputs = outputs
         self.fingerprint = fingerprint
         obj = "chat.completion.chunk" if req.chat else "text_completion"
@@ -229,9 +252,16 @@ class StreamWriter:
         return {
             **self._head,
             "choices": [],
-            "usage": usage(self.req.prompt_tokens, sum(self._sent_tokens)),
+            "usage": usage(self.req.prompt_tokens, sum(self._sent_tokens))
+            | ({"prompt_tokens_details": self._sent_details()} if self.details is not None else {}),
             "system_fingerprint": self.fingerprint,
         }
+
+    def _sent_details(self) -> dict[str, Any]:
+        """A stream's usage details as vLLM dumps its chunks (exclude_unset, and for chat
+        exclude_none too): only the counts it has, no nulls (a full answer keeps them)."""
+        assert self.details is not None
+        return {key: value for key, value in self.details.items() if value is not None}
 
     def _chunk(self, body: dict[str, Any], last: bool) -> dict[str, Any]:
         """A chunk of one choice; with continuous usage stats, that choice's usage so far."""

@@ -17,9 +17,17 @@ generate, which the simulated engine knows when the request arrives (its text is
 so a request cut short by a stop string frees its slot and KV early; each of the n choices of an
 OpenAI request is a request here, as vLLM schedules them.
 
+Vision and the prefix cache (``dataplane.runtime.vision`` says where the numbers come from): a
+request with images first waits for the CPU to preprocess them (``preprocess_s``; one request at
+a time, in arrival order, running while the GPU steps), then is scheduled; the step that starts
+its prefill also runs its vision encoder (``encoder_s``). Prompt tokens the prefix cache holds
+(``cached_tokens``, decided by the caller, as vLLM's block hashes decide them) are not
+prefilled: the request starts with them computed, less one (vLLM recomputes at least the last
+prompt token to sample from it).
+
 Simplifications (stated so that a reader can judge the numbers): KV is reserved for prompt +
-max_tokens at admission, so there is no preemption or swapping; there is no prefix cache (n
-choices prefill their shared prompt n times), no speculative decoding and no EOS.
+max_tokens at admission, so there is no preemption or swapping; cached blocks are not shared in
+the KV accounting (each request reserves its whole prompt); no speculative decoding and no EOS.
 
 ``step`` mutates an ``EngineState`` and returns what happened; the simulated HTTP engine
 sleeps ``duration`` (scaled) and delivers the events, and a fleet simulator can call it with
@@ -31,6 +39,8 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+
+from dataplane.runtime.vision import VisionProfile
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class EngineProfile:
     max_num_seqs: int  # most sequences running at once (vLLM --max-num-seqs), >= 1
     kv_capacity_tokens: int  # KV-cache capacity, tokens, >= max_model_len
     max_model_len: int  # prompt + output limit of one request, tokens
+    vision: VisionProfile | None = None  # a vision-language model's image costs; None: text only
 
     def __post_init__(self) -> None:
         for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s"):
@@ -73,6 +84,10 @@ class SimRequest:
     arrival_seq: int = 0  # arrival order, set by submit(); breaks priority ties
     prefilled: int = 0  # prompt tokens prefilled so far
     generated: int = 0  # output tokens emitted so far
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache: not prefilled, >= 0
+    encoder_s: float = 0.0  # GPU seconds of its images' vision encoder, in its first prefill step
+    preprocess_s: float = 0.0  # CPU seconds to preprocess its images before it is scheduled
+    encoded: bool = False  # its vision encoder ran
 
     @property
     def kv_tokens(self) -> int:
@@ -85,6 +100,8 @@ class EngineState:
     running: list[SimRequest] = field(default_factory=list)  # in admission order
     kv_used_tokens: int = 0  # reserved by running requests, tokens
     next_seq: int = 0  # next arrival_seq
+    preprocessing: list[SimRequest] = field(default_factory=list)  # FIFO: images on the CPU
+    preprocessed_s: float = 0.0  # CPU seconds already spent on the head of ``preprocessing``
 
 
 @dataclass(frozen=True)
@@ -101,7 +118,26 @@ def submit(state: EngineState, request: SimRequest) -> None:
         raise ValueError(f"request {request.request_id}: prompt and max_tokens must be >= 1")
     request.arrival_seq = state.next_seq
     state.next_seq += 1
-    heapq.heappush(state.waiting, (request.priority, request.arrival_seq, request))
+    if request.preprocess_s > 0:
+        state.preprocessing.append(request)
+    else:
+        heapq.heappush(state.waiting, (request.priority, request.arrival_seq, request))
+
+
+def _preprocess(state: EngineState, seconds: float) -> None:
+    """Spend ``seconds`` of the CPU on the preprocessing queue, head first; a request whose
+    images are ready waits for the scheduler."""
+    budget = seconds
+    while state.preprocessing:
+        head = state.preprocessing[0]
+        left = head.preprocess_s - state.preprocessed_s
+        if left > budget + 1e-12:
+            state.preprocessed_s += budget
+            return
+        budget -= left
+        state.preprocessing.pop(0)
+        state.preprocessed_s = 0.0
+        heapq.heappush(state.waiting, (head.priority, head.arrival_seq, head))
 
 
 def abort(state: EngineState, request_id: str) -> bool:
@@ -116,11 +152,17 @@ def abort(state: EngineState, request_id: str) -> bool:
             state.waiting.pop(i)
             heapq.heapify(state.waiting)
             return True
+    for i, req in enumerate(state.preprocessing):
+        if req.request_id == request_id:
+            state.preprocessing.pop(i)
+            if i == 0:
+                state.preprocessed_s = 0.0
+            return True
     return False
 
 
 def has_work(state: EngineState) -> bool:
-    return bool(state.running or state.waiting)
+    return bool(state.running or state.waiting or state.preprocessing)
 
 
 def _admit(profile: EngineProfile, state: EngineState) -> None:
@@ -131,22 +173,32 @@ def _admit(profile: EngineProfile, state: EngineState) -> None:
         heapq.heappop(state.waiting)
         state.running.append(head)
         state.kv_used_tokens += head.kv_tokens
+        if head.cached_tokens:  # prefix-cache hits are computed already, all but the last token
+            head.prefilled = max(head.prefilled, min(head.cached_tokens, head.prompt_tokens - 1))
 
 
 def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
     """Run one engine step on ``state``; None when there is nothing to run."""
     _admit(profile, state)
     if not state.running:
+        if state.preprocessing:  # the GPU idles until the CPU has the next request's images ready
+            idle = state.preprocessing[0].preprocess_s - state.preprocessed_s
+            _preprocess(state, idle)
+            return StepResult(idle, 0, 0, (), ())
         return None
     budget = profile.max_batched_tokens
     decoders = [r for r in state.running if r.prefilled == r.prompt_tokens][:budget]
     budget -= len(decoders)
     prefilled = 0
+    encoder_s = 0.0
     completed_prefill: list[SimRequest] = []
     for req in state.running:
         if budget <= 0:
             break
         if req.prefilled < req.prompt_tokens:
+            if not req.encoded:
+                req.encoded = True
+                encoder_s += req.encoder_s
             chunk = min(budget, req.prompt_tokens - req.prefilled)
             req.prefilled += chunk
             budget -= chunk
@@ -166,7 +218,10 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
         profile.step_base_s
         + profile.decode_per_seq_s * len(decoders)
         + profile.prefill_per_token_s * prefilled
+        + encoder_s
     )
+    if state.preprocessing:
+        _preprocess(state, duration)
     return StepResult(duration, len(decoders), prefilled, tuple(emitted), tuple(finished))
 
 

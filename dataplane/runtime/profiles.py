@@ -24,9 +24,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dataplane.runtime.perf_model import EngineProfile
+from dataplane.runtime.vision import VisionProfile
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
+QWEN2_VL_7B = "Qwen/Qwen2-VL-7B-Instruct"
 
 # H100 SXM 80 GB: 3.35 TB/s HBM3, 989 TFLOPS dense BF16.
 H100_LLAMA_8B = EngineProfile(
@@ -85,6 +87,40 @@ H100X4_LLAMA_70B = EngineProfile(
     max_model_len=8192,
 )
 
+# Qwen2-VL-7B-Instruct on one H100 SXM: a vision-language model. 7.6e9 LLM parameters + a 675M
+# ViT -> 16.6 GB of BF16 weights; ~15 GFLOP per prompt token (2 x 7.6e9); KV per token = 2 x 28
+# layers x 4 KV heads x 128 dims x 2 bytes = 56 KiB (GQA: under half the Llama 8B's).
+H100_QWEN2_VL_7B_VISION = EngineProfile(
+    name="h100-qwen2-vl-7b-vision",
+    model=QWEN2_VL_7B,
+    # 16.6 GB / 3.35 TB/s = 5.0 ms of weight reads + ~1.2 ms overhead.
+    step_base_s=0.0062,
+    # Per sequence: KV reads of 56 KiB per token of context, under half the 8B's: 45 us.
+    decode_per_seq_s=0.000_045,
+    # 15.2 GFLOP/token / (989 TFLOPS x 40 %) = 38 us/token; a 448 x 448 image's 256 tokens -> 9.7 ms.
+    prefill_per_token_s=0.000_038,
+    max_batched_tokens=8192,
+    max_num_seqs=256,
+    # 0.9 x 80 GB - 16.6 GB weights - ~4 GB activations = ~51 GB / 56 KiB = ~900k tokens.
+    kv_capacity_tokens=900_000,
+    max_model_len=8192,  # --max-model-len 8192 (the model allows 32k)
+    vision=VisionProfile(
+        patch_px=28,  # 14-pixel patches merged 2 x 2: one token per 28 x 28 pixels
+        min_pixels=56 * 56,  # Qwen2VLImageProcessor's defaults
+        max_pixels=28 * 28 * 1280,  # vLLM's recommended cap for serving: 1,280 tokens an image
+        # ViT: 2 x 675M = 1.35 GFLOP per 14-pixel patch, 4 patches per token = 5.4 GFLOP/token, at
+        # ~30 % of peak (smaller matmuls than the LLM's, full attention within the image) = 18 us.
+        encoder_per_token_s=0.000_018,
+        # torchvision on tensors, 4 threads: JPEG decode ~5 ms/MP + resize and normalise ~3 ms/MP;
+        # ~1 ms per image to set up. A PIL-based processor: 10x (vision.SLOW_PROCESSOR_FACTOR).
+        fast_preprocess_s_per_mpixel=0.008,
+        preprocess_base_s=0.001,
+        processor="fast",
+        omp_threads=4,  # OMP_NUM_THREADS set to the container's cores, not the host's
+        cpu_cores=4,
+    ),
+)
+
 # A small engine for tests: few slots and a small KV cache so that saturation and queueing
 # happen with a handful of requests; slow enough per step that timings are measurable at a
 # large --time-scale. Not a model of any hardware.
@@ -101,7 +137,7 @@ TINY_TEST = EngineProfile(
 )
 
 PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (H100_LLAMA_8B, H100X4_LLAMA_70B, L40S_LLAMA_8B, TINY_TEST)
+    p.name: p for p in (H100_LLAMA_8B, H100X4_LLAMA_70B, L40S_LLAMA_8B, H100_QWEN2_VL_7B_VISION, TINY_TEST)
 }
 
 

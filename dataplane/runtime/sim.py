@@ -12,7 +12,15 @@ generates with ``sim_generation`` (seeded, stop strings, logprobs) and answers i
 the n choices of a request as n requests; timing comes from ``perf_model`` (continuous
 batching, one engine loop) with the tokens each sequence actually generates, so a stop string
 frees its slot early. ``--time-scale X`` runs simulated time X times faster than real time
-(metrics report simulated seconds, as the simulated GPU would). Faults can be injected by
+(metrics report simulated seconds, as the simulated GPU would).
+
+The engine's clock: a step advances it by exactly the step's simulated duration, however late
+the loaded machine wakes the engine loop, and while idle it runs with the wall clock (x the time
+scale); a request arriving during a step is stamped no later than the step's end. So the
+latencies the engine reports (its e2e, TTFT and inter-token histograms, the e2e one in the
+fine BENCHMARK_LATENCY_BUCKETS) are those of the profile, not of the machine's load: on a busy
+2-core machine at --time-scale 20, a 60-ms stall of the loop is 1.2 simulated seconds that the
+client's clock counts and this one does not. Faults can be injected by
 flag or ``POST /_sim/fault {"mode": "hang"|"crash"|"slow"|"errors"|"none", "factor": 3.0,
 "fraction": 0.2}``: hang stops all progress while /health stays 200 (as a hung vLLM does),
 crash exits non-zero, slow multiplies step time, errors fails that fraction of requests with 500.
@@ -28,6 +36,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -47,8 +56,10 @@ from dataplane.runtime.http_server import (
     json_response,
 )
 from dataplane.runtime.openai_api import ApiError, ParsedRequest, ServedModel
+from dataplane.runtime.prefix_cache import BLOCK_SIZE, PrefixCache
 from dataplane.runtime.profiles import PROFILES, get_profile
 from dataplane.runtime.sim_generation import SequenceOutput
+from dataplane.runtime.vision import PROCESSORS, with_preprocessing
 from dataplane.wire.prometheus_text import family_header, label_value
 
 log = logging.getLogger("dataplane.runtime.sim")
@@ -67,6 +78,11 @@ class SimConfig:
     default_max_tokens: int = 256
     seed: int = 0  # seeds the "errors" fault's choice of requests, and unseeded sampling
     crash_delay_s: float = 0.05  # real seconds between answering a crash request and exiting
+    # vLLM's automatic prefix caching and --enable-prompt-tokens-details: cached prompt tokens
+    # skip prefill, and usage says how many. vLLM V1 caches by default; the sim only when asked
+    # (--enable-prefix-caching), so that a repeated prompt takes the time its profile says.
+    prefix_caching: bool = False
+    prompt_tokens_details: bool = False
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -103,6 +119,7 @@ class _Live:
     arrival_s: float  # simulated seconds
     sequence_ids: list[str] = field(default_factory=list)  # the engine's ids of its sequences
     unfinished: int = 0  # sequences still generating
+    cached_tokens: int = 0  # prompt tokens the prefix cache held, over its prompts
     events: asyncio.Queue[tuple[int, int] | None] = field(default_factory=asyncio.Queue)
 
 
@@ -130,14 +147,23 @@ class SimEngine:
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
         self.state = perf_model.EngineState()
         self.sequences: dict[str, _Sequence] = {}  # by the engine's sequence id
-        self.served = ServedModel(profile.model, profile.max_model_len, self.config.default_max_tokens)
+        self.served = ServedModel(
+            profile.model, profile.max_model_len, self.config.default_max_tokens, profile.vision
+        )
         self.fingerprint = f"simulated-{profile.name}"  # system_fingerprint (vLLM: version and config)
+        # The prefix cache's blocks: the KV cache's, as vLLM's cached blocks are its free KV blocks.
+        self.prefix_cache = PrefixCache(
+            profile.kv_capacity_tokens // BLOCK_SIZE if self.config.prefix_caching else 0
+        )
         self._ids = itertools.count()
         self._rng = random.Random(self.config.seed)
         self._sampling_rng = random.Random(f"sampling:{self.config.seed}")
         self._wakeup = asyncio.Event()  # set while there may be work
         self._not_hung = asyncio.Event()
-        self._t0 = time.monotonic()
+        # The engine clock (sim_now): engine seconds `_clock_s` at monotonic `_clock_wall`, then
+        # running with the wall clock for at most `_clock_run_s` more (a step's duration; 0
+        # between back-to-back steps; inf while idle or hung).
+        self._clock_s, self._clock_wall, self._clock_run_s = 0.0, time.monotonic(), math.inf
         self._loop_task: asyncio.Task[None] | None = None
         self.http = HttpServer(self.handle, extra_headers={"x-engine": "simulated"})
         # Metrics, in vLLM's names.
@@ -145,7 +171,7 @@ class SimEngine:
         self.generation_tokens_total = 0
         # By finished_reason; "stop" appears with the first stop string (vLLM lists all five at 0).
         self.success_total: dict[str, int] = {"length": 0}
-        self.e2e = metrics.Histogram(metrics.REQUEST_LATENCY_BUCKETS)
+        self.e2e = metrics.Histogram(metrics.BENCHMARK_LATENCY_BUCKETS)
         self.ttft = metrics.Histogram(metrics.TIME_TO_FIRST_TOKEN_BUCKETS)
         self.itl = metrics.Histogram(metrics.INTER_TOKEN_LATENCY_BUCKETS)
         self.set_fault(self.fault)
@@ -162,8 +188,12 @@ class SimEngine:
             self._loop_task.cancel()
 
     def sim_now(self) -> float:
-        """Simulated seconds since start."""
-        return (time.monotonic() - self._t0) * self.config.time_scale
+        """Simulated seconds since start, on the engine's clock (see the module's docstring)."""
+        ran = (time.monotonic() - self._clock_wall) * self.config.time_scale
+        return self._clock_s + min(ran, self._clock_run_s)
+
+    def _set_clock(self, engine_s: float, run_s: float) -> None:
+        self._clock_s, self._clock_wall, self._clock_run_s = engine_s, time.monotonic(), run_s
 
     def set_fault(self, fault: Fault) -> None:
         self.fault = fault
@@ -180,6 +210,8 @@ class SimEngine:
     async def _engine_loop(self) -> None:
         deadline: float | None = None  # real time the current step ends; None when idle
         while True:
+            if not (self._wakeup.is_set() and self._not_hung.is_set()):
+                self._set_clock(self.sim_now(), math.inf)  # idle or hung: time runs with the wall
             await self._wakeup.wait()
             await self._not_hung.wait()
             result = perf_model.step(self.profile, self.state)
@@ -188,6 +220,8 @@ class SimEngine:
                 deadline = None
                 continue
             duration = result.duration_s * (self.fault.factor if self.fault.mode == "slow" else 1)
+            started_s = self.sim_now()
+            self._set_clock(started_s, duration)
             # Back-to-back steps run on an absolute schedule, so loop overhead is caught up
             # instead of accumulating (at 100x a 6 ms step is 60 us of real time); at most
             # MAX_CATCH_UP_S is caught up, and never across an idle period or a hang.
@@ -196,6 +230,7 @@ class SimEngine:
                 deadline = now
             deadline += duration / self.config.time_scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            self._set_clock(started_s + duration, 0.0)  # the step's end, until the next one starts
             self._deliver(result)
 
     def _deliver(self, result: perf_model.StepResult) -> None:
@@ -301,7 +336,9 @@ class SimEngine:
         except asyncio.CancelledError:
             self._abort(live)
             raise
-        body = openai_responses.full_response(parsed, live.outputs, request_id, created, self.fingerprint)
+        body = openai_responses.full_response(
+            parsed, live.outputs, request_id, created, self.fingerprint, self._details(live)
+        )
         return json_response(200, body)
 
     def _submit(self, parsed: ParsedRequest) -> _Live:
@@ -320,6 +357,10 @@ class SimEngine:
             for choice in range(parsed.n)
         ]
         live = _Live(parsed, outputs, self.sim_now(), unfinished=len(outputs))
+        if not self._wakeup.is_set() and self._not_hung.is_set():
+            # Idle until now: the engine starts on it at once in engine time, however late the
+            # loaded machine wakes its loop.
+            self._set_clock(live.arrival_s, 0.0)
         for index, output in enumerate(outputs):
             sequence_id = f"seq-{next(self._ids)}"
             prompt = parsed.prompts[index // parsed.n]
@@ -328,13 +369,32 @@ class SimEngine:
             sim_req = perf_model.SimRequest(
                 sequence_id, len(prompt.token_ids), len(output.token_ids), parsed.priority
             )
+            if self.config.prefix_caching:
+                sim_req.cached_tokens = self.prefix_cache.lookup(prompt.token_ids, parsed.cache_salt)
+                if index % parsed.n == 0:  # usage counts each prompt once
+                    live.cached_tokens += sim_req.cached_tokens
+            vision = self.profile.vision
+            if vision is not None and index == 0:  # the images are encoded once per request
+                sim_req.encoder_s = sum(vision.encoder_s(w, h) for w, h in parsed.images)
+                sim_req.preprocess_s = sum(vision.preprocess_s(w, h) for w, h in parsed.images)
             perf_model.submit(self.state, sim_req)
         self._wakeup.set()
         return live
 
+    def _details(self, live: _Live) -> dict[str, object] | None:
+        """usage.prompt_tokens_details, when the engine sends them (--enable-prompt-tokens-details)."""
+        if not self.config.prompt_tokens_details:
+            return None
+        parsed, written = live.parsed, None
+        if parsed.chat:  # vLLM's chat usage counts the prompt's local prefix-cache writes (whole
+            # blocks); its completions' leaves them unset (PromptTokenUsageInfo(cached_tokens=...))
+            fresh = parsed.prompt_tokens - live.cached_tokens
+            written = fresh // BLOCK_SIZE * BLOCK_SIZE if self.config.prefix_caching else 0
+        return openai_responses.prompt_tokens_details(live.cached_tokens, parsed.image_tokens, written)
+
     async def _sse_events(self, live: _Live, request_id: str, created: int) -> AsyncGenerator[bytes, None]:
         writer = openai_responses.StreamWriter(
-            live.parsed, live.outputs, request_id, created, self.fingerprint
+            live.parsed, live.outputs, request_id, created, self.fingerprint, self._details(live)
         )
         try:
             while (event := await live.events.get()) is not None:
@@ -370,6 +430,18 @@ class SimEngine:
             f"vllm:num_requests_waiting{{{labels}}} {waiting}",
             *family_header("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
             f"vllm:kv_cache_usage_perc{{{labels}}} {perf_model.kv_usage(self.profile, self.state)}",
+            *family_header(
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            ),
+            f"vllm:prefix_cache_queries_total{{{labels}}} {self.prefix_cache.queries}",
+            *family_header(
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+            ),
+            f"vllm:prefix_cache_hits_total{{{labels}}} {self.prefix_cache.hits}",
             *family_header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
             f"vllm:prompt_tokens_total{{{labels}}} {self.prompt_tokens_total}",
             *family_header(
@@ -421,6 +493,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--default-max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_true",
+        help="cache prompt blocks as vLLM does (its default; the sim's is off)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details: cached and image tokens (as vLLM's flag)",
+    )
+    parser.add_argument(
+        "--image-processor",
+        choices=PROCESSORS,
+        default=None,
+        help="a vision profile's CPU preprocessing: fast (torchvision-like) or slow (PIL-like, 10x)",
+    )
+    parser.add_argument("--omp-threads", type=int, default=None, help="a vision profile's OMP_NUM_THREADS")
     parser.add_argument("--fault", choices=FAULT_MODES, default="none")
     parser.add_argument("--fault-factor", type=float, default=3.0)
     parser.add_argument("--fault-fraction", type=float, default=0.2)
@@ -434,8 +524,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    profile = get_profile(args.profile, args.served_model_name)
-    config = SimConfig(args.time_scale, args.default_max_tokens, args.seed)
+    profile = with_preprocessing(
+        get_profile(args.profile, args.served_model_name), args.image_processor, args.omp_threads
+    )
+    config = SimConfig(
+        args.time_scale,
+        args.default_max_tokens,
+        args.seed,
+        prefix_caching=args.prefix_caching,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+    )
     engine = SimEngine(profile, config)
     port = await engine.start(args.host, args.port)
     log.warning(

@@ -7,7 +7,7 @@ when a new one is refused.
 
     {"version": "<etag>",
      "endpoints": [{"id", "tenant", "name", "model", "policy",
-                    "alpha", "beta", "gamma", "rho", "kappa", "delta",
+                    "alpha", "beta", "gamma", "rho", "kappa", "delta", "cached_token_factor",
                     "mu_per_replica_minute", "target_concurrency_per_replica",
                     "scale_to_zero_enabled", "max_model_len",
                     "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,14 +33,53 @@ from typing import Any
 from capacity.units import DEFAULT_MAX_MODEL_LEN, MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.router.balancer import POLICY_NAMES
 
+# The Redis channel on which the control plane announces the version of every table it builds,
+# about once a second (controlplane.endpoints.routing.publish): a router subscribed to it
+# (dataplane.router.control_plane.TablePush) polls at once when the version is not its own.
+# Pub/sub spans a server's databases, so each database has its own (``channel``).
+CHANNEL = "routing-table:version"
+
+
+def channel(redis: Any) -> str:
+    """The announcements' channel for the database a Redis client (sync or asyncio) uses: a
+    control plane on db 3 and one on db 0 of one server do not hear each other's versions."""
+    return f"{CHANNEL}:{redis.connection_pool.connection_kwargs.get('db', 0)}"
+
+
 DEFAULT_POLICY = "p2c-mu"
 
 
-def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+def _finite(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
     v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise ValueError(f"{where}.{key} must be a number >= 0, got {v!r}")
+    # NaN passes every comparison (a NaN rate admits everything), inf breaks the lease's Lua
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{where}.{key} must be a finite number, got {v!r}")
     return float(v)
+
+
+def _num(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
+    v = _finite(d, key, where, default)
+    if v < 0:
+        raise ValueError(f"{where}.{key} must be a finite number >= 0, got {v!r}")
+    return v
+
+
+def _coefficients(e: Mapping[str, Any], where: str) -> CostModel:
+    """The price, each coefficient read as a finite number and the rest of its rule (gamma >=
+    -beta, the others >= 0) left to CostModel, its one place."""
+    try:
+        return CostModel(
+            _finite(e, "alpha", where, 0.0),
+            _finite(e, "beta", where, 0.0),
+            _finite(e, "gamma", where, 0.0),
+            rho=_finite(e, "rho", where, 0.0),  # absent from an older control plane's table: 0
+            kappa=_finite(e, "kappa", where, 0.0),
+            delta=_finite(e, "delta", where, 0.0),
+            # absent from an older table: capacity.units' default share
+            cached_token_factor=_finite(e, "cached_token_factor", where, CostModel.cached_token_factor),
+        )
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -108,6 +148,7 @@ class RoutedEndpoint:
             "rho": self.coefficients.rho,
             "kappa": self.coefficients.kappa,
             "delta": self.coefficients.delta,
+            "cached_token_factor": self.coefficients.cached_token_factor,
             "mu_per_replica_minute": self.mu_per_replica_minute,
             "target_concurrency_per_replica": self.target_concurrency,
             "scale_to_zero_enabled": self.scale_to_zero_enabled,
@@ -148,14 +189,7 @@ class RoutedEndpoint:
             name=e["name"],
             model=str(e.get("model") or e["name"]),
             policy=policy,
-            coefficients=CostModel(
-                _num(e, "alpha", where, 0.0),
-                _num(e, "beta", where, 0.0),
-                _num(e, "gamma", where, 0.0),
-                rho=_num(e, "rho", where, 0.0),  # absent from an older control plane's table: 0
-                kappa=_num(e, "kappa", where, 0.0),
-                delta=_num(e, "delta", where, 0.0),
-            ),
+            coefficients=_coefficients(e, where),
             mu_per_replica_minute=_num(e, "mu_per_replica_minute", where, MU_PER_REPLICA_MINUTE),
             target_concurrency=int(_num(e, "target_concurrency_per_replica", where, 0)),
             scale_to_zero_enabled=bool(e.get("scale_to_zero_enabled", False)),

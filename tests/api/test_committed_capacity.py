@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from rest_framework.test import APIClient
 
 from capacity.ledger import Oversold
-from controlplane.api.errors import LEDGER_FIGURES
+from controlplane.api.errors import LEDGER_FIGURES, TENANT_LEDGER_FIGURES
 from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import release, save_endpoint, sell
@@ -75,14 +75,16 @@ def test_raising_the_minimum_beyond_the_pool_is_409_oversold(owner_client, owner
     )  # 3 replicas: 12 GPUs in place of 8
     assert refused.status_code == 409
     body = refused.json()
-    assert (body["error"], body["pool"], body["have_gpus"], body["committed_gpus"]) == (
+    # The tenant's view: its pool and what it asked, not the pool's committed or sold figures.
+    assert (body["error"], body["pool"], body["have_gpus"], body["fit_replicas"]) == (
         "oversold",
         "use1-h100",
         8,
-        8,
+        2,
     )
-    assert (body["asked_gpus"], body["replacing_gpus"], body["sold_gpus"]) == (12, 8, 0)
+    assert (body["asked_gpus"], body["replacing_gpus"]) == (12, 8)
     assert (body["asked_mu_per_minute"], body["replacing_mu_per_minute"]) == (300, 200)
+    assert "committed_gpus" not in body and "sold_gpus" not in body
     big.refresh_from_db()
     assert (big.min_provisioned_concurrency, big.max_provisioned_concurrency) == (16, 16)
     # A new endpoint's minimum is checked too: 9 replicas of the 1-GPU model in a full pool.
@@ -130,17 +132,67 @@ def test_every_409_reports_the_pool_as_capacity_shows_it(
             format="json",
         ),
     ]
-    for refused in refusals:
-        assert refused.status_code == 409
-        body = refused.json()
-        assert {k: body[k] for k in ["pool", *LEDGER_FIGURES]} == {
-            k: row[k] for k in ["pool", *LEDGER_FIGURES]
-        }
+    assert [refused.status_code for refused in refusals] == [409, 409]
+    by_operator, by_tenant = (refused.json() for refused in refusals)
+    assert {k: by_operator[k] for k in ["pool", *LEDGER_FIGURES]} == {
+        k: row[k] for k in ["pool", *LEDGER_FIGURES]
+    }
+    # The tenant sees the pool's hardware as /capacity/ has it, and none of its other figures.
+    assert {k: by_tenant[k] for k in ["pool", *TENANT_LEDGER_FIGURES]} == {
+        k: row[k] for k in ["pool", *TENANT_LEDGER_FIGURES]
+    }
+    assert not set(by_tenant) & (set(LEDGER_FIGURES) - set(TENANT_LEDGER_FIGURES))
     assert [(r.json()["asked_gpus"], r.json()["replacing_gpus"]) for r in refusals] == [(8, 4), (5, 2)]
     # The console's capacity page shows the same figures.
     html = member_client("ops", operator=True).get("/console/capacity/").content.decode()
     assert '<td class="num committed">6</td>' in html
     assert '<td class="num sold-mu">300</td>' in html and '<td class="num committed-mu">300</td>' in html
+
+
+def test_a_tenant_refused_sees_what_it_asked_and_what_fits_not_others_sales(
+    operator_client, owner_client, owner, other, make_endpoint, big_model
+):
+    """The same refusal in its two views (capacity.ledger.Oversold): 'other' holds 4 GPUs sold
+    (its 1 minimum replica among them) in the 8-GPU pool; the owner's 4-GPU endpoint asks 2 replicas (8 GPUs)
+    where 1 fits. The owner sees its pool, its ask and the 1 that fits; an operator also sees
+    the pool's committed, sold and free figures, which the owner's body and text do not name."""
+    theirs = make_endpoint(other, "theirs")
+    sell(theirs, mu_per_minute=400, best_effort_allowed=True, sold_by="ops")  # 4 replicas of 1 GPU
+    mine = make_endpoint(owner, "mine", profile=big_model, scale_to_zero_enabled=True)
+    ask = {
+        "min_provisioned_concurrency": 16,
+        "max_provisioned_concurrency": 16,
+        "scale_to_zero_enabled": False,
+    }
+    url = f"/api/v1/endpoints/{mine.pk}/"
+    tenant = owner_client.patch(url, ask, format="json")
+    operator = operator_client.patch(url, ask, format="json")
+    assert (tenant.status_code, operator.status_code) == (409, 409), (tenant.content, operator.content)
+    tenant_body, operator_body = tenant.json(), operator.json()
+    assert {k: tenant_body[k] for k in tenant_body if k != "detail"} == {
+        "error": "oversold", "pool": "use1-h100", "node_count": 1, "gpus_per_node": 8, "have_gpus": 8,
+        "asked_replicas": 2, "asked_gpus_per_replica": 4, "asked_gpus": 8, "asked_mu_per_minute": 200,
+        "fit_replicas": 1, "replacing_replicas": 0, "replacing_gpus": 0, "replacing_mu_per_minute": 0,
+    }  # fmt: skip
+    assert tenant_body["detail"] == (
+        "pool 'use1-h100' cannot place this: 2 replicas of 4 GPUs (200 MU/min) were asked,"
+        " 1 fit on its 1 nodes x 8 GPUs"
+    )
+    assert (operator_body["sold_gpus"], operator_body["committed_gpus"], operator_body["free_gpus"]) == (
+        4,
+        4,
+        4,
+    )
+    assert operator_body["detail"].startswith(tenant_body["detail"] + "; 4 replicas (4 GPUs, 400 MU/min)")
+    assert "400" not in tenant_body["detail"] and "sold" not in tenant_body["detail"]
+    # The console's endpoint form shows the tenant the same text, an operator the whole one.
+    form = {"name": "mine", "model": "llama-70b", "gpu_type": "h100-80gb", "routing_policy": "p2c-mu",
+            "min_provisioned_concurrency": "16", "max_provisioned_concurrency": "16"}  # fmt: skip
+    shown = member_client("alice", tenant=owner).post(f"/console/endpoints/{mine.pk}/edit/", form)
+    assert shown.status_code == 400 and "cannot place this" in shown.content.decode()
+    assert "committed to reservations" not in shown.content.decode()
+    shown = member_client("ops", operator=True).post(f"/console/endpoints/{mine.pk}/edit/", form)
+    assert shown.status_code == 400 and "committed to reservations" in shown.content.decode()
 
 
 def test_the_console_endpoint_form_refuses_a_minimum_beyond_the_pool(owner, make_endpoint):

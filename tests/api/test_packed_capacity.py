@@ -40,6 +40,14 @@ def five_gpu(operator_client, h100):
         format="json",
     )
     assert profile.status_code == 201, profile.content
+    # The Contract's fields, taken and returned (on write and on read).
+    assert (profile.json()["gpus_per_replica"], profile.json()["mu_per_replica_minute"]) == (5, 100)
+    (listed,) = [
+        p for p in operator_client.get("/api/v1/model-profiles/").json()["results"] if p["model"] == "tp5"
+    ]
+    assert (listed["gpus_per_replica"], listed["mu_per_replica_minute"]) == (5, 100)
+    (listed,) = [p for p in operator_client.get("/api/v1/pools/").json()["results"] if p["name"] == "use1-16"]
+    assert listed["gpus_per_node"] == 8
     return GpuPool.objects.get(name="use1-16")
 
 
@@ -231,17 +239,20 @@ def test_a_region_preference_picks_the_roomiest_pool_there(regions, owner_client
     assert west.json()["pool"] == "west"
 
 
-def test_a_region_without_room_is_409_saying_what_exists_elsewhere(regions, owner_client):
-    # eu-west-1 holds two 4-GPU replicas; a third endpoint there does not fit.
+def fill_west(client, **fields):
+    """eu-west-1 holds two 4-GPU replicas; a third endpoint there does not fit."""
     for name in ("a", "b"):
-        assert (
-            owner_client.post(
-                "/api/v1/endpoints/", big_body(name, region_preference="eu-west-1"), format="json"
-            ).status_code
-            == 201
+        made = client.post(
+            "/api/v1/endpoints/", big_body(name, region_preference="eu-west-1", **fields), format="json"
         )
-    refused = owner_client.post(
-        "/api/v1/endpoints/", big_body("c", region_preference="eu-west-1"), format="json"
+        assert made.status_code == 201, made.content
+
+
+def test_a_region_without_room_is_409_saying_what_exists_elsewhere(regions, operator_client, owner):
+    # An operator's view: every pool of the GPU type and what fits in it.
+    fill_west(operator_client, tenant=owner.name)
+    refused = operator_client.post(
+        "/api/v1/endpoints/", big_body("c", region_preference="eu-west-1", tenant=owner.name), format="json"
     )
     assert refused.status_code == 409, refused.content
     body = refused.json()
@@ -256,11 +267,48 @@ def test_a_region_without_room_is_409_saying_what_exists_elsewhere(regions, owne
         "east-b": ("us-east-1", 4),
         "west": ("eu-west-1", 0),
     }
+    assert (body["pool"], body["fit_replicas"], body["regions_that_fit"]) == ("west", 0, ["us-east-1"])
     assert "east-b in us-east-1 (4)" in body["detail"]
-    nowhere = owner_client.post(
-        "/api/v1/endpoints/", big_body("d", region_preference="ap-south-1"), format="json"
+    nowhere = operator_client.post(
+        "/api/v1/endpoints/", big_body("d", region_preference="ap-south-1", tenant=owner.name), format="json"
     )
     assert nowhere.status_code == 409 and "no h100-80gb pool is in ap-south-1" in nowhere.json()["detail"]
+    assert Endpoint.objects.count() == 2
+
+
+def test_a_tenants_no_placement_names_its_region_and_where_it_fits_not_other_pools(regions, owner_client):
+    # A tenant's view: its region's pool, the replicas asked, what fits there and the regions
+    # where they would fit; not other pools' names or free capacity.
+    fill_west(owner_client)
+    refused = owner_client.post(
+        "/api/v1/endpoints/", big_body("c", region_preference="eu-west-1"), format="json"
+    )
+    assert refused.status_code == 409, refused.content
+    body = refused.json()
+    assert body == {
+        "error": "no_placement",
+        "detail": (
+            "no h100-80gb pool in region 'eu-west-1' places 1 replica(s) of llama-70b (4 GPUs each):"
+            " 0 fit in pool west; they would fit in region(s) us-east-1"
+        ),
+        "region": "eu-west-1",
+        "model": "llama-70b",
+        "gpu_type": "h100-80gb",
+        "asked_replicas": 1,
+        "gpus_per_replica": 4,
+        "pool": "west",
+        "fit_replicas": 0,
+        "regions_that_fit": ["us-east-1"],
+    }
+    nowhere = owner_client.post(
+        "/api/v1/endpoints/", big_body("d", region_preference="ap-south-1"), format="json"
+    ).json()
+    assert (nowhere["pool"], nowhere["fit_replicas"], nowhere["regions_that_fit"]) == (None, 0, ["us-east-1"])
+    assert nowhere["detail"].endswith(
+        ": no h100-80gb pool is in ap-south-1; they would fit in region(s) us-east-1"
+    )
+    for seen in (body, nowhere):
+        assert "east-a" not in str(seen) and "east-b" not in str(seen) and "pools" not in seen
     assert Endpoint.objects.count() == 2
 
 

@@ -1,7 +1,8 @@
-"""schemathesis against the live API: a real gunicorn on 127.0.0.1 over the test PostgreSQL, with
-production settings (DEBUG unset, SECRET_KEY and ALLOWED_HOSTS set), driven once with a tenant's
-key and once with an operator's, each for SCHEMATHESIS_MAX_TIME_S (40 s by default, CI's budget;
-`make test-schemathesis` runs longer). It fails on any 5xx, any response that breaks the published schema
+"""schemathesis against the live API: the production web server (the image's command, gunicorn's
+uvicorn workers) on 127.0.0.1 over the test PostgreSQL, with production settings (DEBUG unset,
+SECRET_KEY and ALLOWED_HOSTS set), driven once with a tenant's key and once with an operator's,
+each for SCHEMATHESIS_MAX_TIME_S (40 s by default, CI's budget; `make test-schemathesis` runs
+longer). It fails on any 5xx, any response that breaks the published schema
 (status code, content type, headers, body) and any check below.
 
 Checks: all but two. `positive_data_acceptance` and `negative_data_rejection` ask whether the
@@ -16,7 +17,6 @@ test_auth.py).
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,8 +30,9 @@ from controlplane.capacity.models import Reservation
 from controlplane.endpoints.models import Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import ApiKey
+from tests.production_server import ROOT, database_url, image_command, rebound
+from tests.runtime.support import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_TIME_S = int(os.environ.get("SCHEMATHESIS_MAX_TIME_S", "40"))
 CHECKS = ["all"]
 EXCLUDED_CHECKS = ["positive_data_acceptance", "negative_data_rejection"]
@@ -40,48 +41,25 @@ EXCLUDED_OPERATION = "v1_api_keys_destroy"  # DELETE /api/v1/api-keys/{id}/
 pytestmark = [pytest.mark.schemathesis, pytest.mark.timeout(6 * MAX_TIME_S + 180)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live_api(transactional_db, tmp_path):
-    """gunicorn serving the test database, as production runs it; its log on failure."""
+    """The production web server (the image's command) serving the test database; its log on failure."""
     if connection.vendor != "postgresql":
         pytest.skip("the server is another process: it needs the test database on PostgreSQL")
-    db = connection.settings_dict
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DEBUG"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "DJANGO_SETTINGS_MODULE")}
     env.update(
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        DATABASE_URL=database_url(),
         SECRET_KEY="schemathesis-run-" + "k" * 40,
         ALLOWED_HOSTS="127.0.0.1",
         CLUSTER_DRIVER="none",
         REDIS_URL="",
         PYTHONPATH=str(ROOT),
+        WEB_CONCURRENCY="2",
     )
-    if db.get("PASSWORD"):
-        env["PGPASSWORD"] = db["PASSWORD"]
     log = (tmp_path / "gunicorn.log").open("w")
     server = subprocess.Popen(
-        # --preload: Django loads once, before the workers fork (the quickest start).
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "controlplane.wsgi",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            "3",
-            "--preload",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        rebound(image_command(), port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -238,6 +238,32 @@ def test_the_tail_keeps_the_page_filters(operator_web, owner):
     assert "a-hang" in tail and "a-scale" not in tail and "kind=hang" in tail
 
 
+def test_a_region_refusal_shows_a_tenant_where_it_fits_and_an_operator_every_pool(
+    owner_web, operator_web, owner, pool, small_model
+):
+    body = {
+        "name": "far-chat", "model": "llama-8b", "gpu_type": "h100-80gb", "pool": "",
+        "min_provisioned_concurrency": "8", "max_provisioned_concurrency": "8",
+        "target_concurrency_per_replica": "8", "routing_policy": "p2c-mu", "region_preference": "ap-south-1",
+    }  # fmt: skip
+    asked = (
+        "no h100-80gb pool in region &#x27;ap-south-1&#x27; places 1 replica(s) of llama-8b (1 GPUs each): "
+    )
+
+    def refusal(client, form):
+        html = client.post("/console/endpoints/new/", form).content.decode()
+        return re.search(r'data-field="region_preference">(.*?)</p>', html, re.S).group(1)
+
+    # A tenant reads where it would fit, not another pool's name or what fits in it.
+    assert refusal(owner_web, body) == (
+        asked + "no h100-80gb pool is in ap-south-1; they would fit in region(s) us-east-1"
+    )
+    assert refusal(operator_web, {**body, "tenant": owner.name}) == (
+        asked + "no h100-80gb pool is in ap-south-1; elsewhere: use1-h100 in us-east-1 (8)"
+    )
+    assert not Endpoint.objects.exists()
+
+
 def test_attention_surfaces_crash_loops_and_repeated_hangs(operator_web, owner, make_endpoint):
     chat = make_endpoint(owner, "chat")
     for _ in range(3):

@@ -7,17 +7,20 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import StaticDiscovery, static_table
 from dataplane.router.pricing import Coefficients
 from dataplane.router.server import Router
+from dataplane.wire import images as wire_images
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 from tests.router.fakepod import FakePod
+from tests.runtime.support import free_port, free_ports  # noqa: F401 (the router tests import them from here)
 
 FAST = RouterConfig(
     header_read_timeout_s=0.5,
@@ -32,15 +35,6 @@ FAST = RouterConfig(
 )
 TENANT_KEY = "sk-acme-secret"
 OTHER_KEY = "sk-globex-secret"
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound and released; connections to it are refused)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return int(port)
 
 
 def sha(secret: str) -> str:
@@ -180,3 +174,17 @@ async def raw_post(
         b"content-length: %d\r\n\r\n%s" % (extra, len(body), body)
     )
     return reader, writer
+
+
+@pytest.fixture
+def decoded(monkeypatch) -> list[int]:
+    """The lengths of the base64 runs the image reader decodes, as it decodes them."""
+    runs: list[int] = []
+    real = wire_images.binascii.a2b_base64
+
+    def counting(chars, strict_mode=False):
+        runs.append(len(chars))
+        return real(chars, strict_mode=strict_mode)
+
+    monkeypatch.setattr(wire_images.binascii, "a2b_base64", counting)
+    return runs

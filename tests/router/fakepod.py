@@ -1,13 +1,14 @@
 """A stand-in pod for router tests: an OpenAI-ish HTTP/1.1 server on 127.0.0.1 (not a model).
 
 Behaviour per request, chosen by the pod's ``mode`` or the request's ``x-fake`` header:
-  ok        JSON completion with usage (prompt 10, completion 20 tokens)
+  ok        JSON completion with usage (prompt 10, completion ``completion_tokens``: 20 tokens)
   stream    SSE: ``chunks`` events ``delay_s`` apart, then a usage event and [DONE]
   close     read the request, close the connection without answering (retry before first byte)
   break     start a stream, send one event, then close, or reset when the framing is "close"
             (no retry after the first byte)
   hold      answer nothing until released (queueing, drain)
   error     500 JSON
+  refuse    400 JSON, as vLLM refuses a request after reading its prompt
   nousage   the ok answer without its usage
 A 200 answer is framed by ``framing``: "chunked" (streams; JSON has a Content-Length) or "close"
 (no Content-Length, no chunks: the body ends when the pod closes the connection, RFC 9112 6.3).
@@ -37,6 +38,7 @@ class FakePod:
         self.delay_s = delay_s
         self.pad = 0  # extra bytes of text per streamed event
         self.framing = "chunked"  # or "close": 200 bodies delimited by closing the connection
+        self.completion_tokens = 20  # the usage of an "ok" answer (prompt 10 tokens)
         self.requests = 0
         self.health_checks = 0
         self.health_ok = True
@@ -93,11 +95,12 @@ class FakePod:
                 if mode == "hold":
                     await self.release.wait()
                     mode = "ok"
-                if mode == "error":
+                if mode in ("error", "refuse"):
                     payload = b'{"error": {"message": "boom"}}'
+                    status = b"500 Internal Server Error" if mode == "error" else b"400 Bad Request"
                     writer.write(
-                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
-                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (status, len(payload), payload)
                     )
                 elif mode in ("stream", "break"):
                     framed = self.framing == "chunked"
@@ -136,7 +139,11 @@ class FakePod:
                             "choices": [{"index": 0, "text": "hello"}],
                             "usage": None
                             if mode == "nousage"
-                            else {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
+                            else {
+                                "prompt_tokens": 10,
+                                "completion_tokens": self.completion_tokens,
+                                "total_tokens": 10 + self.completion_tokens,
+                            },
                         }
                     ).encode()
                     length = b"content-length: %d\r\n" % len(payload) if self.framing == "chunked" else b""

@@ -80,3 +80,52 @@ def test_query_string_and_headers_forwarded_but_not_the_tenant_key():
             assert sent["host"] == pods[0].url.removeprefix("http://")
 
     asyncio.run(go())
+
+
+def test_a_client_that_leaves_after_the_whole_answer_does_not_cancel_its_request():
+    """The client reads the whole answer and closes before the handler's bookkeeping after it
+    ran (on a loaded machine, often): the request was served and is finished, not cancelled (a
+    cancel counted it as an error); a client that leaves before the answer cancels it."""
+    from dataplane.router.config import RouterConfig
+    from dataplane.router.http import ClientConnection, ServerState
+
+    async def go():
+        gate, outcome = asyncio.Event(), []
+
+        async def handler(conn, req):
+            try:
+                if req.path == b"/answered":
+                    conn.send_response(200, b"", b"ok")
+                await gate.wait()  # the bookkeeping after the answer, or a pod that is slow
+                outcome.append((req.path, "finished"))
+            except asyncio.CancelledError:
+                outcome.append((req.path, "cancelled"))
+                raise
+
+        state = ServerState(RouterConfig(), handler)
+        connections = []
+
+        def connection():
+            connections.append(ClientConnection(state))
+            return connections[-1]
+
+        server = await asyncio.get_running_loop().create_server(connection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            for path in (b"/answered", b"/unanswered"):
+                gate.clear()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+                if path == b"/answered":
+                    assert (await asyncio.wait_for(reader.read(100), 2)).endswith(b"\r\n\r\nok")
+                writer.close()
+                while not connections[-1].closed:  # the router saw the client go
+                    await asyncio.sleep(0.01)
+                gate.set()
+                while len(outcome) < (1 if path == b"/answered" else 2):
+                    await asyncio.sleep(0.01)
+            assert outcome == [(b"/answered", "finished"), (b"/unanswered", "cancelled")]
+        finally:
+            server.close()
+
+    asyncio.run(go())

@@ -3,12 +3,14 @@
 import asyncio
 import json
 import os
+import struct
 import uuid
 
 import pytest
 
 from dataplane.router.metering import Meter, RateWindow, publish
 from dataplane.wire.load_samples import (
+    SLOTS,
     EndpointSecond,
     QueueSample,
     TrafficSample,
@@ -78,7 +80,8 @@ def test_publish_to_redis_key_layout():
             pytest.skip(f"no Redis at {url}: {exc}")
         endpoint = int(uuid.uuid4().int % 10**9) + 10**9
         try:
-            one = TrafficSample(
+            # two tenants of one router: summed before they reach Redis, one BITFIELD for both
+            acme = TrafficSample(
                 endpoint,
                 "acme",
                 requests=3,
@@ -89,26 +92,48 @@ def test_publish_to_redis_key_layout():
                 latency_ms_sum=90.0,
                 errors=0,
                 throttled=1,
+                latency_buckets=latencies({1: 2, 3: 1}),
             )
-            await publish(redis, [one], 1_700_000_000, 120)
-            await publish(redis, [one], 1_700_000_000, 120)  # a second router adds its share
+            beta = TrafficSample(endpoint, "beta", requests=1, mu=0.25, tokens_in=5, latency_ms_sum=2.5)
+            queue = QueueSample(endpoint, queued=2, queued_mu=1.5)
+            await publish(redis, [acme, beta, queue], 1_700_000_000, 120)
+            await publish(redis, [acme], 1_700_000_000, 120)  # a second router adds its share
             key = load_key(endpoint, 1_700_000_000)
-            raw = await redis.hgetall(key)
-            # the sums, zero fields left out, and the MU again under the tenant
-            both = TrafficSample(
-                endpoint,
-                "acme",
-                requests=6,
-                inflight=3.0,
-                mu=9.0,
-                tokens_in=60,
-                tokens_out=120,
-                latency_ms_sum=180.0,
-                errors=0,
-                throttled=2,
+            raw = await redis.get(key)
+            # the string's int64 slots: counts as they are, amounts in millionths; slots past
+            # the highest one written (queued_mu is the last) read as zero
+            assert len(raw) == 8 * 25
+            slots = dict(zip(SLOTS, struct.unpack(">25q", raw), strict=True))
+            assert (slots["requests"], slots["mu"], slots["tokens_in"], slots["tokens_out"]) == (
+                7,
+                9_250_000,  # 4.5 + 0.25 + 4.5 MU
+                65,
+                120,
             )
-            assert {k.decode(): float(v) for k, v in raw.items()} == both.hash_fields()
-            assert EndpointSecond.from_redis_hash(raw) == EndpointSecond.from_fields(both.fields())
+            assert (slots["inflight"], slots["latency_ms_sum"], slots["throttled"]) == (
+                3_000_000,
+                182_500_000,
+                2,
+            )
+            assert (slots["lat1"], slots["lat3"], slots["queued"], slots["queued_mu"]) == (4, 2, 2, 1_500_000)
+            assert EndpointSecond.from_redis_slots(raw) == EndpointSecond(
+                requests=7.0,
+                inflight=3.0,
+                mu=9.25,
+                tokens_in=65.0,
+                tokens_out=120.0,
+                latency_ms_sum=182.5,
+                throttled=2.0,
+                latency_buckets=tuple(map(float, latencies({1: 4, 3: 2}))),
+                queued=2.0,
+                queued_mu=1.5,
+            )
+            # a second with only requests wrote one slot: the rest are zeros
+            short = load_key(endpoint, 1_700_000_001)
+            await publish(redis, [TrafficSample(endpoint, "acme", requests=2)], 1_700_000_001, 120)
+            assert await redis.get(short) == struct.pack(">q", 2)
+            assert EndpointSecond.from_redis_slots(await redis.get(short)) == EndpointSecond(requests=2.0)
+            await redis.delete(short, routers_key(1_700_000_001))
             assert 0 < await redis.ttl(key) <= 120
             # every publish says its router was up that second, traffic or not
             await publish(redis, [], 1_700_000_000, 120)

@@ -16,7 +16,7 @@ import pytest
 
 from dataplane.router import http
 from dataplane.router.__main__ import parse_args
-from tests.router.conftest import call, error_of, free_port, running
+from tests.router.conftest import call, error_of, free_ports, running
 from tests.router.fakepod import FakePod
 
 
@@ -94,10 +94,21 @@ def test_admin_listen_must_be_host_and_port(capsys):
     assert args.admin_listen == ("::1", 9090)
 
 
+def test_admin_listen_on_the_listen_port_is_refused(capsys):
+    """SO_REUSEPORT would let both bind, and clients would reach the operator endpoints."""
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--backends", "http://127.0.0.1:1", "--listen", "127.0.0.1:8080",
+                    "--admin-listen", "0.0.0.0:8080"])  # fmt: skip
+    assert exit_.value.code == 2
+    assert "--admin-listen must use another port than --listen (8080)" in capsys.readouterr().err
+    any_ports = ["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]  # each bound to its own
+    assert parse_args(["--backends", "http://x:1", *any_ports]).admin_listen == ("127.0.0.1", 0)
+
+
 def test_two_workers_share_the_admin_port_and_any_scrape_shows_both():
     async def go():
         pod = await FakePod("p").start()
-        port, admin = free_port(), free_port()
+        port, admin = free_ports(2)
         proc = subprocess.Popen(
             [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}",
              "--admin-listen", f"127.0.0.1:{admin}", "--backends", pod.url, "--workers", "2"],

@@ -6,7 +6,19 @@ import asyncio
 
 import pytest
 
-from tests.router.conftest import TENANT_KEY, assert_idle, call, cp_table, error_of, running, wait_until
+from dataplane.router.cache_salt import tenant_salt
+from dataplane.router.pricing import Coefficients
+from dataplane.wire.routing_table import ReservedRate
+from tests.router.conftest import (
+    TENANT_KEY,
+    assert_idle,
+    call,
+    cp_table,
+    error_of,
+    routing_table,
+    running,
+    wait_until,
+)
 
 PROBE_KEY = b"probe-secret"
 CHAT = "/v1/chat/completions"
@@ -29,6 +41,26 @@ BIG = b"1" + b"0" * 400  # 10**400: Python's json reads it as an int
         (CHAT, b'{"model": "chat", "messages": [{"role": "u", "content": [7]}]}', "messages[0].content[0]"),
         (CHAT, b'{"model": "chat", "messages": "hi"}', "messages"),
         (CHAT, b'{"model": "chat", "messages": [], "max_completion_tokens": -3}', "max_completion_tokens"),
+        # vLLM refuses a budget of 0 only after tokenising the prompt, its 400 then priced 1 token
+        (CHAT, b'{"model": "chat", "messages": [], "max_completion_tokens": 0}', "max_completion_tokens"),
+        (CHAT, b'{"model": "chat", "messages": [], "max_tokens": 0}', "max_tokens"),
+        (COMP, b'{"model": "chat", "prompt": "hi", "max_tokens": 0}', "max_tokens"),
+        (COMP, b'{"model": "chat", "prompt": "hi", "max_tokens": 0, "echo": false}', "max_tokens"),
+        # vLLM reads a part without "type" but with an image_url as an image, and fetches it
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"image_url": '
+               b'{"url": "http://169.254.169.254/latest/meta-data/"}}]}]}',
+         "messages[0].content[0].image_url.url"),
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "video_url", '
+               b'"video_url": {"url": "http://10.0.0.1/big.mp4"}}]}]}', "messages[0].content[0]"),
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "audio_url", '
+               b'"audio_url": {"url": "http://10.0.0.1/a.wav"}}]}]}', "messages[0].content[0]"),
+        # vLLM hashes the image by the client's uuid: a cache shared by tenants would answer it
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "image_url", '
+               b'"image_url": {"url": "data:image/png;base64,AAAA"}, "uuid": "victim-image-1"}]}]}',
+         "messages[0].content[0].uuid"),
+        # vLLM's Qwen2-VL resizes to the request's min_pixels: a 1 x 1 image priced 4 tokens, 16,384 run
+        (CHAT, b'{"model": "chat", "messages": [], "mm_processor_kwargs": {"min_pixels": 12845056, '
+               b'"max_pixels": 12845056}}', "mm_processor_kwargs"),
     ],
 )  # fmt: skip
 def test_a_bad_value_is_a_400_naming_it_and_nothing_is_metered(path, raw, param):
@@ -43,6 +75,39 @@ def test_a_bad_value_is_a_400_naming_it_and_nothing_is_metered(path, raw, param)
             totals = router.meter.totals.get((1, "acme"))
             assert totals is None or (totals.requests, totals.mu, totals.errors) == (0, 0.0, 0)
             await assert_idle(router)
+
+    asyncio.run(go())
+
+
+def test_an_echo_with_no_budget_reaches_the_pod_as_vllm_takes_it():
+    async def go():
+        async with running(1, table=cp_table()) as (router, pods):
+            body = {"model": "chat", "prompt": "hi", "max_tokens": 0, "echo": "true"}
+            assert (await call(router, path=COMP, body=body, key=TENANT_KEY))[0] == 200
+            assert pods[0].requests == 1
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("gamma", [-0.02, 0.1])
+def test_a_request_the_pod_refuses_is_metered_and_spends_the_reservation(gamma):
+    """A pod's 400 is metered at its prompt and one output token (800 characters: 200 tokens ->
+    0.4 + 0.02 + gamma MU), not refunded to 0: under a 6 MU/min reservation without best
+    effort, requests the pod refuses are throttled like any others (before: all 200 reached it)."""
+    coefficients = Coefficients(0.002, 0.02, gamma)
+    reservation = ReservedRate(6, best_effort_allowed=False)  # 0.1 MU/s
+
+    async def go():
+        # not from cp_table's JSON: the control plane refuses gamma < 0 there, the router must not rely on it
+        table = lambda fakes: routing_table(fakes, coefficients=coefficients, reservation=reservation)  # noqa: E731
+        async with running(1, table=table) as (router, pods):
+            pods[0].mode = "refuse"
+            body = {"model": "chat", "prompt": "x" * 800, "max_tokens": 1}
+            assert (await call(router, path=COMP, body=body, key=TENANT_KEY))[0] == 400
+            totals = router.meter.totals[(1, "acme")]
+            assert totals.mu == pytest.approx(coefficients.cost(200, 1)) and totals.mu > 0
+            statuses = [(await call(router, path=COMP, body=body, key=TENANT_KEY))[0] for _ in range(200)]
+            assert statuses.count(429) > 0 and pods[0].requests < 201, pods[0].requests
 
     asyncio.run(go())
 
@@ -103,6 +168,7 @@ def test_a_tenant_priority_reaches_the_pod_clamped_and_a_probe_s_untouched():
                 0
             ] == 200
             assert [b["priority"] for b in pods[0].bodies] == [0, 0, 3, -1000]
-            assert pods[0].bodies[0] == {**base, "priority": 0}  # the rest of the body as sent
+            # the rest of the body as sent, and the tenant's cache_salt (test_pod_body_salt)
+            assert pods[0].bodies[0] == {**base, "priority": 0, "cache_salt": tenant_salt("acme")}
 
     asyncio.run(go())

@@ -2,6 +2,7 @@
 
 import asyncio
 
+from dataplane.router.ratelimit import InProcessLimiter
 from dataplane.wire.routing_table import ReservedRate
 from tests.router.conftest import TENANT_KEY, assert_idle, call, cp_table, error_of, running, with_config
 
@@ -58,5 +59,36 @@ def test_reserved_traffic_is_admitted_while_best_effort_is_shed():
         async with running(1, table=table) as (router, _):
             statuses = [(await call(router, body=BODY, key=TENANT_KEY))[0] for _ in range(3)]
             assert statuses == [429, 429, 429]
+
+    asyncio.run(go())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_large_estimate_refunded_leaves_the_reservation_to_the_next_request():
+    async def go():
+        # 100 MU/min (0.6 s per MU), burst 10 s: max_tokens 3000 is estimated at 0.02 + 60 + 0.1 =
+        # 60.12 MU, 36 s of rate (larger than the burst: it runs from an empty bucket only), and
+        # costs the fake pod's usage, 0.52 MU (0.31 s). The refund is applied before the next
+        # request is judged: 1 s later the bucket is empty and the next one runs, three times
+        # (before: TAT 36 s refused the second for 26 s, 0.52 MU of the minute used)
+        table = cp_table(reservation=ReservedRate(100, best_effort_allowed=False))
+        big = {**BODY, "max_tokens": 3000}
+        clock = Clock()
+        limiter = InProcessLimiter(clock)
+        config = with_config(gcra_burst_s=10)
+        async with running(1, table=table, config=config, limiter=limiter) as (router, _):
+            statuses = []
+            for _ in range(3):
+                statuses.append((await call(router, body=big, key=TENANT_KEY))[0])
+                clock.t += 1.0
+            assert statuses == [200, 200, 200]
+            await assert_idle(router)
 
     asyncio.run(go())

@@ -99,3 +99,43 @@ def test_retry_after_is_whole_seconds_at_least_one():
     assert retry_after_header(0.5) == "1"
     assert retry_after_header(2.1) == "3"
     assert retry_after_header(0) == "1"
+
+
+def test_the_in_process_limiter_keeps_a_debt_through_idle_time():
+    """60 s of R in one request, then 8.5 s idle: the next one still waits for the debt."""
+    clock = Clock()
+    lim = InProcessLimiter(clock)
+    huge = 60 * 10.0  # 600 MU at 10 MU/s: 60 s
+    assert lim.check_now("ep", huge, LIMIT).allowed
+    clock.t += 8.5
+    d = lim.check_now("ep", huge, LIMIT)
+    assert not d.allowed and d.retry_after_s == pytest.approx(60 - 8.5 + 60 - 10)
+
+
+def test_a_refund_is_applied_before_the_next_request_is_judged():
+    """100 MU/min, burst 10 s: a 60-MU estimate (36 s of rate, larger than the burst) runs from the
+    empty bucket and cost 0.12 MU; the refund leaves TAT 0.072 s, so a second 60-MU request at
+    0.3 s finds the bucket empty and runs. Folded into the second request's cost, the first's
+    estimate (TAT 36 s) refused it for 26 s while the tenant had used 0.12 MU of its minute."""
+    limit = GcraLimit(mu_per_minute=100, burst_s=10)
+    first = gcra(0.0, 0.0, 60.0, limit)
+    assert first.allowed and first.tat == pytest.approx(36.0)
+    second = gcra(first.tat, 0.3, 60.0, limit, correction_mu=0.12 - 60.0)
+    assert second.allowed and second.tat == pytest.approx(0.3 + 36.0)
+    # a charge (exact above the estimate) moves the TAT up first as well: 20 MU more at 600
+    # MU/min is 2 s, so a 5-MU request at TAT 9 s is judged at 11.5 s and refused
+    d = gcra(9.0, 0.0, 5.0, LIMIT, correction_mu=20.0)
+    assert not d.allowed and d.retry_after_s == pytest.approx(1.5) and d.tat == 9.0
+
+
+def test_the_in_process_limiter_admits_after_a_refund_of_a_large_estimate():
+    clock = Clock()
+    lim = InProcessLimiter(clock)
+    limit = GcraLimit(mu_per_minute=100, burst_s=10)
+    assert lim.check_now("ep", 60.0, limit).allowed  # max_tokens 3000 at 0.02 MU a token
+    lim.correct("ep", 0.12 - 60.0)  # the engine stopped at once
+    clock.t += 0.3
+    assert lim.check_now("ep", 60.0, limit).allowed
+    clock.t += 0.3
+    refused = lim.check_now("ep", 60.0, limit)  # no refund this time: 36 s of rate are owed
+    assert not refused.allowed and refused.retry_after_s == pytest.approx(36.0 - 0.3 - 10.0 + 36.0)

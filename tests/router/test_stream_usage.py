@@ -141,6 +141,33 @@ def test_a_usage_chunk_in_another_layout_is_read_from_its_usage_key(usage_chunk)
     assert (s.usage, s.tokens) == ((9, 3), 3)
 
 
+@pytest.mark.parametrize(
+    "usage_chunk",
+    [
+        USAGE,  # vLLM's layout, its fingerprint after usage: read in one match
+        {**HEAD, "system_fingerprint": "fp-1", "choices": [], "usage": USAGE["usage"]},  # before choices
+        {**USAGE, "model": 'a"b\\'},  # an escaped quote and backslash in a string before choices
+        {
+            **USAGE,
+            "model": 'x","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}}',
+        },
+    ],
+)
+@pytest.mark.parametrize("hide_usage", [True, False])
+def test_the_usage_chunk_reads_the_same_in_vllms_layout_and_any_other(usage_chunk, hide_usage):
+    """The fast reading of vLLM's usage event and the general one agree: the counts, the event
+    cut out (or passed with mu) and its fingerprint put back, wherever it sits in the chunk."""
+    s = StreamUsage(hide_usage=hide_usage, price=price)
+    out = s.feed(event(token(0, "a")) + event(token(0, "b", "length")) + event(usage_chunk) + DONE) + s.end()
+    assert (s.usage, s.tokens) == ((9, 3), 3)
+    if hide_usage:
+        last = {**token(0, "b", "length"), "system_fingerprint": "fp-1"}
+        assert out == event(token(0, "a")) + event(last) + DONE
+    else:
+        chunks = [json.loads(e[6:]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+        assert chunks[2] == {**usage_chunk, "usage": {**USAGE["usage"], "mu": pytest.approx(0.178)}}
+
+
 def test_with_n_2_the_chunks_after_the_first_terminal_one_wait_for_the_usage_chunk():
     s = StreamUsage(hide_usage=True, price=price)
     assert s.feed(event(token(0, "a")) + event(token(1, "x"))) == event(token(0, "a")) + event(token(1, "x"))
@@ -190,13 +217,19 @@ def test_metered_prices_usage_else_what_was_delivered():
     assert metered(C, est, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
     assert metered(C, est, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
     assert metered(C, est, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # pod lost before the first
-    assert metered(C, est, None, 0, 400) == (0.0, 0, 0)  # refused: nothing produced
-    assert metered(C, est, None, 0, 400, answered=True) == (0.0, 0, 0)
+    # refused by the pod: the smallest answer it could have had, 100 in / 1 out (never free)
+    assert metered(C, est, None, 0, 400) == (pytest.approx(0.32), 100, 1)
+    assert metered(C, est, None, 0, 400, answered=True) == (pytest.approx(0.32), 100, 1)
+    with_images = Coefficients(0.002, 0.02, 0.1, delta=0.0001)
+    assert metered(with_images, est, None, 0, 404, image_tokens=256) == (pytest.approx(0.3456), 100, 1)
+    assert metered(Coefficients(0.002, 0.02, -0.02), est, None, 0, 400) == (pytest.approx(0.2), 100, 1)
+    assert metered(Coefficients(0.0, 0.02, -0.02), est, None, 0, 400) == (0.0, 100, 1)  # gamma's floor, -beta
+    assert metered(C, est, None, 0, 500, answered=True) == (0.0, 0, 0)  # the pod's failure: nothing
     assert metered(C, est, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
     # a client's reset before any token, the pod working: the estimate; a pod's failure: nothing
     assert metered(C, est, None, 0, 0, client_cut=True) == (pytest.approx(5.42), 100, 256)
     assert metered(C, est, None, 0, 200, client_cut=True) == (pytest.approx(5.42), 100, 256)
-    assert metered(C, est, None, 0, 400, client_cut=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 400, client_cut=True) == (pytest.approx(0.32), 100, 1)
     assert metered(C, est, None, 0, 0) == (0.0, 0, 0)
     assert metered(C, est, None, 20, 200, client_cut=True) == (pytest.approx(0.7), 100, 20)
     # a whole answer without usage: the most it could cost, never 0

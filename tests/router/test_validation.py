@@ -6,7 +6,9 @@ import json
 import pytest
 
 from dataplane.router.admission import clamp_tenant_priority, is_probe
+from dataplane.router.images import ImageCount
 from dataplane.router.validation import Demand, InvalidParameter, demand, lax_int
+from tests.image_files import image_part, png
 
 CTX = 8192  # max_model_len
 
@@ -64,6 +66,10 @@ def test_a_batch_of_prompts_times_n_is_every_sequence_generated():
         (completion, {"prompt": "x", "max_tokens": json.loads("1e400")}, "max_tokens"),
         (completion, {"prompt": "x", "max_tokens": CTX + 1}, "max_tokens"),
         (completion, {"prompt": "x", "max_tokens": -1}, "max_tokens"),
+        (completion, {"prompt": "x", "max_tokens": 0}, "max_tokens"),  # vLLM: at least 1 (after tokenising)
+        (completion, {"prompt": "x", "max_tokens": 0, "echo": 0}, "max_tokens"),
+        (chat, {"max_tokens": 0, "echo": True}, "max_tokens"),  # chat's echo does not take 0
+        (chat, {"max_completion_tokens": 0, "max_tokens": 5}, "max_completion_tokens"),
         (completion, {"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
         (completion, {"prompt": "x", "max_tokens": "lots"}, "max_tokens"),
         (completion, {"prompt": "x", "max_tokens": [5]}, "max_tokens"),
@@ -99,12 +105,15 @@ def test_what_vllm_accepts_is_never_refused():
         {"role": "assistant", "content": None, "tool_calls": []},
         {
             "role": "user",
-            "content": ["text", {"type": "text", "text": "t"}, {"type": "image_url", "image_url": {}}],
+            "content": ["text", {"type": "text", "text": "t"}, image_part(png(448, 448))],
         },
     ]
-    assert chat({"messages": messages, "max_tokens": CTX, "n": "2", "best_of": 10**400}) == Demand(1, 2, CTX)
+    asked = chat({"messages": messages, "max_tokens": CTX, "n": "2", "best_of": 10**400})
+    assert asked == Demand(1, 2, CTX, ImageCount(1, 256, len(png(448, 448))))  # priced by its tokens
     assert completion({"prompt": ["1", 2.0], "max_tokens": True}) == Demand(1, 1, 1)  # lax token ids
-    assert completion({"prompt": [], "max_tokens": 0, "n": None}) == Demand(1, 1, 0)  # the engine's to refuse
+    assert completion({"prompt": [], "max_tokens": 1, "n": None}) == Demand(1, 1, 1)  # the engine's to refuse
+    # vLLM: echo with max_tokens 0 returns the prompt alone (its only budget of 0)
+    assert completion({"prompt": "hi", "max_tokens": 0, "echo": "yes"}) == Demand(1, 1, 0)
     assert chat({"n": 128}, max_n=128).n == 128
 
 

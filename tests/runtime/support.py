@@ -1,6 +1,6 @@
 """Helpers for the runtime tests: free ports, HTTP calls, simulated engines as real
-processes, and a stand-in for the control plane's event API. Everything listens on 127.0.0.1
-and every process a test starts is killed when it ends."""
+processes, real vLLM pods on the tiny model, and a stand-in for the control plane's event API.
+Everything listens on 127.0.0.1 and every process a test starts is killed when it ends."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -26,9 +27,23 @@ from dataplane.wire.pod_events import PodEvent
 
 
 def free_port() -> int:
+    """A port nothing listens on (bound and released; connections to it are refused)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all held until all are chosen (two free_port() calls may return
+    the same port)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -126,16 +141,23 @@ class SimProcess:
 
 @contextmanager
 def sim_engine(*args: str) -> Iterator[SimProcess]:
+    """A simulated engine process; when the test fails, the end of its log is printed with it."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port), *args], stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=15)
-        yield SimProcess(port, proc)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataplane.runtime.sim", "--port", str(port), *args], stderr=log
+        )
+        try:
+            wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), timeout=15)
+            yield SimProcess(port, proc)
+        except BaseException:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-4000:]
+            sys.stderr.write(f"--- simulated engine on port {port}, the end of its log:\n{tail}\n")
+            raise
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 @dataclass
@@ -304,6 +326,110 @@ def tiny_vllm_args(model: Path, max_num_seqs: int) -> list[str]:
         str(max_num_seqs),
         "--enforce-eager",
     ]
+
+
+def tree_rss_mib(root_pid: int) -> float:
+    """Resident memory of a process and all its descendants, MiB."""
+    total_kib = 0
+    for pid in (root_pid, *descendant_pids(root_pid)):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kib / 1024
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    path: Path
+    env: dict[str, str]  # what a vLLM pod serving it needs (make_tiny_vllm)
+    made_s: float  # time to make it, s
+
+
+@dataclass
+class RealPod:
+    proc: subprocess.Popen[bytes]
+    engine: str  # engine base URL
+    probe: str  # prober base URL
+    measurements: dict[str, float]
+
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@contextmanager
+def running_pod(folder: Path, model: TinyModel, *args: str) -> Iterator[RealPod]:
+    """A vLLM pod serving the tiny model, ready (its prober's /readyz is 200); on the way out
+    it gets SIGTERM (exit code in ``measurements``), then its group SIGKILL. ``folder`` takes
+    its log and is its TMPDIR, where vLLM puts its temporary files."""
+    env = {**os.environ, **model.env, "TMPDIR": str(folder)}
+    port, probe_port = free_ports(2)
+    log_path = folder / "pod.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dataplane.runtime.pod",
+            "--engine",
+            "vllm",
+            "--port",
+            str(port),
+            "--probe-port",
+            str(probe_port),
+            "--name",
+            "vllm-test",
+            *tiny_vllm_args(model.path, max_num_seqs=2),
+            "--idle-interval",
+            "1",
+            "--completion-deadline",
+            "30",
+            "--scrape-interval",
+            "0.5",
+            "--grace",
+            "30",
+            *args,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pod = RealPod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {})
+    try:
+        start = time.monotonic()
+
+        def ready() -> bool:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                return http("GET", pod.probe + "/readyz", timeout=2)[0] == 200
+            except OSError:
+                return False
+
+        wait_until(ready, timeout=300, interval=0.5)
+        pod.measurements["ready_s"] = time.monotonic() - start
+        yield pod
+    finally:
+        try:
+            proc.send_signal(signal.SIGTERM)  # the pod forwards it to vLLM, which stops
+            pod.measurements["exit_code"] = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pod.measurements["exit_code"] = -9
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+            log.close()
+
+
+def save_measurements(name: str, measurements: dict[str, float]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / name).write_text(json.dumps(measurements, indent=1))
+    print(f"\n{name}:", json.dumps(measurements))
 
 
 @contextmanager

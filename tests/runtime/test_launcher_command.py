@@ -28,6 +28,7 @@ def test_minimal_spec_uses_module_entrypoint_and_priority_scheduling() -> None:
         "auto",
         "--scheduling-policy",
         "priority",
+        "--enable-prompt-tokens-details",  # cached and image tokens in usage, for the price
     ]
     assert VLLM_MODULE == "vllm.entrypoints.openai.api_server"  # no `vllm` console script
 
@@ -87,6 +88,7 @@ def test_several_api_servers_run_under_vllm_serve_with_the_model_first() -> None
         "auto",
         "--scheduling-policy",
         "priority",
+        "--enable-prompt-tokens-details",
         "--api-server-count",
         "4",
         "--seed",

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.runtime.support import free_port, http, metric_value, start_pod, stop_group, wait_until
+from tests.runtime.support import free_ports, http, metric_value, start_pod, stop_group, wait_until
 
 IDLE_S, DEADLINE_S, SCRAPE_S = 0.3, 1.0, 0.1
 
 
 @pytest.fixture
 def pod() -> Iterator[tuple[str, str]]:
-    port, probe_port = free_port(), free_port()
+    port, probe_port = free_ports(2)
     proc = start_pod(
         "--engine",
         "sim",

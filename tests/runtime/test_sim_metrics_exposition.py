@@ -30,7 +30,7 @@ def scraped(sim: SimProcess) -> bytes:
 def test_every_family_has_help_and_the_model_name_reads_back(start_sim) -> None:
     sim = start_sim("--profile", "tiny-test", "--time-scale", "100", "--served-model-name", MODEL)
     families = list(text_string_to_metric_families(scraped(sim).decode()))
-    assert len(families) == 10
+    assert len(families) == 12  # with the prefix cache's queries and hits
     for family in families:
         assert family.documentation and family.type != "unknown", family.name
         assert {s.labels["model_name"] for s in family.samples} == {MODEL}, family.name

@@ -24,7 +24,10 @@ def test_a_minute_is_scored_when_its_last_request_ends():
     while now < 65.0:
         now += 0.5
         fleet.tick(now, counting=True)
-    requests, p99 = fleet.minute_p99[0]
-    assert requests == 1 and p99 == pytest.approx(4.4 / 45.0, rel=1e-6)
+    requests, worst, ttft, itl = fleet.minute_p99[0]
+    # Scored on the worst of its deadlines: 4.4 / 45 end to end, 0.011 / (5 + 10 x 0.1 ms) to the
+    # first token, and 11 ms a token against 0.1 s: the ITL's 0.11.
+    assert requests == 1 and ttft == pytest.approx(0.011 / 5.001, rel=1e-6)
+    assert itl == pytest.approx(0.11, rel=1e-6) and worst == itl > 4.4 / 45.0
     assert fleet.open_minutes == {}  # its latencies went to the run's percentiles
     assert len(fleet.latencies) == 1 and fleet.latencies.value(0.99) == pytest.approx(4.4, rel=5e-4)

@@ -62,6 +62,40 @@ def test_a_bad_table_is_refused_naming_the_field_and_value():
     doc = RoutingTable("v7", (CHAT,), {}).to_json()
     doc["endpoints"][0]["mu_per_replica_minute"] = -1
     with pytest.raises(
-        ValueError, match=r"endpoints\[0\]\.mu_per_replica_minute must be a number >= 0, got -1"
+        ValueError, match=r"endpoints\[0\]\.mu_per_replica_minute must be a finite number >= 0, got -1"
     ):
         RoutingTable.from_json(doc)
+
+
+def test_a_negative_gamma_profile_gives_a_table_the_routers_read(
+    operator_client, owner, make_endpoint, small_model
+):
+    """gamma down to -beta is a valid price (a fitted intercept): the served table carries it and
+    every router reads it, rather than refusing the whole table for one profile."""
+    small_model.gamma = -0.002  # >= -beta (0.004): valid for CostModel, the DB constraint and the API
+    small_model.full_clean()
+    small_model.save()
+    make_endpoint(owner, "chat")
+    served = RoutingTable.from_json(operator_client.get("/api/v1/routing-table/").json())
+    assert served.endpoints[0].coefficients.gamma == -0.002
+
+
+@pytest.mark.parametrize(
+    ("gamma", "why"),
+    [
+        (-0.005, r"gamma must be a finite number >= -beta \(-0.004\)"),
+        (float("nan"), "gamma must be a finite"),
+    ],
+)
+def test_a_gamma_below_minus_beta_or_not_finite_is_refused_naming_it(gamma, why):
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    doc["endpoints"][0]["gamma"] = gamma
+    with pytest.raises(ValueError, match=r"endpoints\[0\].*" + why):
+        RoutingTable.from_json(doc)
+
+
+@pytest.mark.parametrize("mu_per_minute", [float("nan"), float("inf"), -6000.0])
+def test_a_bad_reservation_in_the_table_is_refused_when_the_table_is_read(mu_per_minute):
+    """NaN passes every comparison (it would admit everything), inf breaks the lease renewal."""
+    with pytest.raises(ValueError, match=r"reservation\.mu_per_minute must be a finite number"):
+        ReservedRate.from_json({"mu_per_minute": mu_per_minute, "best_effort_allowed": False})

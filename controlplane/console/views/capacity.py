@@ -384,7 +384,7 @@ def sell(request: ConsoleRequest) -> HttpResponse:
         with transaction.atomic():
             context["sold"] = serializer.save()
     except Oversold as refused:
-        context["refused"] = oversold_body(refused)
+        context["refused"] = oversold_body(refused, operator=True)  # operators sell
         return render(request, "console/_sell_form.html", context, status=409)
     # The pools table is refreshed in the same response (out of band), with the new figures.
     context.update(capacity_context(request.POST.get("window")), refresh_pools=True)

@@ -83,13 +83,14 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
         try:
             valid = serializer.is_valid()
         except NoPlacement as refused:  # placement runs in validation: it picks the pool
-            valid, errors = False, {"region_preference": str(refused)}
+            shown = str(refused) if request.principal.is_operator else refused.tenant_message()
+            valid, errors = False, {"region_preference": shown}
         if valid:
             try:
                 with transaction.atomic():
                     saved = serializer.save()
             except Oversold as refused:
-                errors = {"pool": str(refused)}
+                errors = {"pool": str(refused) if request.principal.is_operator else refused.tenant_message()}
             except QuotaExceeded as refused:
                 errors = {"max_provisioned_concurrency": str(refused)}
             except MoveRefused as refused:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from capacity.benchmark.drivers import SimulatedDriver
+from capacity.benchmark.results import shape_name
 from controlplane.capacity import profile_benchmarks
 from controlplane.capacity.models import GpuType, ModelProfile, ProfileFit
 from dataplane.runtime.profiles import get_profile
@@ -57,16 +58,33 @@ class Command(BaseCommand):
         self.stderr.write(f"Benchmarking {model} on {gpu} at {where or 'the configured engine'} ...")
         record = profile_benchmarks.run_benchmark(profile, engine_url=engine_url, driver=driver)
         self.stdout.write(_table(record))
+        # Shapes this machine's client could not drive to the engine's capacity: left out of the
+        # fit and its held-out error (capacity.benchmark.checks.client_bound).
+        client_bound = [
+            shape_name(r["input_tokens"], r["output_tokens"]) for r in record.shapes if r.get("client_bound")
+        ]
+        if client_bound:
+            self.stdout.write(
+                "client-bound, not priced from (the client could not offer the engine's rate): "
+                + ", ".join(client_bound)
+            )
         summary = {
             "alpha": record.alpha,
             "beta": record.beta,
             "gamma": record.gamma,
-            "delta": 0.0,  # MU per image: no profile prices images yet
+            "delta": record.delta or 0.0,  # MU per image token (capacity.units); 0: no vision
+            "delta_unit": "MU per image token",
+            "cached_token_factor": record.cached_token_factor,  # measured share of alpha; None: not
+            "delta_heldout_mape": record.extras.get("delta", {}).get("heldout_mape"),
+            "cached_token_factor_heldout_mape": record.extras.get("cached_token_factor", {}).get(
+                "heldout_mape"
+            ),
             "rho": record.rho,
             "kappa": record.kappa,
             "r2": record.r2,
             "heldout_mape": record.heldout_mape,
             "samples": record.samples,
+            "client_bound": client_bound,
             "published": record.status == ProfileFit.Status.PUBLISHED,
             "status": record.status,
             "reason": record.reason,

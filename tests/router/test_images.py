@@ -1,0 +1,189 @@
+"""Images in a chat request counted from their header bytes: sizes per format, the prompt tokens
+they take (capacity.units.image_tokens), the refusals (a remote URL, a malformed data URL: a 400
+naming the part, never a 500) and the decoding kept to the header."""
+
+import base64
+import os
+import subprocess
+
+import pytest
+
+from capacity.units import image_tokens
+from dataplane.router.http import RequestError
+from dataplane.router.images import NO_IMAGES, ImageCount, count_images
+from dataplane.wire.images import ImageError, read_data_url
+from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type", "size"),
+    [
+        (png(448, 448), "image/png", (448, 448)),
+        (png(3, 7), "image/png", (3, 7)),
+        (gif(640, 480), "image/gif", (640, 480)),
+        (gif(1, 1, frame=(0, 0, 1000, 800)), "image/gif", (1000, 800)),  # a frame over the screen
+        (gif(10, 10, frame=(5, 6, 10, 10)), "image/gif", (15, 16)),  # the screen grown to hold it
+        (gif(640, 480, frame=(5, 5, 10, 10)), "image/gif", (640, 480)),
+        (webp_vp8x(1024, 768), "image/webp", (1024, 768)),
+        (webp_vp8l(300, 5000), "image/webp", (300, 5000)),
+        (webp_vp8(320, 240), "image/webp", (320, 240)),
+        (jpeg(1920, 1080), "image/jpeg", (1920, 1080)),
+        (jpeg(1024, 768, exif_bytes=30_000), "image/jpeg", (1024, 768)),  # the frame after EXIF
+    ],
+)
+def test_the_size_is_read_from_the_header(data, media_type, size):
+    image = read_data_url(data_url(data, media_type))
+    assert (image.width, image.height) == size
+    assert image.size_bytes == len(data) and image.media_type == media_type
+
+
+def test_only_the_header_is_decoded(decoded):
+    big = png(2000, 2000)  # ~8 KB compressed, 4 MB of pixels
+    assert (read_data_url(data_url(big)).width, sum(decoded)) == (2000, 32)  # 24 bytes: 32 chars
+    decoded.clear()
+    read_data_url(data_url(jpeg(1024, 768, exif_bytes=60_000), "image/jpeg"))
+    assert sum(decoded) < 200  # windows of 64 characters: the 60 KB EXIF segment is jumped over
+
+
+VLLM_PY = "/work/main/.venv-vllm/bin/python"
+
+
+def test_a_gif_is_sized_as_pillow_opens_it():
+    """Pillow (vLLM's decoder) opens a GIF at its first frame's extent when it overflows the
+    logical screen; the router's price follows (1,044 image tokens, not 4 from a 1 x 1 screen)."""
+    data = gif(1, 1, frame=(0, 0, 1000, 800))
+    counted = count_images([{"role": "user", "content": [image_part(data, "image/gif")]}])
+    assert counted.image_tokens == image_tokens(1000, 800) == 1044
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: Pillow's reading not checked")
+    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
+    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
+    assert out.split() == [b"1000", b"800"]
+
+
+def test_a_gif_without_an_image_is_refused():
+    with pytest.raises(ImageError, match="no image"):
+        read_data_url(data_url(gif(4, 4)[:-16] + b";", "image/gif"))  # its image cut, then the trailer
+
+
+def test_image_tokens_follow_the_processors_resize():
+    assert image_tokens(448, 448) == 256  # 16 x 16 cells of 28 px
+    assert image_tokens(1024, 768) == 37 * 27  # 1,036 x 756
+    assert image_tokens(1920, 1080) == 47 * 26  # capped at 1,280 tokens: 1,316 x 728
+    assert image_tokens(20, 20) == 4  # raised to the 56 x 56 minimum
+
+
+def test_a_chat_counts_its_images_and_their_tokens():
+    a, b = png(448, 448), jpeg(1024, 768)
+    messages = [
+        {"role": "system", "content": "look"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "these"}, image_part(a), image_part(b, "image/jpeg")],
+        },
+    ]
+    assert count_images(messages) == ImageCount(2, 256 + 999, len(a) + len(b))
+    assert count_images([{"role": "user", "content": "no images"}]) == NO_IMAGES
+    assert count_images("not a list") == NO_IMAGES
+
+
+def _refusal(part: object) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        count_images([{"role": "user", "content": ["hi", part]}])
+    assert caught.value.status == 400
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://example.com/cat.png", "not 'https'"),
+        ("http://10.0.0.1/x.png", "not 'http'"),
+        ("file:///etc/passwd", "not 'file'"),
+        ("cat.png", "no scheme"),
+    ],
+)
+def test_a_remote_url_is_refused_naming_the_part(url, said):
+    err = _refusal({"type": "image_url", "image_url": {"url": url}})
+    assert err.param == "messages[0].content[1].image_url.url"
+    assert said in err.message and "does not fetch" in err.message
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("data:image/png;base64,", "multiple of 4"),
+        ("data:image/png;base64,abc", "multiple of 4"),
+        ("data:image/png;base64,!!!!", "not valid base64"),
+        ("data:image/svg+xml;base64,AAAA", "data:<image/png|"),
+        ("data:image/png,rawbytes", "data:<image/png|"),
+        ("data:image/png;base64," + base64.b64encode(b"not an image at all, really").decode(), "not a PNG"),
+        ("data:image/png;base64," + base64.b64encode(png(4, 4)[:20]).decode(), "ends before its header"),
+        (data_url(png(0, 5)), "1 to 16384 pixels"),
+        (data_url(png(20_000, 1)), "1 to 16384 pixels"),
+        (data_url(jpeg(10, 10)[:-15], "image/jpeg"), "ends before"),
+    ],
+)
+def test_a_malformed_data_url_is_a_400_naming_the_part(url, said):
+    err = _refusal({"type": "image_url", "image_url": {"url": url}})
+    assert err.param == "messages[0].content[1].image_url.url" and said in err.message
+
+
+def test_an_image_part_without_a_url_string_is_refused():
+    assert _refusal({"type": "image_url", "image_url": {}}).param == "messages[0].content[1].image_url.url"
+    assert _refusal({"type": "image_url", "image_url": {"url": 5}}).param.endswith(".url")
+
+
+@pytest.mark.parametrize(
+    ("part", "tokens"),
+    [
+        # vLLM reads a part without "type" (or with a "uuid") by its first media field
+        ({"image_url": {"url": data_url(png(1344, 1344))}}, image_tokens(1344, 1344)),
+        ({"image_url": data_url(png(448, 448))}, 256),
+        ({"type": "text", "image_url": {"url": data_url(png(448, 448))}, "uuid": "u"}, 256),
+        # an input_image's URL is its own "image_url" string (ResponseInputImageParam)
+        ({"type": "input_image", "image_url": data_url(png(448, 448))}, 256),
+    ],
+)
+def test_an_image_part_is_counted_as_vllm_reads_it(part, tokens):
+    assert count_images([{"role": "user", "content": ["hi", part]}]).image_tokens == tokens
+
+
+def test_a_text_part_with_an_image_field_is_text_as_vllm_reads_it():
+    part = {"type": "text", "text": "t", "image_url": {"url": "http://10.0.0.1/x.png"}}
+    assert count_images([{"role": "user", "content": [part]}]) == NO_IMAGES
+
+
+AT = "messages[0].content[1]"  # the part after "hi"
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}, f"{AT}.image_url.url"),
+        ({"type": "image_url", "image_url": {"url": "http://10.0.0.1/x.png"}, "uuid": "u"},
+         f"{AT}.image_url.url"),
+        ({"type": "input_image", "image_url": "https://example.com/a.png"}, f"{AT}.image_url"),
+        ({"type": "input_image", "image_url": {"url": data_url(png(4, 4))}}, f"{AT}.image_url"),
+        ({"type": "video_url", "video_url": {"url": "http://10.0.0.1/big.mp4"}}, AT),
+        ({"type": "audio_url", "audio_url": {"url": "http://10.0.0.1/a.wav"}}, AT),
+        ({"video_url": {"url": "data:video/mp4;base64,AAAA"}}, AT),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, AT),
+        ({"type": "image_embeds", "image_embeds": "AAAA"}, AT),
+        ({"type": "text", "text": "t", "uuid": "u", "audio_url": "http://10.0.0.1/a.wav"}, AT),
+    ],
+)  # fmt: skip
+def test_a_media_part_the_router_cannot_price_or_fetch_is_refused_naming_it(part, param):
+    assert _refusal(part).param == param
+
+
+def test_too_many_images_are_refused():
+    part = image_part(png(28, 28))
+    with pytest.raises(RequestError) as caught:
+        count_images([{"role": "user", "content": [part] * 65}])
+    assert caught.value.param == "messages" and "64" in caught.value.message
+
+
+def test_a_huge_payload_is_refused_from_its_length_alone():
+    with pytest.raises(ImageError, match="at most"):
+        read_data_url("data:image/png;base64," + "A" * (28 * 1024 * 1024))
