@@ -9,12 +9,13 @@ vLLM knows and the part carries no ``uuid``, else by the first media field prese
 audio, embeddings, PIL images) is refused with a 400 naming the part: the router cannot price
 its encoder work, and a video or audio URL is fetched by the pod.
 
-The rule for image URLs: a ``data:image/<png|jpeg|webp|gif>;base64,...`` URL is counted (its
-width and height from the header bytes, dataplane.wire.images); a remote URL (http, https, file,
-...) is refused with a 400 naming the part. The router does not fetch: a fetch on the hot path is
-unbounded latency and a request-forgery vector, and an image whose size is unknown until it is
-fetched cannot be priced on admission. Clients send data URLs (as the OpenAI SDK does for local
-files). A malformed data URL is a 400 naming the part too, never a 500.
+The rule for image URLs: a base64 data URL of a PNG, JPEG, WebP or GIF is counted (its width
+and height from the header bytes, read as vLLM reads the URL: dataplane.wire.images); a remote
+URL (http, https, file, ...) is refused with a 400 naming the part. The router does not fetch:
+a fetch on the hot path is unbounded latency and a request-forgery vector, and an image whose
+size is unknown until it is fetched cannot be priced on admission. Clients send data URLs (as
+the OpenAI SDK does for local files). A malformed data URL is a 400 naming the part too, never
+a 500.
 
 Worked numbers: two 448 x 448 PNG parts in one message -> ImageCount(images=2, image_tokens=512,
 image_bytes=<their decoded sizes>).
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
-from dataplane.wire.images import ImageError, read_data_url
+from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 MAX_IMAGES = 64  # per request: above any vision model's context budget for images
 # Header blocks all of a request's images may walk before their frames together, beyond each
@@ -109,7 +110,7 @@ def count_images(messages: Any) -> ImageCount:
             url = (field.get("url") if isinstance(field, dict) else None) if nested else field
             if not isinstance(url, str):
                 raise refused(where, "must be a string (a data:image/...;base64 URL)")
-            if not url.startswith("data:"):
+            if not is_data_url(url):
                 scheme = url.split(":", 1)[0][:16] if ":" in url else "no scheme"
                 raise refused(
                     where,

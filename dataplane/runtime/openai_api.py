@@ -42,7 +42,7 @@ from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.sim_generation import GREEDY_TEMPERATURE
 from dataplane.runtime.vision import VisionProfile
 from dataplane.wire import cache_salt as salt_rule
-from dataplane.wire.images import ImageError, read_data_url
+from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
 # config/model.py max_logprobs (its default).
@@ -798,7 +798,7 @@ def parse_request(raw: bytes, content_type: str, chat: bool, served: ServedModel
 def _image_size(url: str) -> tuple[int, int]:
     """(width, height) of an image data URL; a 400 as vLLM's media connector gives for a bad one.
     The simulated engine does not fetch: a remote URL is a 400 too (vLLM would fetch it)."""
-    if not url.startswith("data:"):
+    if not is_data_url(url):
         raise ApiError(400, "the simulated engine does not fetch remote images; send a data URL")
     try:
         image = read_data_url(url)

@@ -29,6 +29,12 @@ Worked numbers: a GIF whose screen is 1 x 1 and whose first frame is 1000 x 800 
 4,000-character payload holds 3,000 bytes (2,999 with one "=" of padding); a 448 x 448 PNG's
 bytes 16..24 are 00 00 01 c0 00 00 01 c0 -> (448, 448), read from the payload's first 32
 characters.
+
+A data URL is read as vLLM 0.32's media connector reads it (``MediaConnector._load_data_url``,
+RFC 2397): the scheme in any case, ``data:[<media type>][;<param>=<value>]*;base64,<data>``;
+the media type and its parameters are not what decides the format (the decoder sniffs the
+bytes, as Pillow does), so ``DATA:application/octet-stream;name=a.png;base64,<a PNG>`` is that
+PNG. Only base64 is accepted, as there.
 """
 
 from __future__ import annotations
@@ -37,13 +43,14 @@ import binascii
 import struct
 from dataclasses import dataclass
 
-MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # per image: OpenAI's limit for an image input
 MAX_SIDE_PX = 16384  # per side: larger is a decompression bomb, not a photo
 HEADER_BLOCKS_BASE = 32  # blocks any image may walk before its frame: EXIF, ICC, DQT take a few
 HEADER_BYTES_PER_BLOCK = 32  # and one more per this many bytes: XMP walks one per 33 or more
 WINDOW_BYTES = 48  # decoded at once by a walker: 64 characters, a dozen small blocks
-HEADER_MAX_CHARS = 64  # "data:image/jpeg;base64," is 23: a longer header is not one of ours
+# "data:image/jpeg;base64," is 23; parameters (a file name) make it longer: this bounds the
+# search for its comma, not a payload's
+HEADER_MAX_CHARS = 1024
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT, JPG, DAC)
 _GIF_HEAD = 14  # an extension's head: introducer, label, length, 11 bytes of a NETSCAPE2.0 block
 _BLOCKS_DONE, _IN_BLOCKS, _ONE_BLOCK = 0, 1, 2  # where a GIF walk is: between blocks, in sub-blocks
@@ -57,7 +64,7 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True)
 class DataImage:
-    media_type: str  # one of MEDIA_TYPES
+    media_type: str  # as the URL says it, without parameters ("" if none); the bytes decide the format
     size_bytes: int  # decoded size, from the base64 length
     width: int  # pixels, >= 1
     height: int  # pixels, >= 1
@@ -94,16 +101,22 @@ class _Base64Bytes:
         return self.read(start, max(1, min(WINDOW_BYTES, self.size - start)))
 
 
+def is_data_url(url: str) -> bool:
+    """Whether ``url`` is a data URL (its scheme in any case, as URL schemes are)."""
+    return url[:5].lower() == "data:"
+
+
 def read_data_url(url: str, blocks_left: int | None = None) -> DataImage:
     """The image a ``data:<media type>;base64,<data>`` URL holds; ImageError says what is wrong.
     ``blocks_left``: what is left of a budget shared by several images (a request's), if any."""
-    if not url.startswith("data:"):
+    if not is_data_url(url):
         raise ImageError("not a data URL")
     # up to the comma, "" without one near the start; not url.partition, which copies the payload
     header = url[: url.find(",", 0, HEADER_MAX_CHARS) + 1]
-    media_type, _, encoding = header[len("data:") : -1].partition(";")
-    if not header or encoding != "base64" or media_type not in MEDIA_TYPES:
-        raise ImageError(f"a data URL must be data:<{'|'.join(MEDIA_TYPES)}>;base64,<data>")
+    spec, _, encoding = header[len("data:") : -1].rpartition(";")
+    if not header or encoding != "base64":
+        raise ImageError("a data URL must be data:[<media type>][;<param>=<value>]*;base64,<data>")
+    media_type = spec.partition(";")[0]
     chars = len(url) - len(header)
     if not chars or chars % 4:
         raise ImageError("the base64 data's length must be a positive multiple of 4")

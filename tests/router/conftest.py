@@ -22,9 +22,12 @@ from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod
 from tests.router.fakepod import FakePod
 from tests.runtime.support import free_port, free_ports  # noqa: F401 (the router tests import them from here)
 
+# Short waits for what the router waits on, but production's deadlines for reading a client's
+# request: a test's loop is its router's too, and a stall of it (a full collection of a large
+# heap, a descheduled process on a busy machine) longer than a sub-second deadline times out a
+# client that already sent its request (test_a_stall_of_the_loop_cuts_no_client); the tests of
+# those deadlines set their own.
 FAST = RouterConfig(
-    header_read_timeout_s=0.5,
-    body_read_timeout_s=0.5,
     upstream_connect_timeout_s=0.5,
     queue_wait_s=0.3,
     wake_deadline_s=0.5,

@@ -5,6 +5,7 @@ naming the part, never a 500) and the decoding kept to the header."""
 import base64
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -37,15 +38,58 @@ def test_the_size_is_read_from_the_header(data, media_type, size):
     assert image.size_bytes == len(data) and image.media_type == media_type
 
 
+VLLM_PY = str(Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python")
+OPENED = [
+    "DATA:image/png;base64,",  # a scheme is read in any case
+    "Data:image/png;base64,",
+    "data:image/png;name=cat.png;base64,",  # parameters (RFC 2397)
+    "data:application/octet-stream;base64,",  # the bytes say the format, not the media type
+    "data:;base64,",
+    "data:image/jpeg;base64,",  # a PNG said to be a JPEG is a PNG
+]
+NOT_BASE64 = ["data:image/png,", "data:image/png;base64;charset=utf-8,"]  # vLLM: NotImplementedError
+
+
+@pytest.mark.parametrize("prefix", OPENED)
+def test_a_data_url_is_read_as_vllm_reads_it(prefix):
+    """Each is an image vLLM 0.32 opens (test_vllm_opens_and_refuses_the_same_data_urls): the
+    router prices it and the simulated engine serves it, as vLLM would."""
+    url = prefix + base64.b64encode(png(448, 448)).decode()
+    assert (read_data_url(url).width, read_data_url(url).height) == (448, 448)
+    counted = count_images([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+    assert counted.image_tokens == 256
+
+
+def test_vllm_opens_and_refuses_the_same_data_urls():
+    """The installed vLLM's media connector on the same URLs: the ones read above open at 448 x
+    448, the ones refused above (not base64) raise."""
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: vLLM's reading not checked")
+    payload = base64.b64encode(png(448, 448)).decode()
+    code = (
+        "import sys\n"
+        "from vllm.multimodal.media.connector import MediaConnector\n"
+        "from vllm.multimodal.media.image import ImageMediaIO\n"
+        "for url in sys.stdin.read().split():\n"
+        "    try:\n"
+        "        print(*MediaConnector().load_from_url(url, ImageMediaIO()).media.size)\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__)\n"
+    )
+    urls = "\n".join(prefix + payload for prefix in OPENED + NOT_BASE64)
+    out = subprocess.run([VLLM_PY, "-c", code], input=urls.encode(), capture_output=True, check=True)
+    assert out.stdout.decode().splitlines() == ["448 448"] * len(OPENED) + ["NotImplementedError"] * 2
+    for prefix in NOT_BASE64:
+        with pytest.raises(ImageError, match=";base64,<data>"):
+            read_data_url(prefix + payload)
+
+
 def test_only_the_header_is_decoded(decoded):
     big = png(2000, 2000)  # ~8 KB compressed, 4 MB of pixels
     assert (read_data_url(data_url(big)).width, sum(decoded)) == (2000, 32)  # 24 bytes: 32 chars
     decoded.clear()
     read_data_url(data_url(jpeg(1024, 768, exif_bytes=60_000), "image/jpeg"))
     assert sum(decoded) < 200  # windows of 64 characters: the 60 KB EXIF segment is jumped over
-
-
-VLLM_PY = "/work/main/.venv-vllm/bin/python"
 
 
 def test_a_gif_is_sized_as_pillow_opens_it():
@@ -115,8 +159,9 @@ def test_a_remote_url_is_refused_naming_the_part(url, said):
         ("data:image/png;base64,", "multiple of 4"),
         ("data:image/png;base64,abc", "multiple of 4"),
         ("data:image/png;base64,!!!!", "not valid base64"),
-        ("data:image/svg+xml;base64,AAAA", "data:<image/png|"),
-        ("data:image/png,rawbytes", "data:<image/png|"),
+        ("data:image/svg+xml;base64," + base64.b64encode(b"<svg></svg>").decode(), "not a PNG"),
+        ("data:image/png,rawbytes", ";base64,<data>"),
+        ("data:image/png;base64;charset=utf-8,AAAA", ";base64,<data>"),  # base64 last, as vLLM asks
         ("data:image/png;base64," + base64.b64encode(b"not an image at all, really").decode(), "not a PNG"),
         ("data:image/png;base64," + base64.b64encode(png(4, 4)[:20]).decode(), "ends before its header"),
         (data_url(png(0, 5)), "1 to 16384 pixels"),
