@@ -11,6 +11,15 @@ from controlplane.tenants.models import ApiKey, Tenant
 from dataplane.wire import load_samples
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Each phase's report on its test (``item.rep_call``...): a fixture's teardown can tell
+    whether the test failed, to print the log of a process it started (test_web_server)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 def client_for(tenant: Tenant | None, name: str = "test") -> APIClient:
     _, secret = ApiKey.issue(name=name, tenant=tenant)
     client = APIClient()

@@ -16,8 +16,10 @@ import selectors
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from typing import IO
 
 import httpx
 import pytest
@@ -63,7 +65,7 @@ def server(django_db_setup):
         WEB_CONCURRENCY="2",
     )
     # The log goes to a file: a pipe nobody reads fills, and the workers block writing to it.
-    log = tempfile.TemporaryFile()
+    log = SERVER_LOG[port] = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         rebound(image_command(), port),
         cwd=ROOT,
@@ -75,8 +77,8 @@ def server(django_db_setup):
     try:
         deadline = time.monotonic() + 30
         while get(port, "/healthz", 1.0)[0] != 200:
-            assert proc.poll() is None, log.seek(0) or log.read().decode()
-            assert time.monotonic() < deadline, "the web server did not answer /healthz within 30 s"
+            assert proc.poll() is None, log_tail(log)
+            assert time.monotonic() < deadline, "no answer to /healthz within 30 s:\n" + log_tail(log)
             time.sleep(0.2)
         yield port
     finally:
@@ -86,7 +88,28 @@ def server(django_db_setup):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        del SERVER_LOG[port]
         log.close()
+
+
+SERVER_LOG: dict[int, IO[bytes]] = {}  # the running server's log, by its port
+
+
+@pytest.fixture(autouse=True)
+def the_servers_log_when_a_test_fails(request):
+    """A failed test prints the end of the server's log with its report (its workers' tracebacks)."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for port, log in SERVER_LOG.items():
+            sys.stderr.write(f"--- the web server on port {port}, the end of its log:\n{log_tail(log)}\n")
+
+
+def log_tail(log: IO[bytes], size: int = 6000) -> str:
+    """The end of a running server's log; pread, for the server writes through the same file
+    offset, which a seek would move."""
+    end = os.fstat(log.fileno()).st_size
+    return os.pread(log.fileno(), size, max(0, end - size)).decode(errors="replace")
 
 
 def test_it_serves_the_console_api_and_static_files(server):

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -37,6 +37,28 @@ async def shared_redis() -> Redis:
         await redis.aclose()
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
     return redis
+
+
+@contextlib.asynccontextmanager
+async def limiters(
+    *holders: str, start: float = 0.0
+) -> AsyncIterator[tuple[Redis, list[float], list[LeasedLimiter]]]:
+    """Leased limiters on the shared Redis, one per holder, under a key prefix of their own and
+    on one fake clock (``now[0]``, from ``start``); the prefix's keys are deleted after."""
+    redis = await shared_redis()
+    now = [start]
+    prefix = f"test:lease:{uuid.uuid4().hex}:"
+    try:
+        yield (
+            redis,
+            now,
+            [LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder=h) for h in holders],
+        )
+    finally:
+        stale = await redis.keys(prefix + "*")
+        if stale:
+            await redis.delete(*stale)
+        await redis.aclose()
 
 
 @contextlib.contextmanager
@@ -94,12 +116,7 @@ def test_the_script_grants_what_the_arithmetic_computes():
 
 def test_two_limiters_split_the_reservation_and_requests_never_call_redis():
     async def go() -> None:
-        redis = await shared_redis()
-        now = [0.0]
-        prefix = f"test:lease:{uuid.uuid4().hex}:"
-        big = LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder="big")
-        small = LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder="small")
-        try:
+        async with limiters("big", "small") as (redis, now, (big, small)):
             before = (await redis.info("stats"))["total_commands_processed"]
             # first requests, before any grant: R / provisional_holders, from an empty bucket
             assert big.check_now("ep", 5.0, LIMIT).allowed and small.check_now("ep", 2.5, LIMIT).allowed
@@ -125,9 +142,6 @@ def test_two_limiters_split_the_reservation_and_requests_never_call_redis():
             while big.check_now("ep", 1.0, LIMIT).allowed:
                 got += 1
             assert got == pytest.approx(b.granted * LIMIT.burst_s, abs=1.5)
-        finally:
-            await redis.delete(prefix + "ep")
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -189,11 +203,7 @@ def test_redis_away_keeps_the_lease_until_it_expires_then_falls_back(caplog):
 
 def test_an_uncontended_steady_lease_is_renewed_once_a_second():
     async def go() -> None:
-        redis = await shared_redis()
-        now = [0.0]
-        prefix = f"test:lease:{uuid.uuid4().hex}:"
-        lim = LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder="alone")
-        try:
+        async with limiters("alone") as (_, now, (lim,)):
             for _ in range(40):  # 10 s at 40 MU/s of a 100 MU/s reservation, renewal ticks of 0.25 s
                 lim.check_now("ep", 10.0, LIMIT)
                 now[0] += 0.25
@@ -207,9 +217,6 @@ def test_an_uncontended_steady_lease_is_renewed_once_a_second():
                 await lim.renew_all(0.25)
             ask = ask_for(s.demand, TERMS)
             assert lim.renewals == 12 and s.granted == pytest.approx(ask + (100 - ask) / 4, abs=1e-5)
-        finally:
-            await redis.delete(prefix + "ep")
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -220,11 +227,7 @@ def test_a_debt_is_kept_when_the_tenant_goes_idle_until_it_is_paid():
     waits, and once the debt is paid the share is dropped and a request runs again."""
 
     async def go() -> None:
-        redis = await shared_redis()
-        now = [1000.0]
-        prefix = f"test:lease:{uuid.uuid4().hex}:"
-        lim = LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder="h")
-        try:
+        async with limiters("h", start=1000.0) as (_, now, (lim,)):
             huge = 60 * 100.0  # 6,000 MU: 60 s of the reservation
             assert lim.check_now("ep", huge, LIMIT).allowed
             await lim.renew_all(0.25)
@@ -240,9 +243,6 @@ def test_a_debt_is_kept_when_the_tenant_goes_idle_until_it_is_paid():
                 await lim.renew_all(0.25)
             assert "ep" not in lim.shares  # paid: nothing left to remember
             assert lim.check_now("ep", huge, LIMIT).allowed
-        finally:
-            await redis.delete(prefix + "ep")
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -253,13 +253,7 @@ def test_fresh_holders_together_admit_about_one_burst_before_their_first_grant()
     not a full burst each; after the store's first answer a new endpoint splits by its count."""
 
     async def go() -> None:
-        redis = await shared_redis()
-        now = [1000.0]
-        prefix = f"test:lease:{uuid.uuid4().hex}:"
-        holders = [
-            LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder=f"h{i}") for i in range(4)
-        ]
-        try:
+        async with limiters("h0", "h1", "h2", "h3", start=1000.0) as (_, now, holders):
             admitted = 0.0
             for lim in holders:
                 while lim.check_now("ep", 10.0, LIMIT).allowed and admitted <= 10_000:
@@ -270,9 +264,6 @@ def test_fresh_holders_together_admit_about_one_burst_before_their_first_grant()
             assert holders[0].shares["ep"].holders_seen == 1 and holders[3].shares["ep"].holders_seen == 4
             holders[3].check_now("other", 1.0, LIMIT)  # a new endpoint: the most seen on any, 4
             assert holders[3].shares["other"].rate(now[0]) == pytest.approx(100.0 / 4)
-        finally:
-            await redis.delete(prefix + "ep", prefix + "other")
-            await redis.aclose()
 
     asyncio.run(go())
 
@@ -317,11 +308,7 @@ def test_a_refund_reaches_the_leased_bucket_before_the_next_request_is_judged():
     such request runs (folded into its cost, the 60 s of the first estimate refused it)."""
 
     async def go() -> None:
-        redis = await shared_redis()
-        now = [1000.0]
-        prefix = f"test:lease:{uuid.uuid4().hex}:"
-        lim = LeasedLimiter(redis, lambda: now[0], TERMS, prefix=prefix, holder="h")
-        try:
+        async with limiters("h", start=1000.0) as (_, now, (lim,)):
             huge = 60 * 100.0  # 6,000 MU: 60 s of the reservation
             assert lim.check_now("ep", huge, LIMIT).allowed
             await lim.renew_all(0.25)
@@ -330,8 +317,5 @@ def test_a_refund_reaches_the_leased_bucket_before_the_next_request_is_judged():
             assert lim.check_now("ep", huge, LIMIT).allowed
             now[0] += 1
             assert not lim.check_now("ep", huge, LIMIT).allowed  # this one was not refunded
-        finally:
-            await redis.delete(prefix + "ep")
-            await redis.aclose()
 
     asyncio.run(go())
