@@ -2,12 +2,12 @@
 prompt tokens they will take (capacity.units.image_tokens, by resolution), so the router can
 price them (``delta`` MU per image token) and refuse what it will not pass on. Pure; no I/O.
 
-Parts are classified as vLLM 0.32 classifies them (renderers/chat_utils.py
-``_parse_chat_message_content_mm_part``, copied in ``part_kind``): by ``type`` when it is a type
-vLLM knows and the part carries no ``uuid``, else by the first media field present (a part with no
-``type`` but an ``image_url`` is an image). Images are priced; every other media part (video,
-audio, embeddings, PIL images) is refused with a 400 naming the part: the router cannot price
-its encoder work, and a video or audio URL is fetched by the pod.
+Parts are classified as vLLM 0.32 classifies them (``dataplane.wire.content_parts.part_kind``):
+by ``type`` when it is a type vLLM knows and the part carries no ``uuid``, else by the first
+media field present (a part with no ``type`` but an ``image_url`` is an image). Images are
+priced; every other media part (video, audio, embeddings, PIL images) is refused with a 400
+naming the part: the router cannot price its encoder work, and a video or audio URL is fetched
+by the pod.
 
 The rule for image URLs: a base64 data URL of a PNG, JPEG, WebP or GIF is counted (its width
 and height from the header bytes, read as vLLM reads the URL: dataplane.wire.images); a remote
@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
+from dataplane.wire.content_parts import IMAGE_PART_TYPES, part_kind
 from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 MAX_IMAGES = 64  # per request: above any vision model's context budget for images
@@ -34,18 +35,6 @@ MAX_IMAGES = 64  # per request: above any vision model's context budget for imag
 # one's own bound (wire.images.header_blocks): 64 images of 128, or one XMP-laden GIF of 8,192;
 # at 0.2-0.4 us a block, a request's sizing stays under 3.5 ms whatever its size.
 MAX_REQUEST_BLOCKS = 8192
-IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})  # the parts whose URL is an image
-# The part types vLLM's MM_PARSER_MAP knows: read by their type when the part has no uuid.
-VLLM_PART_TYPES = frozenset(
-    {"text", "thinking", "input_text", "output_text", "input_image", "image_url", "image_embeds",
-     "audio_embeds", "video_embeds", "prompt_embeds", "image_pil", "audio_url", "input_audio",
-     "refusal", "video_url", "tool_reference"}
-)  # fmt: skip
-# The fields vLLM reads a part by when it has no type (or a uuid), in vLLM's order of precedence.
-TYPELESS_FIELDS = (
-    "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "audio_url",
-    "input_audio", "video_url", "tool_reference",
-)  # fmt: skip
 # Media the router cannot price (no size it can read without decoding or fetching): refused.
 UNPRICED_MEDIA_TYPES = frozenset(
     {"image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "audio_url", "input_audio",
@@ -64,18 +53,6 @@ NO_IMAGES = ImageCount(0, 0, 0)
 
 def refused(param: str, message: str) -> RequestError:
     return RequestError(400, f"{param}: {message}", "invalid_image", param=param)
-
-
-def part_kind(part: dict[str, Any]) -> str | None:
-    """The type vLLM reads a content part as (``_parse_chat_message_content_mm_part``); None
-    where vLLM refuses the part itself (no type and no media field, or a type that is not a
-    string). An unknown string type is returned as is (vLLM refuses it as unsupported)."""
-    kind = part.get("type")
-    if part.get("uuid") is None and isinstance(kind, str) and kind in VLLM_PART_TYPES:
-        return kind
-    if kind is None or part.get("uuid") is not None:
-        return next((field for field in TYPELESS_FIELDS if field in part), None)
-    return kind if isinstance(kind, str) else None
 
 
 def count_images(messages: Any) -> ImageCount:

@@ -38,12 +38,8 @@ import math
 from typing import Any, NamedTuple
 
 from dataplane.router.http import RequestError
-from dataplane.router.images import NO_IMAGES, ImageCount, count_images, part_kind
-
-# Content-part types vLLM reads as text (renderers/chat_utils.py TEXT_PART_TYPES); refusal and
-# thinking parts keep their text in a field named after the type, the others in "text".
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
-_OWN_FIELD_PARTS = ("refusal", "thinking")
+from dataplane.router.images import NO_IMAGES, ImageCount, count_images
+from dataplane.wire.content_parts import TEXT_PART_TYPES, part_kind, text_field
 
 
 class InvalidParameter(RequestError):
@@ -205,7 +201,7 @@ def check_messages(messages: Any) -> bool:
             if kind is not None and kind not in TEXT_PART_TYPES:
                 media = True  # media parts: priced by their images (no text to price)
                 continue
-            field = kind if kind in _OWN_FIELD_PARTS else "text"
+            field = text_field(kind)
             if field in part and not isinstance(part[field], str):
                 raise InvalidParameter(
                     f"{at}.{field}",

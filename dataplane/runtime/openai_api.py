@@ -517,6 +517,10 @@ def _message_text(message: _Message, served: ServedModel, images: list[str] | No
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind is None and isinstance(part, dict) and isinstance(part.get("image_url"), str):
+            # no type but a URL string: vLLM's bare-image part (CustomChatCompletionContentSimple-
+            # ImageParam) passes its validation and is read as an image; a typeless dict is refused
+            kind = "image_url"
         if kind == "image_url" and served.vision is not None and images is not None:
             field = part.get("image_url")
             url = field.get("url") if isinstance(field, dict) else field

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.image_files import data_url, png
 from tests.runtime.support import RealPod, sim_engine
 
 pytestmark = [
@@ -24,6 +25,7 @@ pytestmark = [
 ]
 
 HI = [{"role": "user", "content": "hi there"}]
+PNG = data_url(png(8, 8))
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 # name, path, body, whether the error message depends on the tokenizer (or on vLLM listing one
 # error per branch of its message union, where the sim names the first fault only)
@@ -143,6 +145,17 @@ CASES: list[tuple[str, str, Any, bool]] = [
         False,
     ),
     ("chat_bad_part", CHAT, {"messages": [{"role": "user", "content": [{"type": "blob"}]}]}, True),
+    # parts without a type: a bare image URL string passes vLLM's validation and is an image (a
+    # text-only model refuses it); a typeless URL object or text, or nothing, fails validation
+    ("chat_typeless_image", CHAT, {"messages": [{"role": "user", "content": [{"image_url": PNG}]}]}, False),
+    (
+        "chat_typeless_image_dict",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"image_url": {"url": PNG}}]}]},
+        True,
+    ),
+    ("chat_typeless_text", CHAT, {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, True),
+    ("chat_typeless_nothing", CHAT, {"messages": [{"role": "user", "content": [{"foo": 1}]}]}, True),
     ("chat_no_role", CHAT, {"messages": [{"content": "x"}]}, True),
     ("chat_no_messages", CHAT, {"messages": []}, False),
     ("chat_top_logprobs_alone", CHAT, {"messages": HI, "top_logprobs": 2}, False),

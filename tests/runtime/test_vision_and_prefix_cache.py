@@ -12,7 +12,7 @@ from dataplane.runtime import perf_model as pm
 from dataplane.runtime.prefix_cache import PrefixCache
 from dataplane.runtime.profiles import H100_QWEN2_VL_7B_VISION, PROFILES
 from dataplane.runtime.vision import with_preprocessing
-from tests.image_files import image_part, png
+from tests.image_files import data_url, image_part, png
 from tests.runtime.support import http, sim_engine
 
 VL = H100_QWEN2_VL_7B_VISION
@@ -151,6 +151,16 @@ def test_the_http_engine_takes_images_on_a_vision_profile_and_counts_its_prefix_
         }
         status, _, body = http("POST", sim.url + "/v1/chat/completions", remote)
         assert status == 400 and b"does not fetch" in body
+        # a part with no type but an image URL string is an image to vLLM (and to the router's price)
+        bare = {"image_url": data_url(png(448, 448))}
+        typeless = {
+            **chat,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What is in it?"}, bare]}],
+        }
+        usage = json.loads(http("POST", sim.url + "/v1/chat/completions", typeless)[2])["usage"]
+        assert usage["prompt_tokens"] == 264 and usage["prompt_tokens_details"]["multimodal_tokens"] == {
+            "image": 256
+        }
     with sim_engine("--profile", "tiny-test", "--time-scale", "50", "--served-model-name", "vl") as text_only:
         status, _, body = http("POST", text_only.url + "/v1/chat/completions", chat)
         assert status == 400 and b"not a multimodal model" in body  # as vLLM says for a text model

@@ -1,0 +1,42 @@
+"""A chat message's content parts as vLLM 0.32 reads them (renderers/chat_utils.py): the type a
+part is read as, with or without its ``type`` field, and which types hold text. Pure; the
+router (validation, image pricing) and the simulated engine classify parts with these rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The part types vLLM's MM_PARSER_MAP knows: read by their type when the part has no uuid.
+VLLM_PART_TYPES = frozenset(
+    {"text", "thinking", "input_text", "output_text", "input_image", "image_url", "image_embeds",
+     "audio_embeds", "video_embeds", "prompt_embeds", "image_pil", "audio_url", "input_audio",
+     "refusal", "video_url", "tool_reference"}
+)  # fmt: skip
+# The fields vLLM reads a part by when it has no type (or a uuid), in vLLM's order of precedence.
+TYPELESS_FIELDS = (
+    "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "audio_url",
+    "input_audio", "video_url", "tool_reference",
+)  # fmt: skip
+# Types vLLM reads as text (TEXT_PART_TYPES); refusal and thinking parts keep their text in a
+# field named after the type, the others in "text".
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+OWN_FIELD_PARTS = ("refusal", "thinking")
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})  # the parts whose URL is an image
+
+
+def part_kind(part: dict[str, Any]) -> str | None:
+    """The type vLLM reads a content part as (``_parse_chat_message_content_mm_part``); None
+    where vLLM refuses the part itself (no type and no media field, or a type that is not a
+    string). An unknown string type is returned as is (vLLM refuses it as unsupported)."""
+    kind = part.get("type")
+    if part.get("uuid") is None and isinstance(kind, str) and kind in VLLM_PART_TYPES:
+        return kind
+    if kind is None or part.get("uuid") is not None:
+        return next((field for field in TYPELESS_FIELDS if field in part), None)
+    return kind if isinstance(kind, str) else None
+
+
+def text_field(kind: str | None) -> str:
+    """The field a text part of this type keeps its text in."""
+    return kind if kind in OWN_FIELD_PARTS else "text"
