@@ -57,15 +57,17 @@ def webp_vp8(width: int, height: int) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
-def jpeg(width: int, height: int, exif_bytes: int = 0, empty_segments: int = 0) -> bytes:
-    """SOI, an APP0, an APP1 (EXIF) segment of ``exif_bytes``, ``empty_segments`` empty COM
-    segments (4 bytes each), the SOF0 frame header, EOI."""
+def jpeg(width: int, height: int, exif_bytes: int = 0, empty_segments: int = 0, junk: bytes = b"") -> bytes:
+    """SOI, an APP0, ``junk`` (bytes between segments, which Pillow skips), an APP1 (EXIF)
+    segment of ``exif_bytes``, ``empty_segments`` empty COM segments (4 bytes each), the SOF0
+    frame header, EOI."""
     out = (
         b"\xff\xd8"
         + b"\xff\xe0"
         + struct.pack(">H", 16)
         + b"JFIF\x00"
         + b"\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+        + junk
     )
     if exif_bytes:
         out += b"\xff\xe1" + struct.pack(">H", exif_bytes + 2) + b"\x00" * exif_bytes

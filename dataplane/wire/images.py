@@ -6,7 +6,8 @@ engine (its vision encoder's work) read images with this one reader.
 Only the header is decoded: base64 maps each 4 characters to 3 bytes, so bytes [a, b) are
 characters [4 * (a // 3), 4 * ceil(b / 3)), and a reader jumps through a JPEG's segments
 without decoding what it skips. A PNG says its size in its first 24 bytes; WebP in its first 30
-(VP8, VP8L or VP8X); a JPEG in its SOF segment, after any EXIF or ICC segments. A GIF's size is
+(VP8, VP8L or VP8X); a JPEG in its SOF segment, after any EXIF or ICC segments (bytes between
+segments skipped to the next 0xFF, a block a run, as Pillow skips them). A GIF's size is
 its logical screen's (bytes 6..10) grown to hold its first frame, as Pillow (vLLM's decoder)
 opens it: the first image descriptor's left + width and top + height, found by jumping over the
 color table and the extension blocks' sub-blocks before it as Pillow reads them (``_gif_size``),
@@ -54,7 +55,8 @@ HEADER_MAX_CHARS = 1024
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT, JPG, DAC)
 _GIF_HEAD = 14  # an extension's head: introducer, label, length, 11 bytes of a NETSCAPE2.0 block
 _BLOCKS_DONE, _IN_BLOCKS, _ONE_BLOCK = 0, 1, 2  # where a GIF walk is: between blocks, in sub-blocks
-_NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn: a marker and no length
+# TEM and RSTn: a marker and no length; 0x00, an escaped 0xFF that Pillow steps over as well
+_NO_LENGTH = frozenset({0x00, 0x01, *range(0xD0, 0xD8)})
 _MARKER = struct.Struct(">BBH")  # 0xFF, the marker, the segment's length (where it has one)
 
 
@@ -209,9 +211,10 @@ def _jpeg_size(data: _Base64Bytes, limit: int) -> tuple[int, int, int]:
         if at + 4 > base + len(window):  # fewer bytes left than a frame header's first 4
             raise ImageError("the image ends before its header does")
         ff, marker, length = _MARKER.unpack_from(window, at - base)  # one call: a fast step
-        if ff != 0xFF:
-            raise ImageError("a JPEG segment does not start with a marker")
-        if marker == 0xFF:  # fill byte
+        if ff != 0xFF:  # junk between segments: Pillow skips to the next 0xFF, and so do we (a block)
+            found = window.find(b"\xff", at - base)
+            at = base + (found if found >= 0 else len(window))
+        elif marker == 0xFF:  # fill byte
             at += 1
         elif marker in _NO_LENGTH:
             at += 2

@@ -105,6 +105,24 @@ def test_a_gif_is_sized_as_pillow_opens_it():
     assert out.split() == [b"1000", b"800"]
 
 
+@pytest.mark.parametrize(
+    "junk",
+    [b"\x00", b"\x00" * 100, bytes(range(255)) * 20, b"junk\xff\xff", b"\xff\x00\xff\x00"],
+    ids=["one byte", "100 zeros", "5,100 bytes", "junk then fill", "escaped 0xFF"],
+)
+def test_a_jpeg_with_junk_between_segments_is_sized_as_pillow_opens_it(junk):
+    """Pillow (vLLM's decoder) skips bytes between segments to the next 0xFF and steps over an
+    escaped 0xFF (FF 00); the reader does too, a block a run."""
+    data = jpeg(1024, 768, exif_bytes=100, junk=junk)
+    image = read_data_url(data_url(data, "image/jpeg"))
+    assert (image.width, image.height) == (1024, 768)
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: Pillow's reading not checked")
+    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
+    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
+    assert out.split() == [b"1024", b"768"]
+
+
 def test_a_gif_without_an_image_is_refused():
     with pytest.raises(ImageError, match="no image"):
         read_data_url(data_url(gif(4, 4)[:-16] + b";", "image/gif"))  # its image cut, then the trailer
