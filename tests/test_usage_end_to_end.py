@@ -1,6 +1,6 @@
 """What a tenant is billed is what its engines did: a mixed set of requests sent over HTTP
-through a real router (control-plane mode, Redis) to simulated engines, the router's published
-seconds collected into UsageHours by the autoscaler's pass (as its Celery beat task does), then
+through a real router (control-plane mode; publishing to Redis, or posting to the control plane
+without it) to simulated engines, the router's published seconds collected into UsageHours by the autoscaler's pass (as its Celery beat task does), then
 ``GET /api/v1/usage/`` on the live control plane. For the endpoint whose requests all run to
 their end the usage is exact: the requests answered, the engine's own generation counter, its
 prompt counter (which counts a prompt once per choice where the bill, as the engine's usage,
@@ -42,7 +42,7 @@ import redis
 
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints import samples, scaling
-from controlplane.endpoints.models import Pod
+from controlplane.endpoints.models import Pod, RouterSample
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
 from dataplane.router.pricing import estimate_input_tokens
@@ -174,8 +174,11 @@ def in_flight(router_url: str) -> float:
 def router_process(
     control_plane: str, broker: str, operator_key: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A router in control-plane mode publishing to Redis at `broker`, or without it (""),
+    posting its seconds to the control plane."""
     port = free_port()
-    args = ["--listen", f"127.0.0.1:{port}", "--control-plane", control_plane, "--redis", broker]
+    args = ["--listen", f"127.0.0.1:{port}", "--control-plane", control_plane]
+    args += ["--redis", broker] if broker else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataplane.router", *args, "--poll-interval-s", "0.2"],
         stdout=subprocess.DEVNULL,
@@ -199,9 +202,12 @@ def _ready(url: str) -> bool:
         return False
 
 
-def published_through(broker: redis.Redis, second: int) -> bool:
-    """A router reported `second` or later (its heartbeat key)."""
-    return any(broker.exists(routers_key(s)) for s in range(second, second + 5))
+def published_through(sink: str, second: int) -> bool:
+    """A router reported `second` or later (its heartbeat)."""
+    if not sink:
+        return RouterSample.objects.filter(endpoint_id=0, second__gte=second).exists()
+    client = redis.Redis.from_url(sink)
+    return any(client.exists(routers_key(s)) for s in range(second, second + 5))
 
 
 def usage_rows(base: str, key: str, **query: Any) -> list[dict[str, Any]]:
@@ -239,23 +245,26 @@ def profile(h100):
     )
 
 
-@pytest.fixture
-def broker(settings):
-    settings.REDIS_URL = BROKER  # the collector reads the routers' seconds where they publish
-    return redis.Redis.from_url(BROKER)
+@pytest.fixture(params=["redis", "posted"])
+def sink(request, settings):
+    """Where routers publish their seconds: Redis, or (without it, the embedded default) POSTs
+    to the control plane; the collector reads them there (settings.REDIS_URL)."""
+    settings.REDIS_URL = BROKER if request.param == "redis" else ""
+    return settings.REDIS_URL
 
 
-def selling(broker: redis.Redis, *endpoints: Any) -> None:
+def selling(*endpoints: Any) -> None:
+    broker = redis.Redis.from_url(BROKER)
     for e in endpoints:
         sell(e, mu_per_minute=100, best_effort_allowed=True, sold_by="test")
         broker.delete(*broker.keys(load_key(e.pk, "*")) or ["none"])  # an earlier run's seconds
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_bill_is_the_engines_usage_priced(live_server, broker, profile, owner, other, make_endpoint):
+def test_the_bill_is_the_engines_usage_priced(live_server, sink, profile, owner, other, make_endpoint):
     chat = make_endpoint(owner, "chat", profile=profile)
     cut = make_endpoint(owner, "cut", profile=profile)
-    selling(broker, chat, cut)
+    selling(chat, cut)
     _, operator = ApiKey.issue(name="router", tenant=None)
     _, owner_key = ApiKey.issue(name="app", tenant=owner)
     _, other_key = ApiKey.issue(name="app", tenant=other)
@@ -270,7 +279,7 @@ def test_the_bill_is_the_engines_usage_priced(live_server, broker, profile, owne
         Pod.objects.create(endpoint=cut, name="cut-0", url=slow.url, ready=True)
         prompt_of = {(p, t): prompt_tokens(main.url, p, t) for p in (COMPLETIONS, CHAT) for t in PROMPTS}
         main_before, slow_before = engine_counts(main.url), engine_counts(slow.url)
-        with router_process(live_server.url, BROKER, operator) as (router, _):
+        with router_process(live_server.url, sink, operator) as (router, _):
             port = int(router.rsplit(":", 1)[1])
 
             def send(item: tuple[str, dict[str, Any]]) -> tuple[int, bytes]:
@@ -287,7 +296,7 @@ def test_the_bill_is_the_engines_usage_priced(live_server, broker, profile, owne
             # the second with the last of them is published too).
             wait_until(lambda: in_flight(router) == 0, timeout=10)
             idle = int(time.time())
-            wait_until(lambda: published_through(broker, idle + 2), timeout=10)
+            wait_until(lambda: published_through(sink, idle + 2), timeout=10)
             main_after, slow_after = engine_counts(main.url), engine_counts(slow.url)
             collect_after(idle + 3)
 
@@ -325,12 +334,12 @@ def test_the_bill_is_the_engines_usage_priced(live_server, broker, profile, owne
 
 
 @pytest.mark.django_db(transaction=True)
-def test_requests_a_stopping_router_drains_are_billed(live_server, broker, profile, owner, make_endpoint):
+def test_requests_a_stopping_router_drains_are_billed(live_server, sink, profile, owner, make_endpoint):
     """A router stopped (SIGTERM, as on every rollout) while streams are in flight lets them
     finish, then exits: what they cost reaches the bill though it never reached a second's
     flush."""
     chat = make_endpoint(owner, "chat", profile=profile)
-    selling(broker, chat)
+    selling(chat)
     _, operator = ApiKey.issue(name="router", tenant=None)
     _, owner_key = ApiKey.issue(name="app", tenant=owner)
     bodies = [
@@ -349,7 +358,7 @@ def test_requests_a_stopping_router_drains_are_billed(live_server, broker, profi
     ) as engine:
         Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
         before = engine_counts(engine.url)
-        with router_process(live_server.url, BROKER, operator) as (router, proc):
+        with router_process(live_server.url, sink, operator) as (router, proc):
             port = int(router.rsplit(":", 1)[1])
             streams = []
             for body in bodies:
