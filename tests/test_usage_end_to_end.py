@@ -1,7 +1,8 @@
 """What a tenant is billed is what its engines did: a mixed set of requests sent over HTTP
 through a real router (control-plane mode; publishing to Redis, or posting to the control plane
-without it) to simulated engines, the router's published seconds collected into UsageHours by the autoscaler's pass (as its Celery beat task does), then
-``GET /api/v1/usage/`` on the live control plane. For the endpoint whose requests all run to
+without it) to simulated engines, the router's published seconds collected into UsageHours by
+the autoscaler's pass (as its Celery beat task does), then ``GET /api/v1/usage/`` on the live
+control plane. For the endpoint whose requests all run to
 their end the usage is exact: the requests answered, the engine's own generation counter, its
 prompt counter (which counts a prompt once per choice where the bill, as the engine's usage,
 counts it once per request), and alpha x prompt + beta x completion + gamma MU per request to
@@ -14,14 +15,14 @@ router's metering promises (tests/router/test_metering_replay.py): output tokens
 the clients read, at most what their engine generated; input tokens the router's estimate; MU
 those tokens priced, to the millionth.
 
-A router stopped while streams are in flight drains them, and they are billed too: its last
-window is published on the way out (it was lost before, with every router rollout).
+A router stopped while streams are in flight drains them or cuts them at its deadline, and they
+are billed too: its last window is published on the way out (it was lost before, with every
+router rollout).
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -172,13 +174,14 @@ def in_flight(router_url: str) -> float:
 
 @contextlib.contextmanager
 def router_process(
-    control_plane: str, broker: str, operator_key: str
+    control_plane: str, broker: str, operator_key: str, *extra: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A router in control-plane mode publishing to Redis at `broker`, or without it (""),
     posting its seconds to the control plane."""
     port = free_port()
     args = ["--listen", f"127.0.0.1:{port}", "--control-plane", control_plane]
     args += ["--redis", broker] if broker else []
+    args += extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataplane.router", *args, "--poll-interval-s", "0.2"],
         stdout=subprocess.DEVNULL,
@@ -333,58 +336,98 @@ def test_the_bill_is_the_engines_usage_priced(live_server, sink, profile, owner,
     assert totals(usage_rows(base, operator, endpoint=cut.pk)) == cut_billed
 
 
+def stream_until_closed(port: int, path: str, body: dict[str, Any], key: str, started: Any) -> bytes:
+    """POST a stream and read it until the router ends or resets the connection; `started` is
+    set once its first token chunk arrived."""
+    data = json.dumps(body).encode()
+    seen = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (path.encode(), key.encode(), len(data), data)
+        )
+        with contextlib.suppress(ConnectionResetError):
+            while part := s.recv(65536):
+                seen += part
+                if token_chunks(seen):
+                    started.set()
+    started.set()  # (a stream that failed before its first token fails the test below)
+    return seen
+
+
+def token_chunks(seen: bytes) -> int:
+    return len([e for e in seen.split(b"\n\n") if b'"choices": [{' in e and b'"role"' not in e])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_requests_a_stopping_router_drains_are_billed(live_server, sink, profile, owner, make_endpoint):
     """A router stopped (SIGTERM, as on every rollout) while streams are in flight lets them
-    finish, then exits: what they cost reaches the bill though it never reached a second's
-    flush."""
+    finish for its drain timeout, cuts the rest, then exits: what they cost reaches the bill
+    though it never reached a second's flush. The stream cut goes to an endpoint and engine of
+    its own, its cost bounded as a reset's."""
     chat = make_endpoint(owner, "chat", profile=profile)
-    selling(chat)
+    long = make_endpoint(owner, "long", profile=profile)
+    selling(chat, long)
     _, operator = ApiKey.issue(name="router", tenant=None)
     _, owner_key = ApiKey.issue(name="app", tenant=owner)
-    bodies = [
-        {"model": "chat", "prompt": "hi", "max_tokens": 6, "stream": True},
-        {
-            "model": "chat",
-            "messages": [{"role": "user", "content": "Write a haiku about routers"}],
-            "max_tokens": 6,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
+    drained = [
+        (COMPLETIONS, {"model": "chat", "prompt": "hi", "max_tokens": 6, "stream": True}),
+        (
+            CHAT,
+            {
+                "model": "chat",
+                "messages": [{"role": "user", "content": "Write a haiku about routers"}],
+                "max_tokens": 6,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ),
     ]
-    # ~0.2 s a token: the streams outlast the signal, and finish within the drain
-    with sim_engine(
-        "--profile", "tiny-test", "--time-scale", "0.05", "--served-model-name", "chat"
-    ) as engine:
+    cut = (COMPLETIONS, {"model": "long", "prompt": "Tell me a story", "max_tokens": 200, "stream": True})
+    # ~0.2 s a token: 6 tokens outlast the signal and finish within the drain's 3 s, 200 do not
+    slow = ("--profile", "tiny-test", "--time-scale", "0.05")
+    with (
+        sim_engine(*slow, "--served-model-name", "chat") as engine,
+        sim_engine(*slow, "--served-model-name", "long") as long_engine,
+    ):
         Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
-        before = engine_counts(engine.url)
-        with router_process(live_server.url, sink, operator) as (router, proc):
+        Pod.objects.create(endpoint=long, name="long-0", url=long_engine.url, ready=True)
+        before, long_before = engine_counts(engine.url), engine_counts(long_engine.url)
+        with (
+            router_process(live_server.url, sink, operator, "--drain-timeout-s", "3") as (router, proc),
+            ThreadPoolExecutor(3) as pool,
+        ):
             port = int(router.rsplit(":", 1)[1])
-            streams = []
-            for body in bodies:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                path = CHAT if "messages" in body else COMPLETIONS
-                headers = {"content-type": "application/json", "authorization": f"Bearer {owner_key}"}
-                conn.request("POST", path, json.dumps(body), headers)
-                response = conn.getresponse()
-                assert response.status == 200
-                assert response.readline().startswith(b"data: ")  # streaming
-                streams.append((conn, response))
+            started = [threading.Event() for _ in range(3)]
+            reads = [
+                pool.submit(stream_until_closed, port, path, body, owner_key, event)
+                for (path, body), event in zip([*drained, cut], started, strict=True)
+            ]
+            for event in started:
+                assert event.wait(timeout=15)
             proc.send_signal(signal.SIGTERM)
-            for conn, response in streams:
-                assert response.read().endswith(b"data: [DONE]\n\n")
-                conn.close()
+            answers = [r.result(timeout=30) for r in reads]
             assert proc.wait(timeout=30) == 0
             stopped = int(time.time())
-        after = engine_counts(engine.url)
+        after, long_after = engine_counts(engine.url), engine_counts(long_engine.url)
+    for answer in answers[:2]:
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert answer.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")  # then the last (empty) chunk
+    assert b"[DONE]" not in answers[2]
     collect_after(stopped)
     billed = totals(usage_rows(live_server.url, owner_key, endpoint=chat.pk))
     prompt, generated = after[0] - before[0], after[1] - before[1]  # n 1: prefill once each
     assert billed == {
-        "requests": len(bodies),
+        "requests": len(drained),
         "tokens_in": prompt,
         "tokens_out": generated,
-        "mu": ALPHA * prompt + BETA * generated + GAMMA * len(bodies),
+        "mu": ALPHA * prompt + BETA * generated + GAMMA * len(drained),
         "errors": 0,
         "throttled": 0,
     }
+    cut_billed = totals(usage_rows(live_server.url, owner_key, endpoint=long.pk))
+    assert cut_billed["requests"] == 1
+    assert 1 <= token_chunks(answers[2]) <= cut_billed["tokens_out"] <= long_after[1] - long_before[1]
+    assert cut_billed["tokens_in"] == estimate_input_tokens(cut[1], False)
+    assert cut_billed["mu"] == ALPHA * cut_billed["tokens_in"] + BETA * cut_billed["tokens_out"] + GAMMA
