@@ -281,7 +281,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
         with transaction.atomic():
             endpoints = list(Endpoint.objects.with_related().select_for_update(of=("self",)).order_by("id"))
             before = {e.pk: _written(e) for e in endpoints}
-            cursor = samples.collect(samples.source(), lease.cursor, ts, endpoints)
+            collected = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
             # The decider reads back as far as its scale-down memory or the idle grace period, the
             # forecast's recorder to the last settled minute.
@@ -323,6 +323,9 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             )
             if not failed:
                 Event.objects.bulk_create(events)
+        # Moved only once the buckets and usage are committed: a pass that rolls back leaves
+        # its slots to the next one, which would otherwise start after them (never billed).
+        cursor = collected
         return PassReport(decided, len(changes) - failed, failed)
     finally:
         release_lease(lease, now, cursor)

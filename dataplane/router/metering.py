@@ -3,7 +3,8 @@
 The hot path only increments counters on a ``Stats`` object (no I/O, no allocation beyond the
 first request of a key in a second). Once a second the server calls ``Meter.roll`` and, when
 ``--redis`` is given, publishes the rows with one pipelined round trip for all keys: two
-commands per endpoint with traffic, whatever its tenants (``publish``).
+commands per endpoint with traffic, whatever its tenants (``publish``); and once more when the
+router stops (``Router.shutdown``), so that what its drain let finish or cut is billed too.
 
 The rows are ``dataplane.wire.load_samples`` samples, the contract with the control plane that
 reads them: their fields, the Redis key layout and the body posted when there is no Redis.

@@ -67,6 +67,7 @@ PROMETHEUS_TEXT = b"content-type: %s\r\n" % CONTENT_TYPE.encode()
 # The methods each path answers (the Allow header of OPTIONS and 405); HEAD is GET without a body.
 PROXIED = (b"POST", b"OPTIONS")
 READ_ONLY = (b"GET", b"HEAD", b"OPTIONS")
+FINAL_FLUSH_TIMEOUT_S = 2.0  # the last second's publish on shutdown, s
 TENANT_PATHS = {COMPLETIONS: PROXIED, CHAT: PROXIED, b"/v1/models": READ_ONLY, b"/health": READ_ONLY}
 # Served on the admin listener (/health too, for probes there); on the main one to loopback only.
 OPERATOR_PATHS = {b"/metrics": READ_ONLY, b"/health": READ_ONLY}
@@ -495,17 +496,21 @@ class Router:
         Redis, or, without Redis in control-plane mode, post them to the control plane."""
         while True:
             await asyncio.sleep(interval_s)
-            rows = self.tick()
-            if self.metrics_dir is not None:
-                write_snapshot(self.meter.totals, self.endpoints.values(), self.metrics_dir)
-            second = int(time.time()) - 1
-            try:
-                if self.redis is not None:
-                    await publish(self.redis, rows, second, self.config.metrics_ttl_s)
-                elif self.control_plane is not None:
-                    await self.control_plane.post_samples(rows, second)
-            except Exception as exc:  # a metrics sink down must not stop the router
-                log.warning("metrics publish failed: %s", exc)
+            await self.flush(self.tick())
+
+    async def flush(self, rows: list[Sample]) -> None:
+        """Publish a rolled window's rows as the second that just ended (and write this
+        worker's snapshot for /metrics)."""
+        if self.metrics_dir is not None:
+            write_snapshot(self.meter.totals, self.endpoints.values(), self.metrics_dir)
+        second = int(time.time()) - 1
+        try:
+            if self.redis is not None:
+                await publish(self.redis, rows, second, self.config.metrics_ttl_s)
+            elif self.control_plane is not None:
+                await self.control_plane.post_samples(rows, second)
+        except Exception as exc:  # a metrics sink down must not stop the router
+            log.warning("metrics publish failed: %s", exc)
 
     # --- lifecycle
     async def start(
@@ -593,4 +598,8 @@ class Router:
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 1.0)
+        # The requests that finished since the last second's flush (those the drain let finish,
+        # those cut at its deadline) are billed too: without this they were never published.
+        with contextlib.suppress(TimeoutError):  # bounded: a sink that hangs must not hold the exit
+            await asyncio.wait_for(self.flush(self.meter.roll(self.clock())), FINAL_FLUSH_TIMEOUT_S)
         return cut

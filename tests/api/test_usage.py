@@ -96,6 +96,26 @@ def test_a_slot_collected_again_is_not_counted_twice(owner_client, traffic):
     assert [r["requests"] for r in rows] == [3]
 
 
+def test_a_pass_that_rolls_back_leaves_its_slots_to_the_next(
+    owner_client, publish_seconds, chat, monkeypatch
+):
+    # A pass that fails after collecting (here its forecast) writes none of its buckets nor
+    # usage: its cursor must stay, or the next pass starts after the slots and they are never billed.
+    publish_seconds({at(10) + 2: [[TrafficSample(chat.pk, "owner", requests=4, mu=1.5, tokens_out=9)]]})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the forecast failed")
+
+    monkeypatch.setattr(scaling, "predicted_minimums", broken)
+    with pytest.raises(RuntimeError):
+        collect(at(10) + 5)
+    assert not UsageHour.objects.exists()
+    monkeypatch.undo()
+    collect(at(10) + 10)
+    rows = owner_client.get("/api/v1/usage/", {"start": iso(at(10)), "end": iso(at(11))}).json()["results"]
+    assert [(r["requests"], r["mu"], r["tokens_out"]) for r in rows] == [(4, 1.5, 9)]
+
+
 def test_each_tenant_sees_its_own_and_operators_see_all(
     owner_client, other_client, operator_client, traffic, chat, rival
 ):
