@@ -247,7 +247,10 @@ class Router:
                 exch.client_cut = client.closed and exch.sent
                 mu, tin, tout = exch.price()
                 self.admission.settle(ep, probe, cost, mu)
-                self.meter.finish(key, end, end - t0, mu, tin, tout, True)
+                # A client that went away is no platform error (errors: 5xx and upstream
+                # failures, what on-call alerts on); a stream a draining router cuts is one.
+                error = not exch.client_cut or self.state.draining
+                self.meter.finish(key, end, end - t0, mu, tin, tout, error)
             elif isinstance(exc, RequestError):
                 self.meter.reject(key, end, exc.status)
             raise
