@@ -19,7 +19,8 @@ EndpointSlices of that namespace instead of the control plane's pod list
 control plane. The router's service account needs get/list/watch on endpointslices there.
 
 ``--workers N`` forks N processes, each with its own SO_REUSEPORT listening socket on the same
-address (the kernel spreads connections), its own pools and counters. SIGTERM/SIGINT drain:
+address (the kernel spreads connections), its own pools and counters; each says it is ready
+only when all have their routing table (``workers``). SIGTERM/SIGINT drain:
 stop accepting, finish in-flight requests for up to ``drain_timeout_s``, then exit.
 """
 
@@ -45,6 +46,7 @@ from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticD
 from dataplane.router.lease_limiter import LeasedLimiter
 from dataplane.router.ratelimit import InProcessLimiter, Limiter
 from dataplane.router.server import Router
+from dataplane.router.workers import WorkerReadiness
 
 log = logging.getLogger("dataplane.router")
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -176,7 +178,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     return replace(RouterConfig(), **overrides)
 
 
-async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
+async def serve(args: argparse.Namespace, sock_reuse: bool, readiness: WorkerReadiness | None = None) -> None:
     config = build_config(args)
     host, port = args.listen
     redis = None
@@ -195,6 +197,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool) -> None:
         metrics_dir=args.metrics_dir,
         admin_listen=args.admin_listen,
         probe_key=args.probe_key,
+        readiness=readiness,
     )
     discovery: Discovery
     if args.backends:
@@ -247,14 +250,14 @@ def tune_gc() -> None:
     gc.freeze()
 
 
-def run_worker(args: argparse.Namespace, reuse_port: bool) -> None:
+def run_worker(args: argparse.Namespace, reuse_port: bool, readiness: WorkerReadiness | None = None) -> None:
     tune_gc()
     try:
         import uvloop
 
-        uvloop.run(serve(args, reuse_port))
+        uvloop.run(serve(args, reuse_port, readiness))
     except ImportError:  # pragma: no cover - uvloop is a dependency; stay usable without it
-        asyncio.run(serve(args, reuse_port))
+        asyncio.run(serve(args, reuse_port, readiness))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,11 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     # The workers' counters meet in one directory, so any worker's /metrics shows them all.
     args.metrics_dir = tempfile.mkdtemp(prefix="router-metrics-")
     children = []
-    for _ in range(args.workers):
+    readiness = WorkerReadiness(args.workers)  # before the fork: shared by every worker
+    for index in range(args.workers):
         pid = os.fork()
         if pid == 0:
             try:
-                run_worker(args, reuse_port=True)
+                run_worker(args, reuse_port=True, readiness=readiness.of_worker(index))
             finally:
                 os._exit(0)
         children.append(pid)

@@ -55,6 +55,7 @@ from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pod_
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import demand
+from dataplane.router.workers import WorkerReadiness
 from dataplane.wire.load_samples import Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
@@ -102,8 +103,10 @@ class Router:
         metrics_dir: str | None = None,
         admin_listen: tuple[str, int] | None = None,
         probe_key: bytes | None = None,
+        readiness: WorkerReadiness | None = None,
     ) -> None:
         self.config = config
+        self.readiness = readiness  # --workers N: ready only when every worker has its table
         self.probe_key = probe_key  # the prober credential (the probe header's value); None: no probes
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
         # (host, port) of the operator endpoints' listener; None: the main one, loopback only
@@ -187,6 +190,7 @@ class Router:
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
         else:  # /health
             ready = self.table is not None and not self.state.draining
+            ready = ready and (self.readiness is None or self.readiness.all_ready())
             client.send_json(200 if ready else 503, {"status": "ok" if ready else "unavailable"})
 
     async def proxy(self, client: ClientConnection, req: Request, chat: bool) -> None:
@@ -385,6 +389,8 @@ class Router:
                 ep.wake_all()
         self.endpoints, self.by_tenant, self.table = endpoints, by_tenant, table
         self.table_loaded.set()
+        if self.readiness is not None:
+            self.readiness.mark_ready()
         log.info("routing table %s: %d endpoints", table.version, len(endpoints))
 
     def tenant_of(self, req: Request) -> str:
