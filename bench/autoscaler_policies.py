@@ -69,9 +69,9 @@ VARIANTS = {
     "apa-u90-ready": {"target_utilisation": 0.9, "drain_backlog_at_ready": True},
     # 1 - the tolerance where the 10-s spans of the last 60 s are within 20 % of their mean.
     "apa-smooth20": {"smooth_spread": 0.2},
-    # Spans past the 60-s window fade out over HPA's 300 s (or 180 s): recurring bursts.
-    "apa-mem300": {"burst_memory_s": 300.0},
-    "apa-mem180": {"burst_memory_s": 180.0},
+    # Without the burst hold past the 60-s window (the default holds for 300 s), and its cap at 2.
+    "apa-nohold": {"burst_memory_s": 0.0},
+    "apa-hold2": {"burst_hold_cap": 2.0},
 }
 # Headroom rows (--headroom): apa keeping 2.5x, 5x, 10x its need. A burst faster than a pod start
 # is served by the replicas already running, so only standing headroom can keep its minute in

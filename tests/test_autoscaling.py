@@ -155,17 +155,18 @@ def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
 
 @pytest.mark.parametrize("burst_memory_s", [0.0, 900.0])
 def test_the_pass_reads_back_as_far_as_the_burst_memory(chat, burst_memory_s):
-    # A burst 500-600 s ago (1,000 MU/min: 10 replicas), quiet since. With burst_memory_s 900
-    # its spans count x (900 - age) / (900 - 60), ~0.48 at 500 s: about 5 replicas stay. The
-    # pass must load that far back; it loaded its windows' 90 s or the 300-s grace, not the memory.
+    # A burst 500-600 s ago (1,000 MU/min: 10 replicas), 300 MU/min since (3.75 -> 4). With
+    # burst_memory_s 900 it holds 1,000 x 30 / 35 = 857 MU/min, capped at 1.75 x 3.75 = 6.6
+    # replicas: 7 stay. The pass must load that far back; it loaded its windows' 90 s or the
+    # 300-s grace, not the memory.
     chat.autoscaler = {"burst_memory_s": burst_memory_s}
     chat.desired_replicas = 10
     chat.save()
     buckets(chat, 600, in_flight=40.0, mu=1000.0, requests=500, until_s_ago=500)
-    buckets(chat, 500, in_flight=0.5, mu=5.0, requests=5)
+    buckets(chat, 500, in_flight=0.5, mu=300.0, requests=50)
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
-    assert (chat.desired_replicas >= 4) == (burst_memory_s > 0), chat.desired_replicas
+    assert (chat.desired_replicas >= 6) == (burst_memory_s > 0), chat.desired_replicas
 
 
 def test_two_ticks_at_once_decide_once(chat):

@@ -50,15 +50,20 @@ endpoint's [min, max]; it reaches zero only when scale to zero is allowed and no
 for the grace period. No samples in the scale-up window means no decision, never a scale to
 zero by accident.
 
+Past the scale-down window a burst still holds, for `burst_memory_s` (300 s), the capacity that
+would serve it again within the TTFT's 5 s of waiting before new pods are ready (`burst_hold`),
+at most `burst_hold_cap` (1.75) x the current need: decode-heavy fan-outs recur minutes apart and
+one that comes within a pod start is served only by what stands. In the fleet simulator it met
+10 more minutes on the decode-heavy mixes (4 seeds) for 0-10 % more GPU-hours; a hold of the
+bursts' full rate, faded over 300 s, met 1-5 more minutes on bursty mixes for 1.2-1.9x
+(README, issue 23).
+
 Two refinements are measured and off by default (README, issue 23): `drain_backlog_at_ready`
 drains the backlog predicted for when pods asked now are ready (`backlog_at_ready`), which met
 no minute more on the simulator's mixes for 8-27 % more GPU-hours (a burst's next minute is lost
 by requests that arrive before any pod asked in the burst is ready, not by the drain's pace);
 `smooth_spread` plans for 1 - tolerance where the 10-s spans of the scale-down window vary
-little (`planned_utilisation`), 0-8 % fewer GPU-hours for the same minutes; `burst_memory_s`
-lets the scale-down remember spans past its window, faded by age (`_past_spans`): recurring
-bursts land on part of the last one's fleet, 1-5 more minutes met on bursty mixes for 1.2-1.9x
-the GPU-hours.
+little (`planned_utilisation`), 0-8 % fewer GPU-hours for the same minutes.
 
 Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
 100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
@@ -69,9 +74,11 @@ diurnal trace, against 1.6x at 60 s, for the same attainment (bench/autoscaler_p
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from capacity.autoscaler.config import AutoscalerConfig
 from capacity.autoscaler.window import Bucket, Load, aggregate
@@ -151,13 +158,15 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
         return Decision(
             None, f"samples cover {covered}% of the last {cfg.scale_up_window_s:g} s: no decision"
         )
-    spans_mu, down_coverage, busiest, fading = _past_spans(spec, buckets, now)
+    spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)
     util = planned_utilisation(spans_mu, cfg)
-    past = [mu / (util * spec.mu_per_replica_minute) for mu in [*spans_mu, *fading]]
+    past = [mu / (util * spec.mu_per_replica_minute) for mu in spans_mu]
     # The MU rule reads the window's busiest `peak_window_s`, not its mean (see the docstring).
     recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))
     need = need_for(recent, spec, util)
-    down_need = max([need, *past])
+    # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
+    held = min(burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute, cfg.burst_hold_cap * need)
+    down_need = max([need, *past, held])
     floor = max(spec.min_replicas, spec.predicted_min_replicas, 0 if _idle(spec, buckets, now) else 1)
     low, high = min(floor, spec.max_replicas), spec.max_replicas
     waiting = f" + {recent.queued:.1f} waiting" if recent.queued else ""
@@ -220,28 +229,26 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
 
 def lookback_s(cfg: AutoscalerConfig) -> float:
     """Seconds of buckets the decider reads back (its scale-down memory and the scale-up window
-    before it): what a caller must keep or load, or a longer `burst_memory_s` reads nothing."""
-    return max(cfg.scale_down_window_s, cfg.burst_memory_s) + cfg.scale_up_window_s
+    before it, and the burst hold's spans of up to a pod start that end within `burst_memory_s`):
+    what a caller must keep or load."""
+    memory = cfg.burst_memory_s + cfg.pod_start_s if cfg.burst_memory_s > cfg.scale_down_window_s else 0.0
+    return max(cfg.scale_down_window_s, memory) + cfg.scale_up_window_s
 
 
 def _past_spans(
     spec: EndpointSpec, buckets: Sequence[Bucket], now: float
-) -> tuple[list[float], float, float, list[float]]:
+) -> tuple[list[float], float, float]:
     """The MU/min (arrivals only) of every `peak_window_s` span that ended at a bucket in the
-    scale-down window, the share of the scale-down window the buckets cover, the busiest
-    span's MU/min within the scale-up window (0 when none is covered enough), and with
-    `burst_memory_s` the spans older than the scale-down window, each faded by its age
-    (x 1 at the window's edge, x 0 at `burst_memory_s`).
+    scale-down window, the share of the scale-down window the buckets cover, and the busiest
+    span's MU/min within the scale-up window (0 when none is covered enough).
 
     One pass with a sliding sum (the decider runs for every endpoint every 5 s: 10,000
     endpoints x 60 buckets must stay well under a second of CPU).
     """
     cfg = spec.config
     span, down = min(cfg.peak_window_s, cfg.scale_up_window_s), cfg.scale_down_window_s
-    memory = max(down, cfg.burst_memory_s)
-    inside = sorted((b for b in buckets if now - memory - span < b.end <= now), key=lambda b: b.end)
+    inside = sorted((b for b in buckets if now - down - span < b.end <= now), key=lambda b: b.end)
     spans: list[float] = []
-    fading: list[float] = []
     seconds = mu = covered = busiest = 0.0
     first = 0
     for b in inside:
@@ -258,9 +265,58 @@ def _past_spans(
                 spans.append(mu / seconds)
                 if b.end > now - cfg.scale_up_window_s + span - 1e-9:
                     busiest = max(busiest, mu / seconds)
-        elif b.end > now - memory and seconds >= cfg.min_coverage * span:
-            fading.append(mu / seconds * (memory - (now - b.end)) / (memory - down))
-    return spans, min(covered / down, 1.0), busiest, fading
+    return spans, min(covered / down, 1.0), busiest
+
+
+def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+    """MU/min that would serve again, within `burst_wait_s`, what arrived in any span of up to a
+    pod start (5-s steps) that ended past the scale-down window and within `burst_memory_s`:
+    the most of work(w) x 60 / (w + wait). A burst that recurs before new pods are ready is
+    served only by what stands, and its requests may queue `burst_wait_s` for a first token, so
+    this, not its peak rate, is what must stand (the caller caps it at `burst_hold_cap` x the
+    current need). 0 when off.
+
+    Worked numbers (wait 5 s, pod start 30 s): a 20-s burst at 1,600 MU/min 120 s ago, 400
+    before and after: work(20 s) = 533 MU -> 533 x 60 / 25 = 1,280 MU/min, against the peak's
+    1,600; work(30 s) = 600 MU -> 1,029; so 1,280. Steady traffic at r holds r x 30 / 35 < r:
+    never more than the scale-down window holds already.
+    """
+    memory, down = cfg.burst_memory_s, cfg.scale_down_window_s
+    if memory <= down:
+        return 0.0
+    step = 5.0  # the collector's bucket
+    widths = [step * k for k in range(1, max(1, int(cfg.pod_start_s / step + 1e-9)) + 1)]
+    inside = sorted((b for b in buckets if now - memory - widths[-1] < b.end <= now), key=lambda b: b.end)
+    cum = [0.0]  # MU arrived up to each bucket's end
+    for b in inside:
+        cum.append(cum[-1] + b.mu_per_minute * b.seconds / 60.0)
+    ends = [b.end for b in inside]
+    held = [i for i, end in enumerate(ends) if down < now - end < memory]
+    if not held:
+        return 0.0
+    best = 0.0
+    if all(abs(y - x - step) < 1e-6 for x, y in pairwise(ends)):
+        # Regular 5-s buckets (the collector's): a span of k buckets ending at i is cum[i + 1] -
+        # cum[i + 1 - k], one slice per width (the decider's CPU budget: see _past_spans).
+        lo, hi = held[0], held[-1] + 1
+        for k, w in enumerate(widths, start=1):
+            full = max(lo, k - 1)  # spans ending before it start before the first bucket: partial
+            work = cum[min(hi, full)] - cum[0] if lo < full else 0.0
+            if full < hi:
+                work = max(
+                    work,
+                    *(
+                        b - a
+                        for a, b in zip(cum[full + 1 - k : hi + 1 - k], cum[full + 1 : hi + 1], strict=True)
+                    ),
+                )
+            best = max(best, work * 60.0 / (w + cfg.burst_wait_s))
+        return best
+    for i in held:
+        for w in widths:
+            first = bisect.bisect_right(ends, ends[i] - w + 1e-9)
+            best = max(best, (cum[i + 1] - cum[first]) * 60.0 / (w + cfg.burst_wait_s))
+    return best
 
 
 def _idle(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> bool:
