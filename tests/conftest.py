@@ -197,7 +197,10 @@ def publish_seconds(metrics):
 
     from redis.asyncio import Redis
 
+    from dataplane.router.config import RouterConfig
     from dataplane.router.metering import publish
+
+    ttl_s = RouterConfig().metrics_ttl_s  # the routers' default
 
     def write(seconds: dict[int, list[list[load_samples.Sample]]]) -> None:
         async def go() -> None:
@@ -205,7 +208,7 @@ def publish_seconds(metrics):
             try:
                 for second, routers in seconds.items():
                     for samples in routers:
-                        await publish(client, samples, second, ttl_s=120)
+                        await publish(client, samples, second, ttl_s)
             finally:
                 await client.aclose()
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from controlplane.endpoints import samples, scaling
-from dataplane.wire.load_samples import TrafficSample
+from dataplane.wire.load_samples import TrafficSample, load_key, routers_key
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 TS = int(NOW.timestamp())
@@ -38,3 +38,13 @@ def test_usage_decays_to_zero_when_traffic_stops(publish_seconds, owner, make_en
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     chat.refresh_from_db()
     assert chat.used_mu_per_minute == 0
+
+
+def test_the_routers_rows_outlive_the_collectors_catch_up(publish_seconds, metrics, owner, make_endpoint):
+    """The rows routers publish (with their default TTL) live longer than the collector's
+    catch-up reaches back, so a beat stopped for up to MAX_CATCH_UP_S finds, and bills, every
+    second. At the routers' old 120 s, a beat stopped 2 to 6 minutes lost those seconds."""
+    chat = make_endpoint(owner, "chat")
+    publish_seconds({TS - 1: [[TrafficSample(chat.pk, "owner", requests=1, mu=0.5)]]})
+    for key in (load_key(chat.pk, TS - 1), routers_key(TS - 1)):
+        assert metrics.ttl(key) > samples.MAX_CATCH_UP_S + samples.LAG_S

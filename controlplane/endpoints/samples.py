@@ -27,6 +27,7 @@ from capacity.autoscaler.window import quantile
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, LoadBucket, RouterSample
 from dataplane.wire.load_samples import (
+    CATCH_UP_S,
     LATENCY_BUCKETS_S,
     EndpointSecond,
     RouterSecond,
@@ -37,7 +38,7 @@ from dataplane.wire.load_samples import (
 
 BUCKET_S = 5
 LAG_S = 2  # routers publish a second about a second after it ends
-MAX_CATCH_UP_S = 360  # after a pause, collect at most the last 6 minutes (the autoscaler's horizon)
+MAX_CATCH_UP_S = CATCH_UP_S  # after a pause, collect at most the last 6 minutes (the rows outlive it)
 
 Rows = dict[tuple[int, int], EndpointSecond]  # (endpoint id, second) -> all routers' sum
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from dataplane.wire.load_samples import ROW_TTL_S
+
 STALE_TABLE_MODES = ("fail-closed", "fail-open")
 
 
@@ -67,7 +69,7 @@ class RouterConfig:
     stale_table_after_s: float = 600.0
     stale_table: str = "fail-closed"
     control_plane_timeout_s: float = 5.0  # one control-plane request, s
-    metrics_ttl_s: int = 120  # TTL of per-second load keys in Redis, s
+    metrics_ttl_s: int = ROW_TTL_S  # TTL of per-second load keys in Redis, s (past the collector's catch-up)
     drain_timeout_s: float = 30.0  # graceful shutdown: wait this long for in-flight requests, s
     backlog: int = 4096  # listen() backlog, connections
 

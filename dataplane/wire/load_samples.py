@@ -9,7 +9,8 @@ With Redis, every router sums its samples of each endpoint and second (all tenan
 the sum into one Redis string per endpoint and second, a row of signed 64-bit fixed-point slots
 (``SLOTS``, amounts in millionths) incremented by one BITFIELD command, so the string holds the
 fleet's sums; and it counts itself in a heartbeat key. Both expire after the router's
-``metrics_ttl_s`` (120 s by default):
+``metrics_ttl_s`` (``ROW_TTL_S``, 420 s by default: longer than the control plane's catch-up,
+``CATCH_UP_S``, so a collector stopped for up to that long still bills every second):
 
     mu:sec:{endpoint_id}:{unix_second}    string: SLOTS as big-endian int64, summed over routers
                                           and tenants (a slot past the string's end is zero)
@@ -40,6 +41,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# After a pause the control plane collects at most the last CATCH_UP_S of seconds (the
+# autoscaler's horizon), and the rows outlive that by a minute: a collector (Celery beat)
+# stopped for up to CATCH_UP_S loses no usage. Kept at 120 s they expired first, and a beat
+# down for 2 to 6 minutes lost those minutes' billing for good.
+CATCH_UP_S = 360
+ROW_TTL_S = CATCH_UP_S + 60
 # Upper bounds of the latency histogram's buckets, s: field lat{i} counts the requests whose
 # latency fell in (LATENCY_BUCKETS_S[i-1], LATENCY_BUCKETS_S[i]], lat{len} those above them all.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
