@@ -38,10 +38,10 @@ django.setup()  # the collector's reader lives with its models
 
 from controlplane.endpoints.samples import RedisSeconds, Rows  # noqa: E402
 from dataplane.router.metering import publish  # noqa: E402
-from dataplane.wire.load_samples import EndpointSecond, TrafficSample, routers_key  # noqa: E402
+from dataplane.wire.load_samples import ROW_TTL_S, EndpointSecond, TrafficSample, routers_key  # noqa: E402
 
 FIRST_SECOND = 1_700_000_000
-TTL_S = 120  # the routers' --metrics-ttl-s default: how many seconds of keys Redis holds
+TTL_S = ROW_TTL_S  # the routers' --metrics-ttl-s default: how many seconds of keys Redis holds
 WRITE_TTL_S = 3600  # what the synthetic routers set: writing the larger fleet takes minutes here
 TARGET = (1000, 10_000)  # routers, endpoints: the figure the issue asks for
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -276,26 +277,43 @@ def main(argv: list[str] | None = None) -> int:
     for index in range(args.workers):
         pid = os.fork()
         if pid == 0:
+            code = 1
             try:
                 run_worker(args, reuse_port=True, readiness=readiness.of_worker(index))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                log.exception("router worker %d failed", index)
             finally:
-                os._exit(0)
+                os._exit(code)
         children.append(pid)
+    alive = set(children)
+    stopping = False
 
     def forward(signum: int, _frame: object) -> None:
-        for c in children:
-            try:
+        nonlocal stopping
+        stopping = True
+        for c in alive:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(c, signum)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     status = 0
-    for c in children:
-        _, st = os.waitpid(c, 0)
-        status = status or os.waitstatus_to_exitcode(st)
+    while alive:
+        pid, st = os.wait()
+        alive.discard(pid)
+        code = os.waitstatus_to_exitcode(st)
+        status = status or code
+        if alive and not stopping:
+            # A worker gone on its own (a crash, a failed bind): the rest are stopped and the
+            # process exits non-zero, so its supervisor restarts the router whole rather than
+            # leave it short of a worker (or never ready, its byte unset).
+            log.error("router worker (pid %d) exited with %d: stopping the others", pid, code)
+            status = status or 1
+            forward(signal.SIGTERM, None)
     shutil.rmtree(args.metrics_dir, ignore_errors=True)
     return status
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from dataplane.wire.load_samples import ROW_TTL_S
+from dataplane.wire.load_samples import CATCH_UP_S, ROW_TTL_S
 
 STALE_TABLE_MODES = ("fail-closed", "fail-open")
 
@@ -28,6 +28,9 @@ class RouterConfig:
     # --- upstream (pods)
     upstream_connect_timeout_s: float = 2.0  # TCP connect to a pod, s (then retry another pod)
     upstream_read_timeout_s: float = 600.0  # longest silence from a pod mid-response, s (then 504/close)
+    # A client that leaves after its pod has been silent this long gave up on a stall: counted an
+    # error (a client that leaves while tokens flow stopped its generation: none), s
+    gave_up_after_silence_s: float = 10.0
     # A pooled idle connection to a pod is closed after this, s. Below the pods' own keep-alive
     # (uvicorn's 5 s, vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so the router never reuses a
     # connection at the moment the pod closes it.
@@ -92,3 +95,8 @@ class RouterConfig:
             )
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.metrics_ttl_s <= CATCH_UP_S:  # shorter, a collector's pause loses billed seconds
+            raise ValueError(
+                f"RouterConfig.metrics_ttl_s must be over {CATCH_UP_S} (the control plane's catch-up), "
+                f"got {self.metrics_ttl_s}"
+            )

@@ -354,6 +354,10 @@ class Exchange:
         else:  # activity since: re-arm for the rest of the window (one timer, not one per chunk)
             self.timer = self.client.loop.call_later(self.read_timeout_s - idle, self._check_timeout)
 
+    def pod_silent_s(self) -> float:
+        """Seconds since the pod's last byte (since the request went out when none came)."""
+        return time.monotonic() - self.conn.last_activity if self.conn is not None else 0.0
+
     def cancel_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()

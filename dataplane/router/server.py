@@ -251,9 +251,15 @@ class Router:
                 exch.client_cut = client.closed and exch.sent
                 mu, tin, tout = exch.price()
                 self.admission.settle(ep, probe, cost, mu)
-                # A client that went away is no platform error (errors: 5xx and upstream
-                # failures, what on-call alerts on); a stream a draining router cuts is one.
-                error = not exch.client_cut or self.state.draining
+                # A client that went away while its answer flowed stopped it: no platform error
+                # (errors: 5xx and upstream failures, what on-call alerts on). One that left a
+                # silent pod gave up on a stall, and a draining router's cut is the router's.
+                error = (
+                    not exch.client_cut
+                    or exch.status >= 500
+                    or self.state.draining
+                    or exch.pod_silent_s() >= cfg.gave_up_after_silence_s
+                )
                 self.meter.finish(key, end, end - t0, mu, tin, tout, error)
             elif isinstance(exc, RequestError):
                 self.meter.reject(key, end, exc.status)

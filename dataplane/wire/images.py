@@ -55,8 +55,11 @@ HEADER_MAX_CHARS = 1024
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT, JPG, DAC)
 _GIF_HEAD = 14  # an extension's head: introducer, label, length, 11 bytes of a NETSCAPE2.0 block
 _BLOCKS_DONE, _IN_BLOCKS, _ONE_BLOCK = 0, 1, 2  # where a GIF walk is: between blocks, in sub-blocks
-# TEM and RSTn: a marker and no length; 0x00, an escaped 0xFF that Pillow steps over as well
-_NO_LENGTH = frozenset({0x00, 0x01, *range(0xD0, 0xD8)})
+# Markers with no length, stepped over as Pillow steps over them: TEM, RSTn, and SOI / EOI (an
+# EOI + SOI pair before the frame ends a tables-only stream, and libjpeg decodes the frame after
+# it: read as a length, FF D9 jumped 65,498 bytes onto a fake 16 x 16 frame, pricing a
+# 2000 x 2000 image at 4 tokens); 0x00, an escaped 0xFF.
+_NO_LENGTH = frozenset({0x00, 0x01, *range(0xD0, 0xDA)})
 _MARKER = struct.Struct(">BBH")  # 0xFF, the marker, the segment's length (where it has one)
 
 
@@ -93,7 +96,7 @@ class _Base64Bytes:
         first, last = start // 3 * 4, -(-(start + length) // 3) * 4
         try:
             chunk = binascii.a2b_base64(self.url[self.start + first : self.start + last], strict_mode=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, and a non-ASCII character (which would be a 500)
             raise ImageError("the data is not valid base64") from None
         offset = start - first // 4 * 3
         return chunk[offset : offset + length]
@@ -115,8 +118,8 @@ def read_data_url(url: str, blocks_left: int | None = None) -> DataImage:
         raise ImageError("not a data URL")
     # up to the comma, "" without one near the start; not url.partition, which copies the payload
     header = url[: url.find(",", 0, HEADER_MAX_CHARS) + 1]
-    spec, _, encoding = header[len("data:") : -1].rpartition(";")
-    if not header or encoding != "base64":
+    spec, sep, encoding = header[len("data:") : -1].rpartition(";")
+    if not header or not sep or encoding != "base64":  # "data:base64,..." too, as vLLM refuses it
         raise ImageError("a data URL must be data:[<media type>][;<param>=<value>]*;base64,<data>")
     media_type = spec.partition(";")[0]
     chars = len(url) - len(header)

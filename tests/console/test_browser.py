@@ -5,12 +5,15 @@ Screenshots of each page at desktop width land in test-artifacts/screenshots/.
 
 import os
 import shutil
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.signals import request_finished, request_started
 
 from controlplane.capacity.models import Reservation
 from controlplane.endpoints.models import Endpoint
@@ -51,8 +54,27 @@ def browser():
         chromium.close()
 
 
+class InFlight:
+    """Requests the live server has started and not finished (Django's request signals)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def started(self, **_: object) -> None:
+        with self.lock:
+            self.count += 1
+
+    def finished(self, **_: object) -> None:
+        with self.lock:
+            self.count -= 1
+
+
 @pytest.fixture
 def fleet(transactional_db, owner, other, make_endpoint, csp_reports):
+    in_flight = InFlight()
+    request_started.connect(in_flight.started, weak=False)
+    request_finished.connect(in_flight.finished, weak=False)
     chat = make_endpoint(owner, "chat")
     make_endpoint(other, "other-private-endpoint")
     event = Event.record("restart", "other-private-event", tenant=other, pod="other-pod-0")
@@ -63,11 +85,17 @@ def fleet(transactional_db, owner, other, make_endpoint, csp_reports):
         user = User.objects.create_user(name, password=f"{name}-password")
         Member.objects.create(user=user, tenant=tenant, is_operator=operator)
     yield chat
-    # Before the database is flushed: a page left open polls on (the live parts), and a poll
-    # that holds a table while the flush truncates it deadlocks the two.
+    # Before the database is flushed: a page left open polls on (the live parts), and a request
+    # that holds a table while the flush truncates it deadlocks the two; so the pages close,
+    # and the requests they had sent (an htmx preview, a poll) finish first.
     csp_reports.collect()
     for page in csp_reports.pages:
         page.close()
+    deadline = time.monotonic() + 10
+    while in_flight.count > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)  # another thread's request: nothing to await here
+    request_started.disconnect(in_flight.started)
+    request_finished.disconnect(in_flight.finished)
 
 
 # What the browser reported against the Content-Security-Policy on the pages a test opened: the

@@ -128,6 +128,26 @@ def test_slowloris_headers_and_body_get_408():
     asyncio.run(go())
 
 
+def test_a_client_that_gives_up_on_a_silent_pod_counts_an_error():
+    """The pod sends one chunk and falls silent; the client leaves after the router's
+    ``gave_up_after_silence_s``: a stall it gave up on, an error for on-call (a client that
+    leaves while tokens flow is none: the test below)."""
+
+    async def go():
+        async with running(1, config=with_config(gave_up_after_silence_s=0.2)) as (router, pods):
+            pods[0].mode, pods[0].chunks, pods[0].delay_s = "stream", 3, 30  # silent after one chunk
+            reader, writer = await raw_post(router, b'{"model": "m", "prompt": "hi", "stream": true}')
+            await asyncio.wait_for(reader.readuntil(b"data: "), 2)
+            await wait_until(lambda: router.endpoints[0].pods[0].inflight_requests == 1)
+            await asyncio.sleep(0.3)  # real silence: the router reads the pod's clock, not ours
+            writer.transport.abort()
+            await assert_idle(router)
+            totals = router.meter.totals[(0, "")]
+            assert (totals.requests, totals.errors) == (1, 1)
+
+    asyncio.run(go())
+
+
 def test_client_disconnect_mid_stream_cancels_upstream_and_releases_counters():
     async def go():
         async with running(1) as (router, pods):

@@ -4,9 +4,11 @@ two SO_REUSEPORT workers, SIGTERM drains and exits 0."""
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.router.conftest import free_port
 from tests.router.fakepod import FakePod
@@ -83,3 +85,38 @@ def test_static_mode_command_line_serves_and_drains_on_sigterm():
             await pod.stop()
 
     asyncio.run(go())
+
+
+def test_workers_that_cannot_listen_make_the_router_fail():
+    """--workers 2 on a port another socket holds: each worker's bind fails, and the router
+    exits non-zero saying why (it exited 0 with nothing on stderr)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}"]
+        command += ["--backends", "http://127.0.0.1:9", "--workers", "2"]
+        done = subprocess.run(command, capture_output=True, timeout=60, check=False)
+    assert done.returncode != 0 and b"address already in use" in done.stderr.lower()
+
+
+def test_a_worker_killed_stops_the_others_and_the_router_fails():
+    """One of two workers killed: the other is stopped and the router exits non-zero, so its
+    supervisor restarts it whole (it ran on short of a worker, or never ready)."""
+    port = free_port()
+    command = [sys.executable, "-m", "dataplane.router", "--listen", f"127.0.0.1:{port}"]
+    command += ["--backends", "http://127.0.0.1:9", "--workers", "2"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")  # this router's own workers
+    try:
+        deadline = time.monotonic() + 20
+        while len(children.read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.05)
+        os.kill(int(children.read_text().split()[0]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0 and b"exited with -9: stopping the others" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
