@@ -39,6 +39,19 @@ def test_the_size_is_read_from_the_header(data, media_type, size):
 
 
 VLLM_PY = str(Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python")
+
+
+def pillow_size(data: bytes) -> tuple[int, int]:
+    """The size Pillow (vLLM's decoder, in .venv-vllm) opens an image at; the test skips here
+    (after its own assertions) where there is no .venv-vllm."""
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: Pillow's reading not checked")
+    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
+    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
+    width, height = out.split()
+    return int(width), int(height)
+
+
 OPENED = [
     "DATA:image/png;base64,",  # a scheme is read in any case
     "Data:image/png;base64,",
@@ -104,11 +117,7 @@ def test_a_gif_is_sized_as_pillow_opens_it():
     data = gif(1, 1, frame=(0, 0, 1000, 800))
     counted = count_images([{"role": "user", "content": [image_part(data, "image/gif")]}])
     assert counted.image_tokens == image_tokens(1000, 800) == 1044
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: Pillow's reading not checked")
-    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
-    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
-    assert out.split() == [b"1000", b"800"]
+    assert pillow_size(data) == (1000, 800)
 
 
 @pytest.mark.parametrize(
@@ -122,11 +131,7 @@ def test_a_jpeg_with_junk_between_segments_is_sized_as_pillow_opens_it(junk):
     data = jpeg(1024, 768, exif_bytes=100, junk=junk)
     image = read_data_url(data_url(data, "image/jpeg"))
     assert (image.width, image.height) == (1024, 768)
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: Pillow's reading not checked")
-    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
-    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
-    assert out.split() == [b"1024", b"768"]
+    assert pillow_size(data) == (1024, 768)
 
 
 FAKE_SOF = b"\xff\xc0\x00\x11\x08\x00\x10\x00\x10\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"  # 16 x 16
@@ -145,11 +150,7 @@ def test_an_eoi_and_soi_before_the_frame_are_stepped_over_as_pillow_does():
     data = head + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + bytes(comment) + REAL_SOF + bytes(64)
     image = read_data_url(data_url(data, "image/jpeg"))
     assert (image.width, image.height) == (2000, 2000)
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: Pillow's reading not checked")
-    code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
-    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
-    assert out.split() == [b"2000", b"2000"]
+    assert pillow_size(data) == (2000, 2000)
 
 
 def test_a_non_ascii_character_in_the_base64_is_a_400_naming_the_part():
