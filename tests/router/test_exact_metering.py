@@ -34,8 +34,8 @@ from dataplane.router.pricing import Coefficients, estimate_input_tokens, price
 from dataplane.router.server import Router
 from dataplane.router.validation import demand
 from dataplane.wire.load_samples import EndpointSecond, load_key
-from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
-from tests.router.conftest import FAST, TENANT_KEY, assert_idle, running, scrape, sha, with_config
+from dataplane.wire.routing_table import ReservedRate, RoutedPod, RoutingTable
+from tests.router.conftest import FAST, TENANT_KEY, assert_idle, running, scrape, table_doc, with_config
 from tests.router.fakepod import FakePod
 from tests.runtime.support import SimProcess, sim_engine
 
@@ -109,20 +109,17 @@ async def through(engine: SimProcess, mode: str, config: Any = FAST) -> AsyncIte
         await redis.aclose()
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
     endpoint_id = random.randrange(10**9, 2 * 10**9)  # its own Redis keys
-    spec = RoutedEndpoint(
-        id=endpoint_id,
-        tenant="acme",
-        name=MODEL,
-        model="sim-tiny",
-        policy="p2c-mu",
-        coefficients=COEFFS,
-        mu_per_replica_minute=100,
-        target_concurrency=8,
-        scale_to_zero_enabled=False,
-        reservation=ReservedRate(6000, best_effort_allowed=True),
-        pods=(RoutedPod("sim-0", engine.url, True),),
+    table = RoutingTable.from_json(  # as a router reads it from the control plane
+        table_doc(
+            [],
+            id=endpoint_id,
+            name=MODEL,
+            model="sim-tiny",
+            coefficients=COEFFS,
+            reservation=ReservedRate(6000, best_effort_allowed=True),
+            pods=(RoutedPod("sim-0", engine.url, True),),
+        )
     )
-    table = RoutingTable.from_json(RoutingTable("v1", (spec,), {sha(TENANT_KEY): "acme"}).to_json())
     limiter = LeasedLimiter(redis, time.monotonic, prefix=f"test:lease:{endpoint_id}:")
     try:
         async with running([], table=table, config=config, limiter=limiter, redis=redis) as (router, _):

@@ -23,9 +23,9 @@ import pytest
 
 from dataplane.router.pricing import Coefficients
 from dataplane.router.server import Router
-from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
+from dataplane.wire.routing_table import ReservedRate, RoutedPod, RoutingTable
 from tests.image_files import data_url, gif, image_part, png
-from tests.router.conftest import TENANT_KEY, running, scrape, sha
+from tests.router.conftest import TENANT_KEY, running, scrape, table_doc
 from tests.runtime.support import SimProcess, sim_engine
 
 MODEL = "vision"
@@ -42,20 +42,17 @@ def engine() -> Iterator[SimProcess]:
 
 @contextlib.asynccontextmanager
 async def routed(engine: SimProcess) -> AsyncIterator[tuple[Router, openai.AsyncOpenAI]]:
-    spec = RoutedEndpoint(
-        id=7,
-        tenant="acme",
-        name=MODEL,
-        model=MODEL,
-        policy="p2c-mu",
-        coefficients=COEFFS,
-        mu_per_replica_minute=100,
-        target_concurrency=8,
-        scale_to_zero_enabled=False,
-        reservation=ReservedRate(6000, best_effort_allowed=True),
-        pods=(RoutedPod("sim-0", engine.url, True),),
+    table = RoutingTable.from_json(  # as a router reads it from the control plane
+        table_doc(
+            [],
+            id=7,
+            name=MODEL,
+            model=MODEL,
+            coefficients=COEFFS,
+            reservation=ReservedRate(6000, best_effort_allowed=True),
+            pods=(RoutedPod("sim-0", engine.url, True),),
+        )
     )
-    table = RoutingTable.from_json(RoutingTable("v1", (spec,), {sha(TENANT_KEY): "acme"}).to_json())
     async with running([], table=table) as (router, _):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{router.port}/v1", api_key=TENANT_KEY, max_retries=0, timeout=20
