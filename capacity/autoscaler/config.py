@@ -22,8 +22,8 @@ class AutoscalerConfig:
     # (mu_per_replica_minute) is already the benchmark's sustainable rate at the latency SLO.
     target_utilisation: float = 0.8
     # Plan for 1 - tolerance instead when every 10-s span of the scale-down window is within this
-    # share above the spans' mean (horizontal.planned_utilisation); 0 is off; [0, 1). Off by
-    # default: the control plane's tests pin 0.8's arithmetic (README, issue 23: 0.2 measured).
+    # share above the spans' mean (horizontal.planned_utilisation); 0 is off; [0, 1). Off: beside
+    # the burst hold, 0.2 loses 7 minutes on the simulator's mixes (README, issue 23).
     smooth_spread: float = 0.0
     scale_up_window_s: float = 20.0  # seconds of traffic a scale-up looks at; > 0
     # The MU need of a window is its busiest span this long (a sliding sum of buckets), not its
