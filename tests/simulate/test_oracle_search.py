@@ -1,5 +1,7 @@
 """The searched oracle: repair missed minutes, trim slack, report what no schedule met."""
 
+from dataclasses import replace
+
 import pytest
 
 from capacity.simulate.fleet import MinuteStats, Result
@@ -45,8 +47,8 @@ def test_repairs_missed_minutes_trims_slack_and_reports_the_unmeetable():
     searched = search_schedule([3, 6, 40, 8], replay, ceiling=50)
     assert searched.unmet == (2,)
     assert searched.per_minute[1] >= 10 and searched.per_minute[2] == 50
-    assert searched.per_minute[3] < 8  # trimmed, still meeting its minute
-    assert searched.per_minute[3] >= 2 and searched.per_minute[0] >= 3
+    # Trimmed down to a local optimum: one replica fewer in any minute would miss it.
+    assert searched.per_minute == (3, 10, 50, 2)
     assert searched.runs == len(calls) and set(searched.result.violating_minutes) == {2}
 
 
@@ -55,3 +57,25 @@ def test_unmet_minutes_leave_every_policys_score():
     result = replay([3, 6, 50, 2])  # minutes 1 and 2 missed
     assert result.slo_attainment == 0.5
     assert attainment_without(result, (2,)) == pytest.approx(2 / 3)
+
+
+def test_a_trim_that_breaks_the_next_minute_is_given_back_and_the_rest_kept():
+    # Minute 1's first requests run on minute 0's replicas: it misses when minute 0 has under 5,
+    # however little minute 0's own requests need (3).
+    need, carried = [3, 10, 1, 2], 5
+    replay, _ = _replay_against(need)
+
+    def coupled(schedule):
+        result = replay(schedule)
+        if schedule[0] >= carried:
+            return result
+        minutes = list(result.minutes)
+        minutes[1] = replace(minutes[1], p99_slo_ratio=carried / schedule[0])
+        violating = tuple(m.minute for m in minutes if m.p99_slo_ratio > 1.0)
+        return replace(result, minutes=tuple(minutes), violating_minutes=violating)
+
+    searched = search_schedule([8, 10, 4, 8], coupled, ceiling=50)
+    assert searched.unmet == ()
+    assert searched.per_minute[:2] == (carried, 10)  # minute 0's trims past 5 given back
+    assert searched.per_minute[3] == 2  # trimmed beside it all along
+    assert searched.per_minute[2] < 4
