@@ -49,7 +49,7 @@ from capacity.simulate import fleet as fleet_module
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig, Result
 from capacity.simulate.policies import DecisionLog
-from capacity.simulate.scenario import POLICIES, attainment_without, searched_oracle, simulate
+from capacity.simulate.scenario import POLICIES, attainment_without, minute_bounds, searched_oracle, simulate
 from capacity.simulate.sizing import chunk_within_itl, cost_model_for, fit_shape, full_batch
 from dataplane.runtime.profiles import get_profile
 
@@ -88,7 +88,9 @@ PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
 # One trace's line of the goal table: name, results by policy, what of the Goal it misses, the
 # minutes no searched schedule met, and its per-minute peak/mean.
-Row = tuple[str, dict[str, Result], list[str] | None, tuple[int, ...], float]
+# trace, results by policy, the Goal's misses (None: not judged), unmet minutes, per-minute
+# peak/mean, and the GPU-hours no per-minute schedule goes below (None: no searched oracle).
+Row = tuple[str, dict[str, Result], list[str] | None, tuple[int, ...], float, float | None]
 JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compares apa with
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
 
@@ -207,6 +209,7 @@ def main() -> int:
         if name == "daily":
             extra = {**extra, **PREDICTIVE}
         unmet: tuple[int, ...] = ()
+        bound: float | None = None
         log: DecisionLog = []
         for policy in args.policies.split(",") + list(extra):
             started = time.process_time()
@@ -216,6 +219,14 @@ def main() -> int:
                 searched = searched_oracle(profile, trace, fleet, apa, warmup_s=warmup)
                 unmet = searched.unmet
                 results[policy] = (searched.result, time.process_time() - started)
+                bounds = minute_bounds(profile, trace, searched.per_minute, fleet, apa)
+                bound = bounds.gpu_hours(fleet)
+                noisy = f"; minutes counted at the schedule's: {list(bounds.noisy)}" if bounds.noisy else ""
+                print(
+                    f"{name}: no per-minute schedule takes under {bound:.2f} GPU-hours (the searched"
+                    f" oracle {searched.result.gpu_hours / bound:.2f}x that{noisy})",
+                    flush=True,
+                )
                 continue
             results[policy] = (
                 simulate(
@@ -250,7 +261,7 @@ def main() -> int:
         if "apa" in plain:
             peak_mean = traces.burst_stats(trace)["peak_mean_minute"]
             misses = goal(plain, peak_mean, unmet)
-            summary.append((name, plain, misses, unmet, peak_mean))
+            summary.append((name, plain, misses, unmet, peak_mean, bound))
             apart = (
                 f" (minutes no searched schedule met, left out of every score: {list(unmet)})"
                 if unmet
@@ -316,10 +327,10 @@ def print_table(summary: list[Row]) -> None:
     the oracle's GPU-hours and the share of static-peak's; then whether the Goal holds."""
     if not summary:
         return
-    policies = [p for p in POLICIES if all(p in r for _, r, _, _, _ in summary)]
+    policies = [p for p in POLICIES if all(p in r for _, r, _, _, _, _ in summary)]
     print("\n| trace | peak/mean | " + " | ".join(policies) + " | unmet | goal |")
     print("|---" * (len(policies) + 4) + "|")
-    for name, results, misses, unmet, peak_mean in summary:
+    for name, results, misses, unmet, peak_mean, bound in summary:
         oracle = results.get("oracle")
         beside = f" / {attainment_without(oracle, unmet):.3f}" if oracle else ""
         cells = []
@@ -330,16 +341,18 @@ def print_table(summary: list[Row]) -> None:
                 f"{r.gpu_hours:.2f}, {attainment_without(r, unmet):.3f}"
                 + (beside if p != "oracle" else "")
                 + f"{x_oracle}, {r.gpu_hours / r.static_peak_gpu_hours:.2f} sp"
+                + (f", bound {bound:.2f}" if p == "oracle" and bound else "")
             )
         goal_cell = "not judged" if misses is None else "; ".join(misses) or "holds"
         print(
             f"| {name} | {peak_mean:.1f} | " + " | ".join(cells) + f" | {list(unmet) or '-'} | {goal_cell} |"
         )
-    judged = [m for _, _, m, _, _ in summary if m is not None]
+    judged = [m for _, _, m, _, _, _ in summary if m is not None]
     held = sum(1 for m in judged if not m)
     print(
         "(GPU-hours, attainment / the oracle's attainment, x the oracle's GPU-hours, share of"
-        " static-peak's GPU-hours (sp); peak/mean per minute)"
+        " static-peak's GPU-hours (sp), and under the oracle's the GPU-hours no per-minute schedule"
+        " goes below (bound); peak/mean per minute)"
     )
     if judged:
         print(f"goal holds on {held} of {len(judged)} traces", flush=True)

@@ -4,18 +4,19 @@ the trace. Pure. The CLI and the bench both go through `simulate`.
 With `oracle_search`, the oracle's schedule is searched with the simulator itself, not only
 computed from the busiest 10 s of each minute (`search_schedule`): a greedy repair, then trims
 down to one replica at a time: a schedule that meets every minute it can, close to the fewest
-replicas, not a proof of the fewest.
-Minutes it still misses with the fleet's ceiling (or after its rounds) are `unmet`: the bench
-leaves them out of every policy's score and shows them apart."""
+replicas, not a proof of the fewest. Minutes it still misses with the fleet's ceiling (or after
+its rounds) are `unmet`: the bench leaves them out of every policy's score and shows them apart.
+`minute_bounds` bounds it from below: the fewest replicas each minute needs played alone."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from capacity.autoscaler import AutoscalerConfig
-from capacity.simulate.arrivals import Arrival
+from capacity.simulate.arrivals import Arrival, Trace
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
 from capacity.simulate.sizing import (
@@ -124,6 +125,82 @@ def search_schedule(
         ):
             schedule, result = trial, checked
     return SearchedSchedule(tuple(schedule), tuple(result.violating_minutes), runs, result)
+
+
+@dataclass(frozen=True)
+class MinuteBounds:
+    per_minute: tuple[int, ...]  # the fewest replicas each minute meets its SLO with, played alone
+    noisy: tuple[int, ...]  # minutes that missed alone with the schedule's replicas (counted so)
+    runs: int  # one-minute simulations it took
+
+    def gpu_hours(self, fleet: FleetConfig) -> float:
+        return sum(self.per_minute) * fleet.gpus_per_replica / 60.0
+
+
+def minute_bounds(
+    profile: EngineProfile,
+    trace: Sequence[Arrival],
+    schedule: Sequence[int],
+    fleet: FleetConfig | None = None,
+    apa_config: AutoscalerConfig | None = None,
+) -> MinuteBounds:
+    """A lower bound on the replicas of any per-minute schedule that meets every minute: for each
+    minute, the fewest replicas (bisected below `schedule`'s, which meets it) with which its
+    arrivals, played alone on a fleet ready at the minute's start with nothing before them and
+    ten times as many replicas from its end, meet the SLO. A schedule holds at least that many
+    ready through the minute, and its requests fare no better with earlier ones queued beside
+    them or fewer replicas after, so the sum bounds its GPU-hours (pod starts and the minutes'
+    overlap only add to them). A bound under that monotonicity, which the router's random
+    choices break at the margin: a minute that misses alone with the schedule's own replicas is
+    counted at them (`noisy`). Worked numbers: a minute the schedule gives 20 replicas that
+    meets alone with 14 and not 13 bounds it at 14."""
+    fleet = fleet or FleetConfig()
+    apa_config = apa_config or AutoscalerConfig()
+    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    batch = full_batch(profile, columns)  # the whole trace's, as the schedule ran with
+    times = columns.times
+    runs = 0
+
+    def meets_alone(minute: int, replicas: int, after: int) -> bool:
+        nonlocal runs
+        lo, hi = bisect.bisect_left(times, 60.0 * minute), bisect.bisect_left(times, 60.0 * (minute + 1))
+        alone = Trace()
+        alone.extend(
+            [t - 60.0 * minute for t in times[lo:hi]],
+            list(columns.prompts[lo:hi]),
+            list(columns.outputs[lo:hi]),
+        )
+        config = replace(fleet, initial_replicas=replicas, max_replicas=max(fleet.max_replicas, after))
+        policy = Schedule(per_minute=(replicas, after), lead_s=fleet.pod_start_s, name="bound")
+        runs += 1
+        result = run(profile, alone, policy, config, replicas, apa_config.latency_slo_s, batch=batch)
+        return not result.violating_minutes
+
+    bounds: list[int] = []
+    noisy: list[int] = []
+    for minute, given in enumerate(schedule):
+        after = max(10 * given, given + 10)
+        if not _has_arrivals(times, minute):
+            bounds.append(0)
+            continue
+        if not meets_alone(minute, given, after):
+            bounds.append(given)
+            noisy.append(minute)
+            continue
+        fails, meets = 0, given
+        while meets - fails > 1:
+            mid = (fails + meets) // 2
+            if meets_alone(minute, mid, after):
+                meets = mid
+            else:
+                fails = mid
+        bounds.append(meets)
+    return MinuteBounds(tuple(bounds), tuple(noisy), runs)
+
+
+def _has_arrivals(times: Sequence[float], minute: int) -> bool:
+    at = bisect.bisect_left(times, 60.0 * minute)
+    return at < len(times) and times[at] < 60.0 * (minute + 1)
 
 
 def attainment_without(result: Result, excluded: Sequence[int]) -> float:
