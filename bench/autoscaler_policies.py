@@ -86,10 +86,9 @@ HEADROOM = {f"apa-u{round(u * 100)}": {"target_utilisation": u} for u in (0.4, 0
 PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
 
-# One trace's line of the goal table: name, results by policy, what of the Goal it misses, the
-# minutes no searched schedule met, and its per-minute peak/mean.
-# trace, results by policy, the Goal's misses (None: not judged), unmet minutes, per-minute
-# peak/mean, and the GPU-hours no per-minute schedule goes below (None: no searched oracle).
+# One trace's line of the goal table: name, results by policy, what of the Goal it misses (None:
+# not judged), the minutes no searched schedule met, its per-minute peak/mean, and the GPU-hours
+# no per-minute schedule goes below (None: no searched oracle).
 Row = tuple[str, dict[str, Result], list[str] | None, tuple[int, ...], float, float | None]
 JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compares apa with
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
