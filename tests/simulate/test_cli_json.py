@@ -114,3 +114,48 @@ def test_cli_refuses_a_prompt_beyond_the_context_naming_it(tmp_path):
     assert "131072 tokens" in out.stderr and "context length 131072" in out.stderr
     out = _run(_csv(tmp_path, [(0, 9_000, 50)]), "--max-model-len", "8192")
     assert out.returncode == 2 and "context length 8192" in out.stderr
+
+
+def test_cli_searches_the_oracle_and_bounds_it(tmp_path):
+    path = tmp_path / "steps.csv"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capacity.simulate.traces",
+            "--kind",
+            "steps",
+            "--seed",
+            "2",
+            "--out",
+            str(path),
+            "--minutes",
+            "3",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "capacity.simulate",
+            "--trace",
+            str(path),
+            "--policy",
+            "oracle",
+            "--search-oracle",
+            "--json",
+            "--amplify",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert KEYS <= set(result) and result["unmet_minutes"] == []
+    assert result["slo_attainment_meetable"] == result["slo_attainment"] == 1.0
+    assert 0 < result["oracle_bound_gpu_hours"] <= result["gpu_hours"]
