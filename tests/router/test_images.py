@@ -237,9 +237,13 @@ def test_an_image_part_without_a_url_string_is_refused():
 @pytest.mark.parametrize(
     ("part", "tokens"),
     [
-        # vLLM reads a part without "type" (or with a "uuid") by its first media field
-        ({"image_url": {"url": data_url(png(1344, 1344))}}, image_tokens(1344, 1344)),
-        ({"image_url": data_url(png(448, 448))}, 256),
+        # vLLM reads a part without "type" (or with a "uuid") by its first media field; without
+        # a uuid its validation takes only a bare URL string (or null), an object is refused
+        ({"image_url": data_url(png(1344, 1344))}, image_tokens(1344, 1344)),
+        ({"type": None, "image_url": data_url(png(448, 448))}, 256),
+        ({"image_url": {"url": data_url(png(448, 448))}}, 0),
+        # valid as a bare audio URL (null), then read by its first media field: an image
+        ({"image_url": {"url": data_url(png(448, 448))}, "audio_url": None}, 256),
         ({"type": "text", "image_url": {"url": data_url(png(448, 448))}, "uuid": "u"}, 256),
         # an input_image's URL is its own "image_url" string (ResponseInputImageParam)
         ({"type": "input_image", "image_url": data_url(png(448, 448))}, 256),
@@ -260,14 +264,14 @@ AT = "messages[0].content[1]"  # the part after "hi"
 @pytest.mark.parametrize(
     ("part", "param"),
     [
-        ({"image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}, f"{AT}.image_url.url"),
+        ({"image_url": "http://169.254.169.254/latest/meta-data/"}, f"{AT}.image_url"),
         ({"type": "image_url", "image_url": {"url": "http://10.0.0.1/x.png"}, "uuid": "u"},
          f"{AT}.image_url.url"),
         ({"type": "input_image", "image_url": "https://example.com/a.png"}, f"{AT}.image_url"),
         ({"type": "input_image", "image_url": {"url": data_url(png(4, 4))}}, f"{AT}.image_url"),
         ({"type": "video_url", "video_url": {"url": "http://10.0.0.1/big.mp4"}}, AT),
         ({"type": "audio_url", "audio_url": {"url": "http://10.0.0.1/a.wav"}}, AT),
-        ({"video_url": {"url": "data:video/mp4;base64,AAAA"}}, AT),
+        ({"video_url": "data:video/mp4;base64,AAAA"}, AT),
         ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, AT),
         ({"type": "image_embeds", "image_embeds": "AAAA"}, AT),
         ({"type": "text", "text": "t", "uuid": "u", "audio_url": "http://10.0.0.1/a.wav"}, AT),
