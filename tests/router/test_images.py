@@ -3,6 +3,7 @@ they take (capacity.units.image_tokens), the refusals (a remote URL, a malformed
 naming the part, never a 500) and the decoding kept to the header."""
 
 import base64
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
+from dataplane.wire.content_parts import part_kind
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
 
@@ -256,6 +258,50 @@ def test_an_image_part_is_counted_as_vllm_reads_it(part, tokens):
 def test_a_text_part_with_an_image_field_is_text_as_vllm_reads_it():
     part = {"type": "text", "text": "t", "image_url": {"url": "http://10.0.0.1/x.png"}}
     assert count_images([{"role": "user", "content": [part]}]) == NO_IMAGES
+
+
+PNG_URL = data_url(png(4, 4))
+READ_AS = [
+    ({"image_url": PNG_URL}, "image_url"),
+    ({"type": None, "image_url": PNG_URL}, "image_url"),
+    ({"image_url": None}, "image_url"),
+    ({"video_url": "http://10.0.0.1/a.mp4"}, "video_url"),
+    ({"image_url": {"url": PNG_URL}, "audio_url": None}, "image_url"),
+    ({"type": "text", "text": "hi"}, "text"),
+    ({"type": "image_url", "image_url": {"url": PNG_URL}}, "image_url"),
+    ({"image_url": {"url": PNG_URL}}, None),
+    ({"type": None, "image_url": {"url": PNG_URL}}, None),
+    ({"text": "hi"}, None),
+    ({"type": None, "text": "hi"}, None),
+    ({"refusal": "no"}, None),
+    ({"image_embeds": "AAAA"}, None),
+    ({"tool_reference": "t"}, None),
+    ({}, None),
+    ({"type": 5, "text": "hi"}, None),
+]
+
+
+def test_vllm_validates_and_reads_a_part_as_part_kind_says():
+    """The installed vLLM's chat request validation, then its part parser, on each part: the
+    type it reads, or None where it refuses the part (the router's 400 for part_kind None)."""
+    assert [part_kind(part) for part, _ in READ_AS] == [kind for _, kind in READ_AS]
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: vLLM's reading not checked")
+    code = (
+        "import json, sys\n"
+        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+        "from vllm.renderers.chat_utils import _parse_chat_message_content_mm_part\n"
+        "for line in sys.stdin.read().splitlines():\n"
+        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
+        "    try:\n"
+        "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
+        "        print(json.dumps(_parse_chat_message_content_mm_part(part)[0]))\n"
+        "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
+        "        print('null')\n"
+    )
+    parts = "\n".join(json.dumps(part) for part, _ in READ_AS)
+    out = subprocess.run([VLLM_PY, "-c", code], input=parts.encode(), capture_output=True, check=True)
+    assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [kind for _, kind in READ_AS]
 
 
 AT = "messages[0].content[1]"  # the part after "hi"
