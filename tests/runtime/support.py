@@ -359,8 +359,9 @@ class RealPod:
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
-# The pod runner's flags for the tests' pods: a prober that acts within seconds (a 1-s idle
-# interval, 0.5-s scrapes) and a 30-s completion deadline and stop grace.
+# The pod runner's flags for the tests' pods: a prober that probes after 1 s without progress
+# and scrapes every 0.5 s (tests see it act within seconds), a 30-s probe completion deadline
+# and 30 s to drain on SIGTERM.
 TEST_POD_FLAGS = (
     "--idle-interval", "1", "--completion-deadline", "30", "--scrape-interval", "0.5", "--grace", "30",
 )  # fmt: skip
