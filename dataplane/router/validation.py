@@ -19,9 +19,11 @@ and refuses, with a 400 naming the parameter, what would poison the price:
   prompt                a string, a list of strings, a list of token ids or a list of token-id
                         lists (a batch: every prompt generates n sequences).
   messages              a list of objects whose ``content`` is a string, null or a list of
-                        content parts; a part is a string or an object; a text part's text
+                        content parts; a part is a string or an object with a string type (or,
+                        without one, a bare media URL: ``{"image_url": "<url>"}``); a text part's text
                         field (``text``, or ``refusal`` / ``thinking`` for those types), when
-                        present, is a string (``[{"text": 5}]`` is a 400, never a 500).
+                        present, is a string (``[{"type": "text", "text": 5}]`` is a 400,
+                        never a 500).
                         Image parts are counted and sized (``images``: a data URL only, a
                         remote or malformed one is a 400 naming the part).
 
@@ -197,8 +199,12 @@ def check_messages(messages: Any) -> bool:
                     f"{at}.uuid",
                     f"{at}.uuid is not accepted: the engine would key its caches by it across tenants",
                 )
-            kind = part_kind(part)  # as vLLM reads it: {"image_url": ...} with no type is an image
-            if kind is not None and kind not in TEXT_PART_TYPES:
+            kind = part_kind(part)  # as vLLM reads it: {"image_url": "<url>"} with no type is an image
+            if kind is None:
+                # vLLM's validation refuses the part; the router could not price it either (a
+                # text or an image it would read otherwise), so it never reaches a pod.
+                raise _untyped_part(at, part.get("type"))
+            if kind not in TEXT_PART_TYPES:
                 media = True  # media parts: priced by their images (no text to price)
                 continue
             field = text_field(kind)
@@ -209,6 +215,20 @@ def check_messages(messages: Any) -> bool:
                     "invalid_type",
                 )
     return media
+
+
+def _untyped_part(at: str, kind: Any) -> InvalidParameter:
+    if kind is not None:
+        return InvalidParameter(
+            f"{at}.type", f"{at}.type must be a string, got {type(kind).__name__}", "invalid_type"
+        )
+    return InvalidParameter(
+        f"{at}.type",
+        f"{at} has no type: a part without one must be a bare media URL such as "
+        '{"image_url": "data:image/png;base64,..."}; give a text part "type": "text", an image '
+        'part "type": "image_url"',
+        "missing",
+    )
 
 
 def demand(

@@ -18,6 +18,9 @@ TYPELESS_FIELDS = (
     "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "audio_url",
     "input_audio", "video_url", "tool_reference",
 )  # fmt: skip
+# The fields of vLLM's bare-URL parts (CustomChatCompletionContentSimple{Image,Audio,Video}Param,
+# a string or null): the only parts without a type (or with a null one) its validation accepts.
+BARE_URL_FIELDS = ("image_url", "audio_url", "video_url")
 # Types vLLM reads as text (TEXT_PART_TYPES); refusal and thinking parts keep their text in a
 # field named after the type, the others in "text".
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
@@ -27,14 +30,24 @@ IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})  # the parts whose UR
 
 def part_kind(part: dict[str, Any]) -> str | None:
     """The type vLLM reads a content part as (``_parse_chat_message_content_mm_part``); None
-    where vLLM refuses the part itself (no type and no media field, or a type that is not a
-    string). An unknown string type is returned as is (vLLM refuses it as unsupported)."""
+    where vLLM refuses the part itself: a type that is not a string, or no type (missing or null)
+    and no bare URL (``{"image_url": {"url": ...}}``, ``{"text": "hi"}`` and ``{}`` fail its
+    validation; ``{"image_url": "<url>"}`` is an image). An unknown string type is returned as is
+    (vLLM refuses it as unsupported)."""
     kind = part.get("type")
-    if part.get("uuid") is None and isinstance(kind, str) and kind in VLLM_PART_TYPES:
+    uuid = part.get("uuid")
+    if uuid is None and isinstance(kind, str) and kind in VLLM_PART_TYPES:
         return kind
-    if kind is None or part.get("uuid") is not None:
+    if kind is None and uuid is None and not any(_is_bare_url(part, field) for field in BARE_URL_FIELDS):
+        return None
+    if kind is None or uuid is not None:
+        # validated, vLLM reads the part by its first media field, whichever made it valid
         return next((field for field in TYPELESS_FIELDS if field in part), None)
     return kind if isinstance(kind, str) else None
+
+
+def _is_bare_url(part: dict[str, Any], field: str) -> bool:
+    return field in part and (part[field] is None or isinstance(part[field], str))
 
 
 def text_field(kind: str | None) -> str:

@@ -3,6 +3,7 @@ they take (capacity.units.image_tokens), the refusals (a remote URL, a malformed
 naming the part, never a 500) and the decoding kept to the header."""
 
 import base64
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
+from dataplane.wire.content_parts import part_kind
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
 
@@ -237,9 +239,13 @@ def test_an_image_part_without_a_url_string_is_refused():
 @pytest.mark.parametrize(
     ("part", "tokens"),
     [
-        # vLLM reads a part without "type" (or with a "uuid") by its first media field
-        ({"image_url": {"url": data_url(png(1344, 1344))}}, image_tokens(1344, 1344)),
-        ({"image_url": data_url(png(448, 448))}, 256),
+        # vLLM reads a part without "type" (or with a "uuid") by its first media field; without
+        # a uuid its validation takes only a bare URL string (or null), an object is refused
+        ({"image_url": data_url(png(1344, 1344))}, image_tokens(1344, 1344)),
+        ({"type": None, "image_url": data_url(png(448, 448))}, 256),
+        ({"image_url": {"url": data_url(png(448, 448))}}, 0),
+        # valid as a bare audio URL (null), then read by its first media field: an image
+        ({"image_url": {"url": data_url(png(448, 448))}, "audio_url": None}, 256),
         ({"type": "text", "image_url": {"url": data_url(png(448, 448))}, "uuid": "u"}, 256),
         # an input_image's URL is its own "image_url" string (ResponseInputImageParam)
         ({"type": "input_image", "image_url": data_url(png(448, 448))}, 256),
@@ -254,20 +260,64 @@ def test_a_text_part_with_an_image_field_is_text_as_vllm_reads_it():
     assert count_images([{"role": "user", "content": [part]}]) == NO_IMAGES
 
 
+PNG_URL = data_url(png(4, 4))
+READ_AS = [
+    ({"image_url": PNG_URL}, "image_url"),
+    ({"type": None, "image_url": PNG_URL}, "image_url"),
+    ({"image_url": None}, "image_url"),
+    ({"video_url": "http://10.0.0.1/a.mp4"}, "video_url"),
+    ({"image_url": {"url": PNG_URL}, "audio_url": None}, "image_url"),
+    ({"type": "text", "text": "hi"}, "text"),
+    ({"type": "image_url", "image_url": {"url": PNG_URL}}, "image_url"),
+    ({"image_url": {"url": PNG_URL}}, None),
+    ({"type": None, "image_url": {"url": PNG_URL}}, None),
+    ({"text": "hi"}, None),
+    ({"type": None, "text": "hi"}, None),
+    ({"refusal": "no"}, None),
+    ({"image_embeds": "AAAA"}, None),
+    ({"tool_reference": "t"}, None),
+    ({}, None),
+    ({"type": 5, "text": "hi"}, None),
+]
+
+
+def test_vllm_validates_and_reads_a_part_as_part_kind_says():
+    """The installed vLLM's chat request validation, then its part parser, on each part: the
+    type it reads, or None where it refuses the part (the router's 400 for part_kind None)."""
+    assert [part_kind(part) for part, _ in READ_AS] == [kind for _, kind in READ_AS]
+    if not os.path.exists(VLLM_PY):
+        pytest.skip("no .venv-vllm: vLLM's reading not checked")
+    code = (
+        "import json, sys\n"
+        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+        "from vllm.renderers.chat_utils import _parse_chat_message_content_mm_part\n"
+        "for line in sys.stdin.read().splitlines():\n"
+        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
+        "    try:\n"
+        "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
+        "        print(json.dumps(_parse_chat_message_content_mm_part(part)[0]))\n"
+        "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
+        "        print('null')\n"
+    )
+    parts = "\n".join(json.dumps(part) for part, _ in READ_AS)
+    out = subprocess.run([VLLM_PY, "-c", code], input=parts.encode(), capture_output=True, check=True)
+    assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [kind for _, kind in READ_AS]
+
+
 AT = "messages[0].content[1]"  # the part after "hi"
 
 
 @pytest.mark.parametrize(
     ("part", "param"),
     [
-        ({"image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}, f"{AT}.image_url.url"),
+        ({"image_url": "http://169.254.169.254/latest/meta-data/"}, f"{AT}.image_url"),
         ({"type": "image_url", "image_url": {"url": "http://10.0.0.1/x.png"}, "uuid": "u"},
          f"{AT}.image_url.url"),
         ({"type": "input_image", "image_url": "https://example.com/a.png"}, f"{AT}.image_url"),
         ({"type": "input_image", "image_url": {"url": data_url(png(4, 4))}}, f"{AT}.image_url"),
         ({"type": "video_url", "video_url": {"url": "http://10.0.0.1/big.mp4"}}, AT),
         ({"type": "audio_url", "audio_url": {"url": "http://10.0.0.1/a.wav"}}, AT),
-        ({"video_url": {"url": "data:video/mp4;base64,AAAA"}}, AT),
+        ({"video_url": "data:video/mp4;base64,AAAA"}, AT),
         ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, AT),
         ({"type": "image_embeds", "image_embeds": "AAAA"}, AT),
         ({"type": "text", "text": "t", "uuid": "u", "audio_url": "http://10.0.0.1/a.wav"}, AT),

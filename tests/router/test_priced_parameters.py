@@ -9,6 +9,7 @@ import pytest
 from dataplane.router.cache_salt import tenant_salt
 from dataplane.router.pricing import Coefficients
 from dataplane.wire.routing_table import ReservedRate
+from tests.image_files import data_url, image_part, png
 from tests.router.conftest import (
     TENANT_KEY,
     assert_idle,
@@ -35,7 +36,7 @@ BIG = b"1" + b"0" * 400  # 10**400: Python's json reads it as an int
         (COMP, b'{"model": "chat", "prompt": "hi", "max_tokens": 1e400}', "max_tokens"),
         (COMP, b'{"model": "chat", "prompt": "hi", "n": %s}' % BIG, "n"),
         (COMP, b'{"model": "chat", "prompt": {"a": 1}}', "prompt"),
-        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"text": 5}]}]}',
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
          "messages[0].content[0].text"),
         (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": 5}]}', "messages[0].content"),
         (CHAT, b'{"model": "chat", "messages": [{"role": "u", "content": [7]}]}', "messages[0].content[0]"),
@@ -46,10 +47,12 @@ BIG = b"1" + b"0" * 400  # 10**400: Python's json reads it as an int
         (CHAT, b'{"model": "chat", "messages": [], "max_tokens": 0}', "max_tokens"),
         (COMP, b'{"model": "chat", "prompt": "hi", "max_tokens": 0}', "max_tokens"),
         (COMP, b'{"model": "chat", "prompt": "hi", "max_tokens": 0, "echo": false}', "max_tokens"),
-        # vLLM reads a part without "type" but with an image_url as an image, and fetches it
+        # vLLM reads a part without "type" but with an image_url string as an image, and fetches it
         (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"image_url": '
-               b'{"url": "http://169.254.169.254/latest/meta-data/"}}]}]}',
-         "messages[0].content[0].image_url.url"),
+               b'"http://169.254.169.254/latest/meta-data/"}]}]}',
+         "messages[0].content[0].image_url"),
+        (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": 5, "text": "hi"}]}]}',
+         "messages[0].content[0].type"),
         (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "video_url", '
                b'"video_url": {"url": "http://10.0.0.1/big.mp4"}}]}]}', "messages[0].content[0]"),
         (CHAT, b'{"model": "chat", "messages": [{"role": "user", "content": [{"type": "audio_url", '
@@ -75,6 +78,60 @@ def test_a_bad_value_is_a_400_naming_it_and_nothing_is_metered(path, raw, param)
             totals = router.meter.totals.get((1, "acme"))
             assert totals is None or (totals.requests, totals.mu, totals.errors) == (0, 0.0, 0)
             await assert_idle(router)
+
+    asyncio.run(go())
+
+
+PNG_448 = data_url(png(448, 448))  # 256 image tokens
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"image_url": {"url": PNG_448}},  # vLLM's validation takes a typeless image only as a string
+        {"type": None, "image_url": {"url": PNG_448}},
+        {"text": "hi"},
+        {"type": None, "text": "hi"},
+        {"refusal": "no"},
+        {},
+    ],
+    ids=["image_url_object", "null_type_image_url_object", "text", "null_type_text", "refusal", "empty"],
+)
+def test_a_part_without_a_type_vllm_refuses_is_a_400_naming_it_before_any_pod(part):
+    async def go():
+        async with running(1, table=cp_table()) as (router, pods):
+            body = {"model": "chat", "messages": [{"role": "user", "content": ["look:", part]}]}
+            status, _, payload = await call(router, path=CHAT, body=body, key=TENANT_KEY)
+            assert status == 400, payload
+            err = error_of(payload)
+            assert err["param"] == "messages[0].content[1].type", err
+            assert err["message"].startswith("messages[0].content[1] has no type"), err
+            assert pods[0].requests == 0
+            assert router.meter.totals.get((1, "acme")) is None
+            await assert_idle(router)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "part", [{"image_url": PNG_448}, {"type": None, "image_url": PNG_448}], ids=["no_type", "null_type"]
+)
+def test_a_bare_image_url_without_a_type_is_priced_as_the_image_vllm_reads(part):
+    async def go():
+        async with running(1, table=cp_table(reservation=None)) as (router, pods):
+
+            def asking(*content):
+                return {
+                    "model": "chat",
+                    "messages": [{"role": "user", "content": list(content)}],
+                    "max_tokens": 4,
+                }
+
+            typed = await estimate_of(router, pods, CHAT, asking("look:", image_part(png(448, 448))))
+            text_only = await estimate_of(router, pods, CHAT, asking("look:"))
+            assert typed > text_only  # the image's 256 tokens are in the price
+            assert await estimate_of(router, pods, CHAT, asking("look:", part)) == pytest.approx(typed)
+            assert pods[0].bodies[-1]["messages"][0]["content"][1] == part  # as sent: vLLM reads it
 
     asyncio.run(go())
 
@@ -128,8 +185,10 @@ def test_the_context_length_comes_from_the_routing_table():
 async def estimate_of(router, pods, path, body):
     """The MU the router admitted a request at (its pod's in-flight MU while the pod holds it)."""
     pods[0].mode = "hold"
+    pods[0].release.clear()  # held again when called before
+    seen = pods[0].requests
     task = asyncio.ensure_future(call(router, path=path, body=body, key=TENANT_KEY))
-    await wait_until(lambda: pods[0].requests == 1, what="the request to reach the pod")
+    await wait_until(lambda: pods[0].requests == seen + 1, what="the request to reach the pod")
     mu = router.endpoints[1].pods[0].inflight_mu
     pods[0].release.set()
     assert (await task)[0] == 200

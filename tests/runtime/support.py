@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -359,71 +359,67 @@ class RealPod:
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
+# The pod runner's flags for the tests' pods: a prober that probes after 1 s without progress
+# and scrapes every 0.5 s (tests see it act within seconds), a 30-s probe completion deadline
+# and 30 s to drain on SIGTERM.
+TEST_POD_FLAGS = (
+    "--idle-interval", "1", "--completion-deadline", "30", "--scrape-interval", "0.5", "--grace", "30",
+)  # fmt: skip
+
+
 @contextmanager
-def running_pod(folder: Path, model: TinyModel, *args: str) -> Iterator[RealPod]:
-    """A vLLM pod serving the tiny model, ready (its prober's /readyz is 200); on the way out
-    it gets SIGTERM (exit code in ``measurements``), then its group SIGKILL. ``folder`` takes
-    its log and is its TMPDIR, where vLLM puts its temporary files."""
-    env = {**os.environ, **model.env, "TMPDIR": str(folder)}
+def tiny_vllm_pod(
+    folder: Path, model: Path, model_env: dict[str, str], *args: str, name: str, max_num_seqs: int
+) -> Iterator[RealPod]:
+    """``python -m dataplane.runtime.pod --engine vllm`` serving the tiny model (``make_tiny_vllm``:
+    its path and ``model_env``) as "tiny", ``args`` after its own flags; yielded ready (its
+    prober's /readyz is 200, ``measurements["ready_s"]`` after the start). On the way out it gets
+    SIGTERM (exit code in ``measurements``), then its group SIGKILL. ``folder`` takes its log
+    (pod.log) and is its TMPDIR, where vLLM puts its temporary files."""
+    env = {**os.environ, **model_env, "TMPDIR": str(folder)}
     port, probe_port = free_ports(2)
     log_path = folder / "pod.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dataplane.runtime.pod",
-            "--engine",
-            "vllm",
-            "--port",
-            str(port),
-            "--probe-port",
-            str(probe_port),
-            "--name",
-            "vllm-test",
-            *tiny_vllm_args(model.path, max_num_seqs=2),
-            "--idle-interval",
-            "1",
-            "--completion-deadline",
-            "30",
-            "--scrape-interval",
-            "0.5",
-            "--grace",
-            "30",
-            *args,
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    pod = RealPod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {})
-    try:
-        start = time.monotonic()
-
-        def ready() -> bool:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                return http("GET", pod.probe + "/readyz", timeout=2)[0] == 200
-            except OSError:
-                return False
-
-        wait_until(ready, timeout=300, interval=0.5)
-        pod.measurements["ready_s"] = time.monotonic() - start
-        yield pod
-    finally:
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "dataplane.runtime.pod", "--engine", "vllm",
+                "--port", str(port), "--probe-port", str(probe_port), "--name", name,
+                *tiny_vllm_args(model, max_num_seqs), *args,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        pod = RealPod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}", {})
         try:
-            proc.send_signal(signal.SIGTERM)  # the pod forwards it to vLLM, which stops
-            pod.measurements["exit_code"] = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pod.measurements["exit_code"] = -9
+            start = time.monotonic()
+
+            def ready() -> bool:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                try:
+                    return http("GET", pod.probe + "/readyz", timeout=2)[0] == 200
+                except OSError:
+                    return False
+
+            wait_until(ready, timeout=300, interval=0.5)
+            pod.measurements["ready_s"] = time.monotonic() - start
+            yield pod
         finally:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-            log.close()
+                proc.send_signal(signal.SIGTERM)  # the pod forwards it to vLLM, which stops
+                pod.measurements["exit_code"] = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pod.measurements["exit_code"] = -9
+            finally:
+                stop_group(proc)
+
+
+def running_pod(folder: Path, model: TinyModel, *args: str) -> AbstractContextManager[RealPod]:
+    """The tests' vLLM pod: the tiny model, ``--max-num-seqs 2``, TEST_POD_FLAGS, then ``args``."""
+    return tiny_vllm_pod(
+        folder, model.path, model.env, *TEST_POD_FLAGS, *args, name="vllm-test", max_num_seqs=2
+    )
 
 
 def save_measurements(name: str, measurements: dict[str, float]) -> None:

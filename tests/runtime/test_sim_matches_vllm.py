@@ -156,6 +156,25 @@ CASES: list[tuple[str, str, Any, bool]] = [
     ),
     ("chat_typeless_text", CHAT, {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, True),
     ("chat_typeless_nothing", CHAT, {"messages": [{"role": "user", "content": [{"foo": 1}]}]}, True),
+    # a null type reads as none (dataplane.wire.content_parts.part_kind)
+    (
+        "chat_null_type_image",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": None, "image_url": PNG}]}]},
+        False,
+    ),
+    (
+        "chat_null_type_image_dict",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": None, "image_url": {"url": PNG}}]}]},
+        True,
+    ),
+    (
+        "chat_null_type_text",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": None, "text": "hi"}]}]},
+        True,
+    ),
     ("chat_no_role", CHAT, {"messages": [{"content": "x"}]}, True),
     ("chat_no_messages", CHAT, {"messages": []}, False),
     ("chat_top_logprobs_alone", CHAT, {"messages": HI, "top_logprobs": 2}, False),
