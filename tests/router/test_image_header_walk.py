@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import struct
 import subprocess
@@ -21,8 +20,8 @@ from dataplane.router.http import RequestError
 from dataplane.router.images import MAX_REQUEST_BLOCKS, count_images
 from dataplane.wire.images import ImageError, header_blocks, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg
+from tests.installed_vllm import vllm_python
 
-VLLM_PY = "/work/main/.venv-vllm/bin/python"
 GIF_BLOCKS = 6  # gif()'s walk without empty extensions: 2 (graphic control) + 3 (comment) + 1 (frame)
 JPEG_BLOCKS = 2  # jpeg()'s without empty segments: APP0 and the frame header
 
@@ -173,13 +172,13 @@ def _random_jpeg(rng: random.Random) -> tuple[bytes, tuple[int, int]]:
 def _sizes(files: list[bytes], media_type: str) -> list[tuple[int, int]]:
     """Each file's size as the router reads it; the same list from Pillow where .venv-vllm is."""
     ours = [(image.width, image.height) for image in (read_data_url(data_url(f, media_type)) for f in files)]
-    if os.path.exists(VLLM_PY):
+    if python := vllm_python("Pillow's reading"):
         code = (
             "import base64,io,json,sys;from PIL import Image;files=json.load(sys.stdin);"
             "print(json.dumps([Image.open(io.BytesIO(base64.b64decode(f))).size for f in files]))"
         )
         sent = json.dumps([base64.b64encode(f).decode() for f in files]).encode()
-        out = subprocess.run([VLLM_PY, "-c", code], input=sent, capture_output=True, check=True).stdout
+        out = subprocess.run([python, "-c", code], input=sent, capture_output=True, check=True).stdout
         assert [tuple(size) for size in json.loads(out)] == ours
     return ours
 

@@ -4,9 +4,7 @@ naming the part, never a 500) and the decoding kept to the header."""
 
 import base64
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +14,7 @@ from dataplane.router.images import NO_IMAGES, ImageCount, count_images
 from dataplane.wire.content_parts import part_kind
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
+from tests.installed_vllm import vllm_python_or_skip
 
 
 @pytest.mark.parametrize(
@@ -40,16 +39,12 @@ def test_the_size_is_read_from_the_header(data, media_type, size):
     assert image.size_bytes == len(data) and image.media_type == media_type
 
 
-VLLM_PY = str(Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python")
-
-
 def pillow_size(data: bytes) -> tuple[int, int]:
     """The size Pillow (vLLM's decoder, in .venv-vllm) opens an image at; the test skips here
     (after its own assertions) where there is no .venv-vllm."""
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: Pillow's reading not checked")
+    python = vllm_python_or_skip("Pillow's reading")
     code = "import io,sys;from PIL import Image;print(*Image.open(io.BytesIO(sys.stdin.buffer.read())).size)"
-    out = subprocess.run([VLLM_PY, "-c", code], input=data, capture_output=True, check=True).stdout
+    out = subprocess.run([python, "-c", code], input=data, capture_output=True, check=True).stdout
     width, height = out.split()
     return int(width), int(height)
 
@@ -82,8 +77,7 @@ def test_a_data_url_is_read_as_vllm_reads_it(prefix):
 def test_vllm_opens_and_refuses_the_same_data_urls():
     """The installed vLLM's media connector on the same URLs: the ones read above open at 448 x
     448, the ones refused above (not base64) raise."""
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: vLLM's reading not checked")
+    python = vllm_python_or_skip("vLLM's reading")
     payload = base64.b64encode(png(448, 448)).decode()
     code = (
         "import sys\n"
@@ -96,7 +90,7 @@ def test_vllm_opens_and_refuses_the_same_data_urls():
         "        print(type(e).__name__)\n"
     )
     urls = "\n".join(prefix + payload for prefix in OPENED + NOT_BASE64)
-    out = subprocess.run([VLLM_PY, "-c", code], input=urls.encode(), capture_output=True, check=True)
+    out = subprocess.run([python, "-c", code], input=urls.encode(), capture_output=True, check=True)
     assert out.stdout.decode().splitlines() == ["448 448"] * len(OPENED) + ["NotImplementedError"] * len(
         NOT_BASE64
     )
@@ -285,8 +279,7 @@ def test_vllm_validates_and_reads_a_part_as_part_kind_says():
     """The installed vLLM's chat request validation, then its part parser, on each part: the
     type it reads, or None where it refuses the part (the router's 400 for part_kind None)."""
     assert [part_kind(part) for part, _ in READ_AS] == [kind for _, kind in READ_AS]
-    if not os.path.exists(VLLM_PY):
-        pytest.skip("no .venv-vllm: vLLM's reading not checked")
+    python = vllm_python_or_skip("vLLM's reading")
     code = (
         "import json, sys\n"
         "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
@@ -300,7 +293,7 @@ def test_vllm_validates_and_reads_a_part_as_part_kind_says():
         "        print('null')\n"
     )
     parts = "\n".join(json.dumps(part) for part, _ in READ_AS)
-    out = subprocess.run([VLLM_PY, "-c", code], input=parts.encode(), capture_output=True, check=True)
+    out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
     assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [kind for _, kind in READ_AS]
 
 
