@@ -165,7 +165,7 @@ def minute_bounds(
     meets alone with 14 and not 13 bounds it at 14."""
     fleet = fleet or FleetConfig()
     apa_config = apa_config or AutoscalerConfig()
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = trace if type(trace) is Trace else Trace(trace)  # isinstance: any Sequence, under mypyc
     batch = full_batch(profile, columns)  # the whole trace's, as the schedule ran with
     times = columns.times
     runs = 0
