@@ -170,15 +170,8 @@ def minute_bounds(
     times = columns.times
     runs = 0
 
-    def meets_alone(minute: int, replicas: int, after: int) -> bool:
+    def meets_alone(alone: Trace, replicas: int, after: int) -> bool:
         nonlocal runs
-        lo, hi = bisect.bisect_left(times, 60.0 * minute), bisect.bisect_left(times, 60.0 * (minute + 1))
-        alone = Trace()
-        alone.extend(
-            [t - 60.0 * minute for t in times[lo:hi]],
-            list(columns.prompts[lo:hi]),
-            list(columns.outputs[lo:hi]),
-        )
         config = replace(fleet, initial_replicas=replicas, max_replicas=max(fleet.max_replicas, after))
         policy = Schedule(per_minute=(replicas, after), lead_s=fleet.pod_start_s, name="bound")
         runs += 1
@@ -188,28 +181,31 @@ def minute_bounds(
     bounds: list[int] = []
     noisy: list[int] = []
     for minute, given in enumerate(schedule):
-        after = max(10 * given, given + 10)
-        if not _has_arrivals(times, minute):
+        # The minute's arrivals, from its start: sliced once for every replica count tried.
+        lo, hi = bisect.bisect_left(times, 60.0 * minute), bisect.bisect_left(times, 60.0 * (minute + 1))
+        if lo == hi:
             bounds.append(0)
             continue
-        if not meets_alone(minute, given, after):
+        alone = Trace()
+        alone.extend(
+            [t - 60.0 * minute for t in times[lo:hi]],
+            list(columns.prompts[lo:hi]),
+            list(columns.outputs[lo:hi]),
+        )
+        after = max(10 * given, given + 10)
+        if not meets_alone(alone, given, after):
             bounds.append(given)
             noisy.append(minute)
             continue
         fails, meets = 0, given
         while meets - fails > 1:
             mid = (fails + meets) // 2
-            if meets_alone(minute, mid, after):
+            if meets_alone(alone, mid, after):
                 meets = mid
             else:
                 fails = mid
         bounds.append(meets)
     return MinuteBounds(tuple(bounds), tuple(noisy), runs)
-
-
-def _has_arrivals(times: Sequence[float], minute: int) -> bool:
-    at = bisect.bisect_left(times, 60.0 * minute)
-    return at < len(times) and times[at] < 60.0 * (minute + 1)
 
 
 def attainment_without(result: Result, excluded: Sequence[int]) -> float:
