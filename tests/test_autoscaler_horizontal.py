@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide
-from capacity.autoscaler.horizontal import planned_utilisation
+from capacity.autoscaler.horizontal import calm, lookback_s, planned_utilisation
 
 T0 = 1_000_000.0
 
@@ -267,6 +267,53 @@ def test_smooth_spread_plans_smooth_traffic_at_one_minus_the_tolerance():
     assert decision.replicas == 8
 
 
+CALM = AutoscalerConfig(calm_history_s=1800.0)
+
+
+def test_a_calm_history_is_one_without_a_span_above_two_and_a_half_times_the_five_minutes_before():
+    # The docstring's numbers: 400 MU/min, then one 10-s span at 900 (2.25x): calm; at 1,100
+    # (2.75x): a burst, and not calm until it is 1,800 s old.
+    long = steady(400, start=T0 - 2400)
+
+    def with_span(mu, age):
+        return [replace(b, mu_per_minute=mu) if T0 - age - 10 < b.end <= T0 - age else b for b in long]
+
+    assert calm(long, T0, CALM)
+    assert calm(with_span(900, 600), T0, CALM)
+    assert not calm(with_span(1100, 600), T0, CALM)
+    assert not calm(with_span(1100, 1790), T0, CALM)
+    assert calm(with_span(1100, 1810), T0, CALM)
+    # Traffic from nothing is a burst; idle all along is calm; off, nothing is.
+    assert not calm(steady(0, start=T0 - 2400, end=T0 - 600) + steady(400, start=T0 - 600), T0, CALM)
+    assert calm(steady(0, start=T0 - 2400), T0, CALM)
+    assert not calm(long, T0, AutoscalerConfig())
+    # Under half of the history covered (a new endpoint, a restarted collector): not calm.
+    assert not calm(steady(400, start=T0 - 850), T0, CALM)
+    assert calm(steady(400, start=T0 - 950), T0, CALM)
+    # The caller loads the history and the 300 s before its first span.
+    assert lookback_s(CALM) == 1800 + 300 + 10 + 20
+
+
+def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band():
+    # 450 MU/min for 40 min against 100 per replica: 450 / 80 -> 6 by default, 450 / 100 = 4.5
+    # -> 5 when calm (the rate at the SLO and the busiest 10 s are the margins left).
+    history = steady(450, start=T0 - 2400)
+    assert decide(spec(5), history, T0).replicas == 6
+    decision = decide(spec(5, config=CALM), history, T0)
+    assert decision.need == pytest.approx(4.5) and decision.replicas == 5
+    assert "calm for 1800 s: planned at a full replica" in decision.reason
+    # 530 MU/min: 5.3 against 5 running is within the 10 % band, which holds by default; calm,
+    # a need past the fleet is met at once: 6. The band still holds a scale-down: 5 at 4.6.
+    banded = AutoscalerConfig(target_utilisation=1.0)
+    assert decide(spec(5, config=banded), steady(530), T0).replicas == 5
+    assert decide(spec(5, config=CALM), steady(530, start=T0 - 2400), T0).replicas == 6
+    assert decide(spec(5, config=CALM), steady(460, start=T0 - 2400), T0).replicas == 5
+    # A burst 10 minutes ago (a 10-s span at 4x): the default's margins, and its hold, are back.
+    bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
+    decision = decide(spec(5, config=CALM), bursty, T0)
+    assert decision.replicas == 6 and "calm" not in decision.reason
+
+
 def test_no_scale_down_while_a_backlog_waits():
     # 8 replicas asked for, 80 MU/min for 5 min (1 replica) and 10 MU still waiting at the router
     # (pods are starting): (80 + 20) / 80 = 1.25 -> 2 would do, but the fleet is behind: hold 8.
@@ -306,6 +353,8 @@ def test_the_down_window_remembers_arrivals_not_work_in_flight():
         ({"backlog_drain_s": 0}, "backlog_drain_s=0.0 is out of range"),
         ({"pod_start_s": -1}, "pod_start_s=-1.0 is out of range"),
         ({"smooth_spread": 1}, "smooth_spread=1.0 is out of range"),
+        ({"calm_history_s": -1}, "calm_history_s=-1.0 is out of range"),
+        ({"burst_ratio": 1}, "burst_ratio=1.0 is out of range"),
         ({"max_scale_up_step": 2.5}, "max_scale_up_step=2.5 must be an integer"),
         ({"predictive_min": "yes"}, "predictive_min='yes' must be true or false"),
         ({"target_utilisaton": 0.5}, "unknown autoscaler setting 'target_utilisaton'"),

@@ -169,6 +169,22 @@ def test_the_pass_reads_back_as_far_as_the_burst_memory(chat, burst_memory_s):
     assert (chat.desired_replicas >= 6) == (burst_memory_s > 0), chat.desired_replicas
 
 
+def test_an_endpoint_calm_for_its_history_is_planned_at_a_full_replica(chat, owner, make_endpoint):
+    # 300 MU/min for 40 minutes against 100 per replica: 300 / 80 = 3.75 -> 4 by default; with
+    # calm_history_s 1800 the pass loads that endpoint's 30 minutes (and the 300 s before) and
+    # plans at a full replica: 3. The other endpoint reads its own, shorter, memory.
+    chat.autoscaler = {"calm_history_s": 1800}
+    chat.save()
+    other = make_endpoint(owner, "other", max_provisioned_concurrency=80)
+    for e in (chat, other):
+        buckets(e, 2400, in_flight=0.5, mu=300.0, requests=50)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    other.refresh_from_db()
+    assert (chat.desired_replicas, other.desired_replicas) == (3, 4)
+    assert "calm for 1800 s" in Event.objects.get(kind="scale", endpoint=chat).message
+
+
 def test_two_ticks_at_once_decide_once(chat):
     buckets(chat, 20, in_flight=30.0)
     assert scaling.horizontal_pass(Recorder(), NOW).changed == 1

@@ -251,9 +251,17 @@ def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) ->
     )
 
 
-def load_history(endpoint_ids: list[int], since: float) -> dict[int, list[Bucket]]:
+def load_history(horizons: dict[int, float], ts: float) -> dict[int, list[Bucket]]:
+    """Each endpoint's buckets of its last `horizons[id]` seconds (one query: a few distinct
+    horizons, as only endpoints with a longer memory, calm_history_s, read further back)."""
     history: dict[int, list[Bucket]] = defaultdict(list)
-    rows = LoadBucket.objects.filter(endpoint_id__in=endpoint_ids, end__gt=since).values_list(
+    by_horizon: dict[float, list[int]] = defaultdict(list)
+    for endpoint_id, horizon in horizons.items():
+        by_horizon[horizon].append(endpoint_id)
+    spans = Q(pk__in=[])
+    for horizon, ids in by_horizon.items():
+        spans |= Q(endpoint_id__in=ids, end__gt=ts - horizon - samples.BUCKET_S)
+    rows = LoadBucket.objects.filter(spans).values_list(
         "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "p99_latency_s",
         "errors", "backlog_mu", "queued",
     )  # fmt: skip
@@ -283,14 +291,13 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             before = {e.pk: _written(e) for e in endpoints}
             collected = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
-            # The decider reads back as far as its scale-down memory or the idle grace period, the
+            # The decider reads back as far as its memory or the idle grace period, the
             # forecast's recorder to the last settled minute.
-            horizon = max(
-                (max(lookback_s(c), c.scale_to_zero_grace_s) for c in configs.values()),
-                default=0,
-            )
-            horizon = max(horizon, 120 + MINUTE_SETTLE_S)
-            history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
+            horizons = {
+                pk: max(lookback_s(c), c.scale_to_zero_grace_s, 120 + MINUTE_SETTLE_S)
+                for pk, c in configs.items()
+            }
+            history = load_history(horizons, ts)
             floors = predicted_minimums(endpoints, configs, history, ts)
             changes, events = [], []
             decided = 0
@@ -449,8 +456,7 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
         ts = now.timestamp()
         endpoints = list(Endpoint.objects.with_related().filter(ready_replicas__gt=0).order_by("id"))
         configs = {e.pk: config_for(e) for e in endpoints}
-        horizon = max((c.vertical_tick_s for c in configs.values()), default=0)
-        history = load_history([e.pk for e in endpoints], ts - horizon - samples.BUCKET_S)
+        history = load_history({pk: c.vertical_tick_s for pk, c in configs.items()}, ts)
         decided = changed = failed = 0
         for e in endpoints:
             cfg = configs[e.pk]
