@@ -7,12 +7,16 @@ the README makes about each regime from silently breaking).
   mean (before the busiest-10-s rule) it missed 3 and 4 on these seeds.
 - long contexts at a 128k context (KV-bound batches): every minute, within 1.25x.
 - decode-heavy (long answers): every minute, within 1.25x.
+- long contexts with a calm history (`calm_history_s`, its 10 minutes played as warm-up): 7-9 %
+  fewer GPU-hours than the default, at the edge of the SLO: seed 3 misses its last minute on
+  the TTFT (1.07x the deadline), which the default meets.
 """
 
 from dataclasses import replace
 
 import pytest
 
+from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import simulate
 from capacity.simulate.sizing import chunk_within_itl
@@ -48,3 +52,14 @@ def test_decode_heavy():
     apa, oracle = _apa_and_oracle(decode_heavy(1, seconds=480.0, bursts=0))
     assert apa.slo_attainment == 1.0
     assert apa.gpu_hours <= 1.25 * oracle.gpu_hours
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_long_contexts_with_a_calm_history(seed):
+    trace = long_context(seed, seconds=480.0)
+    default = simulate(H100, trace, "apa", FleetConfig(), AutoscalerConfig(), warmup_s=600.0)
+    calm = simulate(H100, trace, "apa", FleetConfig(), AutoscalerConfig(calm_history_s=600.0), warmup_s=600.0)
+    assert default.slo_attainment == 1.0
+    assert calm.gpu_hours <= 0.95 * default.gpu_hours
+    missed = [m for m in calm.minutes if m.p99_slo_ratio > 1]
+    assert len(missed) <= 1 and all(m.p99_ttft_ratio <= 1.1 for m in missed), missed
