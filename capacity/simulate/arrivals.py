@@ -76,6 +76,13 @@ class Trace(Sequence[Arrival]):
     __hash__ = None  # type: ignore[assignment]  # mutable, like a list
 
 
+def as_trace(trace: Sequence[Arrival]) -> Trace:
+    """The arrivals as columns: the trace itself when it is a `Trace`, else a copy. One place for
+    the check, in this compiled module: from interpreted code, isinstance of the compiled
+    `Trace` holds for a list too under `make sim-native`."""
+    return trace if isinstance(trace, Trace) else Trace(trace)
+
+
 # random.lognormvariate's and expovariate's own arithmetic (Python 3.11), written out: the same
 # draws from the same seed, without two Python calls per number (a day's trace of a large
 # fleet draws ~10^9 of them).

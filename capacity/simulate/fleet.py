@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.autoscaler import Bucket
-from capacity.simulate.arrivals import Arrival, Trace
+from capacity.simulate.arrivals import Arrival, as_trace
 from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, ScalingPolicy
 from capacity.simulate.replica import Replica, Request, p99, slo_ratios
@@ -434,7 +434,7 @@ def run(
     fleet.slo_scale = slo_scale
     duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0
     measured = len(trace)
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = as_trace(trace)
     times, prompts, outputs = columns.times, columns.prompts, columns.outputs
     # The warm-up plays the trace's first `warmup_s` (rows 0..prefix-1) backwards in time, then
     # the whole trace follows, shifted by warmup_s: arrival k is row prefix-1-k, then k - prefix.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from capacity.autoscaler import AutoscalerConfig
-from capacity.simulate.arrivals import Arrival, Trace
+from capacity.simulate.arrivals import Arrival, Trace, as_trace
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
 from capacity.simulate.sizing import (
@@ -165,7 +165,7 @@ def minute_bounds(
     meets alone with 14 and not 13 bounds it at 14."""
     fleet = fleet or FleetConfig()
     apa_config = apa_config or AutoscalerConfig()
-    columns = trace if type(trace) is Trace else Trace(trace)  # isinstance: any Sequence, under mypyc
+    columns = as_trace(trace)
     batch = full_batch(profile, columns)  # the whole trace's, as the schedule ran with
     times = columns.times
     runs = 0

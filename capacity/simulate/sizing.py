@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import repeat
 
-from capacity.simulate.arrivals import Arrival, Trace
+from capacity.simulate.arrivals import Arrival, as_trace
 from capacity.simulate.replica import Replica, Request, p99, slo_ratios
 from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.runtime.perf_model import EngineProfile
@@ -35,7 +35,7 @@ def full_batch(profile: EngineProfile, trace: Sequence[Arrival]) -> int:
     """The batch a busy replica runs for this trace's mean shape: slots and KV bound it."""
     if not trace:
         return profile.max_num_seqs
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = as_trace(trace)
     # fit_shape keeps prompt + output within max_model_len: for p, o >= 1 its KV is
     # min(p + o, max_model_len); summed in C, as a day of a large fleet has 10^8 arrivals.
     sums = map(operator.add, columns.prompts, columns.outputs)
@@ -89,7 +89,7 @@ def lumps(
     copies, a client's fan-out of one prompt), drawn from rows with no copy in the LUMP_S before,
     so each lump is drawn once. Worked numbers: an x20 amplified trace -> lumps of ~20 within
     1 s; the Azure hour itself -> lumps of 1."""
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = as_trace(trace)
     times, prompts, outputs = columns.times, columns.prompts, columns.outputs
     out: list[tuple[int, int, list[float]]] = []
     for _ in range(20 * count):
@@ -208,7 +208,7 @@ def oracle_schedule(
     if not trace:
         return []
     cost = cost_model_for(profile, batch or full_batch(profile, trace))
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = as_trace(trace)
     windows: dict[int, float] = {}
     for t, prompt, output in zip(columns.times, columns.prompts, columns.outputs, strict=True):
         prompt, output = fit_shape(profile, prompt, output)

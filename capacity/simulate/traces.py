@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from capacity.simulate.arrivals import MAX_TOKENS, Arrival, LogNormalShape, Trace, from_rate
+from capacity.simulate.arrivals import MAX_TOKENS, Arrival, LogNormalShape, Trace, as_trace, from_rate
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 EPOCH = datetime(2024, 1, 1)  # synthetic traces start here
@@ -298,7 +298,7 @@ def burst_stats(trace: Sequence[Arrival]) -> dict[str, float]:
     out: dict[str, float] = {}
     if not trace:
         return out
-    columns = trace if isinstance(trace, Trace) else Trace(trace)
+    columns = as_trace(trace)
     for label, width in (("minute", 60.0), ("10s", 10.0)):
         counts = [0] * (int(columns.times[-1] // width) + 1)
         for t in columns.times:
