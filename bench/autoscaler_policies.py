@@ -28,7 +28,8 @@ p99s of TTFT, ITL and end-to-end latency are each within their deadlines: see ca
 p99 end-to-end latency, rejected share, scale events, minutes
 violating the SLO from the ramp's start (ramp10k only), and the CPU seconds of the run.
 --variants adds apa rows with one default changed (see VARIANTS; all, or the names given,
-comma-separated): what each default buys.
+comma-separated): what each default buys, and whether the Goal would hold with that row in apa's
+place. A row with a calm history (calm_history_s) plays after as long a warm-up.
 --headroom adds apa rows planning for a smaller share of each replica (see HEADROOM): what a
 policy that only follows the load it has seen pays for every minute of a burst within the SLO.
 --series prints, per minute, the trace's load beside apa's decider inputs and replicas and the
