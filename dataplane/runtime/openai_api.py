@@ -42,6 +42,7 @@ from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.sim_generation import GREEDY_TEMPERATURE
 from dataplane.runtime.vision import VisionProfile
 from dataplane.wire import cache_salt as salt_rule
+from dataplane.wire.content_parts import TEXT_PART_TYPES, text_field
 from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
@@ -52,9 +53,8 @@ MAX_N_SEQUENCES = 16384
 MAX_LOGPROBS = 20
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens default
-# Content-part types vLLM parses as text (renderers/chat_utils.py TEXT_PART_TYPES), and those it
-# hands to a multimodal processor, which a text-only model does not have.
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+# Content-part types vLLM hands to a multimodal processor, which a text-only model does not have
+# (those it parses as text: dataplane.wire.content_parts).
 MEDIA_PART_TYPES = frozenset(
     {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds",
      "video_url", "video_embeds"}
@@ -534,7 +534,7 @@ def _message_text(message: _Message, served: ServedModel, images: list[str] | No
         if not isinstance(part, dict) or kind not in TEXT_PART_TYPES:
             expected = "Input should be 'text', 'image_url', 'input_audio' or 'file'"
             raise _part_error(j, "type", expected, "literal_error", kind)
-        field = kind if kind in ("refusal", "thinking") else "text"
+        field = text_field(kind)
         if field not in part:
             raise _part_error(j, field, "Field required", "missing", part)
         if not isinstance(part[field], str):
