@@ -86,9 +86,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
 
 from capacity.autoscaler.config import AutoscalerConfig
 from capacity.autoscaler.window import Bucket, Load, aggregate
@@ -358,21 +358,17 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
     if not held:
         return 0.0
     best = 0.0
-    if all(abs(y - x - step) < 1e-6 for x, y in pairwise(ends)):
+    gaps = list(map(operator.sub, ends[1:], ends[:-1]))
+    if not gaps or step - 1e-6 < min(gaps) <= max(gaps) < step + 1e-6:
         # Regular 5-s buckets (the collector's): a span of k buckets ending at i is cum[i + 1] -
         # cum[i + 1 - k], one slice per width (the decider's CPU budget: see _past_spans).
         lo, hi = held[0], held[-1] + 1
         for k, w in enumerate(widths, start=1):
             full = max(lo, k - 1)  # spans ending before it start before the first bucket: partial
             work = cum[min(hi, full)] - cum[0] if lo < full else 0.0
-            if full < hi:
-                work = max(
-                    work,
-                    *(
-                        b - a
-                        for a, b in zip(cum[full + 1 - k : hi + 1 - k], cum[full + 1 : hi + 1], strict=True)
-                    ),
-                )
+            if full < hi:  # operator.sub over two slices: the differences in C, not a generator
+                ends_at, starts_at = cum[full + 1 : hi + 1], cum[full + 1 - k : hi + 1 - k]
+                work = max(work, max(map(operator.sub, ends_at, starts_at)))
             best = max(best, work * 60.0 / (w + cfg.burst_wait_s))
         return best
     for i in held:
