@@ -36,6 +36,12 @@ def test_the_engine_holding_few_of_the_requests_in_flight_is_the_client_s_bound(
     assert client_bound(shape(closed(128, 62.5, 0.86), closed(256, 46.5, 0.44), closed(512, 57.0, 0.46)))
 
 
+def test_a_client_that_missed_every_open_step_is_still_judged_by_its_closed_ones():
+    # A CPU-starved client (16 x 1 at x20 beside the rest of the suite): no open-loop step met
+    # the SLO, so nothing is priced, but the closed steps say whose the miss was.
+    assert client_bound(shape(closed(1, 50.0, 0.3), closed(8, 57.0, 0.07), rate=0.0))
+
+
 def test_an_engine_bound_shape_is_not_client_bound():
     # The engine held what the client meant at and past the knee; a low share before the knee
     # (a disturbed first step) or on a step that missed the SLO does not count.
@@ -49,8 +55,8 @@ def test_an_engine_bound_shape_is_not_client_bound():
     )
     # Timed by the client's clock (no engine histogram): no share, no verdict.
     assert not client_bound(shape(closed(8, 30.0, None), closed(16, 31.0, None)))
-    # Nothing met the SLO: nothing to price anyway.
-    assert not client_bound(shape(closed(1, 5.0, 0.1), rate=0.0))
+    # No closed step within the SLO: nothing to judge.
+    assert not client_bound(shape(closed(1, 5.0, 0.1, met=False), rate=0.0))
     assert 0.44 < CLIENT_BOUND_SHARE < 0.76  # between the client-bound and engine-bound figures measured
 
 

@@ -29,10 +29,13 @@ def client_bound(result: ShapeResult) -> bool:
     requests waited in the client or on the wire while the engine had room: what the climb
     reached is the client's ceiling, not the engine's capacity. A step the client's clock timed
     has no share (real vLLM with its default buckets, the in-process virtual clock), so it
-    never reads client-bound: nothing changes there.
+    never reads client-bound: nothing changes there. It holds whether or not an open-loop step
+    then met the SLO: a client starved of CPU misses it in the open loop too (16 x 1 at x20 on
+    the 2-core machine beside the rest of the suite: every open step missed, the closed steps
+    held 0.02-0.3), and the verdict says whose the miss was.
     """
     closed = [s for s in result.steps if s.mode == "closed" and s.met_slo]
-    if not closed or result.sustainable_per_minute <= 0:
+    if not closed:
         return False
     knee = max(closed, key=lambda s: s.throughput_per_s)
     return any(

@@ -275,13 +275,16 @@ async def _measure_shape(
             else:
                 failed = middle
         note = "second look" if known else ""
-        result = ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note)
-        if client_bound(result):
-            held = f"the engine held under {CLIENT_BOUND_SHARE:.0%} of the requests in flight"
-            note = f"{note} client-bound: {held}"
-            result = replace(result, client_bound=True, note=note.strip())
+        return _judged(ShapeResult(*shape, capacity * fraction * 60, solo, tuple(steps), note=note))
+    return _judged(ShapeResult(*shape, 0.0, solo, tuple(steps), note="no open-loop step met the SLO"))
+
+
+def _judged(result: ShapeResult) -> ShapeResult:
+    """The result with the client-bound verdict (`checks.client_bound`) and its reason in the note."""
+    if not client_bound(result):
         return result
-    return ShapeResult(*shape, 0.0, solo, tuple(steps), note="no open-loop step met the SLO")
+    held = f"the engine held under {CLIENT_BOUND_SHARE:.0%} of the requests in flight"
+    return replace(result, client_bound=True, note=f"{result.note}; client-bound: {held}".lstrip("; "))
 
 
 def _p99(latencies: list[float]) -> float | None:
