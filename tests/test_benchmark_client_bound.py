@@ -37,8 +37,9 @@ def test_the_engine_holding_few_of_the_requests_in_flight_is_the_client_s_bound(
 
 
 def test_a_client_that_missed_every_open_step_is_still_judged_by_its_closed_ones():
-    # A CPU-starved client (16 x 1 at x20 beside the rest of the suite): no open-loop step met
-    # the SLO, so nothing is priced, but the closed steps say whose the miss was.
+    # A CPU-starved client (16 x 1 at x20 beside CPU hogs held 0.02-0.34 of C in its closed
+    # steps): where no open-loop step met the SLO, nothing is priced, but the closed steps say
+    # whose the miss was.
     assert client_bound(shape(closed(1, 50.0, 0.3), closed(8, 57.0, 0.07), rate=0.0))
 
 

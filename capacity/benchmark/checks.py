@@ -31,8 +31,9 @@ def client_bound(result: ShapeResult) -> bool:
     has no share (real vLLM with its default buckets, the in-process virtual clock), so it
     never reads client-bound: nothing changes there. It holds whether or not an open-loop step
     then met the SLO: a client starved of CPU misses it in the open loop too (16 x 1 at x20 on
-    the 2-core machine beside the rest of the suite: every open step missed, the closed steps
-    held 0.02-0.3), and the verdict says whose the miss was.
+    the 2-core machine once missed every open step beside the rest of `make test`; with three
+    CPU hogs beside it, its closed steps held 0.02-0.34 of C), and the verdict says whose the
+    miss was.
     """
     closed = [s for s in result.steps if s.mode == "closed" and s.met_slo]
     if not closed:
