@@ -245,7 +245,8 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     return Decision(clamped, why, need, down_need)
 
 
-CALM_BASE_S = 300.0  # a 10-s span is judged against the mean of this long before it
+CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
+CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
 
 
 def calm(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
@@ -264,19 +265,13 @@ def calm(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
     history = cfg.calm_history_s
     if history <= 0:
         return False
-    span = 10.0
-    since = now - history - CALM_BASE_S - span
-    inside = sorted((b for b in buckets if since < b.end <= now), key=lambda b: b.end)
-    if sum(b.seconds for b in inside if b.end > now - history) < cfg.min_coverage * history:
+    span = CALM_SPAN_S
+    ends, work, covered = _running_sums(buckets, now - history - CALM_BASE_S - span, now)
+    within = bisect.bisect_right(ends, now - history)  # the first bucket inside the history
+    if covered[-1] - covered[within] < cfg.min_coverage * history:
         return False
-    ends = [b.end for b in inside]
-    work, covered = [0.0], [0.0]  # MU and seconds up to each bucket's end
-    for b in inside:
-        work.append(work[-1] + b.mu_per_minute * b.seconds / 60.0)
-        covered.append(covered[-1] + b.seconds)
-    for i, end in enumerate(ends):
-        if end <= now - history:
-            continue
+    for i in range(within, len(ends)):
+        end = ends[i]
         start = bisect.bisect_right(ends, end - span + 1e-9)  # the span: buckets start..i
         base = bisect.bisect_right(ends, end - span - CALM_BASE_S + 1e-9)  # before it: base..start-1
         seconds = covered[start] - covered[base]
@@ -289,13 +284,26 @@ def calm(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
     return True
 
 
+def _running_sums(
+    buckets: Sequence[Bucket], since: float, now: float
+) -> tuple[list[float], list[float], list[float]]:
+    """The ends of the buckets in (since, now], in order, and the MU arrived and the seconds
+    covered up to each one's end (both from 0 before the first): a span's work is a difference."""
+    inside = sorted((b for b in buckets if since < b.end <= now), key=lambda b: b.end)
+    work, covered = [0.0], [0.0]
+    for b in inside:
+        work.append(work[-1] + b.mu_per_minute * b.seconds / 60.0)
+        covered.append(covered[-1] + b.seconds)
+    return [b.end for b in inside], work, covered
+
+
 def lookback_s(cfg: AutoscalerConfig) -> float:
     """Seconds of buckets the decider reads back (its scale-down memory and the scale-up window
     before it, the burst hold's spans of up to a pod start that end within `burst_memory_s`, and
     the calm history with the 300 s before its first span): what a caller must keep or load."""
     memory = cfg.burst_memory_s + cfg.pod_start_s if cfg.burst_memory_s > cfg.scale_down_window_s else 0.0
-    quiet = cfg.calm_history_s + CALM_BASE_S + 10.0 if cfg.calm_history_s > 0 else 0.0
-    return max(cfg.scale_down_window_s, memory, quiet) + cfg.scale_up_window_s
+    calm_s = cfg.calm_history_s + CALM_BASE_S + CALM_SPAN_S if cfg.calm_history_s > 0 else 0.0
+    return max(cfg.scale_down_window_s, memory, calm_s) + cfg.scale_up_window_s
 
 
 def _past_spans(
@@ -349,11 +357,7 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
         return 0.0
     step = 5.0  # the collector's bucket
     widths = [step * k for k in range(1, max(1, int(cfg.pod_start_s / step + 1e-9)) + 1)]
-    inside = sorted((b for b in buckets if now - memory - widths[-1] < b.end <= now), key=lambda b: b.end)
-    cum = [0.0]  # MU arrived up to each bucket's end
-    for b in inside:
-        cum.append(cum[-1] + b.mu_per_minute * b.seconds / 60.0)
-    ends = [b.end for b in inside]
+    ends, cum, _ = _running_sums(buckets, now - memory - widths[-1], now)
     held = [i for i, end in enumerate(ends) if down < now - end < memory]
     if not held:
         return 0.0
