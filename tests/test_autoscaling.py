@@ -375,6 +375,38 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
     assert "need 4.00" in Event.objects.get(kind="scale").message
 
 
+def test_a_tenant_cannot_make_the_pass_read_a_day_of_history(owner_client, chat, settings):
+    """Every pass loads each endpoint's horizon of buckets: the windows a tenant sets are bounded
+    together, by the pass's limit and by what is kept."""
+    url = f"/api/v1/endpoints/{chat.pk}/"
+    for overrides in [
+        {"calm_history_s": 86400},
+        {"burst_memory_s": 3000, "pod_start_s": 900},  # neither alone is over: together they are
+        {"scale_to_zero_grace_s": 1e9},
+    ]:
+        bad = owner_client.patch(url, {"autoscaler": overrides}, format="json")
+        assert bad.status_code == 400, bad.json()
+        text = str(bad.json())
+        assert all(f"{k}={v!r}" in text for k, v in overrides.items()) and "at most 3600 s" in text, text
+    assert owner_client.patch(url, {"autoscaler": {"calm_history_s": 1800}}, format="json").status_code == 200
+    settings.LOAD_BUCKET_RETENTION_S = 1800  # kept less than the calm history reads: refused too
+    kept = owner_client.patch(url, {"autoscaler": {"calm_history_s": 1700}}, format="json")
+    assert kept.status_code == 400 and "at most 1800 s" in str(kept.json())
+
+
+def test_stored_settings_no_longer_valid_fall_back_to_the_defaults(chat, caplog):
+    """Settings stored before a limit or a setting changed do not fail every endpoint's pass."""
+    stored = {"calm_history_s": 86400, "target_utilisation": 0.5}
+    Endpoint.objects.filter(pk=chat.pk).update(autoscaler=stored)
+    buckets(chat, 20, in_flight=16.0)
+    with caplog.at_level("WARNING", logger="controlplane.scaling"):
+        scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 3  # 16 in flight at the default 80 % of 8 (0.5 would ask 4)
+    assert f"endpoint {chat.pk}: stored autoscaler settings refused" in caplog.text
+    assert "calm_history_s=86400" in caplog.text
+
+
 # --- the pod mirror
 
 

@@ -108,19 +108,56 @@ def base_config() -> AutoscalerConfig:
     )
 
 
+# The settings that set how far back a horizontal pass reads an endpoint's buckets.
+HISTORY_SETTINGS = (
+    "scale_up_window_s", "scale_down_window_s", "burst_memory_s", "pod_start_s", "calm_history_s",
+    "scale_to_zero_grace_s",
+)  # fmt: skip
+
+
+def history_horizon_s(cfg: AutoscalerConfig) -> float:
+    """Seconds of buckets a horizontal pass loads for an endpoint: as far as its decider reads
+    back, its idle grace period, and the forecast's recorder to the last settled minute."""
+    return max(lookback_s(cfg), cfg.scale_to_zero_grace_s, 120 + MINUTE_SETTLE_S)
+
+
+def max_history_s() -> float:
+    """The longest horizon an endpoint may set: what the pass is sized for, and what is kept."""
+    return min(settings.AUTOSCALER_MAX_HISTORY_S, settings.LOAD_BUCKET_RETENTION_S)
+
+
 def config_from_overrides(overrides: dict[str, object]) -> AutoscalerConfig:
-    """An endpoint's config: the base with its overrides; ValueError naming a bad key or value."""
+    """An endpoint's config: the base with its overrides; ValueError naming a bad key or value.
+    A tenant's windows are bounded together: each pass loads every endpoint's horizon of buckets,
+    so a day of calm_history_s would make one tenant's endpoint cost the pass 17,000 rows."""
     for key, setting in CADENCE_SETTINGS.items():
         if key in overrides:
             raise ValueError(
                 f"autoscaler setting {key!r} cannot be set per endpoint: every endpoint is decided"
                 f" on the control plane's cadence ({setting})"
             )
-    return AutoscalerConfig.from_overrides(overrides, base=base_config())
+    cfg = AutoscalerConfig.from_overrides(overrides, base=base_config())
+    horizon, limit = history_horizon_s(cfg), max_history_s()
+    if horizon > limit:
+        named = ", ".join(f"{k}={overrides[k]!r}" for k in HISTORY_SETTINGS if k in overrides)
+        raise ValueError(
+            f"autoscaler settings {named} read {horizon:g} s of load history at each decision;"
+            f" at most {limit:g} s (AUTOSCALER_MAX_HISTORY_S, LOAD_BUCKET_RETENTION_S)"
+        )
+    return cfg
 
 
 def config_for(endpoint: Endpoint) -> AutoscalerConfig:
-    return config_from_overrides(endpoint.autoscaler or {})
+    """The config a pass decides on. Overrides stored before a limit or a setting changed are
+    no longer valid: that endpoint is decided on the defaults (and a warning says why) rather
+    than every endpoint's pass failing on it."""
+    try:
+        return config_from_overrides(endpoint.autoscaler or {})
+    except ValueError as exc:
+        log.warning(
+            "endpoint %s: stored autoscaler settings refused, decided on the defaults: %s", endpoint.pk, exc
+        )
+        return base_config()
 
 
 # --- leases
@@ -291,12 +328,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             before = {e.pk: _written(e) for e in endpoints}
             collected = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
-            # The decider reads back as far as its memory or the idle grace period, the
-            # forecast's recorder to the last settled minute.
-            horizons = {
-                pk: max(lookback_s(c), c.scale_to_zero_grace_s, 120 + MINUTE_SETTLE_S)
-                for pk, c in configs.items()
-            }
+            horizons = {pk: history_horizon_s(c) for pk, c in configs.items()}
             history = load_history(horizons, ts)
             floors = predicted_minimums(endpoints, configs, history, ts)
             changes, events = [], []
