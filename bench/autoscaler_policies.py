@@ -22,7 +22,9 @@ Production-like mixes (issue 23), each with seeds 1 and 2 (`--seeds`), 30 minute
              replayed with a 128k context (--max-model-len 131072)
   decode-s   decode-heavy (chat, agents): outputs median 400 (p90 1,200), 10-30 s fan-outs at 4x
   diurnal-s  the diurnal kind with bursts (per-minute peak/mean ~10)
-After each trace, whether the issue's Goal holds on it (see `goal`), and a summary table at the end.
+After each trace, whether the issue's Goal holds on it (see `goal`), and where it bursts, what of
+the Goal no policy that sees a burst only when it comes can meet (`out_of_reach`, from
+scenario.causal_floor); a summary table at the end.
 Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
 p99s of TTFT, ITL and end-to-end latency are each within their deadlines: see capacity.simulate.fleet),
 p99 end-to-end latency, rejected share, scale events, minutes
@@ -50,7 +52,14 @@ from capacity.simulate import fleet as fleet_module
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig, Result
 from capacity.simulate.policies import DecisionLog
-from capacity.simulate.scenario import POLICIES, attainment_without, minute_bounds, searched_oracle, simulate
+from capacity.simulate.scenario import (
+    POLICIES,
+    attainment_without,
+    causal_floor,
+    minute_bounds,
+    searched_oracle,
+    simulate,
+)
 from capacity.simulate.sizing import chunk_within_itl, cost_model_for, fit_shape, full_batch
 from dataplane.runtime.profiles import get_profile
 
@@ -90,9 +99,10 @@ PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
 
 # One trace's line of the goal table: name, results by policy, what of the Goal it misses (None:
-# not judged), the minutes no searched schedule met, its per-minute peak/mean, and the GPU-hours
-# no per-minute schedule goes below (None: no searched oracle).
-Row = tuple[str, dict[str, Result], list[str] | None, tuple[int, ...], float, float | None]
+# not judged), the minutes no searched schedule met, its per-minute peak/mean, the GPU-hours no
+# per-minute schedule goes below and those no policy that sees a burst only when it comes goes
+# below (None: no searched oracle).
+Row = tuple[str, dict[str, Result], list[str] | None, tuple[int, ...], float, float | None, float | None]
 JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compares apa with
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
 
@@ -212,6 +222,7 @@ def main() -> int:
             extra = {**extra, **PREDICTIVE}
         unmet: tuple[int, ...] = ()
         bound: float | None = None
+        floor: float | None = None
         log: DecisionLog = []
         for policy in args.policies.split(",") + list(extra):
             started = time.process_time()
@@ -229,6 +240,17 @@ def main() -> int:
                     f" oracle {searched.result.gpu_hours / bound:.2f}x that{noisy})",
                     flush=True,
                 )
+                floored = causal_floor(profile, trace, bounds, fleet, apa)
+                floor = floored.gpu_hours(fleet)
+                if floored.bursts:
+                    print(
+                        f"{name}: a policy that sees a burst only when it comes keeps"
+                        f" {floored.standing} replicas ready wherever one may start (the least of"
+                        f" the {len(floored.bursts)} burst(s) found, each met alone from its start):"
+                        " at least"
+                        f" {floor:.2f} GPU-hours, {floor / searched.result.gpu_hours:.2f}x the oracle",
+                        flush=True,
+                    )
                 continue
             results[policy] = (
                 simulate(
@@ -265,13 +287,15 @@ def main() -> int:
         if "apa" in plain:
             peak_mean = traces.burst_stats(trace)["peak_mean_minute"]
             misses = goal(plain, peak_mean, unmet)
-            summary.append((name, plain, misses, unmet, peak_mean, bound))
+            summary.append((name, plain, misses, unmet, peak_mean, bound, floor))
             apart = (
                 f" (minutes no searched schedule met, left out of every score: {list(unmet)})"
                 if unmet
                 else ""
             )
-            print(f"{name}: goal {verdict(misses)}{apart}", flush=True)
+            beyond = out_of_reach(plain, peak_mean, floor)
+            reach = f"; out of any causal policy's reach: {'; '.join(beyond)}" if beyond else ""
+            print(f"{name}: goal {verdict(misses)}{apart}{reach}", flush=True)
             for variant in extra:
                 if misses is not None and variant in plain:
                     other = goal({**plain, "apa": plain[variant]}, peak_mean, unmet)
@@ -335,10 +359,11 @@ def print_table(summary: list[Row]) -> None:
     the oracle's GPU-hours and the share of static-peak's; then whether the Goal holds."""
     if not summary:
         return
-    policies = [p for p in POLICIES if all(p in r for _, r, _, _, _, _ in summary)]
+    policies = [p for p in POLICIES if all(p in r for _, r, *_ in summary)]
     print("\n| trace | peak/mean | " + " | ".join(policies) + " | unmet | goal |")
     print("|---" * (len(policies) + 4) + "|")
-    for name, results, misses, unmet, peak_mean, bound in summary:
+    beyond_any = 0
+    for name, results, misses, unmet, peak_mean, bound, floor in summary:
         oracle = results.get("oracle")
         beside = f" / {attainment_without(oracle, unmet):.3f}" if oracle else ""
         cells = []
@@ -350,20 +375,45 @@ def print_table(summary: list[Row]) -> None:
                 + (beside if p != "oracle" else "")
                 + f"{x_oracle}, {r.gpu_hours / r.static_peak_gpu_hours:.2f} sp"
                 + (f", bound {bound:.2f}" if p == "oracle" and bound else "")
+                + (f", floor {floor:.2f}" if p == "oracle" and floor and bound and floor > bound else "")
             )
         goal_cell = "not judged" if misses is None else "; ".join(misses) or "holds"
+        if misses and (beyond := out_of_reach(results, peak_mean, floor)):
+            beyond_any += 1
+            goal_cell += f" (out of reach: {'; '.join(beyond)})"
         print(
             f"| {name} | {peak_mean:.1f} | " + " | ".join(cells) + f" | {list(unmet) or '-'} | {goal_cell} |"
         )
-    judged = [m for _, _, m, _, _, _ in summary if m is not None]
+    judged = [m for _, _, m, *_ in summary if m is not None]
     held = sum(1 for m in judged if not m)
     print(
         "(GPU-hours, attainment / the oracle's attainment, x the oracle's GPU-hours, share of"
         " static-peak's GPU-hours (sp), and under the oracle's the GPU-hours no per-minute schedule"
-        " goes below (bound); peak/mean per minute)"
+        " goes below (bound) and where bursts are, any policy that sees a burst only when it comes"
+        " (floor); peak/mean per minute)"
     )
     if judged:
-        print(f"goal holds on {held} of {len(judged)} traces", flush=True)
+        print(
+            f"goal holds on {held} of {len(judged)} traces; on {beyond_any} of the others no policy"
+            " that sees a burst only when it comes can hold it",
+            flush=True,
+        )
+
+
+def out_of_reach(results: dict[str, Result], peak_mean: float, floor: float | None) -> list[str]:
+    """The Goal's cost clauses that no policy seeing a burst only when it comes can meet on this
+    trace while meeting every minute: the causal floor (`scenario.causal_floor`) above 1.25x
+    the oracle's GPU-hours, or above 20 % of static-peak's where per-minute peak/mean >= 10."""
+    if floor is None or "oracle" not in results:
+        return []
+    beyond = []
+    oracle = results["oracle"].gpu_hours
+    if floor > 1.25 * oracle:
+        beyond.append(f"the floor is {floor / oracle:.2f}x the oracle > 1.25x")
+    static = results["static-peak"].gpu_hours if "static-peak" in results else None
+    if static and peak_mean >= 10 and floor > 0.2 * static:
+        beyond.append(f"the floor is {floor / static:.2f} of static-peak > 0.20")
+    return beyond
 
 
 def verdict(misses: list[str] | None) -> str:

@@ -23,7 +23,14 @@ from typing import Any
 
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate.fleet import FleetConfig, Result
-from capacity.simulate.scenario import POLICIES, attainment_without, minute_bounds, searched_oracle, simulate
+from capacity.simulate.scenario import (
+    POLICIES,
+    attainment_without,
+    causal_floor,
+    minute_bounds,
+    searched_oracle,
+    simulate,
+)
 from capacity.simulate.sizing import chunk_within_itl
 from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
 from dataplane.runtime.perf_model import EngineProfile
@@ -88,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="search the oracle's schedule by replaying it (slower); adds unmet_minutes,"
         " slo_attainment_meetable (without the minutes no searched schedule met) and"
-        " oracle_bound_gpu_hours (what no per-minute schedule goes below)",
+        " oracle_bound_gpu_hours (what no per-minute schedule goes below) and"
+        " causal_floor_gpu_hours (what no policy that sees a burst only when it comes goes below"
+        " meeting every minute, if the trace's bursts may start at any 10 s of its middle 80 %%)",
     )
     parser.add_argument("--minutes", action="store_true", help="add the per-minute series to --json")
     parser.add_argument("--json", action="store_true")
@@ -110,10 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         profile = chunk_within_itl(profile, fleet.slo_per_output_token_s)
         apa = AutoscalerConfig()
-        searched = bound = None
+        searched = bound = floor = None
         if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):
             searched = searched_oracle(profile, trace, fleet, apa, args.oracle_margin)
-            bound = minute_bounds(profile, trace, searched.per_minute, fleet, apa).gpu_hours(fleet)
+            bounds = minute_bounds(profile, trace, searched.per_minute, fleet, apa)
+            bound = bounds.gpu_hours(fleet)
+            floor = causal_floor(profile, trace, bounds, fleet, apa).gpu_hours(fleet)
         if args.policy == "oracle" and searched is not None:
             result = searched.result
         else:
@@ -133,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out["unmet_minutes"] = list(searched.unmet)
         out["slo_attainment_meetable"] = attainment_without(result, searched.unmet)
         out["oracle_bound_gpu_hours"] = bound
+        out["causal_floor_gpu_hours"] = floor
     if args.minutes:
         out["minutes"] = [asdict(m) for m in result.minutes]
     if args.json:

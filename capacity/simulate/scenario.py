@@ -6,7 +6,8 @@ computed from the busiest 10 s of each minute (`search_schedule`): a greedy repa
 down to one replica at a time: a schedule that meets every minute it can, close to the fewest
 replicas, not a proof of the fewest. Minutes it still misses with the fleet's ceiling (or after
 its rounds) are `unmet`: the bench leaves them out of every policy's score and shows them apart.
-`minute_bounds` bounds it from below: the fewest replicas each minute needs played alone."""
+`minute_bounds` bounds it from below: the fewest replicas each minute needs played alone;
+`causal_floor` bounds what a policy that sees a burst only when it comes takes to meet every minute."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from capacity.autoscaler import AutoscalerConfig
+from capacity.autoscaler.horizontal import CALM_BASE_S, CALM_SPAN_S
 from capacity.simulate.arrivals import Arrival, Trace, as_trace
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
@@ -24,6 +26,7 @@ from capacity.simulate.sizing import (
     oracle_schedule,
     slo_capacity_mu_per_s,
 )
+from capacity.simulate.traces import BURST_WINDOW
 from capacity.units import MU_PER_REPLICA_MINUTE
 from dataplane.runtime.perf_model import EngineProfile
 
@@ -163,49 +166,149 @@ def minute_bounds(
     choices break at the margin: a minute that misses alone with the schedule's own replicas is
     counted at them (`noisy`). Worked numbers: a minute the schedule gives 20 replicas that
     meets alone with 14 and not 13 bounds it at 14."""
-    fleet = fleet or FleetConfig()
-    apa_config = apa_config or AutoscalerConfig()
-    columns = as_trace(trace)
-    batch = full_batch(profile, columns)  # the whole trace's, as the schedule ran with
-    times = columns.times
-    runs = 0
-
-    def meets_alone(alone: Trace, replicas: int, after: int) -> bool:
-        nonlocal runs
-        config = replace(fleet, initial_replicas=replicas, max_replicas=max(fleet.max_replicas, after))
-        policy = Schedule(per_minute=(replicas, after), lead_s=fleet.pod_start_s, name="bound")
-        runs += 1
-        result = run(profile, alone, policy, config, replicas, apa_config.latency_slo_s, batch=batch)
-        return not result.violating_minutes
-
+    replay = _AloneReplay(profile, trace, fleet or FleetConfig(), apa_config or AutoscalerConfig())
     bounds: list[int] = []
     noisy: list[int] = []
     for minute, given in enumerate(schedule):
-        # The minute's arrivals, from its start: sliced once for every replica count tried.
-        lo, hi = bisect.bisect_left(times, 60.0 * minute), bisect.bisect_left(times, 60.0 * (minute + 1))
-        if lo == hi:
+        alone = replay.slice(60.0 * minute)  # sliced once for every replica count tried
+        if not alone:
             bounds.append(0)
             continue
-        alone = Trace()
-        alone.extend(
-            [t - 60.0 * minute for t in times[lo:hi]],
-            list(columns.prompts[lo:hi]),
-            list(columns.outputs[lo:hi]),
-        )
         after = max(10 * given, given + 10)
-        if not meets_alone(alone, given, after):
+        # Replicas asked a pod start before the minute's end are ready when it ends.
+        lead = replay.fleet.pod_start_s
+        if not replay.meets(alone, given, after, lead):
             bounds.append(given)
             noisy.append(minute)
             continue
-        fails, meets = 0, given
+        bounds.append(replay.fewest(alone, given, after, lead))
+    return MinuteBounds(tuple(bounds), tuple(noisy), replay.runs)
+
+
+class _AloneReplay:
+    """Replays of a minute of the trace played alone: its arrivals from a start, on a fleet of
+    `replicas` ready then, with nothing before them, asking `after` replicas `lead_s` before
+    the minute's end (lead 60 s: at once, ready a pod start later)."""
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        trace: Sequence[Arrival],
+        fleet: FleetConfig,
+        apa_config: AutoscalerConfig,
+    ) -> None:
+        self.profile, self.fleet, self.slo = profile, fleet, apa_config.latency_slo_s
+        self.columns = as_trace(trace)
+        self.batch = full_batch(profile, self.columns)  # the whole trace's, as a schedule runs with
+        self.runs = 0
+
+    def slice(self, start: float) -> Trace:
+        """The arrivals of the 60 s from `start`, from time 0."""
+        times = self.columns.times
+        lo, hi = bisect.bisect_left(times, start), bisect.bisect_left(times, start + 60.0)
+        alone = Trace()
+        alone.extend(
+            [t - start for t in times[lo:hi]],
+            list(self.columns.prompts[lo:hi]),
+            list(self.columns.outputs[lo:hi]),
+        )
+        return alone
+
+    def meets(self, alone: Trace, replicas: int, after: int, lead_s: float) -> bool:
+        config = replace(
+            self.fleet, initial_replicas=replicas, max_replicas=max(self.fleet.max_replicas, after)
+        )
+        policy = Schedule(per_minute=(replicas, after), lead_s=lead_s, name="bound")
+        self.runs += 1
+        result = run(self.profile, alone, policy, config, replicas, self.slo, batch=self.batch)
+        return not result.violating_minutes
+
+    def fewest(self, alone: Trace, meets: int, after: int, lead_s: float) -> int:
+        """The fewest replicas below `meets` (which meets) that meet, bisected."""
+        fails = 0
         while meets - fails > 1:
             mid = (fails + meets) // 2
-            if meets_alone(alone, mid, after):
+            if self.meets(alone, mid, after, lead_s):
                 meets = mid
             else:
                 fails = mid
-        bounds.append(meets)
-    return MinuteBounds(tuple(bounds), tuple(noisy), runs)
+        return meets
+
+
+@dataclass(frozen=True)
+class CausalFloor:
+    per_minute: tuple[int, ...]  # the minute's bound, or `standing` where a burst may start
+    bursts: tuple[float, ...]  # where the trace's bursts start, seconds
+    standing: int  # the replicas the least of them needs ready when it starts (0: no burst)
+    runs: int  # one-minute simulations it took
+
+    def gpu_hours(self, fleet: FleetConfig) -> float:
+        return sum(self.per_minute) * fleet.gpus_per_replica / 60.0
+
+
+def burst_starts(trace: Sequence[Arrival], ratio: float) -> list[float]:
+    """Where the trace's bursts start: the first of each run of 10-s spans (from time 0) with
+    more than `ratio` x the arrivals of the mean 10 s of the 300 s before (at least half of
+    those in the trace): the decider's rule for a burst (`horizontal.calm`), on arrivals.
+    Worked numbers (ratio 2.5): 30 a span, then 90: 3x, a burst starts; 60: 2x, none."""
+    times = as_trace(trace).times
+    if not times:
+        return []
+    starts: list[float] = []
+    bursting = False
+    span, base = CALM_SPAN_S, CALM_BASE_S
+    for k in range(int(times[-1] // span) + 1):
+        at = k * span
+        seconds = min(base, at)
+        if seconds < 0.5 * base:
+            continue
+        count = bisect.bisect_left(times, at + span) - bisect.bisect_left(times, at)
+        before = bisect.bisect_left(times, at) - bisect.bisect_left(times, at - seconds)
+        burst = count > ratio * before * span / seconds
+        if burst and not bursting:
+            starts.append(at)
+        bursting = burst
+    return starts
+
+
+def causal_floor(
+    profile: EngineProfile,
+    trace: Sequence[Arrival],
+    bounds: MinuteBounds,
+    fleet: FleetConfig | None = None,
+    apa_config: AutoscalerConfig | None = None,
+    window: tuple[float, float] = BURST_WINDOW,
+) -> CausalFloor:
+    """A lower bound on the GPU-hours of any policy that sees a burst only when it comes and
+    meets every minute of every trace drawn like this one. A burst's first seconds are served
+    by the replicas ready when it starts: pods asked then are ready a pod start later. So for
+    each burst, the fewest replicas with which its 60 s from its start, played alone (nothing
+    before; ten times as many asked at its first second, ready a pod start later), meet the SLO;
+    the least of these over the trace's bursts is `standing`. Drawn like this trace, a burst
+    may start at any 10 s in `window` (the generators' `traces.BURST_WINDOW`) whatever came
+    before, so such a policy keeps `standing` ready in every minute of it, and the minute's
+    own bound (`minute_bounds`) everywhere. A trace without bursts is floored at its bounds.
+    Worked numbers: bounds of 3 a minute, 30 minutes, bursts that need 40 standing: minutes
+    3-26 at 40, the others at 3: 978 replica-minutes against the bounds' 90."""
+    apa_config = apa_config or AutoscalerConfig()
+    replay = _AloneReplay(profile, trace, fleet or FleetConfig(), apa_config)
+    starts = burst_starts(trace, apa_config.burst_ratio)
+    standing = 0
+    for at in starts:
+        alone = replay.slice(at)
+        meets = max(1, max(bounds.per_minute))
+        for _ in range(8):  # a burst beyond every minute's bound: doubled until met
+            if replay.meets(alone, meets, 10 * meets, 60.0):
+                break
+            meets *= 2
+        need = replay.fewest(alone, meets, 10 * meets, 60.0)
+        standing = need if not standing else min(standing, need)
+    minutes = len(bounds.per_minute)
+    first, last = window[0] * 60.0 * minutes, window[1] * 60.0 * minutes
+    per_minute = tuple(
+        max(b, standing) if first <= 60.0 * m < last else b for m, b in enumerate(bounds.per_minute)
+    )
+    return CausalFloor(per_minute, tuple(starts), standing, replay.runs)
 
 
 def attainment_without(result: Result, excluded: Sequence[int]) -> float:

@@ -32,6 +32,7 @@ COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 EPOCH = datetime(2024, 1, 1)  # synthetic traces start here
 
 __all__ = [
+    "BURST_WINDOW",
     "COLUMNS",
     "KINDS",
     "Arrival",
@@ -132,9 +133,15 @@ def time_scale(trace: Sequence[Arrival], factor: float) -> Trace:
 # --- synthetic traces ---------------------------------------------------------------------------
 
 
+# Where the generators' bursts may start, as shares of the run: the middle 80 %. What a policy
+# cannot foresee is priced over it (`scenario.causal_floor`).
+BURST_WINDOW = (0.1, 0.9)
+
+
 def _minute_starts(rng: random.Random, seconds: float, count: int) -> list[float]:
     """`count` distinct whole minutes in the middle 80 % of the run, where bursts start."""
-    minutes = list(range(max(1, int(seconds * 0.1 / 60)), max(2, int(seconds * 0.9 / 60))))
+    first, last = BURST_WINDOW
+    minutes = list(range(max(1, int(seconds * first / 60)), max(2, int(seconds * last / 60))))
     return sorted(60.0 * m for m in rng.sample(minutes, min(count, len(minutes))))
 
 
@@ -233,7 +240,8 @@ def _burst_spans(
 ) -> list[tuple[float, float]]:
     """`count` bursts starting at whole 10 s in the middle 80 % of the run, each lasting one of
     `lengths` seconds (several may fall in one minute, as real bursts cluster)."""
-    slots = list(range(max(1, int(seconds * 0.1 / 10)), max(2, int(seconds * 0.9 / 10))))
+    first, last = BURST_WINDOW
+    slots = list(range(max(1, int(seconds * first / 10)), max(2, int(seconds * last / 10))))
     starts = sorted(10.0 * s for s in rng.sample(slots, min(count, len(slots))))
     return [(t, t + rng.choice(list(lengths))) for t in starts]
 

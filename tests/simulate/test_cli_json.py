@@ -113,3 +113,4 @@ def test_cli_searches_the_oracle_and_bounds_it(tmp_path):
     assert KEYS <= set(result) and result["unmet_minutes"] == []
     assert result["slo_attainment_meetable"] == result["slo_attainment"] == 1.0
     assert 0 < result["oracle_bound_gpu_hours"] <= result["gpu_hours"]
+    assert result["oracle_bound_gpu_hours"] <= result["causal_floor_gpu_hours"]
