@@ -167,6 +167,7 @@ def minute_bounds(
     counted at them (`noisy`). Worked numbers: a minute the schedule gives 20 replicas that
     meets alone with 14 and not 13 bounds it at 14."""
     replay = _AloneReplay(profile, trace, fleet or FleetConfig(), apa_config or AutoscalerConfig())
+    lead = replay.fleet.pod_start_s  # replicas asked a pod start before the minute's end are ready then
     bounds: list[int] = []
     noisy: list[int] = []
     for minute, given in enumerate(schedule):
@@ -175,8 +176,6 @@ def minute_bounds(
             bounds.append(0)
             continue
         after = max(10 * given, given + 10)
-        # Replicas asked a pod start before the minute's end are ready when it ends.
-        lead = replay.fleet.pod_start_s
         if not replay.meets(alone, given, after, lead):
             bounds.append(given)
             noisy.append(minute)
@@ -297,12 +296,13 @@ def causal_floor(
     for at in starts:
         alone = replay.slice(at)
         meets = max(1, max(bounds.per_minute))
-        for _ in range(8):  # a burst beyond every minute's bound: doubled until met
-            if replay.meets(alone, meets, 10 * meets, 60.0):
-                break
+        while not replay.meets(alone, meets, 10 * meets, 60.0):  # beyond every minute's bound
             meets *= 2
-        need = replay.fewest(alone, meets, 10 * meets, 60.0)
-        standing = need if not standing else min(standing, need)
+            if meets > replay.fleet.max_replicas:
+                break  # beyond the fleet's ceiling: no policy meets it, left out like `unmet`
+        else:
+            need = replay.fewest(alone, meets, 10 * meets, 60.0)
+            standing = need if not standing else min(standing, need)
     minutes = len(bounds.per_minute)
     first, last = window[0] * 60.0 * minutes, window[1] * 60.0 * minutes
     per_minute = tuple(

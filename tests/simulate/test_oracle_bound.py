@@ -99,6 +99,15 @@ def test_a_fleet_under_the_floor_when_a_burst_starts_misses_its_minute_however_f
     assert burst_minute_met(floor.standing)  # and the floor is not set above what it needs
 
 
+def test_a_burst_beyond_the_fleets_ceiling_is_left_out_of_the_floor():
+    trace = from_rate(lambda t: 100.0 if 300.0 <= t < 320.0 else 5.0, 480.0, 1, PREFILL_HEAVY)
+    fleet = FleetConfig(max_replicas=2)  # the burst needs 8 (the test above)
+    bounds = minute_bounds(H100, trace, [2] * 8, fleet)
+    assert 5 in bounds.noisy  # it misses alone with all the fleet has
+    floor = causal_floor(H100, trace, bounds, fleet)
+    assert floor.bursts == (300.0,) and floor.standing == 0 and floor.per_minute == bounds.per_minute
+
+
 def test_a_trace_without_bursts_is_floored_at_its_bounds():
     trace = decode_heavy(1, seconds=180.0, bursts=0)
     bounds = minute_bounds(H100, trace, [4, 4, 4], FleetConfig())
