@@ -19,7 +19,7 @@ and refuses, with a 400 naming the parameter, what would poison the price:
   prompt                a string, a list of strings, a list of token ids or a list of token-id
                         lists (a batch: every prompt generates n sequences).
   messages              a list of objects whose ``content`` is a string, null or a list of
-                        content parts; a part is a string or an object with a string type (or,
+                        content parts; a part is a string or an object with a type vLLM reads (or,
                         without one, a bare media URL: ``{"image_url": "<url>"}``); a text part's text
                         field (``text``, or ``refusal`` / ``thinking`` for those types), when
                         present, is a string (``[{"type": "text", "text": 5}]`` is a 400,
@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import TEXT_PART_TYPES, part_kind, text_field
+from dataplane.wire.content_parts import TEXT_PART_TYPES, VLLM_PART_TYPES, part_kind, text_field
 
 
 class InvalidParameter(RequestError):
@@ -204,6 +204,14 @@ def check_messages(messages: Any) -> bool:
                 # vLLM's validation refuses the part; the router could not price it either (a
                 # text or an image it would read otherwise), so it never reaches a pod.
                 raise _untyped_part(at, part.get("type"))
+            if kind not in VLLM_PART_TYPES:
+                # vLLM refuses it too ("Unsupported chat content part type"), after admission
+                # and a pod's round trip: refused here, naming the types it reads.
+                raise InvalidParameter(
+                    f"{at}.type",
+                    f"{at}.type {kind!r} is not a content part type the engine reads"
+                    f" (supported: {', '.join(sorted(VLLM_PART_TYPES))})",
+                )
             if kind not in TEXT_PART_TYPES:
                 media = True  # media parts: priced by their images (no text to price)
                 continue

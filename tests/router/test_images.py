@@ -11,7 +11,7 @@ import pytest
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import part_kind
+from dataplane.wire.content_parts import VLLM_PART_TYPES, part_kind
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
 from tests.installed_vllm import vllm_python_or_skip
@@ -295,6 +295,37 @@ def test_vllm_validates_and_reads_a_part_as_part_kind_says():
     parts = "\n".join(json.dumps(part) for part, _ in READ_AS)
     out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
     assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [kind for _, kind in READ_AS]
+
+
+UNREAD_TYPES = ["blob", "file", "TEXT", "image"]  # the router refuses these (test_priced_parameters)
+
+
+def test_the_part_types_the_router_lets_through_are_the_ones_vllm_reads():
+    """The router refuses a part whose type is not in VLLM_PART_TYPES: that set is the installed
+    vLLM's MM_PARSER_MAP, and vLLM itself refuses the others (its validation or its parser)."""
+    python = vllm_python_or_skip("vLLM's part types")
+    code = (
+        "import json, sys\n"
+        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+        "from vllm.renderers import chat_utils\n"
+        "print(json.dumps(sorted(chat_utils.MM_PARSER_MAP)))\n"
+        "for kind in json.loads(sys.stdin.read()):\n"
+        "    message = {'role': 'user', 'content': [{'type': kind, 'text': 'hi'}]}\n"
+        "    body = {'model': 'm', 'messages': [message]}\n"
+        "    try:\n"
+        "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
+        "        chat_utils._parse_chat_message_content_part(\n"
+        "            part, None, wrap_dicts=False, interleave_strings=False)\n"
+        "        print('read')\n"
+        "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
+        "        print('refused')\n"
+    )
+    out = subprocess.run(
+        [python, "-c", code], input=json.dumps(UNREAD_TYPES).encode(), capture_output=True, check=True
+    )
+    first, *refusals = out.stdout.decode().splitlines()
+    assert json.loads(first) == sorted(VLLM_PART_TYPES)
+    assert refusals == ["refused"] * len(UNREAD_TYPES)
 
 
 AT = "messages[0].content[1]"  # the part after "hi"

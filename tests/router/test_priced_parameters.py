@@ -113,6 +113,28 @@ def test_a_part_without_a_type_vllm_refuses_is_a_400_naming_it_before_any_pod(pa
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("kind", ["blob", "file", "TEXT", "image"])
+def test_a_part_of_a_type_vllm_does_not_read_is_a_400_naming_it_before_any_pod(kind):
+    """vLLM refuses these too (tests/runtime/test_sim_matches_vllm.py: chat_bad_part), but only
+    after the request was admitted and sent to a pod."""
+
+    async def go():
+        async with running(1, table=cp_table()) as (router, pods):
+            part = {"type": kind, "text": "hi", "file": {"file_id": "f"}}
+            body = {"model": "chat", "messages": [{"role": "user", "content": ["look:", part]}]}
+            status, _, payload = await call(router, path=CHAT, body=body, key=TENANT_KEY)
+            assert status == 400, payload
+            err = error_of(payload)
+            assert err["param"] == "messages[0].content[1].type", err
+            assert f"type {kind!r} is not a content part type" in err["message"], err
+            assert "image_url" in err["message"] and "text" in err["message"]
+            assert pods[0].requests == 0
+            assert router.meter.totals.get((1, "acme")) is None
+            await assert_idle(router)
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize(
     "part", [{"image_url": PNG_448}, {"type": None, "image_url": PNG_448}], ids=["no_type", "null_type"]
 )
