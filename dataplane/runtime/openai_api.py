@@ -42,7 +42,7 @@ from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.sim_generation import GREEDY_TEMPERATURE
 from dataplane.runtime.vision import VisionProfile
 from dataplane.wire import cache_salt as salt_rule
-from dataplane.wire.content_parts import TEXT_PART_TYPES, text_field
+from dataplane.wire.content_parts import TEXT_PART_TYPES, part_kind, text_field
 from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
@@ -516,11 +516,9 @@ def _message_text(message: _Message, served: ServedModel, images: list[str] | No
         if isinstance(part, str):
             texts.append(part)
             continue
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind is None and isinstance(part, dict) and isinstance(part.get("image_url"), str):
-            # no type but a URL string: vLLM's bare-image part (CustomChatCompletionContentSimple-
-            # ImageParam) passes its validation and is read as an image; a typeless dict is refused
-            kind = "image_url"
+        # As vLLM reads it: no type but a URL string is its bare-image part (CustomChatCompletion-
+        # ContentSimpleImageParam), read as an image; a typeless dict is refused.
+        kind = part_kind(part) if isinstance(part, dict) else None
         if kind == "image_url" and served.vision is not None and images is not None:
             field = part.get("image_url")
             url = field.get("url") if isinstance(field, dict) else field
@@ -533,7 +531,8 @@ def _message_text(message: _Message, served: ServedModel, images: list[str] | No
             raise ApiError(400, f"{served.name} is not a multimodal model")
         if not isinstance(part, dict) or kind not in TEXT_PART_TYPES:
             expected = "Input should be 'text', 'image_url', 'input_audio' or 'file'"
-            raise _part_error(j, "type", expected, "literal_error", kind)
+            given = part.get("type") if isinstance(part, dict) else None
+            raise _part_error(j, "type", expected, "literal_error", given)
         field = text_field(kind)
         if field not in part:
             raise _part_error(j, field, "Field required", "missing", part)
