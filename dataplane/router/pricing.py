@@ -23,6 +23,7 @@ from typing import Any
 from capacity.units import BYTES_PER_TOKEN as CHARS_PER_TOKEN
 from capacity.units import CostModel as Coefficients
 from capacity.units import estimate_tokens as chars_to_tokens
+from dataplane.wire.content_parts import part_text
 
 __all__ = ["CHARS_PER_TOKEN", "Coefficients", "chars_to_tokens", "estimate_input_tokens", "metered", "price"]
 
@@ -93,18 +94,16 @@ def metered(
 
 
 def _content_chars(content: Any) -> int:
-    """Characters of a message's text: a string, or the text of its content parts (strings, or
-    objects with a ``text``, ``refusal`` or ``thinking`` string); anything else counts 0."""
+    """Characters of a message's text: a string, or the text vLLM reads from its content parts
+    (strings, and `content_parts.part_text`: a text part's own field, a tool reference's name);
+    anything else counts 0, as a ``text`` field on an image part does (vLLM ignores it)."""
     if isinstance(content, str):
         return len(content)
     total = 0
     if isinstance(content, list):  # chat content parts: [{"type": "text", "text": "..."}, ...]
         for part in content:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, dict):
-                texts = (part.get(f) for f in ("text", "refusal", "thinking"))
-                total += sum(len(t) for t in texts if isinstance(t, str))
+            text = part if isinstance(part, str) else part_text(part) if isinstance(part, dict) else None
+            total += len(text or "")
     return total
 
 

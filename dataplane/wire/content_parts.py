@@ -1,6 +1,7 @@
 """A chat message's content parts as vLLM 0.32 reads them (renderers/chat_utils.py): the type a
 part is read as, with or without its ``type`` field, and which types hold text. Pure; the
-router (validation, image pricing) and the simulated engine classify parts with these rules.
+router (validation, image and text pricing) and the simulated engine classify parts with these
+rules.
 """
 
 from __future__ import annotations
@@ -53,3 +54,14 @@ def _is_bare_url(part: dict[str, Any], field: str) -> bool:
 def text_field(kind: str | None) -> str:
     """The field a text part of this type keeps its text in."""
     return kind if kind in OWN_FIELD_PARTS else "text"
+
+
+def part_text(part: dict[str, Any]) -> str | None:
+    """The text vLLM reads from a content part (renderers/chat_utils.py
+    _parse_chat_message_content_part): a text part's text field, or a tool reference's name,
+    which it joins into the prompt as text where the chat template takes strings; None for
+    media and refused parts, and where the field is not a string."""
+    kind = part_kind(part)
+    field = text_field(kind) if kind in TEXT_PART_TYPES else "name" if kind == "tool_reference" else None
+    value = part.get(field) if field else None
+    return value if isinstance(value, str) else None

@@ -11,7 +11,7 @@ import pytest
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import VLLM_PART_TYPES, part_kind
+from dataplane.wire.content_parts import VLLM_PART_TYPES, part_kind, part_text
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
 from tests.installed_vllm import vllm_python_or_skip
@@ -295,6 +295,40 @@ def test_vllm_validates_and_reads_a_part_as_part_kind_says():
     parts = "\n".join(json.dumps(part) for part, _ in READ_AS)
     out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
     assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [kind for _, kind in READ_AS]
+
+
+# Parts and the text vLLM reads from them: what the router prices (and bills a cut stream) as text.
+TEXT_OF = [
+    ({"type": "text", "text": "hello"}, "hello"),
+    ({"type": "text", "text": "a", "refusal": "bbbb"}, "a"),  # only the type's own field
+    ({"type": "refusal", "refusal": "no", "text": "ignored"}, "no"),
+    ({"type": "thinking", "thinking": "hmm"}, "hmm"),
+    ({"type": "tool_reference", "name": "get_weather"}, "get_weather"),
+    ({"type": "image_url", "image_url": {"url": PNG_URL}, "text": "x" * 400}, None),  # not read
+    ({"image_url": PNG_URL, "text": "x" * 400}, None),
+]
+
+
+def test_the_text_priced_of_a_part_is_the_text_vllm_reads():
+    assert [part_text(part) for part, _ in TEXT_OF] == [text for _, text in TEXT_OF]
+    python = vllm_python_or_skip("vLLM's part text")
+    code = (
+        "import json, sys, types\n"
+        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+        "from vllm.renderers import chat_utils\n"
+        "class Parser:\n"  # takes the media; text parts only ask its model_config
+        "    model_config = types.SimpleNamespace(enable_prompt_embeds=False)\n"
+        "    def __getattr__(self, name):\n"
+        "        return lambda *args: None\n"
+        "for line in sys.stdin.read().splitlines():\n"
+        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
+        "    part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
+        "    print(json.dumps(chat_utils._parse_chat_message_content_part(\n"
+        "        part, Parser(), wrap_dicts=False, interleave_strings=False)))\n"
+    )
+    parts = "\n".join(json.dumps(part) for part, _ in TEXT_OF)
+    out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
+    assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [text for _, text in TEXT_OF]
 
 
 UNREAD_TYPES = ["blob", "file", "TEXT", "image"]  # the router refuses these (test_priced_parameters)
