@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import TEXT_PART_TYPES, VLLM_PART_TYPES, part_kind, text_field
+from dataplane.wire.content_parts import CHAT_PART_TYPES, TEXT_PART_TYPES, part_kind, text_field
 
 
 class InvalidParameter(RequestError):
@@ -204,13 +204,14 @@ def check_messages(messages: Any) -> bool:
                 # vLLM's validation refuses the part; the router could not price it either (a
                 # text or an image it would read otherwise), so it never reaches a pod.
                 raise _untyped_part(at, part.get("type"))
-            if kind not in VLLM_PART_TYPES:
-                # vLLM refuses it too ("Unsupported chat content part type"), after admission
-                # and a pod's round trip: refused here, naming the types it reads.
+            if kind not in CHAT_PART_TYPES:
+                # vLLM refuses it too (its validation, or "Unsupported chat content part
+                # type"), after admission and a pod's round trip: refused here, naming the
+                # types it reads.
                 raise InvalidParameter(
                     f"{at}.type",
-                    f"{at}.type {kind!r} is not a content part type the engine reads"
-                    f" (supported: {', '.join(sorted(VLLM_PART_TYPES))})",
+                    f"{at}.type {kind!r} is not a chat content part type the engine reads"
+                    f" (supported: {', '.join(sorted(CHAT_PART_TYPES))})",
                 )
             if kind not in TEXT_PART_TYPES:
                 media = True  # media parts: priced by their images (no text to price)

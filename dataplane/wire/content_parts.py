@@ -14,6 +14,9 @@ VLLM_PART_TYPES = frozenset(
      "audio_embeds", "video_embeds", "prompt_embeds", "image_pil", "audio_url", "input_audio",
      "refusal", "video_url", "tool_reference"}
 )  # fmt: skip
+# Of those, the ones its chat request validation takes: input_text and output_text are the
+# Responses API's text parts, which a chat message's content refuses.
+CHAT_PART_TYPES = VLLM_PART_TYPES - {"input_text", "output_text"}
 # The fields vLLM reads a part by when it has no type (or a uuid), in vLLM's order of precedence.
 TYPELESS_FIELDS = (
     "image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "audio_url",

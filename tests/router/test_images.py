@@ -11,7 +11,7 @@ import pytest
 from capacity.units import image_tokens
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import VLLM_PART_TYPES, part_kind, part_text
+from dataplane.wire.content_parts import CHAT_PART_TYPES, VLLM_PART_TYPES, part_kind, part_text
 from dataplane.wire.images import ImageError, read_data_url
 from tests.image_files import data_url, gif, image_part, jpeg, png, webp_vp8, webp_vp8l, webp_vp8x
 from tests.installed_vllm import vllm_python_or_skip
@@ -331,35 +331,60 @@ def test_the_text_priced_of_a_part_is_the_text_vllm_reads():
     assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [text for _, text in TEXT_OF]
 
 
-UNREAD_TYPES = ["blob", "file", "TEXT", "image"]  # the router refuses these (test_priced_parameters)
+# A part of each type vLLM's parser knows, and of some it does not: the router lets through
+# only CHAT_PART_TYPES (refusing the rest: test_priced_parameters).
+SAMPLE_PARTS = {
+    "text": {"type": "text", "text": "a"},
+    "input_text": {"type": "input_text", "text": "a"},
+    "output_text": {"type": "output_text", "text": "a"},
+    "thinking": {"type": "thinking", "thinking": "a"},
+    "refusal": {"type": "refusal", "refusal": "a"},
+    "input_image": {"type": "input_image", "image_url": PNG_URL, "detail": "auto"},
+    "image_url": {"type": "image_url", "image_url": {"url": PNG_URL}},
+    "image_pil": {"type": "image_pil", "image_pil": None},
+    "image_embeds": {"type": "image_embeds", "image_embeds": "AAAA"},
+    "audio_embeds": {"type": "audio_embeds", "audio_embeds": "AAAA"},
+    "video_embeds": {"type": "video_embeds", "video_embeds": "AAAA"},
+    "prompt_embeds": {"type": "prompt_embeds", "data": "AAAA"},
+    "audio_url": {"type": "audio_url", "audio_url": {"url": PNG_URL}},
+    "input_audio": {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    "video_url": {"type": "video_url", "video_url": {"url": PNG_URL}},
+    "tool_reference": {"type": "tool_reference", "name": "get_weather"},
+    **{kind: {"type": kind, "text": "a"} for kind in ("blob", "file", "TEXT", "image")},
+}
 
 
-def test_the_part_types_the_router_lets_through_are_the_ones_vllm_reads():
-    """The router refuses a part whose type is not in VLLM_PART_TYPES: that set is the installed
-    vLLM's MM_PARSER_MAP, and vLLM itself refuses the others (its validation or its parser)."""
+def test_the_part_types_the_router_lets_through_are_the_ones_vllms_chat_reads():
+    """VLLM_PART_TYPES is the installed vLLM's MM_PARSER_MAP; of a chat message's parts, its
+    validation and parser read those of CHAT_PART_TYPES and refuse every other."""
+    assert set(SAMPLE_PARTS) >= VLLM_PART_TYPES
     python = vllm_python_or_skip("vLLM's part types")
     code = (
-        "import json, sys\n"
+        "import json, sys, types\n"
         "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
         "from vllm.renderers import chat_utils\n"
+        "class Parser:\n"  # takes the media; text parts only ask its model_config
+        "    model_config = types.SimpleNamespace(enable_prompt_embeds=False)\n"
+        "    def __getattr__(self, name):\n"
+        "        return lambda *args: None\n"
         "print(json.dumps(sorted(chat_utils.MM_PARSER_MAP)))\n"
-        "for kind in json.loads(sys.stdin.read()):\n"
-        "    message = {'role': 'user', 'content': [{'type': kind, 'text': 'hi'}]}\n"
-        "    body = {'model': 'm', 'messages': [message]}\n"
+        "for line in sys.stdin.read().splitlines():\n"
+        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
         "    try:\n"
         "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
         "        chat_utils._parse_chat_message_content_part(\n"
-        "            part, None, wrap_dicts=False, interleave_strings=False)\n"
+        "            part, Parser(), wrap_dicts=False, interleave_strings=False)\n"
         "        print('read')\n"
         "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
         "        print('refused')\n"
     )
-    out = subprocess.run(
-        [python, "-c", code], input=json.dumps(UNREAD_TYPES).encode(), capture_output=True, check=True
-    )
-    first, *refusals = out.stdout.decode().splitlines()
+    parts = "\n".join(json.dumps(part) for part in SAMPLE_PARTS.values())
+    out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
+    first, *verdicts = out.stdout.decode().splitlines()
     assert json.loads(first) == sorted(VLLM_PART_TYPES)
-    assert refusals == ["refused"] * len(UNREAD_TYPES)
+    assert dict(zip(SAMPLE_PARTS, verdicts, strict=True)) == {
+        kind: "read" if kind in CHAT_PART_TYPES else "refused" for kind in SAMPLE_PARTS
+    }
 
 
 AT = "messages[0].content[1]"  # the part after "hi"

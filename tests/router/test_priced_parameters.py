@@ -113,7 +113,7 @@ def test_a_part_without_a_type_vllm_refuses_is_a_400_naming_it_before_any_pod(pa
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("kind", ["blob", "file", "TEXT", "image"])
+@pytest.mark.parametrize("kind", ["blob", "file", "TEXT", "image", "input_text", "output_text"])
 def test_a_part_of_a_type_vllm_does_not_read_is_a_400_naming_it_before_any_pod(kind):
     """vLLM refuses these too (tests/runtime/test_sim_matches_vllm.py: chat_bad_part), but only
     after the request was admitted and sent to a pod."""
@@ -126,7 +126,7 @@ def test_a_part_of_a_type_vllm_does_not_read_is_a_400_naming_it_before_any_pod(k
             assert status == 400, payload
             err = error_of(payload)
             assert err["param"] == "messages[0].content[1].type", err
-            assert f"type {kind!r} is not a content part type" in err["message"], err
+            assert f"type {kind!r} is not a chat content part type" in err["message"], err
             assert "image_url" in err["message"] and "text" in err["message"]
             assert pods[0].requests == 0
             assert router.meter.totals.get((1, "acme")) is None
