@@ -193,19 +193,29 @@ def run_scenario() -> dict[str, Any]:
         return asyncio.run(go())
 
 
+# A run whose load generator sent a request this late measured the machine, not the routers: a
+# CI run with a vLLM engine starting beside it sent nothing for 20 s (26 s late) and admitted
+# 0.57x. Such a run is played once more; a late run never passes or fails on its figures.
+LATE_LIMIT_S = 2.0
+
+
 def test_four_routers_hold_a_shared_reservation_through_redis_loss_and_a_dead_router():
-    # In a fresh interpreter: a load generator on the test process's event loop was starved
-    # there after the rest of the suite (30 s late, measured), never when run alone.
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.router.test_lease_accuracy"],
-        capture_output=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr.decode()[-4000:]
-    got = json.loads(run.stdout.decode().strip().splitlines()[-1])
-    print(got["summary"])
+    for _ in range(2):
+        # In a fresh interpreter: a load generator on the test process's event loop was starved
+        # there after the rest of the suite (30 s late, measured), never when run alone.
+        run = subprocess.run(
+            [sys.executable, "-m", "tests.router.test_lease_accuracy"],
+            capture_output=True,
+            timeout=240,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr.decode()[-4000:]
+        got = json.loads(run.stdout.decode().strip().splitlines()[-1])
+        print(got["summary"])
+        if got["late_s"] <= LATE_LIMIT_S:
+            break
+    assert got["late_s"] <= LATE_LIMIT_S, f"the load generator was starved twice: {got['summary']}"
     reserved = RESERVATION * DURATION_S / 60
     assert abs(got["total"] / reserved - 1) <= 0.05, got["summary"]
     assert got["worst"] <= 1.2 * RESERVATION / 6, got["summary"]
@@ -261,6 +271,7 @@ async def faulted_run(
         "summary": summary,
         "total": total,
         "worst": worst,
+        "late_s": max(out_a.late_s, out_b.late_s),
         "statuses_a": {str(k): v for k, v in out_a.statuses.items()},
         "statuses_b": {str(k): v for k, v in out_b.statuses.items()},
         "fallbacks": fallbacks,

@@ -145,6 +145,13 @@ CASES: list[tuple[str, str, Any, bool]] = [
         False,
     ),
     ("chat_bad_part", CHAT, {"messages": [{"role": "user", "content": [{"type": "blob"}]}]}, True),
+    # the Responses API's text part: vLLM's chat validation refuses it
+    (
+        "chat_input_text_part",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]},
+        True,
+    ),
     # parts without a type: a bare image URL string passes vLLM's validation and is an image (a
     # text-only model refuses it); a typeless URL object or text, or nothing, fails validation
     ("chat_typeless_image", CHAT, {"messages": [{"role": "user", "content": [{"image_url": PNG}]}]}, False),
