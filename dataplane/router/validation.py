@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
-from dataplane.wire.content_parts import CHAT_PART_TYPES, TEXT_PART_TYPES, part_kind, text_field
+from dataplane.wire.content_parts import CHAT_PART_TYPES, NON_MEDIA_PART_TYPES, part_kind, text_field
 
 
 class InvalidParameter(RequestError):
@@ -213,7 +213,7 @@ def check_messages(messages: Any) -> bool:
                     f"{at}.type {kind!r} is not a chat content part type the engine reads"
                     f" (supported: {', '.join(sorted(CHAT_PART_TYPES))})",
                 )
-            if kind not in TEXT_PART_TYPES:
+            if kind not in NON_MEDIA_PART_TYPES:
                 media = True  # media parts: priced by their images (no text to price)
                 continue
             field = text_field(kind)

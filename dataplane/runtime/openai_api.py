@@ -42,7 +42,7 @@ from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.sim_generation import GREEDY_TEMPERATURE
 from dataplane.runtime.vision import VisionProfile
 from dataplane.wire import cache_salt as salt_rule
-from dataplane.wire.content_parts import CHAT_PART_TYPES, TEXT_PART_TYPES, part_kind, text_field
+from dataplane.wire.content_parts import CHAT_PART_TYPES, NON_MEDIA_PART_TYPES, part_kind, text_field
 from dataplane.wire.images import ImageError, is_data_url, read_data_url
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
@@ -529,7 +529,7 @@ def _message_text(message: _Message, served: ServedModel, images: list[str] | No
         if kind in MEDIA_PART_TYPES:
             # chat_utils.py -> multimodal/registry.py create_processor raises a ValueError: 400.
             raise ApiError(400, f"{served.name} is not a multimodal model")
-        if not isinstance(part, dict) or kind not in TEXT_PART_TYPES or kind not in CHAT_PART_TYPES:
+        if not isinstance(part, dict) or kind not in NON_MEDIA_PART_TYPES or kind not in CHAT_PART_TYPES:
             expected = "Input should be 'text', 'image_url', 'input_audio' or 'file'"
             given = part.get("type") if isinstance(part, dict) else None
             raise _part_error(j, "type", expected, "literal_error", given)

@@ -29,6 +29,9 @@ BARE_URL_FIELDS = ("image_url", "audio_url", "video_url")
 # field named after the type, the others in "text".
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
 OWN_FIELD_PARTS = ("refusal", "thinking")
+# Types that carry no media (vLLM's _TEXT_CONTENT_PART_TYPES): the text ones and a tool reference,
+# whose name the chat template expands (joined into the prompt where it takes strings).
+NON_MEDIA_PART_TYPES = TEXT_PART_TYPES | {"tool_reference"}
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})  # the parts whose URL is an image
 
 
@@ -55,8 +58,8 @@ def _is_bare_url(part: dict[str, Any], field: str) -> bool:
 
 
 def text_field(kind: str | None) -> str:
-    """The field a text part of this type keeps its text in."""
-    return kind if kind in OWN_FIELD_PARTS else "text"
+    """The field a part of this type (of NON_MEDIA_PART_TYPES) keeps the text vLLM reads in."""
+    return "name" if kind == "tool_reference" else kind if kind in OWN_FIELD_PARTS else "text"
 
 
 def part_text(part: dict[str, Any]) -> str | None:
@@ -65,6 +68,5 @@ def part_text(part: dict[str, Any]) -> str | None:
     which it joins into the prompt as text where the chat template takes strings; None for
     media and refused parts, and where the field is not a string."""
     kind = part_kind(part)
-    field = text_field(kind) if kind in TEXT_PART_TYPES else "name" if kind == "tool_reference" else None
-    value = part.get(field) if field else None
+    value = part.get(text_field(kind)) if kind in NON_MEDIA_PART_TYPES else None
     return value if isinstance(value, str) else None

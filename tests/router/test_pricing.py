@@ -48,3 +48,7 @@ def test_input_tokens_read_the_path_s_field_only():
     # string parts and refusal parts are text too; a malformed part counts 0 (validation refuses it)
     parts = [{"role": "user", "content": ["x" * 8, {"type": "refusal", "refusal": "y" * 4}, {"text": 5}]}]
     assert estimate_input_tokens({"messages": parts}, chat=True) == 3 + 4
+    # a tool reference's name is joined into the prompt; an image part's stray text is not read
+    image = {"type": "image_url", "image_url": {"url": "data:,"}, "text": "z" * 400}
+    parts = [{"role": "user", "content": [{"type": "tool_reference", "name": "w" * 8}, image]}]
+    assert estimate_input_tokens({"messages": parts}, chat=True) == 2 + 4

@@ -89,6 +89,10 @@ def test_a_batch_of_prompts_times_n_is_every_sequence_generated():
         (chat, {"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content"),
         (chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
          "messages[0].content[0].text"),
+        (chat, {"messages": [{"role": "user", "content": [{"type": "tool_reference", "name": 5}]}]},
+         "messages[0].content[0].name"),
+        (chat, {"messages": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]},
+         "messages[0].content[0].type"),
         # vLLM's validation refuses a part without a type unless it is a bare URL string
         (chat, {"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0].type"),
         (chat, {"messages": [{"role": "user", "content": ["a", {}]}]}, "messages[0].content[1].type"),

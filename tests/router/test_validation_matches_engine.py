@@ -56,6 +56,10 @@ CHATS = [
     {"messages": [{"role": "user", "content": [7]}], "max_tokens": 5},
     {"messages": [{"role": "user", "content": ["a", {"type": "text", "text": "b"}]}], "max_tokens": 5},
     {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": []}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"type": "tool_reference", "name": 5}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"type": "tool_reference", "name": "t"}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}], "max_tokens": 5},
+    {"messages": [{"role": "user", "content": [{"type": "blob", "text": "x"}]}], "max_tokens": 5},
 ]
 
 

@@ -145,6 +145,24 @@ CASES: list[tuple[str, str, Any, bool]] = [
         False,
     ),
     ("chat_bad_part", CHAT, {"messages": [{"role": "user", "content": [{"type": "blob"}]}]}, True),
+    # a tool reference: vLLM passes it to the chat template, which expands it by name
+    (
+        "chat_tool_reference",
+        CHAT,
+        {
+            "messages": [
+                {"role": "user", "content": ["hi", {"type": "tool_reference", "name": "get_weather"}]}
+            ],
+            "max_tokens": 2,
+        },
+        False,
+    ),
+    (
+        "chat_tool_reference_bad_name",
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "tool_reference", "name": 5}]}]},
+        True,
+    ),
     # the Responses API's text part: vLLM's chat validation refuses it
     (
         "chat_input_text_part",
