@@ -309,26 +309,43 @@ TEXT_OF = [
 ]
 
 
+# In the installed vLLM's python: each part (a line of JSON) through its chat request validation
+# and its part parser, with a media parser that takes anything (text parts ask only its
+# model_config); first its parser's types, then per part {"read": what it reads} or {"refused": 1}.
+READ_PARTS = (
+    "import json, sys, types\n"
+    "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
+    "from vllm.renderers import chat_utils\n"
+    "class Parser:\n"
+    "    model_config = types.SimpleNamespace(enable_prompt_embeds=False)\n"
+    "    def __getattr__(self, name):\n"
+    "        return lambda *args: None\n"
+    "print(json.dumps(sorted(chat_utils.MM_PARSER_MAP)))\n"
+    "for line in sys.stdin.read().splitlines():\n"
+    "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
+    "    try:\n"
+    "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
+    "        read = chat_utils._parse_chat_message_content_part(\n"
+    "            part, Parser(), wrap_dicts=False, interleave_strings=False)\n"
+    "        print(json.dumps({'read': read}))\n"
+    "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
+    "        print(json.dumps({'refused': 1}))\n"
+)
+
+
+def vllm_reads(parts: list[dict], what: str) -> tuple[list[str], list[dict]]:
+    """The installed vLLM's parser types, and how it reads each part (READ_PARTS)."""
+    python = vllm_python_or_skip(what)
+    lines = "\n".join(json.dumps(part) for part in parts).encode()
+    out = subprocess.run([python, "-c", READ_PARTS], input=lines, capture_output=True, check=True)
+    first, *each = out.stdout.decode().splitlines()
+    return json.loads(first), [json.loads(line) for line in each]
+
+
 def test_the_text_priced_of_a_part_is_the_text_vllm_reads():
     assert [part_text(part) for part, _ in TEXT_OF] == [text for _, text in TEXT_OF]
-    python = vllm_python_or_skip("vLLM's part text")
-    code = (
-        "import json, sys, types\n"
-        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
-        "from vllm.renderers import chat_utils\n"
-        "class Parser:\n"  # takes the media; text parts only ask its model_config
-        "    model_config = types.SimpleNamespace(enable_prompt_embeds=False)\n"
-        "    def __getattr__(self, name):\n"
-        "        return lambda *args: None\n"
-        "for line in sys.stdin.read().splitlines():\n"
-        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
-        "    part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
-        "    print(json.dumps(chat_utils._parse_chat_message_content_part(\n"
-        "        part, Parser(), wrap_dicts=False, interleave_strings=False)))\n"
-    )
-    parts = "\n".join(json.dumps(part) for part, _ in TEXT_OF)
-    out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
-    assert [json.loads(line) for line in out.stdout.decode().splitlines()] == [text for _, text in TEXT_OF]
+    _, reads = vllm_reads([part for part, _ in TEXT_OF], "vLLM's part text")
+    assert reads == [{"read": text} for _, text in TEXT_OF]
 
 
 # A part of each type vLLM's parser knows, and of some it does not: the router lets through
@@ -358,32 +375,10 @@ def test_the_part_types_the_router_lets_through_are_the_ones_vllms_chat_reads():
     """VLLM_PART_TYPES is the installed vLLM's MM_PARSER_MAP; of a chat message's parts, its
     validation and parser read those of CHAT_PART_TYPES and refuse every other."""
     assert set(SAMPLE_PARTS) >= VLLM_PART_TYPES
-    python = vllm_python_or_skip("vLLM's part types")
-    code = (
-        "import json, sys, types\n"
-        "from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest\n"
-        "from vllm.renderers import chat_utils\n"
-        "class Parser:\n"  # takes the media; text parts only ask its model_config
-        "    model_config = types.SimpleNamespace(enable_prompt_embeds=False)\n"
-        "    def __getattr__(self, name):\n"
-        "        return lambda *args: None\n"
-        "print(json.dumps(sorted(chat_utils.MM_PARSER_MAP)))\n"
-        "for line in sys.stdin.read().splitlines():\n"
-        "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': [json.loads(line)]}]}\n"
-        "    try:\n"
-        "        part = list(ChatCompletionRequest.model_validate(body).messages[0]['content'])[0]\n"
-        "        chat_utils._parse_chat_message_content_part(\n"
-        "            part, Parser(), wrap_dicts=False, interleave_strings=False)\n"
-        "        print('read')\n"
-        "    except ValueError:\n"  # pydantic's ValidationError and vLLM's VLLMValidationError
-        "        print('refused')\n"
-    )
-    parts = "\n".join(json.dumps(part) for part in SAMPLE_PARTS.values())
-    out = subprocess.run([python, "-c", code], input=parts.encode(), capture_output=True, check=True)
-    first, *verdicts = out.stdout.decode().splitlines()
-    assert json.loads(first) == sorted(VLLM_PART_TYPES)
-    assert dict(zip(SAMPLE_PARTS, verdicts, strict=True)) == {
-        kind: "read" if kind in CHAT_PART_TYPES else "refused" for kind in SAMPLE_PARTS
+    types, reads = vllm_reads(list(SAMPLE_PARTS.values()), "vLLM's part types")
+    assert types == sorted(VLLM_PART_TYPES)
+    assert {kind: "refused" not in read for kind, read in zip(SAMPLE_PARTS, reads, strict=True)} == {
+        kind: kind in CHAT_PART_TYPES for kind in SAMPLE_PARTS
     }
 
 
