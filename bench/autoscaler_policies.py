@@ -251,9 +251,9 @@ def main() -> int:
                     print(
                         f"{name}: a policy that sees a burst only when it comes keeps"
                         f" {floored.standing} replicas ready wherever one may start (the least of"
-                        f" the {len(floored.bursts)} burst(s) found, each met alone from its start):"
-                        " at least"
-                        f" {floor:.2f} GPU-hours, {floor / searched.result.gpu_hours:.2f}x the oracle",
+                        f" the {len(floored.bursts)} burst(s) found, each met alone from its"
+                        f" start): at least {floor:.2f} GPU-hours,"
+                        f" {floor / searched.result.gpu_hours:.2f}x the oracle",
                         flush=True,
                     )
                 continue
