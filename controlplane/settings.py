@@ -314,7 +314,7 @@ ROLLOUT_READY_DEADLINE_S = envfloat("ROLLOUT_READY_DEADLINE_S", 600.0, minimum=1
 ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
 LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
 # The longest load history one endpoint's autoscaler settings may read at each decision (its
-# windows, burst memory, calm history, idle grace): every pass loads it for every endpoint.
+# windows, burst memory, idle grace): every pass loads it for every endpoint.
 AUTOSCALER_MAX_HISTORY_S = envint("AUTOSCALER_MAX_HISTORY_S", 3600, minimum=400)
 # Hours of usage per endpoint (/api/v1/usage/, the console's endpoint page) are kept this long.
 USAGE_RETENTION_DAYS = envint("USAGE_RETENTION_DAYS", 400, minimum=8)

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide
-from capacity.autoscaler.horizontal import calm, lookback_s, planned_utilisation
+from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
+from capacity.autoscaler.horizontal import lookback_s, planned_utilisation
 
 T0 = 1_000_000.0
 
@@ -270,6 +270,15 @@ def test_smooth_spread_plans_smooth_traffic_at_one_minus_the_tolerance():
 CALM = AutoscalerConfig(calm_history_s=1800.0)
 
 
+def judged(buckets, cfg=CALM, now=T0):
+    """The calm history judged from nothing, over every bucket given."""
+    return calm.quiet_since(None, buckets, -float("inf"), now, cfg)
+
+
+def is_calm(buckets, cfg=CALM):
+    return calm.is_calm(judged(buckets, cfg), T0, cfg)
+
+
 def test_a_calm_history_is_one_without_a_span_above_two_and_a_half_times_the_five_minutes_before():
     # The docstring's numbers: 400 MU/min, then one 10-s span at 900 (2.25x): calm; at 1,100
     # (2.75x): a burst, and not calm until it is 1,800 s old.
@@ -278,20 +287,68 @@ def test_a_calm_history_is_one_without_a_span_above_two_and_a_half_times_the_fiv
     def with_span(mu, age):
         return [replace(b, mu_per_minute=mu) if T0 - age - 10 < b.end <= T0 - age else b for b in long]
 
-    assert calm(long, T0, CALM)
-    assert calm(with_span(900, 600), T0, CALM)
-    assert not calm(with_span(1100, 600), T0, CALM)
-    assert not calm(with_span(1100, 1790), T0, CALM)
-    assert calm(with_span(1100, 1810), T0, CALM)
+    assert is_calm(long) and judged(long) == T0 - 2400
+    assert is_calm(with_span(900, 600))
+    assert not is_calm(with_span(1100, 600)) and judged(with_span(1100, 600)) == T0 - 600
+    assert not is_calm(with_span(1100, 1790))
+    assert is_calm(with_span(1100, 1810))
     # Traffic from nothing is a burst; idle all along is calm; off, nothing is.
-    assert not calm(steady(0, start=T0 - 2400, end=T0 - 600) + steady(400, start=T0 - 600), T0, CALM)
-    assert calm(steady(0, start=T0 - 2400), T0, CALM)
-    assert not calm(long, T0, AutoscalerConfig())
-    # Under half of the history covered (a new endpoint, a restarted collector): not calm.
-    assert not calm(steady(400, start=T0 - 850), T0, CALM)
-    assert calm(steady(400, start=T0 - 950), T0, CALM)
-    # The caller loads the history and the 300 s before its first span.
-    assert lookback_s(CALM) == 1800 + 300 + 10 + 20
+    assert not is_calm(steady(0, start=T0 - 2400, end=T0 - 600) + steady(400, start=T0 - 600))
+    assert is_calm(steady(0, start=T0 - 2400))
+    assert not is_calm(long, AutoscalerConfig())
+    # A new endpoint (or one judged for the first time) is calm once its first bucket is
+    # calm_history_s old; no bucket, nothing judged.
+    assert not is_calm(steady(400, start=T0 - 1790))
+    assert is_calm(steady(400, start=T0 - 1810))
+    assert judged([]) is None and not calm.is_calm(None, T0, CALM)
+    # The decider itself reads no more than without it; a judgement reads the spans since the
+    # last one and the 310 s before them, at most the history's.
+    assert lookback_s(CALM) == lookback_s(AutoscalerConfig()) == 300 + 30 + 20
+    assert calm.lookback_s(CALM, after=T0 - 5, now=T0) == 5 + 300 + 10
+    assert calm.lookback_s(CALM, after=0.0, now=T0) == 1800 + 300 + 10  # after a stall, or all
+    assert calm.lookback_s(AutoscalerConfig(), after=T0 - 5, now=T0) == 0
+
+
+def pass_by_pass(buckets, start, cfg=CALM, step=5.0):
+    """The calm history judged as the passes do: every `step` s over only the buckets its
+    lookback reaches, the first from nothing (over the history before it)."""
+    since, after, now = None, -float("inf"), start
+    while now <= T0:
+        reach = now - calm.lookback_s(cfg, after, now)
+        seen = [b for b in buckets if reach < b.end <= now]
+        since, after, now = calm.quiet_since(since, seen, after, now, cfg), now, now + step
+    return since
+
+
+def test_judged_a_pass_at_a_time_the_calm_history_is_what_the_whole_history_says():
+    # 400 MU/min for 80 minutes, a burst (a 10-s span at 1,100) 40 and 20 minutes ago: judged
+    # every 5 s from 50 minutes ago, each pass reading only 315 s, the calm starts at the last
+    # burst's end, as judged at once over everything.
+    long = steady(400, start=T0 - 4800)
+    bursts = [
+        replace(b, mu_per_minute=1100)
+        if T0 - 2410 < b.end <= T0 - 2400 or T0 - 1210 < b.end <= T0 - 1200
+        else b
+        for b in long
+    ]
+    assert pass_by_pass(bursts, start=T0 - 3000) == judged(bursts) == T0 - 1200
+    assert pass_by_pass(long, start=T0 - 3000) == judged(long) == T0 - 4800
+    # Judged every 30 s (a slow beat), the same.
+    assert pass_by_pass(bursts, start=T0 - 3000, step=30.0) == T0 - 1200
+
+
+def test_a_gap_in_the_samples_of_half_the_five_minutes_restarts_the_calm():
+    # 400 MU/min for an hour, but no bucket from 30 to 27 minutes ago (a collector down for
+    # 180 s): what came then is unknown, so the spans after it that cannot be judged (under 150 s
+    # of the 300 s before them covered: until the span ending at T0 - 1465) restart the calm,
+    # and 30 minutes later it is calm again.
+    gap = [b for b in steady(400, start=T0 - 3600) if not T0 - 1800 < b.end <= T0 - 1620]
+    since = pass_by_pass(gap, start=T0 - 3000)
+    assert since == T0 - 1465 and not calm.is_calm(since, T0, CALM)
+    assert calm.is_calm(since, since + 1800, CALM)
+    # A gap of a minute leaves every span judged: calm throughout.
+    short = [b for b in steady(400, start=T0 - 3600) if not T0 - 1800 < b.end <= T0 - 1740]
+    assert pass_by_pass(short, start=T0 - 3000) == T0 - 3600
 
 
 def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band():
@@ -299,18 +356,21 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     # -> 5 when calm (the rate at the SLO and the busiest 10 s are the margins left).
     history = steady(450, start=T0 - 2400)
     assert decide(spec(5), history, T0).replicas == 6
-    decision = decide(spec(5, config=CALM), history, T0)
+    decision = decide(spec(5, config=CALM, quiet_since=judged(history)), history, T0)
     assert decision.need == pytest.approx(4.5) and decision.replicas == 5
     assert "calm for 1800 s: planned at a full replica" in decision.reason
+    # Not yet 1,800 s calm, or the calm history off: the default's margins.
+    assert decide(spec(5, config=CALM, quiet_since=T0 - 1700), history, T0).replicas == 6
+    assert decide(spec(5, quiet_since=T0 - 2400), history, T0).replicas == 6
     # 530 MU/min: 5.3 against 5 running is within the 10 % band, which holds by default; calm,
     # a need past the fleet is met at once: 6. The band still holds a scale-down: 5 at 4.6.
     banded = AutoscalerConfig(target_utilisation=1.0)
     assert decide(spec(5, config=banded), steady(530), T0).replicas == 5
-    assert decide(spec(5, config=CALM), steady(530, start=T0 - 2400), T0).replicas == 6
-    assert decide(spec(5, config=CALM), steady(460, start=T0 - 2400), T0).replicas == 5
+    assert decide(spec(5, config=CALM, quiet_since=T0 - 2400), steady(530), T0).replicas == 6
+    assert decide(spec(5, config=CALM, quiet_since=T0 - 2400), steady(460), T0).replicas == 5
     # A burst 10 minutes ago (a 10-s span at 4x): the default's margins, and its hold, are back.
     bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
-    decision = decide(spec(5, config=CALM), bursty, T0)
+    decision = decide(spec(5, config=CALM, quiet_since=judged(bursty)), bursty, T0)
     assert decision.replicas == 6 and "calm" not in decision.reason
 
 

@@ -169,20 +169,51 @@ def test_the_pass_reads_back_as_far_as_the_burst_memory(chat, burst_memory_s):
     assert (chat.desired_replicas >= 6) == (burst_memory_s > 0), chat.desired_replicas
 
 
-def test_an_endpoint_calm_for_its_history_is_planned_at_a_full_replica(chat, owner, make_endpoint):
-    # 300 MU/min for 40 minutes against 100 per replica: 300 / 80 = 3.75 -> 4 by default; with
-    # calm_history_s 1800 the pass loads that endpoint's 30 minutes (and the 300 s before) and
-    # plans at a full replica: 3. The other endpoint reads its own, shorter, memory.
+def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint, monkeypatch):
+    # 300 MU/min for 40 minutes against 100 per replica: 300 / 80 = 3.75 -> 4 by default. With
+    # calm_history_s 1800 the pass judges the spans since the last pass and keeps the result
+    # (Endpoint.calm_since); it loads no more buckets than another endpoint for that.
     chat.autoscaler = {"calm_history_s": 1800}
     chat.save()
     other = make_endpoint(owner, "other", max_provisioned_concurrency=80)
     for e in (chat, other):
         buckets(e, 2400, in_flight=0.5, mu=300.0, requests=50)
+    horizons, load = [], scaling.load_history
+    monkeypatch.setattr(scaling, "load_history", lambda h, ts: horizons.append(h) or load(h, ts))
+    # Judged for the first time: on what the pass loads, its calm starting at the first bucket.
+    # Made so 30 minutes ago (a pass then found it judged since), it is calm: planned at a full
+    # replica, 3.
+    Lease.objects.create(name=scaling.HORIZONTAL, cursor=TS - 5)
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
     other.refresh_from_db()
-    assert (chat.desired_replicas, other.desired_replicas) == (3, 4)
-    assert "calm for 1800 s" in Event.objects.get(kind="scale", endpoint=chat).message
+    assert horizons[-1][chat.pk] == horizons[-1][other.pk] < 400
+    assert chat.calm_since is not None and NOW - chat.calm_since < timedelta(seconds=400)
+    assert (chat.desired_replicas, other.desired_replicas) == (4, 4) and other.calm_since is None
+    Endpoint.objects.filter(pk=chat.pk).update(calm_since=NOW - timedelta(seconds=1800))
+    later = NOW + timedelta(seconds=5)
+    scaling.horizontal_pass(Recorder(), later)
+    chat.refresh_from_db()
+    assert chat.calm_since == NOW - timedelta(seconds=1800) and chat.desired_replicas == 3
+    assert "calm for 1800 s" in Event.objects.filter(kind="scale", endpoint=chat).latest("id").message
+    assert horizons[-1][chat.pk] == horizons[-1][other.pk]
+    # A burst (a 10-s span at 1,100 MU/min, 3.7x the 300 s before) restarts the calm at its end,
+    # and the margins are back: 1,100 / 80 = 13.75 replicas.
+    LoadBucket.objects.filter(endpoint=chat, end__gt=TS - 5).update(mu_per_minute=1100.0)
+    LoadBucket.objects.create(
+        endpoint=chat, end=TS + 5, seconds=5, in_flight=0.5, mu_per_minute=1100.0, requests=50,
+        queue_depth=0.0, errors=0, throttled=0, ready_replicas=0, desired_replicas=3,
+    )  # fmt: skip
+    scaling.horizontal_pass(Recorder(), later + timedelta(seconds=5))
+    chat.refresh_from_db()
+    assert chat.calm_since == later
+    message = Event.objects.filter(kind="scale", endpoint=chat).latest("id").message
+    assert "need 13.75 replicas" in message and "calm" not in message
+    # Turned off, nothing is kept; turned on again, it is judged anew.
+    Endpoint.objects.filter(pk=chat.pk).update(autoscaler={})
+    scaling.horizontal_pass(Recorder(), later + timedelta(seconds=10))
+    chat.refresh_from_db()
+    assert chat.calm_since is None
 
 
 def test_two_ticks_at_once_decide_once(chat):
@@ -375,12 +406,12 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
     assert "need 4.00" in Event.objects.get(kind="scale").message
 
 
-def test_a_tenant_cannot_make_the_pass_read_a_day_of_history(owner_client, chat, settings):
+def test_a_tenant_cannot_make_the_pass_read_a_day_of_history(owner_client, chat, settings, monkeypatch):
     """Every pass loads each endpoint's horizon of buckets: the windows a tenant sets are bounded
     together, by the pass's limit and by what is kept."""
     url = f"/api/v1/endpoints/{chat.pk}/"
     for overrides in [
-        {"calm_history_s": 86400},
+        {"burst_memory_s": 86400},
         {"burst_memory_s": 3000, "pod_start_s": 900},  # neither alone is over: together they are
         {"scale_to_zero_grace_s": 1e9},
     ]:
@@ -388,15 +419,25 @@ def test_a_tenant_cannot_make_the_pass_read_a_day_of_history(owner_client, chat,
         assert bad.status_code == 400, bad.json()
         text = str(bad.json())
         assert all(f"{k}={v!r}" in text for k, v in overrides.items()) and "at most 3600 s" in text, text
-    assert owner_client.patch(url, {"autoscaler": {"calm_history_s": 1800}}, format="json").status_code == 200
-    settings.LOAD_BUCKET_RETENTION_S = 1800  # kept less than the calm history reads: refused too
-    kept = owner_client.patch(url, {"autoscaler": {"calm_history_s": 1700}}, format="json")
+    assert owner_client.patch(url, {"autoscaler": {"burst_memory_s": 1800}}, format="json").status_code == 200
+    settings.LOAD_BUCKET_RETENTION_S = 1800  # kept less than the burst memory reads: refused too
+    kept = owner_client.patch(url, {"autoscaler": {"burst_memory_s": 1790}}, format="json")  # + 50 s
     assert kept.status_code == 400 and "at most 1800 s" in str(kept.json())
+    # The calm history is judged a pass at a time, so it reads no further back: a day is allowed,
+    # and even the first pass (no cursor yet) reads only the collector's catch-up and the 310 s
+    # before it.
+    assert (
+        owner_client.patch(url, {"autoscaler": {"calm_history_s": 86400}}, format="json").status_code == 200
+    )
+    horizons, load = [], scaling.load_history
+    monkeypatch.setattr(scaling, "load_history", lambda h, ts: horizons.append(h) or load(h, ts))
+    scaling.horizontal_pass(Recorder(), NOW)
+    assert horizons[-1][chat.pk] <= samples.MAX_CATCH_UP_S + 2 * samples.BUCKET_S + 310
 
 
 def test_stored_settings_no_longer_valid_fall_back_to_the_defaults(chat, caplog):
     """Settings stored before a limit or a setting changed do not fail every endpoint's pass."""
-    stored = {"calm_history_s": 86400, "target_utilisation": 0.5}
+    stored = {"burst_memory_s": 86400, "target_utilisation": 0.5}
     Endpoint.objects.filter(pk=chat.pk).update(autoscaler=stored)
     buckets(chat, 20, in_flight=16.0)
     with caplog.at_level("WARNING", logger="controlplane.scaling"):
@@ -404,7 +445,7 @@ def test_stored_settings_no_longer_valid_fall_back_to_the_defaults(chat, caplog)
     chat.refresh_from_db()
     assert chat.desired_replicas == 3  # 16 in flight at the default 80 % of 8 (0.5 would ask 4)
     assert f"endpoint {chat.pk}: stored autoscaler settings refused" in caplog.text
-    assert "calm_history_s=86400" in caplog.text
+    assert "burst_memory_s=86400" in caplog.text
 
 
 # --- the pod mirror

@@ -8,6 +8,7 @@ minimum ahead of a recurring peak. The actuator (Celery beat + a cluster driver)
 Missing data is a result: a decision with `replicas=None` says why nothing was decided.
 """
 
+from capacity.autoscaler import calm
 from capacity.autoscaler.config import AutoscalerConfig
 from capacity.autoscaler.horizontal import Decision, EndpointSpec, decide
 from capacity.autoscaler.vertical import ConcurrencyDecision, decide_concurrency
@@ -21,6 +22,7 @@ __all__ = [
     "EndpointSpec",
     "Load",
     "aggregate",
+    "calm",
     "decide",
     "decide_concurrency",
 ]

@@ -67,13 +67,13 @@ little (`planned_utilisation`): 0-8 % fewer GPU-hours for the same minutes befor
 hold, but beside it 0-6 % fewer (2 % over 17 traces) for 7 minutes lost, 5 on decode-heavy
 bursts after a calm spell (the smaller fleet is what stands when the burst comes).
 
-A calm history (`calm_history_s`, off by default; `calm`): no 10-s span above `burst_ratio`
-(2.5) x the mean of the 300 s before it for that long. There the margins for bursts go: the
-decider plans at a full replica, holds no burst, and scales up as soon as the need passes the
-fleet (the band still holds a scale-down). On smooth traffic the margins cost 1.3-1.5x the
-oracle's GPU-hours; with calm_history_s 1800 the fleet simulator's smooth mixes take 1.10-1.22x
-for the same minutes, and bursty mixes, bursty by their own history, are unchanged (README,
-issue 23). Off by default for its cost: 30 minutes of buckets an endpoint, read every pass.
+A calm history (`calm_history_s`, off by default; `spec.quiet_since`, judged by the caller with
+`calm.quiet_since`): no 10-s span above `burst_ratio` (2.5) x the mean of the 300 s before it
+for that long. There the margins for bursts go: the decider plans at a full replica, holds no
+burst, and scales up as soon as the need passes the fleet (the band still holds a scale-down).
+On smooth traffic the margins cost 1.3-1.5x the oracle's GPU-hours; with calm_history_s 1800
+the fleet simulator's smooth mixes take 1.10-1.22x for the same minutes, and bursty mixes,
+bursty by their own history, are unchanged (README, issue 23).
 
 Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
 100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
@@ -90,8 +90,9 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from capacity.autoscaler.calm import is_calm
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate
+from capacity.autoscaler.window import Bucket, Load, aggregate, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -104,6 +105,7 @@ class EndpointSpec:
     mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE  # a replica's capacity in MU/min, > 0
     scale_to_zero_enabled: bool = False
     predicted_min_replicas: int = 0  # from forecast, when predictive_min is on
+    quiet_since: float | None = None  # no burst since (calm.quiet_since), when calm_history_s is on
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)
 
 
@@ -168,7 +170,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
         return Decision(
             None, f"samples cover {covered}% of the last {cfg.scale_up_window_s:g} s: no decision"
         )
-    quiet = calm(buckets, now, cfg)
+    quiet = is_calm(spec.quiet_since, now, cfg)
     if quiet:  # no burst came for calm_history_s: plan at a full replica and hold none
         cfg = replace(cfg, target_utilisation=1.0, burst_memory_s=0.0)
         spec = replace(spec, config=cfg)
@@ -245,65 +247,12 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     return Decision(clamped, why, need, down_need)
 
 
-CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
-CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
-
-
-def calm(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
-    """True when the last `calm_history_s` held no burst: the buckets cover at least
-    `min_coverage` of it, and no 10-s span that ended in it carried more than `burst_ratio` x
-    the mean MU/min of the `CALM_BASE_S` before the span (a span with under half of those
-    covered is not judged). False when off.
-
-    Worked numbers (burst_ratio 2.5): five minutes at 400 MU/min, then a 10-s span at 900: 2.25x,
-    calm; at 1,100: 2.75x, a burst, and the history is not calm until it is `calm_history_s` old.
-
-    Why: the margins a calm history drops (a fifth of every replica, the burst hold, the band on
-    the way up) buy the minutes of bursts that come within a pod start, and cost 1.3-1.5x the
-    oracle's GPU-hours on smooth traffic; an endpoint whose traffic did not burst for half an
-    hour is taken not to burst within the next pod start (README, issue 23)."""
-    history = cfg.calm_history_s
-    if history <= 0:
-        return False
-    span = CALM_SPAN_S
-    ends, work, covered = _running_sums(buckets, now - history - CALM_BASE_S - span, now)
-    within = bisect.bisect_right(ends, now - history)  # the first bucket inside the history
-    if covered[-1] - covered[within] < cfg.min_coverage * history:
-        return False
-    for i in range(within, len(ends)):
-        end = ends[i]
-        start = bisect.bisect_right(ends, end - span + 1e-9)  # the span: buckets start..i
-        base = bisect.bisect_right(ends, end - span - CALM_BASE_S + 1e-9)  # before it: base..start-1
-        seconds = covered[start] - covered[base]
-        if seconds < 0.5 * CALM_BASE_S:
-            continue
-        # A load from nothing is a burst too: any rate is above 2.5 x 0.
-        rate = (work[i + 1] - work[start]) / max(covered[i + 1] - covered[start], 1e-9)
-        if rate > cfg.burst_ratio * (work[start] - work[base]) / seconds:
-            return False
-    return True
-
-
-def _running_sums(
-    buckets: Sequence[Bucket], since: float, now: float
-) -> tuple[list[float], list[float], list[float]]:
-    """The ends of the buckets in (since, now], in order, and the MU arrived and the seconds
-    covered up to each one's end (both from 0 before the first): a span's work is a difference."""
-    inside = sorted((b for b in buckets if since < b.end <= now), key=lambda b: b.end)
-    work, covered = [0.0], [0.0]
-    for b in inside:
-        work.append(work[-1] + b.mu_per_minute * b.seconds / 60.0)
-        covered.append(covered[-1] + b.seconds)
-    return [b.end for b in inside], work, covered
-
-
 def lookback_s(cfg: AutoscalerConfig) -> float:
     """Seconds of buckets the decider reads back (its scale-down memory and the scale-up window
-    before it, the burst hold's spans of up to a pod start that end within `burst_memory_s`, and
-    the calm history with the 300 s before its first span): what a caller must keep or load."""
+    before it, and the burst hold's spans of up to a pod start that end within `burst_memory_s`);
+    the calm history's judgement reads its own (`calm.lookback_s`)."""
     memory = cfg.burst_memory_s + cfg.pod_start_s if cfg.burst_memory_s > cfg.scale_down_window_s else 0.0
-    calm_s = cfg.calm_history_s + CALM_BASE_S + CALM_SPAN_S if cfg.calm_history_s > 0 else 0.0
-    return max(cfg.scale_down_window_s, memory, calm_s) + cfg.scale_up_window_s
+    return max(cfg.scale_down_window_s, memory) + cfg.scale_up_window_s
 
 
 def _past_spans(
@@ -357,7 +306,7 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
         return 0.0
     step = 5.0  # the collector's bucket
     widths = [step * k for k in range(1, max(1, int(cfg.pod_start_s / step + 1e-9)) + 1)]
-    ends, cum, _ = _running_sums(buckets, now - memory - widths[-1], now)
+    ends, cum, _ = running_sums(buckets, now - memory - widths[-1], now)
     held = [i for i, end in enumerate(ends) if down < now - end < memory]
     if not held:
         return 0.0

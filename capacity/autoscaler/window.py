@@ -81,6 +81,19 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
     )
 
 
+def running_sums(
+    buckets: Sequence[Bucket], since: float, now: float
+) -> tuple[list[float], list[float], list[float]]:
+    """The ends of the buckets in (since, now], in order, and the MU arrived and the seconds
+    covered up to each one's end (both from 0 before the first): a span's work is a difference."""
+    inside = sorted((b for b in buckets if since < b.end <= now), key=lambda b: b.end)
+    work, covered = [0.0], [0.0]
+    for b in inside:
+        work.append(work[-1] + b.mu_per_minute * b.seconds / 60.0)
+        covered.append(covered[-1] + b.seconds)
+    return [b.end for b in inside], work, covered
+
+
 def quantile(counts: Sequence[float], bounds: Sequence[float], q: float) -> float | None:
     """The q-quantile of a latency histogram, linear within a bucket (Prometheus'
     histogram_quantile). counts[i] falls in (bounds[i-1], bounds[i]]; the last count, above every

@@ -37,7 +37,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, Decision, EndpointSpec, decide, decide_concurrency
+from capacity.autoscaler import (
+    AutoscalerConfig,
+    Bucket,
+    Decision,
+    EndpointSpec,
+    calm,
+    decide,
+    decide_concurrency,
+)
 from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.horizontal import lookback_s
 from capacity.autoscaler.window import aggregate
@@ -119,6 +127,8 @@ class Apa(ScalingPolicy):
     history: list[tuple[float, float]] = field(default_factory=list)  # (minute's end, MU/min)
     predicted_min: int = 0  # the forecast's floor, replicas; updated once a minute
     decisions: DecisionLog | None = None  # when a list, every horizontal decision goes there
+    quiet_since: float | None = None  # the calm history's state (calm.quiet_since), carried
+    judged_until: float = -math.inf  # simulated seconds of the last decision that judged it
 
     def __post_init__(self) -> None:
         self.tick_s = self.config.tick_s
@@ -139,12 +149,20 @@ class Apa(ScalingPolicy):
 
     @property
     def history_s(self) -> float:  # type: ignore[override]
-        return max(ScalingPolicy.history_s, lookback_s(self.config) + 5)
+        first = calm.lookback_s(self.config, -math.inf, 0.0)  # the first judgement reads it all
+        return max(ScalingPolicy.history_s, lookback_s(self.config) + 5, first + 5)
 
     def decide(self, state: FleetState, buckets: Sequence[Bucket], now: float) -> int:
-        span = lookback_s(self.config) + 5
+        # The first judgement reads the warm-up's history, as if the passes had judged it all
+        # along (the warm-up is decided by another policy).
+        after = -math.inf if self.quiet_since is None else self.judged_until
+        span = max(lookback_s(self.config), calm.lookback_s(self.config, after, now)) + 5
         if self.config.predictive_min:
             self._forecast(buckets, now)
+        merged = merge(buckets, 5.0, now, span)
+        if self.config.calm_history_s > 0:
+            self.quiet_since = calm.quiet_since(self.quiet_since, merged, self.judged_until, now, self.config)
+            self.judged_until = now
         spec = EndpointSpec(
             min_replicas=state.min_replicas,
             max_replicas=state.max_replicas,
@@ -153,9 +171,9 @@ class Apa(ScalingPolicy):
             mu_per_replica_minute=self.mu_per_replica_minute,
             scale_to_zero_enabled=self.scale_to_zero,
             predicted_min_replicas=self.predicted_min,
+            quiet_since=self.quiet_since,
             config=self.config,
         )
-        merged = merge(buckets, 5.0, now, span)
         decision = decide(spec, merged, now)
         if self.decisions is not None:
             load = aggregate(merged, now, self.config.scale_up_window_s)

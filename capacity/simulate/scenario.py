@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from capacity.autoscaler import AutoscalerConfig
-from capacity.autoscaler.horizontal import CALM_BASE_S, CALM_SPAN_S
+from capacity.autoscaler.calm import CALM_BASE_S, CALM_SPAN_S
 from capacity.simulate.arrivals import Arrival, Trace, as_trace
 from capacity.simulate.fleet import FleetConfig, Result, run
 from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
@@ -248,7 +248,7 @@ class CausalFloor:
 def burst_starts(trace: Sequence[Arrival], ratio: float) -> list[float]:
     """Where the trace's bursts start: the first of each run of 10-s spans (from time 0) with
     more than `ratio` x the arrivals of the mean 10 s of the 300 s before (at least half of
-    those in the trace): the decider's rule for a burst (`horizontal.calm`), on arrivals.
+    those in the trace): the decider's rule for a burst (`calm.quiet_since`), on arrivals.
     Worked numbers (ratio 2.5): 30 a span, then 90: 3x, a burst starts; 60: 2x, none."""
     times = as_trace(trace).times
     if not times:

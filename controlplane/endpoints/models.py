@@ -85,6 +85,10 @@ class Endpoint(models.Model):
     # pool (controlplane.endpoints.scaling.PoolRoom); null when it is not held. One warning
     # Event per such episode.
     clamped_since = models.DateTimeField(null=True, blank=True)
+    # Since when its traffic has not burst (capacity.autoscaler.calm), judged a pass at a time:
+    # once this is calm_history_s old the autoscaler drops its margins for bursts. Null until
+    # judged, and while the calm history is off.
+    calm_since = models.DateTimeField(null=True, blank=True)
     # The pod template's version: a new model (profile) is a new version, rolled out without
     # downtime (controlplane.endpoints.rollouts); one cluster deployment per version.
     version = models.PositiveIntegerField(default=1)

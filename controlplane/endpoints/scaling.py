@@ -26,13 +26,21 @@ import os
 import socket
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, decide, decide_concurrency, forecast
+from capacity.autoscaler import (
+    AutoscalerConfig,
+    Bucket,
+    EndpointSpec,
+    calm,
+    decide,
+    decide_concurrency,
+    forecast,
+)
 from capacity.autoscaler.horizontal import Decision, lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
@@ -110,14 +118,14 @@ def base_config() -> AutoscalerConfig:
 
 # The settings that set how far back a horizontal pass reads an endpoint's buckets.
 HISTORY_SETTINGS = (
-    "scale_up_window_s", "scale_down_window_s", "burst_memory_s", "pod_start_s", "calm_history_s",
-    "scale_to_zero_grace_s",
+    "scale_up_window_s", "scale_down_window_s", "burst_memory_s", "pod_start_s", "scale_to_zero_grace_s",
 )  # fmt: skip
 
 
 def history_horizon_s(cfg: AutoscalerConfig) -> float:
     """Seconds of buckets a horizontal pass loads for an endpoint: as far as its decider reads
-    back, its idle grace period, and the forecast's recorder to the last settled minute."""
+    back, its idle grace period, and the forecast's recorder to the last settled minute. (The
+    calm history's judgement reads the spans since the last pass: `calm.lookback_s`.)"""
     return max(lookback_s(cfg), cfg.scale_to_zero_grace_s, 120 + MINUTE_SETTLE_S)
 
 
@@ -129,7 +137,7 @@ def max_history_s() -> float:
 def config_from_overrides(overrides: dict[str, object]) -> AutoscalerConfig:
     """An endpoint's config: the base with its overrides; ValueError naming a bad key or value.
     A tenant's windows are bounded together: each pass loads every endpoint's horizon of buckets,
-    so a day of calm_history_s would make one tenant's endpoint cost the pass 17,000 rows."""
+    so a day of burst_memory_s would make one tenant's endpoint cost the pass 17,000 rows."""
     for key, setting in CADENCE_SETTINGS.items():
         if key in overrides:
             raise ValueError(
@@ -290,7 +298,7 @@ def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) ->
 
 def load_history(horizons: dict[int, float], ts: float) -> dict[int, list[Bucket]]:
     """Each endpoint's buckets of its last `horizons[id]` seconds (one query: a few distinct
-    horizons, as only endpoints with a longer memory, calm_history_s, read further back)."""
+    horizons, as only endpoints with a longer memory, burst_memory_s, read further back)."""
     history: dict[int, list[Bucket]] = defaultdict(list)
     by_horizon: dict[float, list[int]] = defaultdict(list)
     for endpoint_id, horizon in horizons.items():
@@ -328,7 +336,12 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             before = {e.pk: _written(e) for e in endpoints}
             collected = samples.collect(samples.source(), lease.cursor, ts, endpoints)
             configs = {e.pk: config_for(e) for e in endpoints}
-            horizons = {pk: history_horizon_s(c) for pk, c in configs.items()}
+            # The buckets that ended after the last pass's cursor are new to the calm history; after
+            # a longer pause than the collector catches up, none older than its catch-up exists.
+            after = max(lease.cursor, collected - samples.MAX_CATCH_UP_S - samples.BUCKET_S)
+            horizons = {
+                pk: max(history_horizon_s(c), calm.lookback_s(c, after, ts)) for pk, c in configs.items()
+            }
             history = load_history(horizons, ts)
             floors = predicted_minimums(endpoints, configs, history, ts)
             changes, events = [], []
@@ -337,9 +350,12 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             for e in endpoints:
                 recent = [b for b in history.get(e.pk, []) if b.end > ts - 60]
                 e.used_mu_per_minute = sum(b.mu_per_minute * b.seconds for b in recent) / 60.0
+                quiet = _calm_since(e, configs[e.pk], history.get(e.pk, []), after, ts)
+                e.calm_since = None if quiet is None else datetime.fromtimestamp(quiet, UTC)
                 if cluster is None:
                     continue
-                d = decide(_spec(e, configs[e.pk], now, floors.get(e.pk, 0)), history.get(e.pk, []), ts)
+                spec = _spec(e, configs[e.pk], now, floors.get(e.pk, 0), quiet)
+                d = decide(spec, history.get(e.pk, []), ts)
                 decided += d.replicas is not None
                 d, asked = clamp(e, d, room)
                 if (episode := _clamp_event(e, asked, d, room)) is not None:
@@ -358,7 +374,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                     e.clamped_since = before[e.pk][3]
             written = [e for e in endpoints if _written(e) != before[e.pk]]  # most passes change few
             Endpoint.objects.bulk_update(
-                written, ["desired_replicas", "used_mu_per_minute", "state", "clamped_since"]
+                written, ["desired_replicas", "used_mu_per_minute", "state", "clamped_since", "calm_since"]
             )
             if not failed:
                 Event.objects.bulk_create(events)
@@ -412,12 +428,30 @@ def predicted_minimums(
     return floors
 
 
-def _written(e: Endpoint) -> tuple[int, float, str, datetime | None]:
+def _written(e: Endpoint) -> tuple[int, float, str, datetime | None, datetime | None]:
     """What a horizontal pass may change on an endpoint row."""
-    return e.desired_replicas, e.used_mu_per_minute, e.state, e.clamped_since
+    return e.desired_replicas, e.used_mu_per_minute, e.state, e.clamped_since, e.calm_since
 
 
-def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime, predicted_min: int = 0) -> EndpointSpec:
+def _calm_since(
+    e: Endpoint, cfg: AutoscalerConfig, buckets: list[Bucket], after: float, ts: float
+) -> float | None:
+    """Its calm history judged on the spans since the last pass (`after`); None where off. Not
+    judged before (new, or just turned on): judged on what this pass loaded, its calm starting
+    there."""
+    if cfg.calm_history_s <= 0:
+        return None
+    since = e.calm_since.timestamp() if e.calm_since is not None else None
+    return calm.quiet_since(since, buckets, after, ts, cfg)
+
+
+def _spec(
+    e: Endpoint,
+    cfg: AutoscalerConfig,
+    now: datetime,
+    predicted_min: int = 0,
+    quiet_since: float | None = None,
+) -> EndpointSpec:
     low, high = e.replica_bounds
     # A request woke it: the router holds that request, which no sample shows yet; keep a replica.
     woken = e.woken_at is not None and (now - e.woken_at).total_seconds() < cfg.scale_to_zero_grace_s
@@ -429,6 +463,7 @@ def _spec(e: Endpoint, cfg: AutoscalerConfig, now: datetime, predicted_min: int 
         mu_per_replica_minute=float(e.profile.mu_per_replica_minute),
         scale_to_zero_enabled=e.scale_to_zero_enabled and not woken,
         predicted_min_replicas=predicted_min,
+        quiet_since=quiet_since,
         config=cfg,
     )
 

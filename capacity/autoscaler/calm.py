@@ -1,0 +1,77 @@
+"""A calm history: how long an endpoint's traffic has gone without a burst, carried as state. Pure.
+
+A burst is a 10-s span (`CALM_SPAN_S`) that carried more than `burst_ratio` (2.5) x the mean
+MU/min of the 300 s before it (`CALM_BASE_S`). An endpoint with none for `calm_history_s` is calm,
+and there the horizontal decider drops its margins for bursts (`horizontal.decide`).
+
+The judgement is state, not a re-read: `quiet_since` is when the endpoint's calm began (the end
+of the last burst span, or of the last span that could not be judged, or the first bucket when
+judging began), and each pass judges only the spans that ended since the one before, so a pass
+reads the 310 s before its newest buckets, not the whole history (30 minutes of buckets an
+endpoint, read every 5 s, cost a pass over 10,000 endpoints 4.4 s of CPU against 0.9 s). An
+endpoint judged for the first time is judged on what the pass reads anyway: its calm begins
+there, and no pass ever reads further back for it.
+
+Worked numbers (burst_ratio 2.5, calm_history_s 1800): five minutes at 400 MU/min, then a 10-s
+span at 900: 2.25x, no burst; at 1,100: 2.75x, a burst ending at t, so quiet_since = t and the
+endpoint is calm from t + 1800. A span whose 300 s before are under half covered by buckets
+(a collector down for 150 s or more, an endpoint woken from zero) cannot be judged, and once
+judging has begun it counts as a burst: what came in the gap is unknown.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from capacity.autoscaler.config import AutoscalerConfig
+from capacity.autoscaler.window import Bucket, running_sums
+
+CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
+CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
+
+
+def quiet_since(
+    since: float | None, buckets: Sequence[Bucket], after: float, now: float, cfg: AutoscalerConfig
+) -> float | None:
+    """The new `quiet_since` once the spans that ended in (after, now] are judged (each span ends
+    at a bucket's end). `since` None: nothing was judged yet, so every span in `buckets` is, the
+    first bucket's start begins the calm and spans before the first that can be judged are
+    skipped; None again when there is no bucket. `buckets` must reach `CALM_BASE_S` +
+    `CALM_SPAN_S` before the first span judged (`lookback_s`)."""
+    judging = since is not None
+    if since is None:
+        if not buckets:
+            return None
+        since, after = min(b.end - b.seconds for b in buckets), -float("inf")
+    span = CALM_SPAN_S
+    ends, work, covered = running_sums(buckets, min(after, now) - CALM_BASE_S - span, now)
+    for i in range(bisect.bisect_right(ends, after), len(ends)):
+        end = ends[i]
+        first = bisect.bisect_right(ends, end - span + 1e-9)  # the span: buckets first..i
+        base = bisect.bisect_right(ends, end - span - CALM_BASE_S + 1e-9)  # before it: base..first-1
+        seconds = covered[first] - covered[base]
+        if seconds < 0.5 * CALM_BASE_S:
+            if judging:
+                since = max(since, end)
+            continue
+        judging = True
+        # A load from nothing is a burst too: any rate is above 2.5 x 0.
+        rate = (work[i + 1] - work[first]) / max(covered[i + 1] - covered[first], 1e-9)
+        if rate > cfg.burst_ratio * (work[first] - work[base]) / seconds:
+            since = max(since, end)
+    return since
+
+
+def is_calm(since: float | None, now: float, cfg: AutoscalerConfig) -> bool:
+    """True when the calm history is on and has lasted `calm_history_s` by `now`."""
+    return cfg.calm_history_s > 0 and since is not None and now - since >= cfg.calm_history_s
+
+
+def lookback_s(cfg: AutoscalerConfig, after: float, now: float) -> float:
+    """Seconds of buckets `quiet_since` reads back to judge the spans since `after`: those and
+    the 310 s before them, at most `calm_history_s` of spans (after a longer stall the spans it
+    cannot reach restart the calm: their 300 s before are not there); none when off."""
+    if cfg.calm_history_s <= 0:
+        return 0.0
+    return min(max(now - after, 0.0), cfg.calm_history_s) + CALM_BASE_S + CALM_SPAN_S
