@@ -16,7 +16,8 @@ router's own pure code (``balancer`` policies, ``affinity`` subsets, ``pricing``
   arrival pattern, time-scaled so that the offered load is ``--utilisation`` of the fleet's
   measured saturation throughput. Clients send max_tokens = the generated length rounded up to a
   power of two (>= 64); the router estimates input tokens with +-20 % noise (chars/4 is a guess).
-* Router: in-flight requests/MU are updated at dispatch and completion, exactly as the proxy does.
+* Router: in-flight requests/MU are updated at dispatch, first token and completion, exactly as
+  the proxy does (a request not answered yet counts twice in p2c-mu's load).
   MU price: alpha 0.001/input token, beta 0.006/output token, gamma 0.05 (decode is ~6x dearer per
   token than prefill on the modelled step).
 
@@ -189,6 +190,7 @@ def simulate(
             for _, _, r in e.running:
                 if r.first_token == -1.0:
                     r.first_token = now
+                    loads[r.pod].answering(r.cost)  # a stream's first byte, as the proxy sees it
             while e.running and e.running[0][0] <= e.step_no:
                 _, _, r = heapq.heappop(e.running)
                 r.done = now

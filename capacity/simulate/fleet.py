@@ -5,7 +5,8 @@ Simulated time only. Every `tick_s` (0.5 s) the fleet advances every replica to 
 current 1-second `Bucket`, integrates GPU time, and, on each policy's cadence, asks the policy
 for replicas (and the per-replica concurrency limit). Arrivals between ticks are routed at their
 own time: power of two choices on in-flight MU among the ready replicas under their concurrency
-limit (the two candidates are advanced to the arrival first, so their counts are exact). With
+limit, the MU of requests without a first token yet counted again, as the router's p2c-mu does
+(the two candidates are advanced to the arrival first, so their counts are exact). With
 no replica under its limit a request waits in the router's bounded FIFO queue; one that waits
 longer than `queue_timeout_s`, or finds the queue full, is rejected (HTTP 503); so is one
 that waits as long in an engine's queue without being admitted (its client gave up). A scaled-to-
@@ -259,7 +260,8 @@ class Fleet:
             minute.running -= 1
 
     def _pick(self, now: float) -> Replica | None:
-        """Power of two choices on in-flight MU among replicas with room."""
+        """Power of two choices on in-flight MU among replicas with room, the MU of requests not
+        answered yet counted again (the router's p2c-mu)."""
         room, random = self.room, self.rng.random
         while room:
             n = len(room)
@@ -270,7 +272,7 @@ class Fleet:
             for rep in (a, b) if a is not b else (a,):
                 if rep.clock < now and (done := rep.advance_to(now)):
                     self._finish(rep, done, now)
-            best = a if a.in_flight_mu <= b.in_flight_mu else b
+            best = a if a.load_mu() <= b.load_mu() else b
             if best.name in self.room_at:
                 return best
         return None

@@ -111,6 +111,7 @@ class Replica:
     kv_used_tokens: int = 0  # reserved by admitted requests, tokens
     in_flight: int = 0  # routed here and not finished (waiting + running)
     in_flight_mu: float = 0.0  # their model units
+    unanswered_mu: float = 0.0  # those without a first token yet (the router's view; off by at most a step)
     waiting: deque[Request] = field(default_factory=deque)  # routed, not yet admitted
     prefilling: deque[Request] = field(default_factory=deque)  # admitted, prompt not done
     decoding: list[tuple[int, int, Request]] = field(default_factory=list)  # heap of (finish G, seq, req)
@@ -122,6 +123,12 @@ class Replica:
         self.waiting.append(request)
         self.in_flight += 1
         self.in_flight_mu += request.mu
+        self.unanswered_mu += request.mu
+
+    def load_mu(self) -> float:
+        """What the router's p2c-mu weighs (dataplane.router.balancer.PodLoad.load_mu): in-flight
+        MU, the requests without a first token yet counted again."""
+        return self.in_flight_mu + self.unanswered_mu
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding)
@@ -137,6 +144,7 @@ class Replica:
             req = self.waiting.popleft()
             self.in_flight -= 1
             self.in_flight_mu -= req.mu
+            self.unanswered_mu -= req.mu
             gone.append(req)
         return gone
 
@@ -218,6 +226,7 @@ class Replica:
             self._pop_finished(done)
         for req in completed:
             req.first_token_s = self.clock
+            self.unanswered_mu -= req.mu
             if req.output_tokens == 1:
                 self._finish(req, done)
             else:

@@ -119,7 +119,7 @@ def slo_capacity_mu_per_s(
     """The MU per second a replica serves with the p99s of TTFT, ITL and latency within their
     deadlines (`replica.slo_ratios`, scored as the fleet scores a minute), found by
     bisection on Poisson arrivals of this trace's lumps (`lumps`) through a simulated fleet
-    routed as the router routes (two random choices, the one with less MU in flight). At a
+    routed as the router routes (two random choices, the one with the lower `Replica.load_mu`). At a
     full batch the h100 profile serves 15.7 QPS of the Azure mix, but prefill stalls stretch
     each decode step, and the SLO holds only to ~12 QPS: the fleet's "100 MU/min" is not a
     replica's capacity at the SLO; this is.
@@ -161,7 +161,7 @@ def slo_capacity_mu_per_s(
                     if q.arrival_s > 20.0
                 )
             deadline = first_token_s + per_output_token_s * output
-            best = a if a.in_flight_mu <= b.in_flight_mu else b
+            best = a if a.load_mu() <= b.load_mu() else b
             best.submit(Request(t, prompt, output, deadline, cost.cost(prompt, output), seq), t)
         if sum(len(rep.waiting) for rep in fleet) > n * max(5.0, rate):  # a growing backlog
             return math.inf

@@ -11,7 +11,11 @@ Policies (selectable per endpoint):
   p2c            two pods at random, the one with fewer in-flight requests.
   p2c-mu         two pods at random, the one with less in-flight MU (ties: fewer requests). The
                  default: a pod with 3 long generations in flight (3 x 20 MU = 60) is busier than
-                 one with 10 short ones (10 x 1 MU = 10), which request counts cannot see.
+                 one with 10 short ones (10 x 1 MU = 10), which request counts cannot see. The
+                 MU of requests the pod has not begun to answer counts twice (`load_mu`): the
+                 engine spends every step's token budget on prompts before it admits a new one,
+                 so a pod prefilling a 126k-token prompt (5 s on an H100) holds a new request's
+                 first token that long, where one decoding the same request does not.
                  MU cannot see free batch slots, though: on engines with few slots set the pod's
                  target concurrency to them (the routing table does), or p2c-mu may pick a pod
                  whose slots are all taken by cheap requests (bench/balancing_http.py shows both).
@@ -42,6 +46,7 @@ class PodLoad:
         "probe_due_at",
         "ready",
         "target_concurrency",
+        "unanswered_mu",
         "url",
     )
 
@@ -52,6 +57,7 @@ class PodLoad:
         self.ready = ready  # the control plane says it serves
         self.inflight_requests = 0  # requests sent and not yet finished, count
         self.inflight_mu = 0.0  # estimated MU of those requests, MU
+        self.unanswered_mu = 0.0  # MU of those the pod has sent no byte of an answer for yet
         self.consecutive_failures = 0  # connection failures since the last success, count
         self.ejected = False  # out of rotation until a probe succeeds
         self.ejections = 0  # failed probes since ejection + 1, drives the backoff doubling
@@ -64,19 +70,35 @@ class PodLoad:
     def available(self) -> bool:
         return self.ready and not self.ejected
 
+    def load_mu(self) -> float:
+        """What p2c-mu weighs: in-flight MU, with the requests not answered yet counted again
+        (their prompts are ahead of a new request's first token). 60 MU in flight of which 50
+        not answered: 110; 90 MU all streaming their answers: 90, the lighter for a new request."""
+        return self.inflight_mu + self.unanswered_mu
+
     def acquire(self, cost_mu: float) -> None:
         self.inflight_requests += 1
         self.inflight_mu += cost_mu
+        self.unanswered_mu += cost_mu
 
-    def release(self, cost_mu: float) -> None:
+    def answering(self, cost_mu: float) -> None:
+        """The pod sent a request's first byte of answer: a stream's first token (vLLM opens an
+        event stream's body with its first output), or a whole JSON answer."""
+        self.unanswered_mu = max(0.0, self.unanswered_mu - cost_mu)
+
+    def release(self, cost_mu: float, answered: bool = True) -> None:
+        """A request ended; `answered`: `answering` was called for it."""
         self.inflight_requests -= 1
         self.inflight_mu -= cost_mu
+        if not answered:
+            self.answering(cost_mu)
         if self.inflight_requests == 0:
-            self.inflight_mu = 0.0  # drop float dust: 0.1 + 0.2 - 0.1 - 0.2 != 0
+            self.inflight_mu = self.unanswered_mu = 0.0  # float dust: 0.1 + 0.2 - 0.1 - 0.2 != 0
 
     def __repr__(self) -> str:
         return (
             f"PodLoad({self.name!r}, req={self.inflight_requests}, mu={self.inflight_mu:.2f}, "
+            f"unanswered={self.unanswered_mu:.2f}, "
             f"tc={self.target_concurrency}, ejected={self.ejected})"
         )
 
@@ -176,12 +198,14 @@ def pick_p2c(pods: Sequence[PodLoad], rng: random.Random) -> PodLoad:
 
 
 def pick_p2c_mu(pods: Sequence[PodLoad], rng: random.Random) -> PodLoad:
-    """Of two random pods, less in-flight MU: (60 MU, 3 req) vs (10 MU, 10 req) -> the second."""
+    """Of two random pods, the lower `load_mu`: (60 MU, 3 req) vs (10 MU, 10 req), all answering,
+    -> the second; 60 MU of which 50 not answered yet (110) vs 90 answering -> the second."""
     if len(pods) == 1:
         return pods[0]
     a, b = _two(pods, rng)
-    if a.inflight_mu != b.inflight_mu:
-        return a if a.inflight_mu < b.inflight_mu else b
+    load_a, load_b = a.load_mu(), b.load_mu()
+    if load_a != load_b:
+        return a if load_a < load_b else b
     return a if a.inflight_requests <= b.inflight_requests else b
 
 

@@ -34,6 +34,7 @@ import re
 import time
 from typing import Any
 
+from dataplane.router.balancer import PodLoad
 from dataplane.router.cache_salt import FIELD, check_client_salt, salt_member, salted, tenant_salt
 from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
@@ -254,6 +255,8 @@ class Exchange:
         "status",
         "stream",
         "timer",
+        "unanswered",
+        "unanswered_mu",
         "usage",
     )
 
@@ -295,6 +298,9 @@ class Exchange:
         self.head: asyncio.Future[None] | None = None  # the response head came (or it failed)
         self.done: asyncio.Future[None] | None = None  # the answer ended (or it failed)
         self.timer: asyncio.TimerHandle | None = None
+        # the pod that has sent no byte of its answer yet (its balancing load counts it again)
+        self.unanswered: PodLoad | None = None
+        self.unanswered_mu = 0.0
 
     def send(
         self, conn: UpstreamConnection, pod_header: bytes, request: bytes
@@ -396,6 +402,9 @@ class Exchange:
             head.set_result(None)
 
     def upstream_body(self, data: bytes) -> None:
+        if self.unanswered is not None:  # the answer's first byte: a stream's first token
+            self.unanswered.answering(self.unanswered_mu)
+            self.unanswered = None
         stream = self.stream
         if stream is not None:
             transport = self.client.transport

@@ -284,6 +284,7 @@ class Router:
         elsewhere."""
         host, port, host_hdr, pod_hdr = ep.addresses[pod.url]
         pod.acquire(cost)
+        exch.unanswered, exch.unanswered_mu = pod, cost
         ep.inflight += 1
         conn = None
         reusable = False
@@ -335,7 +336,8 @@ class Router:
                     conn.sink = None
                     conn.close()
                 self.pool.release(host, port, conn, reusable)
-            pod.release(cost)
+            pod.release(cost, answered=exch.unanswered is None)
+            exch.unanswered = None
             ep.inflight -= 1
             ep.wake_one()
 

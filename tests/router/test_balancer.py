@@ -117,3 +117,25 @@ def test_ejection_after_three_failures_and_backoff_doubling():
     assert p.probe_due_at == pytest.approx(130.0)  # capped at 30 s
     probe_result(p, True, 131.0, 1.0, 30.0)
     assert not p.ejected and p.consecutive_failures == 0 and p.available()
+
+
+def test_p2c_mu_counts_what_a_pod_has_not_begun_to_answer_twice():
+    # 60 MU in flight, 50 of it not answered yet (a prompt prefilling): load 110; 90 MU all
+    # streaming their answers: 90. By in-flight MU the first is lighter; for a new request's
+    # first token, which waits behind the prompts, the second is.
+    prefilling, streaming = pods((3, 60.0), (3, 90.0))
+    prefilling.unanswered_mu = 50.0
+    assert (prefilling.load_mu(), streaming.load_mu()) == (110.0, 90.0)
+    assert pick_p2c_mu([prefilling, streaming], random.Random(0)) is streaming
+
+
+def test_a_request_counts_as_unanswered_until_its_first_byte():
+    p = PodLoad("p", "http://x:1")
+    p.acquire(2.0)
+    p.acquire(3.0)
+    assert (p.inflight_mu, p.unanswered_mu, p.load_mu()) == (5.0, 5.0, 10.0)
+    p.answering(3.0)  # its first token came
+    assert p.load_mu() == 7.0
+    p.release(3.0)  # answered before
+    p.release(2.0, answered=False)  # failed (or refused) before any byte
+    assert (p.inflight_requests, p.inflight_mu, p.unanswered_mu) == (0, 0.0, 0.0)

@@ -1,9 +1,10 @@
 """SSE streaming passes through chunk by chunk, not buffered until the end."""
 
 import asyncio
+import json
 import time
 
-from tests.router.conftest import assert_idle, raw_post, running
+from tests.router.conftest import assert_idle, call, raw_post, running, wait_until
 
 
 def test_sse_events_arrive_as_the_pod_sends_them():
@@ -51,6 +52,39 @@ def test_keep_alive_connection_serves_many_requests_and_pools_upstream():
             writer.close()
             assert pods[0].requests == 20
             assert router.pool.idle_count() == 1  # one pooled upstream connection served them all
+            await assert_idle(router)
+
+    asyncio.run(go())
+
+
+def test_a_new_request_goes_to_the_pod_already_answering_not_the_one_still_prefilling():
+    """p2c-mu counts the MU of a request its pod has not begun to answer twice: the engine spends
+    its steps on that prompt before a new request's (dataplane.router.balancer). With 2.1 MU held
+    unanswered on one pod (100 tokens asked, 0.002 x in + 0.02 x out + 0.1) and 3.1 MU streaming
+    on the other (150 tokens), a new request goes to the streaming one: 3.1 < 2 x 2.1, though
+    2.1 < 3.1 in flight."""
+
+    def body(max_tokens: int, stream: bool = False) -> bytes:
+        return json.dumps({"model": "m", "prompt": "", "max_tokens": max_tokens, "stream": stream}).encode()
+
+    async def go():
+        async with running(2) as (router, pods):
+            for p in pods:
+                p.mode, p.chunks, p.delay_s = "hold", 50, 0.1  # a stream answers for 5 s
+            _, held_writer = await raw_post(router, body(100))
+            await wait_until(lambda: sum(p.requests for p in pods) == 1, what="the held request")
+            held, other = sorted(pods, key=lambda p: -p.requests)
+            other.mode = "stream"
+            reader, writer = await raw_post(router, body(150, stream=True))
+            await asyncio.wait_for(reader.readuntil(b"data: "), 2)  # its first token came back
+            assert other.requests == 1
+            other.mode = "ok"
+            status, _, _ = await call(router, body=json.loads(body(10)))
+            assert status == 200
+            assert (held.requests, other.requests) == (1, 2)
+            held.release.set()
+            writer.close()
+            held_writer.close()
             await assert_idle(router)
 
     asyncio.run(go())

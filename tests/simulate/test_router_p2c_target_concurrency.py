@@ -1,6 +1,8 @@
 """The router: power of two choices on in-flight MU, within each replica's concurrency limit;
 beyond every limit a bounded queue; too long a wait is a rejection."""
 
+from dataclasses import replace
+
 from capacity.simulate.fleet import Fleet, FleetConfig, run
 from capacity.simulate.policies import ScalingPolicy, Schedule
 from capacity.simulate.traces import Arrival
@@ -9,9 +11,9 @@ from dataplane.runtime.profiles import get_profile
 TINY = get_profile("tiny-test")
 
 
-def _fleet(**overrides) -> Fleet:
+def _fleet(profile=TINY, **overrides) -> Fleet:
     config = FleetConfig(initial_replicas=2, target_concurrency=2, queue_timeout_s=1.0, **overrides)
-    return Fleet(TINY, ScalingPolicy(), config, batch=4, static_peak_replicas=2)
+    return Fleet(profile, ScalingPolicy(), config, batch=4, static_peak_replicas=2)
 
 
 def _load(fleet: Fleet) -> list[tuple[int, float]]:
@@ -26,6 +28,25 @@ def test_router_sends_to_the_replica_with_less_in_flight_mu():
     small = min(fleet.replicas, key=lambda r: r.in_flight_mu)
     fleet.arrive(0.02, 10, 100, 2)  # both hold 1 request; the small one holds less MU
     assert small.in_flight == 2
+
+
+def test_router_counts_what_a_replica_has_not_begun_to_answer_twice():
+    # As the router's p2c-mu: a 500-token prompt prefilling in chunks of 128 (first token at
+    # ~0.09 s) holds 0.085 MU-seconds unanswered (load 0.17); a 10-token prompt answering 35
+    # tokens holds 0.1235, its first token out at 0.011 s. At 0.02 s a new request goes to the
+    # one answering, though it holds more MU in flight.
+    fleet = _fleet(replace(TINY, max_batched_tokens=128))
+    fleet.arrive(0.0, 500, 10, 0)
+    prefilling = next(r for r in fleet.replicas if r.in_flight)
+    assert prefilling.unanswered_mu == prefilling.in_flight_mu > 0
+    fleet.arrive(0.0, 10, 35, 1)
+    answering = next(r for r in fleet.replicas if r is not prefilling)
+    assert answering.in_flight == 1 and answering.in_flight_mu > prefilling.in_flight_mu
+    fleet.arrive(0.02, 10, 10, 2)
+    assert (prefilling.in_flight, answering.in_flight) == (1, 2)
+    assert prefilling.unanswered_mu > 0 and answering.unanswered_mu < answering.in_flight_mu
+    fleet.tick(0.5, counting=True)  # every prompt prefilled: nothing is unanswered
+    assert [round(r.unanswered_mu, 9) for r in fleet.replicas] == [0.0, 0.0]
 
 
 def test_router_queues_beyond_every_limit_and_rejects_after_the_timeout():
