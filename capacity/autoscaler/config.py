@@ -50,7 +50,7 @@ class AutoscalerConfig:
     # no 10-s span above burst_ratio x the mean of the 300 s before it for this long, and there it
     # plans at a full replica, holds no burst and scales up without the band. 0 is off (the
     # default: a bursty endpoint's first burst after a calm spell loses its minute, and long
-    # contexts planned at a full replica lose minutes on 5 of 8 traces; README, issue 23); >= 0.
+    # contexts planned at a full replica lose minutes the default meets; README, issue 23); >= 0.
     calm_history_s: float = 0.0
     # A span this many times the 300 s before it is a burst; > 1. The simulator's mixes reach
     # 1.4-1.8 on smooth traffic (the Azure hour, 85k-token prompts) and 4-35 in bursts.

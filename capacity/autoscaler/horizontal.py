@@ -72,8 +72,9 @@ A calm history (`calm_history_s`, off by default; `spec.quiet_since`, judged by 
 for that long. There the margins for bursts go: the decider plans at a full replica, holds no
 burst, and scales up as soon as the need passes the fleet (the band still holds a scale-down).
 On smooth traffic the margins cost 1.3-1.5x the oracle's GPU-hours; with calm_history_s 1800
-the fleet simulator's smooth mixes take 1.10-1.22x for the same minutes, and bursty mixes,
-bursty by their own history, are unchanged (README, issue 23).
+the fleet simulator's smooth mixes take 1.10-1.22x, the Azure hour for the same minutes but
+long contexts at the SLO's edge (a minute lost on some traces), and bursty mixes, bursty by
+their own history, are unchanged (README, issue 23).
 
 Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
 100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
