@@ -20,14 +20,13 @@ from dataplane.router.metering import Key, Stats, merge, snapshot
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 from dataplane.wire.prometheus_text import family_header, label_value
 
-PodGauges = list[tuple[int, str, int, float, bool]]  # (endpoint id, pod, requests, MU, ejected)
+# (endpoint id, pod, requests, MU in flight, MU not answered yet, ejected)
+PodGauges = list[tuple[int, str, int, float, float, bool]]
 
 
-def prometheus_text(
-    totals: dict[Key, Stats], names: dict[int, str], pods: Iterable[tuple[int, str, int, float, bool]]
-) -> str:
+def prometheus_text(totals: dict[Key, Stats], names: dict[int, str], pods: PodGauges) -> str:
     """Cumulative counters, with # HELP and # TYPE for every family and every label value
-    escaped; pods: (endpoint id, pod, req, mu, ejected)."""
+    escaped; pods: `PodGauges` rows."""
     out: list[str] = []
     # each key's label set escaped once per scrape, not once per family
     keys = sorted(totals)
@@ -64,15 +63,23 @@ def prometheus_text(
         out.append(f"router_request_duration_seconds_count{{{lbl}}} {s.requests}")
     out += family_header("router_pod_inflight_requests", "gauge", "requests in flight per pod")
     pod_rows = [
-        (f'endpoint_id="{ep}",pod="{label_value(pod)}"', req, mu, ej) for ep, pod, req, mu, ej in pods
+        (f'endpoint_id="{ep}",pod="{label_value(pod)}"', req, mu, unanswered, ej)
+        for ep, pod, req, mu, unanswered, ej in pods
     ]
-    for lbl, req, _mu, _ej in pod_rows:
+    for lbl, req, *_ in pod_rows:
         out.append(f"router_pod_inflight_requests{{{lbl}}} {req}")
     out += family_header("router_pod_inflight_mu", "gauge", "estimated MU in flight per pod")
-    for lbl, _req, mu, _ej in pod_rows:
+    for lbl, _req, mu, *_ in pod_rows:
         out.append(f"router_pod_inflight_mu{{{lbl}}} {mu}")
+    out += family_header(
+        "router_pod_unanswered_mu",
+        "gauge",
+        "estimated MU in flight per pod with no byte of an answer yet (p2c-mu counts it twice)",
+    )
+    for lbl, _req, _mu, unanswered, _ej in pod_rows:
+        out.append(f"router_pod_unanswered_mu{{{lbl}}} {unanswered}")
     out += family_header("router_pod_ejected", "gauge", "1 while a pod is ejected")
-    for lbl, _req, _mu, ej in pod_rows:
+    for lbl, *_, ej in pod_rows:
         out.append(f"router_pod_ejected{{{lbl}}} {int(ej)}")
     return "\n".join(out) + "\n"
 
@@ -82,7 +89,9 @@ def pod_gauges(endpoints: Iterable[EndpointState]) -> tuple[dict[int, str], PodG
     eps = list(endpoints)
     names = {ep.spec.id: ep.spec.name for ep in eps}
     pods = [
-        (ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.ejected) for ep in eps for p in ep.pods
+        (ep.spec.id, p.name, p.inflight_requests, p.inflight_mu, p.unanswered_mu, p.ejected)
+        for ep in eps
+        for p in ep.pods
     ]
     return names, pods
 

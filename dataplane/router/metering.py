@@ -219,7 +219,7 @@ Snapshot = dict[str, Any]  # one worker's totals and pod gauges, JSON-able
 
 
 def snapshot(
-    totals: dict[Key, Stats], names: dict[int, str], pods: list[tuple[int, str, int, float, bool]]
+    totals: dict[Key, Stats], names: dict[int, str], pods: list[tuple[int, str, int, float, float, bool]]
 ) -> Snapshot:
     """What one worker knows, as JSON: cumulative counters per key, endpoint names, pod gauges."""
     return {
@@ -240,11 +240,11 @@ SNAPSHOT_FIELDS = (
 
 def merge(
     snapshots: Iterable[Snapshot],
-) -> tuple[dict[Key, Stats], dict[int, str], list[tuple[int, str, int, float, bool]]]:
+) -> tuple[dict[Key, Stats], dict[int, str], list[tuple[int, str, int, float, float, bool]]]:
     """The sum of the workers' snapshots: counters and gauges add up; a pod's ejection is any's.
 
     Worker A served 3 requests of (7, acme) and worker B 2 -> 5; pod p has 1 in flight at A
-    and 2 at B -> 3 in flight."""
+    and 2 at B -> 3 in flight. A worker from before the unanswered gauge (5 fields) adds 0."""
     totals: dict[Key, Stats] = {}
     names: dict[int, str] = {}
     pods: dict[tuple[int, str], list[Any]] = {}
@@ -259,9 +259,10 @@ def merge(
                 else:
                     setattr(st, name, getattr(st, name) + fields[name])
         names.update({int(k): v for k, v in snap["names"].items()})
-        for ep, pod, req, mu, ejected in snap["pods"]:
-            row = pods.setdefault((int(ep), str(pod)), [0, 0.0, False])
+        for ep, pod, req, mu, *unanswered, ejected in snap["pods"]:
+            row = pods.setdefault((int(ep), str(pod)), [0, 0.0, 0.0, False])
             row[0] += req
             row[1] += mu
-            row[2] = row[2] or bool(ejected)
-    return totals, names, [(ep, pod, r[0], r[1], r[2]) for (ep, pod), r in sorted(pods.items())]
+            row[2] += sum(unanswered)
+            row[3] = row[3] or bool(ejected)
+    return totals, names, [(ep, pod, *r) for (ep, pod), r in sorted(pods.items())]

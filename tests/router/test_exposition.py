@@ -27,12 +27,13 @@ def test_prometheus_text_has_counters_histogram_and_pod_gauges():
     m = Meter(0.0)
     m.start(KEY, 0.0)
     m.finish(KEY, 0.03, 0.03, 2.0, 5, 6, False)
-    text = prometheus_text(m.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)])
+    text = prometheus_text(m.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, 1.5, False)])
     assert 'router_requests_total{endpoint="chat",endpoint_id="7",tenant="acme"} 1' in text
     labels = 'endpoint="chat",endpoint_id="7",tenant="acme"'
     assert f'router_request_duration_seconds_bucket{{{labels},le="0.025"}} 0' in text
     assert f'router_request_duration_seconds_bucket{{{labels},le="0.05"}} 1' in text
     assert 'router_pod_inflight_mu{endpoint_id="7",pod="pod-0"} 2.5' in text
+    assert 'router_pod_unanswered_mu{endpoint_id="7",pod="pod-0"} 1.5' in text
     assert "# TYPE router_mu_total counter" in text
 
 
@@ -41,7 +42,7 @@ def test_label_values_are_escaped():
     m.start((7, TENANT), 0.0)
     m.finish((7, TENANT), 0.03, 0.03, 2.0, 5, 6, False)
     text = prometheus_text(
-        m.totals, {7: ENDPOINT}, [(7, QUOTED_POD, 1, 2.5, False), (7, ODD_POD, 0, 0.0, True)]
+        m.totals, {7: ENDPOINT}, [(7, QUOTED_POD, 1, 2.5, 0.0, False), (7, ODD_POD, 0, 0.0, 0.0, True)]
     )
     assert 'router_mu_total{endpoint="ch\\\\at",endpoint_id="7",tenant="ac\\\\me"} 2.0' in text
     assert 'router_pod_ejected{endpoint_id="7",pod="chat-\\"quoted\\"-pod"} 0' in text

@@ -155,10 +155,13 @@ def test_workers_snapshots_add_up():
             m.finish(KEY, 0.03, 0.03, 2.0, 5, 6, False)
     a.start(KEY, 1.0)  # one still in flight at worker A
     snaps = [
-        snapshot(a.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)]),
-        snapshot(b.totals, {7: "chat"}, [(7, "pod-0", 2, 1.0, True)]),
+        snapshot(a.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, 2.5, False)]),
+        snapshot(b.totals, {7: "chat"}, [(7, "pod-0", 2, 1.0, 0.5, True)]),
     ]
     totals, names, pods = merge(json.loads(json.dumps(s)) for s in snaps)  # as read from the files
     t = totals[KEY]
     assert (t.requests, t.mu, t.inflight, sum(t.latency_buckets)) == (5, 10.0, 1, 5)
-    assert names == {7: "chat"} and pods == [(7, "pod-0", 3, 3.5, True)]
+    assert names == {7: "chat"} and pods == [(7, "pod-0", 3, 3.5, 3.0, True)]
+    # A worker still running the version before the unanswered gauge (five fields) adds none.
+    before = {"totals": [], "names": {}, "pods": [[7, "pod-0", 1, 1.0, False]]}
+    assert merge([*snaps, before])[2] == [(7, "pod-0", 4, 4.5, 3.0, True)]
