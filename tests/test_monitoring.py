@@ -60,7 +60,7 @@ def exported() -> set[str]:
     meter.start((7, "acme"), 0.0)
     meter.finish((7, "acme"), 0.5, 0.5, 2.0, 5, 6, False)
     meter.reject((7, "acme"), 0.6, 429)
-    router = prometheus_text(meter.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, False)])
+    router = prometheus_text(meter.totals, {7: "chat"}, [(7, "pod-0", 1, 2.5, 0.5, False)])
     engine = SimEngine(get_profile("tiny-test")).render_metrics()
     prober = metrics_text(Status(True, True, "ok", 0, 1.0), ProberCounts(3, 1, 1))
     return names_in(router) | names_in(engine) | names_in(prober) | KUBE_STATE_METRICS
