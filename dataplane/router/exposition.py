@@ -16,12 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dataplane.router.endpoint_state import EndpointState
-from dataplane.router.metering import Key, Stats, merge, snapshot
+from dataplane.router.metering import Key, PodGauges, Stats, merge, snapshot
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 from dataplane.wire.prometheus_text import family_header, label_value
-
-# (endpoint id, pod, requests, MU in flight, MU not answered yet, ejected)
-PodGauges = list[tuple[int, str, int, float, float, bool]]
 
 
 def prometheus_text(totals: dict[Key, Stats], names: dict[int, str], pods: PodGauges) -> str:

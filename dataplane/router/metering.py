@@ -216,11 +216,11 @@ async def publish(redis: Any, samples: Iterable[Sample], unix_second: int, ttl_s
 
 
 Snapshot = dict[str, Any]  # one worker's totals and pod gauges, JSON-able
+# (endpoint id, pod, requests, MU in flight, MU not answered yet, ejected)
+PodGauges = list[tuple[int, str, int, float, float, bool]]
 
 
-def snapshot(
-    totals: dict[Key, Stats], names: dict[int, str], pods: list[tuple[int, str, int, float, float, bool]]
-) -> Snapshot:
+def snapshot(totals: dict[Key, Stats], names: dict[int, str], pods: PodGauges) -> Snapshot:
     """What one worker knows, as JSON: cumulative counters per key, endpoint names, pod gauges."""
     return {
         "totals": [
@@ -240,7 +240,7 @@ SNAPSHOT_FIELDS = (
 
 def merge(
     snapshots: Iterable[Snapshot],
-) -> tuple[dict[Key, Stats], dict[int, str], list[tuple[int, str, int, float, float, bool]]]:
+) -> tuple[dict[Key, Stats], dict[int, str], PodGauges]:
     """The sum of the workers' snapshots: counters and gauges add up; a pod's ejection is any's.
 
     Worker A served 3 requests of (7, acme) and worker B 2 -> 5; pod p has 1 in flight at A
