@@ -89,6 +89,7 @@ VARIANTS = {
     "apa-peak20": {"peak_window_s": 20.0},
     # Margins for bursts dropped after 30 minutes without one (played after 30 minutes of warm-up).
     "apa-calm": {"calm_history_s": 1800.0},
+    "apa-calm-any": {"calm_history_s": 1800.0, "calm_max_spread": 1e9},
 }
 # Headroom rows (--headroom): apa keeping 2.5x, 5x, 10x its need. A burst faster than a pod start
 # is served by the replicas already running, so only standing headroom can keep its minute in

@@ -1,20 +1,28 @@
 """Scenario tests of the horizontal decider on synthetic time, with worked numbers."""
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
 from capacity.autoscaler.horizontal import lookback_s, planned_utilisation
+from capacity.autoscaler.window import aggregate
 
 T0 = 1_000_000.0
 
 
-def steady(mu, in_flight=0.0, start=T0 - 300, end=T0, requests=10):
-    """5-second buckets of a constant load from start to end."""
+def steady(mu, in_flight=0.0, start=T0 - 300, end=T0, requests=10, request_mu=0.01):
+    """5-second buckets of a constant load from start to end, in requests of `request_mu` each
+    (their squares sum to mu x request_mu per minute)."""
     t, out = start + 5, []
     while t <= end:
-        out.append(Bucket(end=t, seconds=5, in_flight=in_flight, mu_per_minute=mu, requests=requests))
+        out.append(
+            Bucket(
+                end=t, seconds=5, in_flight=in_flight, mu_per_minute=mu, requests=requests,
+                mu_squared_per_minute=mu * request_mu,
+            )
+        )  # fmt: skip
         t += 5
     return out
 
@@ -372,6 +380,36 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
     decision = decide(spec(5, config=CALM, quiet_since=judged(bursty)), bursty, T0)
     assert decision.replicas == 6 and "calm" not in decision.reason
+
+
+def test_work_spread_is_the_variation_of_the_work_within_a_first_tokens_wait():
+    # The docstring's numbers: 600 MU/min as 0.1-MU requests, or as one 10-MU request a second.
+    fine = aggregate(steady(600, request_mu=0.1), T0, 60)
+    assert calm.work_spread(fine, 5.0) == pytest.approx(math.sqrt(5) / 50)
+    assert calm.work_spread(aggregate(steady(600, request_mu=10.0), T0, 60), 5.0) == pytest.approx(
+        math.sqrt(500) / 50
+    )
+    assert calm.work_spread(aggregate(steady(0), T0, 60), 5.0) == 0.0
+    # MU without its squares (a router from before them): not known to be steady.
+    assert calm.work_spread(aggregate(steady(600, request_mu=0.0), T0, 60), 5.0) == math.inf
+
+
+def test_a_calm_history_of_lumpy_work_keeps_the_margins():
+    # 450 MU/min for 40 min, no burst. In requests of 0.3 MU the work within 5 s (37.5 MU)
+    # varies by sqrt(0.3 x 37.5) / 37.5 = 0.089 <= 0.1: planned at a full replica, 5. In
+    # requests of 0.45 MU (0.110) or of 3 MU, a long prompt's (0.283), the margins stay: 6.
+    for request_mu, replicas in ((0.3, 5), (0.45, 6), (3.0, 6)):
+        history = steady(450, start=T0 - 2400, request_mu=request_mu)
+        decision = decide(spec(5, config=CALM, quiet_since=judged(history)), history, T0)
+        assert decision.replicas == replicas, request_mu
+        assert ("calm for" in decision.reason) == (replicas == 5)
+    # Without the squares the routers did not report, no calm either.
+    unknown = steady(450, start=T0 - 2400, request_mu=0.0)
+    assert decide(spec(5, config=CALM, quiet_since=judged(unknown)), unknown, T0).replicas == 6
+    # calm_max_spread bounds it: at 0.3 the 3-MU requests are steady enough.
+    loose = replace(CALM, calm_max_spread=0.3)
+    lumpy = steady(450, start=T0 - 2400, request_mu=3.0)
+    assert decide(spec(5, config=loose, quiet_since=judged(lumpy, loose)), lumpy, T0).replicas == 5
 
 
 def test_no_scale_down_while_a_backlog_waits():

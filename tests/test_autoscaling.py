@@ -44,9 +44,20 @@ class Recorder:
         return self.pods
 
 
-def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=None, queue=0.0, until_s_ago=0):
+def buckets(
+    endpoint,
+    seconds_back,
+    *,
+    in_flight=0.0,
+    mu=0.0,
+    requests=0,
+    p99=None,
+    queue=0.0,
+    until_s_ago=0,
+    request_mu=0.01,
+):
     """5-second buckets covering the last `seconds_back` seconds before NOW (or before
-    `until_s_ago` seconds before it)."""
+    `until_s_ago` seconds before it), the MU in requests of `request_mu` each."""
     LoadBucket.objects.bulk_create(
         LoadBucket(
             endpoint=endpoint,
@@ -54,6 +65,7 @@ def buckets(endpoint, seconds_back, *, in_flight=0.0, mu=0.0, requests=0, p99=No
             seconds=5,
             in_flight=in_flight,
             mu_per_minute=mu,
+            mu_squared_per_minute=mu * request_mu,
             requests=requests,
             queue_depth=queue,
             p99_latency_s=p99,
@@ -201,8 +213,9 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
     # and the margins are back: 1,100 / 80 = 13.75 replicas.
     LoadBucket.objects.filter(endpoint=chat, end__gt=TS - 5).update(mu_per_minute=1100.0)
     LoadBucket.objects.create(
-        endpoint=chat, end=TS + 5, seconds=5, in_flight=0.5, mu_per_minute=1100.0, requests=50,
-        queue_depth=0.0, errors=0, throttled=0, ready_replicas=0, desired_replicas=3,
+        endpoint=chat, end=TS + 5, seconds=5, in_flight=0.5, mu_per_minute=1100.0,
+        mu_squared_per_minute=11.0, requests=50, queue_depth=0.0, errors=0, throttled=0,
+        ready_replicas=0, desired_replicas=3,
     )  # fmt: skip
     scaling.horizontal_pass(Recorder(), later + timedelta(seconds=5))
     chat.refresh_from_db()
@@ -214,6 +227,23 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
     scaling.horizontal_pass(Recorder(), later + timedelta(seconds=10))
     chat.refresh_from_db()
     assert chat.calm_since is None
+
+
+@pytest.mark.parametrize("request_mu, replicas", [(0.01, 3), (3.0, 4)])
+def test_a_calm_endpoint_of_long_prompts_keeps_its_margins(chat, request_mu, replicas):
+    # 300 MU/min for 40 minutes, no burst, calm for 1,800 s. In requests of 0.01 MU it is planned
+    # at a full replica (3); in requests of 3 MU (long prompts) the work of 5 s varies by
+    # sqrt(900 / 60 x 5) / 25 = 0.35 > 0.1 (calm.steady_work): the margins stay, 300 / 80 -> 4.
+    # The squares come from the buckets the pass loads (LoadBucket.mu_squared_per_minute).
+    chat.autoscaler = {"calm_history_s": 1800}
+    chat.calm_since = NOW - timedelta(seconds=1800)
+    chat.desired_replicas = 3
+    chat.save()
+    buckets(chat, 2400, in_flight=0.5, mu=300.0, requests=50, request_mu=request_mu)
+    Lease.objects.create(name=scaling.HORIZONTAL, cursor=TS - 5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == replicas and chat.calm_since == NOW - timedelta(seconds=1800)
 
 
 def test_two_ticks_at_once_decide_once(chat):

@@ -22,10 +22,11 @@ judging has begun it counts as a burst: what came in the gap is unknown.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, running_sums
+from capacity.autoscaler.window import Bucket, Load, aggregate, running_sums
 
 CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
 CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
@@ -75,3 +76,29 @@ def lookback_s(cfg: AutoscalerConfig, after: float, now: float) -> float:
     if cfg.calm_history_s <= 0:
         return 0.0
     return min(max(now - after, 0.0), cfg.calm_history_s) + CALM_BASE_S + CALM_SPAN_S
+
+
+def work_spread(load: Load, horizon_s: float) -> float:
+    """How much the work arriving within `horizon_s` varies, were arrivals Poisson with the
+    load's request sizes: its coefficient of variation, sqrt(rate x E[mu^2] x h) / (rate x
+    E[mu] x h), from the load's MU and MU squared per minute. 0 without work; infinite where
+    MU came without its squares (a router that does not report them): not known to be steady.
+
+    Worked numbers (h = 5 s): 600 MU/min of 0.1-MU requests (100 a second) carry 60 MU^2/min,
+    1 a second: sqrt(1 x 5) / (10 x 5) = 0.045. The same 600 MU/min as one 10-MU request a
+    second: sqrt(100 x 5) / 50 = 0.45, ten times as lumpy."""
+    if load.mu_per_minute <= 0:
+        return 0.0
+    if load.mu_squared_per_minute <= 0:
+        return math.inf
+    rate, squares = load.mu_per_minute / 60.0, load.mu_squared_per_minute / 60.0
+    return math.sqrt(squares * horizon_s) / (rate * horizon_s)
+
+
+def steady_work(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
+    """True when the scale-down window's work, over a first token's wait (`burst_wait_s`), varies
+    by at most `calm_max_spread` (`work_spread`): the calm history plans at a full replica only
+    there. A calm endpoint of long prompts is not steady: each is seconds of one replica's
+    prefill, and a few at once hold every replica's first tokens."""
+    load = aggregate(buckets, now, cfg.scale_down_window_s)
+    return load is not None and work_spread(load, cfg.burst_wait_s) <= cfg.calm_max_spread

@@ -27,6 +27,8 @@ class Bucket:
     errors: int = 0  # failed requests
     backlog_mu: float = 0.0  # MU of requests waiting at the router for a replica, at the bucket's end
     queued: float = 0.0  # time-averaged requests waiting at the router for a replica (not in in_flight)
+    # each arrival's MU squared, summed, as a per-minute rate: with mu_per_minute, how lumpy the work is
+    mu_squared_per_minute: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Load:
     queued_last: float = 0.0  # the latest bucket's: below the mean, the queue is draining
     # MU/s the backlog grew (negative: drained) over the latest bucket: its trend now
     backlog_growth_mu_per_s: float = 0.0
+    mu_squared_per_minute: float = 0.0  # mean
 
 
 def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
@@ -78,6 +81,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         queued=sum(b.queued * b.seconds for b in inside) / covered,
         queued_last=latest.queued,
         backlog_growth_mu_per_s=(latest.backlog_mu - previous.backlog_mu) / span if span > 0 else 0.0,
+        mu_squared_per_minute=sum(b.mu_squared_per_minute * b.seconds for b in inside) / covered,
     )
 
 

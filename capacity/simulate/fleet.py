@@ -136,6 +136,7 @@ class _Meter:
     in_flight: float = 0.0
     queued: float = 0.0
     mu: float = 0.0
+    mu_squared: float = 0.0
     requests: int = 0
     queue_depth: int = 0
     kv: float = 0.0
@@ -298,6 +299,7 @@ class Fleet:
             minute.running += 1
         self.meter.requests += 1
         self.meter.mu += req.mu
+        self.meter.mu_squared += req.mu * req.mu
         if not self.queue and self._dispatch(req, now):
             return
         if len(self.queue) >= self.config.queue_limit:
@@ -376,6 +378,7 @@ class Fleet:
                 errors=m.errors,
                 backlog_mu=max(self.queue_mu, 0.0),
                 queued=m.queued / max(m.samples, 1),
+                mu_squared_per_minute=m.mu_squared * 60.0 / BUCKET_S,
             )
         )
         while self.buckets and self.buckets[0].end <= now - self.policy.history_s:

@@ -110,6 +110,7 @@ def merge(buckets: Sequence[Bucket], seconds: float, now: float, span: float) ->
                 errors=load.errors,
                 backlog_mu=load.backlog_mu,
                 queued=load.queued,
+                mu_squared_per_minute=load.mu_squared_per_minute,
             )
         )
     return out

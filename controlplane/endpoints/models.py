@@ -247,6 +247,8 @@ class LoadBucket(models.Model):
     in_flight = models.FloatField()  # time-averaged concurrent requests at pods
     queued = models.FloatField(default=0.0)  # time-averaged requests waiting at the routers for a pod
     mu_per_minute = models.FloatField()
+    # each request's MU squared, summed, per minute: how lumpy the work is (window.Bucket)
+    mu_squared_per_minute = models.FloatField(default=0.0)
     requests = models.PositiveIntegerField()
     queue_depth = models.FloatField()  # most requests waiting for a pod in any second
     backlog_mu = models.FloatField(default=0.0)  # MU of the requests waiting for a pod at its end

@@ -129,6 +129,7 @@ def summarise(
         "in_flight": total.inflight / observed,
         "queued": total.queued / observed,
         "mu_per_minute": total.mu / observed * 60.0,
+        "mu_squared_per_minute": total.mu_squared / observed * 60.0,
         "requests": round(total.requests),
         "queue_depth": max((row.queued for row in seconds), default=0.0),
         # A level, not a rate: what waits for a pod at the slot's end (the last second reported),

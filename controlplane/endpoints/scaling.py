@@ -308,14 +308,14 @@ def load_history(horizons: dict[int, float], ts: float) -> dict[int, list[Bucket
         spans |= Q(endpoint_id__in=ids, end__gt=ts - horizon - samples.BUCKET_S)
     rows = LoadBucket.objects.filter(spans).values_list(
         "endpoint_id", "end", "seconds", "in_flight", "mu_per_minute", "requests", "p99_latency_s",
-        "errors", "backlog_mu", "queued",
+        "errors", "backlog_mu", "queued", "mu_squared_per_minute",
     )  # fmt: skip
-    for endpoint_id, end, secs, in_flight, mu, requests, p99, errors, backlog, queued in rows:
+    for endpoint_id, end, secs, in_flight, mu, requests, p99, errors, backlog, queued, squared in rows:
         # The routers' queue is demand held back at the target concurrency (backlog_mu); as the
         # vertical decider's "engine queue" it would shrink the target, which lengthens the
         # routers' queue: a ratchet. The engines' own queue is not collected yet: 0.
         history[endpoint_id].append(
-            Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors, backlog, queued)
+            Bucket(end, secs, in_flight, mu, requests, 0.0, p99, None, errors, backlog, queued, squared)
         )
     return history
 

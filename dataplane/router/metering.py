@@ -43,6 +43,7 @@ class Stats:
         "latency_buckets",
         "latency_sum_s",
         "mu",
+        "mu_squared",
         "requests",
         "throttled",
         "tokens_in",
@@ -52,6 +53,7 @@ class Stats:
     def __init__(self) -> None:
         self.requests = 0  # finished, count
         self.mu = 0.0  # MU
+        self.mu_squared = 0.0  # each request's MU squared, summed
         self.tokens_in = 0  # tokens
         self.tokens_out = 0  # tokens
         self.latency_sum_s = 0.0  # s
@@ -101,6 +103,7 @@ class Meter:
         for st in (s, self.totals.get(key) or self._total(key)):
             st.requests += 1
             st.mu += mu
+            st.mu_squared += mu * mu
             st.tokens_in += tokens_in
             st.tokens_out += tokens_out
             st.latency_sum_s += latency_s
@@ -141,6 +144,7 @@ class Meter:
                     requests=s.requests,
                     inflight=integral / elapsed,
                     mu=s.mu,
+                    mu_squared=s.mu_squared,
                     tokens_in=s.tokens_in,
                     tokens_out=s.tokens_out,
                     latency_ms_sum=s.latency_sum_s * 1000.0,

@@ -58,9 +58,9 @@ NO_LATENCIES = (0,) * (len(LATENCY_BUCKETS_S) + 1)
 # there (OVERFLOW SAT) instead of wrapping.
 SLOTS = (
     "requests", "inflight", "mu", "tokens_in", "tokens_out", "latency_ms_sum", "errors", "throttled",
-    *(f"lat{i}" for i in range(len(NO_LATENCIES))), "queued", "queued_mu",
+    *(f"lat{i}" for i in range(len(NO_LATENCIES))), "queued", "queued_mu", "mu_squared",
 )  # fmt: skip
-AMOUNT_SLOTS = frozenset({"inflight", "mu", "latency_ms_sum", "queued_mu"})
+AMOUNT_SLOTS = frozenset({"inflight", "mu", "latency_ms_sum", "queued_mu", "mu_squared"})
 FIXED_POINT = 1_000_000  # units per amount in a slot
 
 
@@ -85,7 +85,7 @@ def add_fields(into: dict[str, float], fields: Mapping[str, float]) -> None:
 # Bounds of what a router can send; past them a value is a broken or hostile sender, refused.
 # Counts (requests, tokens, errors, latency buckets, queued requests) are integers in
 # 0..MAX_COUNT: a billion tokens in one endpoint's second would be a million 1,000-token answers.
-# Amounts (inflight, mu, latency_ms_sum, queued_mu) are finite numbers in 0..MAX_AMOUNT (a
+# Amounts (inflight, mu, mu_squared, latency_ms_sum, queued_mu) are finite numbers in 0..MAX_AMOUNT (a
 # thousand times the largest count: MU and milliseconds summed over a second's requests).
 # `second` is a unix second in 1..MAX_SECOND (2106); `endpoint` an id in 0..MAX_ENDPOINT_ID (the
 # database's integer column); `tenant` a slug of at most MAX_TENANT_CHARS, without NUL.
@@ -142,6 +142,9 @@ class TrafficSample:
     requests: int = 0  # requests finished in the second, count >= 0
     inflight: float = 0.0  # in-flight requests averaged over the second, >= 0 (4 for half: 2.0)
     mu: float = 0.0  # MU consumed (exact from the response's usage, else the estimate), >= 0
+    # each request's MU squared, summed, >= 0: with mu, how lumpy the work is (the autoscaler's
+    # calm history plans at a full replica only where it is not)
+    mu_squared: float = 0.0
     tokens_in: int = 0  # prompt tokens (usage, else the estimate), >= 0
     tokens_out: int = 0  # generated tokens (usage, else SSE events counted), >= 0
     latency_ms_sum: float = 0.0  # sum of request latencies, ms >= 0 (/ requests: the mean)
@@ -155,6 +158,7 @@ class TrafficSample:
             "requests": self.requests,
             "inflight": self.inflight,
             "mu": self.mu,
+            "mu_squared": self.mu_squared,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "latency_ms_sum": self.latency_ms_sum,
@@ -175,6 +179,7 @@ class TrafficSample:
             requests=_count(doc, "requests", where),
             inflight=_amount(doc, "inflight", where),
             mu=_amount(doc, "mu", where),
+            mu_squared=_amount(doc, "mu_squared", where),
             tokens_in=_count(doc, "tokens_in", where),
             tokens_out=_count(doc, "tokens_out", where),
             latency_ms_sum=_amount(doc, "latency_ms_sum", where),
@@ -280,6 +285,7 @@ class EndpointSecond:
     latency_buckets: tuple[float, ...] = tuple(map(float, NO_LATENCIES))
     queued: float = 0.0
     queued_mu: float = 0.0
+    mu_squared: float = 0.0
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> EndpointSecond:
@@ -301,6 +307,7 @@ class EndpointSecond:
             latency_buckets=tuple(get(f"lat{i}") for i in range(len(NO_LATENCIES))),
             queued=get("queued"),
             queued_mu=get("queued_mu"),
+            mu_squared=get("mu_squared"),
         )
 
     @classmethod
@@ -331,4 +338,5 @@ class EndpointSecond:
             ),
             queued=self.queued + other.queued,
             queued_mu=self.queued_mu + other.queued_mu,
+            mu_squared=self.mu_squared + other.mu_squared,
         )

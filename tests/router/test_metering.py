@@ -34,6 +34,7 @@ def test_roll_reports_time_averaged_inflight_and_sums():
             requests=1,
             inflight=pytest.approx(1.5),
             mu=1.5,
+            mu_squared=2.25,
             tokens_in=10,
             tokens_out=20,
             latency_ms_sum=500.0,
@@ -55,6 +56,9 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     assert m.roll(105.0, queued={7: (3, 1.5)}) == [QueueSample(7, queued=3, queued_mu=1.5)]
     t = m.totals[KEY]
     assert (t.requests, t.inflight, t.errors, t.throttled) == (2, 0, 1, 1)
+    m.finish(KEY, 105.5, 0.5, 2.0, 1, 1, False)
+    m.finish(KEY, 105.6, 0.5, 3.0, 1, 1, False)
+    assert m.roll(106.0)[0].mu_squared == 13.0  # each request's MU squared: 4 + 9, not 5 x 5
 
 
 def test_rate_window_in_mu_per_minute():
@@ -93,6 +97,7 @@ def test_publish_to_redis_key_layout():
                 errors=0,
                 throttled=1,
                 latency_buckets=latencies({1: 2, 3: 1}),
+                mu_squared=6.75,
             )
             beta = TrafficSample(endpoint, "beta", requests=1, mu=0.25, tokens_in=5, latency_ms_sum=2.5)
             queue = QueueSample(endpoint, queued=2, queued_mu=1.5)
@@ -101,9 +106,9 @@ def test_publish_to_redis_key_layout():
             key = load_key(endpoint, 1_700_000_000)
             raw = await redis.get(key)
             # the string's int64 slots: counts as they are, amounts in millionths; slots past
-            # the highest one written (queued_mu is the last) read as zero
-            assert len(raw) == 8 * 25
-            slots = dict(zip(SLOTS, struct.unpack(">25q", raw), strict=True))
+            # the highest one written (mu_squared is the last) read as zero
+            assert len(raw) == 8 * 26
+            slots = dict(zip(SLOTS, struct.unpack(">26q", raw), strict=True))
             assert (slots["requests"], slots["mu"], slots["tokens_in"], slots["tokens_out"]) == (
                 7,
                 9_250_000,  # 4.5 + 0.25 + 4.5 MU
@@ -116,6 +121,7 @@ def test_publish_to_redis_key_layout():
                 2,
             )
             assert (slots["lat1"], slots["lat3"], slots["queued"], slots["queued_mu"]) == (4, 2, 2, 1_500_000)
+            assert slots["mu_squared"] == 13_500_000  # 6.75 MU^2 from each router
             assert EndpointSecond.from_redis_slots(raw) == EndpointSecond(
                 requests=7.0,
                 inflight=3.0,
@@ -127,6 +133,7 @@ def test_publish_to_redis_key_layout():
                 latency_buckets=tuple(map(float, latencies({1: 4, 3: 2}))),
                 queued=2.0,
                 queued_mu=1.5,
+                mu_squared=13.5,
             )
             # a second with only requests wrote one slot: the rest are zeros
             short = load_key(endpoint, 1_700_000_001)

@@ -7,10 +7,12 @@ the README makes about each regime from silently breaking).
   mean (before the busiest-10-s rule) it missed 3 and 4 on these seeds.
 - long contexts at a 128k context (KV-bound batches): every minute, within 1.25x.
 - decode-heavy (long answers): every minute, within 1.25x.
-- long contexts with a calm history (`calm_history_s`, its 10 minutes played as warm-up): 5-10 %
-  fewer GPU-hours than the default, at the edge of the SLO (before the router counted what a
-  pod has not begun to answer twice, seed 3 missed its last minute on the TTFT, 1.07x the
-  deadline; on the bench's 30-minute traces it still misses some: README, issue 23).
+- long contexts with a calm history (`calm_history_s`, its 10 minutes played as warm-up): their
+  work is not steady (a 42k-126k-token prompt is seconds of one replica's prefill;
+  `calm.steady_work`), so the default's margins stay and every minute is met at the default's
+  GPU-hours. Planned at a full replica all the same (`calm_max_spread` unbounded) they take
+  3-10 % fewer at the edge of the SLO, and the bench's 30-minute traces lose minutes there
+  (README, issue 23).
 """
 
 from dataclasses import replace
@@ -60,7 +62,8 @@ def test_long_contexts_with_a_calm_history(seed):
     trace = long_context(seed, seconds=480.0)
     default = simulate(H100, trace, "apa", FleetConfig(), AutoscalerConfig(), warmup_s=600.0)
     calm = simulate(H100, trace, "apa", FleetConfig(), AutoscalerConfig(calm_history_s=600.0), warmup_s=600.0)
-    assert default.slo_attainment == 1.0
-    assert calm.gpu_hours <= 0.97 * default.gpu_hours
-    missed = [m for m in calm.minutes if m.p99_slo_ratio > 1]
-    assert len(missed) <= 1 and all(m.p99_ttft_ratio <= 1.1 for m in missed), missed
+    unguarded = AutoscalerConfig(calm_history_s=600.0, calm_max_spread=1e9)
+    anyway = simulate(H100, trace, "apa", FleetConfig(), unguarded, warmup_s=600.0)
+    assert default.slo_attainment == calm.slo_attainment == 1.0
+    assert calm.gpu_hours == default.gpu_hours
+    assert anyway.gpu_hours <= 0.97 * default.gpu_hours

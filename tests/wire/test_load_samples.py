@@ -18,6 +18,7 @@ TRAFFIC = TrafficSample(
     requests=3,
     inflight=1.5,
     mu=4.5,
+    mu_squared=6.75,
     tokens_in=30,
     tokens_out=60,
     latency_ms_sum=90.0,
@@ -31,6 +32,7 @@ READ = EndpointSecond(
     requests=3.0,
     inflight=1.5,
     mu=4.5,
+    mu_squared=6.75,
     tokens_in=30.0,
     tokens_out=60.0,
     latency_ms_sum=90.0,
@@ -72,3 +74,7 @@ def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
         RouterSecond.from_json(body)
     answer = operator_client.post("/api/v1/load-samples/", body, format="json")
     assert answer.status_code == 400 and "rows[0].requests" in answer.json()["fields"]["rows"]["errors"][0]
+    # An amount the tenant's traffic sizes, as hostile as a count: the squares of its MU.
+    body["rows"][0].update(requests=3, mu_squared=float("nan"))
+    with pytest.raises(SampleError, match=r"rows\[0\]\.mu_squared must be a number in 0\.\.1e\+12, got nan"):
+        RouterSecond.from_json(body)
