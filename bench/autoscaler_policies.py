@@ -36,6 +36,9 @@ place. A row with a calm history (calm_history_s) plays after as long a warm-up.
 policy that only follows the load it has seen pays for every minute of a burst within the SLO.
 --series prints, per minute, the trace's load beside apa's decider inputs and replicas and the
 oracle's, with each minute's p99s (TTFT, ITL, worst of them and end to end, over deadline).
+--surges plays, instead, the azure trace with one surge after its calm spell (SURGES: 1.3x for
+120 s to 4x for 20 s), apa beside its variants (apa-calm unless --variants names others), all
+after the same 30 minutes of warm-up: what a steady endpoint's margins are for.
 """
 
 import argparse
@@ -61,7 +64,7 @@ from capacity.simulate.scenario import (
     simulate,
 )
 from capacity.simulate.sizing import chunk_within_itl, cost_model_for, fit_shape, full_batch
-from dataplane.runtime.profiles import get_profile
+from dataplane.runtime.profiles import EngineProfile, get_profile
 
 AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
 RAMP_BEFORE_S = 120.0
@@ -180,6 +183,27 @@ def load_traces(
     }
 
 
+# A steady endpoint's surges (factor, seconds, minute it starts in): within its margins, a
+# 1.3x surge for two minutes, to a 4x fan-out for 20 s.
+SURGES = ((1.3, 120.0, 15), (1.5, 60.0, 20), (2.0, 20.0, 20), (4.0, 20.0, 20))
+
+
+def play_surges(profile: EngineProfile, fleet: FleetConfig, variants: dict, quick: bool) -> int:
+    """The azure trace with each of SURGES, 17 s into its minute: apa and `variants`, each after
+    30 minutes of warm-up (the trace mirrored: no surge in it), GPU-hours and minutes missed."""
+    base = load_traces(quick, "azure", [], mixes_only=True)["azure"][0]
+    warmup = 1800.0
+    print(f"{'surge':18} {'policy':14} {'gpu_h':>8}  minutes missed")
+    for factor, seconds, minute in SURGES:
+        trace = traces.surge(base, factor, 60.0 * minute + 17.0, seconds, seed=minute)
+        label = f"{factor:g}x {seconds:g}s @{minute}"
+        for policy, overrides in {"apa": {}, **variants}.items():
+            apa = AutoscalerConfig.from_overrides(overrides)
+            r = simulate(profile, trace, "apa", fleet, apa, warmup_s=max(warmup, apa.calm_history_s))
+            print(f"{label:18} {policy:14} {r.gpu_hours:8.2f}  {list(r.violating_minutes)}", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller amplification and ramp (~1 min)")
@@ -198,6 +222,7 @@ def main() -> int:
     parser.add_argument(
         "--no-search", action="store_true", help="the oracle's per-minute schedule as is, not searched"
     )
+    parser.add_argument("--surges", action="store_true", help="azure with a surge after its calm spell")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     names = list(VARIANTS) if args.variants == "all" else [n for n in (args.variants or "").split(",") if n]
@@ -214,6 +239,8 @@ def main() -> int:
     summary: list[Row] = []
     build = "native (make sim-native)" if fleet_module.__file__.endswith(".so") else "python"
     print(f"simulator build: {build}", flush=True)
+    if args.surges:
+        return play_surges(profile, fleet, variants or {"apa-calm": VARIANTS["apa-calm"]}, args.quick)
     header = (
         f"{'trace':9} {'policy':14} {'gpu_h':>8} {'x_oracle':>8} {'x_static':>8} {'slo_att':>7} "
         f"{'p99_s':>6} {'reject':>6} {'events':>6} {'viol_ramp':>9} {'cpu_s':>6}"

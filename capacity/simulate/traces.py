@@ -130,6 +130,30 @@ def time_scale(trace: Sequence[Arrival], factor: float) -> Trace:
     return Trace(Arrival(a.time_s / factor, a.prompt_tokens, a.output_tokens) for a in trace)
 
 
+def surge(trace: Sequence[Arrival], factor: float, start_s: float, seconds: float, seed: int = 0) -> Trace:
+    """`trace` with its arrivals in [start_s, start_s + seconds) `factor` times over (> 1): each
+    copied floor(factor - 1) times, plus once more with probability frac(factor - 1), within a
+    second of it, as `amplify` copies. A steady endpoint's surge (a batch job, a client's retry
+    storm): 1.5 for 60 s at 12:17 adds half of every arrival from 12:17 to 12:18."""
+    if not (factor > 1 and math.isfinite(factor)):
+        raise ValueError(f"surge factor={factor!r} must be a finite number > 1")
+    if not (seconds > 0 and math.isfinite(seconds) and math.isfinite(start_s)):
+        raise ValueError(f"surge of {seconds!r} s from {start_s!r} s: both must be finite, the length > 0")
+    rng = random.Random(seed)
+    extra = factor - 1.0
+    whole, frac = int(extra), extra - int(extra)
+    out = list(trace)
+    for a in trace:
+        if start_s <= a.time_s < start_s + seconds:
+            copies = whole + (1 if rng.random() < frac else 0)
+            out += [
+                Arrival(a.time_s + rng.uniform(0.0, 1.0), a.prompt_tokens, a.output_tokens)
+                for _ in range(copies)
+            ]
+    out.sort(key=lambda a: a.time_s)
+    return Trace(out)
+
+
 # --- synthetic traces ---------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from capacity.simulate.arrivals import LogNormalShape, _z
-from capacity.simulate.traces import amplify, burst_stats, decode_heavy, long_context, prefill_heavy
+from capacity.simulate.traces import amplify, burst_stats, decode_heavy, long_context, prefill_heavy, surge
 
 
 def test_z_is_the_normal_quantile():
@@ -49,3 +49,18 @@ def test_decode_heavy_has_long_answers_and_fan_outs(seed):
     assert stats["output_p50"] == pytest.approx(400, rel=0.06)
     assert stats["output_p50"] > stats["prompt_p50"] / 2
     assert stats["peak_mean_10s"] >= 2.5
+
+
+def test_a_surge_adds_its_share_of_each_arrival_within_its_span_only():
+    base = long_context(1, seconds=240.0)
+    inside = sum(1 for a in base if 60.0 <= a.time_s < 120.0)
+    doubled = surge(base, 2.0, 60.0, 60.0, seed=1)
+    assert len(doubled) == len(base) + inside
+    assert sum(1 for a in doubled if a.time_s < 60.0) == sum(1 for a in base if a.time_s < 60.0)
+    # 1.5x: each arrival within the span copied with probability 0.5
+    assert len(surge(base, 1.5, 60.0, 60.0, seed=1)) - len(base) == pytest.approx(inside / 2, rel=0.25)
+    assert list(doubled.times) == sorted(doubled.times)
+    with pytest.raises(ValueError, match=r"surge factor=1\.0 must be a finite number > 1"):
+        surge(base, 1.0, 60.0, 60.0)
+    with pytest.raises(ValueError, match=r"surge of 0 s from 60\.0 s"):
+        surge(base, 2.0, 60.0, 0)
