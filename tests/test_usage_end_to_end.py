@@ -7,7 +7,7 @@ their end the usage is exact: the requests answered, the engine's own generation
 prompt counter (which counts a prompt once per choice where the bill, as the engine's usage,
 counts it once per request), and alpha x prompt + beta x completion + gamma MU per request to
 the millionth (the coefficients are whole millionths, the precision of the router's Redis slots
-and of the API).
+and of the API); the autoscaler's buckets carry the same requests' MU squared.
 
 Streams the client resets after a few chunks go to a second endpoint on an engine of its own:
 an engine keeps generating for a moment after its client left, so their cost is bounded as the
@@ -44,7 +44,7 @@ import redis
 
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints import samples, scaling
-from controlplane.endpoints.models import Pod, RouterSample
+from controlplane.endpoints.models import LoadBucket, Pod, RouterSample
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
 from dataplane.router.pricing import estimate_input_tokens
@@ -318,6 +318,17 @@ def test_the_bill_is_the_engines_usage_priced(live_server, sink, profile, owner,
         "errors": 0,
         "throttled": 0,
     }
+    # The endpoint's buckets carry each request's MU squared (the calm history's measure of how
+    # lumpy the work is, calm.work_spread): each request priced as billed, squared, summed. The
+    # engine stops at max_tokens (it has no EOS), so each request's tokens are known.
+    assert generated == sum(body["max_tokens"] * body["n"] for _, body in requests)
+    squares = sum(
+        ((ALPHA * prompt_of[(path, text_of(body))] + BETA * body["max_tokens"] * body["n"] + GAMMA) / MICRO)
+        ** 2
+        for path, body in requests
+    )
+    carried = sum(b.mu_squared_per_minute * b.seconds / 60 for b in LoadBucket.objects.filter(endpoint=chat))
+    assert carried == pytest.approx(squares, rel=1e-5)
     cut_billed = totals(usage_rows(base, owner_key, endpoint=cut.pk))
     assert cut_billed["requests"] == RESETS
     # errors are "5xx answers and upstream failures" (the API's help): a client's reset is none

@@ -174,7 +174,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
             None, f"samples cover {covered}% of the last {cfg.scale_up_window_s:g} s: no decision"
         )
     quiet = is_calm(spec.quiet_since, now, cfg) and steady_work(buckets, now, cfg)
-    if quiet:  # no burst came for calm_history_s: plan at a full replica and hold none
+    if quiet:  # no burst for calm_history_s, and steady work: plan at a full replica, hold none
         cfg = replace(cfg, target_utilisation=1.0, burst_memory_s=0.0)
         spec = replace(spec, config=cfg)
     spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)

@@ -27,7 +27,7 @@ class Bucket:
     errors: int = 0  # failed requests
     backlog_mu: float = 0.0  # MU of requests waiting at the router for a replica, at the bucket's end
     queued: float = 0.0  # time-averaged requests waiting at the router for a replica (not in in_flight)
-    # each arrival's MU squared, summed, as a per-minute rate: with mu_per_minute, how lumpy the work is
+    # each request's MU squared, summed, as a per-minute rate: with mu_per_minute, how lumpy the work is
     mu_squared_per_minute: float = 0.0
 
 
