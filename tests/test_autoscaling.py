@@ -233,7 +233,7 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
 def test_a_calm_endpoint_of_long_prompts_keeps_its_margins(chat, request_mu, replicas):
     # 300 MU/min for 40 minutes, no burst, calm for 1,800 s. In requests of 0.01 MU it is planned
     # at a full replica (3); in requests of 3 MU (long prompts) the work of 5 s varies by
-    # sqrt(900 / 60 x 5) / 25 = 0.35 > 0.1 (calm.steady_work): the margins stay, 300 / 80 -> 4.
+    # sqrt(900 / 60 x 5) / 25 = 0.35 > 0.1 (calm.work_spread_over): the margins stay, 300 / 80 -> 4.
     # The squares come from the buckets the pass loads (LoadBucket.mu_squared_per_minute).
     chat.autoscaler = {"calm_history_s": 1800}
     chat.calm_since = NOW - timedelta(seconds=1800)
@@ -244,6 +244,9 @@ def test_a_calm_endpoint_of_long_prompts_keeps_its_margins(chat, request_mu, rep
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
     assert chat.desired_replicas == replicas and chat.calm_since == NOW - timedelta(seconds=1800)
+    if request_mu == 3.0:  # the scale event says why the margins stay
+        message = Event.objects.get(kind="scale", endpoint=chat).message
+        assert "calm for 1800 s, but its work varies 0.35 over 5 s, above 0.1: margins kept" in message
 
 
 def test_two_ticks_at_once_decide_once(chat):

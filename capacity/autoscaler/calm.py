@@ -95,10 +95,10 @@ def work_spread(load: Load, horizon_s: float) -> float:
     return math.sqrt(squares * horizon_s) / (rate * horizon_s)
 
 
-def steady_work(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
-    """True when the scale-down window's work, over a first token's wait (`burst_wait_s`), varies
-    by at most `calm_max_spread` (`work_spread`): the calm history plans at a full replica only
-    there. A calm endpoint of long prompts is not steady: each is seconds of one replica's
-    prefill, and a few at once hold every replica's first tokens."""
+def work_spread_over(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+    """`work_spread` of the scale-down window over a first token's wait (`burst_wait_s`); infinite
+    without buckets. The calm history plans at a full replica only where it is at most
+    `calm_max_spread`: a calm endpoint of long prompts is not steady, each is seconds of one
+    replica's prefill, and a few at once hold every replica's first tokens."""
     load = aggregate(buckets, now, cfg.scale_down_window_s)
-    return load is not None and work_spread(load, cfg.burst_wait_s) <= cfg.calm_max_spread
+    return math.inf if load is None else work_spread(load, cfg.burst_wait_s)

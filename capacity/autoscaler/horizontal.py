@@ -69,7 +69,7 @@ bursts after a calm spell (the smaller fleet is what stands when the burst comes
 
 A calm history (`calm_history_s`, off by default; `spec.quiet_since`, judged by the caller with
 `calm.quiet_since`): no 10-s span above `burst_ratio` (2.5) x the mean of the 300 s before it
-for that long, and work that is steady over a first token's wait (`calm.steady_work`: the
+for that long, and work that is steady over a first token's wait (`calm.work_spread_over`: the
 requests' MU squared, which the routers report, say how lumpy it is). There the margins for
 bursts go: the decider plans at a full replica, holds no burst, and scales up as soon as the
 need passes the fleet (the band still holds a scale-down). On smooth traffic the margins cost
@@ -93,7 +93,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from capacity.autoscaler.calm import is_calm, steady_work
+from capacity.autoscaler.calm import is_calm, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
 from capacity.autoscaler.window import Bucket, Load, aggregate, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
@@ -173,7 +173,9 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
         return Decision(
             None, f"samples cover {covered}% of the last {cfg.scale_up_window_s:g} s: no decision"
         )
-    quiet = is_calm(spec.quiet_since, now, cfg) and steady_work(buckets, now, cfg)
+    calm_spell = is_calm(spec.quiet_since, now, cfg)
+    spread = work_spread_over(buckets, now, cfg) if calm_spell else 0.0
+    quiet = calm_spell and spread <= cfg.calm_max_spread
     if quiet:  # no burst for calm_history_s, and steady work: plan at a full replica, hold none
         cfg = replace(cfg, target_utilisation=1.0, burst_memory_s=0.0)
         spec = replace(spec, config=cfg)
@@ -195,6 +197,11 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     )
     if quiet:
         load += f" (calm for {cfg.calm_history_s:g} s: planned at a full replica)"
+    elif calm_spell:  # why an operator's calm history keeps the margins
+        load += (
+            f" (calm for {cfg.calm_history_s:g} s, but its work varies {spread:.2f} over"
+            f" {cfg.burst_wait_s:g} s, above {cfg.calm_max_spread:g}: margins kept)"
+        )
     # In a calm history the band holds a scale-down only: a need past the fleet is met at once.
     up_tolerance = 0.0 if quiet else cfg.tolerance
 

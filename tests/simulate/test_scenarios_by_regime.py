@@ -9,7 +9,7 @@ the README makes about each regime from silently breaking).
 - decode-heavy (long answers): every minute, within 1.25x.
 - long contexts with a calm history (`calm_history_s`, its 10 minutes played as warm-up): their
   work is not steady (a 42k-126k-token prompt is seconds of one replica's prefill;
-  `calm.steady_work`), so the default's margins stay and every minute is met at the default's
+  `calm.work_spread_over`), so the default's margins stay and every minute is met at the default's
   GPU-hours. Planned at a full replica all the same (`calm_max_spread` unbounded) they take
   3-10 % fewer at the edge of the SLO, and the bench's 30-minute traces lose minutes there
   (README, issue 23).
