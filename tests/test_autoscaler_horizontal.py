@@ -405,9 +405,13 @@ def test_a_calm_history_of_lumpy_work_keeps_the_margins():
         assert ("planned at a full replica" in decision.reason) == (replicas == 5)
     # The scale event says why a calm history kept the margins.
     assert "but its work varies 0.28 over 5 s, above 0.1: margins kept" in decision.reason
-    # Without the squares the routers did not report, no calm either.
+    # Without the squares the routers did not report, no calm either; nor where one bucket of
+    # the window lacks them (an old router beside new ones), though the rest are steady.
     unknown = steady(450, start=T0 - 2400, request_mu=0.0)
     assert decide(spec(5, config=CALM, quiet_since=judged(unknown)), unknown, T0).replicas == 6
+    mixed = steady(450, start=T0 - 2400, request_mu=0.3)
+    mixed[-3] = replace(mixed[-3], mu_squared_per_minute=0.0)
+    assert decide(spec(5, config=CALM, quiet_since=judged(mixed)), mixed, T0).replicas == 6
     # calm_max_spread bounds it: at 0.3 the 3-MU requests are steady enough.
     loose = replace(CALM, calm_max_spread=0.3)
     lumpy = steady(450, start=T0 - 2400, request_mu=3.0)

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate, running_sums
+from capacity.autoscaler.window import Bucket, Load, aggregate, in_window, running_sums
 
 CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
 CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
@@ -97,8 +97,13 @@ def work_spread(load: Load, horizon_s: float) -> float:
 
 def work_spread_over(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
     """`work_spread` of the scale-down window over a first token's wait (`burst_wait_s`); infinite
-    without buckets. The calm history plans at a full replica only where it is at most
-    `calm_max_spread`: a calm endpoint of long prompts is not steady, each is seconds of one
-    replica's prefill, and a few at once hold every replica's first tokens."""
-    load = aggregate(buckets, now, cfg.scale_down_window_s)
+    without buckets, or where any bucket has MU without squares (a router from before them, in a
+    rollout: its MU would make the rest look steadier than it is). The calm history plans at a
+    full replica only where it is at most `calm_max_spread`: a calm endpoint of long prompts is
+    not steady, each is seconds of one replica's prefill, and a few at once hold every replica's
+    first tokens."""
+    window = in_window(buckets, now, cfg.scale_down_window_s)
+    if any(b.mu_per_minute > 0 and b.mu_squared_per_minute <= 0 for b in window):
+        return math.inf
+    load = aggregate(window, now, cfg.scale_down_window_s)
     return math.inf if load is None else work_spread(load, cfg.burst_wait_s)

@@ -22,6 +22,7 @@ from typing import Any
 
 from dataplane.wire.load_samples import (
     LATENCY_BUCKETS_S,
+    MAX_AMOUNT,
     QueueSample,
     Sample,
     TrafficSample,
@@ -103,7 +104,6 @@ class Meter:
         for st in (s, self.totals.get(key) or self._total(key)):
             st.requests += 1
             st.mu += mu
-            st.mu_squared += mu * mu
             st.tokens_in += tokens_in
             st.tokens_out += tokens_out
             st.latency_sum_s += latency_s
@@ -117,6 +117,7 @@ class Meter:
             i += 1
         s.latency_buckets[i] += 1
         t.latency_buckets[i] += 1
+        s.mu_squared += mu * mu  # this second's only: nothing reads a running total of it
 
     def reject(self, key: Key, now: float, status: int) -> None:
         """A request answered without reaching a pod: 429 counts as throttled, 5xx as error."""
@@ -144,7 +145,9 @@ class Meter:
                     requests=s.requests,
                     inflight=integral / elapsed,
                     mu=s.mu,
-                    mu_squared=s.mu_squared,
+                    # squares grow faster than MU: bounded as the wire bounds an amount, lest a
+                    # second of huge requests be refused whole (and its billing with it)
+                    mu_squared=min(s.mu_squared, MAX_AMOUNT),
                     tokens_in=s.tokens_in,
                     tokens_out=s.tokens_out,
                     latency_ms_sum=s.latency_sum_s * 1000.0,

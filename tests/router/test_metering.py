@@ -10,6 +10,7 @@ import pytest
 
 from dataplane.router.metering import Meter, RateWindow, publish
 from dataplane.wire.load_samples import (
+    MAX_AMOUNT,
     SLOTS,
     EndpointSecond,
     QueueSample,
@@ -59,6 +60,8 @@ def test_roll_reports_time_averaged_inflight_and_sums():
     m.finish(KEY, 105.5, 0.5, 2.0, 1, 1, False)
     m.finish(KEY, 105.6, 0.5, 3.0, 1, 1, False)
     assert m.roll(106.0)[0].mu_squared == 13.0  # each request's MU squared: 4 + 9, not 5 x 5
+    m.finish(KEY, 106.5, 0.5, 2e6, 1, 1, False)  # 4e12 MU^2: bounded as the wire bounds an amount
+    assert m.roll(107.0)[0].mu_squared == MAX_AMOUNT
 
 
 def test_rate_window_in_mu_per_minute():
