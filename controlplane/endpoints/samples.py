@@ -31,6 +31,7 @@ from dataplane.wire.load_samples import (
     LATENCY_BUCKETS_S,
     EndpointSecond,
     RouterSecond,
+    least_mu_squared,
     load_key,
     routers_key,
     stored_fields,
@@ -129,7 +130,13 @@ def summarise(
         "in_flight": total.inflight / observed,
         "queued": total.queued / observed,
         "mu_per_minute": total.mu / observed * 60.0,
-        "mu_squared_per_minute": total.mu_squared / observed * 60.0,
+        # Redis sums what routers write unchecked: squares below the least the bucket's requests
+        # can have read as that least (0, a router without squares, stays 0: not known steady).
+        "mu_squared_per_minute": (
+            max(total.mu_squared, least_mu_squared(total.mu, total.requests)) if total.mu_squared else 0.0
+        )
+        / observed
+        * 60.0,
         "requests": round(total.requests),
         "queue_depth": max((row.queued for row in seconds), default=0.0),
         # A level, not a rate: what waits for a pod at the slot's end (the last second reported),

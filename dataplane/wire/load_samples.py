@@ -133,6 +133,28 @@ def _amount(doc: Mapping[str, Any], key: str, where: str) -> float:
     return v
 
 
+def least_mu_squared(mu: float, requests: float) -> float:
+    """The smallest sum of MU squared that `requests` requests of `mu` MU in all can have: all of
+    one size, mu^2 / requests (Cauchy-Schwarz; it holds for sums of samples too, so for a
+    second's routers and a bucket's seconds). Squares below it are a broken or lying router's,
+    and they would make lumpy work read steady; bounded as the router bounds its squares."""
+    return min(mu * mu / requests, MAX_AMOUNT) if requests > 0 else 0.0
+
+
+def _mu_squared(doc: Mapping[str, Any], requests: int, mu: float, where: str) -> float:
+    """Zero (a router from before the squares), or between the least `requests` requests of `mu`
+    MU can have and mu^2 (one request with all of it); a relative 1e-9 for the floats' sums."""
+    v = _amount(doc, "mu_squared", where)
+    least, most = least_mu_squared(mu, requests), min(mu * mu, MAX_AMOUNT)
+    if v and not least * (1 - 1e-9) <= v <= most * (1 + 1e-9):
+        raise SampleError(
+            "rows",
+            f"{where}.mu_squared must be 0 or in {least:g}..{most:g} (the least and most squares of "
+            f"{requests} requests of {mu:g} MU), got {v!r}",
+        )
+    return v
+
+
 @dataclass(frozen=True)
 class TrafficSample:
     """One router's second of one endpoint and tenant: requests finished, refused, in flight."""
@@ -173,13 +195,14 @@ class TrafficSample:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str = "sample") -> TrafficSample:
         """Missing fields are zeros; a bad one is refused, named with its value."""
+        requests, mu = _count(doc, "requests", where), _amount(doc, "mu", where)
         return cls(
             endpoint=_endpoint(doc, where),
             tenant=_tenant(doc, where),
-            requests=_count(doc, "requests", where),
+            requests=requests,
             inflight=_amount(doc, "inflight", where),
-            mu=_amount(doc, "mu", where),
-            mu_squared=_amount(doc, "mu_squared", where),
+            mu=mu,
+            mu_squared=_mu_squared(doc, requests, mu, where),
             tokens_in=_count(doc, "tokens_in", where),
             tokens_out=_count(doc, "tokens_out", where),
             latency_ms_sum=_amount(doc, "latency_ms_sum", where),

@@ -78,3 +78,23 @@ def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
     body["rows"][0].update(requests=3, mu_squared=float("nan"))
     with pytest.raises(SampleError, match=r"rows\[0\]\.mu_squared must be a number in 0\.\.1e\+12, got nan"):
         RouterSecond.from_json(body)
+    # Squares no requests can have: 3 requests of 4.5 MU in all carry at least 3 x 1.5^2 = 6.75
+    # (all of one size) and at most 4.5^2 = 20.25 (one of them all of it). Fewer would read lumpy
+    # work as steady (the calm history's guard); 0 is a router from before the squares.
+    for wrong in (6.7, 20.3):
+        body["rows"][0].update(mu_squared=wrong)
+        with pytest.raises(
+            SampleError,
+            match=rf"mu_squared must be 0 or in 6\.75\.\.20\.25 .*3 requests of 4\.5 MU.*got {wrong}",
+        ):
+            RouterSecond.from_json(body)
+        answer = operator_client.post("/api/v1/load-samples/", body, format="json")
+        assert (
+            answer.status_code == 400 and "rows[0].mu_squared" in answer.json()["fields"]["rows"]["errors"][0]
+        )
+    for right in (0.0, 6.75, 20.25):
+        body["rows"][0].update(mu_squared=right)
+        assert RouterSecond.from_json(body).samples[0].mu_squared == right
+    body["rows"][0].update(requests=0, mu=0.0, mu_squared=1.0)  # squares of no request
+    with pytest.raises(SampleError, match=r"mu_squared must be 0 or in 0\.\.0 "):
+        RouterSecond.from_json(body)
