@@ -54,7 +54,7 @@ def free_port() -> int:
 
 def sample(router: int, endpoint: int, second: int) -> TrafficSample:
     """A busy endpoint's second at one router: a few requests, two latency buckets, no errors.
-    Amounts are multiples of 1/1000 so both layouts' sums are exact."""
+    Amounts are exact in binary and in millionths, so both layouts' sums are exact."""
     n = 1 + (router + endpoint + second) % 5
     buckets = [0] * 15
     buckets[2], buckets[4] = n - n // 2, n // 2
@@ -64,6 +64,7 @@ def sample(router: int, endpoint: int, second: int) -> TrafficSample:
         requests=n,
         inflight=n * 0.125,
         mu=n * 0.375,
+        mu_squared=n * 0.375**2,  # 9/64 a request: exact in binary and in millionths
         tokens_in=50 * n,
         tokens_out=50 * n,
         latency_ms_sum=n * 31.5,
