@@ -135,7 +135,7 @@ class TablePush:
                     log.warning("routing-table announcements lost (%s): polling every interval", exc)
                     self._down_logged = True
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
                 await client.aclose()
             await asyncio.sleep(self.retry_s)
 
