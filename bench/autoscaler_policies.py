@@ -223,6 +223,9 @@ def main() -> int:
         "--no-search", action="store_true", help="the oracle's per-minute schedule as is, not searched"
     )
     parser.add_argument("--surges", action="store_true", help="azure with a surge after its calm spell")
+    parser.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, help="vLLM's cap on one prompt's tokens a step"
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     names = list(VARIANTS) if args.variants == "all" else [n for n in (args.variants or "").split(",") if n]
@@ -233,8 +236,9 @@ def main() -> int:
     # One context for every trace: the model's own (prompts up to 128k replay, none cut), and
     # the chunk of prefill a step within the inter-token deadline (as the CLI deploys it).
     fleet = FleetConfig(pod_start_s=30.0)
-    profile = chunk_within_itl(
-        replace(base_profile, max_model_len=CONTEXT_TOKENS), fleet.slo_per_output_token_s
+    profile = replace(
+        chunk_within_itl(replace(base_profile, max_model_len=CONTEXT_TOKENS), fleet.slo_per_output_token_s),
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
     summary: list[Row] = []
     build = "native (make sim-native)" if fleet_module.__file__.endswith(".so") else "python"

@@ -82,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--max-model-len", type=int, default=CONTEXT_TOKENS, help="the deployment's context, tokens"
     )
+    parser.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="vLLM's: most prompt tokens one request prefills a step beside others (0: no cap)",
+    )
     parser.add_argument("--pod-start", type=float, default=30.0, help="seconds from ask to ready")
     parser.add_argument("--min-replicas", type=int, default=1, help="0 allows scale to zero")
     parser.add_argument("--max-replicas", type=int, default=5000)
@@ -117,7 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             initial_replicas=args.min_replicas,
             seed=args.seed,
         )
-        profile = chunk_within_itl(profile, fleet.slo_per_output_token_s)
+        profile = replace(
+            chunk_within_itl(profile, fleet.slo_per_output_token_s),
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+        )
         apa = AutoscalerConfig()
         searched = bound = floor = None
         if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):

@@ -9,7 +9,8 @@ fewest output tokens any running request still owes. A replica keeps a counter G
 steps run so far and each decoding request its finishing G, in a heap: jumping k steps is
 O(log n), not O(n x k). Steps that prefill (a request was just admitted) run one by one with
 the perf model's own rule: decoders first, then prompt chunks in admission order within
-`max_batched_tokens`, cost `+ prefill_per_token_s x prefilled`, the first token comes with the
+`max_batched_tokens` (each at most `long_prefill_token_threshold`, vLLM's cap), cost
+`+ prefill_per_token_s x prefilled`, the first token comes with the
 last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and room in the
 KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
 -> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest owes 100 tokens -> it finishes 0.984 s on.
@@ -26,7 +27,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from dataplane.runtime.perf_model import EngineProfile
+from dataplane.runtime.perf_model import EngineProfile, long_prefill_cap
 
 
 class Request:
@@ -209,17 +210,22 @@ class Replica:
         p = self.profile
         decoders = len(self.decoding)
         budget = p.max_batched_tokens - decoders
+        prefilling = self.prefilling
+        cap = long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
         prefilled = 0
         completed: list[Request] = []
-        while budget > 0 and self.prefilling:
-            req = self.prefilling[0]
-            chunk = min(budget, req.prompt_tokens - req.prefilled)
+        i = 0
+        while budget > 0 and i < len(prefilling):
+            req = prefilling[i]
+            chunk = min(budget, req.prompt_tokens - req.prefilled, cap)
             req.prefilled += chunk
             budget -= chunk
             prefilled += chunk
-            if req.prefilled < req.prompt_tokens:
-                break
-            completed.append(self.prefilling.popleft())
+            i += 1
+            if req.prefilled == req.prompt_tokens:
+                completed.append(req)
+        for req in completed:  # the leftmost, but where a cap let one behind a long prompt finish
+            prefilling.remove(req)
         self.clock += p.step_base_s + p.decode_per_seq_s * decoders + p.prefill_per_token_s * prefilled
         self.decode_steps += 1
         if self.decoding and self.decoding[0][0] <= self.decode_steps:

@@ -5,7 +5,8 @@ One engine loop runs steps. Each step the scheduler (1) admits waiting requests 
 KV cache can hold the request's prompt + max output, stopping at the first that does not fit
 (head of line, as vLLM does); (2) spends a per-step token budget (``max_batched_tokens``):
 one token for every running request that is decoding, the rest on prompt chunks (chunked
-prefill) in admission order. The step costs
+prefill) in admission order, each at most ``long_prefill_token_threshold`` where that is set and the
+request is not alone. The step costs
 
     duration = step_base_s + decode_per_seq_s * decoding_seqs + prefill_per_token_s * prefilled
 
@@ -55,6 +56,9 @@ class EngineProfile:
     kv_capacity_tokens: int  # KV-cache capacity, tokens, >= max_model_len
     max_model_len: int  # prompt + output limit of one request, tokens
     vision: VisionProfile | None = None  # a vision-language model's image costs; None: text only
+    # most prompt tokens one request prefills a step while others run or wait (vLLM's
+    # --long-prefill-token-threshold), tokens; 0: none (vLLM's default), the head takes the budget
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s"):
@@ -67,6 +71,11 @@ class EngineProfile:
             raise ValueError(
                 f"{self.name}: max_batched_tokens {self.max_batched_tokens} < "
                 f"max_num_seqs {self.max_num_seqs}: a full batch could not decode"
+            )
+        if not 0 <= self.long_prefill_token_threshold <= self.max_model_len:
+            raise ValueError(
+                f"{self.name}: long_prefill_token_threshold must be in 0..max_model_len "
+                f"{self.max_model_len}, got {self.long_prefill_token_threshold}"
             )
         if self.kv_capacity_tokens < self.max_model_len:
             raise ValueError(
@@ -189,6 +198,7 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
     budget = profile.max_batched_tokens
     decoders = [r for r in state.running if r.prefilled == r.prompt_tokens][:budget]
     budget -= len(decoders)
+    cap = long_prefill_cap(profile, len(state.running) + len(state.waiting))
     prefilled = 0
     encoder_s = 0.0
     completed_prefill: list[SimRequest] = []
@@ -199,7 +209,7 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
             if not req.encoded:
                 req.encoded = True
                 encoder_s += req.encoder_s
-            chunk = min(budget, req.prompt_tokens - req.prefilled)
+            chunk = min(budget, req.prompt_tokens - req.prefilled, cap)
             req.prefilled += chunk
             budget -= chunk
             prefilled += chunk
@@ -223,6 +233,15 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
     if state.preprocessing:
         _preprocess(state, duration)
     return StepResult(duration, len(decoders), prefilled, tuple(emitted), tuple(finished))
+
+
+def long_prefill_cap(profile: EngineProfile, requests: int) -> int:
+    """Most prompt tokens one request prefills this step, with `requests` running and waiting:
+    vLLM's scheduler caps each at --long-prefill-token-threshold, so a long prompt leaves the
+    rest of the budget to the prompts behind it, but not when it is alone (no one to starve)."""
+    if profile.long_prefill_token_threshold and requests > 1:
+        return profile.long_prefill_token_threshold
+    return profile.max_batched_tokens
 
 
 def kv_usage(profile: EngineProfile, state: EngineState) -> float:

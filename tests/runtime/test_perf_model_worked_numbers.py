@@ -51,6 +51,31 @@ def test_mixed_step_cost() -> None:
     assert mixed.duration_s == pytest.approx(0.022)
 
 
+def test_vllm_s_long_prefill_threshold_leaves_the_budget_to_the_prompts_behind() -> None:
+    # tiny-test: 512 tokens a step, 10 ms + 1 ms a decoder + 0.1 ms a prompt token. A 1,500-token
+    # prompt and a 100-token one, two tokens each. Without a cap the first takes the budget:
+    # 512, 512, 476 + 36 of the second (61.2 ms each), then its last 64 beside the first's
+    # decode (17.4 ms): the short one's first token at 201 ms. Capped at 256 (vLLM's
+    # --long-prefill-token-threshold), step 1 prefills 256 + 100: 45.6 ms.
+    big = pm.EngineProfile(**{**TINY_TEST.__dict__, "max_model_len": 2000, "kv_capacity_tokens": 4000})
+    capped = pm.EngineProfile(**{**big.__dict__, "long_prefill_token_threshold": 256})
+
+    def first_tokens(profile: pm.EngineProfile) -> dict[str, float]:
+        arrivals = [pm.Arrival(0.0, req("long", 1500, 2)), pm.Arrival(0.0, req("short", 100, 2))]
+        return {c.request_id: c.first_token_s for c in pm.simulate(profile, arrivals)}
+
+    assert first_tokens(big) == pytest.approx({"long": 3 * 0.0612, "short": 0.201})
+    # The long prompt pays: 256 beside the short one's decode (36.6 ms); then, the short one
+    # done, it is alone, nothing to starve, and uncapped as in vLLM: 512 (61.2), 476 (57.6).
+    assert first_tokens(capped) == pytest.approx({"short": 0.0456, "long": 0.0456 + 0.0366 + 0.0612 + 0.0576})
+    [alone] = pm.simulate(capped, [pm.Arrival(0.0, req("a", 1500, 1))])
+    assert alone.first_token_s == pytest.approx(pm.solo_latency_s(big, 1500, 1)[0])
+    with pytest.raises(
+        ValueError, match=r"long_prefill_token_threshold must be in 0\.\.max_model_len 2000, got 2001"
+    ):
+        pm.EngineProfile(**{**big.__dict__, "long_prefill_token_threshold": 2001})
+
+
 def closed_loop_rate(
     profile: pm.EngineProfile, prompt: int, out: int, batch: int, completions: int
 ) -> tuple[float, float]:

@@ -269,7 +269,14 @@ def test_the_router_counts_a_request_vllm_has_not_answered_as_unanswered(real_po
     tree = descendant_pids(real_pod.proc.pid)
     cores = [pid for pid in tree if "EngineCore" in process_title(pid)]
     assert len(cores) == 1, {pid: process_title(pid) for pid in tree}
-    body = {"model": "tiny", "prompt": "gated", "max_tokens": 50, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": "gated",
+        "max_tokens": 50,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with router_process("--backends", real_pod.engine, "--policy", "p2c-mu") as router:
         os.kill(cores[0], signal.SIGSTOP)
         try:
@@ -300,6 +307,10 @@ def test_the_router_counts_a_request_vllm_has_not_answered_as_unanswered(real_po
         finally:
             os.kill(cores[0], signal.SIGCONT)
         text = b"".join(received)
-        assert text.count(b'"text"') == 50 and text.endswith(b"data: [DONE]\n\n"), text[-300:]
+        # Whole: all 50 tokens by the usage chunk (not by counting events: vLLM's API server
+        # merges the deltas a starved reader has not taken yet into one event), then [DONE].
+        events = [json.loads(e[6:]) for e in text.decode().split("\n\n") if e.startswith("data: {")]
+        assert events[-1]["usage"]["completion_tokens"] == 50, text[-300:]
+        assert text.endswith(b"data: [DONE]\n\n"), text[-300:]
         assert metric_value(router, "router_pod_unanswered_mu") == 0
         real_pod.measurements["unanswered_mu_held"] = held

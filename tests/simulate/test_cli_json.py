@@ -105,6 +105,16 @@ def test_cli_refuses_a_prompt_beyond_the_context_naming_it(tmp_path):
     assert out.returncode == 2 and "context length 8192" in out.stderr
 
 
+def test_cli_deploys_vllm_s_long_prefill_threshold_and_refuses_one_past_the_context(tmp_path):
+    trace = _csv(tmp_path, [(0, 100_000, 50), (0, 200, 50)])
+    out = _run(trace, "--long-prefill-token-threshold", "512")
+    assert out.returncode == 0, out.stderr
+    assert KEYS <= set(json.loads(out.stdout.strip().splitlines()[-1]))
+    out = _run(trace, "--long-prefill-token-threshold", "131073")
+    assert out.returncode == 2
+    assert "long_prefill_token_threshold must be in 0..max_model_len 131072, got 131073" in out.stderr
+
+
 def test_cli_searches_the_oracle_and_bounds_it(tmp_path):
     path, _ = _steps(tmp_path, 3)
     out = _run(path, "--policy", "oracle", "--search-oracle", "--amplify", "0.5")  # the last --policy

@@ -1,6 +1,8 @@
 """The fleet's replica (event-driven) against the perf model's own step-by-step driver."""
 
+import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -45,6 +47,34 @@ def test_replica_latencies_equal_perf_model_simulate(profile, prompt, output, ra
 
     # Same arithmetic, same order of admission: equal to rounding.
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("threshold", [0, 512])
+def test_replica_equals_perf_model_with_long_prompts_among_short(threshold):
+    """Long prompts among short ones, vLLM's --long-prefill-token-threshold off and on: with it
+    the short prompts behind a long one prefill in the same steps and finish first, so the
+    replica's prefilling requests leave out of order; the same arithmetic either way."""
+    prof = replace(
+        get_profile("h100-llama-8b"), max_batched_tokens=2048, long_prefill_token_threshold=threshold
+    )
+    rng = random.Random(3)
+    arrivals = [(t, rng.choice((12_000, 300, 150)), o) for t, _, o in _poisson(6.0, 300, 0, 40)]
+    reference = pm.simulate(
+        prof, [pm.Arrival(t, pm.SimRequest(str(k), p, o)) for k, (t, p, o) in enumerate(arrivals)]
+    )
+    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
+    done: list[Request] = []
+    for k, (t, p, o) in enumerate(arrivals):
+        done += replica.advance_to(t)
+        replica.submit(Request(t, p, o, deadline_s=1.0, mu=1.0, seq=k), t)
+    done += replica.advance_to(float("inf"))
+    got = [x for r in sorted(done, key=lambda r: r.seq) for x in (r.first_token_s, r.finished_s)]
+    ref = sorted(reference, key=lambda c: int(c.request_id))
+    assert got == pytest.approx([x for c in ref for x in (c.first_token_s, c.finished_s)], rel=1e-9, abs=1e-9)
+    # Overtaken: a request admitted after another had its first token before it (capped only).
+    firsts = [r.first_token_s for r in sorted(done, key=lambda r: r.seq)]
+    overtaken = any(a > b for a, b in itertools.pairwise(firsts))
+    assert overtaken == bool(threshold)
 
 
 def test_replica_throughput_matches_steady_state_closed_form():
