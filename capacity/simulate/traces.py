@@ -23,7 +23,7 @@ import csv
 import math
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from capacity.simulate.arrivals import MAX_TOKENS, Arrival, LogNormalShape, Trace, as_trace, from_rate
@@ -71,24 +71,35 @@ def parse_timestamp(text: str) -> datetime:
 
 
 def load(path: str) -> Trace:
-    """Read a trace CSV; a bad header or row raises TraceError naming the line."""
+    """Read a trace CSV (UTF-8, with or without the byte-order mark a spreadsheet writes); a bad
+    header, row or byte raises TraceError naming the line."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            return _read(path, csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e})") from None
+
+
+def _read(path: str, reader: Iterator[list[str]]) -> Trace:
     rows: list[tuple[datetime, int, int]] = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header[:3]) != COLUMNS:
-            raise TraceError(f"{path}:1: expected the header {','.join(COLUMNS)}, got {header!r}")
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            try:
-                when = parse_timestamp(row[0])
-                prompt, output = int(row[1]), int(row[2])
-            except (ValueError, IndexError) as e:
-                raise TraceError(f"{path}:{line}: bad row {row!r}: {e}") from None
-            if not (0 <= prompt <= MAX_TOKENS and 0 <= output <= MAX_TOKENS):
-                raise TraceError(f"{path}:{line}: token count out of range [0, {MAX_TOKENS}] in {row!r}")
-            rows.append((when, max(prompt, 1), max(output, 1)))
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header[:3]) != COLUMNS:
+        raise TraceError(f"{path}:1: expected the header {','.join(COLUMNS)}, got {header!r}")
+    for line, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        if len(row) < len(COLUMNS):
+            raise TraceError(
+                f"{path}:{line}: expected {len(COLUMNS)} columns ({','.join(COLUMNS)}), got {row!r}"
+            )
+        try:
+            when = parse_timestamp(row[0])
+            prompt, output = int(row[1]), int(row[2])
+        except ValueError as e:
+            raise TraceError(f"{path}:{line}: bad row {row!r}: {e}") from None
+        if not (0 <= prompt <= MAX_TOKENS and 0 <= output <= MAX_TOKENS):
+            raise TraceError(f"{path}:{line}: token count out of range [0, {MAX_TOKENS}] in {row!r}")
+        rows.append((when, max(prompt, 1), max(output, 1)))
     if not rows:
         raise TraceError(f"{path}: no arrivals")
     start = min(r[0] for r in rows)

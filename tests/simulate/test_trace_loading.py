@@ -45,6 +45,26 @@ def test_load_names_the_bad_line(tmp_path):
     path.write_text("time,in,out\n")
     with pytest.raises(TraceError, match=r":1: expected the header"):
         load(str(path))
+    path.write_text(GOOD + "2023-11-16 18:17:00.0,300\n")
+    with pytest.raises(
+        TraceError, match=r"bad\.csv:5: expected 3 columns \(TIMESTAMP,ContextTokens,GeneratedTokens\)"
+    ):
+        load(str(path))
+    path.write_bytes(GOOD.encode() + b"2023-11-16 18:17:00.0,3\xe9,3\n")  # Latin-1, not UTF-8
+    with pytest.raises(TraceError, match=r"bad\.csv: not UTF-8 text"):
+        load(str(path))
+
+
+def test_load_reads_a_spreadsheet_s_csv_with_its_byte_order_mark_and_crlf(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.replace("\n", "\r\n").encode())
+    assert load(str(path)) == load(str(_written(tmp_path, GOOD)))
+
+
+def _written(tmp_path, text):
+    path = tmp_path / "plain.csv"
+    path.write_text(text)
+    return path
 
 
 def test_amplify_and_time_scale():
