@@ -19,8 +19,9 @@ requests drains: no new requests, gone once empty (GPU time counts until then).
 The SLO is the benchmark's (`capacity.benchmark.config.Slo`), per request three deadlines
 (`replica.slo_ratios`): the first token within first_token_s (5 s of queueing) plus the
 prompt's own prefill on an idle replica; answer tokens at most per_output_token_s apart on
-average (0.1 s, the ITL); and end to end within first_token_s + per_output_token_s x output
-tokens (5 + 0.1 x 211 = 26.1 s for the Azure trace's mean answer). A minute (by arrival) meets
+average (0.1 s, the ITL); and end to end within both, the first token's deadline +
+per_output_token_s x output tokens (5 + 0.01 + 0.1 x 211 = 26.1 s for the Azure trace's mean
+request). A minute (by arrival) meets
 the SLO when the p99 over its requests of each ratio to its deadline is <= 1, a rejected
 request counting as infinitely late: a fleet whose decode steps stretch beside prefill chunks
 (0.33 s on an H100 beside an 8,192-token chunk) misses the ITL before the end-to-end deadline
@@ -43,7 +44,7 @@ from capacity.autoscaler import Bucket
 from capacity.simulate.arrivals import Arrival, as_trace
 from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, ScalingPolicy
-from capacity.simulate.replica import Replica, Request, p99, slo_ratios
+from capacity.simulate.replica import Replica, Request, end_to_end_deadline_s, p99, slo_ratios
 from capacity.simulate.sizing import cost_model_for, fit_shape, full_batch
 from dataplane.runtime.perf_model import EngineProfile
 
@@ -57,7 +58,7 @@ class FleetConfig:
     tick_s: float = 0.5  # how often every replica is advanced and metered, seconds; (0, 1]
     queue_limit: int = 100_000  # most requests waiting at the router; >= 0
     queue_timeout_s: float = 60.0  # a request waiting longer is rejected, seconds; > 0
-    slo_first_token_s: float = 5.0  # deadline = this + per-token x output tokens, seconds; > 0
+    slo_first_token_s: float = 5.0  # the first token's queueing budget beyond its prefill, seconds; > 0
     slo_per_output_token_s: float = 0.1  # seconds per output token; > 0
     min_replicas: int = 1  # 0 allows scale to zero; >= 0
     max_replicas: int = 5000  # >= max(1, min_replicas)
@@ -85,8 +86,11 @@ class FleetConfig:
                     f"fleet setting {key}={getattr(self, key)!r} is out of range (see FleetConfig)"
                 )
 
-    def deadline_s(self, output_tokens: int) -> float:
-        return self.slo_first_token_s + self.slo_per_output_token_s * output_tokens
+    def deadline_s(self, profile: EngineProfile, prompt_tokens: int, output_tokens: int) -> float:
+        """A request's end-to-end deadline: `replica.end_to_end_deadline_s` with this SLO."""
+        return end_to_end_deadline_s(
+            self.slo_first_token_s, self.slo_per_output_token_s, profile, prompt_tokens, output_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -289,7 +293,7 @@ class Fleet:
     def arrive(self, now: float, prompt_tokens: int, output_tokens: int, seq: int) -> None:
         """A request reaches the router at `now` (the caller advanced the fleet to the tick before)."""
         prompt, output = fit_shape(self.profile, prompt_tokens, output_tokens)
-        deadline = self.config.deadline_s(output)
+        deadline = self.config.deadline_s(self.profile, prompt, output)
         req = Request(now, prompt, output, deadline, self.cost.cost(prompt, output), seq)
         if now >= self.measure_from:
             key = self._minute(now)
@@ -437,7 +441,9 @@ def run(
     batch = batch or full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale
-    duration = math.ceil(trace[-1].time_s / 60.0) * 60.0 if trace else 0.0
+    # Every minute with an arrival, whole: a lone arrival at 0 s (or the last on a minute's
+    # first instant) has its minute counted, where rounding its time up counted nothing.
+    duration = (math.floor(trace[-1].time_s / 60.0) + 1) * 60.0 if trace else 0.0
     measured = len(trace)
     columns = as_trace(trace)
     times, prompts, outputs = columns.times, columns.prompts, columns.outputs

@@ -24,7 +24,7 @@ from dataclasses import replace
 from itertools import repeat
 
 from capacity.simulate.arrivals import Arrival, as_trace
-from capacity.simulate.replica import Replica, Request, p99, slo_ratios
+from capacity.simulate.replica import Replica, Request, end_to_end_deadline_s, p99, slo_ratios
 from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
 from dataplane.runtime.perf_model import EngineProfile
 
@@ -160,7 +160,7 @@ def slo_capacity_mu_per_s(
                     for q in rep.advance_to(t)
                     if q.arrival_s > 20.0
                 )
-            deadline = first_token_s + per_output_token_s * output
+            deadline = end_to_end_deadline_s(first_token_s, per_output_token_s, profile, prompt, output)
             best = a if a.load_mu() <= b.load_mu() else b
             best.submit(Request(t, prompt, output, deadline, cost.cost(prompt, output), seq), t)
         if sum(len(rep.waiting) for rep in fleet) > n * max(5.0, rate):  # a growing backlog

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 KEYS = {
     "gpu_hours",
     "static_peak_gpu_hours",
@@ -95,6 +97,23 @@ def test_cli_accepts_prompts_up_to_128k_and_keeps_its_json(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert KEYS <= set(result) and result["requests"] == 3
     assert result["rejected_fraction"] == 0.0
+
+
+def test_cli_counts_the_minute_of_a_lone_arrival(tmp_path):
+    # One replica (min 1) through minute 0: 1/60 GPU-hour, where rounding the last arrival's
+    # 0 s up to whole minutes once counted no minute at all (0 GPU-hours, a free request).
+    out = _run(_csv(tmp_path, [(0, 100, 10)]))
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["duration_s"], result["gpu_hours"]) == (60.0, pytest.approx(1 / 60))
+
+
+def test_cli_gives_a_long_prompt_its_own_prefill_end_to_end(tmp_path):
+    # 131,000 tokens take 5.24 s to prefill alone (40 us each) on an idle replica: with a
+    # one-token answer it is due end to end in 5 + 5.24 + 0.1 s, so its minute is met; a
+    # deadline of 5 + 0.1 s (the prompt's prefill left out) is one no fleet meets.
+    out = _run(_csv(tmp_path, [(0, 131_000, 1)]))
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["slo_attainment"] == 1.0 and 0.5 < result["p99_slo_ratio"] <= 1.0
 
 
 def test_cli_refuses_a_prompt_beyond_the_context_naming_it(tmp_path):
