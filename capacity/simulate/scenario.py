@@ -311,6 +311,14 @@ def causal_floor(
     return CausalFloor(per_minute, tuple(starts), standing, replay.runs)
 
 
+def burst_minutes(floor: CausalFloor, seconds: float = 60.0) -> tuple[int, ...]:
+    """The minutes that overlap a burst's first `seconds` (the span `causal_floor` plays alone):
+    what a policy that sees the burst only when it comes serves with what stood when it came.
+    Worked numbers: bursts at 340 s and 900 s -> [340, 400) and [900, 960): minutes 5, 6, 15."""
+    minutes = {m for at in floor.bursts for m in range(int(at // 60), math.ceil((at + seconds) / 60.0))}
+    return tuple(sorted(minutes))
+
+
 def attainment_without(result: Result, excluded: Sequence[int]) -> float:
     """SLO attainment over the minutes not in `excluded` (those no schedule met)."""
     gone = set(excluded)

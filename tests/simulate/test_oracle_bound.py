@@ -14,7 +14,15 @@ import pytest
 from capacity.simulate.arrivals import Trace, from_rate
 from capacity.simulate.fleet import FleetConfig, run
 from capacity.simulate.policies import Schedule
-from capacity.simulate.scenario import burst_starts, causal_floor, minute_bounds, searched_oracle, simulate
+from capacity.simulate.scenario import (
+    CausalFloor,
+    burst_minutes,
+    burst_starts,
+    causal_floor,
+    minute_bounds,
+    searched_oracle,
+    simulate,
+)
 from capacity.simulate.sizing import chunk_within_itl
 from capacity.simulate.traces import PREFILL_HEAVY, amplify, decode_heavy, prefill_heavy
 from dataplane.runtime.profiles import get_profile
@@ -73,6 +81,12 @@ def test_a_burst_starts_where_a_span_is_above_the_ratio_times_the_300_s_before()
     # a burst of three spans starts once; nothing is judged with under 150 s before it
     assert burst_starts(_paced([(400, 3), (30, 9), (200, 3)]), 2.5) == [400.0]
     assert burst_starts(_paced([(100, 3), (10, 9), (200, 3)]), 2.5) == []
+
+
+def test_a_burst_s_minutes_are_those_its_first_60_s_overlap():
+    floor = CausalFloor(per_minute=(3,) * 20, bursts=(340.0, 900.0, 1140.0), standing=9, runs=0)
+    assert burst_minutes(floor) == (5, 6, 15, 19)  # [340, 400), [900, 960), [1140, 1200)
+    assert burst_minutes(CausalFloor((3,), (), 0, 0)) == ()
 
 
 def test_a_fleet_under_the_floor_when_a_burst_starts_misses_its_minute_however_fast_it_reacts():
