@@ -43,7 +43,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import uvloop
 
@@ -511,6 +511,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a vision profile's CPU preprocessing: fast (torchvision-like) or slow (PIL-like, 10x)",
     )
     parser.add_argument("--omp-threads", type=int, default=None, help="a vision profile's OMP_NUM_THREADS")
+    parser.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="as vLLM's: most prompt tokens one request prefills a step beside others (0: no cap)",
+    )
     parser.add_argument("--fault", choices=FAULT_MODES, default="none")
     parser.add_argument("--fault-factor", type=float, default=3.0)
     parser.add_argument("--fault-fraction", type=float, default=0.2)
@@ -520,13 +526,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.port is None and not args.list_profiles:
         parser.error("--port is required")
+    try:
+        engine_profile(args)
+    except ValueError as e:  # a threshold beyond the profile's context, as vLLM refuses it
+        parser.error(f"--long-prefill-token-threshold: {e}")
     return args
 
 
-async def serve(args: argparse.Namespace) -> None:
+def engine_profile(args: argparse.Namespace) -> perf_model.EngineProfile:
+    """The profile the engine runs: the named one, with the deployment's vLLM settings."""
     profile = with_preprocessing(
         get_profile(args.profile, args.served_model_name), args.image_processor, args.omp_threads
     )
+    return replace(profile, long_prefill_token_threshold=args.long_prefill_token_threshold)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    profile = engine_profile(args)
     config = SimConfig(
         args.time_scale,
         args.default_max_tokens,

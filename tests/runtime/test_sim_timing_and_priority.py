@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from dataplane.runtime import sim
 from dataplane.runtime.metrics import sample_sum
 from tests.runtime.support import (
     CompletionRace,
@@ -91,3 +92,15 @@ def test_streaming_tokens_arrive_step_by_step() -> None:
         chunks = [c for c in raw.decode().split("\n\n") if c.startswith("data: {")]
         assert len(chunks) == 40
         assert json.loads(chunks[-1][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_engine_takes_vllm_s_long_prefill_threshold_and_refuses_one_past_the_context(capsys) -> None:
+    # A pod's spec passes vLLM's flags after `--` to either engine; the sim's steps are the perf
+    # model's, which tests/runtime/test_scheduler_matches_vllm.py checks against vLLM's scheduler.
+    args = sim.parse_args(["--port", "0", "--profile", "tiny-test", "--long-prefill-token-threshold", "64"])
+    assert sim.engine_profile(args).long_prefill_token_threshold == 64
+    assert sim.engine_profile(sim.parse_args(["--port", "0"])).long_prefill_token_threshold == 0
+    with pytest.raises(SystemExit) as exit_:
+        sim.parse_args(["--port", "0", "--profile", "tiny-test", "--long-prefill-token-threshold", "513"])
+    assert exit_.value.code == 2
+    assert "long_prefill_token_threshold must be in 0..max_model_len 512, got 513" in capsys.readouterr().err
