@@ -220,21 +220,28 @@ class Replica:
         decoders = len(self.decoding)
         budget = p.max_batched_tokens - decoders
         prefilling = self.prefilling
-        cap = long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
+        # (the call only where a threshold is set: this is the hot loop of a prefill-heavy fleet)
+        cap = (
+            long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
+            if p.long_prefill_token_threshold
+            else budget
+        )
         prefilled = 0
         completed: list[Request] = []
-        i = 0
-        while budget > 0 and i < len(prefilling):
-            req = prefilling[i]
+        for req in prefilling:
             chunk = min(budget, req.prompt_tokens - req.prefilled, cap)
             req.prefilled += chunk
             budget -= chunk
             prefilled += chunk
-            i += 1
             if req.prefilled == req.prompt_tokens:
                 completed.append(req)
+            if budget <= 0:
+                break
         for req in completed:  # the leftmost, but where a cap let one behind a long prompt finish
-            prefilling.remove(req)
+            if prefilling[0] is req:
+                prefilling.popleft()
+            else:
+                prefilling.remove(req)
         self.clock += p.step_base_s + p.decode_per_seq_s * decoders + p.prefill_per_token_s * prefilled
         self.decode_steps += 1
         if self.decoding and self.decoding[0][0] <= self.decode_steps:
