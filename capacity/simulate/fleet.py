@@ -16,7 +16,9 @@ New replicas become ready `pod_start_s` after they are asked for (GPU time count
 ask); a removed replica first cancels a starting one, else the ready one with the fewest
 requests drains: no new requests, gone once empty (GPU time counts until then).
 
-The SLO is the benchmark's (`capacity.benchmark.config.Slo`), per request three deadlines
+The SLO is the benchmark's (`capacity.benchmark.config.Slo`: its 5 s and 0.1 s; its end-to-end
+deadline leaves the prompt's prefill out, fine for the few-thousand-token prompts it measures
+with, not for 126k), per request three deadlines
 (`replica.slo_ratios`): the first token within first_token_s (5 s of queueing) plus the
 prompt's own prefill on an idle replica; answer tokens at most per_output_token_s apart on
 average (0.1 s, the ITL); and end to end within both, the first token's deadline +

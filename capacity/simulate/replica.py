@@ -83,7 +83,7 @@ def slo_ratios(
     req: Request, first_token_s: float, per_output_token_s: float, prefill_per_token_s: float
 ) -> tuple[float, float, float]:
     """A finished request against its three deadlines (capacity.benchmark.config.Slo's numbers):
-    (end to end / its `deadline_s`, `end_to_end_deadline_s`), TTFT / (first_token_s + the
+    (end to end / its `deadline_s` (`end_to_end_deadline_s`), TTFT / (first_token_s + the
     prompt's own prefill, prompt x prefill_per_token_s), ITL / per_output_token_s).
 
     The TTFT deadline is the Slo's 5 s budget for queueing on top of the prompt's prefill on an
@@ -92,7 +92,7 @@ def slo_ratios(
     the first (vLLM's benchmark calls it TPOT): the replica jumps over runs of equal decode
     steps, so it knows a request's first and last token, not every gap. Worked numbers, 5 s and
     0.1 s, 1,000-token prompt at 40 us: arrival 0, first token 1.2 s, 13 tokens done at 4.8 s
-    -> (4.8 / 6.3, 1.2 / 5.04, 0.3 / 0.1) = (0.76, 0.24, 3.0): in time end to end and to the
+    -> (4.8 / 6.34, 1.2 / 5.04, 0.3 / 0.1) = (0.76, 0.24, 3.0): in time end to end and to the
     first token, but decode steps of 0.3 s miss the ITL."""
     e2e = (req.finished_s - req.arrival_s) / req.deadline_s
     ttft = (req.first_token_s - req.arrival_s) / (first_token_s + req.prompt_tokens * prefill_per_token_s)

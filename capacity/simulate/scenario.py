@@ -314,8 +314,12 @@ def causal_floor(
 def burst_minutes(floor: CausalFloor, seconds: float = 60.0) -> tuple[int, ...]:
     """The minutes that overlap a burst's first `seconds` (the span `causal_floor` plays alone):
     what a policy that sees the burst only when it comes serves with what stood when it came.
-    Worked numbers: bursts at 340 s and 900 s -> [340, 400) and [900, 960): minutes 5, 6, 15."""
-    minutes = {m for at in floor.bursts for m in range(int(at // 60), math.ceil((at + seconds) / 60.0))}
+    Worked numbers: bursts at 340 s and 900 s -> [340, 400) and [900, 960): minutes 5, 6, 15.
+    Left out of a score, they relax the Goal: the bench's restated Goal, not the issue's."""
+    end = len(floor.per_minute)  # none past the trace's last minute
+    minutes = {
+        m for at in floor.bursts for m in range(int(at // 60), min(math.ceil((at + seconds) / 60.0), end))
+    }
     return tuple(sorted(minutes))
 
 

@@ -73,11 +73,19 @@ def parse_timestamp(text: str) -> datetime:
 def load(path: str) -> Trace:
     """Read a trace CSV (UTF-8, with or without the byte-order mark a spreadsheet writes); a bad
     header, row or byte raises TraceError naming the line."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            return _read(path, csv.reader(f))
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: not UTF-8 text ({e})") from None
+    with open(path, "rb") as f:
+        return _read(path, csv.reader(_text_lines(path, f)))
+
+
+def _text_lines(path: str, lines: Iterator[bytes]) -> Iterator[str]:
+    """The file's lines as text, decoded one at a time so that a bad byte is named by its line."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(
+                f"{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start} of the line)"
+            ) from None
 
 
 def _read(path: str, reader: Iterator[list[str]]) -> Trace:

@@ -131,7 +131,9 @@ def summarise(
         "queued": total.queued / observed,
         "mu_per_minute": total.mu / observed * 60.0,
         # Redis sums what routers write unchecked: squares below the least the bucket's requests
-        # can have read as that least (0, a router without squares, stays 0: not known steady).
+        # can have read as that least. 0 (routers without squares) stays 0: not known steady;
+        # in a rollout, an old router's MU summed with a new one's squares in one second is
+        # read at that least, all of one size (Redis keeps no count of the squared requests).
         "mu_squared_per_minute": (
             max(total.mu_squared, least_mu_squared(total.mu, total.requests)) if total.mu_squared else 0.0
         )

@@ -528,8 +528,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--port is required")
     try:
         engine_profile(args)
-    except ValueError as e:  # a threshold beyond the profile's context, as vLLM refuses it
-        parser.error(f"--long-prefill-token-threshold: {e}")
+    except ValueError as e:  # e.g. a threshold beyond the profile's context, as vLLM refuses it
+        parser.error(str(e))
     return args
 
 

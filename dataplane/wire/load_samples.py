@@ -136,14 +136,19 @@ def _amount(doc: Mapping[str, Any], key: str, where: str) -> float:
 def least_mu_squared(mu: float, requests: float) -> float:
     """The smallest sum of MU squared that `requests` requests of `mu` MU in all can have: all of
     one size, mu^2 / requests (Cauchy-Schwarz; it holds for sums of samples too, so for a
-    second's routers and a bucket's seconds). Squares below it are a broken or lying router's,
-    and they would make lumpy work read steady; bounded as the router bounds its squares."""
-    return min(mu * mu / requests, MAX_AMOUNT) if requests > 0 else 0.0
+    second's routers and a bucket's seconds); MU without a request counted is read as one
+    request's. Squares below it are a broken router's, and they would make lumpy work read
+    steady; bounded as the router bounds its squares. It bounds the squares by the counts the
+    router sends with them: a router that lies about both, or one that reports squares as if
+    every request were one size, is not caught (routers hold an operator's key)."""
+    return min(mu * mu / max(requests, 1), MAX_AMOUNT)
 
 
 def _mu_squared(doc: Mapping[str, Any], requests: int, mu: float, where: str) -> float:
     """Zero (a router from before the squares), or between the least `requests` requests of `mu`
-    MU can have and mu^2 (one request with all of it); a relative 1e-9 for the floats' sums."""
+    MU can have and mu^2 (one request with all of it); a relative 1e-9 for the floats' sums
+    (identical MU summed a million times strays 4e-11). Refused like any bad field: an honest
+    router's rows always pass (tests/router/test_metering.py posts them)."""
     v = _amount(doc, "mu_squared", where)
     least, most = least_mu_squared(mu, requests), min(mu * mu, MAX_AMOUNT)
     if v and not least * (1 - 1e-9) <= v <= most * (1 + 1e-9):

@@ -274,6 +274,7 @@ def test_the_router_counts_a_request_vllm_has_not_answered_as_unanswered(real_po
         "prompt": "gated",
         "max_tokens": 50,
         "ignore_eos": True,
+        "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -312,5 +313,10 @@ def test_the_router_counts_a_request_vllm_has_not_answered_as_unanswered(real_po
         events = [json.loads(e[6:]) for e in text.decode().split("\n\n") if e.startswith("data: {")]
         assert events[-1]["usage"]["completion_tokens"] == 50, text[-300:]
         assert text.endswith(b"data: [DONE]\n\n"), text[-300:]
+        # Every delta reached the client through the router: the text is the greedy answer's.
+        streamed = "".join(c["text"] for e in events for c in e["choices"])
+        whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        status, _, answer = http("POST", f"{real_pod.engine}/v1/completions", whole, timeout=120)
+        assert status == 200 and streamed == json.loads(answer)["choices"][0]["text"], streamed
         assert metric_value(router, "router_pod_unanswered_mu") == 0
         real_pod.measurements["unanswered_mu_held"] = held

@@ -84,8 +84,8 @@ def test_a_burst_starts_where_a_span_is_above_the_ratio_times_the_300_s_before()
 
 
 def test_a_burst_s_minutes_are_those_its_first_60_s_overlap():
-    floor = CausalFloor(per_minute=(3,) * 20, bursts=(340.0, 900.0, 1140.0), standing=9, runs=0)
-    assert burst_minutes(floor) == (5, 6, 15, 19)  # [340, 400), [900, 960), [1140, 1200)
+    floor = CausalFloor(per_minute=(3,) * 20, bursts=(340.0, 900.0, 1170.0), standing=9, runs=0)
+    assert burst_minutes(floor) == (5, 6, 15, 19)  # [340, 400), [900, 960), [1170, 1200): 20 minutes
     assert burst_minutes(CausalFloor((3,), (), 0, 0)) == ()
 
 

@@ -51,7 +51,9 @@ def test_load_names_the_bad_line(tmp_path):
     ):
         load(str(path))
     path.write_bytes(GOOD.encode() + b"2023-11-16 18:17:00.0,3\xe9,3\n")  # Latin-1, not UTF-8
-    with pytest.raises(TraceError, match=r"bad\.csv: not UTF-8 text"):
+    with pytest.raises(
+        TraceError, match=r"bad\.csv:5: not UTF-8 text \(invalid continuation byte at byte 23 "
+    ):
         load(str(path))
 
 

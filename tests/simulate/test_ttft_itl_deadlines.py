@@ -1,7 +1,7 @@
 """A minute meets the SLO only when its requests' TTFT p99 and ITL p99 are within their
 deadlines as well as end to end (capacity.benchmark.config.Slo's 5 s to the first token and
 0.1 s per answer token; the first token's deadline adds the prompt's own prefill; the
-end-to-end deadline is 5 s + 0.1 s per answer token). On synthetic
+end-to-end deadline is the first token's + 0.1 s per answer token). On synthetic
 time, one replica of the tiny profile (steps of 10 ms + 1 ms a sequence + 0.1 ms a prompt
 token, 4 slots, 2,048 tokens of KV), held by a policy that never scales."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from capacity.simulate.fleet import Fleet, FleetConfig
 from capacity.simulate.policies import ScalingPolicy
-from capacity.simulate.replica import Request, slo_ratios
+from capacity.simulate.replica import Request, end_to_end_deadline_s, slo_ratios
 from capacity.simulate.sizing import chunk_within_itl
 from dataplane.runtime.profiles import get_profile
 
@@ -31,10 +31,15 @@ def play(arrivals: list[tuple[float, int, int]], config: FleetConfig, until: flo
 
 
 def test_slo_ratios_are_end_to_end_first_token_and_mean_gap():
-    req = Request(0.0, 1_000, 13, deadline_s=5.0 + 0.1 * 13, mu=0.0)
+    # The end-to-end deadline is the first token's (5 s + its prefill, 1,000 x 40 us) + 0.1 s a token.
+    deadline = end_to_end_deadline_s(5.0, 0.1, get_profile("h100-llama-8b"), 1_000, 13)  # 40 us a token
+    assert deadline == pytest.approx(6.34)
+    req = Request(0.0, 1_000, 13, deadline_s=deadline, mu=0.0)
     req.first_token_s, req.finished_s = 1.2, 4.8
     e2e, ttft, itl = slo_ratios(req, 5.0, 0.1, 0.000_04)
-    assert e2e == pytest.approx(4.8 / 6.3) and ttft == pytest.approx(1.2 / 5.04) and itl == pytest.approx(3.0)
+    assert (
+        e2e == pytest.approx(4.8 / 6.34) and ttft == pytest.approx(1.2 / 5.04) and itl == pytest.approx(3.0)
+    )
     one = Request(0.0, 100, 1, deadline_s=5.1, mu=0.0)
     one.first_token_s = one.finished_s = 2.0
     assert slo_ratios(one, 5.0, 0.1, 0.0)[2] == 0.0  # one token: no gap to miss

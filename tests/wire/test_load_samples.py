@@ -98,3 +98,8 @@ def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
     body["rows"][0].update(requests=0, mu=0.0, mu_squared=1.0)  # squares of no request
     with pytest.raises(SampleError, match=r"mu_squared must be 0 or in 0\.\.0 "):
         RouterSecond.from_json(body)
+    # MU with no request counted reads as one request's: 600 MU in squares of 1e-300 (a spread
+    # of 1e-154, the steadiest work there is) refused.
+    body["rows"][0].update(requests=0, mu=600.0, mu_squared=1e-300)
+    with pytest.raises(SampleError, match=r"mu_squared must be 0 or in 360000\.\.360000 "):
+        RouterSecond.from_json(body)
