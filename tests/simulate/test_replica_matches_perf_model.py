@@ -20,6 +20,22 @@ def _poisson(rate: float, n: int, prompt: int, output: int, seed: int = 1) -> li
     return out
 
 
+def _both(
+    prof: pm.EngineProfile, arrivals: list[tuple[float, int, int]]
+) -> tuple[list[pm.Completion], list[Request]]:
+    """The same arrivals through the perf model's own driver and through one replica."""
+    reference = pm.simulate(
+        prof, [pm.Arrival(t, pm.SimRequest(str(k), p, o)) for k, (t, p, o) in enumerate(arrivals)]
+    )
+    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
+    done: list[Request] = []
+    for k, (t, p, o) in enumerate(arrivals):
+        done += replica.advance_to(t)
+        replica.submit(Request(t, p, o, deadline_s=1.0, mu=1.0, seq=k), t)
+    done += replica.advance_to(float("inf"))
+    return reference, done
+
+
 @pytest.mark.parametrize(
     ("profile", "prompt", "output", "rate"),
     [
@@ -30,19 +46,8 @@ def _poisson(rate: float, n: int, prompt: int, output: int, seed: int = 1) -> li
     ],
 )
 def test_replica_latencies_equal_perf_model_simulate(profile, prompt, output, rate):
-    prof = get_profile(profile)
-    arrivals = _poisson(rate, 300, prompt, output)
-    reference = pm.simulate(
-        prof, [pm.Arrival(t, pm.SimRequest(str(k), p, o)) for k, (t, p, o) in enumerate(arrivals)]
-    )
+    reference, done = _both(get_profile(profile), _poisson(rate, 300, prompt, output))
     expected = sorted(c.finished_s - c.arrival_s for c in reference)
-
-    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
-    done: list[Request] = []
-    for k, (t, p, o) in enumerate(arrivals):
-        done += replica.advance_to(t)
-        replica.submit(Request(t, p, o, deadline_s=1.0, mu=1.0, seq=k), t)
-    done += replica.advance_to(float("inf"))
     got = sorted(r.finished_s - r.arrival_s for r in done)
 
     # Same arithmetic, same order of admission: equal to rounding.
@@ -59,15 +64,7 @@ def test_replica_equals_perf_model_with_long_prompts_among_short(threshold):
     )
     rng = random.Random(3)
     arrivals = [(t, rng.choice((12_000, 300, 150)), o) for t, _, o in _poisson(6.0, 300, 0, 40)]
-    reference = pm.simulate(
-        prof, [pm.Arrival(t, pm.SimRequest(str(k), p, o)) for k, (t, p, o) in enumerate(arrivals)]
-    )
-    replica = Replica(prof, 0, ready_at=0.0, started_at=0.0)
-    done: list[Request] = []
-    for k, (t, p, o) in enumerate(arrivals):
-        done += replica.advance_to(t)
-        replica.submit(Request(t, p, o, deadline_s=1.0, mu=1.0, seq=k), t)
-    done += replica.advance_to(float("inf"))
+    reference, done = _both(prof, arrivals)
     got = [x for r in sorted(done, key=lambda r: r.seq) for x in (r.first_token_s, r.finished_s)]
     ref = sorted(reference, key=lambda c: int(c.request_id))
     assert got == pytest.approx([x for c in ref for x in (c.first_token_s, c.finished_s)], rel=1e-9, abs=1e-9)
