@@ -22,7 +22,7 @@ with, not for 126k), per request three deadlines
 (`replica.slo_ratios`): the first token within first_token_s (5 s of queueing) plus the
 prompt's own prefill on an idle replica; answer tokens at most per_output_token_s apart on
 average (0.1 s, the ITL); and end to end within both, the first token's deadline +
-per_output_token_s x output tokens (5 + 0.01 + 0.1 x 211 = 26.1 s for the Azure trace's mean
+per_output_token_s x output tokens (5 + 1,155 x 40 us + 0.1 x 211 = 26.2 s for the Azure trace's mean
 request). A minute (by arrival) meets
 the SLO when the p99 over its requests of each ratio to its deadline is <= 1, a rejected
 request counting as infinitely late: a fleet whose decode steps stretch beside prefill chunks
