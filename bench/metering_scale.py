@@ -65,6 +65,7 @@ def sample(router: int, endpoint: int, second: int) -> TrafficSample:
         inflight=n * 0.125,
         mu=n * 0.375,
         mu_squared=n * 0.375**2,  # 9/64 a request: exact in binary and in millionths
+        squared_requests=n,
         tokens_in=50 * n,
         tokens_out=50 * n,
         latency_ms_sum=n * 31.5,

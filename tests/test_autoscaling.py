@@ -116,18 +116,23 @@ def test_a_slot_of_router_seconds_becomes_one_bucket(publish_seconds, chat):
 def test_squares_no_requests_can_have_read_as_the_least_they_can(publish_seconds, chat):
     # Redis sums what routers write, unchecked. Per second: a router whose 3 requests of 0.6 MU
     # carry 0.12 MU^2 in all, each 0.2 MU would be 0.04, so 0.12 is the least (all of one size);
-    # a lying router's 0.01 beside it; a router from before the squares (MU, no squares) in the
-    # next slot. The lie reads as the least for 6 requests of 1.2 MU (0.24), never steadier.
-    honest = TrafficSample(chat.pk, "owner", requests=3, inflight=1.0, mu=0.6, mu_squared=0.12)
+    # a lying router's 0.01 beside it. The lie reads as the least for 6 requests of 1.2 MU
+    # (0.24), never steadier. In the next slot, in a rollout, a router from before the squares
+    # (MU, no squares, no squared requests) beside an honest one: its MU came without squares,
+    # so the bucket's squares are not known (0), though the honest router's are in Redis.
+    honest = TrafficSample(
+        chat.pk, "owner", requests=3, inflight=1.0, mu=0.6, mu_squared=0.12, squared_requests=3
+    )
     liar = replace(honest, mu_squared=0.01)
-    old = replace(honest, mu_squared=0.0)
+    old = replace(honest, mu_squared=0.0, squared_requests=0)
     publish_seconds(
-        {s: [[honest], [liar]] for s in range(TS - 10, TS - 5)} | {s: [[old]] for s in range(TS - 5, TS)}
+        {s: [[honest], [liar]] for s in range(TS - 10, TS - 5)}
+        | {s: [[honest], [old]] for s in range(TS - 5, TS)}
     )
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
-    lied, before = (LoadBucket.objects.get(endpoint=chat, end=end) for end in (TS - 5, TS))
+    lied, rollout = (LoadBucket.objects.get(endpoint=chat, end=end) for end in (TS - 5, TS))
     assert lied.mu_squared_per_minute == pytest.approx(1.2**2 / 6 * 60)  # 0.24 MU^2 a second
-    assert (before.mu_per_minute, before.mu_squared_per_minute) == (pytest.approx(36.0), 0.0)
+    assert (rollout.mu_per_minute, rollout.mu_squared_per_minute) == (pytest.approx(72.0), 0.0)
 
 
 def test_seconds_no_router_reported_are_missing_not_idle(publish_seconds, chat):

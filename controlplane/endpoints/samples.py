@@ -130,12 +130,14 @@ def summarise(
         "in_flight": total.inflight / observed,
         "queued": total.queued / observed,
         "mu_per_minute": total.mu / observed * 60.0,
-        # Redis sums what routers write unchecked: squares below the least the bucket's requests
-        # can have read as that least. 0 (routers without squares) stays 0: not known steady;
-        # in a rollout, an old router's MU summed with a new one's squares in one second is
-        # read at that least, all of one size (Redis keeps no count of the squared requests).
+        # Squares only where every request's are in them (a router before them sends none, and
+        # in a rollout its MU shares the second with a new router's squares): else 0, not known
+        # steady. Redis sums what routers write unchecked: squares below the least the bucket's
+        # requests can have read as that least.
         "mu_squared_per_minute": (
-            max(total.mu_squared, least_mu_squared(total.mu, total.requests)) if total.mu_squared else 0.0
+            max(total.mu_squared, least_mu_squared(total.mu, total.requests))
+            if total.mu_squared and total.squared_requests >= total.requests
+            else 0.0
         )
         / observed
         * 60.0,

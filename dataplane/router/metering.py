@@ -148,6 +148,7 @@ class Meter:
                     # squares grow faster than MU: bounded as the wire bounds an amount, lest a
                     # second of huge requests be refused whole (and its billing with it)
                     mu_squared=min(s.mu_squared, MAX_AMOUNT),
+                    squared_requests=s.requests,
                     tokens_in=s.tokens_in,
                     tokens_out=s.tokens_out,
                     latency_ms_sum=s.latency_sum_s * 1000.0,

@@ -18,10 +18,11 @@ fleet's sums; and it counts itself in a heartbeat key. Both expire after the rou
                                           every second, traffic or not): a second without it
                                           is missing data, not idleness
 
-One router's second of one endpoint costs Redis 2 commands (BITFIELD, EXPIRE), 4.5 us of its CPU
-and 428 bytes in, whatever its tenants; the hash of fields this replaced took one HINCRBYFLOAT
-per field and tenant (about 10 commands for one tenant, 11.5 us, 716 bytes), and reading a
-second back costs the autoscaler's pass a third of what it did (bench/metering_scale.py). An
+One router's second of one endpoint costs Redis 2 commands (BITFIELD, EXPIRE), 0.3-0.4x the
+Redis CPU of the hash of fields this replaced and 507 bytes in against 880, whatever its
+tenants (the hash took one HINCRBYFLOAT per field and tenant: about 11 commands for one
+tenant), and reading a second back costs the autoscaler's pass 0.3x what it did
+(bench/metering_scale.py, both in one run). An
 amount is kept to a millionth (4.5 MU, 90.25 ms exactly; 1/3 MU as 333_333 millionths).
 Per-tenant MU is not in Redis: nothing read it there; the posted rows below keep their tenant.
 
@@ -58,7 +59,7 @@ NO_LATENCIES = (0,) * (len(LATENCY_BUCKETS_S) + 1)
 # there (OVERFLOW SAT) instead of wrapping.
 SLOTS = (
     "requests", "inflight", "mu", "tokens_in", "tokens_out", "latency_ms_sum", "errors", "throttled",
-    *(f"lat{i}" for i in range(len(NO_LATENCIES))), "queued", "queued_mu", "mu_squared",
+    *(f"lat{i}" for i in range(len(NO_LATENCIES))), "queued", "queued_mu", "mu_squared", "squared_requests",
 )  # fmt: skip
 AMOUNT_SLOTS = frozenset({"inflight", "mu", "latency_ms_sum", "queued_mu", "mu_squared"})
 FIXED_POINT = 1_000_000  # units per amount in a slot
@@ -160,6 +161,14 @@ def _mu_squared(doc: Mapping[str, Any], requests: int, mu: float, where: str) ->
     return v
 
 
+def _squared_requests(doc: Mapping[str, Any], requests: int, where: str) -> int:
+    """0 (a router before the squares) or every request of the row: one router squares all."""
+    v = _count(doc, "squared_requests", where)
+    if v not in (0, requests):
+        raise SampleError("rows", f"{where}.squared_requests must be 0 or requests ({requests}), got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class TrafficSample:
     """One router's second of one endpoint and tenant: requests finished, refused, in flight."""
@@ -172,6 +181,10 @@ class TrafficSample:
     # each request's MU squared, summed, >= 0: with mu, how lumpy the work is (the autoscaler's
     # calm history plans at a full replica only where it is not)
     mu_squared: float = 0.0
+    # the requests whose squares mu_squared sums: all of them, or 0 from a router before the
+    # squares. Summed over routers it tells a second whose squares are whole from one where an
+    # old router's MU came without them.
+    squared_requests: int = 0
     tokens_in: int = 0  # prompt tokens (usage, else the estimate), >= 0
     tokens_out: int = 0  # generated tokens (usage, else SSE events counted), >= 0
     latency_ms_sum: float = 0.0  # sum of request latencies, ms >= 0 (/ requests: the mean)
@@ -186,6 +199,7 @@ class TrafficSample:
             "inflight": self.inflight,
             "mu": self.mu,
             "mu_squared": self.mu_squared,
+            "squared_requests": self.squared_requests,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "latency_ms_sum": self.latency_ms_sum,
@@ -208,6 +222,7 @@ class TrafficSample:
             inflight=_amount(doc, "inflight", where),
             mu=mu,
             mu_squared=_mu_squared(doc, requests, mu, where),
+            squared_requests=_squared_requests(doc, requests, where),
             tokens_in=_count(doc, "tokens_in", where),
             tokens_out=_count(doc, "tokens_out", where),
             latency_ms_sum=_amount(doc, "latency_ms_sum", where),
@@ -314,6 +329,7 @@ class EndpointSecond:
     queued: float = 0.0
     queued_mu: float = 0.0
     mu_squared: float = 0.0
+    squared_requests: float = 0.0
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> EndpointSecond:
@@ -336,6 +352,7 @@ class EndpointSecond:
             queued=get("queued"),
             queued_mu=get("queued_mu"),
             mu_squared=get("mu_squared"),
+            squared_requests=get("squared_requests"),
         )
 
     @classmethod
@@ -367,4 +384,5 @@ class EndpointSecond:
             queued=self.queued + other.queued,
             queued_mu=self.queued_mu + other.queued_mu,
             mu_squared=self.mu_squared + other.mu_squared,
+            squared_requests=self.squared_requests + other.squared_requests,
         )

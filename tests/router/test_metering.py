@@ -36,6 +36,7 @@ def test_roll_reports_time_averaged_inflight_and_sums():
             inflight=pytest.approx(1.5),
             mu=1.5,
             mu_squared=2.25,
+            squared_requests=1,  # every request's square is in mu_squared
             tokens_in=10,
             tokens_out=20,
             latency_ms_sum=500.0,
@@ -101,7 +102,9 @@ def test_publish_to_redis_key_layout():
                 throttled=1,
                 latency_buckets=latencies({1: 2, 3: 1}),
                 mu_squared=6.75,
+                squared_requests=3,
             )
+            # a router from before the squares: its request's MU comes without them
             beta = TrafficSample(endpoint, "beta", requests=1, mu=0.25, tokens_in=5, latency_ms_sum=2.5)
             queue = QueueSample(endpoint, queued=2, queued_mu=1.5)
             await publish(redis, [acme, beta, queue], 1_700_000_000, 120)
@@ -109,9 +112,9 @@ def test_publish_to_redis_key_layout():
             key = load_key(endpoint, 1_700_000_000)
             raw = await redis.get(key)
             # the string's int64 slots: counts as they are, amounts in millionths; slots past
-            # the highest one written (mu_squared is the last) read as zero
-            assert len(raw) == 8 * 26
-            slots = dict(zip(SLOTS, struct.unpack(">26q", raw), strict=True))
+            # the highest one written (squared_requests is the last) read as zero
+            assert len(raw) == 8 * 27
+            slots = dict(zip(SLOTS, struct.unpack(">27q", raw), strict=True))
             assert (slots["requests"], slots["mu"], slots["tokens_in"], slots["tokens_out"]) == (
                 7,
                 9_250_000,  # 4.5 + 0.25 + 4.5 MU
@@ -125,6 +128,7 @@ def test_publish_to_redis_key_layout():
             )
             assert (slots["lat1"], slots["lat3"], slots["queued"], slots["queued_mu"]) == (4, 2, 2, 1_500_000)
             assert slots["mu_squared"] == 13_500_000  # 6.75 MU^2 from each router
+            assert slots["squared_requests"] == 6  # of the 7 requests: beta's came without
             assert EndpointSecond.from_redis_slots(raw) == EndpointSecond(
                 requests=7.0,
                 inflight=3.0,
@@ -137,6 +141,7 @@ def test_publish_to_redis_key_layout():
                 queued=2.0,
                 queued_mu=1.5,
                 mu_squared=13.5,
+                squared_requests=6.0,
             )
             # a second with only requests wrote one slot: the rest are zeros
             short = load_key(endpoint, 1_700_000_001)

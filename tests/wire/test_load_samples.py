@@ -19,6 +19,7 @@ TRAFFIC = TrafficSample(
     inflight=1.5,
     mu=4.5,
     mu_squared=6.75,
+    squared_requests=3,
     tokens_in=30,
     tokens_out=60,
     latency_ms_sum=90.0,
@@ -33,6 +34,7 @@ READ = EndpointSecond(
     inflight=1.5,
     mu=4.5,
     mu_squared=6.75,
+    squared_requests=3.0,
     tokens_in=30.0,
     tokens_out=60.0,
     latency_ms_sum=90.0,
@@ -102,4 +104,8 @@ def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
     # of 1e-154, the steadiest work there is) refused.
     body["rows"][0].update(requests=0, mu=600.0, mu_squared=1e-300)
     with pytest.raises(SampleError, match=r"mu_squared must be 0 or in 360000\.\.360000 "):
+        RouterSecond.from_json(body)
+    # A row's squares are all its requests' or none (a router before them): never some.
+    body["rows"][0].update(requests=3, mu=4.5, mu_squared=6.75, squared_requests=2)
+    with pytest.raises(SampleError, match=r"rows\[0\]\.squared_requests must be 0 or requests \(3\), got 2"):
         RouterSecond.from_json(body)
