@@ -249,6 +249,10 @@ class CompletionRace:
         with self._lock:
             return list(self._finished)
 
+    def done(self) -> bool:
+        """Every request answered (or failed): nothing of the race is in flight."""
+        return not any(thread.is_alive() for thread in self._threads)
+
     def join(self) -> list[str]:
         """Wait for every request; fails the test if any did not answer 200."""
         for thread in self._threads:

