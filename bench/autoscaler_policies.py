@@ -64,7 +64,7 @@ from capacity.simulate.scenario import (
     searched_oracle,
     simulate,
 )
-from capacity.simulate.sizing import chunk_within_itl, cost_model_for, fit_shape, full_batch
+from capacity.simulate.sizing import cost_model_for, deployed, fit_shape, full_batch
 from dataplane.runtime.profiles import EngineProfile, get_profile
 
 AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
@@ -248,9 +248,10 @@ def main() -> int:
     # One context for every trace: the model's own (prompts up to 128k replay, none cut), and
     # the chunk of prefill a step within the inter-token deadline (as the CLI deploys it).
     fleet = FleetConfig(pod_start_s=30.0)
-    profile = replace(
-        chunk_within_itl(replace(base_profile, max_model_len=CONTEXT_TOKENS), fleet.slo_per_output_token_s),
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
+    profile = deployed(
+        replace(base_profile, max_model_len=CONTEXT_TOKENS),
+        fleet.slo_per_output_token_s,
+        args.long_prefill_token_threshold,
     )
     summary: list[Row] = []
     build = "native (make sim-native)" if fleet_module.__file__.endswith(".so") else "python"

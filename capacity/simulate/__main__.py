@@ -31,7 +31,7 @@ from capacity.simulate.scenario import (
     searched_oracle,
     simulate,
 )
-from capacity.simulate.sizing import chunk_within_itl
+from capacity.simulate.sizing import deployed
 from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
 from dataplane.runtime.perf_model import EngineProfile
 from dataplane.runtime.profiles import get_profile
@@ -123,10 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             initial_replicas=args.min_replicas,
             seed=args.seed,
         )
-        profile = replace(
-            chunk_within_itl(profile, fleet.slo_per_output_token_s),
-            long_prefill_token_threshold=args.long_prefill_token_threshold,
-        )
+        profile = deployed(profile, fleet.slo_per_output_token_s, args.long_prefill_token_threshold)
         apa = AutoscalerConfig()
         searched = bound = floor = None
         if args.search_oracle and (args.policy == "oracle" or args.compare_oracle):

@@ -70,13 +70,21 @@ class Request:
         return self.prompt_tokens + self.output_tokens
 
 
+def first_token_deadline_s(first_token_s: float, prefill_per_token_s: float, prompt: int) -> float:
+    """`first_token_s` of queueing + the prompt's own prefill on an idle replica (`slo_ratios`
+    says why)."""
+    return first_token_s + prompt * prefill_per_token_s
+
+
 def end_to_end_deadline_s(
     first_token_s: float, per_output_token_s: float, profile: EngineProfile, prompt: int, output: int
 ) -> float:
-    """The first token's deadline (`first_token_s` of queueing + the prompt's own prefill on an
-    idle replica) + `per_output_token_s` for each answer token: a 126k-token prompt with a
-    one-token answer is due in 5 + 5.04 + 0.1 s, not in 5.1 s, which no fleet meets."""
-    return first_token_s + prompt * profile.prefill_per_token_s + per_output_token_s * output
+    """The first token's deadline + `per_output_token_s` for each answer token: a 126k-token
+    prompt with a one-token answer is due in 5 + 5.04 + 0.1 s, not in 5.1 s."""
+    return (
+        first_token_deadline_s(first_token_s, profile.prefill_per_token_s, prompt)
+        + per_output_token_s * output
+    )
 
 
 def slo_ratios(
@@ -95,7 +103,9 @@ def slo_ratios(
     -> (4.8 / 6.34, 1.2 / 5.04, 0.3 / 0.1) = (0.76, 0.24, 3.0): in time end to end and to the
     first token, but decode steps of 0.3 s miss the ITL."""
     e2e = (req.finished_s - req.arrival_s) / req.deadline_s
-    ttft = (req.first_token_s - req.arrival_s) / (first_token_s + req.prompt_tokens * prefill_per_token_s)
+    ttft = (req.first_token_s - req.arrival_s) / first_token_deadline_s(
+        first_token_s, prefill_per_token_s, req.prompt_tokens
+    )
     gaps = req.output_tokens - 1
     itl = (req.finished_s - req.first_token_s) / gaps / per_output_token_s if gaps > 0 else 0.0
     return e2e, ttft, itl
@@ -220,12 +230,7 @@ class Replica:
         decoders = len(self.decoding)
         budget = p.max_batched_tokens - decoders
         prefilling = self.prefilling
-        # (the call only where a threshold is set: this is the hot loop of a prefill-heavy fleet)
-        cap = (
-            long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
-            if p.long_prefill_token_threshold
-            else budget
-        )
+        cap = long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
         prefilled = 0
         completed: list[Request] = []
         for req in prefilling:

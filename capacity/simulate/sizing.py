@@ -74,6 +74,14 @@ def chunk_within_itl(profile: EngineProfile, itl_s: float) -> EngineProfile:
     return replace(profile, max_batched_tokens=max(chunk, profile.max_num_seqs))
 
 
+def deployed(profile: EngineProfile, itl_s: float, long_prefill_token_threshold: int = 0) -> EngineProfile:
+    """The profile as the CLI and the bench deploy it: the chunk within the ITL deadline
+    (`chunk_within_itl`) and vLLM's --long-prefill-token-threshold (0, vLLM's default: none)."""
+    return replace(
+        chunk_within_itl(profile, itl_s), long_prefill_token_threshold=long_prefill_token_threshold
+    )
+
+
 # The most replicas the capacity measurement routes across: past ~8, two random choices among
 # them spread a heavy-tailed prompt as well as among more (measured: longctx 1.27, 1.45, 1.71
 # MU/s per replica on 1, 4, 8), and each bisection step costs a replica's simulation more.
