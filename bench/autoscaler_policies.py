@@ -22,9 +22,10 @@ Production-like mixes (issue 23), each with seeds 1 and 2 (`--seeds`), 30 minute
              replayed with a 128k context (--max-model-len 131072)
   decode-s   decode-heavy (chat, agents): outputs median 400 (p90 1,200), 10-30 s fan-outs at 4x
   diurnal-s  the diurnal kind with bursts (per-minute peak/mean ~10)
-After each trace, whether the issue's Goal holds on it (see `goal`), and where it bursts, what of
-the Goal no policy that sees a burst only when it comes can meet (`out_of_reach`, from
-scenario.causal_floor); a summary table at the end.
+After each trace, whether the issue's Goal holds on it (see `goal`), what of it no policy that
+sees a burst only when it comes (scenario.causal_floor), or no schedule at all
+(scenario.minute_bounds), can meet, and the Goal restated there (`out_of_reach`, `Reach`); a
+summary table at the end.
 Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
 p99s of TTFT, ITL and end-to-end latency are each within their deadlines: see capacity.simulate.fleet),
 p99 end-to-end latency, rejected share, scale events, minutes
@@ -42,9 +43,10 @@ after the same 30 minutes of warm-up: what a steady endpoint's margins are for.
 """
 
 import argparse
+import math
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Appended, not inserted: under scripts/sim-native.sh the compiled simulator comes first.
@@ -103,12 +105,40 @@ HEADROOM = {f"apa-u{round(u * 100)}": {"target_utilisation": u} for u in (0.4, 0
 PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
 
+@dataclass(frozen=True)
+class Reach:
+    """What of the Goal is out of reach on one trace, and the Goal restated there (README,
+    issue 23): the minutes of the bursts' first 60 s left apart where no policy that sees a
+    burst only when it comes meets the cost clauses, and the static-peak clause dropped where no
+    schedule at all meets it (its per-minute bound is above 20 % of static-peak's GPU-hours)."""
+
+    beyond: list[str]  # the clauses out of reach, each with its reason
+    apart: tuple[int, ...] = ()  # the burst minutes the restated Goal leaves apart
+    static_clause: bool = True  # False: the restated Goal drops the static-peak clause
+
+    @property
+    def restates(self) -> bool:
+        return bool(self.apart) or not self.static_clause
+
+    def describe(self) -> str:
+        parts = (
+            [f"with the minutes of its bursts' first 60 s apart ({list(self.apart)})"] if self.apart else []
+        )
+        if not self.static_clause:
+            parts.append("without the static-peak clause, which no schedule meets")
+        return " and ".join(parts)
+
+    def judge(self, results: dict[str, Result], peak_mean: float, unmet: tuple[int, ...]) -> list[str]:
+        apart = tuple(sorted({*unmet, *self.apart}))
+        return goal(results, peak_mean, apart, static_clause=self.static_clause) or []
+
+
+# What of the Goal is out of reach, and what the restated Goal misses (None: not restated).
+Restated = tuple[Reach, list[str] | None]
 # One trace's line of the goal table: name, results by policy, what of the Goal it misses (None:
 # not judged), the minutes no searched schedule met, its per-minute peak/mean, the GPU-hours no
 # per-minute schedule goes below and those no policy that sees a burst only when it comes goes
-# below (None: no searched oracle).
-# The Goal restated where it is out of reach: the burst minutes left apart, and what it misses then.
-Restated = tuple[tuple[int, ...], list[str]]
+# below (None: no searched oracle), and the Goal restated.
 Row = tuple[
     str,
     dict[str, Result],
@@ -117,7 +147,7 @@ Row = tuple[
     float,
     float | None,
     float | None,
-    Restated | None,
+    Restated,
 ]
 # Traces whose load changes on a schedule, not at random times: the causal floor's premise (a
 # burst may start anywhere, whatever came before) does not hold, so none is computed.
@@ -139,12 +169,15 @@ def families(seeds: list[int]) -> dict[str, object]:
     return makers
 
 
-def goal(results: dict[str, Result], peak_mean: float, unmet: tuple[int, ...] = ()) -> list[str] | None:
+def goal(
+    results: dict[str, Result], peak_mean: float, unmet: tuple[int, ...] = (), static_clause: bool = True
+) -> list[str] | None:
     """What of the issue's Goal apa misses on one trace ([] when it holds): attainment >= 0.99
     where the oracle meets 0.99, at <= 1.25x its GPU-hours; no fewer minutes met than hpa or kpa
-    and dominated by neither; <= 20 % of static-peak's GPU-hours where per-minute peak/mean >= 10.
-    Attainment leaves out the minutes the searched oracle could not meet (`unmet`). None when a
-    policy it compares with was not run (`--policies apa` judges nothing)."""
+    and dominated by neither; <= 20 % of static-peak's GPU-hours where per-minute peak/mean >= 10
+    (unless `static_clause` is False). Attainment leaves out the minutes the searched oracle could
+    not meet (`unmet`). None when a policy it compares with was not run (`--policies apa` judges
+    nothing)."""
     if any(p not in results for p in JUDGES):
         return None
     apa, oracle, misses = results["apa"], results["oracle"], []
@@ -164,7 +197,7 @@ def goal(results: dict[str, Result], peak_mean: float, unmet: tuple[int, ...] = 
         if other.gpu_hours <= apa.gpu_hours and att(other) >= att(apa):
             misses.append(f"dominated by {peer}")
     static = results["static-peak"]
-    if peak_mean >= 10 and apa.gpu_hours > 0.2 * static.gpu_hours:
+    if static_clause and peak_mean >= 10 and apa.gpu_hours > 0.2 * static.gpu_hours:
         misses.append(f"{apa.gpu_hours / static.gpu_hours:.2f} of static-peak > 0.20")
     return misses
 
@@ -339,28 +372,26 @@ def main() -> int:
         if "apa" in plain:
             peak_mean = traces.burst_stats(trace)["peak_mean_minute"]
             misses = goal(plain, peak_mean, unmet)
-            beyond = out_of_reach(plain, peak_mean, floor)
-            restated: Restated | None = None
-            if misses and beyond and bursting:
-                restated = (bursting, goal(plain, peak_mean, tuple(sorted({*unmet, *bursting}))) or [])
-            summary.append((name, plain, misses, unmet, peak_mean, bound, floor, restated))
+            reach = out_of_reach(plain, peak_mean, floor, bound, bursting)
+            restated = reach.judge(plain, peak_mean, unmet) if misses and reach.restates else None
+            summary.append((name, plain, misses, unmet, peak_mean, bound, floor, (reach, restated)))
             apart = (
                 f" (minutes no searched schedule met, left out of every score: {list(unmet)})"
                 if unmet
                 else ""
             )
-            reach = f"; out of any causal policy's reach: {'; '.join(beyond)}" if beyond else ""
-            print(f"{name}: goal {verdict(misses)}{apart}{reach}", flush=True)
-            if restated:
-                print(
-                    f"{name}: with the minutes of its bursts' first 60 s apart ({list(restated[0])}),"
-                    f" the goal {verdict(restated[1])}",
-                    flush=True,
-                )
+            beyond = f"; out of reach: {'; '.join(reach.beyond)}" if reach.beyond else ""
+            print(f"{name}: goal {verdict(misses)}{apart}{beyond}", flush=True)
+            if restated is not None:
+                print(f"{name}: {reach.describe()}, the goal {verdict(restated)}", flush=True)
             for variant in extra:
                 if misses is not None and variant in plain:
-                    other = goal({**plain, "apa": plain[variant]}, peak_mean, unmet)
-                    print(f"{name}: goal with {variant} in apa's place {verdict(other)}", flush=True)
+                    instead = {**plain, "apa": plain[variant]}
+                    other = goal(instead, peak_mean, unmet)
+                    line = f"{name}: goal with {variant} in apa's place {verdict(other)}"
+                    if other and reach.restates:
+                        line += f"; restated, it {verdict(reach.judge(instead, peak_mean, unmet))}"
+                    print(line, flush=True)
         if name == "daily":
             last = {p: r.minutes[-1440:] for p, (r, _) in results.items()}
             line = ", ".join(
@@ -439,12 +470,13 @@ def print_table(summary: list[Row]) -> None:
                 + (f", floor {floor:.2f}" if p == "oracle" and floor and bound and floor > bound else "")
             )
         goal_cell = "not judged" if misses is None else "; ".join(misses) or "holds"
-        if misses and (beyond := out_of_reach(results, peak_mean, floor)):
+        reach, restated_misses = restated
+        if misses and reach.beyond:
             beyond_any += 1
-            goal_cell += f" (out of reach: {'; '.join(beyond)})"
-        if restated:
-            restated_held += not restated[1]
-            goal_cell += f"; burst minutes {list(restated[0])} apart: {'; '.join(restated[1]) or 'holds'}"
+            goal_cell += f" (out of reach: {'; '.join(reach.beyond)})"
+        if restated_misses is not None:
+            restated_held += not restated_misses
+            goal_cell += f"; {reach.describe()}: {'; '.join(restated_misses) or 'holds'}"
         print(
             f"| {name} | {peak_mean:.1f} | " + " | ".join(cells) + f" | {list(unmet) or '-'} | {goal_cell} |"
         )
@@ -459,26 +491,42 @@ def print_table(summary: list[Row]) -> None:
     if judged:
         print(
             f"goal holds on {held} of {len(judged)} traces; on {beyond_any} of the others no policy"
-            " that sees a burst only when it comes can hold it, and with their burst minutes apart"
+            " that sees a burst only when it comes (or no schedule at all) can hold it, and restated"
             f" it holds on {restated_held} of those",
             flush=True,
         )
 
 
-def out_of_reach(results: dict[str, Result], peak_mean: float, floor: float | None) -> list[str]:
-    """The Goal's cost clauses that no policy seeing a burst only when it comes can meet on this
-    trace while meeting every minute: the causal floor (`scenario.causal_floor`) above 1.25x
-    the oracle's GPU-hours, or above 20 % of static-peak's where per-minute peak/mean >= 10."""
-    if floor is None or "oracle" not in results:
-        return []
-    beyond = []
+def out_of_reach(
+    results: dict[str, Result],
+    peak_mean: float,
+    floor: float | None,
+    bound: float | None,
+    bursting: tuple[int, ...],
+) -> Reach:
+    """The Goal's cost clauses that no policy can meet on this trace while meeting every minute:
+    the causal floor (`scenario.causal_floor`: no policy that sees a burst only when it comes
+    goes below it) above 1.25x the oracle's GPU-hours, or above 20 % of static-peak's where
+    per-minute peak/mean >= 10; and the static-peak clause where even the per-minute bound
+    (`scenario.minute_bounds`: no schedule goes below it) is above 20 % of static-peak's. The
+    restated Goal leaves the `bursting` minutes apart for the first, drops the clause for the
+    second."""
+    if "oracle" not in results:
+        return Reach([])
     oracle = results["oracle"].gpu_hours
-    if floor > 1.25 * oracle:
-        beyond.append(f"the floor is {floor / oracle:.2f}x the oracle > 1.25x")
-    static = results["static-peak"].gpu_hours if "static-peak" in results else None
-    if static and peak_mean >= 10 and floor > 0.2 * static:
-        beyond.append(f"the floor is {floor / static:.2f} of static-peak > 0.20")
-    return beyond
+    static = results["static-peak"].gpu_hours if "static-peak" in results else math.inf
+    peaky = peak_mean >= 10
+    anyone = []  # what no schedule at all meets
+    if bound is not None and peaky and bound > 0.2 * static:
+        anyone.append(
+            f"no schedule meets the static-peak clause: its bound is {bound / static:.2f} of static-peak"
+        )
+    causal = []  # what no policy that sees a burst only when it comes meets
+    if floor is not None and floor > 1.25 * oracle:
+        causal.append(f"the floor is {floor / oracle:.2f}x the oracle > 1.25x")
+    if floor is not None and peaky and floor > 0.2 * static and not anyone:
+        causal.append(f"the floor is {floor / static:.2f} of static-peak > 0.20")
+    return Reach(anyone + causal, bursting if causal else (), static_clause=not anyone)
 
 
 def verdict(misses: list[str] | None) -> str:

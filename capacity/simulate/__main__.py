@@ -55,8 +55,9 @@ def check_context(trace: Trace, profile: EngineProfile) -> None:
     if longest > profile.max_model_len - 1:
         at = trace.prompts.index(longest)
         raise ValueError(
-            f"a prompt of {longest} tokens (arrival {at + 1}, at {trace.times[at]:.3f} s) is beyond"
-            f" the context length {profile.max_model_len} of profile {profile.name} (--max-model-len)"
+            f"a prompt of {longest} tokens (arrival {at + 1}, at {trace.times[at]:.3f} s) leaves no"
+            f" room for one answer token in the context length {profile.max_model_len} of profile"
+            f" {profile.name} (--max-model-len)"
         )
 
 
