@@ -4,9 +4,10 @@
 
 Each endpoint brings five minutes of 5-second buckets (60 buckets, about the 350 s the decider
 reads by default: what a collector keeps); the pass decides every endpoint once. Prints CPU
-seconds per pass and per endpoint as N grows; then the same with a calm history of 30 minutes
-(`calm_history_s` 1800), judged on the spans since the last pass (the state the pass keeps,
-`calm.quiet_since`), so each endpoint brings the same buckets.
+seconds per pass and per endpoint as N grows, each endpoint's calm judged on the spans since
+the last pass (the state the pass keeps, `calm.quiet_since`, for the quiet margin that is on by
+default), so each endpoint brings the same buckets; then with an operator's calm history of 30
+minutes (`calm_history_s` 1800) too, and with neither (`quiet_margin` 1: no judgement).
 """
 
 import random
@@ -56,7 +57,7 @@ def fleet(n: int, rng: random.Random, config: AutoscalerConfig | None = None):
 def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket]) -> bool:
     """The pass's work for one endpoint: its calm history judged, then its decision."""
     cfg = spec.config
-    if cfg.calm_history_s > 0:
+    if calm.horizon_s(cfg) > 0:
         spec = replace(spec, quiet_since=calm.quiet_since(spec.quiet_since, buckets, NOW - 5, NOW, cfg))
     return decide(spec, buckets, NOW).changes(spec.current_replicas)
 
@@ -64,11 +65,15 @@ def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket]) -> bool:
 def main() -> None:
     rng = random.Random(5)
     with_calm = AutoscalerConfig(calm_history_s=1800.0)
+    unjudged = AutoscalerConfig(quiet_margin=1.0)
     print(f"{'endpoints':>10} {'cpu s/pass':>11} {'us/endpoint':>12}  goal: 10,000 under 1 s")
-    runs = [(n, None) for n in (1_000, 5_000, 10_000, 20_000)] + [(1_000, with_calm), (10_000, with_calm)]
+    runs = [(n, None) for n in (1_000, 5_000, 10_000, 20_000)]
+    runs += [(n, c) for c in (with_calm, unjudged) for n in (1_000, 10_000)]
     for n, config in runs:
         if config is with_calm and n == 1_000:
-            print("with a calm history of 1800 s, judged since the last pass:")
+            print("with a calm history of 1800 s too:")
+        if config is unjudged and n == 1_000:
+            print("with neither (quiet_margin 1), nothing judged:")
         endpoints = fleet(n, rng, config)
         started = time.process_time()
         changed = sum(1 for spec, buckets in endpoints if judged_and_decided(spec, buckets))

@@ -32,7 +32,8 @@ p99 end-to-end latency, rejected share, scale events, minutes
 violating the SLO from the ramp's start (ramp10k only), and the CPU seconds of the run.
 --variants adds apa rows with one default changed (see VARIANTS; all, or the names given,
 comma-separated): what each default buys, and whether the Goal would hold with that row in apa's
-place. A row with a calm history (calm_history_s) plays after as long a warm-up.
+place. apa plays after as long a warm-up as the calm it waits for (calm.horizon_s: 30 minutes
+by default, quiet_after_s; longer with calm_history_s), the trace mirrored, but on ramp10k.
 --headroom adds apa rows planning for a smaller share of each replica (see HEADROOM): what a
 policy that only follows the load it has seen pays for every minute of a burst within the SLO.
 --series prints, per minute, the trace's load beside apa's decider inputs and replicas and the
@@ -52,7 +53,7 @@ from pathlib import Path
 # Appended, not inserted: under scripts/sim-native.sh the compiled simulator comes first.
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from capacity.autoscaler import AutoscalerConfig
+from capacity.autoscaler import AutoscalerConfig, calm
 from capacity.simulate import fleet as fleet_module
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig, Result
@@ -152,6 +153,7 @@ Row = tuple[
 # Traces whose load changes on a schedule, not at random times: the causal floor's premise (a
 # burst may start anywhere, whatever came before) does not hold, so none is computed.
 SCHEDULED = ("steps", "ramp10k", "daily")
+NEW = ("ramp10k",)  # a new endpoint's first minutes: every policy's warm-up is the 2 before the ramp
 JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compares apa with
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
 
@@ -244,7 +246,7 @@ def play_surges(profile: EngineProfile, fleet: FleetConfig, variants: dict, quic
         label = f"{factor:g}x {seconds:g}s @{minute}"
         for policy, overrides in {"apa": {}, **variants}.items():
             apa = AutoscalerConfig.from_overrides(overrides)
-            r = simulate(profile, trace, "apa", fleet, apa, warmup_s=max(warmup, apa.calm_history_s))
+            r = simulate(profile, trace, "apa", fleet, apa, warmup_s=max(warmup, calm.horizon_s(apa)))
             print(f"{label:18} {policy:14} {r.gpu_hours:8.2f}  {list(r.violating_minutes)}", flush=True)
     return 0
 
@@ -346,7 +348,9 @@ def main() -> int:
                     apa,
                     # A policy that reads a longer history gets as much of it (the trace's own,
                     # mirrored: the endpoint's traffic before the trace looked like it).
-                    warmup_s=max(warmup, apa.calm_history_s),
+                    # apa's own is as long as the calm it waits for (calm.horizon_s: 30
+                    # minutes by default), but where the trace is a new endpoint's (ramp10k).
+                    warmup_s=warmup if base != "apa" or name in NEW else max(warmup, calm.horizon_s(apa)),
                     decisions=log if policy == "apa" else None,
                 ),
                 time.process_time() - started,

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
-from capacity.autoscaler.horizontal import lookback_s, planned_utilisation
+from capacity.autoscaler.horizontal import lookback_s, planned_utilisation, quiet_utilisation
 from capacity.autoscaler.window import aggregate
 
 T0 = 1_000_000.0
@@ -275,7 +275,9 @@ def test_smooth_spread_plans_smooth_traffic_at_one_minus_the_tolerance():
     assert decision.replicas == 8
 
 
-CALM = AutoscalerConfig(calm_history_s=1800.0)
+# An operator's calm history, on its own: the quiet margin (on by default) is tested apart.
+CALM = AutoscalerConfig(calm_history_s=1800.0, quiet_margin=1.0)
+MARGINS = AutoscalerConfig(quiet_margin=1.0)  # the default's margins, never cut
 
 
 def judged(buckets, cfg=CALM, now=T0):
@@ -314,7 +316,9 @@ def test_a_calm_history_is_one_without_a_span_above_two_and_a_half_times_the_fiv
     assert lookback_s(CALM) == lookback_s(AutoscalerConfig()) == 300 + 30 + 20
     assert calm.lookback_s(CALM, after=T0 - 5, now=T0) == 5 + 300 + 10
     assert calm.lookback_s(CALM, after=0.0, now=T0) == 1800 + 300 + 10  # after a stall, or all
-    assert calm.lookback_s(AutoscalerConfig(), after=T0 - 5, now=T0) == 0
+    # The quiet margin (on by default) needs the same judgement; with it off too, none.
+    assert calm.lookback_s(AutoscalerConfig(), after=T0 - 5, now=T0) == 5 + 300 + 10
+    assert calm.lookback_s(AutoscalerConfig(quiet_margin=1.0), after=T0 - 5, now=T0) == 0
 
 
 def pass_by_pass(buckets, start, cfg=CALM, step=5.0):
@@ -363,13 +367,13 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     # 450 MU/min for 40 min against 100 per replica: 450 / 80 -> 6 by default, 450 / 100 = 4.5
     # -> 5 when calm (the rate at the SLO and the busiest 10 s are the margins left).
     history = steady(450, start=T0 - 2400)
-    assert decide(spec(5), history, T0).replicas == 6
+    assert decide(spec(5, config=MARGINS), history, T0).replicas == 6
     decision = decide(spec(5, config=CALM, quiet_since=judged(history)), history, T0)
     assert decision.need == pytest.approx(4.5) and decision.replicas == 5
     assert "calm for 1800 s: planned at a full replica" in decision.reason
     # Not yet 1,800 s calm, or the calm history off: the default's margins.
     assert decide(spec(5, config=CALM, quiet_since=T0 - 1700), history, T0).replicas == 6
-    assert decide(spec(5, quiet_since=T0 - 2400), history, T0).replicas == 6
+    assert decide(spec(5, config=MARGINS, quiet_since=T0 - 2400), history, T0).replicas == 6
     # 530 MU/min: 5.3 against 5 running is within the 10 % band, which holds by default; calm,
     # a need past the fleet is met at once: 6. The band still holds a scale-down: 5 at 4.6.
     banded = AutoscalerConfig(target_utilisation=1.0)
@@ -380,6 +384,32 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
     decision = decide(spec(5, config=CALM, quiet_since=judged(bursty)), bursty, T0)
     assert decision.replicas == 6 and "calm" not in decision.reason
+
+
+def test_thirty_minutes_without_a_burst_halve_the_margin():
+    # 450 MU/min for 40 min against 100 per replica, from 4: 450 / 80 = 5.6 -> 6 with the whole
+    # margin; no burst for 1,800 s (by default), half of it: 450 / 90 = 5.0 -> 5.
+    history = steady(450, start=T0 - 2400)
+    quiet = judged(history, AutoscalerConfig())
+    assert quiet == T0 - 2400
+    decision = decide(spec(4, quiet_since=quiet), history, T0)
+    assert decision.need == pytest.approx(5.0) and decision.replicas == 5
+    assert "no burst for 1800 s: planned at 0.90 of a replica" in decision.reason
+    # 1,790 s without one, or the quiet margin off: the whole margin.
+    assert decide(spec(4, quiet_since=T0 - 1790), history, T0).replicas == 6
+    assert decide(spec(4, config=MARGINS, quiet_since=quiet), history, T0).replicas == 6
+    # A burst 10 minutes ago (a 10-s span at 4x) restores it at once.
+    bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
+    assert judged(bursty, AutoscalerConfig()) == T0 - 600
+    decision = decide(spec(4, quiet_since=T0 - 600), bursty, T0)
+    assert decision.replicas == 6 and "no burst" not in decision.reason
+    # The share kept is of the endpoint's own margin: an operator's 0.6 plans for 0.8.
+    assert quiet_utilisation(AutoscalerConfig()) == pytest.approx(0.9)
+    assert quiet_utilisation(AutoscalerConfig(target_utilisation=0.6)) == pytest.approx(0.8)
+    assert quiet_utilisation(MARGINS) == pytest.approx(0.8)
+    for bad in ({"quiet_margin": 1.5}, {"quiet_margin": -0.1}, {"quiet_after_s": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            AutoscalerConfig.from_overrides(bad)
 
 
 def test_work_spread_is_the_variation_of_the_work_within_a_first_tokens_wait():

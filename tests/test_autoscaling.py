@@ -223,7 +223,8 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
     other.refresh_from_db()
     assert horizons[-1][chat.pk] == horizons[-1][other.pk] < 400
     assert chat.calm_since is not None and NOW - chat.calm_since < timedelta(seconds=400)
-    assert (chat.desired_replicas, other.desired_replicas) == (4, 4) and other.calm_since is None
+    # The other is judged too, for the quiet margin (on by default), on the same buckets.
+    assert (chat.desired_replicas, other.desired_replicas) == (4, 4) and other.calm_since == chat.calm_since
     Endpoint.objects.filter(pk=chat.pk).update(calm_since=NOW - timedelta(seconds=1800))
     later = NOW + timedelta(seconds=5)
     scaling.horizontal_pass(Recorder(), later)
@@ -244,8 +245,8 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
     assert chat.calm_since == later
     message = Event.objects.filter(kind="scale", endpoint=chat).latest("id").message
     assert "need 13.75 replicas" in message and "calm" not in message
-    # Turned off, nothing is kept; turned on again, it is judged anew.
-    Endpoint.objects.filter(pk=chat.pk).update(autoscaler={})
+    # Turned off, and the quiet margin too, nothing is kept; turned on again, it is judged anew.
+    Endpoint.objects.filter(pk=chat.pk).update(autoscaler={"quiet_margin": 1.0})
     scaling.horizontal_pass(Recorder(), later + timedelta(seconds=10))
     chat.refresh_from_db()
     assert chat.calm_since is None
@@ -266,9 +267,12 @@ def test_a_calm_endpoint_of_long_prompts_keeps_its_margins(chat, request_mu, rep
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
     assert chat.desired_replicas == replicas and chat.calm_since == NOW - timedelta(seconds=1800)
-    if request_mu == 3.0:  # the scale event says why the margins stay
+    if request_mu == 3.0:  # the scale event says why the margins stay (but the quiet margin)
         message = Event.objects.get(kind="scale", endpoint=chat).message
-        assert "calm for 1800 s, but its work varies 0.35 over 5 s, above 0.1: margins kept" in message
+        assert (
+            "calm for 1800 s, but its work varies 0.35 over 5 s, above 0.1:"
+            " planned at 0.90 of a replica, not a full one" in message
+        )
 
 
 def test_two_ticks_at_once_decide_once(chat):

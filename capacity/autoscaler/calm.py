@@ -1,8 +1,10 @@
 """A calm history: how long an endpoint's traffic has gone without a burst, carried as state. Pure.
 
 A burst is a 10-s span (`CALM_SPAN_S`) that carried more than `burst_ratio` (2.5) x the mean
-MU/min of the 300 s before it (`CALM_BASE_S`). An endpoint with none for `calm_history_s` is calm,
-and there the horizontal decider drops its margins for bursts (`horizontal.decide`).
+MU/min of the 300 s before it (`CALM_BASE_S`). An endpoint with none for `quiet_after_s` (30
+minutes) is quiet: the horizontal decider keeps only `quiet_margin` of its margin (by default).
+With none for `calm_history_s` (an operator's opt-in) it is calm, and there the decider drops its
+margins for bursts (`horizontal.decide`).
 
 The judgement is state, not a re-read: `quiet_since` is when the endpoint's calm began (the end
 of the last burst span, or of the last span that could not be judged, or the first bucket when
@@ -69,13 +71,25 @@ def is_calm(since: float | None, now: float, cfg: AutoscalerConfig) -> bool:
     return cfg.calm_history_s > 0 and since is not None and now - since >= cfg.calm_history_s
 
 
+def is_quiet(since: float | None, now: float, cfg: AutoscalerConfig) -> bool:
+    """True when the quiet margin is on and no burst came for `quiet_after_s` by `now`."""
+    return cfg.quiet_margin < 1 and since is not None and now - since >= cfg.quiet_after_s
+
+
+def horizon_s(cfg: AutoscalerConfig) -> float:
+    """The longest calm any setting waits for (`quiet_after_s`, `calm_history_s`); 0 when
+    neither is on, and then nobody needs `quiet_since` judged."""
+    return max(cfg.calm_history_s, cfg.quiet_after_s if cfg.quiet_margin < 1 else 0.0)
+
+
 def lookback_s(cfg: AutoscalerConfig, after: float, now: float) -> float:
     """Seconds of buckets `quiet_since` reads back to judge the spans since `after`: those and
-    the 310 s before them, at most `calm_history_s` of spans (after a longer stall the spans it
+    the 310 s before them, at most `horizon_s` of spans (after a longer stall the spans it
     cannot reach restart the calm: their 300 s before are not there); none when off."""
-    if cfg.calm_history_s <= 0:
+    horizon = horizon_s(cfg)
+    if horizon <= 0:
         return 0.0
-    return min(max(now - after, 0.0), cfg.calm_history_s) + CALM_BASE_S + CALM_SPAN_S
+    return min(max(now - after, 0.0), horizon) + CALM_BASE_S + CALM_SPAN_S
 
 
 def work_spread(load: Load, horizon_s: float) -> float:

@@ -161,7 +161,7 @@ class Apa(ScalingPolicy):
         if self.config.predictive_min:
             self._forecast(buckets, now)
         merged = merge(buckets, 5.0, now, span)
-        if self.config.calm_history_s > 0:
+        if calm.horizon_s(self.config) > 0:
             self.quiet_since = calm.quiet_since(self.quiet_since, merged, self.judged_until, now, self.config)
             self.judged_until = now
         spec = EndpointSpec(

@@ -86,8 +86,9 @@ class Endpoint(models.Model):
     # Event per such episode.
     clamped_since = models.DateTimeField(null=True, blank=True)
     # Since when its traffic has not burst (capacity.autoscaler.calm), judged a pass at a time:
-    # once this is calm_history_s old the autoscaler drops its margins for bursts. Null until
-    # judged, and while the calm history is off.
+    # once this is quiet_after_s old the autoscaler halves its margin, once calm_history_s old
+    # (an operator's opt-in) it drops its margins for bursts. Null until judged, and while both
+    # are off.
     calm_since = models.DateTimeField(null=True, blank=True)
     # The pod template's version: a new model (profile) is a new version, rolled out without
     # downtime (controlplane.endpoints.rollouts); one cluster deployment per version.

@@ -439,7 +439,7 @@ def _calm_since(
     """Its calm history judged on the spans since the last pass (`after`); None where off. Not
     judged before (new, or just turned on): judged on what this pass loaded, its calm starting
     there."""
-    if cfg.calm_history_s <= 0:
+    if calm.horizon_s(cfg) <= 0:
         return None
     since = e.calm_since.timestamp() if e.calm_since is not None else None
     return calm.quiet_since(since, buckets, after, ts, cfg)
