@@ -228,8 +228,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
             f" {cfg.burst_wait_s:g} s, above {cfg.calm_max_spread:g}: {kept})"
         )
     elif settled:
-        quiet_for = f"no burst for {cfg.quiet_after_s:g} s"
-        load += f" ({quiet_for}: planned at {planned:.2f} of a replica)"
+        load += f" (no burst for {cfg.quiet_after_s:g} s: planned at {planned:.2f} of a replica)"
     # In a calm history the band holds a scale-down only: a need past the fleet is met at once.
     up_tolerance = 0.0 if quiet else cfg.tolerance
 
