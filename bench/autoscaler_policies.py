@@ -74,11 +74,14 @@ AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
 RAMP_BEFORE_S = 120.0
 # Sensitivity rows (--variants): apa with one setting changed, to show what each default costs.
 VARIANTS = {
-    "apa-u70": {"target_utilisation": 0.7},  # Knative's target utilisation
-    # 1 - the tolerance: the rate is measured at the SLO's p99 on a routed fleet with the trace's
-    # lumps, and the MU rule reads the busiest 10 s, so what is left to cover is the band.
-    "apa-u90": {"target_utilisation": 0.9},
-    "apa-u100": {"target_utilisation": 1.0},  # no margin but the band
+    # A share of a replica planned throughout (the quiet margin, which halves it after 30
+    # minutes without a burst, off): Knative's target utilisation; 1 - the tolerance (the rate
+    # is measured at the SLO's p99 on a routed fleet with the trace's lumps, and the MU rule reads
+    # the busiest 10 s, so what is left to cover is the band); no margin but the band.
+    "apa-u70": {"target_utilisation": 0.7, "quiet_margin": 1.0},
+    "apa-u90": {"target_utilisation": 0.9, "quiet_margin": 1.0},
+    "apa-u100": {"target_utilisation": 1.0, "quiet_margin": 1.0},
+    "apa-whole": {"quiet_margin": 1.0},  # the whole margin after quiet spells too
     "apa-down300": {"scale_down_window_s": 300.0},  # HPA's scale-down stabilisation
     "apa-down30": {"scale_down_window_s": 30.0},
     "apa-up10": {"scale_up_window_s": 10.0},
@@ -100,8 +103,10 @@ VARIANTS = {
 }
 # Headroom rows (--headroom): apa keeping 2.5x, 5x, 10x its need. A burst faster than a pod start
 # is served by the replicas already running, so only standing headroom can keep its minute in
-# the SLO; these rows price it.
-HEADROOM = {f"apa-u{round(u * 100)}": {"target_utilisation": u} for u in (0.4, 0.2, 0.1, 0.05)}
+# the SLO; these rows price it (through quiet spells too: quiet_margin 1).
+HEADROOM = {
+    f"apa-u{round(u * 100)}": {"target_utilisation": u, "quiet_margin": 1.0} for u in (0.4, 0.2, 0.1, 0.05)
+}
 # On the daily trace: apa with the predictive minimum, which learns the recurring peak.
 PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 
@@ -156,6 +161,11 @@ SCHEDULED = ("steps", "ramp10k", "daily")
 NEW = ("ramp10k",)  # a new endpoint's first minutes: every policy's warm-up is the 2 before the ramp
 JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compares apa with
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
+
+
+def apa_warmup(warmup: float, config: AutoscalerConfig) -> float:
+    """An apa row's warm-up: as long as the calm the default or its own config waits for."""
+    return max(warmup, calm.horizon_s(AutoscalerConfig()), calm.horizon_s(config))
 
 
 def families(seeds: list[int]) -> dict[str, object]:
@@ -246,7 +256,7 @@ def play_surges(profile: EngineProfile, fleet: FleetConfig, variants: dict, quic
         label = f"{factor:g}x {seconds:g}s @{minute}"
         for policy, overrides in {"apa": {}, **variants}.items():
             apa = AutoscalerConfig.from_overrides(overrides)
-            r = simulate(profile, trace, "apa", fleet, apa, warmup_s=max(warmup, calm.horizon_s(apa)))
+            r = simulate(profile, trace, "apa", fleet, apa, warmup_s=apa_warmup(warmup, apa))
             print(f"{label:18} {policy:14} {r.gpu_hours:8.2f}  {list(r.violating_minutes)}", flush=True)
     return 0
 
@@ -349,8 +359,9 @@ def main() -> int:
                     # A policy that reads a longer history gets as much of it (the trace's own,
                     # mirrored: the endpoint's traffic before the trace looked like it).
                     # apa's own is as long as the calm it waits for (calm.horizon_s: 30
-                    # minutes by default), but where the trace is a new endpoint's (ramp10k).
-                    warmup_s=warmup if base != "apa" or name in NEW else max(warmup, calm.horizon_s(apa)),
+                    # minutes by default; every apa row as long, for one state to compare),
+                    # but where the trace is a new endpoint's (ramp10k).
+                    warmup_s=warmup if base != "apa" or name in NEW else apa_warmup(warmup, apa),
                     decisions=log if policy == "apa" else None,
                 ),
                 time.process_time() - started,

@@ -493,6 +493,9 @@ def test_the_down_window_remembers_arrivals_not_work_in_flight():
         ({"predictive_min": "yes"}, "predictive_min='yes' must be true or false"),
         ({"target_utilisaton": 0.5}, "unknown autoscaler setting 'target_utilisaton'"),
         ({"latency_slo_s": float("nan")}, "latency_slo_s=nan is out of range"),
+        ({"quiet_margin": 1.5}, "quiet_margin=1.5 is out of range"),
+        ({"quiet_after_s": float("inf")}, "quiet_after_s=inf is out of range"),
+        ({"quiet_after_s": 10**400}, "quiet_after_s=1000000.* is out of range"),
     ],
 )
 def test_invalid_settings_are_refused_naming_key_and_value(overrides, message):

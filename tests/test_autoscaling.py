@@ -275,6 +275,22 @@ def test_a_calm_endpoint_of_long_prompts_keeps_its_margins(chat, request_mu, rep
         )
 
 
+@pytest.mark.parametrize("quiet_s, replicas", [(1790, 6), (1800, 5)])
+def test_half_an_hour_without_a_burst_halves_the_margin(chat, quiet_s, replicas):
+    # No overrides: 450 MU/min for 40 minutes from 4 replicas, 450 / 80 = 5.6 -> 6 with the
+    # whole margin; once its calm (kept for every endpoint) is 1,800 s old, 450 / 90 = 5.0 -> 5.
+    chat.calm_since = NOW - timedelta(seconds=quiet_s)
+    chat.desired_replicas = 4
+    chat.save()
+    buckets(chat, 2400, in_flight=0.5, mu=450.0, requests=50)
+    Lease.objects.create(name=scaling.HORIZONTAL, cursor=TS - 5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == replicas and chat.calm_since == NOW - timedelta(seconds=quiet_s)
+    message = Event.objects.get(kind="scale", endpoint=chat).message
+    assert ("no burst for 1800 s: planned at 0.90 of a replica" in message) == (replicas == 5)
+
+
 def test_two_ticks_at_once_decide_once(chat):
     buckets(chat, 20, in_flight=30.0)
     assert scaling.horizontal_pass(Recorder(), NOW).changed == 1
@@ -446,6 +462,11 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
     assert bad.status_code == 400 and "tolerance=2" in str(bad.json())
     unknown = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"speed": 1}}, format="json")
     assert unknown.status_code == 400 and "'speed'" in str(unknown.json())
+    # An integer past a float's range is out of range too (it was an OverflowError: a 500).
+    huge = owner_client.patch(
+        f"/api/v1/endpoints/{chat.pk}/", {"autoscaler": {"quiet_after_s": 10**400}}, format="json"
+    )
+    assert huge.status_code == 400 and "quiet_after_s=1000" in str(huge.json())
     for key, setting in [
         ("tick_s", "AUTOSCALER_HORIZONTAL_INTERVAL_S"),
         ("vertical_tick_s", "AUTOSCALER_VERTICAL_INTERVAL_S"),

@@ -168,5 +168,10 @@ class AutoscalerConfig:
                     raise ValueError(f"autoscaler setting {key}={value!r} must be an integer")
             elif isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"autoscaler setting {key}={value!r} must be a number")
-            clean[key] = float(value) if expected == "float" else value
+            if expected == "float":
+                try:
+                    value = float(value)
+                except OverflowError:  # an integer past a float's range: out of range, not a 500
+                    raise ValueError(f"autoscaler setting {key}={value!r} is out of range") from None
+            clean[key] = value
         return replace(base, **clean)

@@ -78,6 +78,9 @@ to 2x after the calm spell still met; the bursty mixes never go half an hour wit
 After 300 s instead of 1,800 it forgot decode-heavy fan-outs, which come minutes apart: 4
 minutes lost on 8 seeds (README, issue 23).
 
+The predictive minimum (`forecast`) still plans at `target_utilisation`: it raises the floor
+for a peak that is about to come, when the whole margin is what the peak wants.
+
 A calm history (`calm_history_s`, off by default; the same judgement): no burst for that long,
 and work that is steady over a first token's wait (`calm.work_spread_over`: the requests' MU
 squared, which the routers report, say how lumpy it is). There the margins for
@@ -222,13 +225,13 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     elif calm_spell:  # why an operator's calm history keeps the margins
         kept = "margins kept"
         if settled:
-            kept = f"planned at {planned:.2f} of a replica, not a full one"
+            kept = f"planned at {util:.2f} of a replica, not a full one"
         load += (
             f" (calm for {cfg.calm_history_s:g} s, but its work varies {spread:.2f} over"
             f" {cfg.burst_wait_s:g} s, above {cfg.calm_max_spread:g}: {kept})"
         )
     elif settled:
-        load += f" (no burst for {cfg.quiet_after_s:g} s: planned at {planned:.2f} of a replica)"
+        load += f" (no burst for {cfg.quiet_after_s:g} s: planned at {util:.2f} of a replica)"
     # In a calm history the band holds a scale-down only: a need past the fleet is met at once.
     up_tolerance = 0.0 if quiet else cfg.tolerance
 
