@@ -47,6 +47,7 @@ from capacity.ledger import (
 )
 from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
+from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
@@ -484,6 +485,8 @@ def save_endpoint(
         if endpoint.pk and not endpoint._state.adding:
             endpoint.start_rollout_if_the_model_changed()
         endpoint.save(update_fields=update_fields)
+        if before is not None and before.name != endpoint.name:
+            usage.renamed(endpoint)
 
 
 def _check_move(before: Endpoint, to: GpuPool, changed: Iterable[str], by_operator: bool) -> None:
@@ -558,15 +561,22 @@ def allowed_target(endpoint: Endpoint, target: int) -> int:
 
 def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> None:
     """Delete, keeping sales: an endpoint with a reservation is refused (EndpointReserved) unless
-    `release_by` names the operator who ends the sale here (with its event), then deletes."""
+    `release_by` names the operator who ends the sale here (with its event), then deletes. Its
+    usage stays, the tenant's bill, and what routers meter after the delete is billed to it
+    (controlplane.endpoints.usage.keep_billing_identity)."""
     with transaction.atomic():
         locked_tenant(endpoint.tenant_id)
         locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
+        # A collector's pass in progress holds the row: wait for it to commit its usage.
+        current = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        if current is None:
+            return  # deleted meanwhile, its billing identity kept then
         reservation = Reservation.objects.filter(endpoint_id=endpoint.pk).first()
         if reservation is not None:
             if release_by is None:
                 raise EndpointReserved(endpoint, reservation)
             release(reservation, released_by=release_by)
+        usage.keep_billing_identity(current)
         endpoint.delete()
 
 

@@ -1,8 +1,9 @@
 """GET /api/v1/usage/: what the routers metered, per endpoint and UTC hour or day.
 
-A tenant sees its own endpoints only; an operator sees every endpoint and may name a tenant.
-Another tenant's endpoint id answers exactly as an id that does not exist: no rows. The sums
-are controlplane.endpoints.usage's, the same as the console's endpoint page.
+A tenant sees its own endpoints' usage only, deleted endpoints' included (each row keeps its
+endpoint's tenant); an operator sees every endpoint and may name a tenant. Another tenant's
+endpoint id answers exactly as an id that does not exist: no rows. The sums are
+controlplane.endpoints.usage's, the same as the console's endpoint page.
 """
 
 from typing import Any
@@ -20,7 +21,7 @@ from controlplane.api.auth import request_principal
 from controlplane.api.pagination import PageNumberPagination
 from controlplane.api.serializers import ExactNumberField
 from controlplane.endpoints import usage
-from controlplane.endpoints.models import Endpoint, UsageHour
+from controlplane.endpoints.models import UsageHour
 
 MAX_ID = 2**63 - 1  # the ids' column (bigint); a larger one could only be a mistake
 
@@ -42,7 +43,7 @@ class UsageQuerySerializer(serializers.Serializer[Any]):
         " included).",
     )
     endpoint = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_ID, help_text="Only this endpoint"
+        required=False, min_value=1, max_value=MAX_ID, help_text="Only this endpoint (deleted ones too)"
     )
     tenant = serializers.CharField(
         required=False, max_length=63, help_text="Only this tenant's endpoints (operators)"
@@ -98,11 +99,11 @@ class UsageView(generics.ListAPIView[Any]):
             )
         except usage.UsageError as exc:
             raise ValidationError({exc.field: str(exc)}) from None
-        endpoints = Endpoint.objects.visible_to(request_principal(request))
+        hours = UsageHour.objects.visible_to(request_principal(request))
         if "endpoint" in asked:
-            endpoints = endpoints.filter(pk=asked["endpoint"])
+            hours = hours.filter(endpoint_id=asked["endpoint"])
         if "tenant" in asked:
-            endpoints = endpoints.filter(tenant__name=asked["tenant"])
-        page = self.paginate_queryset(usage.usage(endpoints, w))
+            hours = hours.filter(tenant__name=asked["tenant"])
+        page = self.paginate_queryset(usage.usage(hours, w))
         rows = [usage.as_usage(r, w) for r in page or []]
         return self.get_paginated_response(UsageSerializer(rows, many=True).data)

@@ -291,13 +291,23 @@ class LoadMinute(models.Model):
         return f"endpoint {self.endpoint_id} minute to {self.end}"
 
 
+class UsageHourQuerySet(TenantScopedQuerySet["UsageHour"]):
+    """Scoped by the tenant the row keeps, so a deleted endpoint's usage stays its owner's."""
+
+
 class UsageHour(models.Model):
     """One UTC hour of an endpoint's metered usage, all routers and seconds together: what
     /api/v1/usage/ and the console's endpoint page sum by hour or day. Written by the collector
     (controlplane.endpoints.usage.record) from the same router seconds as the LoadBuckets, and
-    kept USAGE_RETENTION_DAYS (the buckets only a day)."""
+    kept USAGE_RETENTION_DAYS (the buckets only a day).
 
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="usage")
+    It is the tenant's bill, not the endpoint's: it keeps the endpoint's id (no foreign key, so
+    deleting the endpoint deletes none of it), name and tenant. A new endpoint under a deleted
+    one's name is another id, with usage of its own."""
+
+    endpoint_id = models.BigIntegerField()
+    endpoint_name = models.CharField(max_length=63)  # its current name, or the last it had
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
     start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
     mu = models.FloatField(default=0.0)  # MU metered
     requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
@@ -306,13 +316,36 @@ class UsageHour(models.Model):
     throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
     errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
 
+    objects = UsageHourQuerySet.as_manager()
+
     class Meta:
         ordering = ["endpoint_id", "start"]
-        constraints = [models.UniqueConstraint(fields=["endpoint", "start"], name="usage_hour_unique")]
+        constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_hour_unique")]
         indexes = [models.Index(fields=["start"])]
 
     def __str__(self) -> str:
         return f"endpoint {self.endpoint_id} hour from {self.start}"
+
+
+class DeletedEndpoint(models.Model):
+    """A deleted endpoint's billing identity, written in the delete's transaction: routers keep
+    metering the requests in flight at the delete and post their seconds after it, and the
+    collector bills those to this id, name and tenant (controlplane.endpoints.usage.billable)
+    for CATCH_UP_S after the delete. Kept as long as its usage (USAGE_RETENTION_DAYS)."""
+
+    endpoint_id = models.BigIntegerField(unique=True)
+    name = models.CharField(max_length=63)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="deleted_endpoints")
+    deleted_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The last slot end (unix seconds) whose usage is collected: its live LoadBuckets' last at
+    # the delete, then the collector's; a slot is never billed twice.
+    collected_until = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-deleted_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name} (endpoint {self.endpoint_id}, deleted)"
 
 
 class RouterSample(models.Model):

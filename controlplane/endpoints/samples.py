@@ -155,14 +155,21 @@ def summarise(
 
 
 def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoint]) -> int:
-    """Write the LoadBuckets of the slots that ended after `cursor`; returns the new cursor.
+    """Write the LoadBuckets of the slots that ended after `cursor`, and their usage; returns
+    the new cursor.
 
-    An endpoint gets a bucket when it has replicas or its routers saw traffic for it."""
+    An endpoint gets a bucket when it has replicas or its routers saw traffic for it. An
+    endpoint deleted lately gets no bucket, but the usage of its slots still owed
+    (controlplane.endpoints.usage.billable: the requests in flight at the delete)."""
     last_end = math.floor((now - LAG_S) / BUCKET_S) * BUCKET_S
     first_end = max(cursor + BUCKET_S, last_end - MAX_CATCH_UP_S + BUCKET_S)
-    if first_end > last_end or not endpoints:
+    if first_end > last_end:
         return max(cursor, last_end)
-    ids = [e.pk for e in endpoints]
+    billed = usage.billable(endpoints, first_end - BUCKET_S)
+    if not billed:
+        return last_end
+    deleted = [b for b in billed.values() if b.deleted]
+    ids = list(billed)
     observed, rows = src.read(ids, first_end - BUCKET_S, last_end - 1)
     traffic: dict[int, set[int]] = defaultdict(set)
     for endpoint_id, second in rows:
@@ -193,6 +200,11 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
                     **fields,
                 )
             )
+        for b in deleted:
+            if b.owes(end - BUCKET_S, end) and any(s in traffic[b.endpoint_id] for s in slot):
+                seconds = [rows.get((b.endpoint_id, s), EndpointSecond()) for s in slot]
+                metered.append((b.endpoint_id, end - BUCKET_S, sum(seconds, EndpointSecond())))
     LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)
-    usage.record(metered)
+    usage.record(metered, billed)
+    usage.collected(deleted, last_end)
     return last_end

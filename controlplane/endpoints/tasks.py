@@ -1,6 +1,7 @@
 """Celery tasks of the endpoints app: the autoscaler's passes and the pod mirror, thin wrappers."""
 
 import time
+from datetime import UTC, datetime
 
 from celery import shared_task
 from django.conf import settings
@@ -8,7 +9,7 @@ from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
 from controlplane.endpoints import routing, scaling
-from controlplane.endpoints.models import LoadBucket, LoadMinute, RouterSample, UsageHour
+from controlplane.endpoints.models import DeletedEndpoint, LoadBucket, LoadMinute, RouterSample, UsageHour
 from controlplane.endpoints.samples import redis_client
 
 
@@ -23,7 +24,9 @@ def autoscale_horizontal() -> str:
     RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S).delete()
     LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
     LoadMinute.objects.filter(end__lt=ts - HISTORY_S).delete()  # older than any forecast reads
-    UsageHour.objects.filter(start__lt=ts - settings.USAGE_RETENTION_DAYS * 86400).delete()
+    kept_since = ts - settings.USAGE_RETENTION_DAYS * 86400
+    UsageHour.objects.filter(start__lt=kept_since).delete()
+    DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
 
 

@@ -10,6 +10,14 @@ seconds to its endpoint's UsageHour (`record`); `usage` is the one query behind
 
 A window is whole periods: its start is floored and its end rounded up to the granularity, so
 ``start=10:30`` by the hour includes the hour from 10:00 (`window`).
+
+Usage is the tenant's bill and outlives the endpoint: a UsageHour keeps the endpoint's id, name
+and tenant, and a delete leaves a DeletedEndpoint (`keep_billing_identity`, in the delete's
+transaction) under which the collector bills the seconds routers still meter for CATCH_UP_S
+after the delete (the requests in flight then), each slot once (`billable`, `collected`):
+
+    deleted at 10:00:02 with a stream in flight, its last bucket ending 10:00:00 -> the slots
+    10:00:00-10:00:05 on are billed to its id, name and tenant up to 10:06:02, once each
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, QuerySet, Sum
+from django.db.models import F, Max, QuerySet, Sum
 from django.db.models.functions import Mod
 
-from controlplane.endpoints.models import Endpoint, UsageHour
-from dataplane.wire.load_samples import EndpointSecond
+from controlplane.endpoints.models import DeletedEndpoint, Endpoint, LoadBucket, UsageHour
+from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond
 
 HOUR = 3600
 DAY = 86400
@@ -101,14 +109,15 @@ class Usage:
         return datetime.fromtimestamp(self.end, UTC)
 
 
-def usage(endpoints: QuerySet[Endpoint], w: Window) -> QuerySet[Any, Any]:
-    """The endpoints' periods that have usage, oldest first then by endpoint: one query,
-    summed by the database (`as_usage` turns a row into a Usage)."""
+def usage(hours: QuerySet[UsageHour], w: Window) -> QuerySet[Any, Any]:
+    """The periods of these hours (a tenant's, an endpoint's: `UsageHour.objects.visible_to`
+    scopes them) that have usage, oldest first then by endpoint: one query, summed by the
+    database (`as_usage` turns a row into a Usage). Deleted endpoints' hours are in it."""
     period = F("start") if w.step == HOUR else F("start") - Mod(F("start"), DAY)
     return (
-        UsageHour.objects.filter(endpoint__in=endpoints.values("pk"), start__gte=w.start, start__lt=w.end)
+        hours.filter(start__gte=w.start, start__lt=w.end)
         .annotate(period=period)
-        .values("period", "endpoint_id", "endpoint__name", "endpoint__tenant__name")
+        .values("period", "endpoint_id", "endpoint_name", "tenant__name")
         .annotate(**{f"sum_{f}": Sum(f) for f in FIGURES})
         .order_by("period", "endpoint_id")
     )
@@ -117,8 +126,8 @@ def usage(endpoints: QuerySet[Endpoint], w: Window) -> QuerySet[Any, Any]:
 def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
     return Usage(
         endpoint=row["endpoint_id"],
-        endpoint_name=row["endpoint__name"],
-        tenant=row["endpoint__tenant__name"],
+        endpoint_name=row["endpoint_name"],
+        tenant=row["tenant__name"],
         start=row["period"],
         end=row["period"] + w.step,
         mu=row["sum_mu"],
@@ -132,13 +141,70 @@ def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
 
 def series(endpoint: Endpoint, w: Window) -> list[Usage]:
     """Every period of the window for one endpoint, zeros where nothing was metered."""
-    found = {u.start: u for u in (as_usage(r, w) for r in usage(Endpoint.objects.filter(pk=endpoint.pk), w))}
+    hours = UsageHour.objects.filter(endpoint_id=endpoint.pk)
+    found = {u.start: u for u in (as_usage(r, w) for r in usage(hours, w))}
     blank: dict[str, Any] = {
         "endpoint": endpoint.pk,
         "endpoint_name": endpoint.name,
         "tenant": endpoint.tenant.name,
     }
     return [found.get(s) or Usage(**blank, start=s, end=s + w.step) for s in w.periods()]
+
+
+@dataclass(frozen=True)
+class Billable:
+    """An endpoint whose seconds the collector bills, as its usage rows keep it; for a deleted
+    one (a DeletedEndpoint), which slots are still owed: those ending after `after` (collected
+    before) and starting before `until` (CATCH_UP_S after the delete)."""
+
+    endpoint_id: int
+    name: str
+    tenant_id: int
+    deleted: bool = False
+    after: int = 0
+    until: int = 0
+
+    def owes(self, start: int, end: int) -> bool:
+        """A deleted endpoint's slot [start, end) still to bill (a live one's: its LoadBuckets say)."""
+        return self.deleted and self.after < end and start < self.until
+
+
+def billable(endpoints: Iterable[Endpoint], first: int) -> dict[int, Billable]:
+    """By id, the live endpoints and the deleted ones that may still owe slots from unix second
+    `first` on: what the collector reads and bills."""
+    out = {e.pk: Billable(e.pk, e.name, e.tenant_id) for e in endpoints}
+    since = datetime.fromtimestamp(first - CATCH_UP_S, UTC)
+    for d in DeletedEndpoint.objects.filter(deleted_at__gt=since):
+        until = math.ceil(d.deleted_at.timestamp()) + CATCH_UP_S
+        if d.collected_until < until:
+            out[d.endpoint_id] = Billable(d.endpoint_id, d.name, d.tenant_id, True, d.collected_until, until)
+    return out
+
+
+def collected(billed: Iterable[Billable], through: int) -> None:
+    """The deleted endpoints' slots through `through` (a slot end) are billed: never again.
+    In the transaction that recorded them."""
+    ids = [b.endpoint_id for b in billed if b.deleted and b.after < through]
+    if ids:
+        DeletedEndpoint.objects.filter(endpoint_id__in=ids).update(collected_until=through)
+
+
+def keep_billing_identity(endpoint: Endpoint) -> None:
+    """Before the endpoint is deleted, in that transaction with its row locked (the collector's
+    last pass committed): its DeletedEndpoint, owing the slots after its last LoadBucket (the
+    slots collected while it lived, whose usage that pass committed with them)."""
+    last = LoadBucket.objects.filter(endpoint_id=endpoint.pk).aggregate(end=Max("end"))["end"]
+    DeletedEndpoint.objects.create(
+        endpoint_id=endpoint.pk, name=endpoint.name, tenant_id=endpoint.tenant_id, collected_until=last or 0
+    )
+
+
+def renamed(endpoint: Endpoint) -> None:
+    """An endpoint's usage carries its current name: a rename relabels its hours (in its
+    transaction), so each endpoint id reads as one name in every period."""
+    UsageHour.objects.filter(endpoint_id=endpoint.pk).exclude(endpoint_name=endpoint.name).update(
+        endpoint_name=endpoint.name
+    )
 
 
 def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[int, int, EndpointSecond]]:
@@ -153,18 +219,19 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
         yield endpoint_id, hour, total
 
 
-def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
-    """Add slots to their endpoints' UsageHours, in one statement (an upsert that adds); the
-    caller records each slot once (the collector, under its lease). Returns the hours touched."""
+def record(slots: Iterable[tuple[int, int, EndpointSecond]], billed: Mapping[int, Billable]) -> int:
+    """Add slots to their endpoints' UsageHours, in one statement (an upsert that adds), each
+    new hour under the id, name and tenant `billed` gives; the caller records each slot once
+    (the collector, under its lease). Returns the hours touched."""
     rows = [
-        (endpoint_id, hour, t.mu, round(t.requests), round(t.tokens_in), round(t.tokens_out),
-         round(t.throttled), round(t.errors))
+        (endpoint_id, billed[endpoint_id].name, billed[endpoint_id].tenant_id, hour, t.mu,
+         round(t.requests), round(t.tokens_in), round(t.tokens_out), round(t.throttled), round(t.errors))
         for endpoint_id, hour, t in hourly(slots)
     ]  # fmt: skip
     if not rows:
         return 0
     table = connection.ops.quote_name(UsageHour._meta.db_table)
-    columns = ("endpoint_id", "start", *FIGURES)
+    columns = ("endpoint_id", "endpoint_name", "tenant_id", "start", *FIGURES)
     added = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in FIGURES)
     values = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
     with connection.cursor() as cursor:

@@ -1,7 +1,9 @@
 """GET /api/v1/usage/: the routers' seconds (published to Redis as routers do, or posted to
 /load-samples/), collected by the autoscaler's pass, summed per endpoint by UTC hour and day;
-each tenant sees only its own."""
+each tenant sees only its own. Usage outlives its endpoint: deleted, it reads the same, and the
+seconds metered after the delete are billed to it."""
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,9 +11,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.endpoints import samples, scaling, usage
-from controlplane.endpoints.models import Lease, UsageHour
-from dataplane.wire.load_samples import EndpointSecond, RouterSecond, TrafficSample
+from controlplane.endpoints import samples, scaling, tasks, usage
+from controlplane.endpoints.models import DeletedEndpoint, Lease, UsageHour
+from controlplane.selling import sell
+from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond, RouterSecond, TrafficSample
+from tests.conftest import endpoint_body
 
 DAY = datetime(2026, 11, 29, tzinfo=UTC)
 
@@ -194,11 +198,12 @@ def test_the_window_is_whole_periods():
 
 def test_usage_pages_take_the_same_queries_however_many_rows(operator_client, owner, make_endpoint):
     def grow(n):
-        start = len(UsageHour.objects.values("endpoint").distinct())
+        start = len(UsageHour.objects.values("endpoint_id").distinct())
         for i in range(start, start + n):
             # At zero: twelve endpoints of a minimum replica each would not fit the 8-GPU pool.
             e = make_endpoint(owner, f"e{i}", scale_to_zero_enabled=True)
-            usage.record((e.pk, at(h), EndpointSecond(requests=1, mu=0.5)) for h in range(5))
+            billed = {e.pk: usage.Billable(e.pk, e.name, e.tenant_id)}
+            usage.record(((e.pk, at(h), EndpointSecond(requests=1, mu=0.5)) for h in range(5)), billed)
 
     def count():
         with CaptureQueriesContext(connection) as queries:
@@ -219,3 +224,153 @@ def test_usage_needs_a_key(db):
     from rest_framework.test import APIClient
 
     assert APIClient().get("/api/v1/usage/").status_code == 401
+
+
+def answers(client, endpoint) -> list:
+    """Every usage answer a client gets about the DAY's traffic: the endpoint's and the whole
+    list's, by the hour and by the day."""
+    hours = {"start": iso(at(9)), "end": iso(at(25))}
+    days = {"granularity": "day", "start": iso(at(0)), "end": iso(at(48))}
+    return [
+        client.get("/api/v1/usage/", query).json()
+        for query in (hours, days, {**hours, "endpoint": endpoint.pk}, {**days, "endpoint": endpoint.pk})
+    ]
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_a_deleted_endpoints_usage_reads_as_before_the_delete(
+    owner_client, other_client, operator_client, traffic, chat, rival, released
+):
+    if released:
+        sell(chat, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
+    owners, operators = answers(owner_client, chat), answers(operator_client, chat)
+    assert [r["requests"] for r in owners[2]["results"]] == [15, 2, 3]
+    if released:  # reserved: only an operator's ?release=true deletes it
+        assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 409
+        deleted = operator_client.delete(f"/api/v1/endpoints/{chat.pk}/?release=true")
+    else:
+        deleted = owner_client.delete(f"/api/v1/endpoints/{chat.pk}/")
+    assert deleted.status_code == 204
+    assert owner_client.get(f"/api/v1/endpoints/{chat.pk}/").status_code == 404
+    assert answers(owner_client, chat) == owners
+    assert answers(operator_client, chat) == operators
+    # Another tenant asking for it gets what it got before: nothing, as for an id never made.
+    mine = other_client.get("/api/v1/usage/", {"start": iso(at(9)), "end": iso(at(25))}).json()["results"]
+    assert [r["endpoint"] for r in mine] == [rival.pk]
+    for query in ({"endpoint": chat.pk}, {"tenant": "owner"}):
+        asked = other_client.get("/api/v1/usage/", {"start": iso(at(9)), "end": iso(at(25)), **query})
+        assert asked.json()["results"] == [], query
+
+
+def test_a_new_endpoint_under_a_deleted_ones_name_starts_clean(owner_client, publish_seconds, traffic, chat):
+    assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
+    made = owner_client.post("/api/v1/endpoints/", endpoint_body(name="chat"), format="json")
+    assert made.status_code == 201, made.json()
+    again = made.json()["id"]
+    assert again != chat.pk
+    day = {"start": iso(at(24)), "end": iso(at(25))}
+    assert owner_client.get("/api/v1/usage/", {**day, "endpoint": again}).json()["results"] == []
+    publish_seconds({at(24) + 7: [[TrafficSample(again, "owner", requests=1, mu=0.5)]]})
+    collect(at(24) + 10)
+    rows = owner_client.get("/api/v1/usage/", day).json()["results"]
+    assert [(r["endpoint"], r["endpoint_name"], r["requests"]) for r in rows] == [
+        (chat.pk, "chat", 3),
+        (again, "chat", 1),
+    ]
+
+
+def test_a_renamed_endpoints_usage_reads_under_its_new_name(owner_client, traffic, chat):
+    renamed = owner_client.patch(f"/api/v1/endpoints/{chat.pk}/", {"name": "talk"}, format="json")
+    assert renamed.status_code == 200, renamed.json()
+    rows = owner_client.get("/api/v1/usage/", {"start": iso(at(9)), "end": iso(at(25))}).json()["results"]
+    assert [(r["endpoint_name"], r["requests"]) for r in rows] == [("talk", 15), ("talk", 2), ("talk", 3)]
+
+
+@pytest.fixture(params=["redis", "posted"])
+def meter(request, settings, publish_seconds, operator_client):
+    """``meter({second: samples})``: one router's seconds, published to Redis or, without it
+    (the embedded default), posted to /api/v1/load-samples/."""
+    if request.param == "redis":
+        return lambda seconds: publish_seconds({s: [rows] for s, rows in seconds.items()})
+    settings.REDIS_URL = ""
+
+    def post(seconds):
+        for second, rows in seconds.items():
+            answer = operator_client.post(
+                "/api/v1/load-samples/", RouterSecond(second, tuple(rows)).to_json(), format="json"
+            )
+            assert answer.status_code == 201, answer.json()
+
+    return post
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_seconds_metered_after_a_delete_are_billed_to_the_deleted_endpoint(
+    meter, owner_client, other_client, operator_client, chat, released
+):
+    one = [TrafficSample(chat.pk, "owner", requests=1, mu=0.5, tokens_in=10, tokens_out=2)]
+    start = int(timezone.now().timestamp()) // 5 * 5 - 30
+    meter({s: one for s in range(start, start + 5)})
+    collect(start + 5)  # 5 requests billed while it lives
+    meter({s: one for s in range(start + 5, start + 8)})  # 3 more metered, not collected yet
+    # Each pass below commits but cannot move its cursor: the next reads the same slots again.
+    again = Lease.objects.filter(name=scaling.HORIZONTAL)
+    again.update(cursor=start - 5, last_run_at=None)
+    if released:
+        sell(chat, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
+        deleted = operator_client.delete(f"/api/v1/endpoints/{chat.pk}/?release=true")
+    else:
+        deleted = owner_client.delete(f"/api/v1/endpoints/{chat.pk}/")
+    assert deleted.status_code == 204
+    gone = math.ceil(DeletedEndpoint.objects.get(endpoint_id=chat.pk).deleted_at.timestamp())
+    # 2 requests in flight at the delete finish after it; a second past CATCH_UP_S is not its.
+    meter({gone + 1: one, gone + 2: one, gone + CATCH_UP_S + 5: one})
+    collect(gone + 10)
+    again.update(cursor=start - 5, last_run_at=None)
+    collect(gone + 10)
+    collect(gone + CATCH_UP_S + 20)
+    window = {"start": iso(start - 3600), "end": iso(gone + CATCH_UP_S + 3600)}
+    for client in (owner_client, operator_client):
+        rows = client.get("/api/v1/usage/", {**window, "endpoint": chat.pk}).json()["results"]
+        assert {(r["endpoint_name"], r["tenant"]) for r in rows} == {("chat", "owner")}
+        assert {f: sum(r[f] for r in rows) for f in ("requests", "mu", "tokens_in", "tokens_out")} == {
+            "requests": 10,
+            "mu": 5,
+            "tokens_in": 100,
+            "tokens_out": 20,
+        }
+    assert other_client.get("/api/v1/usage/", {**window, "endpoint": chat.pk}).json()["results"] == []
+
+
+def test_usage_of_deleted_endpoints_is_kept_usage_retention_days(settings, owner_client, owner, chat):
+    settings.CLUSTER_DRIVER, settings.USAGE_RETENTION_DAYS = "none", 30
+    hour = int(timezone.now().timestamp()) // 3600 * 3600
+    old, kept = hour - 31 * 86400, hour - 29 * 86400
+    billed = {
+        chat.pk: usage.Billable(chat.pk, chat.name, owner.pk),
+        9999: usage.Billable(9999, "gone", owner.pk),
+    }
+    usage.record(
+        [(chat.pk, s, EndpointSecond(requests=1, mu=1.0)) for s in (old, kept)]
+        + [(9999, old, EndpointSecond(requests=5, mu=5.0))],
+        billed,
+    )
+    DeletedEndpoint.objects.create(
+        endpoint_id=9999, name="gone", tenant=owner, deleted_at=datetime.fromtimestamp(old, UTC)
+    )
+    assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
+    tasks.autoscale_horizontal()
+    assert list(UsageHour.objects.values_list("endpoint_id", "start")) == [(chat.pk, kept)]
+    assert list(DeletedEndpoint.objects.values_list("endpoint_id", flat=True)) == [chat.pk]
+    rows = owner_client.get(
+        "/api/v1/usage/", {"granularity": "day", "start": iso(old - 86400), "end": iso(hour)}
+    ).json()["results"]
+    assert [(r["endpoint"], r["requests"]) for r in rows] == [(chat.pk, 1)]
+
+
+def test_a_tenant_is_not_deleted_while_it_has_usage(operator_client, owner_client, owner, traffic, chat):
+    assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
+    refused = operator_client.delete(f"/api/v1/tenants/{owner.pk}/")
+    assert refused.status_code == 409 and refused.json()["error"] == "protected", refused.json()
+    kept = owner_client.get("/api/v1/usage/", {"endpoint": chat.pk, "start": iso(at(9)), "end": iso(at(25))})
+    assert kept.json()["count"] == 3

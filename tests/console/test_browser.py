@@ -184,7 +184,14 @@ def history(pool, endpoint):
     CapacitySnapshot.objects.bulk_create(rows)
     hour = int(now.timestamp()) // 3600 * 3600
     UsageHour.objects.bulk_create(
-        UsageHour(endpoint=endpoint, start=hour - k * 3600, mu=14000.0 - 500 * k, requests=900)
+        UsageHour(
+            endpoint_id=endpoint.pk,
+            endpoint_name=endpoint.name,
+            tenant_id=endpoint.tenant_id,
+            start=hour - k * 3600,
+            mu=14000.0 - 500 * k,
+            requests=900,
+        )
         for k in range(12)
     )
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.capacity.models import CapacitySnapshot, Reservation
 from controlplane.endpoints.models import Pod, UsageHour
-from controlplane.selling import sell
+from controlplane.selling import delete_endpoint, sell
 
 
 @pytest.fixture
@@ -19,6 +19,12 @@ def fleet(owner, other, make_endpoint, big_model):
     batch = make_endpoint(other, "batch")
     Pod.objects.create(endpoint=batch, name="batch-0", url="http://10.0.0.9:1", ready=True)
     return {"chat": chat, "batch": batch}
+
+
+def hour_of(endpoint, start: int, mu: float) -> UsageHour:
+    return UsageHour(
+        endpoint_id=endpoint.pk, endpoint_name=endpoint.name, tenant_id=endpoint.tenant_id, start=start, mu=mu
+    )
 
 
 def cell(html: str, pool: str, css: str) -> str:
@@ -93,8 +99,8 @@ def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operato
 def test_the_biggest_holders_and_each_tenants_usage_against_its_reservation(operator_web, fleet):
     hour = int(timezone.now().timestamp()) // 3600 * 3600
     UsageHour.objects.bulk_create(
-        [UsageHour(endpoint=fleet["chat"], start=hour - k * 3600, mu=9000.0) for k in range(4)]
-        + [UsageHour(endpoint=fleet["batch"], start=hour - 3 * 86400, mu=700.0)]
+        [hour_of(fleet["chat"], hour - k * 3600, 9000.0) for k in range(4)]
+        + [hour_of(fleet["batch"], hour - 3 * 86400, 700.0)]
     )
     html = operator_web.get("/console/capacity/").content.decode()
     holders = re.findall(r'data-holder="([^"]+)"', html)
@@ -118,3 +124,13 @@ def test_the_sell_form_offers_every_endpoint_from_a_list(operator_web, fleet):
     )
     assert answer.status_code == 200 and "Sold 200 MU/min on other/batch" in answer.content.decode()
     assert '<option value="other/batch" selected>' in answer.content.decode()
+
+
+def test_a_deleted_endpoints_usage_stays_in_its_tenants_usage(operator_web, fleet):
+    hour = int(timezone.now().timestamp()) // 3600 * 3600
+    UsageHour.objects.bulk_create([hour_of(fleet["batch"], hour - k * 3600, 500.0) for k in range(3)])
+    delete_endpoint(fleet["batch"])
+    page = operator_web.get("/console/capacity/")
+    assert page.status_code == 200
+    other = re.search(r'<tr data-tenant="other">(.*?)</tr>', page.content.decode(), re.S).group(1)
+    assert '<td class="num used-day">1500</td>' in other

@@ -297,9 +297,9 @@ def tenant_usage(now: datetime) -> list[dict[str, Any]]:
     hour = int(now.timestamp()) // 3600 * 3600
     day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
     used = {
-        row["endpoint__tenant__name"]: row
-        for row in UsageHour.objects.filter(start__gte=week_ago)
-        .values("endpoint__tenant__name")
+        row["tenant__name"]: row
+        for row in UsageHour.objects.filter(start__gte=week_ago)  # deleted endpoints' included
+        .values("tenant__name")
         .annotate(
             day=Sum("mu", filter=Q(start__gte=day_ago)),
             week=Sum("mu"),
