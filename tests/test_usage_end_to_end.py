@@ -103,11 +103,16 @@ def resets(rng: random.Random) -> list[tuple[str, dict[str, Any], int]]:
     return out
 
 
-def call(url: str, key: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
-    """POST ``body`` (GET without one) with the key; (status, body read to its end)."""
+def call(
+    url: str, key: str, body: dict[str, Any] | None = None, method: str | None = None
+) -> tuple[int, bytes]:
+    """POST ``body`` (GET without one, or `method`) with the key; (status, body read to its end)."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        url, data=data, headers={"content-type": "application/json", "authorization": f"Bearer {key}"}
+        url,
+        data=data,
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}"},
+        method=method,
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -441,3 +446,66 @@ def test_requests_a_stopping_router_drains_are_billed(live_server, sink, profile
     assert 1 <= token_chunks(answers[2]) <= cut_billed["tokens_out"] <= long_after[1] - long_before[1]
     assert cut_billed["tokens_in"] == estimate_input_tokens(cut[1], False)
     assert cut_billed["mu"] == ALPHA * cut_billed["tokens_in"] + BETA * cut_billed["tokens_out"] + GAMMA
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_in_flight_at_its_endpoints_delete_is_billed_to_it(
+    live_server, sink, profile, owner, make_endpoint
+):
+    """An operator releases and deletes an endpoint (?release=true) while a stream to it runs:
+    its usage reads as before the delete, and the stream, finished and metered after it, is
+    added to the deleted endpoint's id, name and tenant."""
+    chat = make_endpoint(owner, "chat", profile=profile)
+    selling(chat)
+    _, operator = ApiKey.issue(name="router", tenant=None)
+    _, owner_key = ApiKey.issue(name="app", tenant=owner)
+    before_delete = [(COMPLETIONS, {"model": "chat", "prompt": p, "max_tokens": 3}) for p in PROMPTS[:3]]
+    in_flight_body = {"model": "chat", "prompt": "Tell me a story", "max_tokens": 15, "stream": True}
+    base = live_server.url
+    # ~0.2 s a token: the stream outlasts the delete and the routers' next routing table
+    slow = ("--profile", "tiny-test", "--time-scale", "0.05")
+    with sim_engine(*slow, "--served-model-name", "chat") as engine:
+        Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
+        start = engine_counts(engine.url)
+        with router_process(base, sink, operator) as (router, _), ThreadPoolExecutor(1) as pool:
+            for path, body in before_delete:
+                assert call(router + path, owner_key, body)[0] == 200
+            mid = engine_counts(engine.url)
+            idle = int(time.time())
+            wait_until(lambda: published_through(sink, idle + 2), timeout=10)
+            collect_after(idle + 3)
+            billed = {key: usage_rows(base, key, endpoint=chat.pk) for key in (owner_key, operator)}
+            assert totals(billed[operator])["requests"] == len(before_delete)
+            # That pass collected through the end of its slot, a few seconds ahead: the stream
+            # starts after it, as a pass on the real clock would have it.
+            collected = (idle + 3) // samples.BUCKET_S * samples.BUCKET_S + samples.BUCKET_S
+            wait_until(lambda: time.time() > collected, timeout=10)
+
+            started = threading.Event()
+            port = int(router.rsplit(":", 1)[1])
+            stream = pool.submit(stream_until_closed, port, COMPLETIONS, in_flight_body, owner_key, started)
+            assert started.wait(timeout=15)
+            status, body = call(f"{base}/api/v1/endpoints/{chat.pk}/?release=true", operator, method="DELETE")
+            assert status == 204, body
+            for key in (owner_key, operator):  # read as before the delete
+                assert usage_rows(base, key, endpoint=chat.pk) == billed[key]
+            assert stream.result(timeout=30).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+            wait_until(lambda: in_flight(router) == 0, timeout=10)
+            idle = int(time.time())
+            wait_until(lambda: published_through(sink, idle + 2), timeout=10)
+            end = engine_counts(engine.url)
+            collect_after(idle + 3)
+
+    assert end[1] - mid[1] == in_flight_body["max_tokens"]  # the stream ran to its end
+    prompt, generated = end[0] - start[0], end[1] - start[1]
+    for key in (owner_key, operator):
+        rows = usage_rows(base, key, endpoint=chat.pk)
+        assert {(r["endpoint_name"], r["tenant"]) for r in rows} == {("chat", "owner")}
+        assert totals(rows) == {
+            "requests": len(before_delete) + 1,
+            "tokens_in": prompt,
+            "tokens_out": generated,
+            "mu": ALPHA * prompt + BETA * generated + GAMMA * (len(before_delete) + 1),
+            "errors": 0,
+            "throttled": 0,
+        }
