@@ -49,6 +49,7 @@ from capacity.provisioning import replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints.routing import withdraw_after_commit
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
 
@@ -447,7 +448,9 @@ def save_endpoint(
     model that needs more GPUs is checked against the pool it lands in. Its tenant's endpoints'
     minimum and maximum replicas, in GPUs, each stay within the tenant's quota. A new endpoint
     starts at its minimum replicas; a model change starts a rollout
-    (Endpoint.start_rollout_if_the_model_changed).
+    (Endpoint.start_rollout_if_the_model_changed). A rename changes no pod (they keep serving
+    Endpoint.served_model_name) and reaches the routers at their next poll (the published
+    routing table is withdrawn).
 
     `changed` names the fields this write sets on an endpoint read earlier: its other fields are
     re-read under the lock (the checks see what the autoscaler wrote since, say a lower target)
@@ -487,6 +490,8 @@ def save_endpoint(
         endpoint.save(update_fields=update_fields)
         if before is not None and before.name != endpoint.name:
             usage.renamed(endpoint)
+            # routers take the new name (its pods keep theirs) within a poll, however large the table
+            withdraw_after_commit()
 
 
 def _check_move(before: Endpoint, to: GpuPool, changed: Iterable[str], by_operator: bool) -> None:

@@ -158,3 +158,19 @@ def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, o
     assert kube.names("deployments") == [v1, v2]
     scaling.horizontal_pass(cluster, NOW + timedelta(seconds=25))  # drained: v1 goes
     assert kube.names("deployments") == [v2] and kube.names("services") == [v2]
+
+
+def test_a_rename_sends_kubernetes_nothing_so_no_pod_restarts(kube, owner, make_endpoint):
+    """Its pods keep the name it was created under: the pass after a rename declares the same
+    Deployment, so the driver sends nothing (a changed pod template would roll every pod)."""
+    chat = make_endpoint(owner, "chat")
+    cluster = scaling.driver()
+    scaling.horizontal_pass(cluster, NOW)
+    name = f"ep-{chat.pk}-v1"
+    sent = len(kube.mutating_requests())
+    chat.name = "assistant"
+    save_endpoint(chat, changed=["name"])
+    scaling.horizontal_pass(cluster, NOW.replace(second=5))
+    assert kube.mutating_requests()[sent:] == []
+    (container,) = kube.get("deployments", name)["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--served-model-name") + 1] == "chat"

@@ -312,6 +312,11 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         help_text="Operators name the tenant; a tenant's key always means its own tenant.",
     )
     model = serializers.CharField(source="profile.model", max_length=200)
+    served_model_name = serializers.CharField(
+        read_only=True,
+        help_text="The model name its pods serve: the name it was created under, which a rename"
+        " keeps (routers map the current name onto it, so a rename restarts no pod).",
+    )
     gpu_type = serializers.CharField(source="profile.gpu_type.name", max_length=63)
     pool = serializers.SlugRelatedField(
         slug_field="name",
@@ -361,6 +366,7 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
             "id",
             "tenant",
             "name",
+            "served_model_name",
             "model",
             "gpu_type",
             "pool",

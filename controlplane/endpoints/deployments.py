@@ -39,16 +39,19 @@ def parse_deployment(name: str) -> tuple[int, int] | None:
 def deployment(
     endpoint: Endpoint, version: int | None = None, profile: ModelProfile | None = None
 ) -> Deployment:
-    """An endpoint version's pods: its simulated engine profile, served under the endpoint's name."""
+    """An endpoint version's pods: its simulated engine profile, served under the endpoint's
+    served name (the name it was created under: a rename changes nothing here, so restarts no pod)."""
     profile = profile or endpoint.profile
     version = endpoint.version if version is None else version
     labels = {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name}
     name, replicas = deployment_name(endpoint.pk, version), endpoint.desired_replicas
+    # a row bulk-created without one (benchmarks): its name, which routers then take it to serve
+    served = endpoint.served_model_name or endpoint.name
     if settings.ENDPOINT_POD_ENGINE == "vllm":
         args = vllm_args(
             profile.model,
             profile.gpus_per_replica,
-            endpoint.name,
+            served,
             tuple(shlex.split(settings.ENDPOINT_VLLM_ARGS)),
         )
         return Deployment(name, replicas, "vllm", args, endpoint.target_concurrency_per_replica, labels)
@@ -62,7 +65,7 @@ def deployment(
             "--time-scale",
             str(settings.LOCAL_POD_TIME_SCALE),
             "--served-model-name",
-            endpoint.name,
+            served,
         ),
         endpoint.target_concurrency_per_replica,
         labels,

@@ -5,6 +5,8 @@ KServe's minReplicas/maxReplicas/containerConcurrency. The autoscaler owns the r
 the state and target_concurrency_per_replica after creation; the router meters used MU.
 """
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -52,6 +54,10 @@ class Endpoint(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="endpoints")
     name = models.CharField(max_length=63, validators=[slug_validator])
+    # The model name its pods serve (vLLM's --served-model-name): the name it was created under,
+    # kept through renames, so that a rename restarts no pod; the routers send the pods this
+    # name whatever the endpoint is called now (dataplane.router.served_name).
+    served_model_name = models.CharField(max_length=63, editable=False)
     # The profile names the model and GPU type; the pool must be of that GPU type.
     profile = models.ForeignKey(ModelProfile, on_delete=models.PROTECT, related_name="endpoints")
     pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="endpoints")
@@ -114,6 +120,13 @@ class Endpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.name}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.served_model_name:  # its first save: its pods will serve this name for good
+            self.served_model_name = self.name
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "served_model_name"}
+        super().save(*args, **kwargs)
 
     @property
     def active_rollout(self) -> "Rollout | None":

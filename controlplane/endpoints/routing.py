@@ -1,9 +1,11 @@
 """The routing table the routers pull: endpoints with their pricing, limits and pods, and keys.
 
-A client names the endpoint in the request's `model` field; pods serve under that name (the
-cluster driver starts them with --served-model-name <endpoint>), so routers forward the body
-untouched. Its version is a hash of its content, so a router's `If-None-Match` gets 304 until something a
-router cares about changes, whatever changed it. The format is dataplane.wire.routing_table.
+A client names the endpoint in the request's `model` field; its pods serve the name it was
+created under (the cluster driver starts them with --served-model-name <served_model_name>),
+which a rename keeps, and the table carries both: routers forward the body untouched until a
+rename, then send the pods their name (dataplane.router.served_name). Its version is a hash of
+its content, so a router's `If-None-Match` gets 304 until something a router cares about
+changes, whatever changed it. The format is dataplane.wire.routing_table.
 
 Building it costs the process about 0.2 s of CPU per 1,000 endpoints
 (bench/routing_table_fanout.py), the same for a 304 as for a 200, which 1,000 routers polling
@@ -85,6 +87,7 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
         # Each version's share of requests (rollouts, canaries); a pod serves its version's share.
         traffic=tuple(traffic(endpoint, endpoint.active_rollout).items()),
         max_model_len=profile.max_model_len,
+        served_model_name=endpoint.served_model_name,
     )
 
 

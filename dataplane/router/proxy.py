@@ -11,7 +11,8 @@ response head (hop-by-hop headers dropped, framing redone), and what the pod pro
 - anything else passes through, searched read by read for its ``usage`` (``UsageScan``).
 
 ``pod_body`` is the one place the request body is rewritten for the pod (usage asked for, the
-tenant's ``cache_salt`` set).
+tenant's ``cache_salt`` set, a renamed endpoint's served name); ``served_name.AnswerName`` puts
+the name asked back in a renamed endpoint's answer.
 
 Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`` only):
   connect refused / timed out, or the connection lost before any response byte
@@ -38,6 +39,7 @@ from dataplane.router.balancer import PodLoad
 from dataplane.router.cache_salt import FIELD, check_client_salt, salt_member, salted, tenant_salt
 from dataplane.router.http import ClientConnection
 from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.served_name import AnswerName
 from dataplane.router.stream_usage import StreamUsage, mu_text, usage_counts
 from dataplane.router.upstream import UpstreamConnection
 from dataplane.router.usage_details import DETAILS_KEY, NO_DETAILS, prompt_details
@@ -79,8 +81,13 @@ def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, 
 _OPEN_ASKING_USAGE = b'{"stream_options":{"include_usage":true},'  # the body's brace, the field
 
 
-def pod_body(raw: bytes, body: dict[str, Any], tenant: str | None = None) -> tuple[bytes, bool]:
+def pod_body(
+    raw: bytes, body: dict[str, Any], tenant: str | None = None, served: str | None = None
+) -> tuple[bytes, bool]:
     """(the body to forward, whether the router asked for the stream's usage itself).
+
+    ``served``: the name the pods serve, when it is not the one the request named (a renamed
+    endpoint, ``served_name``): ``body`` names it (changed in place) and is dumped again.
 
     ``tenant``: the request's (None in static mode: the body keeps the client's salt, if any).
     Its ``cache_salt`` (``cache_salt.salt_member``) goes in, combined with the client's own
@@ -98,6 +105,9 @@ def pod_body(raw: bytes, body: dict[str, Any], tenant: str | None = None) -> tup
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
+    if served is not None:
+        body["model"] = served
+        raw = json.dumps(body).encode()
     if FIELD in body:  # the client's own salt (most requests send none), as vLLM reads it
         client = check_client_salt(body[FIELD])
         if tenant is not None:  # combined with the tenant's, in its place: the body is dumped
@@ -230,6 +240,7 @@ class Exchange:
     """
 
     __slots__ = (
+        "answer_name",
         "answered",
         "buffer",
         "buffered",
@@ -270,6 +281,7 @@ class Exchange:
         read_timeout_s: float,
         max_buffer_bytes: int,
         image_tokens: int = 0,
+        answer_name: AnswerName | None = None,
     ) -> None:
         self.client = client
         self.coefficients = coefficients
@@ -278,6 +290,7 @@ class Exchange:
         self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
         self.read_timeout_s = read_timeout_s
         self.max_buffer_bytes = max_buffer_bytes  # a JSON answer up to this size gets x-mu-cost
+        self.answer_name = answer_name  # a renamed endpoint's: the name asked put back; else None
         self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
         self.client_cut = False  # sent to a pod, then its client went away
         self.answered = False  # a whole non-streamed answer came (with its usage or not)
@@ -394,7 +407,8 @@ class Exchange:
             self.response_headers = b"".join(out)
         else:
             self.scan = UsageScan()
-            client.start_response(status, b"".join(out), length)
+            # a renamed endpoint's answer changes length: re-framed
+            client.start_response(status, b"".join(out), length if self.answer_name is None else None)
         if self.buffer is None and client.write_paused:
             self._pause_pod()
         head = self.head
@@ -410,7 +424,8 @@ class Exchange:
             transport = self.client.transport
             if transport is not None and not transport.is_closing():  # gone: nothing more delivered
                 # written once per read of the pod (upstream_flush, upstream_done): one syscall
-                self.pending += stream.feed(data)
+                events = stream.feed(data)
+                self.pending += events if self.answer_name is None else self.answer_name.whole(events)
             return
         buffer = self.buffer
         if buffer is not None:
@@ -419,7 +434,7 @@ class Exchange:
             if self.buffered > self.max_buffer_bytes:  # too large to hold: pass on, unpriced head
                 self._pass_held()
             return
-        self.client.write_body(data)
+        self.client.write_body(data if self.answer_name is None else self.answer_name.feed(data))
         if self.scan is not None:
             self.scan.feed(data)
 
@@ -431,7 +446,7 @@ class Exchange:
         self.client.start_response(self.status, self.response_headers, None)
         self.scan = UsageScan()
         self.scan.feed(held)
-        self.client.write_body(held)
+        self.client.write_body(held if self.answer_name is None else self.answer_name.feed(held))
         if self.client.write_paused:
             self._pause_pod()
 
@@ -453,7 +468,10 @@ class Exchange:
         if stream is not None:
             last = b""
             if not client.closed:
-                last, self.pending = self.pending + stream.end(), b""
+                rest = stream.end()
+                if self.answer_name is not None:
+                    rest = self.answer_name.whole(rest)
+                last, self.pending = self.pending + rest, b""
             self.usage = stream.usage
             client.end_response(last)
         elif self.buffer is not None:  # held whole: sent with its price and length, in one write
@@ -464,12 +482,14 @@ class Exchange:
                 self.details = prompt_details(held)
             self.priced = self.price()
             price_header = b"x-mu-cost: %s\r\n" % mu_text(self.priced[0]).encode()
+            if self.answer_name is not None:
+                held = self.answer_name.whole(held)
             client.send_response(self.status, self.response_headers + price_header, held)
         else:
             self.usage, self.answered = (self.scan.end() if self.scan is not None else None), True
             if self.scan is not None:
                 self.details = self.scan.details
-            client.end_response()
+            client.end_response(b"" if self.answer_name is None else self.answer_name.end())
         done = self.done
         if done is not None and not done.done():
             done.set_result(None)

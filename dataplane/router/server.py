@@ -53,6 +53,7 @@ from dataplane.router.metering import Meter, publish
 from dataplane.router.pricing import estimate_input_tokens
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pod_body
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
+from dataplane.router.served_name import AnswerName, served_instead
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import demand
 from dataplane.router.workers import WorkerReadiness
@@ -211,7 +212,8 @@ class Router:
         if not probe and "priority" in body and clamp_tenant_priority(body):
             req.body = json.dumps(body).encode()  # the tenant's priority raised to its range
         # each tenant's own prefix cache on the pods (cache_salt); static mode has no tenants
-        forwarded, hide_usage = pod_body(req.body, body, tenant or None)
+        served = served_instead(spec, model)  # a renamed endpoint's pods serve their first name
+        forwarded, hide_usage = pod_body(req.body, body, tenant or None, served)
         exch = Exchange(
             client,
             spec.coefficients,
@@ -221,6 +223,7 @@ class Router:
             cfg.upstream_read_timeout_s,
             cfg.max_body_bytes,
             image_tokens,
+            answer_name=None if served is None else AnswerName(served, model),
         )
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod

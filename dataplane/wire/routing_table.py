@@ -6,7 +6,7 @@ its ETag). Readers: the routers (``dataplane.router.discovery``), which keep the
 when a new one is refused.
 
     {"version": "<etag>",
-     "endpoints": [{"id", "tenant", "name", "model", "policy",
+     "endpoints": [{"id", "tenant", "name", "served_model_name", "model", "policy",
                     "alpha", "beta", "gamma", "rho", "kappa", "delta", "cached_token_factor",
                     "mu_per_replica_minute", "target_concurrency_per_replica",
                     "scale_to_zero_enabled", "max_model_len",
@@ -19,6 +19,11 @@ Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/
 no concurrency limit, a context length of ``DEFAULT_MAX_MODEL_LEN`` tokens, a pod ready and
 named by its URL), so older writers stay readable. ``max_model_len`` is the model's context
 length (prompt + output tokens): the router refuses an output budget above it (400).
+
+``served_model_name`` is the name the endpoint's pods serve: the one it was created under, which
+a rename keeps ("", or missing from an older writer's table: its pods serve the name requests
+ask for). The router sends it to the pods in place of the name a request asked for
+(``dataplane.router.served_name``).
 """
 
 from __future__ import annotations
@@ -134,12 +139,14 @@ class RoutedEndpoint:
     # version at 0 takes no new request. Empty: one version, every pod.
     traffic: tuple[tuple[str, float], ...] = ()
     max_model_len: int = DEFAULT_MAX_MODEL_LEN  # context length (prompt + output), tokens >= 1
+    served_model_name: str = ""  # the name its pods serve; "": the name requests ask for
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "tenant": self.tenant,
             "name": self.name,
+            "served_model_name": self.served_model_name,
             "model": self.model,
             "policy": self.policy,
             "alpha": self.coefficients.alpha,
@@ -165,6 +172,9 @@ class RoutedEndpoint:
         for key in ("tenant", "name"):
             if not isinstance(e.get(key), str):
                 raise ValueError(f"{where}.{key} must be a string")
+        served = e.get("served_model_name", "")  # an older writer's pods serve the name asked
+        if not isinstance(served, str):
+            raise ValueError(f"{where}.served_model_name must be a string, got {served!r}")
         if not isinstance(e.get("id"), int):
             raise ValueError(f"{where}.id must be an integer")
         policy = e.get("policy") or DEFAULT_POLICY
@@ -197,6 +207,7 @@ class RoutedEndpoint:
             pods=pods,
             traffic=traffic,
             max_model_len=max_model_len,
+            served_model_name=served,
         )
 
 

@@ -25,6 +25,7 @@ CHAT = RoutedEndpoint(
     ),
     traffic=(("1", 90.0), ("2", 10.0)),
     max_model_len=8192,
+    served_model_name="support",
 )
 
 
@@ -42,12 +43,23 @@ def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_c
     assert served.endpoints[0].reservation == ReservedRate(300, best_effort_allowed=False)
     assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and served.api_keys
     assert served.endpoints[0].max_model_len == 32_768
+    assert served.endpoints[0].served_model_name == "chat"  # the name it was created under
 
 
 def test_an_older_writer_s_table_reads_the_default_context_length():
     doc = RoutingTable("v7", (CHAT,), {}).to_json()
     del doc["endpoints"][0]["max_model_len"]
     assert RoutingTable.from_json(doc).endpoints[0].max_model_len == DEFAULT_MAX_MODEL_LEN
+
+
+def test_an_older_writer_s_table_reads_pods_serving_the_name_asked():
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    assert doc["endpoints"][0]["served_model_name"] == "support"
+    del doc["endpoints"][0]["served_model_name"]
+    assert RoutingTable.from_json(doc).endpoints[0].served_model_name == ""
+    doc["endpoints"][0]["served_model_name"] = 7
+    with pytest.raises(ValueError, match=r"endpoints\[0\]\.served_model_name must be a string, got 7"):
+        RoutingTable.from_json(doc)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "8192", True, None])
