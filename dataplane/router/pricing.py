@@ -61,7 +61,7 @@ def metered(
        its end).
     2. Nothing for an answer that failed for the platform's reasons: a 5xx answer, a pod lost
        or silent before or during its answer, an error event in its stream, a router's own cut,
-       a stall its client gave up on (``failed``: what the meter counts as errors). Nothing for
+       a stall its client gave up on (``failed``). Nothing for
        a 4xx answer from the engine either: a 404 for a model name the platform changed is the
        platform's doing, and any other refuses the tenant's own request (a prompt past the
        context, a parameter out of range) while the engine reads it, before any GPU work, as
