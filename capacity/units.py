@@ -34,7 +34,9 @@ cache skip prefill, so they are charged at `cached_token_factor` of alpha.
 import math
 from dataclasses import dataclass
 
-# Without a tokenizer at hand, English text runs about 4 bytes per token (OpenAI's rule of thumb).
+# Without a tokenizer at hand, text is estimated at 4 UTF-8 bytes a token: English runs about 4
+# bytes a token on BPE vocabularies (OpenAI's rule of thumb), and bytes, not characters, are what
+# a byte-level tokenizer splits (an emoji is 4 bytes and 1 to 4 tokens, never a quarter of one).
 BYTES_PER_TOKEN = 4
 # What one replica of a model does per minute on its GPU type, by definition of the model unit.
 # The default of the MU_PER_REPLICA_MINUTE setting and of every profile; fits scale with it.
@@ -137,9 +139,15 @@ class CostModel:
         return mu_per_replica_minute / self.cost(input_tokens, output_tokens)
 
 
-def estimate_tokens(prompt_bytes: int) -> int:
-    """Tokens in a prompt of this many bytes, rounded up: 0 -> 0, 1..4 -> 1, 401 -> 101."""
-    return -(-max(prompt_bytes, 0) // BYTES_PER_TOKEN)
+def estimate_tokens(prompt_bytes: int, bytes_per_token: int = BYTES_PER_TOKEN) -> int:
+    """Tokens in a prompt of this many UTF-8 bytes, rounded up: 0 -> 0, 1..4 -> 1, 401 -> 101."""
+    return -(-max(prompt_bytes, 0) // bytes_per_token)
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of a text, what ``estimate_tokens`` counts: "hello" -> 5, "héllo" -> 6, an
+    emoji -> 4; a lone surrogate (JSON's "\\ud800") 3."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 # An image's tokens, as Qwen2-VL's processor counts them (HF Qwen2VLImageProcessor smart_resize):

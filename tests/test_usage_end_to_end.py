@@ -380,7 +380,7 @@ def test_requests_a_stopping_router_drains_are_billed(live_server, sink, profile
     """A router stopped (SIGTERM, as on every rollout) while streams are in flight lets them
     finish for its drain timeout, cuts the rest, then exits: what they cost reaches the bill
     though it never reached a second's flush. The stream cut goes to an endpoint and engine of
-    its own, its cost bounded as a reset's."""
+    its own: the router's own cut, an error that costs nothing, reaches the usage all the same."""
     chat = make_endpoint(owner, "chat", profile=profile)
     long = make_endpoint(owner, "long", profile=profile)
     selling(chat, long)
@@ -442,10 +442,10 @@ def test_requests_a_stopping_router_drains_are_billed(live_server, sink, profile
         "throttled": 0,
     }
     cut_billed = totals(usage_rows(live_server.url, owner_key, endpoint=long.pk))
-    assert (cut_billed["requests"], cut_billed["errors"]) == (1, 1)  # the router's own cut: an error
-    assert 1 <= token_chunks(answers[2]) <= cut_billed["tokens_out"] <= long_after[1] - long_before[1]
-    assert cut_billed["tokens_in"] == estimate_input_tokens(cut[1], False)
-    assert cut_billed["mu"] == ALPHA * cut_billed["tokens_in"] + BETA * cut_billed["tokens_out"] + GAMMA
+    assert token_chunks(answers[2]) >= 1 and long_after[1] > long_before[1]  # cut mid-stream
+    # the router's own cut: an error, for the platform's reasons, billed nothing
+    assert (cut_billed["requests"], cut_billed["errors"]) == (1, 1)
+    assert (cut_billed["tokens_in"], cut_billed["tokens_out"], cut_billed["mu"]) == (0, 0, 0)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,6 +6,9 @@ run vLLM on the profile's model instead, one replica on `gpus_per_replica` GPUs 
 its tensor-parallel size is the profile's GPUs, which is also what the pod's `nvidia.com/gpu`
 limit asks (dataplane.cluster.k8s_objects.gpus_of reads it back), so the pod takes on a node
 exactly the GPUs the ledger packed for the replica. The simulated engine asks for no GPUs.
+
+What the pods serve is what routers hold requests to (``context_length``, ``max_token_bytes``):
+the context of the engine they run, which the profile's ``max_model_len`` may only lower.
 """
 
 import re
@@ -90,6 +93,52 @@ def vllm_args(
             )
         return args
     return args + ((() if "--" in args else ("--",)) + ("--tensor-parallel-size", str(gpus_per_replica)))
+
+
+def context_length(profile: ModelProfile) -> int:
+    """The context (prompt + output tokens) an endpoint's pods on `profile` serve: the profile's
+    `max_model_len`, or less where their engine serves less, the simulated profile's own or
+    vLLM's `--max-model-len` among ENDPOINT_VLLM_ARGS (without it vLLM serves the model's own,
+    which only the profile says). The simulated h100-llama-8b under a profile that says nothing
+    (1,048,576) -> 8,192."""
+    if settings.ENDPOINT_POD_ENGINE == "vllm":
+        served = max_model_len_arg(tuple(shlex.split(settings.ENDPOINT_VLLM_ARGS)))
+    else:
+        from dataplane.runtime.profiles import PROFILES
+
+        engine = PROFILES.get(profile.engine_profile())
+        served = engine.max_model_len if engine is not None else None
+    return profile.max_model_len if served is None else min(profile.max_model_len, served)
+
+
+def max_token_bytes() -> int:
+    """The most UTF-8 bytes of text one token of the endpoints' engine holds: 4 on the simulated
+    engine; 0 (not known) for vLLM, whose tokenizer is the model's."""
+    if settings.ENDPOINT_POD_ENGINE == "vllm":
+        return 0
+    from dataplane.runtime.sim_tokenizer import MAX_BYTES_PER_TOKEN
+
+    return MAX_BYTES_PER_TOKEN
+
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kmgKMG]?)")
+_MULTIPLIERS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def max_model_len_arg(args: tuple[str, ...]) -> int | None:
+    """vLLM's `--max-model-len` among a pod's arguments, the last given (as argparse reads
+    them), in vLLM's spellings (8192; 8k = 8,000; 8K = 8,192; `--max_model_len=...`); None
+    when absent or not a count ("auto", -1: vLLM fits the context to memory)."""
+    found = None
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.replace("_", "-") == "--max-model-len":
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    match = _COUNT.fullmatch(found or "")
+    if match is None:
+        return None
+    count = float(match[1]) * _MULTIPLIERS[match[2]]
+    return int(count) if count >= 1 else None
 
 
 def sim_profile(gpu_type: str) -> str:

@@ -29,7 +29,9 @@ class EndpointQuerySet(TenantScopedQuerySet["Endpoint"]):
         ).prefetch_related(
             models.Prefetch(
                 "rollouts",
-                queryset=Rollout.objects.active().select_related("from_profile", "to_profile"),
+                queryset=Rollout.objects.active().select_related(
+                    "from_profile__gpu_type", "to_profile__gpu_type"
+                ),
                 to_attr="active_rollouts",
             )
         )

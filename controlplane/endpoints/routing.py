@@ -31,6 +31,7 @@ from django.db import transaction
 from django.db.models import Prefetch
 
 from capacity.units import CostModel
+from controlplane.endpoints.deployments import context_length, max_token_bytes
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.endpoints.rollouts import traffic
 from controlplane.tenants.models import ApiKey
@@ -54,10 +55,11 @@ def routing_table() -> RoutingTable:
         .order_by("id")
         .values_list("secret_hash", "tenant__name")
     )
-    return RoutingTable.versioned(tuple(_endpoint(e) for e in endpoints), api_keys)
+    token_bytes = max_token_bytes()
+    return RoutingTable.versioned(tuple(_endpoint(e, token_bytes) for e in endpoints), api_keys)
 
 
-def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
+def _endpoint(endpoint: Endpoint, token_bytes: int) -> RoutedEndpoint:
     profile = endpoint.profile
     reservation = getattr(endpoint, "reservation", None)
     return RoutedEndpoint(
@@ -86,9 +88,18 @@ def _endpoint(endpoint: Endpoint) -> RoutedEndpoint:
         ),
         # Each version's share of requests (rollouts, canaries); a pod serves its version's share.
         traffic=tuple(traffic(endpoint, endpoint.active_rollout).items()),
-        max_model_len=profile.max_model_len,
+        max_model_len=_context(endpoint),
+        max_token_bytes=token_bytes,
         served_model_name=endpoint.served_model_name,
     )
+
+
+def _context(endpoint: Endpoint) -> int:
+    """The context its pods serve; during a rollout the larger of both versions': a prompt only
+    one of them takes is the pod's to refuse (at no charge), not the router's."""
+    rollout = endpoint.active_rollout
+    profiles = (endpoint.profile,) if rollout is None else (rollout.from_profile, rollout.to_profile)
+    return max(context_length(p) for p in profiles)
 
 
 def body_key(version: str) -> str:

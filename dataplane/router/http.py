@@ -64,14 +64,17 @@ def status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Unknown"))
 
 
-def error_body(status: int, message: str, code: str, param: str | None = None) -> bytes:
+def error_body(
+    status: int, message: str, code: str | int, param: str | None = None, kind: str | None = None
+) -> bytes:
     """OpenAI-style error: {"error": {"message", "type", "param", "code"}}; ``param`` names the
-    request parameter at fault, when one is."""
+    request parameter at fault, when one is; ``kind`` is its type when not the status's (an
+    error in the engine's words: vLLM's "BadRequestError", its code the status)."""
     return json.dumps(
         {
             "error": {
                 "message": message,
-                "type": ERROR_TYPES.get(status, "server_error"),
+                "type": kind or ERROR_TYPES.get(status, "server_error"),
                 "param": param,
                 "code": code,
             }
@@ -96,14 +99,21 @@ def loopback_peer(peer: object) -> bool:
 class RequestError(Exception):
     """A request the router answers itself, before any response byte, with an OpenAI-style error
     (``send_error``); ``headers`` are extra pre-encoded header lines, such as a Retry-After;
-    ``param`` names the request parameter at fault (the error's "param")."""
+    ``param`` names the request parameter at fault (the error's "param"); ``kind``, the error's
+    type where it is not the status's (``error_body``)."""
 
     def __init__(
-        self, status: int, message: str, code: str, headers: bytes = b"", param: str | None = None
+        self,
+        status: int,
+        message: str,
+        code: str | int,
+        headers: bytes = b"",
+        param: str | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers
-        self.param = param
+        self.param, self.kind = param, kind
 
 
 class Request:
@@ -384,12 +394,18 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def send_error(
-        self, status: int, message: str, code: str, extra_headers: bytes = b"", param: str | None = None
+        self,
+        status: int,
+        message: str,
+        code: str | int,
+        extra_headers: bytes = b"",
+        param: str | None = None,
+        kind: str | None = None,
     ) -> None:
         self.send_response(
             status,
             b"content-type: application/json\r\n" + extra_headers,
-            error_body(status, message, code, param),
+            error_body(status, message, code, param, kind),
         )
 
     def send_json(self, status: int, obj: Any) -> None:

@@ -10,9 +10,9 @@ response head (hop-by-hop headers dropped, framing redone), and what the pod pro
   out in the head as ``x-mu-cost`` (with a Content-Length); a larger one passes through, without;
 - anything else passes through, searched read by read for its ``usage`` (``UsageScan``).
 
-``pod_body`` is the one place the request body is rewritten for the pod (usage asked for, the
-tenant's ``cache_salt`` set, a renamed endpoint's served name); ``served_name.AnswerName`` puts
-the name asked back in a renamed endpoint's answer.
+``pod_body`` is the one place the request body is rewritten for the pod (a stream's usage asked
+for, the tenant's ``cache_salt`` set, a renamed endpoint's served name); ``served_name.AnswerName``
+puts the name asked back in a renamed endpoint's answer.
 
 Failure semantics (the caller retries on ``UpstreamFailed(before_response=True)`` only):
   connect refused / timed out, or the connection lost before any response byte
@@ -78,13 +78,15 @@ def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, 
     return b"".join(out)
 
 
-_OPEN_ASKING_USAGE = b'{"stream_options":{"include_usage":true},'  # the body's brace, the field
+# the body's brace, the field
+_OPEN_ASKING_USAGE = b'{"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
 
 
 def pod_body(
     raw: bytes, body: dict[str, Any], tenant: str | None = None, served: str | None = None
-) -> tuple[bytes, bool]:
-    """(the body to forward, whether the router asked for the stream's usage itself).
+) -> tuple[bytes, bool, bool]:
+    """(the body to forward, whether the router asked for the stream's usage chunk itself,
+    whether it asked for the usage in every chunk itself).
 
     ``served``: the name the pods serve, when it is not the one the request named (a renamed
     endpoint, ``served_name``): ``body`` names it (changed in place) and is dumped again.
@@ -93,15 +95,19 @@ def pod_body(
     Its ``cache_salt`` (``cache_salt.salt_member``) goes in, combined with the client's own
     (``cache_salt.salted``, checked by ``check_client_salt``: a 400) when it sent one.
 
-    A stream whose client did not set ``stream_options.include_usage`` gets it (and
-    ``continuous_usage_stats`` off, which the client did not get either), so the engine reports
-    what it produced; ``StreamUsage`` then drops that usage chunk. The usual body (no
+    A stream whose client did not set ``stream_options.include_usage`` gets it, so the engine
+    reports what it produced; ``StreamUsage`` then drops that usage chunk. Every stream gets
+    ``continuous_usage_stats`` too (the usage so far in every chunk, the prompt's count from the
+    first), so a stream cut before its usage chunk is priced at the engine's count of its prompt;
+    ``StreamUsage`` takes that usage out of each chunk unless the client asked for it (its
+    ``include_usage`` and ``continuous_usage_stats`` both true). The usual body (no
     ``stream_options``, no client ``cache_salt``) gets its new members as bytes after the opening
     brace (no re-serialising); else the body is dumped again. A ``stream_options`` that is not an
     object is the engine's to refuse: left as it is.
-    ``stream`` and ``include_usage`` are read as vLLM reads them (``validation.lax_bool``: 1,
-    "true", "yes" are true); a ``continuous_usage_stats`` of the client's is set off whatever it
-    says when the router asks for usage, and left to the engine when the client asked.
+    ``stream``, ``include_usage`` and ``continuous_usage_stats`` are read as vLLM reads them
+    (``validation.lax_bool``: 1, "true", "yes" are true); the client's ``continuous_usage_stats``
+    is the router's to set when the router asks for the usage chunk, and when the client asked
+    for it but the field is absent, null or false; a value vLLM refuses is left to the engine.
     A stream's ``stream_interval`` (vLLM: tokens batched per chunk) is dropped: a stream cut
     early is priced a token a chunk, and a client must not make its chunks cheaper.
     """
@@ -121,22 +127,25 @@ def pod_body(
     stream = body.get("stream")
     # "stream": 1 or "true" is a stream to vLLM; true is, and no false-like value ever is
     if stream is not True and (not stream or lax_bool(stream) is not True):
-        return _opened(raw, body, opening), False
+        return _opened(raw, body, opening), False, False
     batched = "stream_interval" in body
     options = None
     if "stream_options" not in body and not batched:  # the usual stream: the field goes in as bytes
         if _brace_first(raw):
-            return raw.replace(b"{", asking, 1), True
+            return raw.replace(b"{", asking, 1), True, True
     else:
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
-            return _opened(raw, body, opening), False
+            return _opened(raw, body, opening), False, False
         if options is not None and lax_bool(options.get("include_usage")) is True:
-            if batched:
-                return _dumped(body, None, opening), False
-            return _opened(raw, body, opening), False
-    asked = {**(options or {}), "include_usage": True, "continuous_usage_stats": False}
-    return _dumped(body, asked, opening), True
+            continuous = options.get("continuous_usage_stats")
+            if continuous is None or lax_bool(continuous) is False:
+                return _dumped(body, {**options, "continuous_usage_stats": True}, opening), False, True
+            if batched:  # the client's own usage in every chunk (or a value vLLM refuses)
+                return _dumped(body, None, opening), False, False
+            return _opened(raw, body, opening), False, False
+    asked = {**(options or {}), "include_usage": True, "continuous_usage_stats": True}
+    return _dumped(body, asked, opening), True, True
 
 
 @functools.cache  # per request: one dict lookup (tenants: the routing table's, a bounded set)
@@ -252,6 +261,7 @@ class Exchange:
         "details",
         "done",
         "estimate",
+        "failed",
         "head",
         "hide_usage",
         "image_tokens",
@@ -263,8 +273,10 @@ class Exchange:
         "response_headers",
         "scan",
         "sent",
+        "single_prompt",
         "status",
         "stream",
+        "strip_usage",
         "timer",
         "unanswered",
         "unanswered_mu",
@@ -281,18 +293,24 @@ class Exchange:
         read_timeout_s: float,
         max_buffer_bytes: int,
         image_tokens: int = 0,
+        strip_usage: bool = False,
+        single_prompt: bool = True,
         answer_name: AnswerName | None = None,
     ) -> None:
         self.client = client
         self.coefficients = coefficients
         self.estimate = estimate  # the admission's (input tokens, the most output tokens)
         self.hide_usage = hide_usage  # the router asked for the stream's usage chunk
+        self.strip_usage = strip_usage  # the router asked for the usage in every chunk
+        # one prompt (chat, or one completions prompt): a chunk's usage counts all of it
+        self.single_prompt = single_prompt
         self.chat = chat  # /v1/chat/completions: a stream opens with role chunks
         self.read_timeout_s = read_timeout_s
         self.max_buffer_bytes = max_buffer_bytes  # a JSON answer up to this size gets x-mu-cost
         self.answer_name = answer_name  # a renamed endpoint's: the name asked put back; else None
         self.sent = False  # the request went to a pod (the last attempt's, or an earlier one)
         self.client_cut = False  # sent to a pod, then its client went away
+        self.failed = False  # ended for the platform's reasons (a router's cut, a stalled pod)
         self.answered = False  # a whole non-streamed answer came (with its usage or not)
         self.status = 0
         self.usage: tuple[int, int] | None = None  # (prompt, completion) tokens
@@ -343,16 +361,19 @@ class Exchange:
                 prompt,
                 completion,
             )
+        stream = self.stream
         return metered(
             self.coefficients,
             self.estimate,
             None,
-            self.stream.tokens if self.stream is not None else 0,
+            stream.tokens if stream is not None else 0,
             self.status,
             answered=self.answered,
             client_cut=self.client_cut,
-            details=self.stream.details if self.stream is not None else self.details,
+            details=stream.details if stream is not None else self.details,
             image_tokens=self.image_tokens,
+            prompt_tokens=stream.prompt_tokens if stream is not None and self.single_prompt else None,
+            failed=self.failed or (stream is not None and stream.failed),
         )
 
     def _usage_price(self, prompt_tokens: int, completion_tokens: int) -> float:
@@ -399,7 +420,7 @@ class Exchange:
         client = self.client
         client.flow_peer = self.conn
         if content_type.startswith(b"text/event-stream"):
-            self.stream = StreamUsage(self.hide_usage, self._usage_price, self.chat)
+            self.stream = StreamUsage(self.hide_usage, self._usage_price, self.chat, self.strip_usage)
             # its length changes (usage chunk out, fingerprints in): re-framed
             client.start_response(status, b"".join(out), None)
         elif content_type.startswith(b"application/json") and (length or 0) <= self.max_buffer_bytes:

@@ -55,7 +55,7 @@ from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pod_
 from dataplane.router.ratelimit import InProcessLimiter, Limiter, TrafficClass
 from dataplane.router.served_name import AnswerName, served_instead
 from dataplane.router.upstream import Pool, fetch
-from dataplane.router.validation import demand
+from dataplane.router.validation import check_context, demand
 from dataplane.router.workers import WorkerReadiness
 from dataplane.wire.load_samples import Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
@@ -155,7 +155,7 @@ class Router:
                 methods = OPERATOR_PATHS[path] if client.peer_is_loopback() else None
             await self.answer(client, req, path, methods)
         except RequestError as e:
-            client.send_error(e.status, e.message, e.code, e.headers, e.param)
+            client.send_error(e.status, e.message, e.code, e.headers, e.param, e.kind)
 
     async def handle_admin(self, client: ClientConnection, req: Request) -> None:
         """The admin listener (``--admin-listen``): the operator endpoints only."""
@@ -163,7 +163,7 @@ class Router:
         try:
             await self.answer(client, req, path, OPERATOR_PATHS.get(path))
         except RequestError as e:
-            client.send_error(e.status, e.message, e.code, e.headers, e.param)
+            client.send_error(e.status, e.message, e.code, e.headers, e.param, e.kind)
 
     async def answer(
         self, client: ClientConnection, req: Request, path: bytes, methods: tuple[bytes, ...] | None
@@ -206,6 +206,8 @@ class Router:
         asked = demand(body, chat, spec.max_model_len, cfg.max_n, cfg.default_max_tokens)
         most_out, image_tokens = asked.output_tokens, asked.images.image_tokens
         tokens_in = estimate_input_tokens(body, chat) + image_tokens  # the engine counts both
+        if tokens_in > spec.max_model_len:  # never below the fewest tokens the prompt can be
+            check_context(body, chat, spec.max_model_len, spec.max_token_bytes, image_tokens)
         cost = spec.coefficients.cost(tokens_in, most_out, 0, image_tokens)  # the admission estimate
         # without a prober credential nothing is a probe: no header to read
         probe = self.probe_key is not None and is_probe(req.headers.get(self._probe_header), self.probe_key)
@@ -213,7 +215,7 @@ class Router:
             req.body = json.dumps(body).encode()  # the tenant's priority raised to its range
         # each tenant's own prefix cache on the pods (cache_salt); static mode has no tenants
         served = served_instead(spec, model)  # a renamed endpoint's pods serve their first name
-        forwarded, hide_usage = pod_body(req.body, body, tenant or None, served)
+        forwarded, hide_usage, strip_usage = pod_body(req.body, body, tenant or None, served)
         exch = Exchange(
             client,
             spec.coefficients,
@@ -223,7 +225,9 @@ class Router:
             cfg.upstream_read_timeout_s,
             cfg.max_body_bytes,
             image_tokens,
-            answer_name=None if served is None else AnswerName(served, model),
+            strip_usage,
+            asked.prompts == 1,
+            None if served is None else AnswerName(served, model),
         )
         t0 = self.clock()
         started = False  # metered as in flight from its first attempt at a pod
@@ -252,17 +256,18 @@ class Router:
             end = self.clock()
             if started:  # cut short (client gone, pod lost): what was delivered (pricing.metered)
                 exch.client_cut = client.closed and exch.sent
-                mu, tin, tout = exch.price()
-                self.admission.settle(ep, probe, cost, mu)
                 # A client that went away while its answer flowed stopped it: no platform error
                 # (errors: 5xx and upstream failures, what on-call alerts on). One that left a
-                # silent pod gave up on a stall, and a draining router's cut is the router's.
-                error = (
+                # silent pod gave up on a stall, and a draining router's cut is the router's:
+                # an error, which costs nothing.
+                error = exch.failed = (
                     not exch.client_cut
                     or exch.status >= 500
                     or self.state.draining
                     or exch.pod_silent_s() >= cfg.gave_up_after_silence_s
                 )
+                mu, tin, tout = exch.price()
+                self.admission.settle(ep, probe, cost, mu)
                 self.meter.finish(key, end, end - t0, mu, tin, tout, error)
             elif isinstance(exc, RequestError):
                 self.meter.reject(key, end, exc.status)

@@ -16,6 +16,15 @@ on that usage chunk only; without it, on each choice's terminal chunk (``finish_
   ``MAX_HELD_BYTES``: beyond, what is held goes on as it came, unstamped, and the stream is no
   longer held (a long n > 1 stream must not be held whole, its tokens uncounted).
 - the client asked for usage: the usage chunk passes with ``"mu": <price>`` added to its usage.
+- the router asked for the usage in every chunk (``strip_usage``: vLLM's continuous usage stats,
+  which the client did not ask for): each choice chunk's usage is taken out, so the client gets
+  the chunks as the engine sends them without it.
+
+The engine's count of the prompt (``prompt_tokens``) is read from the stream's first chunk when
+it carries its usage (continuous usage stats): a stream cut before its usage chunk is priced at
+it (``pricing.metered``), not at the router's estimate. An error event in the stream (vLLM's
+``data: {"error": ...}``: the engine refused the request after its 200, or failed mid-stream)
+marks it ``failed``: it costs nothing.
 
 Delivered tokens (the price of a stream cut before its usage chunk): per choice chunk passed on,
 max(1, its text's characters // ``MERGED_CHARS_PER_TOKEN``), except chat's opening chunk
@@ -23,7 +32,7 @@ max(1, its text's characters // ``MERGED_CHARS_PER_TOKEN``), except chat's openi
 but merges the tokens a reader left waiting into one chunk (``RequestOutputCollector``: a client
 that stops reading, backpressure), and speculative decoding sends several at once: a merged
 chunk of 50 tokens (~200 characters) counts 25, never 1. The divisor is twice the router's
-chars-per-token rule (8): a one-token chunk counts 1 on real vocabularies (a token of 16 or more
+bytes-per-token rule (8): a one-token chunk counts 1 on real vocabularies (a token of 16 or more
 characters is rare), so the count is never above what the client got, and a merged chunk counts
 at least half its tokens. Measured on the sim's streams (one token a chunk, up to 4 bytes each):
 the count is exactly the chunks, so the Contract (within 2 tokens or 10 % of what the client
@@ -42,7 +51,7 @@ import json
 import re
 from collections.abc import Callable
 
-from dataplane.router.pricing import CHARS_PER_TOKEN
+from capacity.units import BYTES_PER_TOKEN
 from dataplane.router.usage_details import NO_DETAILS, prompt_details
 
 # Read from the bytes, not parsed: every quote inside a JSON string is escaped, so these keys
@@ -75,9 +84,14 @@ _VLLM_USAGE_EVENT = re.compile(
 )
 _FINGERPRINT = re.compile(rb',\s*"system_fingerprint"\s*:\s*"(?:[^"\\]|\\.)*"')
 _OPENING = b'{"role"'  # chat's opening delta (no token), in either spelling
+# A choice chunk's usage so far (continuous usage stats): it follows the chunk's choices, which
+# the usage chunk's are not (empty); an object of counts (vLLM's and the sim's hold no details,
+# which only the usage chunk carries). One class repeat: a quarter of the time of nested ones.
+_CHUNK_USAGE = re.compile(rb'\}\],\s?"usage":\s?\{[^{}]*\}')
+_ERROR_EVENT = b'data: {"error"'  # vLLM's error event: the key opens the event's object
 _DECODER = json.JSONDecoder()
 MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
-MERGED_CHARS_PER_TOKEN = 2 * CHARS_PER_TOKEN  # a chunk's characters per token it counts, at least
+MERGED_CHARS_PER_TOKEN = 2 * BYTES_PER_TOKEN  # a chunk's characters per token it counts, at least
 MERGED_SLACK = 2 * MERGED_CHARS_PER_TOKEN  # bytes over one token a chunk that trigger the measure
 # a choice's generated text (completions' text, chat's content / reasoning / tool arguments)
 _TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning|arguments)"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -100,14 +114,22 @@ class StreamUsage:
         "_plain",
         "chat",
         "details",
+        "failed",
         "hide_usage",
         "price",
+        "prompt_tokens",
+        "strip_usage",
         "tokens",
         "usage",
     )
 
-    def __init__(self, hide_usage: bool, price: Pricer, chat: bool = False) -> None:
+    def __init__(
+        self, hide_usage: bool, price: Pricer, chat: bool = False, strip_usage: bool = False
+    ) -> None:
         self.hide_usage = hide_usage  # the router added include_usage: the client never sees it
+        self.strip_usage = strip_usage  # the router added continuous usage stats: out of each chunk
+        self.prompt_tokens: int | None = None  # the engine's count, from the first chunk's usage
+        self.failed = False  # an error event came: the engine refused the request, or failed
         self.price = price
         self.chat = chat  # a chat stream: its opening chunks are no tokens
         self._keys: tuple[bytes, bytes, bytes] | None = None  # the spelling, from the first chunk
@@ -134,6 +156,14 @@ class StreamUsage:
             block, self._buf = buf[:end], buf[end:]
         else:  # most reads end with an event
             block, self._buf = buf, b""
+        if self._keys is None:  # the first whole events: the prompt's count, when they carry usage
+            m = _PROMPT.search(block)
+            if m is not None:
+                self.prompt_tokens = int(m[1])
+        if _ERROR_EVENT in block:
+            self.failed = True
+        if self.strip_usage:
+            block = _CHUNK_USAGE.sub(b"}]", block)
         if self._held:
             block, self._held = self._held + block, b""
         if self.usage is None:  # the usage chunk not come yet: it, or a terminal chunk to hold

@@ -27,6 +27,10 @@ and refuses, with a 400 naming the parameter, what would poison the price:
                         Image parts are counted and sized (``images``: a data URL only, a
                         remote or malformed one is a 400 naming the part).
 
+A prompt past the context (``check_context``) is refused in vLLM's own words and shape (its 400,
+"This model's maximum context length is ..."), but only where the engine surely refuses it: the
+router cannot tokenize, so it counts the fewest tokens the prompt can be.
+
 ``best_of`` is not read: vLLM 0.32's engine (V1) has no best_of and ignores the field, so it
 neither costs anything nor may be refused. A set ``mm_processor_kwargs`` (chat) is a 400: vLLM
 hands it to the HF processor, whose min_pixels / max_pixels resize every image past the
@@ -39,8 +43,10 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from capacity.units import estimate_tokens, text_bytes
 from dataplane.router.http import RequestError
 from dataplane.router.images import NO_IMAGES, ImageCount, count_images
+from dataplane.router.pricing import content_bytes
 from dataplane.wire.content_parts import CHAT_PART_TYPES, NON_MEDIA_PART_TYPES, part_kind, text_field
 
 
@@ -286,3 +292,54 @@ def demand(
     elif not 1 <= n <= max_n:
         raise _out_of_range("n", n, 1, max_n, "the router's max_n")
     return _new_tuple(Demand, (prompts, n, budget, images))  # per request: no NamedTuple __new__ frame
+
+
+def check_context(
+    body: dict[str, Any], chat: bool, max_model_len: int, max_token_bytes: int, image_tokens: int = 0
+) -> None:
+    """Refuse (``context_exceeded``) a prompt the engine surely refuses for length: more tokens
+    than the context (``max_model_len``) even at the fewest it can be. Token ids count exactly;
+    text at ``max_token_bytes`` UTF-8 bytes a token, the most one token of the pods' tokenizer
+    holds (the simulated engine's 4: its own count, so the router refuses what it refuses; 0
+    where the tokenizer is not known: the text is the engine's to measure, and its 400 costs
+    nothing, ``pricing.metered``). A chat counts its messages' contents (each rendered, and at
+    least that, by any template) and its images; a batch, each prompt in turn, as vLLM does.
+
+    With max_model_len 512 and 4 bytes a token: a 2,052-byte prompt (513 tokens at least) is a
+    400, a 2,048-byte one is the engine's to answer, as is any text of an unknown tokenizer."""
+    if chat:
+        least = image_tokens
+        messages = body.get("messages")
+        if max_token_bytes and isinstance(messages, list):
+            for m in messages:
+                if isinstance(m, dict):
+                    least += estimate_tokens(content_bytes(m.get("content")), max_token_bytes)
+        if least > max_model_len:
+            raise context_exceeded(max_model_len)
+        return
+    prompt = body.get("prompt")
+    prompts = [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        prompts = prompt  # a batch of strings or of token-id lists
+    for item in prompts:
+        if isinstance(item, list):  # token ids
+            if len(item) > max_model_len:
+                raise context_exceeded(max_model_len, len(item))
+        elif isinstance(item, str) and max_token_bytes:
+            if estimate_tokens(text_bytes(item), max_token_bytes) > max_model_len:
+                raise context_exceeded(max_model_len)
+
+
+def context_exceeded(max_model_len: int, token_ids: int | None = None) -> RequestError:
+    """vLLM's 400 for a prompt past the context (renderers/params.py, as the simulated engine
+    words it): its type, its code, its message. vLLM tokenizes text no further than one token
+    past the context, so a text prompt "contains at least max_model_len + 1 input tokens"; a
+    token-id prompt, its count (``token_ids``)."""
+    shown = max_model_len + 1 if token_ids is None else token_ids
+    message = (
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {'at least ' if token_ids is None else ''}{shown} input tokens, which exceeds this "
+        "limit even without any output tokens. Please reduce the length of the input prompt. "
+        f"(parameter=input_tokens, value={shown})"
+    )
+    return RequestError(400, message, 400, param="input_tokens", kind="BadRequestError")

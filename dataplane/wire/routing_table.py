@@ -9,7 +9,7 @@ when a new one is refused.
      "endpoints": [{"id", "tenant", "name", "served_model_name", "model", "policy",
                     "alpha", "beta", "gamma", "rho", "kappa", "delta", "cached_token_factor",
                     "mu_per_replica_minute", "target_concurrency_per_replica",
-                    "scale_to_zero_enabled", "max_model_len",
+                    "scale_to_zero_enabled", "max_model_len", "max_token_bytes",
                     "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
                     "traffic": {version: percent},
                     "pods": [{"name", "url", "ready", "version"}]}],
@@ -17,8 +17,12 @@ when a new one is refused.
 
 Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/min per replica,
 no concurrency limit, a context length of ``DEFAULT_MAX_MODEL_LEN`` tokens, a pod ready and
-named by its URL), so older writers stay readable. ``max_model_len`` is the model's context
-length (prompt + output tokens): the router refuses an output budget above it (400).
+named by its URL), so older writers stay readable. ``max_model_len`` is the context length
+(prompt + output tokens) the endpoint's pods serve: the router refuses an output budget above
+it (400), and a prompt past it at the fewest tokens it can be. ``max_token_bytes`` is the most
+UTF-8 bytes of text one token of the pods' tokenizer holds (the simulated engine's: 4), what
+that fewest is counted with; 0 (the default) where it is not known: a text prompt's length is
+then the engine's to judge (``dataplane.router.validation.check_context``).
 
 ``served_model_name`` is the name the endpoint's pods serve: the one it was created under, which
 a rename keeps ("", or missing from an older writer's table: its pods serve the name requests
@@ -139,6 +143,7 @@ class RoutedEndpoint:
     # version at 0 takes no new request. Empty: one version, every pod.
     traffic: tuple[tuple[str, float], ...] = ()
     max_model_len: int = DEFAULT_MAX_MODEL_LEN  # context length (prompt + output), tokens >= 1
+    max_token_bytes: int = 0  # most UTF-8 bytes in one token of the pods' tokenizer; 0 unknown
     served_model_name: str = ""  # the name its pods serve; "": the name requests ask for
 
     def to_json(self) -> dict[str, Any]:
@@ -160,6 +165,7 @@ class RoutedEndpoint:
             "target_concurrency_per_replica": self.target_concurrency,
             "scale_to_zero_enabled": self.scale_to_zero_enabled,
             "max_model_len": self.max_model_len,
+            "max_token_bytes": self.max_token_bytes,
             "reservation": self.reservation.to_json() if self.reservation is not None else None,
             "traffic": dict(self.traffic),
             "pods": [p.to_json() for p in self.pods],
@@ -193,6 +199,9 @@ class RoutedEndpoint:
         max_model_len = e.get("max_model_len", DEFAULT_MAX_MODEL_LEN)
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
             raise ValueError(f"{where}.max_model_len must be an integer >= 1, got {max_model_len!r}")
+        max_token_bytes = e.get("max_token_bytes", 0)
+        if isinstance(max_token_bytes, bool) or not isinstance(max_token_bytes, int) or max_token_bytes < 0:
+            raise ValueError(f"{where}.max_token_bytes must be an integer >= 0, got {max_token_bytes!r}")
         return cls(
             id=e["id"],
             tenant=e["tenant"],
@@ -207,6 +216,7 @@ class RoutedEndpoint:
             pods=pods,
             traffic=traffic,
             max_model_len=max_model_len,
+            max_token_bytes=max_token_bytes,
             served_model_name=served,
         )
 

@@ -169,10 +169,11 @@ def test_an_echo_with_no_budget_reaches_the_pod_as_vllm_takes_it():
 
 
 @pytest.mark.parametrize("gamma", [-0.02, 0.1])
-def test_a_request_the_pod_refuses_is_metered_and_spends_the_reservation(gamma):
-    """A pod's 400 is metered at its prompt and one output token (800 characters: 200 tokens ->
-    0.4 + 0.02 + gamma MU), not refunded to 0: under a 6 MU/min reservation without best
-    effort, requests the pod refuses are throttled like any others (before: all 200 reached it)."""
+def test_a_request_the_pod_refuses_costs_nothing_and_hands_its_estimate_back(gamma):
+    """A pod's 400 (it refused the request while reading it, before any GPU work) is metered at
+    0 MU and its admission estimate is handed back: under a 6 MU/min reservation without best
+    effort, 200 requests the pod refuses all reach it, none throttled (the pods are the
+    endpoint's own: a tenant's refused requests load nobody else's)."""
     coefficients = Coefficients(0.002, 0.02, gamma)
     reservation = ReservedRate(6, best_effort_allowed=False)  # 0.1 MU/s
 
@@ -182,11 +183,12 @@ def test_a_request_the_pod_refuses_is_metered_and_spends_the_reservation(gamma):
         async with running(1, table=table) as (router, pods):
             pods[0].mode = "refuse"
             body = {"model": "chat", "prompt": "x" * 800, "max_tokens": 1}
-            assert (await call(router, path=COMP, body=body, key=TENANT_KEY))[0] == 400
-            totals = router.meter.totals[(1, "acme")]
-            assert totals.mu == pytest.approx(coefficients.cost(200, 1)) and totals.mu > 0
+            status, headers, _ = await call(router, path=COMP, body=body, key=TENANT_KEY)
+            assert status == 400 and headers["x-mu-cost"] == "0"
             statuses = [(await call(router, path=COMP, body=body, key=TENANT_KEY))[0] for _ in range(200)]
-            assert statuses.count(429) > 0 and pods[0].requests < 201, pods[0].requests
+            assert statuses == [400] * 200 and pods[0].requests == 201
+            totals = router.meter.totals[(1, "acme")]
+            assert (totals.requests, totals.mu, totals.throttled) == (201, 0.0, 0)
 
     asyncio.run(go())
 

@@ -200,9 +200,9 @@ def test_an_endpoint_never_renamed_goes_through_untouched():
     """The usual case costs nothing: the body reaches the pod as the client sent it (the tenant's
     salt after its brace, as always), with no name to put back in the answer."""
     raw = b'{"model": "chat", "prompt": "hi", "max_tokens": 3}'
-    forwarded, _ = pod_body(raw, json.loads(raw), "acme")
+    forwarded, _, _ = pod_body(raw, json.loads(raw), "acme")
     assert forwarded.endswith(raw[1:]) and json.loads(forwarded)["model"] == "chat"
-    renamed, asked = pod_body(raw, json.loads(raw), "acme", SERVED)
+    renamed, asked, _ = pod_body(raw, json.loads(raw), "acme", SERVED)
     assert json.loads(renamed) == {**json.loads(forwarded), "model": SERVED}
     assert asked is False  # not a stream: no usage asked for
 

@@ -13,31 +13,52 @@ C = Coefficients(0.002, 0.02, 0.1)
 
 
 def forwarded(body: dict, raw: bytes | None = None) -> tuple[dict, bool, bytes]:
+    """(the forwarded body, whether the router asked for the usage chunk, its bytes); the router
+    asks for every stream's usage in each chunk (continuous stats) too."""
     raw = json.dumps(body).encode() if raw is None else raw
-    out, asked = pod_body(raw, json.loads(raw))
-    return json.loads(out), asked, out
+    out, asked, every_chunk = pod_body(raw, json.loads(raw))
+    doc = json.loads(out)
+    assert every_chunk == (doc["stream_options"].get("continuous_usage_stats") is True)
+    return doc, asked, out
+
+
+ASKED = {"include_usage": True, "continuous_usage_stats": True}
 
 
 def test_a_stream_without_stream_options_gets_usage_asked_by_inserting_bytes():
     raw = b'  {"model": "m", "prompt": "hi", "stream": true}'
     doc, asked, out = forwarded({}, raw)
-    assert asked and doc["stream_options"] == {"include_usage": True}
-    assert out == b'  {"stream_options":{"include_usage":true},"model": "m", "prompt": "hi", "stream": true}'
+    assert asked and doc["stream_options"] == ASKED
+    assert out == (
+        b'  {"stream_options":{"include_usage":true,"continuous_usage_stats":true},'
+        b'"model": "m", "prompt": "hi", "stream": true}'
+    )
 
 
 @pytest.mark.parametrize(
-    "options, sent",
+    "options",
     [
-        (None, {"include_usage": True, "continuous_usage_stats": False}),
-        ({}, {"include_usage": True, "continuous_usage_stats": False}),
-        ({"include_usage": False}, {"include_usage": True, "continuous_usage_stats": False}),
-        # without include_usage vLLM sends no per-chunk usage either: it stays off
-        ({"continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": False}),
+        None,
+        {},
+        {"include_usage": False},
+        # without include_usage vLLM sends no per-chunk usage either: the router takes it out
+        {"continuous_usage_stats": True},
+        {"continuous_usage_stats": False},
     ],
 )
-def test_stream_options_without_include_usage_are_dumped_again_with_it(options, sent):
+def test_stream_options_without_include_usage_are_dumped_again_with_it(options):
     doc, asked, _ = forwarded({"model": "m", "prompt": "hi", "stream": True, "stream_options": options})
-    assert asked and doc["stream_options"] == sent and doc["prompt"] == "hi"
+    assert asked and doc["stream_options"] == ASKED and doc["prompt"] == "hi"
+
+
+@pytest.mark.parametrize("continuous", [None, False, "no"])
+def test_a_clients_usage_chunk_gets_the_usage_in_every_chunk_asked_beside_it(continuous):
+    """The client asked for the usage chunk (it keeps it) but not for usage in every chunk: the
+    router asks for it (the prompt's count in the first chunk) and takes it out of each chunk."""
+    options = {"include_usage": True} | ({} if continuous is None else {"continuous_usage_stats": continuous})
+    body = {"model": "m", "prompt": "hi", "stream": True, "stream_options": options}
+    out, asked, every_chunk = pod_body(json.dumps(body).encode(), body)
+    assert json.loads(out)["stream_options"] == ASKED and not asked and every_chunk
 
 
 @pytest.mark.parametrize(
@@ -45,13 +66,24 @@ def test_stream_options_without_include_usage_are_dumped_again_with_it(options, 
     [
         {"model": "m", "prompt": "hi"},  # not a stream
         {"model": "m", "prompt": "hi", "stream": False, "stream_options": None},
-        {"model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}},  # asked
-        {"model": "m", "prompt": "hi", "stream": True, "stream_options": "yes"},  # the engine's 400
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": ASKED},  # the client's own
+        {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": 1, "continuous_usage_stats": "yes"},
+        },
+        # values the engine refuses: its 400
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": "yes"},
+        {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": 7},
+        },
     ],
 )
 def test_other_bodies_are_forwarded_as_they_came(body):
     raw = json.dumps(body).encode()
-    assert pod_body(raw, body) == (raw, False)
+    assert pod_body(raw, body) == (raw, False, False)
 
 
 @pytest.mark.parametrize("options", [None, {"include_usage": True}])
@@ -77,22 +109,23 @@ def test_a_stream_flag_vllm_reads_as_true_is_a_stream(flag):
 def test_a_clients_include_usage_vllm_reads_as_true_is_the_clients(flag):
     """The client asked for the usage chunk: it is not the router's to drop."""
     body = {"model": "m", "stream": "true", "stream_options": {"include_usage": flag}}
-    raw = json.dumps(body).encode()
-    assert pod_body(raw, body) == (raw, False)
+    out, asked, every_chunk = pod_body(json.dumps(body).encode(), body)
+    assert json.loads(out)["stream_options"] == {"include_usage": flag, "continuous_usage_stats": True}
+    assert not asked and every_chunk
 
 
 @pytest.mark.parametrize("flag", [0, "false", "0", "no", "off", "f", "n", None, "maybe", 2])
 def test_a_stream_flag_vllm_reads_as_false_or_refuses_is_forwarded_as_it_came(flag):
     body = {"model": "m", "stream": flag}
     raw = json.dumps(body).encode()
-    assert pod_body(raw, body) == (raw, False)
+    assert pod_body(raw, body) == (raw, False, False)
 
 
 def test_a_body_with_a_byte_order_mark_is_dumped_again():
     raw = b"\xef\xbb\xbf" + json.dumps({"model": "m", "stream": True}).encode()
-    out, asked = pod_body(raw, json.loads(raw))
-    assert asked and json.loads(out) == {"model": "m", "stream": True, "stream_options": {
-        "include_usage": True, "continuous_usage_stats": False}}  # fmt: skip
+    out, asked, every_chunk = pod_body(raw, json.loads(raw))
+    assert asked and every_chunk
+    assert json.loads(out) == {"model": "m", "stream": True, "stream_options": ASKED}
 
 
 def event(obj: dict) -> bytes:
@@ -216,24 +249,28 @@ def test_metered_prices_usage_else_what_was_delivered():
     est = (100, 256)
     assert metered(C, est, (90, 40), 7, 200) == (pytest.approx(1.08), 90, 40)
     assert metered(C, est, None, 20, 200) == (pytest.approx(0.7), 100, 20)  # a reset after 20 tokens
-    assert metered(C, est, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # pod lost before the first
-    # refused by the pod: the smallest answer it could have had, 100 in / 1 out (never free)
-    assert metered(C, est, None, 0, 400) == (pytest.approx(0.32), 100, 1)
-    assert metered(C, est, None, 0, 400, answered=True) == (pytest.approx(0.32), 100, 1)
-    with_images = Coefficients(0.002, 0.02, 0.1, delta=0.0001)
-    assert metered(with_images, est, None, 0, 404, image_tokens=256) == (pytest.approx(0.3456), 100, 1)
-    assert metered(Coefficients(0.002, 0.02, -0.02), est, None, 0, 400) == (pytest.approx(0.2), 100, 1)
-    assert metered(Coefficients(0.0, 0.02, -0.02), est, None, 0, 400) == (0.0, 100, 1)  # gamma's floor, -beta
-    assert metered(C, est, None, 0, 500, answered=True) == (0.0, 0, 0)  # the pod's failure: nothing
-    assert metered(C, est, None, 3, 502) == (pytest.approx(0.36), 100, 3)  # pod lost after 3
-    # a client's reset before any token, the pod working: the estimate; a pod's failure: nothing
+    assert metered(C, est, None, 0, 200) == (pytest.approx(0.3), 100, 0)  # a stream that ended empty
+    # refused by the engine (the tenant's prompt, or a name the platform changed): nothing
+    assert metered(C, est, None, 0, 400) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 400, answered=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 404, answered=True, image_tokens=256) == (0.0, 0, 0)
+    assert metered(C, est, None, 0, 400, client_cut=True) == (0.0, 0, 0)
+    # the platform's failures: nothing, whatever was delivered before
+    assert metered(C, est, None, 0, 500, answered=True) == (0.0, 0, 0)
+    assert metered(C, est, None, 3, 502) == (0.0, 0, 0)  # pod lost after 3 tokens
+    assert metered(C, est, None, 3, 200, failed=True) == (0.0, 0, 0)  # a router's cut, an error event
+    assert metered(C, est, None, 0, 0) == (0.0, 0, 0)  # a pod lost before its head
+    # a client's reset before any token, the pod working: the estimate
     assert metered(C, est, None, 0, 0, client_cut=True) == (pytest.approx(5.42), 100, 256)
     assert metered(C, est, None, 0, 200, client_cut=True) == (pytest.approx(5.42), 100, 256)
-    assert metered(C, est, None, 0, 400, client_cut=True) == (pytest.approx(0.32), 100, 1)
-    assert metered(C, est, None, 0, 0) == (0.0, 0, 0)
     assert metered(C, est, None, 20, 200, client_cut=True) == (pytest.approx(0.7), 100, 20)
     # a whole answer without usage: the most it could cost, never 0
     assert metered(C, est, None, 0, 200, answered=True) == (pytest.approx(5.42), 100, 256)
+    # the engine's count of the prompt, read before the usage chunk, prices it over the estimate
+    assert metered(C, est, None, 20, 200, client_cut=True, prompt_tokens=90) == (pytest.approx(0.68), 90, 20)
+    assert metered(C, (25, 256), None, 20, 200, prompt_tokens=100) == (pytest.approx(0.7), 100, 20)
+    assert metered(C, est, None, 0, 200, client_cut=True, prompt_tokens=400)[1:] == (400, 256)
+    assert metered(C, est, (90, 40), 7, 200, prompt_tokens=400)[1:] == (90, 40)  # the usage rules
 
 
 def test_mu_text_is_a_short_decimal():
@@ -331,3 +368,68 @@ def test_with_n_2_what_is_held_for_the_fingerprint_is_bounded():
     out += s.feed(event(token(1, "end", "length")) + event(USAGE) + DONE)
     assert out.endswith(DONE) and b'"choices":[]' not in out  # the usage chunk still dropped
     assert (s.usage, s.tokens) == ((9, 3), 3)
+
+
+def with_usage(chunk: dict, completion: int) -> dict:
+    """A chunk as vLLM sends it with continuous usage stats: its usage so far after its choices."""
+    return {
+        **chunk,
+        "usage": {"prompt_tokens": 9, "total_tokens": 9 + completion, "completion_tokens": completion},
+    }
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+@pytest.mark.parametrize("hide_usage", [True, False])
+def test_the_usage_in_every_chunk_the_client_did_not_ask_for_is_taken_out(spaced, hide_usage):
+    """The router asked for continuous usage stats: the client gets each chunk without its usage,
+    byte for byte as the engine sends it without them, and the prompt's count is read from the
+    first chunk; the usage chunk is the router's (dropped) or the client's (with mu)."""
+    sep = (", ", ": ") if spaced else (",", ":")
+
+    def ev(obj: dict) -> bytes:
+        return b"data: " + json.dumps(obj, separators=sep).encode() + b"\n\n"
+
+    tokens = [token(0, "a"), token(0, "b"), token(0, "c", "length")]
+    s = StreamUsage(hide_usage=hide_usage, price=price, strip_usage=True)
+    first = s.feed(ev(with_usage(tokens[0], 1)))
+    assert first == ev(tokens[0]) and s.prompt_tokens == 9 and s.usage is None
+    rest = s.feed(ev(with_usage(tokens[1], 2)) + ev(with_usage(tokens[2], 3)) + ev(USAGE) + DONE) + s.end()
+    assert (s.usage, s.tokens, s.prompt_tokens) == ((9, 3), 3, 9)
+    if hide_usage:
+        assert rest == ev(tokens[1]) + ev({**tokens[2], "system_fingerprint": "fp-1"}) + DONE
+    else:
+        assert rest.startswith(ev(tokens[1]) + ev(tokens[2])) and b'"mu"' in rest
+
+
+def test_the_usage_in_every_chunk_the_client_asked_for_passes():
+    s = StreamUsage(hide_usage=False, price=price)
+    events = event(with_usage(token(0, "a"), 1)) + event(with_usage(token(0, "b", "length"), 2))
+    assert s.feed(events) == events and s.prompt_tokens == 9
+
+
+def test_without_usage_in_its_first_chunk_a_stream_has_no_prompt_count():
+    s = StreamUsage(hide_usage=True, price=price, strip_usage=True)
+    s.feed(event(token(0, "a")))
+    s.feed(event(with_usage(token(0, "b"), 2)))  # read from the first chunk only
+    assert s.prompt_tokens is None and s.tokens == 2
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [b'data: {"error": {"message": "logprobs", "type": "BadRequestError", "code": 400}}\n\n', DONE],
+        [event(token(0, "a")), b'data: {"error":{"message":"engine dead","code":500}}\n\n', DONE],
+    ],
+    ids=["refused after its 200", "failed mid-stream"],
+)
+def test_an_error_event_marks_the_stream_failed(events):
+    s = StreamUsage(hide_usage=True, price=price)
+    for e in events:
+        s.feed(e)
+    assert s.failed and s.usage is None
+
+
+def test_text_that_spells_an_error_event_is_no_error():
+    s = StreamUsage(hide_usage=True, price=price)
+    s.feed(event(token(0, 'data: {"error": 1}')) + event(token(0, "b", "length")) + event(USAGE) + DONE)
+    assert not s.failed and s.usage == (9, 3)

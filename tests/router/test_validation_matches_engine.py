@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dataplane.router.validation import InvalidParameter, demand, lax_bool
+from dataplane.router.http import RequestError, error_body
+from dataplane.router.validation import InvalidParameter, check_context, demand, lax_bool
 from tests.runtime.support import http, sim_engine
 
 CTX = 512
@@ -113,3 +114,44 @@ def test_the_router_reads_stream_flags_as_the_engine_does(engine, flag):
             assert streamed and (b'"choices": []' in answer or b'"choices":[]' in answer) == value, answer
         else:
             assert streamed == value, answer
+
+
+E = "\U0001f600"  # 4 UTF-8 bytes, one token of the engine
+PARTS = {"role": "user", "content": [E] * 300}  # parts the engine joins with newlines: 1,499 bytes
+# path, body, whether the router refuses it itself (else only the engine can tell)
+AT_THE_CONTEXT = [
+    ("/v1/completions", {"prompt": "x" * (4 * CTX)}, False),  # 512 tokens: the engine's 400 (no room)
+    ("/v1/completions", {"prompt": "x" * (4 * CTX + 1)}, True),
+    ("/v1/completions", {"prompt": E * (CTX - 1)}, False),
+    ("/v1/completions", {"prompt": E * (CTX + 1)}, True),
+    ("/v1/completions", {"prompt": "\u00e9" * (2 * CTX - 2)}, False),
+    ("/v1/completions", {"prompt": [5] * CTX}, False),
+    ("/v1/completions", {"prompt": [5] * (CTX + 1)}, True),
+    ("/v1/completions", {"prompt": [[5] * 10, [5] * (CTX + 3)]}, True),
+    ("/v1/completions", {"prompt": ["hi", "y" * (4 * CTX + 8)]}, True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * (4 * CTX - 16)}]}, False),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * (4 * CTX + 4)}]}, True),
+    ("/v1/chat/completions", {"messages": [PARTS, {"role": "user", "content": E * 205}]}, False),
+    ("/v1/chat/completions", {"messages": [PARTS, {"role": "user", "content": E * 220}]}, True),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "router_refuses"), AT_THE_CONTEXT)
+def test_a_prompt_the_router_finds_past_the_context_the_engine_refuses_in_the_same_words(
+    engine, path, body, router_refuses
+):
+    """``check_context`` with the engine's context and its 4 bytes a token: whatever it refuses,
+    the engine refuses with the same body; what it passes, the engine may take or refuse."""
+    body = {"model": "m", "max_tokens": 4, **body}
+    chat = path.endswith("chat/completions")
+    try:
+        check_context(body, chat, CTX, 4)
+        refused = None
+    except RequestError as exc:
+        refused = exc
+    assert (refused is not None) == router_refuses
+    status, _, answer = http("POST", engine.url + path, json.dumps(body).encode())
+    if refused is not None:
+        assert status == 400 and json.loads(answer) == json.loads(
+            error_body(400, refused.message, refused.code, refused.param, refused.kind)
+        )

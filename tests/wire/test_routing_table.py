@@ -25,6 +25,7 @@ CHAT = RoutedEndpoint(
     ),
     traffic=(("1", 90.0), ("2", 10.0)),
     max_model_len=8192,
+    max_token_bytes=4,
     served_model_name="support",
 )
 
@@ -34,7 +35,7 @@ def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_c
     assert RoutingTable.from_json(table.to_json()) == table
     # The writer and the reader: what the control plane serves reads back as what it wrote.
     chat = make_endpoint(owner, "chat")
-    chat.profile.max_model_len = 32_768  # the model's context length reaches the routers
+    chat.profile.max_model_len = 4096  # the model's context length reaches the routers (its pods serve 8,192)
     chat.profile.save()
     sell(chat, mu_per_minute=300, best_effort_allowed=False, sold_by="t")
     Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9001", ready=True)
@@ -42,14 +43,15 @@ def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_c
     assert served == routing_table()
     assert served.endpoints[0].reservation == ReservedRate(300, best_effort_allowed=False)
     assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and served.api_keys
-    assert served.endpoints[0].max_model_len == 32_768
+    assert (served.endpoints[0].max_model_len, served.endpoints[0].max_token_bytes) == (4096, 4)
     assert served.endpoints[0].served_model_name == "chat"  # the name it was created under
 
 
-def test_an_older_writer_s_table_reads_the_default_context_length():
+def test_an_older_writer_s_table_reads_the_default_context_length_and_an_unknown_tokenizer():
     doc = RoutingTable("v7", (CHAT,), {}).to_json()
-    del doc["endpoints"][0]["max_model_len"]
-    assert RoutingTable.from_json(doc).endpoints[0].max_model_len == DEFAULT_MAX_MODEL_LEN
+    del doc["endpoints"][0]["max_model_len"], doc["endpoints"][0]["max_token_bytes"]
+    read = RoutingTable.from_json(doc).endpoints[0]
+    assert (read.max_model_len, read.max_token_bytes) == (DEFAULT_MAX_MODEL_LEN, 0)
 
 
 def test_an_older_writer_s_table_reads_pods_serving_the_name_asked():
@@ -67,6 +69,14 @@ def test_a_bad_context_length_is_refused_naming_it(bad):
     doc = RoutingTable("v7", (CHAT,), {}).to_json()
     doc["endpoints"][0]["max_model_len"] = bad
     with pytest.raises(ValueError, match=r"endpoints\[0\]\.max_model_len must be an integer >= 1"):
+        RoutingTable.from_json(doc)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "4", True, None])
+def test_a_bad_token_size_is_refused_naming_it(bad):
+    doc = RoutingTable("v7", (CHAT,), {}).to_json()
+    doc["endpoints"][0]["max_token_bytes"] = bad
+    with pytest.raises(ValueError, match=r"endpoints\[0\]\.max_token_bytes must be an integer >= 0"):
         RoutingTable.from_json(doc)
 
 
