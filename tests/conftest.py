@@ -59,14 +59,20 @@ def big_model(h100):
     )
 
 
+# The tenants' own quota, set as an operator would: the default is the fleet's GPUs
+# (selling.default_gpu_quota), 8 in these fixtures, which would refuse most endpoints' maximum
+# replicas before the checks a test is about. Tests of the default make a tenant without one.
+QUOTA = 256
+
+
 @pytest.fixture
 def owner(db):
-    return Tenant.objects.create(name="owner")
+    return Tenant.objects.create(name="owner", gpu_quota=QUOTA)
 
 
 @pytest.fixture
 def other(db):
-    return Tenant.objects.create(name="other")
+    return Tenant.objects.create(name="other", gpu_quota=QUOTA)
 
 
 @pytest.fixture

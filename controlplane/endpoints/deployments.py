@@ -37,13 +37,18 @@ def parse_deployment(name: str) -> tuple[int, int] | None:
 
 
 def deployment(
-    endpoint: Endpoint, version: int | None = None, profile: ModelProfile | None = None
+    endpoint: Endpoint,
+    version: int | None = None,
+    profile: ModelProfile | None = None,
+    replicas: int | None = None,
 ) -> Deployment:
-    """An endpoint version's pods: its simulated engine profile, served under the endpoint's name."""
+    """An endpoint version's pods: its simulated engine profile, served under the endpoint's
+    name; `replicas` of them (a rollout's version: its share), else the endpoint's desired ones."""
     profile = profile or endpoint.profile
     version = endpoint.version if version is None else version
     labels = {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name}
-    name, replicas = deployment_name(endpoint.pk, version), endpoint.desired_replicas
+    name = deployment_name(endpoint.pk, version)
+    replicas = endpoint.desired_replicas if replicas is None else replicas
     if settings.ENDPOINT_POD_ENGINE == "vllm":
         args = vllm_args(
             profile.model,
