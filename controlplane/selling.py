@@ -815,7 +815,9 @@ def unreserved_in_pool(tenant_id: int, pool_id: int, but: int | None = None) -> 
     endpoints = Endpoint.objects.filter(tenant_id=tenant_id, pool_id=pool_id).select_related(
         "profile", "reservation"
     )
-    return sum(_unreserved(e, _reserved(e)) for e in endpoints.exclude(pk=but))
+    if but is not None:
+        endpoints = endpoints.exclude(pk=but)
+    return sum((_unreserved(e, _reserved(e)) for e in endpoints), 0)
 
 
 def allowed_target(endpoint: Endpoint, target: int) -> int:

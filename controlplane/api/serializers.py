@@ -1,6 +1,7 @@
 """Serializers: names in, names out (GPU types, pools, tenants by name; endpoints by id)."""
 
 import difflib
+import functools
 from collections.abc import Mapping
 from datetime import timedelta
 from fractions import Fraction
@@ -115,11 +116,12 @@ class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
     effective_gpu_quota = serializers.SerializerMethodField()
 
     def get_effective_gpu_quota(self, tenant: Tenant) -> int:
-        if tenant.gpu_quota is not None:
-            return tenant.gpu_quota
-        if "default_gpu_quota" not in self.context:  # once per list, not per row (a fleet's sum)
-            self.context["default_gpu_quota"] = selling.default_gpu_quota()
-        return int(self.context["default_gpu_quota"])
+        return tenant.gpu_quota if tenant.gpu_quota is not None else self._default_gpu_quota
+
+    @functools.cached_property
+    def _default_gpu_quota(self) -> int:
+        """selling.default_gpu_quota, read once per list (a list's rows share this serializer)."""
+        return selling.default_gpu_quota()
 
 
 class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
@@ -643,8 +645,9 @@ class ProvisionedAllowanceSerializer(StrictInput, serializers.ModelSerializer[Pr
         return selling.unreserved_in_pool(allowance.tenant_id, allowance.pool_id)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        tenant = attrs.get("tenant", getattr(self.instance, "tenant", None))
-        pool = attrs.get("pool", getattr(self.instance, "pool", None))
+        # Both are required on a create; an update keeps the row's unless it names them.
+        tenant: Tenant = attrs.get("tenant") or cast(ProvisionedAllowance, self.instance).tenant
+        pool: GpuPool = attrs.get("pool") or cast(ProvisionedAllowance, self.instance).pool
         if self.instance is not None and (tenant != self.instance.tenant or pool != self.instance.pool):
             raise serializers.ValidationError(
                 {"pool": "an allowance stays with its tenant and pool; set another one for another pair"}

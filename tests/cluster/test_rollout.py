@@ -1,8 +1,8 @@
 """The rollout phases on synthetic time, with the worked numbers of dataplane.cluster.rollout."""
 
-import pytest
-
 from dataclasses import replace
+
+import pytest
 
 from dataplane.cluster.rollout import (
     Phase,
