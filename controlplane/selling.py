@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Model, Sum
+from django.db.models import Count, Model, QuerySet, Sum
 
 from capacity.ledger import (
     NOTHING,
@@ -808,20 +808,22 @@ def _check_allowance(
     replacing = _unreserved(before, reserved) if before is not None and before.pool_id == pool.pk else 0
     if asked <= replacing:
         return
-    others = unreserved_in_pool(tenant.pk, pool.pk, but=endpoint.pk)
+    others = Endpoint.objects.filter(tenant=tenant, pool=pool)
+    if endpoint.pk:
+        others = others.exclude(pk=endpoint.pk)
     gpus, source = allowance(tenant.pk, pool)
-    check_allowance(tenant.name, pool.name, gpus, source, asked, others, replacing)
-
-
-def unreserved_in_pool(tenant_id: int, pool_id: int, but: int | None = None) -> int:
-    """GPUs the tenant's endpoints in the pool (all `but` one) commit with their minimum
-    replicas beyond their reservations: what its allowance there bounds."""
-    endpoints = Endpoint.objects.filter(tenant_id=tenant_id, pool_id=pool_id).select_related(
-        "profile", "reservation"
+    check_allowance(
+        tenant.name, pool.name, gpus, source, asked, unreserved(others)[(tenant.pk, pool.pk)], replacing
     )
-    if but is not None:
-        endpoints = endpoints.exclude(pk=but)
-    return sum((_unreserved(e, _reserved(e)) for e in endpoints), 0)
+
+
+def unreserved(endpoints: "QuerySet[Endpoint]") -> defaultdict[tuple[int, int], int]:
+    """GPUs these endpoints commit with their minimum replicas beyond their reservations, per
+    (tenant id, pool id): what the tenants' allowances there bound. One query."""
+    used: defaultdict[tuple[int, int], int] = defaultdict(int)
+    for e in endpoints.select_related("profile", "reservation"):
+        used[(e.tenant_id, e.pool_id)] += _unreserved(e, _reserved(e))
+    return used
 
 
 def allowed_target(endpoint: Endpoint, target: int) -> int:

@@ -8,6 +8,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
+from django.db.models import QuerySet
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
@@ -642,7 +643,18 @@ class ProvisionedAllowanceSerializer(StrictInput, serializers.ModelSerializer[Pr
         validators: list[Any] = []  # the (tenant, pool) clash is checked in validate() with a clear message
 
     def get_used_gpus(self, allowance: ProvisionedAllowance) -> int:
-        return selling.unreserved_in_pool(allowance.tenant_id, allowance.pool_id)
+        return self._used[(allowance.tenant_id, allowance.pool_id)]
+
+    @functools.cached_property
+    def _used(self) -> dict[tuple[int, int], int]:
+        """What every allowance shown (a list's rows share this serializer) has taken, read once."""
+        shown = self.root.instance
+        rows = list(shown) if isinstance(shown, list | QuerySet) else [cast(ProvisionedAllowance, shown)]
+        return selling.unreserved(
+            Endpoint.objects.filter(
+                tenant_id__in={a.tenant_id for a in rows}, pool_id__in={a.pool_id for a in rows}
+            )
+        )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # Both are required on a create; an update keeps the row's unless it names them.
