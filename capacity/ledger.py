@@ -13,6 +13,9 @@ Figures, each defined once here (the API's /capacity/, the console and every 409
   of a 100 MU/min, 4-GPU model sell ten replicas, 40 GPUs, not 20.
 - COMMITTED: per endpoint max(its sold replicas, its minimum replicas)
   (packing.replicas_needed): both are capacity it may use at any moment, never counted twice.
+  While a rollout runs, each of its two versions instead commits its share of the larger of
+  that and the endpoint's desired replicas (dataplane.cluster.rollout.split: at least one
+  replica each), of its own model's shape: `Allocation.replicas`, counted by controlplane.selling.
   Every check refuses on COMMITTED: a sale, a raise of an endpoint's minimum, a pool shrink or a
   re-pricing is refused (Oversold) when the committed replicas, so changed, do not pack onto
   the pool's nodes.
@@ -106,9 +109,14 @@ class Allocation(NamedTuple):
     running_replicas: int = 0  # ready pods (alike endpoints: theirs summed)
     label: str = ""  # how people name it ("tenant/endpoint"), for the node grid
     endpoints: int = 1  # endpoints alike in shape, model, sale and minimum; >= 1
+    # A rollout's version (one allocation each, the old one selling nothing): the replicas it
+    # commits, whatever its sale and minimum; None outside a rollout.
+    replicas: int | None = None
 
     def committed(self, overcommit: Fraction = Fraction(1)) -> Commitment:
         """One endpoint's commitment (each of alike endpoints commits this)."""
+        if self.replicas is not None:
+            return Commitment(self.replicas, self.shape)
         return self.shape.commitment(self.sold_mu_per_minute, self.min_replicas, overcommit)
 
     @property
@@ -138,9 +146,16 @@ def committed_demands(allocations: Iterable[Allocation], overcommit: Fraction | 
     replicas = ReplicaCounter(_exact(overcommit))
     demands = []
     for a in allocations:
-        if committed := replicas(a.sold_mu_per_minute, a.shape.mu_per_replica_minute, a.min_replicas):
+        if committed := _committed(a, replicas):
             demands.append(ReplicaDemand(a.key, a.model, a.shape.gpus_per_replica, committed * a.endpoints))
     return demands
+
+
+def _committed(a: Allocation, replicas: ReplicaCounter) -> int:
+    """One endpoint's committed replicas (each of alike endpoints'): Allocation.committed."""
+    if a.replicas is not None:
+        return a.replicas
+    return replicas(a.sold_mu_per_minute, a.shape.mu_per_replica_minute, a.min_replicas)
 
 
 @dataclass(frozen=True)
@@ -257,11 +272,31 @@ class PoolLedger:
         return self.packing.more_fit(gpus_per_replica)
 
 
+@dataclass(frozen=True)
+class RolloutChange:
+    """A change to an endpoint whose rollout runs (or starts): it commits two versions
+    (Allocation.replicas), so the change is checked for the new version (the endpoint's own
+    demand) with the old one, as the change leaves it, placed beside it."""
+
+    new_version: int
+    old_version: int
+    old_key: str  # the old version's replicas' name in the packing
+    old_model: str
+    old_asked: Commitment  # what the old version commits after the change
+    old_replacing: Commitment = NOTHING  # and now (at a rollout's start: the endpoint's commitment)
+
+    @property
+    def old_grows(self) -> bool:
+        return _grows(self.old_asked, self.old_replacing)
+
+
 class Oversold(Exception):
     """A sale (or a change) whose committed replicas do not pack onto the pool's nodes. `ledger`
     is the pool's as it stands (what /capacity/ shows); `asked` what the change commits,
     `replacing` what it commits now (NOTHING for a new endpoint or for a pool or profile change,
     checked after it), `fit_replicas` how many replicas of the asked shape fit in its place.
+    For an endpoint in a rollout, `asked` is its new version's and `rollout` says what its old
+    version commits beside it.
 
     Two views: an operator's (str(): the pool's whole ledger, every tenant's sales and minimums
     summed) and a tenant's (`tenant_message`: its pool and node shape, which it reads at
@@ -275,12 +310,14 @@ class Oversold(Exception):
         asked: Commitment,
         replacing: Commitment = NOTHING,
         fit_replicas: int | None = None,
+        rollout: RolloutChange | None = None,
     ):
         self.pool = pool
         self.ledger = ledger
         self.asked = asked
         self.replacing = replacing
         self.fit_replicas = fit_replicas
+        self.rollout = rollout
         super().__init__(
             f"{self._head()}; {ledger.committed_replicas} replicas ({ledger.committed_gpus} GPUs,"
             f" {ledger.committed_mu_per_minute} MU/min) are committed to reservations and minimum"
@@ -297,10 +334,18 @@ class Oversold(Exception):
                 f"pool {self.pool!r} cannot hold what is committed in it: {ledger.unplaced_replicas}"
                 f" of {ledger.committed_replicas} committed replicas do not fit on {where}"
             )
+        r = self.rollout
         return (
             f"pool {self.pool!r} cannot place this: {asked.replicas} replicas of"
             f" {asked.shape.gpus_per_replica} GPUs ({asked.mu_per_minute} MU/min) were asked"
+            + (f" for version {r.new_version}" if r else "")
             + (f" in place of its {replacing.replicas}" if replacing.replicas else "")
+            + (
+                f" beside version {r.old_version}'s {r.old_asked.replicas} replicas of"
+                f" {r.old_asked.shape.gpus_per_replica} GPUs (a rollout commits both versions)"
+                if r
+                else ""
+            )
             + f", {self.fit_replicas} fit on {where}"
         )
 
@@ -320,10 +365,18 @@ class Oversold(Exception):
 
 
 class QuotaExceeded(Exception):
-    """A tenant's endpoints would ask more GPUs (at their minimum or maximum replicas) than its quota."""
+    """A tenant's endpoints would ask more GPUs (at their minimum or maximum replicas) than its
+    quota. While an endpoint's rollout runs, its bounds are both versions' (`rollout`)."""
 
     def __init__(
-        self, tenant: str, quota: int, which: str, asked_gpus: int, others_gpus: int, total_gpus: int
+        self,
+        tenant: str,
+        quota: int,
+        which: str,
+        asked_gpus: int,
+        others_gpus: int,
+        total_gpus: int,
+        rollout: bool = False,
     ):
         self.tenant = tenant
         self.quota = quota
@@ -331,10 +384,31 @@ class QuotaExceeded(Exception):
         self.asked_gpus = asked_gpus  # this endpoint's GPUs at that bound
         self.others_gpus = others_gpus  # the tenant's other endpoints' GPUs at that bound
         self.total_gpus = total_gpus
+        self.rollout = rollout  # this endpoint's figure is both versions' of its rollout
+        both = " (both versions of its rollout, each its share)" if rollout else ""
         super().__init__(
-            f"tenant {tenant!r} has a quota of {quota} GPUs: this endpoint's {which} replicas take"
+            f"tenant {tenant!r} has a quota of {quota} GPUs: this endpoint's {which} replicas{both} take"
             f" {asked_gpus} GPUs and its other endpoints' {which} replicas {others_gpus},"
             f" {total_gpus} in all"
+        )
+
+
+class AllowanceExceeded(Exception):
+    """A tenant's minimum replicas beyond its reservations in one pool would take more GPUs than
+    its allowance there (an operator's, or the default: `source`)."""
+
+    def __init__(
+        self, tenant: str, pool: str, allowance: int, source: str, asked_gpus: int, others_gpus: int
+    ):
+        self.tenant, self.pool, self.allowance, self.source = tenant, pool, allowance, source
+        self.asked_gpus = asked_gpus  # this endpoint's minimum replicas beyond its reservation, GPUs
+        self.others_gpus = others_gpus  # the tenant's other endpoints' in the pool
+        self.total_gpus = asked_gpus + others_gpus
+        super().__init__(
+            f"tenant {tenant!r} has an allowance of {allowance} GPUs ({source}) in pool {pool!r} for"
+            f" minimum replicas beyond its reservations: this endpoint's take {asked_gpus} GPUs and its"
+            f" other endpoints' there {others_gpus}, {self.total_gpus} in all; a reservation covers"
+            " minimum replicas, or an operator raises the allowance"
         )
 
 
@@ -354,7 +428,7 @@ def pool_ledger(
     committed_replicas = committed_gpus = committed_mu = sold_replicas = sold_gpus = used_gpus = 0
     for a in allocations:
         mu, gpus = a.shape.mu_per_replica_minute, a.shape.gpus_per_replica
-        committed = replicas(a.sold_mu_per_minute, mu, a.min_replicas) * a.endpoints
+        committed = _committed(a, replicas) * a.endpoints
         sold = replicas(a.sold_mu_per_minute, mu, 0) * a.endpoints
         if committed:
             demands.append(ReplicaDemand(a.key, a.model, gpus, committed))
@@ -430,18 +504,33 @@ def check_demands_change(
     asked: Commitment,
     replacing: Commitment,
     read_ledger: Callable[[], PoolLedger],
+    rollout: RolloutChange | None = None,
 ) -> None:
     """check_change from the pool's committed replicas alone (committed_demands): the whole
-    ledger, which a refusal carries, is read (`read_ledger`) only when the change is refused."""
-    if (
-        asked.replicas <= replacing.replicas
-        and asked.shape.gpus_per_replica <= replacing.shape.gpus_per_replica
-    ):
+    ledger, which a refusal carries, is read (`read_ledger`) only when the change is refused.
+    With a `rollout`, its old version is placed as the change leaves it, and the change passes
+    unchecked only when neither version asks more."""
+    if not _grows(asked, replacing) and not (rollout and rollout.old_grows):
         return
+    placed = list(demands)
+    if rollout is not None:
+        old = rollout.old_asked
+        placed = [d for d in placed if d.key != rollout.old_key]
+        if old.replicas:
+            placed.append(
+                ReplicaDemand(rollout.old_key, rollout.old_model, old.shape.gpus_per_replica, old.replicas)
+            )
     change = ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas)
-    verdict = packing_check_change(node_count, node_shape, demands, change)
+    verdict = packing_check_change(node_count, node_shape, placed, change)
     if not verdict.fits:
-        raise Oversold(pool, read_ledger(), asked, replacing, verdict.fit_replicas)
+        raise Oversold(pool, read_ledger(), asked, replacing, verdict.fit_replicas, rollout)
+
+
+def _grows(asked: Commitment, replacing: Commitment) -> bool:
+    """Whether `asked` takes more replicas, or larger ones, than `replacing`."""
+    return (
+        asked.replicas > replacing.replicas or asked.shape.gpus_per_replica > replacing.shape.gpus_per_replica
+    )
 
 
 def more_replicas_after(
@@ -473,16 +562,34 @@ def fit_replicas(
 
 def check_quota(
     tenant: str, quota: int, bounds_gpus: tuple[int, int], others_gpus: tuple[int, int],
-    replacing_gpus: tuple[int, int] = (0, 0),
+    replacing_gpus: tuple[int, int] = (0, 0), rollout: bool = False,
 ) -> None:  # fmt: skip
     """Raise QuotaExceeded unless a tenant's endpoints, with one endpoint at `bounds_gpus` (its
-    (min, max) replicas x gpus_per_replica) and the others at `others_gpus` (summed), fit its
-    quota at both bounds. As for pools, a change that asks no more than `replacing_gpus` (the
-    endpoint's bounds now) passes even when the tenant is over, e.g. after its quota was lowered."""
+    (min, max) replicas x gpus_per_replica; both versions' while its rollout runs: `rollout`)
+    and the others at `others_gpus` (summed), fit its quota at both bounds. As for pools, a
+    change that asks no more than `replacing_gpus` (the endpoint's bounds now) passes even when
+    the tenant is over, e.g. after its quota was lowered."""
     for i, which in ((1, "max"), (0, "min")):  # max first: it is never below min
         total = others_gpus[i] + bounds_gpus[i]
         if total > quota and bounds_gpus[i] > replacing_gpus[i]:
-            raise QuotaExceeded(tenant, quota, which, bounds_gpus[i], others_gpus[i], total)
+            raise QuotaExceeded(tenant, quota, which, bounds_gpus[i], others_gpus[i], total, rollout)
+
+
+def check_allowance(
+    tenant: str, pool: str, allowance: int, source: str, asked_gpus: int, others_gpus: int,
+    replacing_gpus: int = 0,
+) -> None:  # fmt: skip
+    """Raise AllowanceExceeded unless a tenant's minimum replicas beyond its reservations in a
+    pool (GPUs: this endpoint's `asked_gpus`, its others' there `others_gpus`) fit its
+    allowance there. As for quotas, asking no more than `replacing_gpus` passes even when over."""
+    if asked_gpus + others_gpus > allowance and asked_gpus > replacing_gpus:
+        raise AllowanceExceeded(tenant, pool, allowance, source, asked_gpus, others_gpus)
+
+
+def unreserved_gpus(commitment: Commitment, sold_replicas: int) -> int:
+    """GPUs an endpoint commits beyond what it bought: its minimum replicas past its sold ones
+    (4 committed of which 1 sold, 2 GPUs each -> 6)."""
+    return max(0, commitment.replicas - sold_replicas) * commitment.shape.gpus_per_replica
 
 
 def as_json_number(value: Fraction | float | int) -> float | int:

@@ -15,8 +15,15 @@ refusal names the pool, the replicas asked and how many fit. A new endpoint is p
 the pool of its GPU type (in its preferred region, when it names one) where the most more of its
 replicas fit; a region where none fits is refused (NoPlacement) with what exists elsewhere.
 
-Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell` and `release`.
-The API, the console and `load_demo` all call these, so each gets the same checks and events.
+While an endpoint's rollout runs it commits two versions, each its share of the larger of what
+the endpoint commits and holds (`rollout_replicas`), in the ledger, in every check of a change
+to it (a rollout's start, a promote, a sale, a minimum) and in its tenant's quota
+(`bounds_gpus`). A tenant's minimum replicas beyond its reservations are bounded per pool by
+its allowance (`allowance`: an operator's ProvisionedAllowance, else one node's worth).
+
+Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell`, `release`,
+`check_promote` and `save_allowance`. The API, the console and `load_demo` all call these, so
+each gets the same checks and events.
 """
 
 import functools
@@ -25,33 +32,38 @@ from collections.abc import Iterable
 from copy import copy
 from fractions import Fraction
 from math import ceil
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Model
+from django.db.models import Count, Model, QuerySet, Sum
 
 from capacity.ledger import (
     NOTHING,
     Allocation,
+    AllowanceExceeded,
     Commitment,
     Oversold,
     PoolLedger,
     QuotaExceeded,
+    RolloutChange,
     Shape,
+    check_allowance,
     check_demands_change,
     check_holds,
     check_quota,
     committed_demands,
     pool_ledger,
+    unreserved_gpus,
 )
 from capacity.provisioning import replica_bounds
-from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
+from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints import usage
-from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import withdraw_after_commit
 from controlplane.oncall.models import Event
 from controlplane.tenants.models import Tenant
+from dataplane.cluster import rollout as phases
 
 
 class EndpointReserved(Exception):
@@ -103,53 +115,170 @@ def overcommit() -> Fraction:
 
 
 def gpu_quota(tenant: Tenant) -> int:
-    """The tenant's GPU quota: its own, or TENANT_GPU_QUOTA_DEFAULT when it has none."""
-    return tenant.gpu_quota if tenant.gpu_quota is not None else settings.TENANT_GPU_QUOTA_DEFAULT
+    """The tenant's GPU quota: its own, or when it has none the default (`default_gpu_quota`)."""
+    return tenant.gpu_quota if tenant.gpu_quota is not None else default_gpu_quota()
+
+
+def default_gpu_quota() -> int:
+    """The quota of a tenant that has none of its own: the fleet's GPUs (every pool's, summed, as
+    they are now), and no more than TENANT_GPU_QUOTA_DEFAULT when that is set. A default no
+    fleet can hold bounds nothing."""
+    fleet = GpuPool.objects.aggregate(gpus=Sum("gpu_count"))["gpus"] or 0
+    cap = settings.TENANT_GPU_QUOTA_DEFAULT
+    return fleet if cap is None else min(cap, fleet)
+
+
+def allowance(tenant_id: int, pool: GpuPool) -> tuple[int, str]:
+    """GPUs of minimum replicas beyond its reservations the tenant may commit in `pool`, and
+    whose word that is: an operator's ProvisionedAllowance, else PROVISIONED_ALLOWANCE_DEFAULT_NODES
+    of the pool's nodes (one node by default: room for a warm replica of any model it places)."""
+    row = ProvisionedAllowance.objects.filter(tenant_id=tenant_id, pool_id=pool.pk).first()
+    if row is not None:
+        return row.gpus, f"set by {row.set_by or 'an operator'}"
+    nodes = settings.PROVISIONED_ALLOWANCE_DEFAULT_NODES
+    return nodes * pool.gpus_per_node, f"the default: {nodes} node(s) of {pool.gpus_per_node} GPUs"
+
+
+class RunningRollout(NamedTuple):
+    """What the ledger reads of an endpoint's rollout in progress (or about to start)."""
+
+    state: phases.RolloutState
+    from_version: int
+    to_version: int
+    from_model: str
+    from_shape: Shape
+
+    @classmethod
+    def of(cls, r: Rollout) -> "RunningRollout":
+        return cls(r.state, r.from_version, r.to_version, r.from_profile.model, r.from_profile.shape)
+
+
+def running_rollout(endpoint: Endpoint) -> RunningRollout | None:
+    """The endpoint's rollout in progress: from the prefetch of with_related() when it was
+    loaded so, else read."""
+    if not endpoint.pk:
+        return None
+    prefetched = endpoint.__dict__.get("active_rollouts")
+    if prefetched is None:
+        prefetched = list(
+            Rollout.objects.active().select_related("from_profile").filter(endpoint_id=endpoint.pk)
+        )
+    return RunningRollout.of(prefetched[0]) if prefetched else None
+
+
+def rollout_replicas(state: phases.RolloutState, committed: int, held: int) -> tuple[int, int]:
+    """The (old, new) versions' committed replicas while a rollout runs: each its share of the
+    larger of what the endpoint commits (its sale or minimum) and holds (its desired replicas),
+    at least one each (dataplane.cluster.rollout.split): all that the rollout runs is committed.
+    A canary of 50 % on an endpoint that commits 2 and holds 4: 2 + 2; while it starts, 4 + 2."""
+    return phases.split(state, max(committed, held))
+
+
+def version_key(endpoint_id: int | str, version: int) -> str:
+    """A rollout's old version's name in a pool's packing (its new one's is the endpoint's)."""
+    return f"{endpoint_id}-v{version}"
+
+
+def endpoint_of_key(key: str) -> int:
+    """The endpoint a packing's demand key names (demand_key, version_key): '12-v1' -> 12."""
+    return int(key.partition("-")[0])
+
+
+def _allocations(
+    key: str,
+    label: str,
+    model: str,
+    shape: Shape,
+    sold: int,
+    used: float,
+    low: int,
+    running: int,
+    rollout: RunningRollout | None = None,
+    held: int = 0,
+    running_old: int = 0,
+    endpoints: int = 1,
+) -> list[Allocation]:
+    """An endpoint's allocations (alike endpoints' one, `endpoints` of them): one, or while its
+    rollout runs one per version, each committing rollout_replicas and holding its ready pods;
+    the old version sells nothing (the reservation is the endpoint's, counted once)."""
+    if rollout is None:
+        return [Allocation(key, shape, model, sold, used, low, running, label, endpoints)]
+    committed = shape.commitment(sold, low, overcommit()).replicas
+    old, new = rollout_replicas(rollout.state, committed, held)
+    return [
+        Allocation(
+            key, shape, model, sold, used, low, running - running_old, f"{label} v{rollout.to_version}",
+            replicas=new,
+        ),
+        Allocation(
+            version_key(key, rollout.from_version), rollout.from_shape, rollout.from_model, 0, 0.0, 0,
+            running_old, f"{label} v{rollout.from_version}", replicas=old,
+        ),
+    ]  # fmt: skip
 
 
 def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
     """Ledgers of these pools, one query per table (endpoints, their profiles, tenants,
-    reservations and ready pods), never one per endpoint: 5,000 endpoints read in ~100 ms where
-    one joined and grouped query took ~300 (bench/ledger_scale.py)."""
+    reservations, rollouts in progress and ready pods), never one per endpoint: 5,000 endpoints
+    read in ~100 ms where one joined and grouped query took ~300 (bench/ledger_scale.py)."""
     pools = list(pools)
     pool_ids = [p.pk for p in pools]
     rows = list(
         Endpoint.objects.filter(pool_id__in=pool_ids).values_list(
             "pk", "name", "tenant_id", "pool_id", "profile_id", "used_mu_per_minute",
             "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
-            "scale_to_zero_enabled",
+            "scale_to_zero_enabled", "desired_replicas",
         )
     )  # fmt: skip
+    rollouts = {
+        endpoint_id: (phases.RolloutState(phases.Phase(phase), new, 0.0, canary, promoted), old, to, profile)
+        for endpoint_id, phase, new, canary, promoted, old, to, profile in Rollout.objects.active()
+        .filter(endpoint__pool_id__in=pool_ids)
+        .values_list(
+            "endpoint_id", "phase", "new_percent", "canary_percent", "promoted", "from_version", "to_version",
+            "from_profile_id",
+        )
+    }  # fmt: skip
     profiles = {
         pk: (model, Shape(mu, gpus))
-        for pk, model, mu, gpus in ModelProfile.objects.filter(pk__in={r[4] for r in rows}).values_list(
-            "pk", "model", "mu_per_replica_minute", "gpus_per_replica"
-        )
+        for pk, model, mu, gpus in ModelProfile.objects.filter(
+            pk__in={r[4] for r in rows} | {r[3] for r in rollouts.values()}
+        ).values_list("pk", "model", "mu_per_replica_minute", "gpus_per_replica")
     }
     tenants = dict(Tenant.objects.filter(pk__in={r[2] for r in rows}).values_list("pk", "name"))
     reserved = dict(
         Reservation.objects.filter(endpoint__pool_id__in=pool_ids).values_list("endpoint_id", "mu_per_minute")
     )
-    running = dict(
+    running: dict[int, int] = defaultdict(int)
+    running_old: dict[int, int] = defaultdict(int)
+    for endpoint_id, version, n in (
         Pod.objects.filter(ready=True, endpoint__pool_id__in=pool_ids)
-        .values_list("endpoint_id")
+        .values_list("endpoint_id", "version")
         .annotate(n=Count("pk"))
         .order_by()
-    )
+    ):
+        running[endpoint_id] += n
+        if endpoint_id in rollouts and version == rollouts[endpoint_id][1]:
+            running_old[endpoint_id] += n
     allocations: dict[int, list[Allocation]] = defaultdict(list)
-    for pk, name, tenant_id, pool_id, profile_id, used, low_c, high_c, target, to_zero in rows:
+    for pk, name, tenant_id, pool_id, profile_id, used, low_c, high_c, target, to_zero, desired in rows:
         model, shape = profiles[profile_id]
-        allocations[pool_id].append(
-            Allocation(
-                key=str(pk),
-                shape=shape,
-                model=model,
-                sold_mu_per_minute=reserved.get(pk, 0),
-                used_mu_per_minute=used or 0.0,
-                min_replicas=replica_bounds(low_c, high_c, target, to_zero)[0],
-                running_replicas=running.get(pk, 0),
-                label=f"{tenants[tenant_id]}/{name}",
-            )
+        rollout = None
+        if pk in rollouts:
+            state, old_version, to_version, from_profile = rollouts[pk]
+            rollout = RunningRollout(state, old_version, to_version, *profiles[from_profile])
+        allocations[pool_id] += _allocations(
+            str(pk),
+            f"{tenants[tenant_id]}/{name}",
+            model,
+            shape,
+            reserved.get(pk, 0),
+            used or 0.0,
+            replica_bounds(low_c, high_c, target, to_zero)[0],
+            running.get(pk, 0),
+            rollout,
+            desired,
+            running_old.get(pk, 0),
         )
     return {
         pool.pk: pool_ledger(
@@ -160,9 +289,43 @@ def pool_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
 
 
 def commitment(endpoint: Endpoint, reserved_mu_per_minute: int) -> Commitment:
-    """What `endpoint`, as it is in memory, commits in its pool with this reservation: whole
-    replicas (capacity.ledger)."""
+    """What `endpoint`, as it is in memory, commits in its pool with this reservation outside a
+    rollout: whole replicas (capacity.ledger)."""
     return endpoint.profile.shape.commitment(reserved_mu_per_minute, endpoint.replica_bounds[0], overcommit())
+
+
+class VersionCommitment(NamedTuple):
+    """What one version of an endpoint commits in its pool, under its replicas' name in the
+    packing (`key`)."""
+
+    key: str
+    model: str
+    version: int
+    commitment: Commitment
+
+
+def endpoint_commitments(
+    endpoint: Endpoint, reserved_mu_per_minute: int, rollout: RunningRollout | None, held: int | None = None
+) -> list[VersionCommitment]:
+    """What `endpoint`, as it is in memory, commits in its pool with this reservation: its
+    commitment, or while `rollout` runs each version's (the new one first, under the endpoint's
+    own key), sized on `held` replicas (its desired ones unless said)."""
+    own = commitment(endpoint, reserved_mu_per_minute)
+    key = demand_key(endpoint)
+    if rollout is None:
+        return [VersionCommitment(key, endpoint.profile.model, endpoint.version, own)]
+    old, new = rollout_replicas(
+        rollout.state, own.replicas, endpoint.desired_replicas if held is None else held
+    )
+    return [
+        VersionCommitment(key, endpoint.profile.model, rollout.to_version, Commitment(new, own.shape)),
+        VersionCommitment(
+            version_key(key, rollout.from_version),
+            rollout.from_model,
+            rollout.from_version,
+            Commitment(old, rollout.from_shape),
+        ),
+    ]
 
 
 def demand_key(endpoint: Endpoint) -> str:
@@ -170,10 +333,16 @@ def demand_key(endpoint: Endpoint) -> str:
     return str(endpoint.pk) if endpoint.pk else "new"
 
 
-def bounds_gpus(endpoint: Endpoint) -> tuple[int, int]:
-    """GPUs of the endpoint's (min, max) replicas: what its tenant's quota bounds."""
+def bounds_gpus(endpoint: Endpoint, rollout: RunningRollout | None = None) -> tuple[int, int]:
+    """GPUs of the endpoint's (min, max) replicas: what its tenant's quota bounds. While its
+    `rollout` runs, both versions' at each bound, each its share (dataplane.cluster.rollout.split)."""
     low, high = endpoint.replica_bounds
-    return low * endpoint.profile.gpus_per_replica, high * endpoint.profile.gpus_per_replica
+    gpus = endpoint.profile.gpus_per_replica
+    if rollout is None:
+        return low * gpus, high * gpus
+    old_gpus = rollout.from_shape.gpus_per_replica
+    (old_low, new_low), (old_high, new_high) = (phases.split(rollout.state, n) for n in (low, high))
+    return old_low * old_gpus + new_low * gpus, old_high * old_gpus + new_high * gpus
 
 
 class NoPlacement(Exception):
@@ -263,8 +432,12 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
 
 # A group of alike endpoints, what their replicas are counted from (endpoints alike in these
 # commit alike): (is it the changed endpoint, model, gpus_per_replica, mu_per_replica_minute,
-# reservation MU/min, min, max and target concurrency, scale to zero).
+# reservation MU/min, min, max and target concurrency, scale to zero), then its rollout in
+# progress, None for none (its id, phase, new_percent, canary_percent, promoted, from_version,
+# to_version, the old model, its gpus_per_replica and mu_per_replica_minute, the endpoint's
+# desired replicas): an endpoint in a rollout is a group of its own.
 Group = tuple[Any, ...]
+_GROUP = 20  # the columns of a Group, then the per-group sums
 
 
 def _table(model: type[Model]) -> str:
@@ -292,24 +465,36 @@ def _locked_pool(rows: list[tuple[Any, ...]], tenant_id: int, pool_id: int) -> G
 @functools.cache
 def _alike_sql() -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
-    metered MU summed, ready pods summed). Written once as SQL, not built by the ORM per call:
-    the ready pods are counted per endpoint in a derived table joined to the rows (one pass over
-    the pool's ready pods, not a count per endpoint), which the ORM cannot say without counting
-    each endpoint once per pod."""
+    metered MU summed, ready pods summed, those of a rollout's old version summed). Written
+    once as SQL, not built by the ORM per call: the ready pods are counted per endpoint in a
+    derived table joined to the rows (one pass over the pool's ready pods, not a count per
+    endpoint), which the ORM cannot say without counting each endpoint once per pod."""
+    active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
     return (
         "SELECT e.id = %(changed)s, m.model, m.gpus_per_replica, m.mu_per_replica_minute,"
         " r.mu_per_minute, e.min_provisioned_concurrency, e.max_provisioned_concurrency,"
         " e.target_concurrency_per_replica, e.scale_to_zero_enabled,"
-        " count(*), sum(e.used_mu_per_minute), coalesce(sum(ready.n), 0)"
+        " ro.id, ro.phase, ro.new_percent, ro.canary_percent, ro.promoted, ro.from_version,"
+        " ro.to_version, fm.model, fm.gpus_per_replica, fm.mu_per_replica_minute,"
+        " CASE WHEN ro.id IS NULL THEN 0 ELSE e.desired_replicas END,"
+        " count(*), sum(e.used_mu_per_minute), coalesce(sum(ready.n), 0), coalesce(sum(old.n), 0)"
         f" FROM {_table(Endpoint)} e"
         f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
         f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id"
+        f" LEFT JOIN {_table(Rollout)} ro ON ro.endpoint_id = e.id AND ro.phase IN ({active})"
+        f" LEFT JOIN {_table(ModelProfile)} fm ON fm.id = ro.from_profile_id"
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Pod)} pod JOIN {_table(Endpoint)} pe ON pe.id = pod.endpoint_id"
         " WHERE pod.ready AND pe.pool_id = %(pool)s GROUP BY pod.endpoint_id) ready"
         " ON ready.endpoint_id = e.id"
+        # the old version's ready pods, from the few rollouts in progress (not a probe per pod)
+        " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
+        f" FROM {_table(Rollout)} pro JOIN {_table(Pod)} pod"
+        " ON pod.endpoint_id = pro.endpoint_id AND pod.version = pro.from_version AND pod.ready"
+        f" WHERE pro.phase IN ({active}) GROUP BY pod.endpoint_id) old"
+        " ON old.endpoint_id = e.id"
         " WHERE e.pool_id = %(pool)s"
-        " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+        f" GROUP BY {', '.join(str(i) for i in range(1, _GROUP + 1))}"
     )
 
 
@@ -317,20 +502,35 @@ def alike_groups(pool: GpuPool, changed: int | None = None) -> dict[Group, tuple
     """The pool's endpoints in one query grouped by what their replicas are counted from (a
     fleet's endpoints take few distinct values of those, so 500 endpoints come back as tens of
     rows), endpoint `changed` apart: per group (endpoints, their metered MU summed, their ready
-    pods summed). Read after the pool's lock, in a statement of its own: a statement sees the
-    rows committed before it starts, so the read must start once the lock is held."""
+    pods summed, those of a rollout's old version). Read after the pool's lock, in a statement
+    of its own: a statement sees the rows committed before it starts, so the read must start
+    once the lock is held."""
     with connection.cursor() as cursor:
         cursor.execute(_alike_sql(), {"changed": changed, "pool": pool.pk})
         return _groups(cursor.fetchall())
 
 
 def _groups(rows: list[tuple[Any, ...]]) -> dict[Group, tuple[Any, ...]]:
-    return {tuple(row[:9]): tuple(row[9:]) for row in rows}
+    return {tuple(row[:_GROUP]): tuple(row[_GROUP:]) for row in rows}
 
 
 def own_reservation(groups: dict[Group, tuple[Any, ...]]) -> int:
     """The changed endpoint's reservation (MU/min, 0 for none) as alike_groups read it."""
     return next((group[4] or 0 for group in groups if group[0]), 0)
+
+
+def _group_rollout(group: Group) -> tuple[RunningRollout | None, int]:
+    """A group's rollout in progress (None for none) and its endpoint's desired replicas."""
+    rollout_id, phase, new, canary, promoted, old, to, model, gpus, mu, held = group[9:]
+    if rollout_id is None:
+        return None, 0
+    state = phases.RolloutState(phases.Phase(phase), new, 0.0, canary, bool(promoted))
+    return RunningRollout(state, old, to, model, Shape(mu, gpus)), held
+
+
+def own_rollout(groups: dict[Group, tuple[Any, ...]]) -> tuple[RunningRollout | None, int]:
+    """The changed endpoint's rollout in progress and desired replicas as alike_groups read them."""
+    return next((_group_rollout(group) for group in groups if group[0]), (None, 0))
 
 
 def alike_allocations(
@@ -340,19 +540,23 @@ def alike_allocations(
     own). No names."""
     others: list[Allocation] = []
     own: list[Allocation] = []
-    for i, (group, (n, used, running)) in enumerate(groups.items()):
-        is_own, model, gpus, mu, sold, low_c, high_c, target, to_zero = group
-        (own if is_own else others).append(
-            Allocation(
-                key=str(changed) if is_own else f"alike-{i}",
-                shape=Shape(mu, gpus),
-                model=model,
-                sold_mu_per_minute=sold or 0,
-                used_mu_per_minute=used or 0.0,
-                min_replicas=replica_bounds(low_c, high_c, target, to_zero)[0],
-                running_replicas=running,
-                label=f"{n} endpoint(s) of {model}",
-                endpoints=n,
+    for i, (group, (n, used, running, running_old)) in enumerate(groups.items()):
+        is_own, model, gpus, mu, sold, low_c, high_c, target, to_zero = group[:9]
+        rollout, held = _group_rollout(group)
+        (own if is_own else others).extend(
+            _allocations(
+                str(changed) if is_own else f"alike-{i}",
+                f"{n} endpoint(s) of {model}",
+                model,
+                Shape(mu, gpus),
+                sold or 0,
+                used or 0.0,
+                replica_bounds(low_c, high_c, target, to_zero)[0],
+                running,
+                rollout,
+                held,
+                running_old,
+                n,
             )
         )
     return others, own
@@ -364,13 +568,14 @@ def ensure_change(
     asked: Commitment,
     replacing: Commitment = NOTHING,
     groups: dict[Group, tuple[Any, ...]] | None = None,
+    rollout: RolloutChange | None = None,
 ) -> None:
-    """Raise Oversold unless `pool` places `asked` (the endpoint's replicas) in place of
-    `replacing`. The caller holds the pool's lock (locked_pools) inside a transaction. One read
-    of the pool (alike_groups, or the caller's `groups` read under the lock): the check packs
-    its other committed replicas beside `asked`; a refusal's ledger (the figures pool_ledgers
-    gives, without names) is built from the same rows (the endpoint's own as stored, and the
-    ready pods), not read again."""
+    """Raise Oversold unless `pool` places `asked` (the endpoint's replicas; its new version's
+    while a `rollout` runs, the old one's beside them) in place of `replacing`. The caller holds
+    the pool's lock (locked_pools) inside a transaction. One read of the pool (alike_groups, or
+    the caller's `groups` read under the lock): the check packs its other committed replicas
+    beside `asked`; a refusal's ledger (the figures pool_ledgers gives, without names) is built
+    from the same rows (the endpoint's own as stored, and the ready pods), not read again."""
     if groups is None:
         groups = alike_groups(pool, changed=endpoint.pk)
     others, _ = alike_allocations(groups, endpoint.pk)
@@ -389,14 +594,36 @@ def ensure_change(
         asked,
         replacing,
         ledger,
+        rollout,
     )
+
+
+def ensure_versions(
+    pool: GpuPool,
+    endpoint: Endpoint,
+    asked: list[VersionCommitment],
+    replacing: list[VersionCommitment],
+    groups: dict[Group, tuple[Any, ...]] | None = None,
+) -> None:
+    """ensure_change for an endpoint's versions (endpoint_commitments) after a change in place
+    of before it, each matched to its own by version number: at a rollout's start the new
+    version replaces nothing and the old one what the endpoint commits now."""
+    now = {v.version: v.commitment for v in replacing}
+    own, *old = asked
+    rollout = None
+    if old:
+        (o,) = old
+        rollout = RolloutChange(
+            own.version, o.version, o.key, o.model, o.commitment, now.get(o.version, NOTHING)
+        )
+    ensure_change(pool, endpoint, own.commitment, now.get(own.version, NOTHING), groups, rollout)
 
 
 def check_sale(endpoint: Endpoint, mu_per_minute: int) -> int:
     """The check a sale of `mu_per_minute` on `endpoint` meets (Oversold when its pool does not
     place it), inside the caller's transaction: the tenant's and the pool's locks in one
-    statement, then one read of the pool (its grouped rows, the endpoint's own sale among them).
-    Returns the endpoint's reservation before the sale (MU/min, 0 for none).
+    statement, then one read of the pool (its grouped rows, the endpoint's own sale and rollout
+    among them). Returns the endpoint's reservation before the sale (MU/min, 0 for none).
 
     The two statements (and the transaction's BEGIN) go in one round trip, pipelined: the server
     runs them in order, so the read still starts, and takes its snapshot, once the locks are
@@ -415,7 +642,14 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> int:
             pool = _locked_pool(lock.fetchall(), tenant_id, pool_id)
             groups = _groups(read.fetchall())
     current = own_reservation(groups)
-    ensure_change(pool, endpoint, commitment(endpoint, mu_per_minute), commitment(endpoint, current), groups)
+    rollout, held = own_rollout(groups)
+    ensure_versions(
+        pool,
+        endpoint,
+        endpoint_commitments(endpoint, mu_per_minute, rollout, held),
+        endpoint_commitments(endpoint, current, rollout, held),
+        groups,
+    )
     return current
 
 
@@ -441,14 +675,18 @@ def save_profile(profile: ModelProfile) -> None:
 def save_endpoint(
     endpoint: Endpoint, changed: Iterable[str] | None = None, *, by_operator: bool = False
 ) -> None:
-    """Save, refusing what would oversell the endpoint's pool or exceed its tenant's GPU quota.
+    """Save, refusing what would oversell the endpoint's pool or exceed its tenant's GPU quota
+    or its allowance of minimum replicas beyond its reservations there.
 
     The endpoint commits max(its reservation, its minimum replicas) in its pool (capacity.ledger):
     a raise of its minimum, a move to another pool (its reservation goes along) or a switch to a
     model that needs more GPUs is checked against the pool it lands in. Its tenant's endpoints'
-    minimum and maximum replicas, in GPUs, each stay within the tenant's quota. A new endpoint
-    starts at its minimum replicas; a model change starts a rollout
-    (Endpoint.start_rollout_if_the_model_changed). A rename changes no pod (they keep serving
+    minimum and maximum replicas, in GPUs, each stay within the tenant's quota, and their
+    minimum replicas beyond their reservations within its allowance in each pool. A new
+    endpoint starts at its minimum replicas; a model change starts a rollout
+    (Endpoint.rollout_to_start), checked as it starts: both versions, the old one at all of
+    the endpoint's replicas and the new one at the share it is about to take (rollout_replicas),
+    must fit the pool and the quota. A rename changes no pod (they keep serving
     Endpoint.served_model_name) and reaches the routers at their next poll (the published
     routing table is withdrawn).
 
@@ -478,15 +716,20 @@ def save_endpoint(
         reserved = _reserved(before)
         if before is not None and before.pool_id != endpoint.pool_id:
             _check_move(before, pool, changed or (), by_operator)
-        _check_quota(tenant, endpoint, before)
-        replacing = NOTHING
+        starting = endpoint.rollout_to_start() if before is not None else None
+        running = running_rollout(before) if before is not None else None
+        rollout = RunningRollout.of(starting) if starting is not None else running
+        _check_quota(tenant, endpoint, before, rollout, running)
+        replacing = []
         if before is not None and before.pool_id == endpoint.pool_id:
-            replacing = commitment(before, reserved)
-        ensure_change(pool, endpoint, commitment(endpoint, reserved), replacing)
+            replacing = endpoint_commitments(before, reserved, running)
+        ensure_versions(pool, endpoint, endpoint_commitments(endpoint, reserved, rollout), replacing)
+        _check_allowance(tenant, pool, endpoint, before, reserved)
         if endpoint._state.adding:
             endpoint.desired_replicas = endpoint.replica_bounds[0]
-        if endpoint.pk and not endpoint._state.adding:
-            endpoint.start_rollout_if_the_model_changed()
+        if starting is not None:
+            starting.save()
+            endpoint.version = starting.to_version
         endpoint.save(update_fields=update_fields)
         if before is not None and before.name != endpoint.name:
             usage.renamed(endpoint)
@@ -521,30 +764,82 @@ def _reserved(endpoint: Endpoint | None) -> int:
     return reservation.mu_per_minute if reservation is not None else 0
 
 
-def _check_quota(tenant: Tenant, endpoint: Endpoint, before: Endpoint | None) -> None:
-    others = Endpoint.objects.filter(tenant=tenant).exclude(pk=endpoint.pk).select_related("profile")
+def _check_quota(
+    tenant: Tenant,
+    endpoint: Endpoint,
+    before: Endpoint | None,
+    rollout: RunningRollout | None = None,
+    rollout_before: RunningRollout | None = None,
+) -> None:
+    """The tenant's quota on its endpoints' (min, max) replicas in GPUs (bounds_gpus), with
+    `endpoint` as changed (its `rollout` in progress or starting) in place of `before`."""
+    others = list(
+        Endpoint.objects.filter(tenant=tenant)
+        .exclude(pk=endpoint.pk)
+        .select_related("profile")
+        .only(
+            "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
+            "scale_to_zero_enabled", "profile__gpus_per_replica",
+        )
+    )  # fmt: skip
+    rollouts = {
+        r.endpoint_id: RunningRollout.of(r)
+        for r in Rollout.objects.active().filter(endpoint__in=others).select_related("from_profile")
+    }
     others_min = others_max = 0
-    for other in others.only(
-        "min_provisioned_concurrency", "max_provisioned_concurrency", "target_concurrency_per_replica",
-        "scale_to_zero_enabled", "profile__gpus_per_replica",
-    ):  # fmt: skip
-        low, high = bounds_gpus(other)
+    for other in others:
+        low, high = bounds_gpus(other, rollouts.get(other.pk))
         others_min, others_max = others_min + low, others_max + high
-    low, high = bounds_gpus(endpoint)
     check_quota(
         tenant.name,
         gpu_quota(tenant),
-        (low, high),
+        bounds_gpus(endpoint, rollout),
         (others_min, others_max),
-        bounds_gpus(before) if before is not None else (0, 0),
+        bounds_gpus(before, rollout_before) if before is not None else (0, 0),
+        rollout is not None,
     )
+
+
+def _unreserved(endpoint: Endpoint, reserved: int) -> int:
+    """GPUs the endpoint's minimum replicas take beyond its reservation (outside a rollout)."""
+    sold = endpoint.profile.shape.sold_replicas(reserved, overcommit())
+    return unreserved_gpus(commitment(endpoint, reserved), sold)
+
+
+def _check_allowance(
+    tenant: Tenant, pool: GpuPool, endpoint: Endpoint, before: Endpoint | None, reserved: int
+) -> None:
+    """The tenant's allowance in `pool` for minimum replicas beyond its reservations, with
+    `endpoint` as changed in place of `before` (capacity.ledger.check_allowance). A change that
+    asks no more beyond its reservation than it had there passes without a read."""
+    asked = _unreserved(endpoint, reserved)
+    replacing = _unreserved(before, reserved) if before is not None and before.pool_id == pool.pk else 0
+    if asked <= replacing:
+        return
+    others = Endpoint.objects.filter(tenant=tenant, pool=pool)
+    if endpoint.pk:
+        others = others.exclude(pk=endpoint.pk)
+    gpus, source = allowance(tenant.pk, pool)
+    check_allowance(
+        tenant.name, pool.name, gpus, source, asked, unreserved(others)[(tenant.pk, pool.pk)], replacing
+    )
+
+
+def unreserved(endpoints: "QuerySet[Endpoint]") -> defaultdict[tuple[int, int], int]:
+    """GPUs these endpoints commit with their minimum replicas beyond their reservations, per
+    (tenant id, pool id): what the tenants' allowances there bound. One query."""
+    used: defaultdict[tuple[int, int], int] = defaultdict(int)
+    for e in endpoints.select_related("profile", "reservation"):
+        used[(e.tenant_id, e.pool_id)] += _unreserved(e, _reserved(e))
+    return used
 
 
 def allowed_target(endpoint: Endpoint, target: int) -> int:
     """The target concurrency per replica the vertical autoscaler may set: a lower target means
-    more minimum and maximum replicas, checked like any raise (pool and quota) under the tenant's
-    and the pool's locks, which the caller's transaction keeps until it has written the target.
-    Refused, the target is held at the lowest that keeps the endpoint's replica bounds as they are."""
+    more minimum and maximum replicas, checked like any raise (pool, quota and allowance) under
+    the tenant's and the pool's locks, which the caller's transaction keeps until it has written
+    the target. Refused, the target is held at the lowest that keeps the endpoint's replica
+    bounds as they are."""
     with transaction.atomic():
         tenant = locked_tenant(endpoint.tenant_id)
         (pool,) = locked_pools([endpoint.pool_id])
@@ -553,15 +848,72 @@ def allowed_target(endpoint: Endpoint, target: int) -> int:
         before = Endpoint.objects.select_related("profile", "reservation").get(pk=endpoint.pk)
         candidate = copy(before)
         candidate.target_concurrency_per_replica = target
+        rollout = running_rollout(before)
         try:
-            _check_quota(tenant, candidate, before)
+            _check_quota(tenant, candidate, before, rollout, rollout)
             reserved = _reserved(before)
-            ensure_change(pool, candidate, commitment(candidate, reserved), commitment(before, reserved))
-        except (Oversold, QuotaExceeded):
+            ensure_versions(
+                pool,
+                candidate,
+                endpoint_commitments(candidate, reserved, rollout),
+                endpoint_commitments(before, reserved, rollout),
+            )
+            _check_allowance(tenant, pool, candidate, before, reserved)
+        except (Oversold, QuotaExceeded, AllowanceExceeded):
             low, high = before.replica_bounds
             keep_low = ceil(before.min_provisioned_concurrency / low) if low else 1
             return max(target, keep_low, ceil(before.max_provisioned_concurrency / high))
     return target
+
+
+def check_promote(endpoint: Endpoint) -> Rollout:
+    """A promote of the endpoint's canary, checked (Oversold, QuotaExceeded) before it is asked:
+    the new version then starts the rest of the endpoint's replicas beside the old one's share
+    (dataplane.cluster.rollout.promoted), which must fit the pool and the quota. Marks the
+    rollout promoted, under the tenant's and the pool's locks; the next pass acts on it.
+    Rollout.DoesNotExist when none is active."""
+    with transaction.atomic():
+        tenant = locked_tenant(endpoint.tenant_id)
+        (pool,) = locked_pools([endpoint.pool_id])
+        before = Endpoint.objects.select_related("profile", "reservation").get(pk=endpoint.pk)
+        r = (
+            Rollout.objects.active()
+            .select_related("from_profile")
+            .select_for_update(of=("self",))
+            .get(endpoint_id=endpoint.pk)
+        )
+        now = RunningRollout.of(r)
+        then = now._replace(state=phases.promoted(now.state))
+        _check_quota(tenant, before, before, then, now)
+        reserved = _reserved(before)
+        ensure_versions(
+            pool,
+            before,
+            endpoint_commitments(before, reserved, then),
+            endpoint_commitments(before, reserved, now),
+        )
+        r.promoted = True
+        r.save(update_fields=["promoted"])
+    return r
+
+
+def save_allowance(allowance: ProvisionedAllowance, *, set_by: str) -> ProvisionedAllowance:
+    """Set a tenant's allowance in a pool (one row per pair), under the tenant's lock, so that a
+    minimum raise checked against the allowance before waits for it. Lowering it below what the
+    tenant's minimums take shrinks nothing: its next raise there is refused."""
+    with transaction.atomic():
+        locked_tenant(allowance.tenant_id)
+        allowance.set_by = set_by
+        allowance.save()
+        Event.record(
+            Event.Kind.RESERVATION,
+            f"{set_by} set tenant {allowance.tenant.name}'s allowance in pool {allowance.pool.name}"
+            f" to {allowance.gpus} GPUs of minimum replicas beyond its reservations",
+            tenant=allowance.tenant,
+            reported_by=set_by,
+            detail={"pool": allowance.pool.name, "allowance_gpus": allowance.gpus},
+        )
+    return allowance
 
 
 def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> None:

@@ -212,8 +212,18 @@ MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", units.MU_PER_REPLICA_MIN
 # Sold GPUs may reach have x this factor (1.0 = never sell more than the fleet holds).
 CAPACITY_OVERCOMMIT = envfloat("CAPACITY_OVERCOMMIT", 1.0, minimum=0.01)
 # GPUs a tenant's endpoints may take at their minimum replicas, and at their maximum, each summed
-# over its endpoints, unless an operator set the tenant's own gpu_quota.
-TENANT_GPU_QUOTA_DEFAULT = envint("TENANT_GPU_QUOTA_DEFAULT", 256, minimum=0)
+# over its endpoints, unless an operator set the tenant's own gpu_quota: the fleet's GPUs (every
+# pool's, summed, as they are when checked: controlplane.selling.gpu_quota), and no more than
+# this when it is set. Unset (or blank): the fleet's.
+TENANT_GPU_QUOTA_DEFAULT: int | None = (
+    envint("TENANT_GPU_QUOTA_DEFAULT", 0, minimum=0)
+    if envstr("TENANT_GPU_QUOTA_DEFAULT", "").strip()
+    else None
+)
+# Minimum replicas beyond its reservations that a tenant may commit in a pool without an
+# operator's allowance (controlplane.capacity.models.ProvisionedAllowance), in the pool's nodes:
+# one node holds a warm replica of any model the pool places; more is capacity to sell.
+PROVISIONED_ALLOWANCE_DEFAULT_NODES = envint("PROVISIONED_ALLOWANCE_DEFAULT_NODES", 1, minimum=0)
 # Starting point of the vertical autoscaler for a new endpoint (concurrent requests per pod).
 DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 # An API key's last-used time is written at most this often, to keep writes off the hot path.
@@ -307,9 +317,10 @@ AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 
 AUTOSCALER_VERTICAL_INTERVAL_S = envfloat("AUTOSCALER_VERTICAL_INTERVAL_S", 30.0, minimum=1.0)
 POD_SYNC_INTERVAL_S = envfloat("POD_SYNC_INTERVAL_S", 1.0, minimum=0.2)
 # A rollout's old pods take no new request this long before they go; a new version that is not
-# ready within the deadline is rolled back.
+# ready within the deadline is rolled back; a canary not promoted within the hold is aborted.
 ROLLOUT_DRAIN_S = envfloat("ROLLOUT_DRAIN_S", 10.0, minimum=0.0)
 ROLLOUT_READY_DEADLINE_S = envfloat("ROLLOUT_READY_DEADLINE_S", 600.0, minimum=1.0)
+ROLLOUT_MAX_HOLD_S = envfloat("ROLLOUT_MAX_HOLD_S", 3600.0, minimum=1.0)
 # Router samples posted to the database (no Redis) and 5-second load buckets are kept this long.
 ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
 LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)

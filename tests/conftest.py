@@ -4,7 +4,7 @@ first, and an operator, each with an API client holding its own key."""
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance
 from controlplane.endpoints.models import Endpoint
 from controlplane.selling import save_endpoint
 from controlplane.tenants.models import ApiKey, Tenant
@@ -59,14 +59,20 @@ def big_model(h100):
     )
 
 
+# The tenants' own quota, set as an operator would: the default is the fleet's GPUs
+# (selling.default_gpu_quota), 8 in these fixtures, which would refuse most endpoints' maximum
+# replicas before the checks a test is about. Tests of the default make a tenant without one.
+QUOTA = 256
+
+
 @pytest.fixture
 def owner(db):
-    return Tenant.objects.create(name="owner")
+    return Tenant.objects.create(name="owner", gpu_quota=QUOTA)
 
 
 @pytest.fixture
 def other(db):
-    return Tenant.objects.create(name="other")
+    return Tenant.objects.create(name="other", gpu_quota=QUOTA)
 
 
 @pytest.fixture
@@ -105,8 +111,8 @@ def make_endpoint(pool, small_model):
 
 @pytest.fixture
 def grow_fleet(make_endpoint, h100):
-    """`grow_fleet(n)`: n more tenants, each with a pool, a profile, a reserved endpoint, a pod,
-    an API key and events, so that list pages have more rows of every kind."""
+    """`grow_fleet(n)`: n more tenants, each with a pool, a profile, a reserved endpoint, an
+    allowance, a pod, an API key and events, so that list pages have more rows of every kind."""
     from datetime import UTC, datetime
 
     from controlplane.endpoints.models import Pod
@@ -122,6 +128,7 @@ def grow_fleet(make_endpoint, h100):
             profile = ModelProfile.objects.create(model=f"m{i}-{n}", gpu_type=h100, alpha=0, beta=0, gamma=1)
             endpoint = make_endpoint(tenant, f"e{i}", profile=profile, pool=pool)
             sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
+            ProvisionedAllowance.objects.create(tenant=tenant, pool=pool, gpus=8)
             ApiKey.issue(name=f"k{i}", tenant=tenant)
             Pod.objects.create(
                 endpoint=endpoint, name=f"pod-{i}-{n}", url="http://127.0.0.1:9000", ready=True

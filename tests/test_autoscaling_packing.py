@@ -2,7 +2,7 @@
 pool's nodes is never asked for, even where the pool's GPUs as one heap would hold it. The real
 horizontal pass on synthetic time (tests/test_autoscaling_room.py's pattern)."""
 
-from controlplane.capacity.models import GpuPool, ModelProfile
+from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance
 from controlplane.endpoints import scaling
 from controlplane.oncall.models import Event
 from tests.test_autoscaling import NOW, TS, Recorder
@@ -34,6 +34,7 @@ def test_a_small_model_fills_the_gpus_a_wide_one_strands(owner, make_endpoint, h
     tp5 = ModelProfile.objects.create(
         model="tp5", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=5
     )
+    ProvisionedAllowance.objects.create(tenant=owner, pool=pool, gpus=16)  # 10 GPUs of minimum, unsold
     make_endpoint(
         owner, "wide", profile=tp5, pool=pool, min_provisioned_concurrency=16, max_provisioned_concurrency=16
     )

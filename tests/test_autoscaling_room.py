@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 
+from controlplane.capacity.models import ProvisionedAllowance
 from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket
 from controlplane.oncall.models import Event
@@ -123,9 +124,11 @@ def test_a_lower_target_that_needs_more_minimum_replicas_than_the_pool_holds_is_
     assert scaling.vertical_pass(cluster, NOW).changed == 0
     steady.refresh_from_db()
     assert steady.target_concurrency_per_replica == 16 and cluster.calls == []
-    # With room for a fourth replica (nine 1-GPU nodes) it goes through.
+    # With room for a fourth replica (nine 1-GPU nodes, and an allowance for minimum replicas
+    # beyond the default one node) it goes through.
     pool.gpu_count, pool.gpus_per_node = 9, 1
     pool.save()
+    ProvisionedAllowance.objects.create(tenant=owner, pool=pool, gpus=9)
     Lease.objects.filter(name=scaling.VERTICAL).update(last_run_at=None)  # the same 30 s again
     assert scaling.vertical_pass(cluster, NOW).changed == 1
     steady.refresh_from_db()

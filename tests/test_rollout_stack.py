@@ -1,8 +1,9 @@
-"""A rollout under load with real parts and zero failed requests: the local cluster agent runs
-real simulated-engine pods, the real router routes by the control plane's table and traffic
+"""A canary rollout under load with real parts and zero failed requests: the local cluster agent
+runs real simulated-engine pods, the real router routes by the control plane's table and traffic
 split, the load generator keeps clients busy, and the autoscaler's passes (run here, as beat
-would) move the endpoint from v1 to v2: new pods start, traffic moves when they are ready, the
-old pods drain and go."""
+would) move the endpoint from v1 to v2: the canary's pods start, it takes half the traffic (each
+version at its share of the replicas, both committed in /api/v1/capacity/), and once promoted
+the rest of v2 starts, traffic moves when they are ready, the old pods drain and go."""
 
 import os
 import re
@@ -24,7 +25,9 @@ from tests.test_stack import post
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, make_endpoint, h100, tmp_path):
+def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
+    live_server, settings, owner, make_endpoint, h100, tmp_path
+):
     chat = make_endpoint(owner, "chat", min_provisioned_concurrency=16)  # 2 replicas of 8
     ModelProfile.objects.filter(pk=chat.profile_id).update(alpha=0, beta=0.0005, gamma=0.005)
     ModelProfile.objects.create(model="llama-8b-v2", gpu_type=h100, alpha=0, beta=0.0005, gamma=0.005)
@@ -72,9 +75,23 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
             time.sleep(3)  # the load runs on v1 first
             api = APIClient()  # the tenant changes the model through the API
             api.credentials(HTTP_AUTHORIZATION=f"Bearer {tenant_key}")
-            changed = api.patch(f"/api/v1/endpoints/{chat.pk}/", {"model": "llama-8b-v2"}, format="json")
+            body = {"model": "llama-8b-v2", "canary_percent": 50}
+            changed = api.patch(f"/api/v1/endpoints/{chat.pk}/", body, format="json")
             assert changed.status_code == 200 and changed.json()["version"] == 2
             rollout = Rollout.objects.get(endpoint=chat)
+            control_until(lambda: Rollout.objects.get(pk=rollout.pk).phase == "canary", timeout=60)
+            # The Contract: while the canary runs, /capacity/ counts both versions' replicas as
+            # committed, at least the pods each runs (its share of the endpoint's replicas).
+            ops = APIClient()
+            ops.credentials(HTTP_AUTHORIZATION=f"Bearer {operator}")
+            (row,) = ops.get("/api/v1/capacity/").json()
+            placed = [r["endpoint"] for node in row["nodes"] for r in node["replicas"]]
+            running = {v: Pod.objects.filter(endpoint=chat, version=v, ready=True).count() for v in (1, 2)}
+            assert placed.count("owner/chat v1") >= running[1] >= 1, (placed, running)
+            assert placed.count("owner/chat v2") >= running[2] >= 1, (placed, running)
+            assert row["committed_replicas"] == len(placed) >= 2
+            promoted = api.post(f"/api/v1/endpoints/{chat.pk}/rollout/", {"action": "promote"}, format="json")
+            assert promoted.status_code == 202, promoted.content
             control_until(lambda: Rollout.objects.get(pk=rollout.pk).phase == "done", timeout=60)
             # The old pods leave the cluster, and the endpoint serves on v2 alone.
             control_until(lambda: not Pod.objects.filter(endpoint=chat, version=1).exists(), timeout=30)
@@ -87,7 +104,7 @@ def test_a_rollout_under_load_fails_no_request(live_server, settings, owner, mak
         sent, ok = (int(n) for n in re.findall(r"(?:sent|ok)\s+(\d+)", total))
         assert "errors -" in total and sent == ok and ok > 50, total
         phases = list(Event.objects.filter(kind="rollout").order_by("id").values_list("message", flat=True))
-        assert len(phases) == 2 and phases[-1].endswith("rollout done")
+        assert "canary at 50% until promoted" in phases[0] and phases[-1].endswith("rollout done")
         assert Endpoint.objects.get(pk=chat.pk).profile.model == "llama-8b-v2"
     finally:
         for p in reversed(procs):

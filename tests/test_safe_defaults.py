@@ -139,3 +139,18 @@ def test_check_deploy_has_nothing_to_say_in_production(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout, done.stdout
+
+
+def test_the_rollout_hold_allowance_and_quota_settings_refuse_bad_values(tmp_path):
+    """Each in a fresh interpreter, as a process starts: a bad value stops it naming the variable."""
+    for name, value, said in [
+        ("ROLLOUT_MAX_HOLD_S", "0", "ROLLOUT_MAX_HOLD_S=0.0 must be at least 1.0"),
+        (
+            "PROVISIONED_ALLOWANCE_DEFAULT_NODES",
+            "-1",
+            "PROVISIONED_ALLOWANCE_DEFAULT_NODES=-1 must be at least 0",
+        ),
+        ("TENANT_GPU_QUOTA_DEFAULT", "lots", "TENANT_GPU_QUOTA_DEFAULT='lots' is not an integer"),
+    ]:
+        done = run(tmp_path, {name: value}, "manage.py", "check")
+        assert done.returncode != 0 and said in done.stderr, done.stderr

@@ -120,6 +120,91 @@ def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
     assert refused.value.ledger.packing.free_per_node == whole.packing.free_per_node
 
 
+@pytest.mark.parametrize("seed", [8, 9, 10])
+def test_rollouts_in_the_pool_are_counted_alike_on_both_paths(h100, seed):
+    """Endpoints whose rollout runs commit each version its share of the larger of what they
+    commit and hold, of its own shape; the old version's ready pods are its own. The sale
+    check's grouped read counts them as selling.pool_ledgers does: the same answers on the
+    other endpoints' sales, a refusal's figures the whole ledger's, and the committed replicas
+    what selling.endpoint_commitments says per endpoint."""
+    from controlplane.api.errors import LEDGER_FIGURES, oversold_body
+    from controlplane.endpoints.models import Pod, Rollout
+
+    rng = random.Random(seed)
+    pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=64, gpus_per_node=8)
+    profiles = [
+        ModelProfile.objects.create(
+            model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
+        )
+        for g in (1, 2, 4, 8)
+    ]
+    tenant = Tenant.objects.create(name="t", gpu_quota=10_000)
+    endpoints = Endpoint.objects.bulk_create(
+        Endpoint(
+            tenant=tenant, name=f"e{i}", profile=rng.choices(profiles, weights=[6, 3, 2, 1])[0], pool=pool,
+            min_provisioned_concurrency=rng.choice([0, 8, 16]), max_provisioned_concurrency=64,
+            target_concurrency_per_replica=8, desired_replicas=rng.choice([0, 1, 2, 4]), version=2,
+        )
+        for i in range(24)
+    )  # fmt: skip
+    Reservation.objects.bulk_create(
+        Reservation(endpoint=e, mu_per_minute=rng.choice([50, 100, 250]), sold_by="t")
+        for e in endpoints
+        if rng.random() < 0.3
+    )
+    rolling = rng.sample(endpoints, 8)
+    for e in rolling:
+        phase, canary, promoted = rng.choice(
+            [("starting", 0, False), ("starting", 50, False), ("starting", 10, True), ("canary", 10, False),
+             ("canary", 50, False), ("draining", 0, False)]
+        )  # fmt: skip
+        new = {"starting": canary if promoted else 0, "canary": canary, "draining": 100}[phase]
+        Rollout.objects.create(
+            endpoint=e, from_version=1, to_version=2, to_profile=e.profile, phase=phase, new_percent=new,
+            from_profile=rng.choice([p for p in profiles if p != e.profile]), canary_percent=canary,
+            promoted=promoted,
+        )  # fmt: skip
+    Pod.objects.bulk_create(
+        Pod(endpoint=e, name=f"{e.name}-{v}-{j}", url="http://127.0.0.1:9", ready=True, version=v)
+        for e in endpoints
+        for v in ((1, 2) if e in rolling else (2,))
+        for j in range(rng.choice([0, 1, 2]))
+    )
+    # Nodes for about 8/7 of what is committed: full enough that some asks are refused.
+    committed = selling.pool_ledgers([pool])[pool.pk].committed_gpus
+    GpuPool.objects.filter(pk=pool.pk).update(gpu_count=8 * -(-committed // 7))
+    pool.refresh_from_db()
+    whole = selling.pool_ledgers([pool])[pool.pk]
+    assert not whole.oversold
+    by_endpoint = Endpoint.objects.with_related()
+    assert whole.committed_replicas == sum(
+        v.commitment.replicas
+        for e in by_endpoint
+        for v in selling.endpoint_commitments(
+            e, getattr(getattr(e, "reservation", None), "mu_per_minute", 0), selling.running_rollout(e)
+        )
+    )
+    assert whole.used_gpus > 0
+    answers = []
+    for endpoint in rng.sample([e for e in by_endpoint if e not in rolling], 10):
+        current = getattr(getattr(endpoint, "reservation", None), "mu_per_minute", 0)
+        asked = selling.commitment(endpoint, rng.choice([400, 1600, 3200]))
+        replacing = selling.commitment(endpoint, current)
+        answer = refusal(check_change, "p", whole, str(endpoint.pk), endpoint.profile.model, asked, replacing)
+        try:
+            selling.ensure_change(pool, endpoint, asked, replacing)
+            short = None
+        except Oversold as refused:
+            short = refused.fit_replicas, refused.ledger.committed_replicas
+            body = oversold_body(refused)
+            assert {name: body[name] for name in LEDGER_FIGURES} == {
+                name: as_json_number(getattr(whole, name)) for name in LEDGER_FIGURES
+            }
+        assert short == answer, endpoint.name
+        answers.append(answer)
+    assert any(answers) and not all(answers)  # both answers were exercised
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_sale_lock_takes_the_tenant_before_the_pool(h100):
     """A sale (selling.check_sale) locks both rows in one statement in the order every writer takes

@@ -1,7 +1,8 @@
 """Domain errors -> HTTP, in one place. Every error body is `{"error": code, "detail": text}`.
 
 400 names each bad field with the value that was sent; 409 is a conflict with what exists
-(an oversold pool with its numbers, a protected delete, a race on a unique name); 503 when
+(an oversold pool with its numbers, a tenant's quota or allowance with its, a protected
+delete, a race on a unique name); 503 when
 the cluster driver cannot act (with Retry-After). The request's
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
@@ -19,7 +20,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from capacity.ledger import Oversold, QuotaExceeded, as_json_number
+from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded, as_json_number
 from controlplane.api.filters import principal_of_request
 from controlplane.selling import EndpointReserved, MoveRefused, NoPlacement
 from dataplane.cluster.driver import ClusterError
@@ -44,6 +45,8 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
         return Response(no_placement_body(exc, _by_operator(context)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         return Response(quota_body(exc), status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, AllowanceExceeded):
+        return Response(allowance_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, MoveRefused):
         return Response(move_refused_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, EndpointReserved):
@@ -108,6 +111,18 @@ def oversold_body(exc: Oversold, operator: bool = True) -> dict[str, Any]:
     sees the pool as /capacity/ shows it (the default), a tenant only its hardware (Oversold:
     the two views)."""
     figures = LEDGER_FIGURES if operator else TENANT_LEDGER_FIGURES
+    r = exc.rollout
+    rollout = {} if r is None else {
+        "rollout": {
+            "new_version": r.new_version,
+            "old_version": r.old_version,
+            "old_model": r.old_model,
+            "old_replicas": r.old_asked.replicas,
+            "old_gpus_per_replica": r.old_asked.shape.gpus_per_replica,
+            "old_gpus": r.old_asked.gpus,
+            "old_replacing_replicas": r.old_replacing.replicas,
+        }
+    }  # fmt: skip
     return {
         "error": "oversold",
         "detail": str(exc) if operator else exc.tenant_message(),
@@ -121,6 +136,7 @@ def oversold_body(exc: Oversold, operator: bool = True) -> dict[str, Any]:
         "replacing_replicas": exc.replacing.replicas,
         "replacing_gpus": as_json_number(exc.replacing.gpus),
         "replacing_mu_per_minute": as_json_number(exc.replacing.mu_per_minute),
+        **rollout,
     }
 
 
@@ -156,6 +172,21 @@ def quota_body(exc: QuotaExceeded) -> dict[str, Any]:
         "tenant": exc.tenant,
         "gpu_quota": exc.quota,
         "bound": exc.which,
+        "asked_gpus": exc.asked_gpus,
+        "other_endpoints_gpus": exc.others_gpus,
+        "total_gpus": exc.total_gpus,
+        "rollout": exc.rollout,
+    }
+
+
+def allowance_body(exc: AllowanceExceeded) -> dict[str, Any]:
+    return {
+        "error": "over_allowance",
+        "detail": str(exc),
+        "tenant": exc.tenant,
+        "pool": exc.pool,
+        "allowance_gpus": exc.allowance,
+        "allowance": exc.source,
         "asked_gpus": exc.asked_gpus,
         "other_endpoints_gpus": exc.others_gpus,
         "total_gpus": exc.total_gpus,

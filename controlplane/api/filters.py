@@ -13,7 +13,7 @@ import django_filters
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
+from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event, EventGroup
 from controlplane.tenants.models import Principal, TenantScopedQuerySet
@@ -74,6 +74,15 @@ class ReservationFilterSet(ScopedFilterSet):
     class Meta:
         model = Reservation
         fields = ["endpoint", "tenant", "pool"]
+
+
+class ProvisionedAllowanceFilterSet(django_filters.FilterSet):
+    tenant = django_filters.CharFilter(field_name="tenant__name")
+    pool = django_filters.CharFilter(field_name="pool__name")
+
+    class Meta:
+        model = ProvisionedAllowance
+        fields = ["tenant", "pool"]
 
 
 class PodFilterSet(ScopedFilterSet):

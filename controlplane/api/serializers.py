@@ -1,11 +1,14 @@
 """Serializers: names in, names out (GPU types, pools, tenants by name; endpoints by id)."""
 
 import difflib
+import functools
 from collections.abc import Mapping
+from datetime import timedelta
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
+from django.db.models import QuerySet
 from rest_framework import serializers
 
 from capacity.ledger import as_json_number
@@ -17,6 +20,7 @@ from controlplane.capacity.models import (
     GpuType,
     ModelProfile,
     ProfileFit,
+    ProvisionedAllowance,
     Reservation,
     default_gpus_per_node,
 )
@@ -25,6 +29,7 @@ from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.grouping import redact_addresses
 from controlplane.oncall.models import Event, EventGroup
 from controlplane.tenants.models import ApiKey, Principal, Tenant
+from dataplane.cluster import rollout as phases
 from dataplane.wire import pod_events
 
 MAX_GPUS_PER_NODE = 64  # a sanity bound: no node of one shape holds more GPUs
@@ -104,14 +109,20 @@ class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
         extra_kwargs = {
             "gpu_quota": {
                 "help_text": "GPUs its endpoints may take at their minimum replicas, and at their"
-                " maximum, each summed; null: the TENANT_GPU_QUOTA_DEFAULT setting. Operators set it."
+                " maximum, each summed (both versions of a rollout); null: the default, the fleet's"
+                " GPUs (at most TENANT_GPU_QUOTA_DEFAULT when set). Operators set it."
             }
         }
 
     effective_gpu_quota = serializers.SerializerMethodField()
 
     def get_effective_gpu_quota(self, tenant: Tenant) -> int:
-        return selling.gpu_quota(tenant)
+        return tenant.gpu_quota if tenant.gpu_quota is not None else self._default_gpu_quota
+
+    @functools.cached_property
+    def _default_gpu_quota(self) -> int:
+        """selling.default_gpu_quota, read once per list (a list's rows share this serializer)."""
+        return selling.default_gpu_quota()
 
 
 class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
@@ -353,7 +364,9 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         required=False,
         write_only=True,
         help_text="With a new model: the new version takes this share of traffic and holds there "
-        'until promoted (POST .../rollout/ {"action": "promote"}); 0 goes straight through.',
+        'until promoted (POST .../rollout/ {"action": "promote"}), at most ROLLOUT_MAX_HOLD_S, then'
+        " it is aborted; 0 goes straight through. Each version runs and commits its share of the"
+        " endpoint's replicas (at least one).",
     )
     rollout = serializers.SerializerMethodField(help_text="The rollout in progress, or null")
     min_replicas = serializers.SerializerMethodField()
@@ -418,13 +431,20 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         r = next(iter(active), None)
         if r is None:
             return None
+        old, new = phases.split(r.state, endpoint.desired_replicas)
         return {
             "from_version": r.from_version,
             "to_version": r.to_version,
             "phase": r.phase,
             "new_percent": r.new_percent,
             "canary_percent": r.canary_percent,
+            "replicas": {str(r.from_version): old, str(r.to_version): new},
             "started_at": r.started_at,
+            "hold_until": (
+                r.phase_since + timedelta(seconds=settings.ROLLOUT_MAX_HOLD_S)
+                if r.phase == phases.Phase.CANARY and not r.promoted
+                else None
+            ),
         }
 
     def get_min_replicas(self, endpoint: Endpoint) -> int:
@@ -611,6 +631,63 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
         return self.instance
 
 
+class ProvisionedAllowanceSerializer(StrictInput, serializers.ModelSerializer[ProvisionedAllowance]):
+    """A tenant's allowance in a pool: GPUs of minimum replicas beyond its reservations it may
+    commit there. Operators set it (one per tenant and pool; PATCH changes it); without one a
+    tenant has PROVISIONED_ALLOWANCE_DEFAULT_NODES of the pool's nodes."""
+
+    tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=GpuPool.objects.all())
+    used_gpus = serializers.SerializerMethodField(
+        help_text="GPUs its endpoints' minimum replicas take there beyond their reservations now"
+    )
+
+    class Meta:
+        model = ProvisionedAllowance
+        fields = ["id", "tenant", "pool", "gpus", "used_gpus", "set_by", "created_at", "updated_at"]
+        read_only_fields = ["set_by", "created_at", "updated_at"]
+        validators: list[Any] = []  # the (tenant, pool) clash is checked in validate() with a clear message
+
+    def get_used_gpus(self, allowance: ProvisionedAllowance) -> int:
+        return self._used[(allowance.tenant_id, allowance.pool_id)]
+
+    @functools.cached_property
+    def _used(self) -> dict[tuple[int, int], int]:
+        """What every allowance shown (a list's rows share this serializer) has taken, read once."""
+        shown = self.root.instance
+        rows = list(shown) if isinstance(shown, list | QuerySet) else [cast(ProvisionedAllowance, shown)]
+        return selling.unreserved(
+            Endpoint.objects.filter(
+                tenant_id__in={a.tenant_id for a in rows}, pool_id__in={a.pool_id for a in rows}
+            )
+        )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Both are required on a create; an update keeps the row's unless it names them.
+        tenant: Tenant = attrs.get("tenant") or cast(ProvisionedAllowance, self.instance).tenant
+        pool: GpuPool = attrs.get("pool") or cast(ProvisionedAllowance, self.instance).pool
+        if self.instance is not None and (tenant != self.instance.tenant or pool != self.instance.pool):
+            raise serializers.ValidationError(
+                {"pool": "an allowance stays with its tenant and pool; set another one for another pair"}
+            )
+        clash = ProvisionedAllowance.objects.filter(tenant=tenant, pool=pool)
+        if self.instance is None and clash.exists():
+            raise serializers.ValidationError(
+                {
+                    "pool": f"tenant {tenant.name!r} already has an allowance in pool {pool.name!r};"
+                    f" change it with PATCH /api/v1/allowances/{clash.get().pk}/"
+                }
+            )
+        return attrs
+
+    def save(self, **kwargs: Any) -> ProvisionedAllowance:
+        allowance = self.instance or ProvisionedAllowance()
+        for field, value in {**self.validated_data, **kwargs}.items():
+            setattr(allowance, field, value)
+        self.instance = selling.save_allowance(allowance, set_by=principal_of(self).name)
+        return self.instance
+
+
 class EventSerializer(StrictInput, serializers.ModelSerializer[Event]):
     """Events as the pods post them (dataplane.wire.pod_events) and on-call reads them.
 
@@ -714,10 +791,15 @@ class ModelCapacitySerializer(serializers.Serializer[Any]):
 
 
 class PlacedReplicaSerializer(serializers.Serializer[Any]):
-    endpoint_id = serializers.IntegerField(source="key")
-    endpoint = serializers.CharField(source="label", help_text="tenant/endpoint")
+    endpoint_id = serializers.SerializerMethodField()
+    endpoint = serializers.CharField(
+        source="label", help_text="tenant/endpoint (and its version, while a rollout runs: both are placed)"
+    )
     model = serializers.CharField()
     gpus = serializers.IntegerField()
+
+    def get_endpoint_id(self, replica: Any) -> int:
+        return selling.endpoint_of_key(replica.key)
 
 
 class NodeUseSerializer(serializers.Serializer[Any]):
@@ -742,7 +824,8 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     sellable_gpus = ExactNumberField(source="ledger.sellable_gpus")
     committed_replicas = serializers.IntegerField(
         source="ledger.committed_replicas",
-        help_text="Per endpoint the larger of its sold replicas and its minimum replicas, summed",
+        help_text="Per endpoint the larger of its sold replicas and its minimum replicas, summed;"
+        " while a rollout runs, each version's share of the larger of that and its desired replicas",
     )
     committed_gpus = ExactNumberField(source="ledger.committed_gpus")
     sold_replicas = serializers.IntegerField(

@@ -13,6 +13,7 @@ router.register("model-profiles", views.ModelProfileViewSet)
 router.register("endpoints", views.EndpointViewSet)
 router.register("pods", views.PodViewSet)
 router.register("reservations", views.ReservationViewSet)
+router.register("allowances", views.ProvisionedAllowanceViewSet)
 router.register("events", views.EventViewSet)
 router.register("capacity", views.CapacityViewSet, basename="capacity")
 

@@ -21,7 +21,7 @@ from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
 from controlplane.api.schema import ApiErrorSerializer
-from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
+from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints import rollouts, routing, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
@@ -172,11 +172,14 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
         body = {"desired_replicas": endpoint.desired_replicas, "ready_replicas": endpoint.ready_replicas}
         return Response(body, status=status.HTTP_202_ACCEPTED if woke else status.HTTP_200_OK)
 
-    @extend_schema(request=RolloutCommand, responses={202: dict, 404: ApiErrorSerializer})
+    @extend_schema(
+        request=RolloutCommand, responses={202: dict, 404: ApiErrorSerializer, 409: ApiErrorSerializer}
+    )
     @action(detail=True, methods=["post"])
     def rollout(self, request: Request, pk: str | None = None) -> Response:
         """Promote the canary of the rollout in progress, or abort it (back to the old version);
-        the next autoscaler pass acts on it."""
+        the next autoscaler pass acts on it. A promote starts the rest of the new version's
+        replicas beside the old one's share: a 409 `oversold` or `over_quota` when they do not fit."""
         endpoint = self.get_object()
         command = RolloutCommand(data=request.data)
         command.is_valid(raise_exception=True)
@@ -242,6 +245,16 @@ class ReservationViewSet(ScopedViewSet[Reservation]):
 
     def perform_destroy(self, instance: Reservation) -> None:
         selling.release(instance, released_by=request_principal(self.request).name)
+
+
+class ProvisionedAllowanceViewSet(ScopedViewSet[ProvisionedAllowance]):
+    """Each tenant's allowance per pool for minimum replicas beyond its reservations. Operators
+    set (POST, PATCH) and remove (DELETE: back to the default) them; tenants read their own."""
+
+    queryset = ProvisionedAllowance.objects.select_related("tenant", "pool")
+    serializer_class = serializers.ProvisionedAllowanceSerializer
+    permission_classes = [AUTHENTICATED, OperatorWrites]
+    filterset_class = filters.ProvisionedAllowanceFilterSet
 
 
 class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]):

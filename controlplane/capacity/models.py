@@ -1,4 +1,5 @@
-"""GPU types, pools, model-unit profiles, reservations (sold capacity) and ledger snapshots.
+"""GPU types, pools, model-unit profiles, reservations (sold capacity), allowances of minimum
+replicas beyond them, and ledger snapshots.
 
 Every write that can change what a pool holds goes through controlplane.selling, which locks the
 pool rows, reads the ledger and refuses an oversell.
@@ -16,7 +17,7 @@ from django.utils import timezone
 from capacity.ledger import Shape
 from capacity.packing import NodeShape
 from capacity.units import DEFAULT_MAX_MODEL_LEN
-from controlplane.tenants.models import TenantScopedQuerySet, slug_validator
+from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
 
 
 def validate_finite_non_negative(value: float) -> None:
@@ -264,6 +265,34 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.mu_per_minute} MU/min on {self.endpoint_id}"
+
+
+class ProvisionedAllowanceQuerySet(TenantScopedQuerySet["ProvisionedAllowance"]):
+    """Tenants read their own allowances; operators every one."""
+
+
+class ProvisionedAllowance(models.Model):
+    """GPUs of minimum replicas beyond its reservations that a tenant may commit in one pool,
+    set by an operator (controlplane.selling checks it). Without a row the tenant has the
+    default, PROVISIONED_ALLOWANCE_DEFAULT_NODES of the pool's nodes."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="allowances")
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="allowances")
+    gpus = models.PositiveIntegerField()
+    set_by = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ProvisionedAllowanceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant_id", "pool_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "pool"], name="one_allowance_per_tenant_and_pool")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpus} GPUs for tenant {self.tenant_id} in pool {self.pool_id}"
 
 
 class CapacitySnapshot(models.Model):

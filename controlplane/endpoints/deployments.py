@@ -40,14 +40,19 @@ def parse_deployment(name: str) -> tuple[int, int] | None:
 
 
 def deployment(
-    endpoint: Endpoint, version: int | None = None, profile: ModelProfile | None = None
+    endpoint: Endpoint,
+    version: int | None = None,
+    profile: ModelProfile | None = None,
+    replicas: int | None = None,
 ) -> Deployment:
     """An endpoint version's pods: its simulated engine profile, served under the endpoint's
-    served name (the name it was created under: a rename changes nothing here, so restarts no pod)."""
+    served name (the name it was created under: a rename changes nothing here, so restarts no
+    pod); `replicas` of them (a rollout's version: its share), else the endpoint's desired ones."""
     profile = profile or endpoint.profile
     version = endpoint.version if version is None else version
     labels = {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name}
-    name, replicas = deployment_name(endpoint.pk, version), endpoint.desired_replicas
+    name = deployment_name(endpoint.pk, version)
+    replicas = endpoint.desired_replicas if replicas is None else replicas
     # a row bulk-created without one (benchmarks): its name, which routers then take it to serve
     served = endpoint.served_model_name or endpoint.name
     if settings.ENDPOINT_POD_ENGINE == "vllm":

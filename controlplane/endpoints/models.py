@@ -15,7 +15,7 @@ from django.utils import timezone
 from capacity.provisioning import bounds_error, replica_bounds
 from controlplane.capacity.models import GpuPool, ModelProfile
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
-from dataplane.cluster.rollout import Phase
+from dataplane.cluster.rollout import Phase, RolloutState
 
 MAX_CONCURRENCY = 1_000_000  # a sanity bound; beyond it a value is a typo, not a plan
 MAX_TARGET_CONCURRENCY = 4096
@@ -158,11 +158,12 @@ class Endpoint(models.Model):
         if errors:
             raise ValidationError(errors)
 
-    def start_rollout_if_the_model_changed(self) -> None:
-        """A new profile is a new version: start its rollout (one at a time), in this transaction."""
+    def rollout_to_start(self) -> "Rollout | None":
+        """The rollout a new profile starts (a new version), not yet saved; None when the profile
+        is unchanged. One at a time: a ValidationError naming the model while one runs."""
         before = Endpoint.objects.filter(pk=self.pk).values_list("profile_id", "version").first()
         if before is None or before[0] == self.profile_id:
-            return
+            return None
         active = Rollout.objects.filter(endpoint_id=self.pk).active().first()
         if active is not None:
             raise ValidationError(
@@ -173,11 +174,10 @@ class Endpoint(models.Model):
             )
         # Versions only grow: a rolled-back version's number is not reused (nor its pods' names).
         tried = Rollout.objects.filter(endpoint_id=self.pk).aggregate(v=models.Max("to_version"))["v"] or 0
-        self.version = max(before[1], tried) + 1
-        Rollout.objects.create(
+        return Rollout(
             endpoint_id=self.pk,
             from_version=before[1],
-            to_version=self.version,
+            to_version=max(before[1], tried) + 1,
             from_profile_id=before[0],
             to_profile_id=self.profile_id,
             canary_percent=getattr(self, "canary_percent", 0),
@@ -221,6 +221,18 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"endpoint {self.endpoint_id} v{self.from_version} -> v{self.to_version} ({self.phase})"
+
+    @property
+    def state(self) -> RolloutState:
+        """Its phase, split and commands, as the pure phases (dataplane.cluster.rollout) read them."""
+        return RolloutState(
+            Phase(self.phase),
+            self.new_percent,
+            self.phase_since.timestamp(),
+            self.canary_percent,
+            self.promoted,
+            self.aborted,
+        )
 
 
 class PodQuerySet(TenantScopedQuerySet["Pod"]):

@@ -44,7 +44,7 @@ from capacity.autoscaler import (
 from capacity.autoscaler.horizontal import Decision, lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
-from capacity.packing import ReplicaDemand
+from capacity.packing import ReplicaDemand, pack
 from controlplane import selling
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints import rollouts, samples
@@ -204,40 +204,67 @@ class PassReport:
 class PoolRoom:
     """What each endpoint claims of its pool's nodes during a pass: the larger of the replicas it
     commits (capacity.ledger: its reservation or its minimum replicas) and those it holds (its
-    desired replicas). An endpoint may grow into the replicas that still pack onto the pool's
-    nodes beside the others' claims (capacity.packing: a replica's GPUs on one node), never into
-    the over-commit: pods need real GPUs."""
+    desired replicas); while its rollout runs, each version's share of that, as the ledger
+    commits it (controlplane.selling.rollout_replicas). An endpoint may grow into the replicas
+    that still pack onto the pool's nodes beside the others' claims (capacity.packing: a
+    replica's GPUs on one node), never into the over-commit: pods need real GPUs."""
 
     def __init__(self, endpoints: list[Endpoint]):
-        self.claims: dict[int, dict[int, ReplicaDemand]] = defaultdict(dict)
+        self.claims: dict[int, dict[int, list[ReplicaDemand]]] = defaultdict(dict)
         self.pools: dict[int, GpuPool] = {}
+        self.rollouts: dict[int, selling.RunningRollout] = {}
         for e in endpoints:
+            if (rollout := selling.running_rollout(e)) is not None:
+                self.rollouts[e.pk] = rollout
             self.update(e)
 
-    @staticmethod
-    def _committed(e: Endpoint) -> int:
+    def _claim(self, e: Endpoint, held: int) -> list[ReplicaDemand]:
         reservation = getattr(e, "reservation", None)
         reserved = reservation.mu_per_minute if reservation is not None else 0
-        return selling.commitment(e, reserved).replicas
+        versions = selling.endpoint_commitments(e, reserved, self.rollouts.get(e.pk), held)
+        # Outside a rollout what it holds beyond its commitment counts too (a rollout's versions
+        # are sized on the larger already).
+        least = held if len(versions) == 1 else 0
+        return [
+            ReplicaDemand(
+                v.key, v.model, v.commitment.shape.gpus_per_replica, max(v.commitment.replicas, least)
+            )
+            for v in versions
+        ]
 
     def update(self, e: Endpoint) -> None:
         """Record e's claim as it is now (after a decision changed its desired replicas)."""
-        replicas = max(self._committed(e), e.desired_replicas)
-        self.claims[e.pool_id][e.pk] = ReplicaDemand(
-            selling.demand_key(e), e.profile.model, e.profile.gpus_per_replica, replicas
-        )
+        self.claims[e.pool_id][e.pk] = self._claim(e, e.desired_replicas)
         self.pools[e.pool_id] = e.pool
 
+    def _others(self, e: Endpoint) -> list[ReplicaDemand]:
+        return [d for pk, ds in self.claims[e.pool_id].items() if pk != e.pk for d in ds if d.count > 0]
+
     def others_gpus(self, e: Endpoint) -> int:
-        return sum(d.gpus * d.count for pk, d in self.claims[e.pool_id].items() if pk != e.pk)
+        return sum(d.gpus * d.count for d in self._others(e))
 
     def replicas_for(self, e: Endpoint) -> int:
-        """The most replicas e may have: those that pack beside the others' claims."""
+        """The most replicas e may have: those that pack beside the others' claims (in a
+        rollout, the most whose versions' shares pack, up to its maximum replicas)."""
         pool = self.pools.get(e.pool_id, e.pool)
-        claims = [d for d in self.claims[e.pool_id].values() if d.count > 0]
-        return fit_replicas(
-            pool.node_count, pool.node_shape, claims, selling.demand_key(e), e.profile.gpus_per_replica
-        )
+        others = self._others(e)
+        if e.pk not in self.rollouts:
+            return fit_replicas(
+                pool.node_count, pool.node_shape, others, selling.demand_key(e), e.profile.gpus_per_replica
+            )
+
+        def fits(held: int) -> bool:
+            return not pack(
+                pool.node_count, pool.node_shape, [*others, *self._claim(e, held)]
+            ).unplaced_replicas
+
+        low, high = 0, e.replica_bounds[1]  # the most that fit: fits(low), and not beyond
+        if fits(high):
+            return high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
 
 
 def clamp(e: Endpoint, d: Decision, room: PoolRoom) -> tuple[Decision, int | None]:

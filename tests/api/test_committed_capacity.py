@@ -12,7 +12,9 @@ from capacity.ledger import Oversold
 from controlplane.api.errors import LEDGER_FIGURES, TENANT_LEDGER_FIGURES
 from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.oncall.models import Event
 from controlplane.selling import release, save_endpoint, sell
+from controlplane.tenants.models import Tenant
 from tests.conftest import endpoint_body
 from tests.console.conftest import member_client
 
@@ -26,6 +28,7 @@ def test_a_tenant_cannot_provision_a_million_concurrency(
 ):
     """Measured on main: 201 and desired_replicas 125,000 in a 32-GPU pool, counted nowhere."""
     GpuPool.objects.create(name="use1-h100-32", gpu_type=h100, region="r", gpu_count=32)
+    Tenant.objects.filter(pk=owner.pk).update(gpu_quota=None)  # the default: the fleet's 32 GPUs
     body = endpoint_body(
         name="huge",
         model="llama-70b",
@@ -36,14 +39,14 @@ def test_a_tenant_cannot_provision_a_million_concurrency(
     refused = owner_client.post("/api/v1/endpoints/", body, format="json")
     assert refused.status_code == 409, refused.content
     quota = refused.json()
-    # 125,000 replicas x 4 GPUs, against the default quota of 256 GPUs.
+    # 125,000 replicas x 4 GPUs, against the default quota: the fleet's GPUs, this pool's 32.
     assert (quota["error"], quota["tenant"], quota["gpu_quota"], quota["asked_gpus"]) == (
         "over_quota",
         "owner",
-        256,
+        32,
         500_000,
     )
-    assert "owner" in quota["detail"] and "256 GPUs" in quota["detail"]
+    assert "owner" in quota["detail"] and "32 GPUs" in quota["detail"]
     # With a quota that allows it, the pool refuses: 500,000 GPUs asked of 32.
     assert (
         operator_client.patch(f"/api/v1/tenants/{owner.pk}/", {"gpu_quota": 10**9}, format="json").status_code
@@ -213,6 +216,7 @@ def test_the_tenant_quota_bounds_min_and_max_and_only_operators_set_it(
     settings, operator_client, owner_client, owner, pool, small_model
 ):
     settings.TENANT_GPU_QUOTA_DEFAULT = 8
+    Tenant.objects.filter(pk=owner.pk).update(gpu_quota=None)  # the default
     tenant_url = f"/api/v1/tenants/{owner.pk}/"
     shown = owner_client.get(tenant_url).json()
     assert (shown["gpu_quota"], shown["effective_gpu_quota"]) == (None, 8)
@@ -337,3 +341,87 @@ def test_a_minimum_raise_sees_the_reservation_a_concurrent_sale_left(owner, make
     writer.join(timeout=30)
     assert outcome == ["oversold"]  # 6 GPUs of its minimum + 3 sold to the other > 8
     assert Endpoint.objects.get(pk=raised.pk).min_provisioned_concurrency == 32
+
+
+def test_the_default_quota_is_what_the_fleet_holds(settings, operator_client, owner, pool, h100):
+    """Measured on main: a default of 256 GPUs, larger than any demo pool. The default is now
+    the fleet's GPUs (every pool's), and TENANT_GPU_QUOTA_DEFAULT, when set, only lowers it."""
+    Tenant.objects.filter(pk=owner.pk).update(gpu_quota=None)
+    url = f"/api/v1/tenants/{owner.pk}/"
+    assert operator_client.get(url).json()["effective_gpu_quota"] == 8
+    GpuPool.objects.create(name="more", gpu_type=h100, region="r", gpu_count=32)
+    assert operator_client.get(url).json()["effective_gpu_quota"] == 40
+    settings.TENANT_GPU_QUOTA_DEFAULT = 16
+    assert operator_client.get(url).json()["effective_gpu_quota"] == 16
+    settings.TENANT_GPU_QUOTA_DEFAULT = 1000
+    assert operator_client.get(url).json()["effective_gpu_quota"] == 40
+    operator_client.patch(url, {"gpu_quota": 1000}, format="json")  # an operator's own word stands
+    assert operator_client.get(url).json()["effective_gpu_quota"] == 1000
+
+
+def test_minimum_replicas_beyond_reservations_are_bounded_by_the_allowance(
+    operator_client, owner_client, other_client, owner, other, h100, small_model
+):
+    """Measured on main: a tenant with no reservation raised its minimum replicas until the
+    pool's free GPUs were committed, and the operator's next sale there was a 409. Now each
+    tenant's minimum replicas beyond its reservations in a pool stay within its allowance there:
+    one node's GPUs by default, or what an operator sets."""
+    GpuPool.objects.create(name="wide", gpu_type=h100, region="r", gpu_count=32, gpus_per_node=8)  # 4 x 8
+
+    def endpoint(client, name, minimum):
+        body = endpoint_body(name=name, pool="wide", min_provisioned_concurrency=minimum,
+                             max_provisioned_concurrency=128)  # fmt: skip
+        return client.post("/api/v1/endpoints/", body, format="json")
+
+    first = endpoint(owner_client, "a", 64)  # 8 replicas of 1 GPU: the default allowance, one node
+    assert first.status_code == 201, first.content
+    url = f"/api/v1/endpoints/{first.json()['id']}/"
+    refused = owner_client.patch(url, {"min_provisioned_concurrency": 72}, format="json")  # 9
+    assert refused.status_code == 409
+    body = refused.json()
+    assert {k: v for k, v in body.items() if k != "detail"} == {
+        "error": "over_allowance", "tenant": "owner", "pool": "wide", "allowance_gpus": 8,
+        "allowance": "the default: 1 node(s) of 8 GPUs", "asked_gpus": 9, "other_endpoints_gpus": 0,
+        "total_gpus": 9,
+    }  # fmt: skip
+    assert body["detail"].startswith(
+        "tenant 'owner' has an allowance of 8 GPUs (the default: 1 node(s) of 8 GPUs) in pool 'wide' for"
+        " minimum replicas beyond its reservations: this endpoint's take 9 GPUs"
+    )
+    assert Endpoint.objects.get(name="a").min_provisioned_concurrency == 64
+    # Only operators set allowances; a tenant reads its own.
+    allowance = {"tenant": "owner", "pool": "wide", "gpus": 12}
+    assert owner_client.post("/api/v1/allowances/", allowance, format="json").status_code == 403
+    made = operator_client.post("/api/v1/allowances/", allowance, format="json")
+    assert made.status_code == 201, made.content
+    assert (made.json()["gpus"], made.json()["used_gpus"], made.json()["set_by"]) == (12, 8, "ops")
+    again = operator_client.post("/api/v1/allowances/", allowance, format="json")
+    assert (
+        again.status_code == 400 and "already has an allowance" in again.json()["fields"]["pool"]["errors"][0]
+    )
+    assert [a["gpus"] for a in owner_client.get("/api/v1/allowances/").json()["results"]] == [12]
+    assert other_client.get("/api/v1/allowances/").json()["results"] == []
+    assert owner_client.patch(url, {"min_provisioned_concurrency": 72}, format="json").status_code == 200
+    second = endpoint(owner_client, "b", 32)  # 4 more: 13 > 12
+    assert second.status_code == 409
+    assert (second.json()["allowance_gpus"], second.json()["other_endpoints_gpus"]) == (12, 9)
+    assert second.json()["allowance"] == "set by ops"
+    # A reservation covers minimum replicas: 300 MU/min sold on 'a' leaves 6 of its 9 beyond it.
+    sold = operator_client.post(
+        "/api/v1/reservations/", {"endpoint": first.json()["id"], "mu_per_minute": 300}, format="json"
+    )
+    assert sold.status_code == 201
+    assert endpoint(owner_client, "b", 32).status_code == 201  # 6 + 4 of 12
+    # Per tenant: another tenant has its own default node's worth, and the operator can still
+    # sell what is left of the pool (9 + 4 + 8 committed of 32).
+    theirs = endpoint(other_client, "theirs", 64)
+    assert theirs.status_code == 201
+    assert endpoint(other_client, "more", 8).status_code == 409  # 8 + 1 beyond its 8
+    sale = operator_client.post(
+        "/api/v1/reservations/", {"endpoint": theirs.json()["id"], "mu_per_minute": 1900}, format="json"
+    )
+    assert sale.status_code == 201, sale.content  # 19 replicas: 9 + 4 + 19 = 32
+    event = Event.objects.get(kind="reservation", message__contains="allowance")
+    assert event.message == (
+        "ops set tenant owner's allowance in pool wide to 12 GPUs of minimum replicas beyond its reservations"
+    )

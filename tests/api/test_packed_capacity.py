@@ -4,13 +4,13 @@ the console and the 409."""
 
 import pytest
 
-from controlplane.capacity.models import GpuPool, ModelProfile
+from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance
 from controlplane.endpoints.models import Endpoint
 from tests.conftest import endpoint_body
 
 
 @pytest.fixture
-def five_gpu(operator_client, h100):
+def five_gpu(operator_client, h100, owner):
     """The Contract's fleet: a pool of 16 GPUs at 8 per node, a model of 5 GPUs and 100 MU/min
     per replica, both made through the API."""
     pool = operator_client.post(
@@ -48,6 +48,10 @@ def five_gpu(operator_client, h100):
     assert (listed["gpus_per_replica"], listed["mu_per_replica_minute"]) == (5, 100)
     (listed,) = [p for p in operator_client.get("/api/v1/pools/").json()["results"] if p["name"] == "use1-16"]
     assert listed["gpus_per_node"] == 8
+    # The owner may commit minimum replicas beyond its reservations in all of it (the default
+    # allowance is one node): these tests are about what packs.
+    allowance = {"tenant": owner.name, "pool": "use1-16", "gpus": 16}
+    assert operator_client.post("/api/v1/allowances/", allowance, format="json").status_code == 201
     return GpuPool.objects.get(name="use1-16")
 
 
@@ -364,6 +368,7 @@ def test_the_console_shows_the_node_grid_stranded_gpus_and_what_still_fits(opera
         )
         for g in (2, 5)
     }
+    ProvisionedAllowance.objects.create(tenant=owner, pool=pool, gpus=16)  # beyond the default node
     for name, g in [("e5a", 5), ("e5b", 5), ("e2", 2)]:
         save_endpoint(
             Endpoint(tenant=owner, name=name, profile=profiles[g], pool=pool, min_provisioned_concurrency=8,

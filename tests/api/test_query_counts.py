@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
     [
         "/api/v1/endpoints/",
         "/api/v1/reservations/",
+        "/api/v1/allowances/",
         "/api/v1/events/",
         "/api/v1/pools/",
         "/api/v1/model-profiles/",

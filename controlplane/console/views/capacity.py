@@ -271,14 +271,17 @@ def planning_context(now: datetime) -> dict[str, Any]:
     for e in endpoints:
         reservation = getattr(e, "reservation", None)  # a reverse one-to-one: absent raises
         reserved = reservation.mu_per_minute if reservation else 0
-        committed = selling.commitment(e, reserved)
+        # both versions while its rollout runs, as the ledger counts them
+        versions = [
+            v.commitment for v in selling.endpoint_commitments(e, reserved, selling.running_rollout(e))
+        ]
         holders.append(
             {
                 "endpoint": e,
                 "value": f"{e.tenant.name}/{e.name}",  # what the sell form posts
                 "reserved": reserved,
-                "committed_gpus": committed.gpus,
-                "committed_mu": committed.mu_per_minute,
+                "committed_gpus": sum(c.gpus for c in versions),
+                "committed_mu": sum(c.mu_per_minute for c in versions),
                 "running_gpus": running.get(e.pk, 0) * e.profile.gpus_per_replica,
                 "min_replicas": e.replica_bounds[0],
             }

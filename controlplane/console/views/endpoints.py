@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
 from capacity.autoscaler.window import quantile
-from capacity.ledger import Oversold, QuotaExceeded
+from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
 from controlplane.api.filters import EndpointFilterSet
 from controlplane.api.pagination import LateJoinPaginator
 from controlplane.api.serializers import EndpointSerializer
@@ -93,6 +93,8 @@ def endpoint_form(request: ConsoleRequest, pk: int | None = None) -> HttpRespons
                 errors = {"pool": str(refused) if request.principal.is_operator else refused.tenant_message()}
             except QuotaExceeded as refused:
                 errors = {"max_provisioned_concurrency": str(refused)}
+            except AllowanceExceeded as refused:
+                errors = {"min_provisioned_concurrency": str(refused)}
             except MoveRefused as refused:
                 errors = {refused.field: str(refused)}
             else:

@@ -32,8 +32,9 @@ PROFILES = [
     ("llama-3.1-70b-instruct", "h100-80gb", 0.002, 0.02, 0.1, 4, "h100x4-llama-70b"),
 ]
 # tenant, endpoint, model, gpu type, min/max provisioned concurrency, scale to zero, reserved MU/min
+# (each endpoint's maximum replicas fit its pool, and each tenant's the fleet: its default quota)
 ENDPOINTS = [
-    ("acme", "chat", "llama-3.1-70b-instruct", "h100-80gb", 16, 256, False, 800),
+    ("acme", "chat", "llama-3.1-70b-instruct", "h100-80gb", 16, 128, False, 800),
     ("acme", "summarize", "llama-3.1-8b-instruct", "h100-80gb", 8, 128, False, 1200),
     ("acme", "batch-tagging", "llama-3.1-8b-instruct", "l40s-48gb", 0, 64, True, 0),
     ("globex", "assistant", "llama-3.1-8b-instruct", "h100-80gb", 4, 64, True, 600),
