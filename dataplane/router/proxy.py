@@ -385,18 +385,19 @@ class Exchange:
     def _check_timeout(self) -> None:
         conn = self.conn
         assert conn is not None
-        idle = time.monotonic() - conn.last_activity
+        idle = conn.silent_s(time.monotonic())
         if idle >= self.read_timeout_s:
             self.timer = None
             conn.sink = None
             conn.close()
             self.upstream_lost(TimeoutError(f"pod silent for {idle:.1f} s"))
-        else:  # activity since: re-arm for the rest of the window (one timer, not one per chunk)
+        else:  # activity since, or reading paused: re-arm (one timer, not one per chunk)
             self.timer = self.client.loop.call_later(self.read_timeout_s - idle, self._check_timeout)
 
     def pod_silent_s(self) -> float:
-        """Seconds since the pod's last byte (since the request went out when none came)."""
-        return time.monotonic() - self.conn.last_activity if self.conn is not None else 0.0
+        """Seconds since the pod's last byte (since the request went out when none came), not
+        counting while the router stopped reading it for a client that did not read."""
+        return self.conn.silent_s(time.monotonic()) if self.conn is not None else 0.0
 
     def cancel_timer(self) -> None:
         if self.timer is not None:

@@ -50,7 +50,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.idle_since = 0.0  # monotonic s when returned to the pool
         self.keep_alive = True
         self.bytes_received = 0  # of the current response, bytes
-        self.last_activity = 0.0  # monotonic s of the last byte from the pod
+        self.last_activity = 0.0  # monotonic s of the last byte from the pod (or of a resume)
+        # Reading paused for a client that reads slower than the pod writes (backpressure): the
+        # pod is not silent then, the router is not listening (``silent_s``).
+        self.paused = False
         self.status = 0  # of the current response once its head is parsed, else 0
         self._headers: list[tuple[bytes, bytes]] = []
 
@@ -89,10 +92,18 @@ class UpstreamConnection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.pause_reading()
+            self.paused = True
 
     def resume_reading(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            if self.paused:  # the pod's silence counts from when the router listens again
+                self.paused, self.last_activity = False, time.monotonic()
+
+    def silent_s(self, now: float) -> float:
+        """Seconds the pod has been silent while the router read it: 0 while reading is paused
+        (its client's backpressure: a stall of the client's, not the pod's)."""
+        return 0.0 if self.paused else now - self.last_activity
 
     def send(self, data: bytes, sink: Sink) -> None:
         assert self.transport is not None
