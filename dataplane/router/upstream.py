@@ -109,6 +109,8 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.sink = sink
         self.bytes_received = 0
+        if self.paused:  # left paused by the last answer's client: this answer is read
+            self.resume_reading()
         self.last_activity = time.monotonic()
         self.status = 0
         self._headers = []

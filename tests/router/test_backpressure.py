@@ -2,7 +2,9 @@
 
 import asyncio
 
+from dataplane.router.upstream import UpstreamConnection
 from tests.router.conftest import assert_idle, raw_post, running, wait_until, with_config
+from tests.router.fakepod import FakePod
 
 
 def test_slow_reader_pauses_upstream_and_buffers_stay_bounded():
@@ -67,3 +69,44 @@ def test_a_client_that_stops_reading_and_leaves_pays_for_what_it_was_sent():
 
     asyncio.run(go())
 
+
+def test_a_connection_left_paused_by_its_last_client_reads_its_next_answer():
+    """A pod connection whose reading the last answer's client left paused (its last read both
+    ended the answer and filled that client's buffer) goes back to the pool so; the next
+    request on it reads its answer (it would wait for a read timeout that never comes)."""
+
+    class Answer:
+        def __init__(self) -> None:
+            self.done = asyncio.get_running_loop().create_future()
+
+        def upstream_head(self, status, headers):
+            self.status = status
+
+        def upstream_body(self, data):
+            pass
+
+        def upstream_flush(self):
+            pass
+
+        def upstream_done(self):
+            self.done.set_result(self.status)
+
+        def upstream_lost(self, exc):
+            self.done.set_exception(exc or ConnectionError())
+
+    async def go():
+        pod = await FakePod("pod-0").start()
+        _, conn = await asyncio.get_running_loop().create_connection(
+            lambda: UpstreamConnection("pod"), "127.0.0.1", pod.port
+        )
+        request = b'POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 15\r\n\r\n{"model": "m"}\n'
+        for _ in range(2):
+            answer = Answer()
+            conn.send(request, answer)
+            assert await asyncio.wait_for(answer.done, 2) == 200
+            conn.sink = None
+            conn.pause_reading()  # as a slow client leaves it
+        conn.close()
+        await pod.stop()
+
+    asyncio.run(go())
