@@ -67,7 +67,8 @@ def metered(
        context, a parameter out of range) while the engine reads it, before any GPU work, as
        the router refuses what it can for nothing. The admission estimate is handed back.
     3. A stream cut by its client after tokens were delivered: its input tokens and the output
-       tokens passed on to the client.
+       tokens passed on to the client; so is one whose pod was lost after its endpoint left the
+       routing table (its tenant deleted it: the router leaves its status as it was).
     4. A whole 2xx answer (``answered``, not a stream) without usage: the estimate, the most it
        could have cost (never 0: a pod must not make an answer free by leaving usage out).
     5. Sent to a pod and cut by its client (``client_cut``) before any token was delivered, the

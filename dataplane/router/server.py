@@ -322,7 +322,10 @@ class Router:
                 await done
             except UpstreamFailed as exc:
                 log.warning("pod %s lost mid-answer: %s", pod.url, exc)
-                if exch.status < 500:
+                # The platform's failure (502: it costs nothing), unless the endpoint has left
+                # the table: its tenant deleted it, its pods stop with their streams, and what
+                # a stream was sent is billed (pricing.metered), as when its client cuts it.
+                if exch.status < 500 and ep.spec.id in self.endpoints:
                     exch.status = 502
                 if not client.response_started:  # a held JSON answer: nothing sent yet
                     raise RequestError(

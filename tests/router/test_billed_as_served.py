@@ -26,7 +26,7 @@ from dataplane.router.discovery import static_table
 from dataplane.router.pricing import Coefficients, estimate_input_tokens
 from dataplane.router.server import Router
 from dataplane.wire.routing_table import ReservedRate, RoutedPod, RoutingTable
-from tests.router.conftest import TENANT_KEY, assert_idle, running, table_doc, with_config
+from tests.router.conftest import TENANT_KEY, assert_idle, cp_table, running, table_doc, with_config
 from tests.router.fakepod import FakePod
 from tests.runtime.support import SimProcess, sim_engine
 
@@ -286,5 +286,34 @@ def test_a_chats_estimate_counts_the_names_tool_calls_and_tools_it_renders(big):
             assert (tokens_in, tokens_out) == (estimate_input_tokens(body, True), 500)
             alone = estimate_input_tokens({"messages": messages}, True)
             assert tokens_in >= alone + 1000 and alone >= (400 + 400) // 4  # the name, the arguments
+
+    asyncio.run(go())
+
+
+def test_a_stream_its_tenant_deleted_the_endpoint_under_is_billed_what_it_was_sent():
+    """A pod lost mid-stream is the platform's failure (0 MU) unless its endpoint is gone from
+    the table: the tenant deleted it, and its pods stop with the streams they serve. What was
+    sent is billed, as when the client cuts its stream (it was free: a tenant could take a
+    long generation and delete its endpoint under it), and it is no error."""
+
+    async def go() -> None:
+        # one event, then the connection is dropped half a second later: the pod stopped
+        pod = await FakePod("pod-0", mode="break", delay_s=0.5).start()
+        async with running([pod], table=cp_table()) as (router, _):
+            url = f"http://127.0.0.1:{router.port}/v1/completions"
+            body = {"model": "chat", "prompt": EMOJI * 100, "max_tokens": 50, "stream": True}
+            async with httpx.AsyncClient(timeout=10) as http:
+                async with http.stream("POST", url, json=body, headers=HEADERS) as r:
+                    chunks = r.aiter_raw()
+                    assert b"data: {" in await anext(chunks)
+                    router.apply(RoutingTable.versioned((), router.table.api_keys))  # deleted
+                    with pytest.raises(httpx.RemoteProtocolError):  # the pod went with it
+                        async for _ in chunks:
+                            pass
+            await assert_idle(router)
+            s = router.meter.totals[(1, "acme")]
+            assert (s.requests, s.errors, s.tokens_in, s.tokens_out) == (1, 0, 100, 1)
+            assert s.mu == pytest.approx(COEFFS.cost(100, 1))
+        await pod.stop()
 
     asyncio.run(go())
