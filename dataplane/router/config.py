@@ -27,7 +27,9 @@ class RouterConfig:
     write_low_water_bytes: int = 64 * 1024  # bytes left in that buffer when reading resumes
     # --- upstream (pods)
     upstream_connect_timeout_s: float = 2.0  # TCP connect to a pod, s (then retry another pod)
-    upstream_read_timeout_s: float = 600.0  # longest silence from a pod mid-response, s (then 504/close)
+    # longest silence from a pod mid-response, s (then 504/close); as long without a read by its
+    # client while the pod waits on it (backpressure): the client is cut
+    upstream_read_timeout_s: float = 600.0
     # A client that leaves after its pod has been silent this long gave up on a stall: counted an
     # error (a client that leaves while tokens flow stopped its generation: none), s
     gave_up_after_silence_s: float = 10.0

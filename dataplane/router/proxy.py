@@ -385,14 +385,22 @@ class Exchange:
     def _check_timeout(self) -> None:
         conn = self.conn
         assert conn is not None
-        idle = conn.silent_s(time.monotonic())
+        now = time.monotonic()
+        if conn.paused and now - conn.paused_since >= self.read_timeout_s:
+            # Its client has read nothing for as long as a pod may be silent: the client's
+            # stall, so the client is cut (and the stream billed as its cut), not the pod.
+            self.timer = None
+            self.client.abort()
+            return
+        idle = conn.silent_s(now)
         if idle >= self.read_timeout_s:
             self.timer = None
             conn.sink = None
             conn.close()
             self.upstream_lost(TimeoutError(f"pod silent for {idle:.1f} s"))
         else:  # activity since, or reading paused: re-arm (one timer, not one per chunk)
-            self.timer = self.client.loop.call_later(self.read_timeout_s - idle, self._check_timeout)
+            wait = self.read_timeout_s - (now - conn.paused_since if conn.paused else idle)
+            self.timer = self.client.loop.call_later(wait, self._check_timeout)
 
     def pod_silent_s(self) -> float:
         """Seconds since the pod's last byte (since the request went out when none came), not

@@ -54,6 +54,7 @@ class UpstreamConnection(asyncio.Protocol):
         # Reading paused for a client that reads slower than the pod writes (backpressure): the
         # pod is not silent then, the router is not listening (``silent_s``).
         self.paused = False
+        self.paused_since = 0.0  # monotonic s when reading was paused
         self.status = 0  # of the current response once its head is parsed, else 0
         self._headers: list[tuple[bytes, bytes]] = []
 
@@ -92,7 +93,8 @@ class UpstreamConnection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.pause_reading()
-            self.paused = True
+            if not self.paused:
+                self.paused, self.paused_since = True, time.monotonic()
 
     def resume_reading(self) -> None:
         if self.transport is not None and not self.closed:

@@ -110,3 +110,26 @@ def test_a_connection_left_paused_by_its_last_client_reads_its_next_answer():
         await pod.stop()
 
     asyncio.run(go())
+
+
+def test_a_client_that_reads_nothing_for_the_read_timeout_is_cut_and_billed():
+    """A paused pod is not silent, so the read timeout does not cut it as lost; a client that
+    reads nothing for as long (``upstream_read_timeout_s``) is cut instead: its stall, billed as
+    its cut (what it was sent), no error, nothing held past the timeout."""
+
+    async def go():
+        cfg = with_config(
+            write_high_water_bytes=64 * 1024, write_low_water_bytes=16 * 1024, upstream_read_timeout_s=0.5
+        )
+        async with running(1, config=cfg) as (router, pods):
+            pods[0].mode, pods[0].chunks, pods[0].delay_s, pods[0].pad = "stream", 400, 0, 16_000
+            reader, writer = await raw_post(router, b'{"model": "m", "prompt": "hi", "stream": true}')
+            await asyncio.wait_for(reader.readuntil(b"data: "), 2)
+            writer.transport.pause_reading()  # our client stops reading, for good
+            await wait_until(lambda: router.meter.totals[(0, "")].requests == 1, timeout=3)
+            await assert_idle(router)
+            totals = router.meter.totals[(0, "")]
+            assert totals.errors == 0 and totals.tokens_out > 0 and totals.mu > 0
+            writer.close()
+
+    asyncio.run(go())
