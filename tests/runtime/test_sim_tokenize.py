@@ -64,6 +64,35 @@ def test_tokenize_counts_what_a_chat_reports(
     assert done.usage is not None and done.usage.prompt_tokens == tokens["count"]
 
 
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "d" * 1200, "parameters": {}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+
+
+def test_a_chat_counts_its_tools_names_and_tool_calls_as_a_chat_template_renders_them(
+    sim: SimProcess, client: openai.OpenAI
+) -> None:
+    """A model's chat template renders the request's tools and each message's name and tool calls:
+    the engine counts them, so they are not free (1,200 bytes of tool description: 300 tokens)."""
+    plain = [{"role": "user", "content": "hi"}]
+    named = [{"role": "user", "content": "hi", "name": "n" * 400}]
+    called = [
+        *plain,
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "found", "tool_call_id": "call_1"},
+    ]
+    count = {
+        "plain": tokenize(sim, model=MODEL, messages=plain)["count"],
+        "named": tokenize(sim, model=MODEL, messages=named)["count"],
+        "tools": tokenize(sim, model=MODEL, messages=plain, tools=[TOOL])["count"],
+    }
+    assert count["named"] >= count["plain"] + 100  # 400 bytes of name: 100 tokens
+    assert count["tools"] >= count["plain"] + 300
+    for messages, extra in ((named, {}), (plain, {"tools": [TOOL]}), (called, {"tools": [TOOL]})):
+        done = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, **extra)
+        assert done.usage is not None
+        assert done.usage.prompt_tokens == tokenize(sim, model=MODEL, messages=messages, **extra)["count"]
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_detokenize_gives_back_the_text(sim: SimProcess, prompt: str) -> None:
     tokens = tokenize(sim, prompt=prompt)["tokens"]
