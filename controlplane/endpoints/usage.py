@@ -1,7 +1,8 @@
 """Usage: what the routers metered of each endpoint, per UTC hour and per UTC day.
 
-The collector (controlplane.endpoints.samples.collect) adds each 5-second slot of router
-seconds to its endpoint's UsageHour (`record`); `usage` is the one query behind
+The collector (controlplane.endpoints.collector, through each source's `bill` in
+controlplane.endpoints.samples) adds each router second, once, to its endpoint's UsageHour
+(`record`); `usage` is the one query behind
 ``GET /api/v1/usage/`` and the console's endpoint page, a day being the sum of its 24 hours:
 
     an endpoint's slot 10:00:00-10:00:05 with 3 requests, 1.5 MU, 300 tokens in, 90 out and
@@ -154,12 +155,17 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
 
 
 def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
-    """Add slots to their endpoints' UsageHours, in one statement (an upsert that adds); the
-    caller records each slot once (the collector, under its lease). Returns the hours touched."""
+    """Add slots (or single seconds) to their endpoints' UsageHours, in one statement (an upsert
+    that adds); the caller records each once (the collector, in the transaction that marks it
+    billed). Returns the hours touched."""
+    hours = list(hourly(slots))
+    # A deleted endpoint's usage went with it (UsageHour.endpoint cascades): so do its late seconds.
+    known = set(Endpoint.objects.filter(pk__in={h[0] for h in hours}).values_list("pk", flat=True))
     rows = [
         (endpoint_id, hour, t.mu, round(t.requests), round(t.tokens_in), round(t.tokens_out),
          round(t.throttled), round(t.errors))
-        for endpoint_id, hour, t in hourly(slots)
+        for endpoint_id, hour, t in hours
+        if endpoint_id in known
     ]  # fmt: skip
     if not rows:
         return 0

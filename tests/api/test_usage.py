@@ -1,6 +1,6 @@
 """GET /api/v1/usage/: the routers' seconds (published to Redis as routers do, or posted to
-/load-samples/), collected by the autoscaler's pass, summed per endpoint by UTC hour and day;
-each tenant sees only its own."""
+/load-samples/), billed by the collector (here the one the horizontal pass runs first), summed
+per endpoint by UTC hour and day; each tenant sees only its own."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.endpoints import samples, scaling, usage
+from controlplane.endpoints import collector, samples, scaling, usage
 from controlplane.endpoints.models import Lease, UsageHour
 from dataplane.wire.load_samples import EndpointSecond, RouterSecond, TrafficSample
 
@@ -22,7 +22,8 @@ def at(hours: float) -> int:
 
 
 def collect(until: int) -> None:
-    """The autoscaler's pass just after the slot ending at `until` was published."""
+    """The horizontal pass (its collect pass first) just after the slot ending at `until` was
+    published."""
     assert scaling.horizontal_pass(None, datetime.fromtimestamp(until + samples.LAG_S, UTC)) is not None
 
 
@@ -89,18 +90,17 @@ def test_usage_sums_the_routers_seconds_by_hour_and_by_day(owner_client, traffic
 
 
 def test_a_slot_collected_again_is_not_counted_twice(owner_client, traffic):
-    # A pass that committed but could not move its cursor: the next one reads the same slots.
-    Lease.objects.filter(name=scaling.HORIZONTAL).update(cursor=at(24) - 5, last_run_at=None)
-    collect(at(24) + 5)
+    # A collect pass that committed but could not move its cursor: the next one reads the same
+    # slots. Their buckets are there already, and billing does not follow the cursor.
+    Lease.objects.filter(name=collector.COLLECTOR).update(cursor=at(24) - 5, last_run_at=None)
+    assert collector.collect_pass(datetime.fromtimestamp(at(24) + 5 + samples.LAG_S, UTC)) is not None
     rows = owner_client.get("/api/v1/usage/", {"start": iso(at(24)), "end": iso(at(25))}).json()["results"]
     assert [r["requests"] for r in rows] == [3]
 
 
-def test_a_pass_that_rolls_back_leaves_its_slots_to_the_next(
-    owner_client, publish_seconds, chat, monkeypatch
-):
-    # A pass that fails after collecting (here its forecast) writes none of its buckets nor
-    # usage: its cursor must stay, or the next pass starts after the slots and they are never billed.
+def test_a_decider_that_fails_leaves_billing_alone(owner_client, publish_seconds, chat, monkeypatch):
+    # The horizontal pass fails after its collect pass (here its forecast): the usage is billed
+    # all the same, once, and the next pass does not bill it again.
     publish_seconds({at(10) + 2: [[TrafficSample(chat.pk, "owner", requests=4, mu=1.5, tokens_out=9)]]})
 
     def broken(*args, **kwargs):
@@ -109,10 +109,15 @@ def test_a_pass_that_rolls_back_leaves_its_slots_to_the_next(
     monkeypatch.setattr(scaling, "predicted_minimums", broken)
     with pytest.raises(RuntimeError):
         collect(at(10) + 5)
-    assert not UsageHour.objects.exists()
     monkeypatch.undo()
+    window = {"start": iso(at(10)), "end": iso(at(11))}
+    billed = [
+        (r["requests"], r["mu"], r["tokens_out"])
+        for r in owner_client.get("/api/v1/usage/", window).json()["results"]
+    ]
+    assert billed == [(4, 1.5, 9)]
     collect(at(10) + 10)
-    rows = owner_client.get("/api/v1/usage/", {"start": iso(at(10)), "end": iso(at(11))}).json()["results"]
+    rows = owner_client.get("/api/v1/usage/", window).json()["results"]
     assert [(r["requests"], r["mu"], r["tokens_out"]) for r in rows] == [(4, 1.5, 9)]
 
 
@@ -143,7 +148,7 @@ def test_without_redis_the_posted_seconds_are_the_usage(settings, operator_clien
     rows = (TrafficSample(chat.pk, "owner", requests=2, mu=0.75, tokens_in=40, tokens_out=9, throttled=3),)
     for second in range(now - 10, now):
         answer = operator_client.post(
-            "/api/v1/load-samples/", RouterSecond(second, rows).to_json(), format="json"
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-a").to_json(), format="json"
         )
         assert answer.status_code == 201, answer.json()
     collect(now)
