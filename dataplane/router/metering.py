@@ -33,7 +33,7 @@ from dataplane.wire.load_samples import (
     TrafficSample,
     acked_key,
     add_fields,
-    billable,
+    billed,
     load_key,
     routers_key,
     slot_increments,
@@ -207,25 +207,19 @@ class RateWindow:
 # One router's second applied once, whole (dataplane.wire.load_samples): KEYS are the router's
 # mark, the second's heartbeat, the billing stream, then one load key per endpoint; ARGV the
 # router, the second, the rows' TTL, the mark's TTL, the billing entry ("" for none), then per
-# load key the number of slots to add and (slot, amount) pairs. Amounts stay strings: Lua's
-# numbers are doubles, and a slot is an int64.
+# load key the number of its BITFIELD arguments and those arguments (INCRBY i64 #slot amount),
+# made here: a Lua loop building them cost Redis 1.5x the CPU of the script.
 PUBLISH_SCRIPT = """
-local second = tonumber(ARGV[2])
-if second <= tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
+if tonumber(ARGV[2]) <= tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 local at = 6
 for k = 4, #KEYS do
-  local args = {'BITFIELD', KEYS[k], 'OVERFLOW', 'SAT'}
-  for _ = 1, tonumber(ARGV[at]) do
-    table.insert(args, 'INCRBY'); table.insert(args, 'i64')
-    table.insert(args, '#' .. ARGV[at + 1]); table.insert(args, ARGV[at + 2])
-    at = at + 2
-  end
-  at = at + 1
-  redis.call(unpack(args))
+  local n = tonumber(ARGV[at])
+  redis.call('BITFIELD', KEYS[k], 'OVERFLOW', 'SAT', unpack(ARGV, at + 1, at + n))
   redis.call('EXPIRE', KEYS[k], ARGV[3])
+  at = at + n + 1
 end
 if ARGV[5] ~= '' then redis.call('XADD', KEYS[3], '*', 'second', ARGV[5]) end
 return 1
@@ -249,11 +243,11 @@ async def publish(redis: Any, posted: RouterSecond, ttl_s: int) -> bool:
         increments = slot_increments(fields)
         if increments:
             keys.append(load_key(endpoint_id, posted.second))
-            slots.append(len(increments))
+            slots.append(4 * len(increments))
             for slot, by in increments:
-                slots += (slot, by)
-    billed = tuple(s for s in posted.samples if billable(s))
-    entry = json.dumps(RouterSecond(posted.second, billed, posted.router).to_json()) if billed else ""
+                slots += ("INCRBY", "i64", f"#{slot}", by)
+    bill = billed(posted.samples)
+    entry = json.dumps(RouterSecond(posted.second, bill, posted.router).to_json()) if bill else ""
     args = [posted.router, posted.second, ttl_s, ACKED_TTL_S, entry, *slots]
     return bool(await redis.register_script(PUBLISH_SCRIPT)(keys=keys, args=args))
 

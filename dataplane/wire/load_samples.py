@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,11 +316,24 @@ def sample_from_json(doc: Mapping[str, Any], where: str = "sample") -> Sample:
     return (QueueSample if "queued" in doc else TrafficSample).from_json(doc, where)
 
 
-def billable(sample: Sample) -> bool:
-    """Whether a sample adds to usage (controlplane.endpoints.usage.FIGURES): queue samples and
-    seconds of requests still in flight do not."""
-    return isinstance(sample, TrafficSample) and any(
-        (sample.requests, sample.mu, sample.tokens_in, sample.tokens_out, sample.throttled, sample.errors)
+def billed(samples: Iterable[Sample]) -> tuple[TrafficSample, ...]:
+    """What of a second's samples usage keeps (controlplane.endpoints.usage.FIGURES), for the
+    billing stream: the traffic samples that add to it (not queue samples, nor seconds of
+    requests still in flight), without the autoscaler's figures (in flight, latencies, squares)."""
+    return tuple(
+        TrafficSample(
+            s.endpoint,
+            s.tenant,
+            requests=s.requests,
+            mu=s.mu,
+            tokens_in=s.tokens_in,
+            tokens_out=s.tokens_out,
+            errors=s.errors,
+            throttled=s.throttled,
+        )
+        for s in samples
+        if isinstance(s, TrafficSample)
+        and any((s.requests, s.mu, s.tokens_in, s.tokens_out, s.errors, s.throttled))
     )
 
 
