@@ -367,15 +367,15 @@ class RouterMark(models.Model):
             by_router.setdefault(router, set()).add(second)
         if not by_router:
             return set()
-        cls.objects.bulk_create([cls(router=r, second=0) for r in by_router], ignore_conflicts=True)
+        RouterMark.objects.bulk_create([RouterMark(router=r) for r in by_router], ignore_conflicts=True)
         taken, moved = set(), []
-        for mark in cls.objects.select_for_update().filter(router__in=by_router):
+        for mark in RouterMark.objects.select_for_update().filter(router__in=by_router):
             new = {s for s in by_router[mark.router] if s > mark.second}
             if new:
                 taken |= {(mark.router, s) for s in new}
                 mark.second, mark.updated_at = max(new), now
                 moved.append(mark)
-        cls.objects.bulk_update(moved, ["second", "updated_at"])
+        RouterMark.objects.bulk_update(moved, ["second", "updated_at"])
         return taken
 
 
