@@ -258,7 +258,10 @@ class Delivery:
                 except Exception as exc:  # down, a timeout, an error answer: held, tried again
                     if self.down_since is None:
                         self.down_since = self.clock()
-                        log.warning("metering sink failed (%s): holding the seconds until it answers", exc)
+                        log.warning(
+                            "metering sink failed (%s): holding the seconds until it answers",
+                            str(exc) or type(exc).__name__,  # a timeout says nothing
+                        )
                     return sent
                 self._let_go(held)
                 self.delivered += 1
