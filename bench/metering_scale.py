@@ -7,8 +7,10 @@ back (5 seconds x every endpoint), as the autoscaler pass does every 5 s. Two la
 side on the same server:
   hash    main before this change: one hash per endpoint and second, HINCRBYFLOAT per field and
           tenant (`publish_hash` below, copied from it), read with a pipeline of HGETALLs;
-  slots   dataplane.router.metering.publish: per endpoint one BITFIELD INCRBY of int64 slots and
-          one EXPIRE, read by controlplane.endpoints.samples.RedisSeconds (MGETs).
+  slots   dataplane.router.metering.publish: one script per router second that, past the
+          router's mark, adds per endpoint one BITFIELD INCRBY of int64 slots and one EXPIRE and
+          appends the billable samples to the billing stream; read by
+          controlplane.endpoints.samples.RedisSeconds (MGETs; the stream is the collector's to bill).
 Measured from Redis' INFO (commands, its CPU, bytes in, memory) and this process's CPU for the
 reader; the reader's results of both layouts are compared. Two fleet sizes show what scales
 with routers x endpoints (writes) and with endpoints (reads, memory); the last lines extrapolate
@@ -38,7 +40,14 @@ django.setup()  # the collector's reader lives with its models
 
 from controlplane.endpoints.samples import RedisSeconds, Rows  # noqa: E402
 from dataplane.router.metering import publish  # noqa: E402
-from dataplane.wire.load_samples import ROW_TTL_S, EndpointSecond, TrafficSample, routers_key  # noqa: E402
+from dataplane.wire.load_samples import (  # noqa: E402
+    BILLING_STREAM,
+    ROW_TTL_S,
+    EndpointSecond,
+    RouterSecond,
+    TrafficSample,
+    routers_key,
+)
 
 FIRST_SECOND = 1_700_000_000
 TTL_S = ROW_TTL_S  # the routers' --metrics-ttl-s default: how many seconds of keys Redis holds
@@ -142,11 +151,15 @@ def measure(url: str, layout: str, routers: int, endpoints: int, seconds: int) -
                     if layout == "hash":
                         await publish_hash(client, rows, second, WRITE_TTL_S)
                     else:
-                        await publish(client, rows, second, WRITE_TTL_S)
+                        posted = RouterSecond(second, tuple(rows), f"bench-router-{r}")
+                        await publish(client, posted, WRITE_TTL_S)
         finally:
             await client.aclose()
 
     asyncio.run(write())
+    # The billing stream lives until the collector's next pass (5 s): apart from the keys held.
+    stream_bytes = float(sync.memory_usage(BILLING_STREAM, samples=0) or 0)
+    sync.delete(BILLING_STREAM)
     wrote = delta(info(sync), before)
     ids = list(range(1, endpoints + 1))
     before_read = info(sync)
@@ -166,6 +179,7 @@ def measure(url: str, layout: str, routers: int, endpoints: int, seconds: int) -
         "redis_us_per_sample": wrote["cpu_s"] / samples * 1e6,
         "bytes_in_per_sample": wrote["bytes_in"] / samples,
         "bytes_per_key": wrote["memory"] / max(wrote["keys"], 1),
+        "stream_bytes_per_sample": stream_bytes / (routers * endpoints * seconds),  # 0 for the hash
         "keys": wrote["keys"],
         "reader_us_per_cell": reader_cpu_s / cells * 1e6,
         "redis_read_us_per_cell": read["cpu_s"] / cells * 1e6,
@@ -208,7 +222,7 @@ def main() -> None:
         print(f"redis-server on 127.0.0.1:{port}; {seconds} s per size; load: {os.getloadavg()[0]:.1f}")
         print(
             "layout routers endpoints cmd/sample redis_us/sample bytes_in/sample keys bytes/key "
-            "reader_us/cell redis_read_us/cell results_equal"
+            "reader_us/cell redis_read_us/cell results_equal stream_bytes/sample"
         )
         per: dict[str, dict[str, Any]] = {}
         for routers, endpoints in sizes:
@@ -218,7 +232,8 @@ def main() -> None:
                 print(
                     f"{lay} {routers} {endpoints} {m['cmd_per_sample']:.2f} {m['redis_us_per_sample']:.2f} "
                     f"{m['bytes_in_per_sample']:.0f} {m['keys']:.0f} {m['bytes_per_key']:.0f} "
-                    f"{m['reader_us_per_cell']:.1f} {m['redis_read_us_per_cell']:.2f} {equal}"
+                    f"{m['reader_us_per_cell']:.1f} {m['redis_read_us_per_cell']:.2f} {equal} "
+                    f"{m.get('stream_bytes_per_sample', 0):.0f}"
                 )
                 per[lay] = m  # the largest size's figures extrapolate
         r, e = TARGET
@@ -233,7 +248,8 @@ def main() -> None:
                 f"{samples_s * m['bytes_in_per_sample'] / 1e6:,.0f} MB/s in, "
                 f"{e * TTL_S:,} keys = {e * TTL_S * m['bytes_per_key'] / 2**30:.2f} GiB, "
                 f"reader pass {5 * e * m['reader_us_per_cell'] / 1e6:.2f} s CPU + "
-                f"{5 * e * m['redis_read_us_per_cell'] / 1e6:.3f} s Redis"
+                f"{5 * e * m['redis_read_us_per_cell'] / 1e6:.3f} s Redis, "
+                f"billing stream {5 * samples_s * m['stream_bytes_per_sample'] / 2**30:.2f} GiB (5 s of it)"
             )
     finally:
         proc.terminate()

@@ -924,7 +924,7 @@ def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> Non
     with transaction.atomic():
         locked_tenant(endpoint.tenant_id)
         locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
-        # A collector's pass in progress holds the row: wait for it to commit its usage.
+        # locked: a concurrent delete waits, then finds it gone
         current = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
         if current is None:
             return  # deleted meanwhile, its billing identity kept then

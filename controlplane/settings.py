@@ -321,7 +321,8 @@ POD_SYNC_INTERVAL_S = envfloat("POD_SYNC_INTERVAL_S", 1.0, minimum=0.2)
 ROLLOUT_DRAIN_S = envfloat("ROLLOUT_DRAIN_S", 10.0, minimum=0.0)
 ROLLOUT_READY_DEADLINE_S = envfloat("ROLLOUT_READY_DEADLINE_S", 600.0, minimum=1.0)
 ROLLOUT_MAX_HOLD_S = envfloat("ROLLOUT_MAX_HOLD_S", 3600.0, minimum=1.0)
-# Router samples posted to the database (no Redis) and 5-second load buckets are kept this long.
+# Router samples posted to the database (no Redis), once billed, and 5-second load buckets are
+# kept this long.
 ROUTER_SAMPLE_RETENTION_S = envint("ROUTER_SAMPLE_RETENTION_S", 900, minimum=400)
 LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
 # The longest load history one endpoint's autoscaler settings may read at each decision (its
@@ -372,6 +373,11 @@ CELERY_BEAT_SCHEDULE = {
     "record-capacity-snapshot": {
         "task": "controlplane.capacity.tasks.record_capacity_snapshot",
         "schedule": envfloat("CAPACITY_SNAPSHOT_INTERVAL_S", 60.0, minimum=1.0),
+    },
+    "collect-load": {
+        "task": "controlplane.endpoints.tasks.collect_load",
+        "schedule": AUTOSCALER_HORIZONTAL_INTERVAL_S,
+        "options": {"expires": AUTOSCALER_HORIZONTAL_INTERVAL_S},  # the next tick does what it would
     },
     "autoscale-horizontal": {
         "task": "controlplane.endpoints.tasks.autoscale_horizontal",

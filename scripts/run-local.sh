@@ -61,7 +61,9 @@ started "celery" "$VAR/celery.log"
     --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" >"$VAR/agent.log" 2>&1 &
 pids+=($!)
 started "cluster agent" "$VAR/agent.log" "http://127.0.0.1:$AGENT_PORT"
-"$BIN/python" -m dataplane.router --listen "127.0.0.1:$ROUTER_PORT" \
+# Its metered seconds wait in var/router-spool/ until the control plane takes them: a router
+# stopped while the control plane is down sends them at its next start.
+"$BIN/python" -m dataplane.router --listen "127.0.0.1:$ROUTER_PORT" --spool-dir "$VAR/router-spool" \
     --control-plane "$CP" --key-file "$KEY_FILE" --log-level info >"$VAR/router.log" 2>&1 &
 pids+=($!)
 started "router" "$VAR/router.log" "http://127.0.0.1:$ROUTER_PORT"

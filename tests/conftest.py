@@ -188,18 +188,28 @@ def metrics():
     import redis
 
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+    forget_metering(client)
     yield client
-    for pattern in (load_samples.load_key("*", "*"), load_samples.routers_key("*")):
+    forget_metering(client)
+    client.close()
+
+
+def forget_metering(client) -> None:
+    """Remove every router's seconds from a Redis: their rows, heartbeats, marks, billing stream."""
+    patterns = (load_samples.load_key("*", "*"), load_samples.routers_key("*"), load_samples.acked_key("*"))
+    for pattern in patterns:
         for key in client.scan_iter(pattern):
             client.delete(key)
-    client.close()
+    client.delete(load_samples.BILLING_STREAM)
 
 
 @pytest.fixture
 def publish_seconds(metrics):
     """Publish router seconds to the test Redis the way routers do (metering.publish):
-    ``publish_seconds({second: [router 1's samples, router 2's samples, ...]})``."""
+    ``publish_seconds({second: [router 1's samples, router 2's samples, ...]})``, each call's
+    routers new ones (a router's seconds go out in order, once)."""
     import asyncio
+    import itertools
     import os
 
     from redis.asyncio import Redis
@@ -208,14 +218,18 @@ def publish_seconds(metrics):
     from dataplane.router.metering import publish
 
     ttl_s = RouterConfig().metrics_ttl_s  # the routers' default
+    calls = itertools.count()
 
     def write(seconds: dict[int, list[list[load_samples.Sample]]]) -> None:
+        call = next(calls)
+
         async def go() -> None:
             client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
             try:
-                for second, routers in seconds.items():
-                    for samples in routers:
-                        await publish(client, samples, second, ttl_s)
+                for second, routers in sorted(seconds.items()):
+                    for i, samples in enumerate(routers):
+                        posted = load_samples.RouterSecond(second, tuple(samples), f"test-router-{call}-{i}")
+                        assert await publish(client, posted, ttl_s)
             finally:
                 await client.aclose()
 

@@ -148,17 +148,19 @@ def test_without_redis_routers_post_their_seconds(settings, operator_client, own
     settings.REDIS_URL = ""
     rows = (TrafficSample(chat.pk, "acme", inflight=4.0, requests=2, mu=0.5),)
     for s in range(TS - 5, TS):
-        body = RouterSecond(s, rows).to_json()
+        body = RouterSecond(s, rows, "router-a").to_json()
         answer = operator_client.post("/api/v1/load-samples/", body, format="json")
         assert answer.status_code == 201 and answer.json() == {"stored": 1}
     scaling.horizontal_pass(None, NOW + timedelta(seconds=samples.LAG_S))
     b = LoadBucket.objects.get(endpoint=chat, end=TS)
     assert (b.seconds, b.in_flight, b.requests, b.mu_per_minute) == (5, 4.0, 10, pytest.approx(30.0))
-    bad = {**RouterSecond(TS, ()).to_json(), "second": "now"}
+    bad = {**RouterSecond(TS, (), "router-a").to_json(), "second": "now"}
     bad = operator_client.post("/api/v1/load-samples/", bad, format="json")
     assert bad.status_code == 400 and bad.json()["fields"]["second"]["value"] == "now"
     assert (
-        owner_client.post("/api/v1/load-samples/", RouterSecond(1, ()).to_json(), format="json").status_code
+        owner_client.post(
+            "/api/v1/load-samples/", RouterSecond(1, (), "r").to_json(), format="json"
+        ).status_code
         == 403
     )
 

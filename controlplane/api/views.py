@@ -47,6 +47,9 @@ class RolloutCommand(serializers.StrictInput, drf_serializers.Serializer[Any]):
 class RouterSecondDoc(drf_serializers.Serializer[Any]):
     """The body's shape, for the schema; dataplane.wire.load_samples checks it (and every row)."""
 
+    router = drf_serializers.RegexField(
+        load_samples.ROUTER_ID.pattern, help_text="The posting router's id: with second, the idempotency key"
+    )
     second = drf_serializers.IntegerField(min_value=1, max_value=load_samples.MAX_SECOND)
     rows = drf_serializers.ListField(child=drf_serializers.DictField(), help_text="Traffic or queue rows")
 
@@ -222,17 +225,21 @@ class RoutingTableView(APIView):
 
 
 class LoadSamplesView(APIView):
-    """A router's second of per-endpoint rows, when there is no Redis (the embedded default)."""
+    """A router's second of per-endpoint rows, when there is no Redis (the embedded default):
+    201 when stored, 200 when that router's second was stored before (a retry), adding nothing."""
 
     permission_classes = [AUTHENTICATED, OperatorOnly]
 
-    @extend_schema(request=RouterSecondDoc, responses={201: dict})
+    @extend_schema(request=RouterSecondDoc, responses={201: dict, 200: dict})
     def post(self, request: Request) -> Response:
         try:
             posted = RouterSecond.from_json(request.data)
         except SampleError as exc:
             raise ValidationError({exc.field: str(exc)} if exc.field else str(exc)) from None
-        return Response({"stored": samples.DatabaseSeconds.store(posted)}, status=status.HTTP_201_CREATED)
+        stored = samples.DatabaseSeconds.store(posted, timezone.now())
+        if stored is None:
+            return Response({"stored": 0, "duplicate": True}, status=status.HTTP_200_OK)
+        return Response({"stored": stored}, status=status.HTTP_201_CREATED)
 
 
 class ReservationViewSet(ScopedViewSet[Reservation]):

@@ -5,6 +5,10 @@ KServe's minReplicas/maxReplicas/containerConcurrency. The autoscaler owns the r
 the state and target_concurrency_per_replica after creation; the router meters used MU.
 """
 
+import os
+import socket
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -17,6 +21,7 @@ from controlplane.capacity.models import GpuPool, ModelProfile
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
 from dataplane.cluster.rollout import Phase, RolloutState
 
+LEASE_TTL_S = 60  # a pass's lease, s: a dead worker's is free again after it
 MAX_CONCURRENCY = 1_000_000  # a sanity bound; beyond it a value is a typo, not a plan
 MAX_TARGET_CONCURRENCY = 4096
 
@@ -356,17 +361,14 @@ class UsageHour(models.Model):
 
 class DeletedEndpoint(models.Model):
     """A deleted endpoint's billing identity, written in the delete's transaction: routers keep
-    metering the requests in flight at the delete and post their seconds after it, and the
-    collector bills those to this id, name and tenant (controlplane.endpoints.usage.billable)
-    for CATCH_UP_S after the delete. Kept as long as its usage (USAGE_RETENTION_DAYS)."""
+    metering the requests in flight at the delete and send their seconds after it (late ones
+    too, held through an outage), and the collector bills those to this id, name and tenant
+    (controlplane.endpoints.usage.record). Kept as long as its usage (USAGE_RETENTION_DAYS)."""
 
     endpoint_id = models.BigIntegerField(unique=True)
     name = models.CharField(max_length=63)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="deleted_endpoints")
     deleted_at = models.DateTimeField(default=timezone.now, db_index=True)
-    # The last slot end (unix seconds) whose usage is collected: its live LoadBuckets' last at
-    # the delete, then the collector's; a slot is never billed twice.
-    collected_until = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["-deleted_at"]
@@ -378,25 +380,96 @@ class DeletedEndpoint(models.Model):
 class RouterSample(models.Model):
     """One router's row for one second, posted when there is no Redis (the embedded default).
     endpoint_id 0 marks the router's heartbeat for that second (no foreign key: a router may
-    report an endpoint deleted a moment ago)."""
+    report an endpoint deleted a moment ago). A row is billed (added to usage) once, by the
+    collector, whatever its age: ``billed`` says it was (a heartbeat has nothing to bill)."""
 
     second = models.BigIntegerField(db_index=True)
     endpoint_id = models.PositiveIntegerField()
     fields = models.JSONField(default=dict)
+    router = models.CharField(max_length=80, default="")  # the posting router's id
+    billed = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["id"], condition=models.Q(billed=False), name="router_sample_unbilled")
+        ]
 
     def __str__(self) -> str:
         return f"second {self.second} endpoint {self.endpoint_id}"
 
 
+class RouterMark(models.Model):
+    """The last second of each router taken into the database: stored (a posted second) or
+    billed (from Redis's billing stream). A router sends its seconds in increasing order and
+    moves on only once one is acknowledged, so a second at or below its router's mark is a
+    retry of one already taken, and is skipped (dataplane.wire.load_samples). Kept ACKED_TTL_S
+    after the router's last second."""
+
+    router = models.CharField(max_length=80, unique=True)
+    second = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"router {self.router} through {self.second}"
+
+    @classmethod
+    def take(cls, seconds: Iterable[tuple[str, int]], now: datetime) -> set[tuple[str, int]]:
+        """The (router, second) pairs past their router's mark, the marks moved to the latest of
+        them. Call it in the transaction that stores or bills them: the marks stay locked until
+        it ends, so a retry racing its first attempt waits, then finds it taken (or not, if the
+        first rolled back)."""
+        by_router: dict[str, set[int]] = {}
+        for router, second in seconds:
+            by_router.setdefault(router, set()).add(second)
+        if not by_router:
+            return set()
+        RouterMark.objects.bulk_create([RouterMark(router=r) for r in by_router], ignore_conflicts=True)
+        taken, moved = set(), []
+        for mark in RouterMark.objects.select_for_update().filter(router__in=by_router):
+            new = {s for s in by_router[mark.router] if s > mark.second}
+            if new:
+                taken |= {(mark.router, s) for s in new}
+                mark.second, mark.updated_at = max(new), now
+                moved.append(mark)
+        RouterMark.objects.bulk_update(moved, ["second", "updated_at"])
+        return taken
+
+
 class Lease(models.Model):
-    """A named lease taken with a filtered update: one autoscaler pass at a time, fleet-wide,
-    whatever the number of beat schedulers, workers or control-plane replicas."""
+    """A named lease taken with a filtered update: one pass of each kind at a time (the
+    collector's, the autoscaler's), fleet-wide, whatever the number of beat schedulers, workers
+    or control-plane replicas. A worker that dies mid-pass holds it until it expires
+    (LEASE_TTL_S), then the next pass takes it."""
 
     name = models.CharField(max_length=63, unique=True)
     holder = models.CharField(max_length=200, blank=True)
     expires_at = models.DateTimeField(null=True)
     last_run_at = models.DateTimeField(null=True)  # when the last pass under it finished
-    cursor = models.BigIntegerField(default=0)  # the pass's own progress (the collector's last bucket end)
+    # the pass's own progress: the last bucket end collected (the collector's), or judged (the
+    # horizontal pass's calm history)
+    cursor = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def take(cls, name: str, now: datetime, min_interval_s: float) -> "Lease | None":
+        """The lease, when it is free and its last pass ended at least ``min_interval_s`` ago."""
+        holder = f"{socket.gethostname()}:{os.getpid()}:{now.timestamp():.3f}"
+        cls.objects.get_or_create(name=name)
+        free = models.Q(expires_at__isnull=True) | models.Q(expires_at__lt=now)
+        rested = models.Q(last_run_at__isnull=True) | models.Q(
+            last_run_at__lte=now - timedelta(seconds=min_interval_s)
+        )
+        taken = (
+            cls.objects.filter(name=name)
+            .filter(free & rested)
+            .update(holder=holder, expires_at=now + timedelta(seconds=LEASE_TTL_S))
+        )
+        return cls.objects.get(name=name) if taken else None
+
+    def release(self, now: datetime, cursor: int | None = None) -> None:
+        fields: dict[str, object] = {"expires_at": None, "last_run_at": now}
+        if cursor is not None:
+            fields["cursor"] = cursor
+        Lease.objects.filter(pk=self.pk, holder=self.holder).update(**fields)

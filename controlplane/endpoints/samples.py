@@ -1,10 +1,11 @@
-"""The routers' per-second samples, folded into each endpoint's 5-second LoadBuckets.
+"""The routers' per-second samples, folded into each endpoint's 5-second LoadBuckets, and billed.
 
 Routers write samples per endpoint per second (dataplane.wire.load_samples, the contract with
 the routers) and say, every second, that they were up. Two stores hold them: Redis when
 REDIS_URL is set, else the database (RouterSample rows posted to /api/v1/load-samples/, the
-embedded default). `collect` reads the seconds of each finished 5-second slot and writes a
-LoadBucket per endpoint that has replicas or traffic:
+embedded default). The collector (controlplane.endpoints.collector) calls `collect`, which
+reads the seconds of each finished 5-second slot and writes a LoadBucket per endpoint that has
+replicas or traffic:
 
     30 requests in the slot, in-flight 2.0 in each of its 5 seconds, 6 MU in all, and 3 requests
     of 1.5 MU waiting for a pod in its last second -> in_flight 10 / 5 = 2.0 (at pods), queued
@@ -12,21 +13,34 @@ LoadBucket per endpoint that has replicas or traffic:
 
 A slot no router reported is missing data and gets no bucket (the autoscaler then decides
 nothing); a slot routers reported without traffic gets a bucket of zeros (idleness, which is
-what scale to zero needs to see). The same slots add to each endpoint's hour of usage
-(controlplane.endpoints.usage), kept longer than the buckets.
+what scale to zero needs to see). A second that arrives after its slot was collected (a router
+that could not reach its sink) is in no bucket.
+
+Billing does not follow the slots: each source's `bill` adds every router second it has not
+billed yet to its endpoint's hours of usage (controlplane.endpoints.usage), however late it
+came, exactly once. In the database a posted row is marked billed in the transaction that adds
+it to usage; from Redis, the billing stream's entries are billed in one transaction with their
+routers' marks (RouterMark) and deleted after it commits, so a pass that dies in between leaves
+them to the next one, whose marks skip them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import math
 from collections import defaultdict
+from datetime import datetime
 from typing import Protocol
+
+from django.db import transaction
 
 from capacity.autoscaler.window import quantile
 from controlplane.endpoints import usage
-from controlplane.endpoints.models import Endpoint, LoadBucket, RouterSample
+from controlplane.endpoints.models import Endpoint, LoadBucket, RouterMark, RouterSample
 from dataplane.wire.load_samples import (
+    BILLING_STREAM,
     CATCH_UP_S,
     LATENCY_BUCKETS_S,
     EndpointSecond,
@@ -37,9 +51,13 @@ from dataplane.wire.load_samples import (
     stored_fields,
 )
 
+log = logging.getLogger("controlplane.collector")
+
 BUCKET_S = 5
 LAG_S = 2  # routers publish a second about a second after it ends
 MAX_CATCH_UP_S = CATCH_UP_S  # after a pause, collect at most the last 6 minutes (the rows outlive it)
+
+BILL_BATCH = 10_000  # router seconds (Redis) or rows (the database) billed per transaction
 
 Rows = dict[tuple[int, int], EndpointSecond]  # (endpoint id, second) -> all routers' sum
 
@@ -47,6 +65,10 @@ Rows = dict[tuple[int, int], EndpointSecond]  # (endpoint id, second) -> all rou
 class SecondsSource(Protocol):
     def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
         """(seconds some router reported, rows) for unix seconds first..last inclusive."""
+
+    def bill(self, now: datetime) -> int:
+        """Add up to BILL_BATCH of what routers sent and was not billed yet to usage, in one
+        transaction; returns how many were billed (fewer than BILL_BATCH: none is left)."""
 
 
 class RedisSeconds:
@@ -71,6 +93,26 @@ class RedisSeconds:
         }
         return observed, rows
 
+    def bill(self, now: datetime) -> int:
+        entries = self.redis.xrange(BILLING_STREAM, count=BILL_BATCH)
+        posted = []
+        for entry_id, fields in entries:
+            try:
+                posted.append(RouterSecond.from_json(json.loads(fields[b"second"])))
+            except (KeyError, ValueError) as exc:  # not a router's: it would block the stream
+                log.error("billing stream entry %s dropped, not a router second: %s", entry_id, exc)
+        with transaction.atomic():
+            taken = RouterMark.take(((p.router, p.second) for p in posted), now)
+            usage.record(
+                (s.endpoint, p.second, EndpointSecond.from_fields(s.fields()))
+                for p in posted
+                if (p.router, p.second) in taken
+                for s in p.samples
+            )
+        if entries:  # billed, or skipped as billed before: gone either way
+            self.redis.xdel(BILLING_STREAM, *(entry_id for entry_id, _ in entries))
+        return len(entries)
+
 
 class DatabaseSeconds:
     def read(self, endpoint_ids: list[int], first: int, last: int) -> tuple[set[int], Rows]:
@@ -89,15 +131,39 @@ class DatabaseSeconds:
                 rows[(endpoint_id, second)] = load if row is None else row + load
         return observed, rows
 
+    def bill(self, now: datetime) -> int:
+        with transaction.atomic():
+            rows = list(
+                RouterSample.objects.select_for_update()
+                .filter(billed=False)
+                .order_by("id")
+                .values_list("id", "second", "endpoint_id", "fields")[:BILL_BATCH]
+            )
+            RouterSample.objects.filter(id__in=[row[0] for row in rows]).update(billed=True)
+            usage.record(
+                (endpoint_id, second, EndpointSecond.from_fields(f)) for _, second, endpoint_id, f in rows
+            )
+        return len(rows)
+
     @staticmethod
-    def store(posted: RouterSecond) -> int:
-        """One router's second: a heartbeat and its samples."""
-        objs = [RouterSample(second=posted.second, endpoint_id=0)]
-        objs += [
-            RouterSample(second=posted.second, endpoint_id=s.endpoint, fields=stored_fields(s))
-            for s in posted.samples
-        ]
-        RouterSample.objects.bulk_create(objs)
+    def store(posted: RouterSecond, now: datetime) -> int | None:
+        """One router's second: a heartbeat and its samples, once. None when its router's mark
+        says it was stored before (a retry): nothing is added."""
+        with transaction.atomic():
+            if not RouterMark.take([(posted.router, posted.second)], now):
+                return None
+            # a heartbeat has nothing to bill
+            objs = [RouterSample(second=posted.second, endpoint_id=0, router=posted.router, billed=True)]
+            objs += [
+                RouterSample(
+                    second=posted.second,
+                    endpoint_id=s.endpoint,
+                    fields=stored_fields(s),
+                    router=posted.router,
+                )
+                for s in posted.samples
+            ]
+            RouterSample.objects.bulk_create(objs)
         return len(objs) - 1
 
 
@@ -155,33 +221,27 @@ def summarise(
 
 
 def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoint]) -> int:
-    """Write the LoadBuckets of the slots that ended after `cursor`, and their usage; returns
-    the new cursor.
+    """Write the LoadBuckets of the slots that ended after `cursor`; returns the new cursor.
 
-    An endpoint gets a bucket when it has replicas or its routers saw traffic for it. An
-    endpoint deleted lately gets no bucket, but the usage of its slots still owed
-    (controlplane.endpoints.usage.billable: the requests in flight at the delete)."""
+    An endpoint gets a bucket when it has replicas or its routers saw traffic for it. (Usage is
+    billed apart, by `bill`, deleted endpoints' too.)"""
     last_end = math.floor((now - LAG_S) / BUCKET_S) * BUCKET_S
     first_end = max(cursor + BUCKET_S, last_end - MAX_CATCH_UP_S + BUCKET_S)
-    if first_end > last_end:
+    if first_end > last_end or not endpoints:
         return max(cursor, last_end)
-    billed = usage.billable(endpoints, first_end - BUCKET_S)
-    if not billed:
-        return last_end
-    deleted = [b for b in billed.values() if b.deleted]
-    ids = list(billed)
+    ids = [e.pk for e in endpoints]
     observed, rows = src.read(ids, first_end - BUCKET_S, last_end - 1)
     traffic: dict[int, set[int]] = defaultdict(set)
     for endpoint_id, second in rows:
         traffic[endpoint_id].add(second)
     # A slot collected before (a pass that ended before it could move the cursor) already has
-    # its buckets, and its usage counted: neither is written twice.
+    # its buckets: they are not written twice.
     done = set(
         LoadBucket.objects.filter(endpoint_id__in=ids, end__gte=first_end, end__lte=last_end).values_list(
             "endpoint_id", "end"
         )
     )
-    buckets, metered = [], []
+    buckets = []
     for end in range(first_end, last_end + 1, BUCKET_S):
         slot = [s for s in range(end - BUCKET_S, end) if s in observed]
         if not slot:
@@ -190,7 +250,6 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
             if (e.desired_replicas == 0 and not any(s in traffic[e.pk] for s in slot)) or (e.pk, end) in done:
                 continue
             seconds = [rows.get((e.pk, s), EndpointSecond()) for s in slot]
-            metered.append((e.pk, end - BUCKET_S, sum(seconds, EndpointSecond())))
             fields = summarise(end, len(slot), seconds)
             buckets.append(
                 LoadBucket(
@@ -200,11 +259,5 @@ def collect(src: SecondsSource, cursor: int, now: float, endpoints: list[Endpoin
                     **fields,
                 )
             )
-        for b in deleted:
-            if b.owes(end - BUCKET_S, end) and any(s in traffic[b.endpoint_id] for s in slot):
-                seconds = [rows.get((b.endpoint_id, s), EndpointSecond()) for s in slot]
-                metered.append((b.endpoint_id, end - BUCKET_S, sum(seconds, EndpointSecond())))
     LoadBucket.objects.bulk_create(buckets, ignore_conflicts=True)
-    usage.record(metered, billed)
-    usage.collected(deleted, last_end)
     return last_end

@@ -1,6 +1,8 @@
-"""Autoscaler actuation: the pure deciders (capacity.autoscaler) wired to samples, the database
-and a cluster driver. Celery beat runs `horizontal_pass` every 5 s, `vertical_pass` every 30 s
-and `sync_pods` every second (controlplane.endpoints.tasks); `wake` runs on a router's request.
+"""Autoscaler actuation: the pure deciders (capacity.autoscaler) wired to the load buckets, the
+database and a cluster driver. Celery beat runs `horizontal_pass` every 5 s, `vertical_pass`
+every 30 s and `sync_pods` every second (controlplane.endpoints.tasks); `wake` runs on a router's
+request. The buckets (and billing) are the collector's (controlplane.endpoints.collector): the
+horizontal pass runs a collect pass first, apart (its own lease and transaction), then reads.
 
 Safety, each in one place:
 - One pass at a time, fleet-wide: each pass holds a Lease taken with a filtered update, and a
@@ -22,11 +24,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -47,7 +47,7 @@ from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand, pack
 from controlplane import selling
 from controlplane.capacity.models import GpuPool
-from controlplane.endpoints import rollouts, samples
+from controlplane.endpoints import collector, rollouts, samples
 from controlplane.endpoints.deployments import (
     DEPLOYMENT_PREFIX,
     benchmark_deployments,
@@ -64,7 +64,6 @@ log = logging.getLogger("controlplane.scaling")
 
 HORIZONTAL = "autoscaler-horizontal"
 VERTICAL = "autoscaler-vertical"
-LEASE_TTL_S = 60
 # A minute is recorded for the forecast this long after it ends, when its seconds are collected.
 MINUTE_SETTLE_S = 10
 
@@ -166,29 +165,6 @@ def config_for(endpoint: Endpoint) -> AutoscalerConfig:
             "endpoint %s: stored autoscaler settings refused, decided on the defaults: %s", endpoint.pk, exc
         )
         return base_config()
-
-
-# --- leases
-
-
-def take_lease(name: str, now: datetime, min_interval_s: float) -> Lease | None:
-    holder = f"{socket.gethostname()}:{os.getpid()}:{now.timestamp():.3f}"
-    Lease.objects.get_or_create(name=name)
-    free = Q(expires_at__isnull=True) | Q(expires_at__lt=now)
-    rested = Q(last_run_at__isnull=True) | Q(last_run_at__lte=now - timedelta(seconds=min_interval_s))
-    taken = (
-        Lease.objects.filter(name=name)
-        .filter(free & rested)
-        .update(holder=holder, expires_at=now + timedelta(seconds=LEASE_TTL_S))
-    )
-    return Lease.objects.get(name=name) if taken else None
-
-
-def release_lease(lease: Lease, now: datetime, cursor: int | None = None) -> None:
-    fields: dict[str, object] = {"expires_at": None, "last_run_at": now}
-    if cursor is not None:
-        fields["cursor"] = cursor
-    Lease.objects.filter(pk=lease.pk, holder=lease.holder).update(**fields)
 
 
 # --- passes
@@ -348,11 +324,15 @@ def load_history(horizons: dict[int, float], ts: float) -> dict[int, list[Bucket
 
 
 def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport | None:
-    """Collect samples and each endpoint's used MU/min; with a cluster, decide replicas for every
-    endpoint and declare them. None when another pass holds the lease or ran less than half a
-    tick ago. The endpoints stay locked for the pass (one short transaction), so a wake cannot
-    be undone by a stale count."""
-    lease = take_lease(HORIZONTAL, now, base_config().tick_s / 2)
+    """Bring the buckets up to date (a collect pass, apart), then set each endpoint's used MU/min
+    and, with a cluster, decide replicas for every endpoint and declare them. None when another
+    pass holds the lease or ran less than half a tick ago. The endpoints stay locked for the pass
+    (one short transaction), so a wake cannot be undone by a stale count."""
+    try:
+        collector.collect_pass(now)
+    except Exception:  # the collector's own failure: decide on the buckets there are
+        log.exception("collect pass failed before the horizontal pass")
+    lease = Lease.take(HORIZONTAL, now, base_config().tick_s / 2)
     if lease is None:
         return None
     ts = now.timestamp()
@@ -361,10 +341,11 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
         with transaction.atomic():
             endpoints = list(Endpoint.objects.with_related().select_for_update(of=("self",)).order_by("id"))
             before = {e.pk: _written(e) for e in endpoints}
-            collected = samples.collect(samples.source(), lease.cursor, ts, endpoints)
+            collected = collector.collected_through()
             configs = {e.pk: config_for(e) for e in endpoints}
-            # The buckets that ended after the last pass's cursor are new to the calm history; after
-            # a longer pause than the collector catches up, none older than its catch-up exists.
+            # The buckets that ended after the last pass's cursor (the last one it judged) are new
+            # to the calm history; after a longer pause than the collector catches up, none older
+            # than its catch-up exists.
             after = max(lease.cursor, collected - samples.MAX_CATCH_UP_S - samples.BUCKET_S)
             horizons = {
                 pk: max(history_horizon_s(c), calm.lookback_s(c, after, ts)) for pk, c in configs.items()
@@ -405,12 +386,12 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             )
             if not failed:
                 Event.objects.bulk_create(events)
-        # Moved only once the buckets and usage are committed: a pass that rolls back leaves
-        # its slots to the next one, which would otherwise start after them (never billed).
+        # Moved only once the pass is committed: one that rolls back leaves the buckets it read
+        # to the next pass's calm history, which would otherwise start after them.
         cursor = collected
         return PassReport(decided, len(changes) - failed, failed)
     finally:
-        release_lease(lease, now, cursor)
+        lease.release(now, cursor)
 
 
 def predicted_minimums(
@@ -543,7 +524,7 @@ def state_of(e: Endpoint) -> str:
 
 def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
     """Retune each serving endpoint's target concurrency per replica from its last 30 s."""
-    lease = take_lease(VERTICAL, now, base_config().vertical_tick_s / 2)
+    lease = Lease.take(VERTICAL, now, base_config().vertical_tick_s / 2)
     if lease is None:
         return None
     try:
@@ -592,7 +573,7 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
                 changed += 1
         return PassReport(decided, changed, failed)
     finally:
-        release_lease(lease, now)
+        lease.release(now)
 
 
 def sync_pods(cluster: ClusterDriver) -> int:

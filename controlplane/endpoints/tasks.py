@@ -1,32 +1,54 @@
-"""Celery tasks of the endpoints app: the autoscaler's passes and the pod mirror, thin wrappers."""
+"""Celery tasks of the endpoints app: the collector, the autoscaler's passes and the pod
+mirror, thin wrappers."""
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
-from controlplane.endpoints import routing, scaling
-from controlplane.endpoints.models import DeletedEndpoint, LoadBucket, LoadMinute, RouterSample, UsageHour
+from controlplane.endpoints import collector, routing, scaling
+from controlplane.endpoints.models import (
+    DeletedEndpoint,
+    LoadBucket,
+    LoadMinute,
+    RouterMark,
+    RouterSample,
+    UsageHour,
+)
 from controlplane.endpoints.samples import redis_client
+from dataplane.wire.load_samples import ACKED_TTL_S
+
+
+@shared_task
+def collect_load() -> str:
+    """Beat, every 5 s: the routers' seconds into load buckets and usage, apart from the
+    deciders (the horizontal pass also runs one first; the later of two is skipped)."""
+    now = timezone.now()
+    report = collector.collect_pass(now)
+    if report is None:
+        return "another pass holds the lease, or one ran less than half a tick ago"
+    ts = int(now.timestamp())
+    # Posted rows once billed; an unbilled one is billed first, however old.
+    RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S, billed=True).delete()
+    RouterMark.objects.filter(updated_at__lt=now - timedelta(seconds=ACKED_TTL_S)).delete()
+    LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
+    kept_since = ts - settings.USAGE_RETENTION_DAYS * 86400
+    UsageHour.objects.filter(start__lt=kept_since).delete()
+    DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
+    return f"collected through {report.collected}, {report.billed} billed"
 
 
 @shared_task
 def autoscale_horizontal() -> str:
-    """Beat, every 5 s: collect load, decide replicas, declare them to the cluster."""
+    """Beat, every 5 s: decide replicas from the load buckets, declare them to the cluster."""
     now = timezone.now()
     report = scaling.horizontal_pass(scaling.driver(), now)
     if report is None:
         return "another pass holds the lease, or one ran less than half a tick ago"
-    ts = int(now.timestamp())
-    RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S).delete()
-    LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
-    LoadMinute.objects.filter(end__lt=ts - HISTORY_S).delete()  # older than any forecast reads
-    kept_since = ts - settings.USAGE_RETENTION_DAYS * 86400
-    UsageHour.objects.filter(start__lt=kept_since).delete()
-    DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
+    LoadMinute.objects.filter(end__lt=now.timestamp() - HISTORY_S).delete()  # older than any forecast reads
     return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
 
 

@@ -1,7 +1,8 @@
 """Usage: what the routers metered of each endpoint, per UTC hour and per UTC day.
 
-The collector (controlplane.endpoints.samples.collect) adds each 5-second slot of router
-seconds to its endpoint's UsageHour (`record`); `usage` is the one query behind
+The collector (controlplane.endpoints.collector, through each source's `bill` in
+controlplane.endpoints.samples) adds each router second, once, to its endpoint's UsageHour
+(`record`); `usage` is the one query behind
 ``GET /api/v1/usage/`` and the console's endpoint page, a day being the sum of its 24 hours:
 
     an endpoint's slot 10:00:00-10:00:05 with 3 requests, 1.5 MU, 300 tokens in, 90 out and
@@ -13,15 +14,13 @@ A window is whole periods: its start is floored and its end rounded up to the gr
 
 Usage is the tenant's bill and outlives the endpoint: a UsageHour keeps the endpoint's id, name
 and tenant, and a delete leaves a DeletedEndpoint (`keep_billing_identity`, in the delete's
-transaction) under which the collector bills the seconds routers still meter for CATCH_UP_S
-after the delete (the requests in flight then), each slot once (`billable`, `collected`):
-
-    deleted at 10:00:02 with a stream in flight, its last bucket ending 10:00:00 -> the slots
-    10:00:00-10:00:05 on are billed to its id, name and tenant up to 10:06:02, once each
+transaction) under which `record` bills whatever routers send of it after the delete (the
+requests in flight then, seconds a router held through an outage), however late.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,11 +28,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Max, QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import Mod
 
-from controlplane.endpoints.models import DeletedEndpoint, Endpoint, LoadBucket, UsageHour
-from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond
+from controlplane.endpoints.models import DeletedEndpoint, Endpoint, UsageHour
+from dataplane.wire.load_samples import EndpointSecond
+
+log = logging.getLogger("controlplane.usage")
 
 HOUR = 3600
 DAY = 86400
@@ -151,52 +152,20 @@ def series(endpoint: Endpoint, w: Window) -> list[Usage]:
     return [found.get(s) or Usage(**blank, start=s, end=s + w.step) for s in w.periods()]
 
 
-@dataclass(frozen=True)
-class Billable:
-    """An endpoint whose seconds the collector bills, as its usage rows keep it; for a deleted
-    one (a DeletedEndpoint), which slots are still owed: those ending after `after` (collected
-    before) and starting before `until` (CATCH_UP_S after the delete)."""
-
-    endpoint_id: int
-    name: str
-    tenant_id: int
-    deleted: bool = False
-    after: int = 0
-    until: int = 0
-
-    def owes(self, start: int, end: int) -> bool:
-        """A deleted endpoint's slot [start, end) still to bill (a live one's: its LoadBuckets say)."""
-        return self.deleted and self.after < end and start < self.until
-
-
-def billable(endpoints: Iterable[Endpoint], first: int) -> dict[int, Billable]:
-    """By id, the live endpoints and the deleted ones that may still owe slots from unix second
-    `first` on: what the collector reads and bills."""
-    out = {e.pk: Billable(e.pk, e.name, e.tenant_id) for e in endpoints}
-    since = datetime.fromtimestamp(first - CATCH_UP_S, UTC)
-    for d in DeletedEndpoint.objects.filter(deleted_at__gt=since):
-        until = math.ceil(d.deleted_at.timestamp()) + CATCH_UP_S
-        if d.collected_until < until:
-            out[d.endpoint_id] = Billable(d.endpoint_id, d.name, d.tenant_id, True, d.collected_until, until)
-    return out
-
-
-def collected(billed: Iterable[Billable], through: int) -> None:
-    """The deleted endpoints' slots through `through` (a slot end) are billed: never again.
-    In the transaction that recorded them."""
-    ids = [b.endpoint_id for b in billed if b.deleted and b.after < through]
-    if ids:
-        DeletedEndpoint.objects.filter(endpoint_id__in=ids).update(collected_until=through)
-
-
 def keep_billing_identity(endpoint: Endpoint) -> None:
-    """Before the endpoint is deleted, in that transaction with its row locked (the collector's
-    last pass committed): its DeletedEndpoint, owing the slots after its last LoadBucket (the
-    slots collected while it lived, whose usage that pass committed with them)."""
-    last = LoadBucket.objects.filter(endpoint_id=endpoint.pk).aggregate(end=Max("end"))["end"]
-    DeletedEndpoint.objects.create(
-        endpoint_id=endpoint.pk, name=endpoint.name, tenant_id=endpoint.tenant_id, collected_until=last or 0
-    )
+    """In the endpoint's delete, its transaction: its DeletedEndpoint, under which `record` bills
+    the seconds routers send after the delete (the requests in flight then, a router's held
+    seconds). A reader sees either the endpoint or this, never neither."""
+    DeletedEndpoint.objects.create(endpoint_id=endpoint.pk, name=endpoint.name, tenant_id=endpoint.tenant_id)
+
+
+def identities(endpoint_ids: Iterable[int]) -> dict[int, tuple[str, int]]:
+    """(name, tenant id) of each endpoint, live or deleted, by id; an id of neither is missing."""
+    ids = set(endpoint_ids)
+    fields = ("name", "tenant_id")
+    deleted = DeletedEndpoint.objects.filter(endpoint_id__in=ids).values_list("endpoint_id", *fields)
+    live = Endpoint.objects.filter(pk__in=ids).values_list("pk", *fields)
+    return {pk: (name, tenant) for pk, name, tenant in (*deleted, *live)}
 
 
 def renamed(endpoint: Endpoint) -> None:
@@ -219,14 +188,21 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
         yield endpoint_id, hour, total
 
 
-def record(slots: Iterable[tuple[int, int, EndpointSecond]], billed: Mapping[int, Billable]) -> int:
-    """Add slots to their endpoints' UsageHours, in one statement (an upsert that adds), each
-    new hour under the id, name and tenant `billed` gives; the caller records each slot once
-    (the collector, under its lease). Returns the hours touched."""
+def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
+    """Add slots (or single seconds) to their endpoints' UsageHours, in one statement (an upsert
+    that adds); the caller records each once (the collector, in the transaction that marks it
+    billed). Returns the hours touched."""
+    hours = list(hourly(slots))
+    # Each new hour under its endpoint's id, name and tenant, a deleted one's too (its
+    # DeletedEndpoint); an id that never was an endpoint (a broken router's) bills no one.
+    known = identities(h[0] for h in hours)
+    for endpoint_id in {h[0] for h in hours} - known.keys():
+        log.warning("usage of endpoint %s dropped: no such endpoint, live or deleted", endpoint_id)
     rows = [
-        (endpoint_id, billed[endpoint_id].name, billed[endpoint_id].tenant_id, hour, t.mu,
-         round(t.requests), round(t.tokens_in), round(t.tokens_out), round(t.throttled), round(t.errors))
-        for endpoint_id, hour, t in hourly(slots)
+        (endpoint_id, *known[endpoint_id], hour, t.mu, round(t.requests), round(t.tokens_in),
+         round(t.tokens_out), round(t.throttled), round(t.errors))
+        for endpoint_id, hour, t in hours
+        if endpoint_id in known
     ]  # fmt: skip
     if not rows:
         return 0

@@ -4,7 +4,7 @@
     ROUTER_KEY=<operator key> python -m dataplane.router --listen 0.0.0.0:8080 \\
         --control-plane http://cp:8000 [--key-file PATH] [--redis redis://...] [--workers 4] \\
         [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090] \\
-        [--stale-table-after-s 600] [--stale-table fail-open]
+        [--stale-table-after-s 600] [--stale-table fail-open] [--spool-dir /var/spool/router]
 
 The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
 (``dataplane.keys``).
@@ -17,6 +17,11 @@ on the main listener to loopback clients only.
 EndpointSlices of that namespace instead of the control plane's pod list
 (``dataplane.router.endpointslices``); the rest of the routing table still comes from the
 control plane. The router's service account needs get/list/watch on endpointslices there.
+
+``--spool-dir DIR`` keeps the metered seconds its sink has not acknowledged on disk as well as in
+memory (``dataplane.router.delivery``): a router killed, or stopped while its sink is down, sends
+them when it starts again on the same directory. Each worker has its own ``DIR/worker-{i}``; the
+first worker takes over those of workers past ``--workers`` (a router restarted with fewer).
 
 ``--workers N`` forks N processes, each with its own SO_REUSEPORT listening socket on the same
 address (the kernel spreads connections), its own pools and counters; each says it is ready
@@ -43,6 +48,7 @@ from capacity.units import DEFAULT_MAX_MODEL_LEN
 from dataplane.keys import add_key_arguments, read_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
+from dataplane.router.delivery import Spool, SpoolBusy
 from dataplane.router.discovery import ControlPlaneDiscovery, Discovery, StaticDiscovery, static_table
 from dataplane.router.lease_limiter import LeasedLimiter
 from dataplane.router.ratelimit import InProcessLimiter, Limiter
@@ -129,6 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: the --control-plane URL, or 'static' in static mode, so that routers started "
         "with one command line share; give a second static fleet on the same Redis its own",
     )
+    p.add_argument(
+        "--spool-dir",
+        default=None,
+        help="with --redis or --control-plane: a directory (made 0700) where metered seconds wait, "
+        "one file each, until their sink acknowledges them; kept across restarts",
+    )
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--log-level", default="warning")
     for f in fields(RouterConfig):
@@ -154,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # With --workers, every socket is SO_REUSEPORT: both would bind, and the kernel would
         # hand clients' connections to the operator endpoints (404) at random.
         p.error(f"--admin-listen must use another port than --listen ({args.listen[1]})")
+    if args.spool_dir and not (args.redis or args.control_plane):
+        p.error("--spool-dir needs a sink for the metered seconds: --redis or --control-plane")
     if args.max_model_len < 1:
         p.error(f"--max-model-len must be >= 1, got {args.max_model_len}")
     try:
@@ -179,7 +193,26 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     return replace(RouterConfig(), **overrides)
 
 
-async def serve(args: argparse.Namespace, sock_reuse: bool, readiness: WorkerReadiness | None = None) -> None:
+def open_spool(directory: str, worker: int, workers: int) -> Spool:
+    """This worker's spool, ``directory/worker-{worker}``; the first worker adopts the seconds
+    of workers past ``workers`` (nobody else would send them). SystemExit naming the directory
+    when another process holds it."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # one given (a volume) keeps its mode
+        spool = Spool(os.path.join(directory, f"worker-{worker}"))
+        if worker == 0:
+            for name in sorted(os.listdir(directory)):
+                index = name.removeprefix("worker-")
+                if index.isdigit() and int(index) >= workers:
+                    spool.adopt(os.path.join(directory, name))
+    except (SpoolBusy, OSError) as exc:
+        raise SystemExit(f"--spool-dir: {exc}") from None
+    return spool
+
+
+async def serve(
+    args: argparse.Namespace, sock_reuse: bool, readiness: WorkerReadiness | None = None, worker: int = 0
+) -> None:
     config = build_config(args)
     host, port = args.listen
     redis = None
@@ -199,6 +232,7 @@ async def serve(args: argparse.Namespace, sock_reuse: bool, readiness: WorkerRea
         admin_listen=args.admin_listen,
         probe_key=args.probe_key,
         readiness=readiness,
+        spool=open_spool(args.spool_dir, worker, args.workers) if args.spool_dir else None,
     )
     discovery: Discovery
     if args.backends:
@@ -251,14 +285,16 @@ def tune_gc() -> None:
     gc.freeze()
 
 
-def run_worker(args: argparse.Namespace, reuse_port: bool, readiness: WorkerReadiness | None = None) -> None:
+def run_worker(
+    args: argparse.Namespace, reuse_port: bool, readiness: WorkerReadiness | None = None, worker: int = 0
+) -> None:
     tune_gc()
     try:
         import uvloop
 
-        uvloop.run(serve(args, reuse_port, readiness))
+        uvloop.run(serve(args, reuse_port, readiness, worker))
     except ImportError:  # pragma: no cover - uvloop is a dependency; stay usable without it
-        asyncio.run(serve(args, reuse_port, readiness))
+        asyncio.run(serve(args, reuse_port, readiness, worker))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         if pid == 0:
             code = 1
             try:
-                run_worker(args, reuse_port=True, readiness=readiness.of_worker(index))
+                run_worker(args, reuse_port=True, readiness=readiness.of_worker(index), worker=index)
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1

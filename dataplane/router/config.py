@@ -75,6 +75,11 @@ class RouterConfig:
     stale_table: str = "fail-closed"
     control_plane_timeout_s: float = 5.0  # one control-plane request, s
     metrics_ttl_s: int = ROW_TTL_S  # TTL of per-second load keys in Redis, s (past the collector's catch-up)
+    # Metered seconds not yet acknowledged by their sink (dataplane.router.delivery): held in
+    # memory up to this, bytes (past it, with --spool-dir on disk only, else the oldest dropped);
+    # 32 MiB is about 9 hours of a router serving 10 endpoints (~1 KB a second)
+    metering_memory_bytes: int = 32 * 1024 * 1024
+    spool_max_bytes: int = 1024 * 1024 * 1024  # with --spool-dir: those seconds' files, bytes at most
     drain_timeout_s: float = 30.0  # graceful shutdown: wait this long for in-flight requests, s
     backlog: int = 4096  # listen() backlog, connections
 
@@ -97,7 +102,7 @@ class RouterConfig:
             )
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts must be >= 1, got {self.max_attempts}")
-        if self.metrics_ttl_s <= CATCH_UP_S:  # shorter, a collector's pause loses billed seconds
+        if self.metrics_ttl_s <= CATCH_UP_S:  # shorter, a collector's pause loses the autoscaler's buckets
             raise ValueError(
                 f"RouterConfig.metrics_ttl_s must be over {CATCH_UP_S} (the control plane's catch-up), "
                 f"got {self.metrics_ttl_s}"

@@ -4,8 +4,9 @@ Three exchanges, each failing without harm to the requests in flight (the router
 with what it has when the control plane is down):
   wake           ``POST /api/v1/endpoints/{id}/wake/`` when a request finds a scaled-to-zero
                  endpoint (the router holds the request meanwhile, see ``admission``);
-  load samples   ``POST /api/v1/load-samples/`` once a second with the second's rows
-                 (``metering``), when there is no Redis to publish them to;
+  load samples   ``POST /api/v1/load-samples/`` with each second's rows (``metering``), when
+                 there is no Redis to publish them to: ``delivery`` holds a second until a
+                 post of it is answered 201 (stored) or 200 (a duplicate, stored before);
   routing table  ``follow`` applies each snapshot of a ``Discovery`` as it arrives (the
                  control plane's, polled by ``discovery.ControlPlaneDiscovery``, or a static one);
                  with ``--redis``, ``TablePush`` hears the control plane announce its table's
@@ -23,9 +24,10 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+from dataplane.router.delivery import SecondRefused, SinkDown
 from dataplane.router.discovery import Discovery
 from dataplane.router.http import RequestError
-from dataplane.wire.load_samples import RouterSecond, Sample
+from dataplane.wire.load_samples import RouterSecond
 from dataplane.wire.prometheus_text import family_header
 from dataplane.wire.routing_table import RoutingTable, channel
 
@@ -54,17 +56,21 @@ class ControlPlaneClient:
         except (OSError, TimeoutError, ConnectionError) as exc:
             log.warning("wake %s failed: %s", endpoint_id, exc)
 
-    async def post_samples(self, rows: list[Sample], second: int) -> None:
-        body = json.dumps(RouterSecond(second, tuple(rows)).to_json()).encode()
+    async def post_samples(self, posted: RouterSecond) -> None:
+        """Deliver one second (``delivery.Send``): SecondRefused when the control plane says it is
+        malformed (400, 413), SinkDown for any other answer but 200 and 201; a failure to
+        connect or a timeout raises as it comes."""
         status, _, answer = await self.fetch(
             f"{self.base_url}/api/v1/load-samples/",
             "POST",
             {"authorization": f"Bearer {self.key}", "content-type": "application/json"},
-            body,
+            json.dumps(posted.to_json()).encode(),
             self.timeout_s,
         )
-        if status != 201:
-            log.warning("load samples answered %s: %s", status, answer[:200])
+        if status in (400, 413):
+            raise SecondRefused(f"load samples answered {status}: {answer[:200]!r}")
+        if status not in (200, 201):  # 401/403 too: a key to fix, not a second to give up
+            raise SinkDown(f"load samples answered {status}: {answer[:200]!r}")
 
 
 async def follow(discovery: Discovery, apply: Callable[[RoutingTable], None]) -> None:

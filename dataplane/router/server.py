@@ -45,6 +45,7 @@ from dataplane.router.admission import (
 from dataplane.router.affinity import pick_sticky, workload_of
 from dataplane.router.config import RouterConfig
 from dataplane.router.control_plane import ControlPlaneClient, Fetch, TableFreshness, follow
+from dataplane.router.delivery import Delivery, Send, Spool, router_id
 from dataplane.router.discovery import STATIC_ENDPOINT, Discovery
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
@@ -57,7 +58,7 @@ from dataplane.router.served_name import AnswerName, served_instead
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import check_context, demand
 from dataplane.router.workers import WorkerReadiness
-from dataplane.wire.load_samples import Sample
+from dataplane.wire.load_samples import RouterSecond, Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
 
@@ -69,7 +70,7 @@ PROMETHEUS_TEXT = b"content-type: %s\r\n" % CONTENT_TYPE.encode()
 # The methods each path answers (the Allow header of OPTIONS and 405); HEAD is GET without a body.
 PROXIED = (b"POST", b"OPTIONS")
 READ_ONLY = (b"GET", b"HEAD", b"OPTIONS")
-FINAL_FLUSH_TIMEOUT_S = 2.0  # the last second's publish on shutdown, s
+FINAL_FLUSH_TIMEOUT_S = 2.0  # delivering the held seconds on shutdown, s
 TENANT_PATHS = {COMPLETIONS: PROXIED, CHAT: PROXIED, b"/v1/models": READ_ONLY, b"/health": READ_ONLY}
 # Served on the admin listener (/health too, for probes there); on the main one to loopback only.
 OPERATOR_PATHS = {b"/metrics": READ_ONLY, b"/health": READ_ONLY}
@@ -105,6 +106,7 @@ class Router:
         admin_listen: tuple[str, int] | None = None,
         probe_key: bytes | None = None,
         readiness: WorkerReadiness | None = None,
+        spool: Spool | None = None,
     ) -> None:
         self.config = config
         self.readiness = readiness  # --workers N: ready only when every worker has its table
@@ -122,6 +124,16 @@ class Router:
             else None
         )
         self.redis = redis
+        # Each metered second is held until its sink (Redis, else the control plane) takes it;
+        # static mode without Redis meters for /metrics alone.
+        send: Send | None = self.control_plane.post_samples if self.control_plane is not None else None
+        if redis is not None:
+            send = self._publish
+        self.delivery = (
+            Delivery(send, router_id(), config.metering_memory_bytes, spool, config.spool_max_bytes)
+            if send is not None
+            else None
+        )
         self.rng = random.Random(seed)
         self.table: RoutingTable | None = None
         self.freshness = TableFreshness(config.stale_table_after_s, config.stale_table == "fail-open")
@@ -188,6 +200,7 @@ class Router:
         elif path == b"/metrics":
             text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
             text += self.freshness.metrics_text(self.clock()) + self.limiter.metrics_text()
+            text += self.delivery.metrics_text() if self.delivery is not None else ""
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
         else:  # /health
             ready = self.table is not None and not self.state.draining
@@ -520,25 +533,24 @@ class Router:
         return self.meter.roll(now, queued)
 
     async def maintenance(self, interval_s: float = 1.0) -> None:
-        """Every second: tick, then publish the second's rows (and that this router was up) to
-        Redis, or, without Redis in control-plane mode, post them to the control plane."""
+        """Every second: tick, then hand the second's rows (and that this router was up) to the
+        delivery, which sends them to Redis, or without Redis in control-plane mode to the
+        control plane."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.flush(self.tick())
+            self.flush(self.tick())
 
-    async def flush(self, rows: list[Sample]) -> None:
-        """Publish a rolled window's rows as the second that just ended (and write this
-        worker's snapshot for /metrics)."""
+    def flush(self, rows: list[Sample]) -> None:
+        """Hold a rolled window's rows as the second that just ended, for delivery (and write
+        this worker's snapshot for /metrics)."""
         if self.metrics_dir is not None:
             write_snapshot(self.meter.totals, self.endpoints.values(), self.metrics_dir)
-        second = int(time.time()) - 1
-        try:
-            if self.redis is not None:
-                await publish(self.redis, rows, second, self.config.metrics_ttl_s)
-            elif self.control_plane is not None:
-                await self.control_plane.post_samples(rows, second)
-        except Exception as exc:  # a metrics sink down must not stop the router
-            log.warning("metrics publish failed: %s", exc)
+        if self.delivery is not None:
+            self.delivery.add(rows, int(time.time()) - 1)
+
+    async def _publish(self, posted: RouterSecond) -> None:
+        if not await publish(self.redis, posted, self.config.metrics_ttl_s):
+            log.info("metered second %s was published before (a retry): not added again", posted.second)
 
     # --- lifecycle
     async def start(
@@ -551,6 +563,8 @@ class Router:
     ) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(follow(discovery, self.apply)))
         self._tasks.append(asyncio.get_running_loop().create_task(self.maintenance()))
+        if self.delivery is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self.delivery.run()))
         self._tasks.append(asyncio.get_running_loop().create_task(self.limiter.run()))  # leases
         loop = asyncio.get_running_loop()
         if sock is not None:
@@ -628,6 +642,9 @@ class Router:
                     await asyncio.wait_for(server.wait_closed(), 1.0)
         # The requests that finished since the last second's flush (those the drain let finish,
         # those cut at its deadline) are billed too: without this they were never published.
-        with contextlib.suppress(TimeoutError):  # bounded: a sink that hangs must not hold the exit
-            await asyncio.wait_for(self.flush(self.meter.roll(self.clock())), FINAL_FLUSH_TIMEOUT_S)
+        self.flush(self.meter.roll(self.clock()))
+        if self.delivery is not None:
+            with contextlib.suppress(TimeoutError):  # bounded: a sink that hangs must not hold the exit
+                await asyncio.wait_for(self.delivery.deliver(), FINAL_FLUSH_TIMEOUT_S)
+            self.delivery.close()  # what is left stays in the spool for the next start
         return cut

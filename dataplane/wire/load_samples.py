@@ -1,53 +1,77 @@
 """The routers' per-second load samples: what each router measured of each endpoint in a second.
 
 Writer: ``dataplane.router.metering`` (``Meter.roll`` makes the samples, ``publish`` adds them
-into Redis; without Redis the router POSTs them to the control plane). Reader:
+into Redis; without Redis the router POSTs them to the control plane), through
+``dataplane.router.delivery``, which holds each second until its sink acknowledges it. Reader:
 ``controlplane.endpoints.samples``, which folds them into each endpoint's 5-second buckets for
-the autoscaler, and the ``/api/v1/load-samples/`` view that takes the POSTs.
+the autoscaler and bills them, and the ``/api/v1/load-samples/`` view that takes the POSTs.
+
+Each second a router sends is a ``RouterSecond``: the router's id, the unix second and its
+samples. (router, second) is its idempotency key: a sink accepts each router's seconds once,
+in increasing order, and answers a second at or below the last it accepted from that router as
+a duplicate (a success that adds nothing). A router sends its seconds oldest first and moves
+on only once one is acknowledged (or refused as malformed), so "at or below the last" is
+exactly "already accepted", and a sink keeps one mark per router, not one per second.
 
 With Redis, every router sums its samples of each endpoint and second (all tenants) and adds
 the sum into one Redis string per endpoint and second, a row of signed 64-bit fixed-point slots
-(``SLOTS``, amounts in millionths) incremented by one BITFIELD command, so the string holds the
-fleet's sums; and it counts itself in a heartbeat key. Both expire after the router's
-``metrics_ttl_s`` (``ROW_TTL_S``, 420 s by default: longer than the control plane's catch-up,
-``CATCH_UP_S``, so a collector stopped for up to that long still bills every second):
+(``SLOTS``, amounts in millionths) incremented by BITFIELD, so the string holds the fleet's
+sums; it counts itself in a heartbeat key; and it appends the second's billable samples to the
+billing stream, which the control plane's collector consumes whenever it runs. One Lua script
+does all of it, after checking and moving the router's mark, so a second is applied whole and
+once. The rows and the heartbeat expire after the router's ``metrics_ttl_s`` (``ROW_TTL_S``,
+420 s by default: longer than the control plane's catch-up, ``CATCH_UP_S``, so a collector
+stopped for up to that long still builds every bucket); the billing stream does not expire,
+its entries are deleted once billed:
 
     mu:sec:{endpoint_id}:{unix_second}    string: SLOTS as big-endian int64, summed over routers
                                           and tenants (a slot past the string's end is zero)
     mu:routers:{unix_second}              routers that reported that second (every router,
                                           every second, traffic or not): a second without it
                                           is missing data, not idleness
+    mu:acked:{router}                     the last second accepted from that router (its mark),
+                                          kept ACKED_TTL_S after it
+    mu:billing                            stream: one entry per router second with billable
+                                          samples, field "second" = RouterSecond JSON
 
 One router's second of one endpoint costs Redis 2 commands (BITFIELD, EXPIRE), 0.3-0.4x the
 Redis CPU of the hash of fields this replaced and 507 bytes in against 880, whatever its
 tenants (the hash took one HINCRBYFLOAT per field and tenant: about 11 commands for one
 tenant), and reading a second back costs the autoscaler's pass 0.3x what it did
-(bench/metering_scale.py, both in one run). An
+(bench/metering_scale.py, both in one run, before the script and the billing stream). An
 amount is kept to a millionth (4.5 MU, 90.25 ms exactly; 1/3 MU as 333_333 millionths).
-Per-tenant MU is not in Redis: nothing read it there; the posted rows below keep their tenant.
+Per-tenant MU is not in the slots: nothing read it there; the posted rows below and the billing
+stream keep their tenant.
 
 With two routers each at 3.5 in flight on average, ``inflight`` reads 7.0. Without Redis (the
 embedded default) a router POSTs ``RouterSecond.to_json()``, one row per sample with its
 endpoint and tenant:
 
-    {"second": 1700000000, "rows": [{"endpoint": 7, "tenant": "acme", "requests": 3, ...},
-                                    {"endpoint": 7, "tenant": "", "queued": 2, "queued_mu": 1.5}]}
+    {"router": "host-4711-9f2c01ab", "second": 1700000000,
+     "rows": [{"endpoint": 7, "tenant": "acme", "requests": 3, ...},
+              {"endpoint": 7, "tenant": "", "queued": 2, "queued_mu": 1.5}]}
 """
 
 from __future__ import annotations
 
 import math
+import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# After a pause the control plane collects at most the last CATCH_UP_S of seconds (the
-# autoscaler's horizon), and the rows outlive that by a minute: a collector (Celery beat)
-# stopped for up to CATCH_UP_S loses no usage. Kept at 120 s they expired first, and a beat
-# down for 2 to 6 minutes lost those minutes' billing for good.
+# After a pause the control plane builds the buckets of at most the last CATCH_UP_S of seconds
+# (the autoscaler's horizon), and the rows outlive that by a minute: a collector (Celery beat)
+# stopped for up to CATCH_UP_S misses no bucket. (Billing reads the billing stream, or the posted
+# rows not billed yet, and waits for the collector however long it is stopped.)
 CATCH_UP_S = 360
 ROW_TTL_S = CATCH_UP_S + 60
+# A router's mark (the last second a sink accepted from it) is kept this long after that second:
+# a router that re-sends a second it had delivered (its answer lost) within a week of it is
+# recognised; a router's ids are per process, so marks of routers long gone are dropped.
+ACKED_TTL_S = 7 * 86400
+BILLING_STREAM = "mu:billing"
 # Upper bounds of the latency histogram's buckets, s: field lat{i} counts the requests whose
 # latency fell in (LATENCY_BUCKETS_S[i-1], LATENCY_BUCKETS_S[i]], lat{len} those above them all.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -95,6 +119,8 @@ MAX_AMOUNT = 1e12
 MAX_SECOND = 2**32 - 1
 MAX_ENDPOINT_ID = 2**31 - 1
 MAX_TENANT_CHARS = 63
+# A router's id: letters, digits, ".", "_", "-", at most 80 characters (``router_id`` makes them).
+ROUTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
 
 def load_key(endpoint_id: int | str, second: int | str) -> str:
@@ -107,9 +133,14 @@ def routers_key(second: int | str) -> str:
     return f"mu:routers:{second}"
 
 
+def acked_key(router: str) -> str:
+    """The Redis string holding the last second accepted from a router; "*" makes a SCAN pattern."""
+    return f"mu:acked:{router}"
+
+
 class SampleError(ValueError):
     """A router's second that breaks the contract. ``field`` is the top-level key to blame
-    ("second" or "rows"), which the API's 400 names; the message says what was wrong."""
+    ("router", "second" or "rows"), which the API's 400 names; the message says what was wrong."""
 
     def __init__(self, field: str | None, message: str) -> None:
         super().__init__(message)
@@ -285,30 +316,58 @@ def sample_from_json(doc: Mapping[str, Any], where: str = "sample") -> Sample:
     return (QueueSample if "queued" in doc else TrafficSample).from_json(doc, where)
 
 
+def billed(samples: Iterable[Sample]) -> tuple[TrafficSample, ...]:
+    """What of a second's samples usage keeps (controlplane.endpoints.usage.FIGURES), for the
+    billing stream: the traffic samples that add to it (not queue samples, nor seconds of
+    requests still in flight), without the autoscaler's figures (in flight, latencies, squares)."""
+    return tuple(
+        TrafficSample(
+            s.endpoint,
+            s.tenant,
+            requests=s.requests,
+            mu=s.mu,
+            tokens_in=s.tokens_in,
+            tokens_out=s.tokens_out,
+            errors=s.errors,
+            throttled=s.throttled,
+        )
+        for s in samples
+        if isinstance(s, TrafficSample)
+        and any((s.requests, s.mu, s.tokens_in, s.tokens_out, s.errors, s.throttled))
+    )
+
+
 @dataclass(frozen=True)
 class RouterSecond:
-    """What one router POSTs for one second when there is no Redis: its samples, and by the
-    post itself that it was up (a second without traffic posts no rows)."""
+    """What one router sends for one second: its samples, and by the sending itself that it was
+    up (a second without traffic has no rows); ``router`` and ``second`` are its idempotency key."""
 
-    second: int  # the unix second the samples describe, > 0
+    second: int  # the unix second the samples describe, > 0; increasing per router
     samples: tuple[Sample, ...]
+    router: str  # the sending router's id (ROUTER_ID), one per router process
 
     def to_json(self) -> dict[str, Any]:
-        return {"second": self.second, "rows": [s.to_json() for s in self.samples]}
+        return {"router": self.router, "second": self.second, "rows": [s.to_json() for s in self.samples]}
 
     @classmethod
     def from_json(cls, doc: Any) -> RouterSecond:
         """Refuses what is wrong with a SampleError naming the field and the value."""
         if not isinstance(doc, Mapping):
             raise SampleError(None, f"a router's second must be a JSON object, got {doc!r}")
-        second, rows = doc.get("second"), doc.get("rows")
+        router, second, rows = doc.get("router"), doc.get("second"), doc.get("rows")
+        if not isinstance(router, str) or not ROUTER_ID.fullmatch(router):
+            raise SampleError(
+                "router",
+                f"{router!r} must be a router id: 1 to 80 letters, digits, '.', '_' or '-', not starting"
+                " with a punctuation mark",
+            )
         if isinstance(second, bool) or not isinstance(second, int) or not 0 < second <= MAX_SECOND:
             raise SampleError("second", f"{second!r} must be a unix second (an integer in 1..{MAX_SECOND})")
         if not isinstance(rows, list) or not all(
             isinstance(r, dict) and isinstance(r.get("endpoint"), int) and r["endpoint"] > 0 for r in rows
         ):
             raise SampleError("rows", "must be a list of objects, each with a positive integer endpoint")
-        return cls(second, tuple(sample_from_json(r, f"rows[{i}]") for i, r in enumerate(rows)))
+        return cls(second, tuple(sample_from_json(r, f"rows[{i}]") for i, r in enumerate(rows)), router)
 
 
 @dataclass(frozen=True)

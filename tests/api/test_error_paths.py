@@ -171,18 +171,42 @@ def test_a_unique_race_is_a_409_naming_the_field_without_database_text(owner, ma
 @pytest.mark.parametrize(
     ("body", "field", "says"),
     [
-        ({"second": 2**63, "rows": []}, "second", "unix second"),
-        ({"second": MAX_SECOND + 1, "rows": []}, "second", "unix second"),
-        ({"second": 5, "rows": [{"endpoint": 2**31, "tenant": "a"}]}, "rows", "rows[0].endpoint"),
-        ({"second": 5, "rows": [{"endpoint": 1, "tenant": "a", "mu": 4e23}]}, "rows", "rows[0].mu"),
-        ({"second": 5, "rows": [{"endpoint": 1, "tenant": "a", "mu": -1}]}, "rows", "rows[0].mu"),
+        ({"router": "router-a", "second": 2**63, "rows": []}, "second", "unix second"),
+        ({"router": "router-a", "second": MAX_SECOND + 1, "rows": []}, "second", "unix second"),
         (
-            {"second": 5, "rows": [{"endpoint": 1, "tenant": "a", "requests": 2**63}]},
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 2**31, "tenant": "a"}]},
+            "rows",
+            "rows[0].endpoint",
+        ),
+        (
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 1, "tenant": "a", "mu": 4e23}]},
+            "rows",
+            "rows[0].mu",
+        ),
+        (
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 1, "tenant": "a", "mu": -1}]},
+            "rows",
+            "rows[0].mu",
+        ),
+        (
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 1, "tenant": "a", "requests": 2**63}]},
             "rows",
             "rows[0].requests",
         ),
-        ({"second": 5, "rows": [{"endpoint": 1, "tenant": "a" * 64}]}, "rows", "rows[0].tenant"),
-        ({"second": 5, "rows": [{"endpoint": 1, "tenant": "a\u0000"}]}, "rows[0].tenant", "NUL"),
+        (
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 1, "tenant": "a" * 64}]},
+            "rows",
+            "rows[0].tenant",
+        ),
+        (
+            {"router": "router-a", "second": 5, "rows": [{"endpoint": 1, "tenant": "a\u0000"}]},
+            "rows[0].tenant",
+            "NUL",
+        ),
+        # the router's id is the idempotency key: one that is missing or not an id is refused
+        ({"second": 5, "rows": []}, "router", "must be a router id"),
+        ({"router": "../../etc", "second": 5, "rows": []}, "router", "must be a router id"),
+        ({"router": "r" * 81, "second": 5, "rows": []}, "router", "must be a router id"),
     ],
 )
 def test_odd_router_samples_are_400s_naming_the_field(operator_client, body, field, says):

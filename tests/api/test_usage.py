@@ -1,7 +1,7 @@
 """GET /api/v1/usage/: the routers' seconds (published to Redis as routers do, or posted to
-/load-samples/), collected by the autoscaler's pass, summed per endpoint by UTC hour and day;
-each tenant sees only its own. Usage outlives its endpoint: deleted, it reads the same, and the
-seconds metered after the delete are billed to it."""
+/load-samples/), billed by the collector (here the one the horizontal pass runs first), summed
+per endpoint by UTC hour and day; each tenant sees only its own. Usage outlives its endpoint:
+deleted, it reads the same, and the seconds metered after the delete are billed to it."""
 
 import math
 from datetime import UTC, datetime, timedelta
@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.endpoints import samples, scaling, tasks, usage
+from controlplane.endpoints import collector, samples, scaling, tasks, usage
 from controlplane.endpoints.models import DeletedEndpoint, Lease, UsageHour
 from controlplane.selling import sell
 from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond, RouterSecond, TrafficSample
@@ -26,7 +26,8 @@ def at(hours: float) -> int:
 
 
 def collect(until: int) -> None:
-    """The autoscaler's pass just after the slot ending at `until` was published."""
+    """The horizontal pass (its collect pass first) just after the slot ending at `until` was
+    published."""
     assert scaling.horizontal_pass(None, datetime.fromtimestamp(until + samples.LAG_S, UTC)) is not None
 
 
@@ -93,18 +94,17 @@ def test_usage_sums_the_routers_seconds_by_hour_and_by_day(owner_client, traffic
 
 
 def test_a_slot_collected_again_is_not_counted_twice(owner_client, traffic):
-    # A pass that committed but could not move its cursor: the next one reads the same slots.
-    Lease.objects.filter(name=scaling.HORIZONTAL).update(cursor=at(24) - 5, last_run_at=None)
-    collect(at(24) + 5)
+    # A collect pass that committed but could not move its cursor: the next one reads the same
+    # slots. Their buckets are there already, and billing does not follow the cursor.
+    Lease.objects.filter(name=collector.COLLECTOR).update(cursor=at(24) - 5, last_run_at=None)
+    assert collector.collect_pass(datetime.fromtimestamp(at(24) + 5 + samples.LAG_S, UTC)) is not None
     rows = owner_client.get("/api/v1/usage/", {"start": iso(at(24)), "end": iso(at(25))}).json()["results"]
     assert [r["requests"] for r in rows] == [3]
 
 
-def test_a_pass_that_rolls_back_leaves_its_slots_to_the_next(
-    owner_client, publish_seconds, chat, monkeypatch
-):
-    # A pass that fails after collecting (here its forecast) writes none of its buckets nor
-    # usage: its cursor must stay, or the next pass starts after the slots and they are never billed.
+def test_a_decider_that_fails_leaves_billing_alone(owner_client, publish_seconds, chat, monkeypatch):
+    # The horizontal pass fails after its collect pass (here its forecast): the usage is billed
+    # all the same, once, and the next pass does not bill it again.
     publish_seconds({at(10) + 2: [[TrafficSample(chat.pk, "owner", requests=4, mu=1.5, tokens_out=9)]]})
 
     def broken(*args, **kwargs):
@@ -113,10 +113,15 @@ def test_a_pass_that_rolls_back_leaves_its_slots_to_the_next(
     monkeypatch.setattr(scaling, "predicted_minimums", broken)
     with pytest.raises(RuntimeError):
         collect(at(10) + 5)
-    assert not UsageHour.objects.exists()
     monkeypatch.undo()
+    window = {"start": iso(at(10)), "end": iso(at(11))}
+    billed = [
+        (r["requests"], r["mu"], r["tokens_out"])
+        for r in owner_client.get("/api/v1/usage/", window).json()["results"]
+    ]
+    assert billed == [(4, 1.5, 9)]
     collect(at(10) + 10)
-    rows = owner_client.get("/api/v1/usage/", {"start": iso(at(10)), "end": iso(at(11))}).json()["results"]
+    rows = owner_client.get("/api/v1/usage/", window).json()["results"]
     assert [(r["requests"], r["mu"], r["tokens_out"]) for r in rows] == [(4, 1.5, 9)]
 
 
@@ -147,7 +152,7 @@ def test_without_redis_the_posted_seconds_are_the_usage(settings, operator_clien
     rows = (TrafficSample(chat.pk, "owner", requests=2, mu=0.75, tokens_in=40, tokens_out=9, throttled=3),)
     for second in range(now - 10, now):
         answer = operator_client.post(
-            "/api/v1/load-samples/", RouterSecond(second, rows).to_json(), format="json"
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-a").to_json(), format="json"
         )
         assert answer.status_code == 201, answer.json()
     collect(now)
@@ -202,8 +207,7 @@ def test_usage_pages_take_the_same_queries_however_many_rows(operator_client, ow
         for i in range(start, start + n):
             # At zero: twelve endpoints of a minimum replica each would not fit the 8-GPU pool.
             e = make_endpoint(owner, f"e{i}", scale_to_zero_enabled=True)
-            billed = {e.pk: usage.Billable(e.pk, e.name, e.tenant_id)}
-            usage.record(((e.pk, at(h), EndpointSecond(requests=1, mu=0.5)) for h in range(5)), billed)
+            usage.record((e.pk, at(h), EndpointSecond(requests=1, mu=0.5)) for h in range(5))
 
     def count():
         with CaptureQueriesContext(connection) as queries:
@@ -297,7 +301,9 @@ def meter(request, settings, publish_seconds, operator_client):
     def post(seconds):
         for second, rows in seconds.items():
             answer = operator_client.post(
-                "/api/v1/load-samples/", RouterSecond(second, tuple(rows)).to_json(), format="json"
+                "/api/v1/load-samples/",
+                RouterSecond(second, tuple(rows), "router-1").to_json(),
+                format="json",
             )
             assert answer.status_code == 201, answer.json()
 
@@ -312,10 +318,7 @@ def test_seconds_metered_after_a_delete_are_billed_to_the_deleted_endpoint(
     start = int(timezone.now().timestamp()) // 5 * 5 - 30
     meter({s: one for s in range(start, start + 5)})
     collect(start + 5)  # 5 requests billed while it lives
-    meter({s: one for s in range(start + 5, start + 8)})  # 3 more metered, not collected yet
-    # Each pass below commits but cannot move its cursor: the next reads the same slots again.
-    again = Lease.objects.filter(name=scaling.HORIZONTAL)
-    again.update(cursor=start - 5, last_run_at=None)
+    meter({s: one for s in range(start + 5, start + 8)})  # 3 more metered, not billed yet
     if released:
         sell(chat, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
         deleted = operator_client.delete(f"/api/v1/endpoints/{chat.pk}/?release=true")
@@ -323,10 +326,13 @@ def test_seconds_metered_after_a_delete_are_billed_to_the_deleted_endpoint(
         deleted = owner_client.delete(f"/api/v1/endpoints/{chat.pk}/")
     assert deleted.status_code == 204
     gone = math.ceil(DeletedEndpoint.objects.get(endpoint_id=chat.pk).deleted_at.timestamp())
-    # 2 requests in flight at the delete finish after it; a second past CATCH_UP_S is not its.
+    # 2 requests in flight at the delete finish after it, and a router held one through an
+    # outage well past the collector's catch-up: each is the deleted endpoint's, billed once.
     meter({gone + 1: one, gone + 2: one, gone + CATCH_UP_S + 5: one})
     collect(gone + 10)
-    again.update(cursor=start - 5, last_run_at=None)
+    # A collect pass that committed but could not move its cursor: the next reads the same slots.
+    Lease.objects.filter(name=collector.COLLECTOR).update(cursor=start - 5)
+    Lease.objects.update(last_run_at=None)  # and it comes within half a tick of the last
     collect(gone + 10)
     collect(gone + CATCH_UP_S + 20)
     window = {"start": iso(start - 3600), "end": iso(gone + CATCH_UP_S + 3600)}
@@ -334,32 +340,36 @@ def test_seconds_metered_after_a_delete_are_billed_to_the_deleted_endpoint(
         rows = client.get("/api/v1/usage/", {**window, "endpoint": chat.pk}).json()["results"]
         assert {(r["endpoint_name"], r["tenant"]) for r in rows} == {("chat", "owner")}
         assert {f: sum(r[f] for r in rows) for f in ("requests", "mu", "tokens_in", "tokens_out")} == {
-            "requests": 10,
-            "mu": 5,
-            "tokens_in": 100,
-            "tokens_out": 20,
+            "requests": 11,
+            "mu": 5.5,
+            "tokens_in": 110,
+            "tokens_out": 22,
         }
     assert other_client.get("/api/v1/usage/", {**window, "endpoint": chat.pk}).json()["results"] == []
+
+
+def test_seconds_of_an_id_that_never_was_an_endpoint_bill_no_one(owner, chat):
+    usage.record(
+        [(chat.pk, at(10), EndpointSecond(requests=1, mu=1.0)), (9999, at(10), EndpointSecond(requests=5))]
+    )
+    assert list(UsageHour.objects.values_list("endpoint_id", "endpoint_name", "tenant")) == [
+        (chat.pk, "chat", owner.pk)
+    ]
 
 
 def test_usage_of_deleted_endpoints_is_kept_usage_retention_days(settings, owner_client, owner, chat):
     settings.CLUSTER_DRIVER, settings.USAGE_RETENTION_DAYS = "none", 30
     hour = int(timezone.now().timestamp()) // 3600 * 3600
     old, kept = hour - 31 * 86400, hour - 29 * 86400
-    billed = {
-        chat.pk: usage.Billable(chat.pk, chat.name, owner.pk),
-        9999: usage.Billable(9999, "gone", owner.pk),
-    }
-    usage.record(
-        [(chat.pk, s, EndpointSecond(requests=1, mu=1.0)) for s in (old, kept)]
-        + [(9999, old, EndpointSecond(requests=5, mu=5.0))],
-        billed,
-    )
     DeletedEndpoint.objects.create(
         endpoint_id=9999, name="gone", tenant=owner, deleted_at=datetime.fromtimestamp(old, UTC)
     )
+    usage.record(
+        [(chat.pk, s, EndpointSecond(requests=1, mu=1.0)) for s in (old, kept)]
+        + [(9999, old, EndpointSecond(requests=5, mu=5.0))]
+    )
     assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
-    tasks.autoscale_horizontal()
+    tasks.collect_load()
     assert list(UsageHour.objects.values_list("endpoint_id", "start")) == [(chat.pk, kept)]
     assert list(DeletedEndpoint.objects.values_list("endpoint_id", flat=True)) == [chat.pk]
     rows = owner_client.get(

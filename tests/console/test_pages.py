@@ -113,7 +113,7 @@ def test_endpoint_detail_shows_its_usage_by_hour_and_day_as_the_api_does(
     one = TrafficSample(owned.pk, "owner", requests=2, mu=0.75, tokens_in=40, tokens_out=9, throttled=3)
     for second in range(now - 10, now):
         answer = operator_client.post(
-            "/api/v1/load-samples/", RouterSecond(second, (one,)).to_json(), format="json"
+            "/api/v1/load-samples/", RouterSecond(second, (one,), "router-a").to_json(), format="json"
         )
         assert answer.status_code == 201
     scaling.horizontal_pass(None, datetime.fromtimestamp(now + samples.LAG_S, UTC))

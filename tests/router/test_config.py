@@ -21,7 +21,7 @@ def test_defaults_are_frozen_and_valid():
         ({"queue_wait_s": -1}, "queue_wait_s"),
         ({"write_low_water_bytes": 10, "write_high_water_bytes": 5}, "write_low_water_bytes"),
         ({"max_attempts": 0}, "max_attempts"),
-        ({"metrics_ttl_s": 120}, "metrics_ttl_s"),  # under the collector's catch-up: lost billing
+        ({"metrics_ttl_s": 120}, "metrics_ttl_s"),  # under the collector's catch-up: lost buckets
     ],
 )
 def test_bad_values_name_the_key(kw, name):

@@ -10,11 +10,14 @@ import pytest
 
 from dataplane.router.metering import Meter, RateWindow, publish
 from dataplane.wire.load_samples import (
+    BILLING_STREAM,
     MAX_AMOUNT,
     SLOTS,
     EndpointSecond,
     QueueSample,
+    RouterSecond,
     TrafficSample,
+    acked_key,
     load_key,
     routers_key,
 )
@@ -107,8 +110,9 @@ def test_publish_to_redis_key_layout():
             # a router from before the squares: its request's MU comes without them
             beta = TrafficSample(endpoint, "beta", requests=1, mu=0.25, tokens_in=5, latency_ms_sum=2.5)
             queue = QueueSample(endpoint, queued=2, queued_mu=1.5)
-            await publish(redis, [acme, beta, queue], 1_700_000_000, 120)
-            await publish(redis, [acme], 1_700_000_000, 120)  # a second router adds its share
+            assert await publish(redis, RouterSecond(1_700_000_000, (acme, beta, queue), "router-a"), 120)
+            # a second router adds its share
+            assert await publish(redis, RouterSecond(1_700_000_000, (acme,), "router-b"), 120)
             key = load_key(endpoint, 1_700_000_000)
             raw = await redis.get(key)
             # the string's int64 slots: counts as they are, amounts in millionths; slots past
@@ -145,15 +149,18 @@ def test_publish_to_redis_key_layout():
             )
             # a second with only requests wrote one slot: the rest are zeros
             short = load_key(endpoint, 1_700_000_001)
-            await publish(redis, [TrafficSample(endpoint, "acme", requests=2)], 1_700_000_001, 120)
+            only = RouterSecond(1_700_000_001, (TrafficSample(endpoint, "acme", requests=2),), "router-a")
+            assert await publish(redis, only, 120)
             assert await redis.get(short) == struct.pack(">q", 2)
             assert EndpointSecond.from_redis_slots(await redis.get(short)) == EndpointSecond(requests=2.0)
-            await redis.delete(short, routers_key(1_700_000_001))
+            await redis.delete(short, routers_key(1_700_000_001), BILLING_STREAM)
             assert 0 < await redis.ttl(key) <= 120
             # every publish says its router was up that second, traffic or not
-            await publish(redis, [], 1_700_000_000, 120)
+            assert await publish(redis, RouterSecond(1_700_000_000, (), "router-c"), 120)
             assert await redis.get(routers_key(1_700_000_000)) == b"3"
-            await redis.delete(key, routers_key(1_700_000_000))
+            await redis.delete(
+                key, routers_key(1_700_000_000), *(acked_key(r) for r in ("router-a", "router-b", "router-c"))
+            )
         finally:
             await redis.aclose()
 

@@ -47,7 +47,7 @@ READ = EndpointSecond(
 
 
 def test_samples_round_trip_through_json_redis_and_the_api(metrics, operator_client):
-    posted = RouterSecond(SECOND, (TRAFFIC, QUEUE))
+    posted = RouterSecond(SECOND, (TRAFFIC, QUEUE), "router-a")
     assert RouterSecond.from_json(posted.to_json()) == posted
     # With Redis: the router publishes, the autoscaler reads the endpoint's second.
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -55,7 +55,7 @@ def test_samples_round_trip_through_json_redis_and_the_api(metrics, operator_cli
     async def go() -> None:
         client = Redis.from_url(url)
         try:
-            await publish(client, posted.samples, SECOND, 120)
+            await publish(client, posted, 120)
         finally:
             await client.aclose()
 
@@ -68,7 +68,7 @@ def test_samples_round_trip_through_json_redis_and_the_api(metrics, operator_cli
 
 
 def test_a_bad_sample_is_refused_naming_the_field_and_value(operator_client):
-    body = RouterSecond(SECOND, (TRAFFIC,)).to_json()
+    body = RouterSecond(SECOND, (TRAFFIC,), "router-a").to_json()
     body["rows"][0]["requests"] = -1
     with pytest.raises(
         SampleError, match=r"rows\[0\]\.requests must be an integer in 0\.\.1000000000, got -1"

@@ -91,7 +91,6 @@ class Migration(migrations.Migration):
                 ("endpoint_id", models.BigIntegerField(unique=True)),
                 ("name", models.CharField(max_length=63)),
                 ("deleted_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ("collected_until", models.BigIntegerField(default=0)),
                 (
                     "tenant",
                     models.ForeignKey(

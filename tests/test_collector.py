@@ -1,0 +1,114 @@
+"""The collect stage (controlplane.endpoints.collector): its own lease, billing apart from the
+buckets and from the deciders, a late second billed once on either sink, a retried second
+never twice."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from controlplane.endpoints import collector, scaling, tasks
+from controlplane.endpoints.models import Lease, LoadBucket, UsageHour
+from dataplane.wire.load_samples import BILLING_STREAM, RouterSecond, TrafficSample
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+TS = int(NOW.timestamp())  # a multiple of 5
+
+
+def billed(endpoint) -> tuple[int, float]:
+    rows = UsageHour.objects.filter(endpoint_id=endpoint.pk)
+    return sum(r.requests for r in rows), sum(r.mu for r in rows)
+
+
+def pass_at(ts: float) -> collector.CollectReport:
+    report = collector.collect_pass(datetime.fromtimestamp(ts, UTC))
+    assert report is not None
+    return report
+
+
+@pytest.fixture
+def chat(owner, make_endpoint):
+    return make_endpoint(owner, "chat")
+
+
+def test_a_second_published_after_its_slot_was_collected_is_billed_once(publish_seconds, metrics, chat):
+    one = TrafficSample(chat.pk, "owner", requests=2, mu=0.5)
+    publish_seconds({TS - 3: [[one]]})
+    pass_at(TS + 2)  # collects the slot ending at TS, bills the second
+    assert billed(chat) == (2, 0.5) and LoadBucket.objects.get(endpoint=chat, end=TS).requests == 2
+    # A router that could not reach Redis sends TS - 4 now: too late for the bucket, not for the bill.
+    publish_seconds({TS - 4: [[one]]})
+    pass_at(TS + 7)
+    assert billed(chat) == (4, 1.0) and LoadBucket.objects.get(endpoint=chat, end=TS).requests == 2
+    assert metrics.xlen(BILLING_STREAM) == 0  # billed entries are deleted
+
+
+def test_a_second_republished_by_its_router_adds_nothing(metrics, chat):
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.metering import publish
+
+    posted = RouterSecond(TS - 3, (TrafficSample(chat.pk, "owner", requests=3, mu=1.5),), "router-a")
+    older = RouterSecond(TS - 9, posted.samples, "router-a")
+
+    async def go() -> list[bool]:
+        client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+        try:
+            return [await publish(client, p, 420) for p in (posted, posted, older)]
+        finally:
+            await client.aclose()
+
+    # The retry of a second whose answer was lost, and an older one (below the router's mark).
+    assert asyncio.run(go()) == [True, False, False]
+    assert metrics.xlen(BILLING_STREAM) == 1
+    pass_at(TS + 2)
+    assert billed(chat) == (3, 1.5) and LoadBucket.objects.get(endpoint=chat, end=TS).requests == 3
+
+
+def test_without_redis_a_late_post_is_billed_and_a_repeated_one_is_a_duplicate(
+    settings, operator_client, chat
+):
+    settings.REDIS_URL = ""
+    rows = (TrafficSample(chat.pk, "owner", requests=1, mu=0.25),)
+
+    def post(second: int):
+        return operator_client.post(
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-a").to_json(), format="json"
+        )
+
+    assert post(TS - 3).status_code == 201
+    pass_at(TS + 2)
+    assert billed(chat) == (1, 0.25)
+    # Days later, within retention: a second the router held through an outage.
+    late = post(TS - 2)
+    assert (late.status_code, late.json()) == (201, {"stored": 1})
+    again = post(TS - 2)  # its answer was lost: the router sends it again
+    assert (again.status_code, again.json()) == (200, {"stored": 0, "duplicate": True})
+    pass_at(TS + 86400 * 3)
+    pass_at(TS + 86400 * 3 + 5)
+    assert billed(chat) == (2, 0.5)
+
+
+def test_the_collector_bills_while_the_deciders_lease_is_held_and_without_them(
+    publish_seconds, chat, settings
+):
+    # A horizontal pass hung (its worker died holding the lease): the collector goes on.
+    Lease.objects.create(
+        name=scaling.HORIZONTAL, holder="dead-worker", expires_at=NOW + timedelta(seconds=60)
+    )
+    publish_seconds({TS - 3: [[TrafficSample(chat.pk, "owner", requests=4, mu=1.0)]]})
+    assert scaling.horizontal_pass(None, NOW + timedelta(seconds=2)) is None
+    assert billed(chat) == (4, 1.0)  # the pass ran its collect pass before finding its lease held
+    publish_seconds({TS + 1: [[TrafficSample(chat.pk, "owner", requests=1, mu=1.0)]]})
+    Lease.objects.filter(name=collector.COLLECTOR).update(last_run_at=None)
+    assert tasks.collect_load().startswith("collected through")  # beat's own task
+    assert billed(chat) == (5, 2.0)
+
+
+def test_a_stream_entry_that_is_no_router_second_is_dropped_not_blocking(publish_seconds, metrics, chat):
+    metrics.xadd(BILLING_STREAM, {"second": b"{not json"})
+    publish_seconds({TS - 3: [[TrafficSample(chat.pk, "owner", requests=1, mu=1.0)]]})
+    assert pass_at(TS + 2).billed == 2
+    assert billed(chat) == (1, 1.0) and metrics.xlen(BILLING_STREAM) == 0
