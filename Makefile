@@ -101,7 +101,7 @@ test-sim-native: sim-native
 test-vllm: install
 	bash scripts/test-vllm.sh
 	REQUIRE_VLLM=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q \
-	    tests/router/test_images.py tests/router/test_image_header_walk.py
+	    tests/router/test_images.py tests/router/test_image_header_walk.py tests/router/test_served_name.py
 
 .PHONY: vllm-venv
 vllm-venv:
