@@ -112,3 +112,32 @@ def test_a_stream_entry_that_is_no_router_second_is_dropped_not_blocking(publish
     publish_seconds({TS - 3: [[TrafficSample(chat.pk, "owner", requests=1, mu=1.0)]]})
     assert pass_at(TS + 2).billed == 2
     assert billed(chat) == (1, 1.0) and metrics.xlen(BILLING_STREAM) == 0
+
+
+def test_a_second_in_the_billing_stream_twice_is_billed_once(metrics, chat):
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.metering import publish
+    from dataplane.wire.load_samples import acked_key
+
+    posted = RouterSecond(TS - 3, (TrafficSample(chat.pk, "owner", requests=3, mu=1.5),), "router-a")
+
+    async def go() -> list[bool]:
+        client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+        try:
+            first = await publish(client, posted, 420)
+            # Its router's mark lost before the retry of a second whose answer was lost (evicted
+            # at maxmemory, expired, a failover): Redis takes the second again.
+            await client.delete(acked_key("router-a"))
+            return [first, await publish(client, posted, 420)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == [True, True]
+    assert metrics.xlen(BILLING_STREAM) == 2
+    pass_at(TS + 2)
+    assert billed(chat) == (3, 1.5) and metrics.xlen(BILLING_STREAM) == 0
+
