@@ -141,3 +141,31 @@ def test_a_second_in_the_billing_stream_twice_is_billed_once(metrics, chat):
     pass_at(TS + 2)
     assert billed(chat) == (3, 1.5) and metrics.xlen(BILLING_STREAM) == 0
 
+
+
+def test_a_router_back_after_its_mark_would_have_expired_is_not_billed_twice(
+    settings, operator_client, chat
+):
+    from django.utils import timezone
+
+    from controlplane.endpoints.models import RouterMark
+
+    settings.REDIS_URL = ""
+    rows = (TrafficSample(chat.pk, "owner", requests=1, mu=0.25),)
+
+    def post(second: int):
+        return operator_client.post(
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-a").to_json(), format="json"
+        )
+
+    assert post(TS - 3).status_code == 201
+    pass_at(TS + 2)
+    # Its answer was lost and the router cut off for 8 days (its spool kept the second), all the
+    # while the collector ran and swept marks; usage keeps that hour far longer.
+    RouterMark.objects.filter(router="router-a").update(updated_at=timezone.now() - timedelta(days=8))
+    assert tasks.collect_load().startswith("collected through")
+    again = post(TS - 3)
+    assert (again.status_code, again.json()) == (200, {"stored": 0, "duplicate": True})
+    Lease.objects.filter(name=collector.COLLECTOR).update(last_run_at=None)
+    assert tasks.collect_load().startswith("collected through")
+    assert billed(chat) == (1, 0.25)

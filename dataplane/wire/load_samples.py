@@ -67,9 +67,11 @@ from typing import Any
 # rows not billed yet, and waits for the collector however long it is stopped.)
 CATCH_UP_S = 360
 ROW_TTL_S = CATCH_UP_S + 60
-# A router's mark (the last second a sink accepted from it) is kept this long after that second:
-# a router that re-sends a second it had delivered (its answer lost) within a week of it is
-# recognised; a router's ids are per process, so marks of routers long gone are dropped.
+# A router's mark in Redis (the last second the script accepted from it) is kept this long after
+# that second: a router that re-sends a second it had delivered (its answer lost) within a week of
+# it is not applied again; a router's ids are per process, so marks of routers long gone are
+# dropped. Billing does not rest on it: the collector's marks in the database (RouterMark, kept as
+# long as usage) bill a second the stream holds again once.
 ACKED_TTL_S = 7 * 86400
 BILLING_STREAM = "mu:billing"
 # Upper bounds of the latency histogram's buckets, s: field lat{i} counts the requests whose
