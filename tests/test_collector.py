@@ -169,3 +169,45 @@ def test_a_router_back_after_its_mark_would_have_expired_is_not_billed_twice(
     Lease.objects.filter(name=collector.COLLECTOR).update(last_run_at=None)
     assert tasks.collect_load().startswith("collected through")
     assert billed(chat) == (1, 0.25)
+
+
+def test_a_full_billing_stream_holds_a_routers_seconds_until_the_collector_has_billed(metrics, chat):
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.delivery import Delivery
+    from dataplane.router.metering import publish
+    from dataplane.wire.load_samples import acked_key
+
+    client: list[Redis] = []
+
+    async def send(posted: RouterSecond) -> None:
+        await publish(client[0], posted, 420, max_billing_entries=2)  # the collector stopped at 2
+
+    delivery = Delivery(send, "router-a", 1 << 20)
+
+    def deliver(*seconds: int) -> int:
+        async def go() -> int:
+            client[:] = [Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))]
+            try:
+                sent = 0
+                for second in seconds:
+                    delivery.add([TrafficSample(chat.pk, "owner", requests=1, mu=0.5)], second)
+                    sent += await delivery.deliver()
+                return sent + await delivery.deliver()
+            finally:
+                await client[0].aclose()
+
+        return asyncio.run(go())
+
+    assert deliver(TS - 4, TS - 3, TS - 2) == 2
+    # Redis took nothing of the third: its router's mark has not moved, the stream is at its bound.
+    assert [h.second for h in delivery.held] == [TS - 2]
+    assert int(metrics.get(acked_key("router-a"))) == TS - 3 and metrics.xlen(BILLING_STREAM) == 2
+    pass_at(TS + 2)  # the collector back: it bills the two, and the router's held second goes in
+    assert billed(chat) == (2, 1.0) and metrics.xlen(BILLING_STREAM) == 0
+    assert deliver() == 1 and not delivery.held
+    pass_at(TS + 7)
+    assert billed(chat) == (3, 1.5)
