@@ -142,10 +142,7 @@ def test_a_second_in_the_billing_stream_twice_is_billed_once(metrics, chat):
     assert billed(chat) == (3, 1.5) and metrics.xlen(BILLING_STREAM) == 0
 
 
-
-def test_a_router_back_after_its_mark_would_have_expired_is_not_billed_twice(
-    settings, operator_client, chat
-):
+def test_a_router_back_after_its_mark_would_have_expired_is_not_billed_twice(settings, operator_client, chat):
     from django.utils import timezone
 
     from controlplane.endpoints.models import RouterMark
