@@ -46,6 +46,9 @@ log = logging.getLogger("dataplane.router")
 
 SUFFIX = ".json"
 SECOND_DIGITS = 10  # a unix second up to MAX_SECOND, zero-padded: file names sort by second
+# A wall clock this far behind the last second added stepped back (it had run ahead), s; within
+# it the seconds go on one past the last (two rolls in one wall second) until the clock catches up
+CLOCK_STEP_S = 2
 
 
 class SinkDown(Exception):
@@ -184,7 +187,18 @@ class Delivery:
     def add(self, samples: Iterable[Sample], wall_second: int) -> None:
         """Hold the second that just ended: ``wall_second``, or the one after the last added
         when the clock has not moved on (two rolls in one second: a shutdown's, a slow tick's),
-        so that (router, second) names one window."""
+        so that (router, second) names one window. A clock stepped back further (put right
+        after it ran ahead) takes a new router id: its seconds are named by the wall clock again,
+        not billed to hours ahead of it, and each new id's seconds increase as a sink expects."""
+        if wall_second < self.last_second - CLOCK_STEP_S:
+            old, self.router = self.router, router_id()
+            log.warning(
+                "the clock stepped back %d s: seconds metered from now on go as router %s, not %s",
+                self.last_second - wall_second,
+                self.router,
+                old,
+            )
+            self.last_second = 0
         second = max(wall_second, self.last_second + 1)
         self.last_second = second
         body = json.dumps(RouterSecond(second, tuple(samples), self.router).to_json()).encode()

@@ -161,3 +161,15 @@ def test_the_control_planes_answer_acknowledges_refuses_or_keeps(status, outcome
         with pytest.raises(outcome, match=str(status)):
             asyncio.run(client.post_samples(posted))
     assert sent == [posted.to_json()]
+
+
+def test_a_clock_put_right_after_running_ahead_takes_a_new_id_not_seconds_ahead_of_it():
+    sink = Sink()
+    d = Delivery(sink.send, "router-a", memory_bytes=1 << 20)
+    d.add(ONE, 100 + 86400)  # a wrong time source a day ahead, then put right
+    d.add(ONE, 101)
+    d.add(ONE, 102)
+    deliver(d)
+    (_, ahead, _), (new, first, _), (again, second, _) = sink.got
+    assert (ahead, first, second) == (86500, 101, 102)
+    assert sink.got[0][0] == "router-a" and new == again != "router-a" and ROUTER_ID.fullmatch(new)
