@@ -101,15 +101,21 @@ class Spool:
 
     def held(self) -> list[Held]:
         """The seconds in the directory, oldest first (on disk only); a temporary file left by
-        a kill mid-write is removed."""
+        a kill mid-write is removed. Only regular files are seconds (the router writes no other):
+        a link or a directory under a second's name is left alone, never read nor sent."""
         found = []
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if name.endswith(".tmp"):
+        for entry in sorted(os.scandir(self.directory), key=lambda e: e.name):
+            name, path = entry.name, entry.path
+            if not name.endswith((".tmp", SUFFIX)):
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                log.error("%s in the spool is not a file the router wrote: left alone", path)
+            elif name.endswith(".tmp"):
                 os.unlink(path)
-            elif name.endswith(SUFFIX) and name[:SECOND_DIGITS].isdigit():
+            elif name[:SECOND_DIGITS].isdigit():
                 router = name[SECOND_DIGITS + 1 : -len(SUFFIX)]
-                found.append(Held(router, int(name[:SECOND_DIGITS]), os.path.getsize(path), None, path))
+                size = entry.stat(follow_symlinks=False).st_size
+                found.append(Held(router, int(name[:SECOND_DIGITS]), size, None, path))
         return found
 
     def write(self, router: str, second: int, body: bytes) -> str:
@@ -132,8 +138,14 @@ class Spool:
 
     @staticmethod
     def remove(path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        """Remove a second's file; one that cannot be (a disk gone read-only) stays and goes
+        again at the next start, answered as a duplicate: never an error of the delivery's."""
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("%s not removed from the spool: %s", path, exc)
 
     def adopt(self, directory: str) -> int:
         """Move the seconds of another spool directory (one no process holds: a worker index
