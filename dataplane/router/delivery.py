@@ -90,6 +90,11 @@ class Spool:
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        owner = os.stat(directory).st_uid
+        if owner != os.geteuid():  # its owner could add seconds, billed as this router's
+            raise PermissionError(
+                f"spool directory {directory} belongs to uid {owner}, not to this router's ({os.geteuid()})"
+            )
         os.chmod(directory, 0o700)  # one made earlier with a looser mode
         self.directory = directory
         self._lock = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o600)

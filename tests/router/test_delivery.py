@@ -206,3 +206,11 @@ def test_a_spool_file_that_cannot_be_removed_does_not_stop_the_delivery(tmp_path
     # Started again on the directory: both go again, for the sink to answer as duplicates.
     again = Delivery(sink.send, "router-b", 1 << 20, Spool(str(tmp_path)), spool_bytes=1 << 20)
     assert [(h.router, h.second) for h in again.held] == [("router-a", 100), ("router-a", 101)]
+
+
+def test_a_spool_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    # Made before the router by someone else (in a directory others can write to): its owner
+    # could put seconds there for the router to send as its own.
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)
+    with pytest.raises(PermissionError, match="belongs to uid"):
+        Spool(str(tmp_path))
