@@ -152,7 +152,8 @@ def measure(url: str, layout: str, routers: int, endpoints: int, seconds: int) -
                         await publish_hash(client, rows, second, WRITE_TTL_S)
                     else:
                         posted = RouterSecond(second, tuple(rows), f"bench-router-{r}")
-                        await publish(client, posted, WRITE_TTL_S)
+                        # nothing bills the stream here: bounded by what is written, not the default
+                        await publish(client, posted, WRITE_TTL_S, max_billing_entries=routers * seconds)
         finally:
             await client.aclose()
 

@@ -112,3 +112,99 @@ def test_a_stream_entry_that_is_no_router_second_is_dropped_not_blocking(publish
     publish_seconds({TS - 3: [[TrafficSample(chat.pk, "owner", requests=1, mu=1.0)]]})
     assert pass_at(TS + 2).billed == 2
     assert billed(chat) == (1, 1.0) and metrics.xlen(BILLING_STREAM) == 0
+
+
+def test_a_second_in_the_billing_stream_twice_is_billed_once(metrics, chat):
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.metering import publish
+    from dataplane.wire.load_samples import acked_key
+
+    posted = RouterSecond(TS - 3, (TrafficSample(chat.pk, "owner", requests=3, mu=1.5),), "router-a")
+
+    async def go() -> list[bool]:
+        client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+        try:
+            first = await publish(client, posted, 420)
+            # Its router's mark lost before the retry of a second whose answer was lost (evicted
+            # at maxmemory, expired, a failover): Redis takes the second again.
+            await client.delete(acked_key("router-a"))
+            return [first, await publish(client, posted, 420)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == [True, True]
+    assert metrics.xlen(BILLING_STREAM) == 2
+    pass_at(TS + 2)
+    assert billed(chat) == (3, 1.5) and metrics.xlen(BILLING_STREAM) == 0
+
+
+def test_a_router_back_after_its_mark_would_have_expired_is_not_billed_twice(settings, operator_client, chat):
+    from django.utils import timezone
+
+    from controlplane.endpoints.models import RouterMark
+
+    settings.REDIS_URL = ""
+    rows = (TrafficSample(chat.pk, "owner", requests=1, mu=0.25),)
+
+    def post(second: int):
+        return operator_client.post(
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-a").to_json(), format="json"
+        )
+
+    assert post(TS - 3).status_code == 201
+    pass_at(TS + 2)
+    # Its answer was lost and the router cut off for 8 days (its spool kept the second), all the
+    # while the collector ran and swept marks; usage keeps that hour far longer.
+    RouterMark.objects.filter(router="router-a").update(updated_at=timezone.now() - timedelta(days=8))
+    assert tasks.collect_load().startswith("collected through")
+    again = post(TS - 3)
+    assert (again.status_code, again.json()) == (200, {"stored": 0, "duplicate": True})
+    Lease.objects.filter(name=collector.COLLECTOR).update(last_run_at=None)
+    assert tasks.collect_load().startswith("collected through")
+    assert billed(chat) == (1, 0.25)
+
+
+def test_a_full_billing_stream_holds_a_routers_seconds_until_the_collector_has_billed(metrics, chat):
+    import asyncio
+    import os
+
+    from redis.asyncio import Redis
+
+    from dataplane.router.delivery import Delivery
+    from dataplane.router.metering import publish
+    from dataplane.wire.load_samples import acked_key
+
+    client: list[Redis] = []
+
+    async def send(posted: RouterSecond) -> None:
+        await publish(client[0], posted, 420, max_billing_entries=2)  # the collector stopped at 2
+
+    delivery = Delivery(send, "router-a", 1 << 20)
+
+    def deliver(*seconds: int) -> int:
+        async def go() -> int:
+            client[:] = [Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))]
+            try:
+                sent = 0
+                for second in seconds:
+                    delivery.add([TrafficSample(chat.pk, "owner", requests=1, mu=0.5)], second)
+                    sent += await delivery.deliver()
+                return sent + await delivery.deliver()
+            finally:
+                await client[0].aclose()
+
+        return asyncio.run(go())
+
+    assert deliver(TS - 4, TS - 3, TS - 2) == 2
+    # Redis took nothing of the third: its router's mark has not moved, the stream is at its bound.
+    assert [h.second for h in delivery.held] == [TS - 2]
+    assert int(metrics.get(acked_key("router-a"))) == TS - 3 and metrics.xlen(BILLING_STREAM) == 2
+    pass_at(TS + 2)  # the collector back: it bills the two, and the router's held second goes in
+    assert billed(chat) == (2, 1.0) and metrics.xlen(BILLING_STREAM) == 0
+    assert deliver() == 1 and not delivery.held
+    pass_at(TS + 7)
+    assert billed(chat) == (3, 1.5)

@@ -402,8 +402,9 @@ class RouterMark(models.Model):
     """The last second of each router taken into the database: stored (a posted second) or
     billed (from Redis's billing stream). A router sends its seconds in increasing order and
     moves on only once one is acknowledged, so a second at or below its router's mark is a
-    retry of one already taken, and is skipped (dataplane.wire.load_samples). Kept ACKED_TTL_S
-    after the router's last second."""
+    retry of one already taken, and is skipped (dataplane.wire.load_samples). Kept as long as
+    usage (USAGE_RETENTION_DAYS) after it last moved, however long the router is away: a
+    second it took is older than that when it goes, and so is the hour it was billed to."""
 
     router = models.CharField(max_length=80, unique=True)
     second = models.BigIntegerField(default=0)

@@ -95,18 +95,22 @@ class RedisSeconds:
 
     def bill(self, now: datetime) -> int:
         entries = self.redis.xrange(BILLING_STREAM, count=BILL_BATCH)
-        posted = []
+        # By (router, second), the first entry of each: the stream holds a second twice when its
+        # router's mark in Redis was lost (evicted, expired, a failover) before a retry of it.
+        posted: dict[tuple[str, int], RouterSecond] = {}
         for entry_id, fields in entries:
             try:
-                posted.append(RouterSecond.from_json(json.loads(fields[b"second"])))
+                second = RouterSecond.from_json(json.loads(fields[b"second"]))
             except (KeyError, ValueError) as exc:  # not a router's: it would block the stream
                 log.error("billing stream entry %s dropped, not a router second: %s", entry_id, exc)
+            else:
+                posted.setdefault((second.router, second.second), second)
         with transaction.atomic():
-            taken = RouterMark.take(((p.router, p.second) for p in posted), now)
+            taken = RouterMark.take(posted, now)
             usage.record(
                 (s.endpoint, p.second, EndpointSecond.from_fields(s.fields()))
-                for p in posted
-                if (p.router, p.second) in taken
+                for key, p in posted.items()
+                if key in taken
                 for s in p.samples
             )
         if entries:  # billed, or skipped as billed before: gone either way

@@ -2,7 +2,7 @@
 mirror, thin wrappers."""
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from celery import shared_task
 from django.conf import settings
@@ -19,7 +19,6 @@ from controlplane.endpoints.models import (
     UsageHour,
 )
 from controlplane.endpoints.samples import redis_client
-from dataplane.wire.load_samples import ACKED_TTL_S
 
 
 @shared_task
@@ -33,9 +32,11 @@ def collect_load() -> str:
     ts = int(now.timestamp())
     # Posted rows once billed; an unbilled one is billed first, however old.
     RouterSample.objects.filter(second__lt=ts - settings.ROUTER_SAMPLE_RETENTION_S, billed=True).delete()
-    RouterMark.objects.filter(updated_at__lt=now - timedelta(seconds=ACKED_TTL_S)).delete()
     LoadBucket.objects.filter(end__lt=ts - settings.LOAD_BUCKET_RETENTION_S).delete()
     kept_since = ts - settings.USAGE_RETENTION_DAYS * 86400
+    # A mark outlives the usage of every second it took: a router back after any outage with a
+    # second it had delivered (its answer lost) finds it taken, or the hour it went to is gone too.
+    RouterMark.objects.filter(updated_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     UsageHour.objects.filter(start__lt=kept_since).delete()
     DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"collected through {report.collected}, {report.billed} billed"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from dataplane.wire.load_samples import CATCH_UP_S, ROW_TTL_S
+from dataplane.wire.load_samples import BILLING_STREAM_MAX_ENTRIES, CATCH_UP_S, ROW_TTL_S
 
 STALE_TABLE_MODES = ("fail-closed", "fail-open")
 
@@ -75,6 +75,8 @@ class RouterConfig:
     stale_table: str = "fail-closed"
     control_plane_timeout_s: float = 5.0  # one control-plane request, s
     metrics_ttl_s: int = ROW_TTL_S  # TTL of per-second load keys in Redis, s (past the collector's catch-up)
+    # With Redis: the billing stream's bound, entries; past it billable seconds are held here
+    billing_stream_max_entries: int = BILLING_STREAM_MAX_ENTRIES
     # Metered seconds not yet acknowledged by their sink (dataplane.router.delivery): held in
     # memory up to this, bytes (past it, with --spool-dir on disk only, else the oldest dropped);
     # 32 MiB is about 9 hours of a router serving 10 endpoints (~1 KB a second)

@@ -46,6 +46,9 @@ log = logging.getLogger("dataplane.router")
 
 SUFFIX = ".json"
 SECOND_DIGITS = 10  # a unix second up to MAX_SECOND, zero-padded: file names sort by second
+# A wall clock this far behind the last second added stepped back (it had run ahead), s; within
+# it the seconds go on one past the last (two rolls in one wall second) until the clock catches up
+CLOCK_STEP_S = 2
 
 
 class SinkDown(Exception):
@@ -87,6 +90,11 @@ class Spool:
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        owner = os.stat(directory).st_uid
+        if owner != os.geteuid():  # its owner could add seconds, billed as this router's
+            raise PermissionError(
+                f"spool directory {directory} belongs to uid {owner}, not to this router's ({os.geteuid()})"
+            )
         os.chmod(directory, 0o700)  # one made earlier with a looser mode
         self.directory = directory
         self._lock = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -98,15 +106,21 @@ class Spool:
 
     def held(self) -> list[Held]:
         """The seconds in the directory, oldest first (on disk only); a temporary file left by
-        a kill mid-write is removed."""
+        a kill mid-write is removed. Only regular files are seconds (the router writes no other):
+        a link or a directory under a second's name is left alone, never read nor sent."""
         found = []
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if name.endswith(".tmp"):
+        for entry in sorted(os.scandir(self.directory), key=lambda e: e.name):
+            name, path = entry.name, entry.path
+            if not name.endswith((".tmp", SUFFIX)):
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                log.error("%s in the spool is not a file the router wrote: left alone", path)
+            elif name.endswith(".tmp"):
                 os.unlink(path)
-            elif name.endswith(SUFFIX) and name[:SECOND_DIGITS].isdigit():
+            elif name[:SECOND_DIGITS].isdigit():
                 router = name[SECOND_DIGITS + 1 : -len(SUFFIX)]
-                found.append(Held(router, int(name[:SECOND_DIGITS]), os.path.getsize(path), None, path))
+                size = entry.stat(follow_symlinks=False).st_size
+                found.append(Held(router, int(name[:SECOND_DIGITS]), size, None, path))
         return found
 
     def write(self, router: str, second: int, body: bytes) -> str:
@@ -129,8 +143,14 @@ class Spool:
 
     @staticmethod
     def remove(path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        """Remove a second's file; one that cannot be (a disk gone read-only) stays and goes
+        again at the next start, answered as a duplicate: never an error of the delivery's."""
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("%s not removed from the spool: %s", path, exc)
 
     def adopt(self, directory: str) -> int:
         """Move the seconds of another spool directory (one no process holds: a worker index
@@ -184,7 +204,18 @@ class Delivery:
     def add(self, samples: Iterable[Sample], wall_second: int) -> None:
         """Hold the second that just ended: ``wall_second``, or the one after the last added
         when the clock has not moved on (two rolls in one second: a shutdown's, a slow tick's),
-        so that (router, second) names one window."""
+        so that (router, second) names one window. A clock stepped back further (put right
+        after it ran ahead) takes a new router id: its seconds are named by the wall clock again,
+        not billed to hours ahead of it, and each new id's seconds increase as a sink expects."""
+        if wall_second < self.last_second - CLOCK_STEP_S:
+            old, self.router = self.router, router_id()
+            log.warning(
+                "the clock stepped back %d s: seconds metered from now on go as router %s, not %s",
+                self.last_second - wall_second,
+                self.router,
+                old,
+            )
+            self.last_second = 0
         second = max(wall_second, self.last_second + 1)
         self.last_second = second
         body = json.dumps(RouterSecond(second, tuple(samples), self.router).to_json()).encode()

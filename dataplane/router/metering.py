@@ -22,9 +22,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from dataplane.router.delivery import SinkDown
 from dataplane.wire.load_samples import (
     ACKED_TTL_S,
     BILLING_STREAM,
+    BILLING_STREAM_MAX_ENTRIES,
     LATENCY_BUCKETS_S,
     MAX_AMOUNT,
     QueueSample,
@@ -206,15 +208,17 @@ class RateWindow:
 
 # One router's second applied once, whole (dataplane.wire.load_samples): KEYS are the router's
 # mark, the second's heartbeat, the billing stream, then one load key per endpoint; ARGV the
-# router, the second, the rows' TTL, the mark's TTL, the billing entry ("" for none), then per
-# load key the number of its BITFIELD arguments and those arguments (INCRBY i64 #slot amount),
-# made here: a Lua loop building them cost Redis 1.5x the CPU of the script.
+# router, the second, the rows' TTL, the mark's TTL, the billing entry ("" for none), the
+# billing stream's bound, then per load key the number of its BITFIELD arguments and those
+# arguments (INCRBY i64 #slot amount), made here: a Lua loop building them cost Redis 1.5x the
+# CPU of the script. 1: applied; 0: applied before; -1: the billing stream is full, nothing done.
 PUBLISH_SCRIPT = """
 if tonumber(ARGV[2]) <= tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
+if ARGV[5] ~= '' and redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[6]) then return -1 end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-local at = 6
+local at = 7
 for k = 4, #KEYS do
   local n = tonumber(ARGV[at])
   redis.call('BITFIELD', KEYS[k], 'OVERFLOW', 'SAT', unpack(ARGV, at + 1, at + n))
@@ -226,11 +230,15 @@ return 1
 """
 
 
-async def publish(redis: Any, posted: RouterSecond, ttl_s: int) -> bool:
+async def publish(
+    redis: Any, posted: RouterSecond, ttl_s: int, max_billing_entries: int = BILLING_STREAM_MAX_ENTRIES
+) -> bool:
     """Apply one router's second to Redis once: count the router, add per endpoint its samples
     summed over tenants (one BITFIELD INCRBY of the slots that are not zero, one EXPIRE), append
     its billable samples to the billing stream. False when the router's mark says the second
-    was applied before (a retry whose first answer was lost): nothing is added.
+    was applied before (a retry whose first answer was lost): nothing is added. SinkDown, and
+    nothing added, for a billable second while the billing stream holds ``max_billing_entries``
+    (the collector stopped): the router holds it until the collector has billed some.
 
     Two tenants' samples of endpoint 7 (3 and 2 requests, 4.5 and 1.0 MU) -> one BITFIELD on
     mu:sec:7:{second}: INCRBY slot 0 by 5 and slot 2 (mu) by 5_500_000."""
@@ -248,8 +256,11 @@ async def publish(redis: Any, posted: RouterSecond, ttl_s: int) -> bool:
                 slots += ("INCRBY", "i64", f"#{slot}", by)
     bill = billed(posted.samples)
     entry = json.dumps(RouterSecond(posted.second, bill, posted.router).to_json()) if bill else ""
-    args = [posted.router, posted.second, ttl_s, ACKED_TTL_S, entry, *slots]
-    return bool(await redis.register_script(PUBLISH_SCRIPT)(keys=keys, args=args))
+    args = [posted.router, posted.second, ttl_s, ACKED_TTL_S, entry, max_billing_entries, *slots]
+    applied = await redis.register_script(PUBLISH_SCRIPT)(keys=keys, args=args)
+    if applied == -1:
+        raise SinkDown(f"the billing stream is full ({max_billing_entries} seconds not billed yet)")
+    return bool(applied)
 
 
 Snapshot = dict[str, Any]  # one worker's totals and pod gauges, JSON-able

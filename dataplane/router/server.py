@@ -549,7 +549,9 @@ class Router:
             self.delivery.add(rows, int(time.time()) - 1)
 
     async def _publish(self, posted: RouterSecond) -> None:
-        if not await publish(self.redis, posted, self.config.metrics_ttl_s):
+        if not await publish(
+            self.redis, posted, self.config.metrics_ttl_s, self.config.billing_stream_max_entries
+        ):
             log.info("metered second %s was published before (a retry): not added again", posted.second)
 
     # --- lifecycle

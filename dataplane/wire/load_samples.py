@@ -67,11 +67,20 @@ from typing import Any
 # rows not billed yet, and waits for the collector however long it is stopped.)
 CATCH_UP_S = 360
 ROW_TTL_S = CATCH_UP_S + 60
-# A router's mark (the last second a sink accepted from it) is kept this long after that second:
-# a router that re-sends a second it had delivered (its answer lost) within a week of it is
-# recognised; a router's ids are per process, so marks of routers long gone are dropped.
+# A router's mark in Redis (the last second the script accepted from it) is kept this long after
+# that second: a router that re-sends a second it had delivered (its answer lost) within a week of
+# it is not applied again; a router's ids are per process, so marks of routers long gone are
+# dropped. Billing does not rest on it: the collector's marks in the database (RouterMark, kept as
+# long as usage) bill a second the stream holds again once.
 ACKED_TTL_S = 7 * 86400
 BILLING_STREAM = "mu:billing"
+# The billing stream's bound, entries: past it a router's billable second is not applied (the
+# script answers "full"), and the router holds it (memory, spool) until the collector has billed
+# some, so a collector stopped for hours never fills Redis (at maxmemory every write is refused:
+# the Celery broker's that would start the collector again, the limiter's). One collector pass
+# bills this many (collector.MAX_BILL_BATCHES x samples.BILL_BATCH); an entry of 10 endpoints'
+# samples is about 3 KB of Redis: 300 MB at the bound.
+BILLING_STREAM_MAX_ENTRIES = 100_000
 # Upper bounds of the latency histogram's buckets, s: field lat{i} counts the requests whose
 # latency fell in (LATENCY_BUCKETS_S[i-1], LATENCY_BUCKETS_S[i]], lat{len} those above them all.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

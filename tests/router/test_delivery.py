@@ -161,3 +161,56 @@ def test_the_control_planes_answer_acknowledges_refuses_or_keeps(status, outcome
         with pytest.raises(outcome, match=str(status)):
             asyncio.run(client.post_samples(posted))
     assert sent == [posted.to_json()]
+
+
+def test_a_clock_put_right_after_running_ahead_takes_a_new_id_not_seconds_ahead_of_it():
+    sink = Sink()
+    d = Delivery(sink.send, "router-a", memory_bytes=1 << 20)
+    d.add(ONE, 100 + 86400)  # a wrong time source a day ahead, then put right
+    d.add(ONE, 101)
+    d.add(ONE, 102)
+    deliver(d)
+    (_, ahead, _), (new, first, _), (again, second, _) = sink.got
+    assert (ahead, first, second) == (86500, 101, 102)
+    assert sink.got[0][0] == "router-a" and new == again != "router-a" and ROUTER_ID.fullmatch(new)
+
+
+def test_what_the_router_did_not_write_in_its_spool_is_left_alone(tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps(RouterSecond(50, ONE, "router-x").to_json()))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "0000000050.router-x.json").symlink_to(outside)
+    (spool / "0000000051.router-x.json").mkdir()
+    (spool / "0000000052.router-x.json.tmp").mkdir()
+    sink = Sink()
+    d = Delivery(sink.send, "router-a", 1 << 20, Spool(str(spool)), spool_bytes=1 << 20)
+    d.add(ONE, 100)
+    assert deliver(d) == 1 and sink.got == [("router-a", 100, 1)] and not d.held
+    assert outside.exists() and (spool / "0000000051.router-x.json").is_dir()
+
+
+def test_a_spool_file_that_cannot_be_removed_does_not_stop_the_delivery(tmp_path, monkeypatch):
+    sink = Sink()
+    d = Delivery(sink.send, "router-a", 1 << 20, Spool(str(tmp_path)), spool_bytes=1 << 20)
+    d.add(ONE, 100)
+    d.add(ONE, 101)
+
+    def read_only(path):  # the disk remounted read-only after errors
+        raise OSError(30, "Read-only file system", path)
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    assert deliver(d) == 2 and [s for _, s, _ in sink.got] == [100, 101] and not d.held
+    monkeypatch.undo()
+    d.close()
+    # Started again on the directory: both go again, for the sink to answer as duplicates.
+    again = Delivery(sink.send, "router-b", 1 << 20, Spool(str(tmp_path)), spool_bytes=1 << 20)
+    assert [(h.router, h.second) for h in again.held] == [("router-a", 100), ("router-a", 101)]
+
+
+def test_a_spool_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    # Made before the router by someone else (in a directory others can write to): its owner
+    # could put seconds there for the router to send as its own.
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)
+    with pytest.raises(PermissionError, match="belongs to uid"):
+        Spool(str(tmp_path))
