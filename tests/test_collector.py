@@ -208,3 +208,51 @@ def test_a_full_billing_stream_holds_a_routers_seconds_until_the_collector_has_b
     assert deliver() == 1 and not delivery.held
     pass_at(TS + 7)
     assert billed(chat) == (3, 1.5)
+
+
+def test_a_second_far_ahead_of_the_sinks_clock_is_refused_and_its_routers_next_are_billed(
+    settings, operator_client, metrics, chat
+):
+    """A second more than MAX_AHEAD_S past the sink's clock would move its router's mark past the
+    seconds it has yet to send, which would then read as retries and go unbilled: refused."""
+    import asyncio
+    import os
+
+    from django.utils import timezone
+    from redis.asyncio import Redis
+
+    from dataplane.router.metering import publish
+    from dataplane.wire.load_samples import MAX_AHEAD_S, acked_key
+
+    rows = (TrafficSample(chat.pk, "owner", requests=1, mu=0.25),)
+    # Redis: its router writes there itself; the collector bills no entry that far ahead.
+    ahead, real = (RouterSecond(s, rows, "router-r") for s in (TS + MAX_AHEAD_S + 60, TS - 3))
+
+    async def go() -> None:
+        client = Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"))
+        try:
+            assert await publish(client, ahead, 420)
+            await client.delete(acked_key("router-r"))  # Redis's own mark, for the test's sake
+            assert await publish(client, real, 420)
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+    pass_at(TS + 2)
+    assert billed(chat) == (1, 0.25) and metrics.xlen(BILLING_STREAM) == 0
+    # Posted: a 400 naming the second; the router's real seconds after it are stored and billed.
+    settings.REDIS_URL = ""
+    now = int(timezone.now().timestamp())
+
+    def post(second: int):
+        return operator_client.post(
+            "/api/v1/load-samples/", RouterSecond(second, rows, "router-p").to_json(), format="json"
+        )
+
+    refused = post(now + MAX_AHEAD_S + 60)
+    assert refused.status_code == 400 and "ahead" in refused.json()["fields"]["second"]["errors"][0]
+    assert post(now - 3).status_code == 201
+    assert post(now + 30).status_code == 201  # a clock a little ahead is no harm
+    Lease.objects.filter(name=collector.COLLECTOR).update(last_run_at=None)
+    assert tasks.collect_load().startswith("collected through")
+    assert billed(chat) == (3, 0.75)

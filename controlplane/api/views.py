@@ -232,11 +232,13 @@ class LoadSamplesView(APIView):
 
     @extend_schema(request=RouterSecondDoc, responses={201: dict, 200: dict})
     def post(self, request: Request) -> Response:
+        now = timezone.now()
         try:
             posted = RouterSecond.from_json(request.data)
+            load_samples.check_not_ahead(posted.second, now.timestamp())
         except SampleError as exc:
             raise ValidationError({exc.field: str(exc)} if exc.field else str(exc)) from None
-        stored = samples.DatabaseSeconds.store(posted, timezone.now())
+        stored = samples.DatabaseSeconds.store(posted, now)
         if stored is None:
             return Response({"stored": 0, "duplicate": True}, status=status.HTTP_200_OK)
         return Response({"stored": stored}, status=status.HTTP_201_CREATED)

@@ -426,7 +426,8 @@ class RouterMark(models.Model):
             return set()
         RouterMark.objects.bulk_create([RouterMark(router=r) for r in by_router], ignore_conflicts=True)
         taken, moved = set(), []
-        for mark in RouterMark.objects.select_for_update().filter(router__in=by_router):
+        # locked in one order, so two collectors that overlap wait for each other, never deadlock
+        for mark in RouterMark.objects.select_for_update().filter(router__in=by_router).order_by("router"):
             new = {s for s in by_router[mark.router] if s > mark.second}
             if new:
                 taken |= {(mark.router, s) for s in new}

@@ -45,6 +45,7 @@ from dataplane.wire.load_samples import (
     LATENCY_BUCKETS_S,
     EndpointSecond,
     RouterSecond,
+    check_not_ahead,
     least_mu_squared,
     load_key,
     routers_key,
@@ -101,8 +102,9 @@ class RedisSeconds:
         for entry_id, fields in entries:
             try:
                 second = RouterSecond.from_json(json.loads(fields[b"second"]))
+                check_not_ahead(second.second, now.timestamp())  # it would skip its router's next ones
             except (KeyError, ValueError) as exc:  # not a router's: it would block the stream
-                log.error("billing stream entry %s dropped, not a router second: %s", entry_id, exc)
+                log.error("billing stream entry %s dropped: %s", entry_id, exc)
             else:
                 posted.setdefault((second.router, second.second), second)
         with transaction.atomic():

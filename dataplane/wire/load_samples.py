@@ -129,6 +129,21 @@ MAX_SECOND = 2**32 - 1
 MAX_ENDPOINT_ID = 2**31 - 1
 MAX_TENANT_CHARS = 63
 # A router's id: letters, digits, ".", "_", "-", at most 80 characters (``router_id`` makes them).
+# A router's second may be at most this far ahead of the sink's clock: a second far in the future
+# would move its router's mark (the idempotency key) past the seconds it has yet to send, which
+# would then read as retries and go unbilled. An hour: routers' clocks are kept by NTP, and one
+# that is off by more has its seconds refused, counted, rather than skipping its real ones.
+MAX_AHEAD_S = 3600
+
+
+def check_not_ahead(second: int, now: float) -> None:
+    """SampleError naming `second` when it is more than MAX_AHEAD_S past `now` (the sink's clock)."""
+    if second > now + MAX_AHEAD_S:
+        raise SampleError(
+            "second", f"{second} is {second - now:.0f} s ahead of this clock; at most {MAX_AHEAD_S} s"
+        )
+
+
 ROUTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
 
