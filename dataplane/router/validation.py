@@ -306,7 +306,11 @@ def check_context(
     least that, by any template) and its images; a batch, each prompt in turn, as vLLM does.
 
     With max_model_len 512 and 4 bytes a token: a 2,052-byte prompt (513 tokens at least) is a
-    400, a 2,048-byte one is the engine's to answer, as is any text of an unknown tokenizer."""
+    400, a 2,048-byte one is the engine's to answer, as is any text of an unknown tokenizer.
+    A request with ``truncate_prompt_tokens`` is the engine's too: vLLM cuts the prompt to that
+    many tokens before it measures it (renderers/params.py TokenizeParams)."""
+    if body.get("truncate_prompt_tokens") is not None:
+        return
     if chat:
         least = image_tokens
         messages = body.get("messages")

@@ -132,6 +132,22 @@ def test_a_prompt_only_the_engine_can_tell_is_past_the_context_costs_nothing(tin
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("path, body", [OVER["token-ids"], OVER["chat"]], ids=["completions", "chat"])
+def test_a_prompt_the_engine_truncates_is_not_refused_for_its_length(tiny, path, body):
+    """vLLM cuts a prompt to ``truncate_prompt_tokens`` before it measures it: the router never
+    refuses what vLLM accepts, so such a request goes to the engine, however long its prompt."""
+    body = {"model": MODEL, **body, "truncate_prompt_tokens": 16}
+
+    async def go() -> None:
+        async with routed(tiny.url, max_model_len=CTX, max_token_bytes=4) as router:
+            async with httpx.AsyncClient(timeout=10) as http:
+                r = await http.post(f"http://127.0.0.1:{router.port}{path}", json=body, headers=HEADERS)
+            assert r.headers["x-pod"] == "sim-0", r.text  # the engine's to answer
+            await assert_idle(router)
+
+    asyncio.run(go())
+
+
 def test_answers_that_fail_cost_nothing(tiny):
     """A pod's 404 for a model name it does not serve (the platform's doing), its 5xx, its 4xx,
     and a stream the engine refuses after its 200 (an error event): 0 MU."""
