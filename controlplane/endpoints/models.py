@@ -408,7 +408,7 @@ class RouterMark(models.Model):
 
     router = models.CharField(max_length=80, unique=True)
     second = models.BigIntegerField(default=0)
-    updated_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)  # the sweep reads it every 5 s
 
     def __str__(self) -> str:
         return f"router {self.router} through {self.second}"

@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ),
                 ("router", models.CharField(max_length=80, unique=True)),
                 ("second", models.BigIntegerField(default=0)),
-                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
             ],
         ),
         migrations.AddField(
