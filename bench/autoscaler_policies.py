@@ -14,7 +14,7 @@ Traces (each played after a warm-up under the oracle, see capacity.simulate.scen
   daily     three real days at 2 QPS with the same 10-minute step to 30 QPS at 09:00 each day,
             seed 1; adds apa-predictive (the predictive minimum on), and prints each policy's
             attainment on the last day, the first with two days of history behind it
-Production-like mixes (issue 23), each with seeds 1 and 2 (`--seeds`), 30 minutes:
+Production-like mixes, each with seeds 1 and 2 (`--seeds`), 30 minutes:
   prefill-s  prefill-heavy (RAG, code), bursty: prompts median ~1,470 (p90 ~5,200), outputs
              median 13 (p90 55), 10-20 s bursts at 20 x base; generated at 1.5 QPS and
              amplified 20x (each arrival 20 times within 1 s, as the issue's public trace was)
@@ -86,7 +86,7 @@ VARIANTS = {
     "apa-down30": {"scale_down_window_s": 30.0},
     "apa-up10": {"scale_up_window_s": 10.0},
     "apa-nodrain": {"backlog_drain_s": 1e9},  # the router's backlog ignored
-    # Drain the backlog predicted for when new pods are ready, not the one now (issue 23).
+    # Drain the backlog predicted for when new pods are ready, not the one now (README).
     "apa-ready": {"drain_backlog_at_ready": True},
     "apa-u90-ready": {"target_utilisation": 0.9, "drain_backlog_at_ready": True},
     # 1 - the tolerance where the 10-s spans of the last 60 s are within 20 % of their mean.
@@ -114,7 +114,7 @@ PREDICTIVE = {"apa-predictive": {"predictive_min": True}}
 @dataclass(frozen=True)
 class Reach:
     """What of the Goal is out of reach on one trace, and the Goal restated there (README,
-    issue 23): the minutes of the bursts' first 60 s left apart where no policy that sees a
+    the production-like mixes): the minutes of the bursts' first 60 s left apart where no policy that sees a
     burst only when it comes meets the cost clauses, and the static-peak clause dropped where no
     schedule at all meets it (its per-minute bound is above 20 % of static-peak's GPU-hours)."""
 
@@ -169,7 +169,7 @@ def apa_warmup(warmup: float, config: AutoscalerConfig) -> float:
 
 
 def families(seeds: list[int]) -> dict[str, object]:
-    """The production-like mixes of issue 23, one trace per (family, seed)."""
+    """The production-like mixes, one trace per (family, seed)."""
     makers: dict[str, object] = {}
     for seed in seeds:
         makers[f"prefill-{seed}"] = lambda s=seed: traces.amplify(

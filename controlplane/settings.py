@@ -131,7 +131,7 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
-# --- Console and sign-in security (issue 20: CSP, CSRF cookie, throttling, passwords, /admin/) ----
+# --- Console and sign-in security (CSP, CSRF cookie, throttling, passwords, /admin/) ----
 # The Content-Security-Policy of every page (controlplane.console.security): scripts, styles and
 # requests from this origin only, no inline script or style, no framing. Swagger UI needs its
 # inline <style> and data: images, and only there.

@@ -484,7 +484,7 @@ def test_a_defrag_plan_makes_room_for_what_is_wanted(pool, gpus, count, rnd):
 
 def test_a_refused_check_solves_the_lp_once_whatever_the_sizes(monkeypatch):
     # 16-GPU nodes, 16 replica sizes: 900-odd node contents, a simplex of ~20 ms; one per
-    # bisection step made a refused check take seconds under the pool's locks (review, issue 25).
+    # bisection step made a refused check take seconds under the pool's locks (review).
     import capacity.packing as packing
 
     solves = []

@@ -12,7 +12,7 @@ latency after the backlog is gone, still inside the window). Too few replicas is
 decider's to fix, and shrinking the target would only lengthen the queue; worse, it is a
 ratchet: the target grows back only when the replicas use 80 % of it, which the horizontal
 decider, planning for 80 % of a replica, seldom lets them do, so each burst would cut it for
-good. Measured (issue 23, decode-heavy seed 1): two bursts cut the router's limit 246 -> 184
+good. Measured (the decode-heavy mix, seed 1): two bursts cut the router's limit 246 -> 184
 -> 138 for the rest of the trace, and the later bursts queued at the router behind it (7 minutes
 missed; 5 with the target kept). A target too large for the KV cache still shrinks, in the
 first window without a backlog.

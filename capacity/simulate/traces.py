@@ -267,7 +267,7 @@ def daily(
     return from_rate(rate, days * 86400.0, seed)
 
 
-# --- production-like mixes (issue 23): shapes from a median and a quantile, bursts at 10 s ---------
+# --- production-like mixes: shapes from a median and a quantile, bursts at 10 s ----------------------------
 
 # Prefill-heavy (RAG, code assistants): long prompts, short answers, as in a public trace of
 # this kind: prompts median ~1,470 (p90 ~5,200), outputs median 13 (p90 55).

@@ -1,4 +1,4 @@
-"""Moving an endpoint to another pool (issue 25's review): a tenant's endpoint that holds an
+"""Moving an endpoint to another pool: a tenant's endpoint that holds an
 operator's reservation stays where it was sold unless an operator moves it (and only to a pool
 that packs it); an endpoint whose pods still run stays until none runs, so the ledger never
 counts a ready pod in a pool it does not run in. API and console, the same 409."""

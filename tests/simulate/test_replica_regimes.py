@@ -1,4 +1,4 @@
-"""The simulated replica in the regimes issue 23 names, on synthetic time: chunked prefill
+"""The simulated replica in the production-like regimes, on synthetic time: chunked prefill
 stretches the steps of requests decoding beside a long prompt (their inter-token latency), and
 long contexts are bounded by the KV cache, not by slots."""
 

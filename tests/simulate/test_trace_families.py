@@ -1,4 +1,4 @@
-"""The production-like mixes of issue 23: their shapes and burstiness match the parameters they
+"""The production-like mixes: their shapes and burstiness match the parameters they
 are generated from, for several seeds (what the policy bench replays)."""
 
 import random
