@@ -86,7 +86,7 @@ VARIANTS = {
     "apa-down30": {"scale_down_window_s": 30.0},
     "apa-up10": {"scale_up_window_s": 10.0},
     "apa-nodrain": {"backlog_drain_s": 1e9},  # the router's backlog ignored
-    # Drain the backlog predicted for when new pods are ready, not the one now (README).
+    # Drain the backlog predicted for when new pods are ready, not the one now (docs/autoscaler.md).
     "apa-ready": {"drain_backlog_at_ready": True},
     "apa-u90-ready": {"target_utilisation": 0.9, "drain_backlog_at_ready": True},
     # 1 - the tolerance where the 10-s spans of the last 60 s are within 20 % of their mean.

@@ -129,7 +129,7 @@ def test_a_past_burst_holds_what_would_serve_it_again_before_pods_are_ready():
     # TTFT's 5 s of waiting, its 20 s (533 MU) need 533 x 60 / 25 = 1,280 MU/min, 12.8 replicas
     # at a full replica's 100 (its 30 s: 600 MU / 35 s, 10.3); capped at 1.75 x 5 = 8.75 -> 9.
     # Decode-heavy fan-outs recur minutes apart, and one within a pod start is served only by
-    # what stands (README, "Traffic it was not tuned on").
+    # what stands (docs/autoscaler.md, "Traffic it was not tuned on").
     buckets = steady(400, end=T0 - 140) + steady(1600, start=T0 - 140, end=T0 - 120)
     buckets += steady(400, start=T0 - 120)
     decision = decide(spec(12), buckets, T0)

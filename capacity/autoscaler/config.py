@@ -23,7 +23,7 @@ class AutoscalerConfig:
     target_utilisation: float = 0.8
     # Plan for 1 - tolerance instead when every 10-s span of the scale-down window is within this
     # share above the spans' mean (horizontal.planned_utilisation); 0 is off; [0, 1). Off: beside
-    # the burst hold, 0.2 loses 7 minutes on the simulator's mixes (README, "Traffic it was not tuned on").
+    # the burst hold, 0.2 loses 7 minutes on the simulator's mixes (docs/autoscaler.md).
     smooth_spread: float = 0.0
     scale_up_window_s: float = 20.0  # seconds of traffic a scale-up looks at; > 0
     # The MU need of a window is its busiest span this long (a sliding sum of buckets), not its
@@ -44,24 +44,24 @@ class AutoscalerConfig:
     burst_wait_s: float = 5.0
     # The hold is at most this x the current need, replicas: a 20x burst is not kept standing
     # for minutes (uncapped, the hold cost 1.4-2.1x the GPU-hours on bursty mixes in the fleet
-    # simulator; at 1.5 it met no minute more on seeds 1-2; README, "Traffic it was not tuned on"); >= 1.
+    # simulator; at 1.5 it met no minute more on seeds 1-2; docs/autoscaler.md); >= 1.
     burst_hold_cap: float = 1.75
     # Seconds of calm that let the decider drop its margins for bursts (capacity.autoscaler.calm):
     # no 10-s span above burst_ratio x the mean of the 300 s before it for this long, and there it
     # plans at a full replica, holds no burst and scales up without the band. 0 is off (the
-    # default: a bursty endpoint's first burst after a calm spell loses its minute; README,
+    # default: a bursty endpoint's first burst after a calm spell loses its minute; docs/autoscaler.md,
     # "Traffic it was not tuned on"); >= 0.
     calm_history_s: float = 0.0
     # ... and only where the work arriving within burst_wait_s varies by at most this (its
     # coefficient of variation were arrivals Poisson with the scale-down window's request sizes,
     # calm.work_spread): planned at a full replica, a lump of long prompts (42k-126k tokens,
     # seconds of prefill each) holds every replica's first tokens. The Azure hour reads 0.04,
-    # long contexts 0.27 (README, "Traffic it was not tuned on"); >= 0.
+    # long contexts 0.27 (docs/autoscaler.md, "Traffic it was not tuned on"); >= 0.
     calm_max_spread: float = 0.1
     # Once no burst came for quiet_after_s (the same judgement), plan keeping only this share of
     # the margin (1 - target_utilisation): 0.5 plans for 0.9 of a replica at the default 0.8, so
     # what is left is the tolerance band; a burst restores the whole margin at once. 1 keeps it
-    # always (off); [0, 1]. In the fleet simulator (README): 8-13 % fewer GPU-hours on
+    # always (off); [0, 1]. In the fleet simulator (docs/autoscaler.md): 8-13 % fewer GPU-hours on
     # the Azure hour and long contexts for 1 of 360 long-context minutes, every surge of up to
     # 2x still met; the bursty mixes never go 30 minutes without a burst and are unchanged.
     quiet_margin: float = 0.5

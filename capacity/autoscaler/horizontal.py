@@ -56,9 +56,9 @@ at most `burst_hold_cap` (1.75) x the current need: decode-heavy fan-outs recur 
 one that comes within a pod start is served only by what stands. In the fleet simulator it met
 10 more minutes on the decode-heavy mixes (4 seeds) for 0-10 % more GPU-hours; a hold of the
 bursts' full rate, faded over 300 s, met 1-5 more minutes on bursty mixes for 1.2-1.9x
-(README, "Traffic it was not tuned on").
+(docs/autoscaler.md, "Traffic it was not tuned on").
 
-Two refinements are measured and off by default (README): `drain_backlog_at_ready`
+Two refinements are measured and off by default (docs/autoscaler.md): `drain_backlog_at_ready`
 drains the backlog predicted for when pods asked now are ready (`backlog_at_ready`), which met
 no minute more on the simulator's mixes for 8-27 % more GPU-hours (a burst's next minute is lost
 by requests that arrive before any pod asked in the burst is ready, not by the drain's pace);
@@ -76,7 +76,7 @@ not burst for half an hour is not in one. In the fleet simulator: the Azure hour
 GPU-hours and long contexts 9-13 % fewer (1 minute lost of 360 on 12 seeds), every surge of up
 to 2x after the calm spell still met; the bursty mixes never go half an hour without a burst.
 After 300 s instead of 1,800 it forgot decode-heavy fan-outs, which come minutes apart: 4
-minutes lost on 8 seeds (README, "Traffic it was not tuned on").
+minutes lost on 8 seeds (docs/autoscaler.md, "Traffic it was not tuned on").
 
 The predictive minimum (`forecast`) still plans at `target_utilisation`: it raises the floor
 for a peak that is about to come, when the whole margin is what the peak wants.
@@ -89,7 +89,7 @@ need passes the fleet (the band still holds a scale-down). On smooth traffic the
 1.3-1.5x the oracle's GPU-hours; with calm_history_s 1800 the Azure hour takes 1.21x for the
 same minutes; long contexts, whose 42k-126k-token prompts are seconds of a replica each, are
 not steady and keep the margins (planned at a full replica they lost a minute a trace), and
-bursty mixes, bursty by their own history, are unchanged (README, "Traffic it was not tuned on").
+bursty mixes, bursty by their own history, are unchanged (docs/autoscaler.md, "Traffic it was not tuned on").
 
 Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
 100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
@@ -162,7 +162,7 @@ def backlog_at_ready(load: Load, cfg: AutoscalerConfig) -> float:
     """The backlog the MU rule drains: the router's now, or with `drain_backlog_at_ready` what it
     will still hold when replicas asked now are ready, its latest growth (arrivals beyond what the
     running fleet serves) carried for a pod start, never below zero. Off by default: measured in
-    the fleet simulator it costs GPU-hours and meets no more minutes (README)."""
+    the fleet simulator it costs GPU-hours and meets no more minutes (docs/autoscaler.md)."""
     if not cfg.drain_backlog_at_ready:
         return load.backlog_mu
     return max(0.0, load.backlog_mu + load.backlog_growth_mu_per_s * cfg.pod_start_s)

@@ -92,7 +92,7 @@ def search_schedule(
     missing minute 1 -> [6, 53, 6]; a trim of a minute at p99 0.3 of its deadline with 20
     replicas tries 17. The last trims take one replica from every minute with any slack at once,
     until one takes off under `TRIM_ENOUGH`: closer to the fewest than the coarse ones, still not
-    a proof (README, "Traffic it was not tuned on", for what they took off on the bench's traces)."""
+    a proof (docs/autoscaler.md, for what they took off on the bench's traces)."""
     schedule = [min(max(n, 1), ceiling) for n in start]
     result = replay(schedule)
     runs = 1

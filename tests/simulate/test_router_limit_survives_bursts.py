@@ -1,4 +1,4 @@
-"""A decode-heavy burst does not cut the router's per-replica limit for good (README).
+"""A decode-heavy burst does not cut the router's per-replica limit for good (docs/autoscaler.md).
 
 Each 4x agent fan-out of long answers fills the replicas' KV cache and queues at the router for
 a pod start; the requests that waited finish late for a while after. Read as evidence against
