@@ -22,16 +22,27 @@ def refusal(check, *args):
     return None
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
-    rng = random.Random(seed)
-    pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=8, gpus_per_node=8)
-    profiles = [
+def tensor_parallel_profiles(h100) -> list[ModelProfile]:
+    """A model on 1, 2, 4 and 8 GPUs a replica, each 1 MU a request."""
+    return [
         ModelProfile.objects.create(
             model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
         )
         for g in (1, 2, 4, 8)
     ]
+
+
+def fill_to_eight_sevenths(pool: GpuPool) -> None:
+    """Nodes for about 8/7 of what the pool commits: full enough that some asks are refused."""
+    committed = selling.pool_ledgers([pool])[pool.pk].committed_gpus
+    GpuPool.objects.filter(pk=pool.pk).update(gpu_count=8 * -(-committed // 7))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
+    rng = random.Random(seed)
+    pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=8, gpus_per_node=8)
+    profiles = tensor_parallel_profiles(h100)
     tenant = Tenant.objects.create(name="t", gpu_quota=10_000)
     endpoints = Endpoint.objects.bulk_create(
         Endpoint(
@@ -46,9 +57,7 @@ def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
         for e in endpoints
         if rng.random() < 0.3
     )
-    # Nodes for about 8/7 of what is committed: full enough that some asks are refused.
-    committed = selling.pool_ledgers([pool])[pool.pk].committed_gpus
-    GpuPool.objects.filter(pk=pool.pk).update(gpu_count=8 * -(-committed // 7))
+    fill_to_eight_sevenths(pool)
     pool.refresh_from_db()
     assert not selling.pool_ledgers([pool])[pool.pk].oversold
     refused = 0
@@ -76,12 +85,7 @@ def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
     rng = random.Random(seed)
     pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=64, gpus_per_node=8)
     elsewhere = GpuPool.objects.create(name="q", gpu_type=h100, gpu_count=64, gpus_per_node=8)
-    profiles = [
-        ModelProfile.objects.create(
-            model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
-        )
-        for g in (1, 2, 4, 8)
-    ]
+    profiles = tensor_parallel_profiles(h100)
     tenant = Tenant.objects.create(name="t", gpu_quota=10_000)
     endpoints = Endpoint.objects.bulk_create(
         Endpoint(
@@ -132,12 +136,7 @@ def test_rollouts_in_the_pool_are_counted_alike_on_both_paths(h100, seed):
 
     rng = random.Random(seed)
     pool = GpuPool.objects.create(name="p", gpu_type=h100, gpu_count=64, gpus_per_node=8)
-    profiles = [
-        ModelProfile.objects.create(
-            model=f"tp{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
-        )
-        for g in (1, 2, 4, 8)
-    ]
+    profiles = tensor_parallel_profiles(h100)
     tenant = Tenant.objects.create(name="t", gpu_quota=10_000)
     endpoints = Endpoint.objects.bulk_create(
         Endpoint(
@@ -170,9 +169,7 @@ def test_rollouts_in_the_pool_are_counted_alike_on_both_paths(h100, seed):
         for v in ((1, 2) if e in rolling else (2,))
         for j in range(rng.choice([0, 1, 2]))
     )
-    # Nodes for about 8/7 of what is committed: full enough that some asks are refused.
-    committed = selling.pool_ledgers([pool])[pool.pk].committed_gpus
-    GpuPool.objects.filter(pk=pool.pk).update(gpu_count=8 * -(-committed // 7))
+    fill_to_eight_sevenths(pool)
     pool.refresh_from_db()
     whole = selling.pool_ledgers([pool])[pool.pk]
     assert not whole.oversold
