@@ -235,6 +235,9 @@ API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, mi
 # else its GPU type's), a profile name runs that one for every pair, "" measures no simulation.
 # Fits from a simulated engine say "simulated" in their engine field.
 BENCHMARK_ENGINE_URL = envstr("BENCHMARK_ENGINE_URL", "")
+# The fleet key (a mode-600 file): the credential pods answer to, sent by benchmarks that drive a
+# pod (BENCHMARK_ENGINE_URL's or a cluster's); unset: pods without a key.
+POD_KEY_FILE = envstr("POD_KEY_FILE", "")
 BENCHMARK_SIMULATED_PROFILE = envstr("BENCHMARK_SIMULATED_PROFILE", "auto" if EMBEDDED else "")
 # "virtual": the simulated engine's performance model runs in-process on a virtual clock, which
 # the machine's load cannot bend (a 17-shape sweep in seconds, the same fit on a busy machine);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,4 +54,24 @@ def read_key(path: str | None, variable: str) -> str | None:
         raise ValueError(f"cannot read the key file {path}: {exc}") from None
     if not key:
         raise ValueError(f"the key file {path} is empty")
+    return key
+
+
+def read_private_key(path: str | None, variable: str) -> str | None:
+    """``read_key``, refusing a file that other users can read or write (mode 600 wanted): a
+    credential every local user could read is no credential; and a key that cannot be a bearer
+    token in a header. Raises ValueError naming the file (or the variable)."""
+    if path is not None:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError as exc:
+            raise ValueError(f"cannot read the key file {path}: {exc}") from None
+        if mode & 0o077:
+            raise ValueError(
+                f"the key file {path} is open to other users (mode {mode:03o}); chmod 600 {path}"
+            )
+    key = read_key(path, variable)
+    if key is not None and not (key.isascii() and key.isprintable() and " " not in key):
+        where = f"the key file {path}" if path is not None else f"${variable}"
+        raise ValueError(f"{where} holds characters an HTTP header cannot carry (one line, no spaces)")
     return key

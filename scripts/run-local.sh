@@ -37,6 +37,12 @@ if [ ! -s "$VAR/keys/operator.key" ]; then  # a database from before keys were w
 fi
 # The operator key reaches the agent and the router in a file, never on a command line (ps).
 KEY_FILE=$VAR/keys/operator.key
+# The fleet key: pods answer only requests bearing it (the router's, their probers'); the agent
+# gives it to pods in their environment, the router sends it.
+export POD_KEY_FILE=$VAR/keys/fleet.key  # the control plane's benchmarks send it too
+if [ ! -s "$POD_KEY_FILE" ]; then
+    (umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$POD_KEY_FILE")
+fi
 pids=()
 declare -A logs  # pid -> its log, to show when it dies
 cleanup() {
@@ -58,13 +64,14 @@ started() {  # started NAME LOG [URL]: the one terminal line per process
 pids+=($!)
 started "celery" "$VAR/celery.log"
 "$BIN/python" -m dataplane.cluster.agent --listen "127.0.0.1:$AGENT_PORT" --log-dir "$VAR/pods" \
-    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" >"$VAR/agent.log" 2>&1 &
+    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" --pod-key-file "$POD_KEY_FILE" >"$VAR/agent.log" 2>&1 &
 pids+=($!)
 started "cluster agent" "$VAR/agent.log" "http://127.0.0.1:$AGENT_PORT"
 # Its metered seconds wait in var/router-spool/ until the control plane takes them: a router
 # stopped while the control plane is down sends them at its next start.
 "$BIN/python" -m dataplane.router --listen "127.0.0.1:$ROUTER_PORT" --spool-dir "$VAR/router-spool" \
-    --control-plane "$CP" --key-file "$KEY_FILE" --log-level info >"$VAR/router.log" 2>&1 &
+    --control-plane "$CP" --key-file "$KEY_FILE" --pod-key-file "$POD_KEY_FILE" --log-level info \
+    >"$VAR/router.log" 2>&1 &
 pids+=($!)
 started "router" "$VAR/router.log" "http://127.0.0.1:$ROUTER_PORT"
 # In the background too, so that a signal to this script is handled at once (bash runs a trap

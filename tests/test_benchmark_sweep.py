@@ -19,7 +19,7 @@ TINY = get_profile("tiny-test")  # 4 slots, 512-token context: saturates with a 
 
 @pytest.fixture
 def tiny_sim():
-    with sim_engine("--profile", "tiny-test", "--time-scale", "20") as sim:
+    with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--enable-fault-injection") as sim:
         yield sim
 
 

@@ -29,7 +29,7 @@ TINY = SimulatedDriver(get_profile("tiny-test"))
 
 @pytest.fixture
 def tiny_sim():
-    with sim_engine("--profile", "tiny-test", "--time-scale", "20") as sim:
+    with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--enable-fault-injection") as sim:
         yield sim
 
 
@@ -214,7 +214,7 @@ def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, sett
 
 
 def test_a_local_simulated_pod_is_torn_down_when_the_sweep_fails(small_model, local_pods, monkeypatch):
-    async def failing_sweep(url, config, slo):
+    async def failing_sweep(url, config, slo, api_key=""):
         raise BenchmarkError((16, 1), "engine answered 500: injected")
 
     monkeypatch.setattr(profile_benchmarks, "sweep", failing_sweep)
@@ -222,6 +222,21 @@ def test_a_local_simulated_pod_is_torn_down_when_the_sweep_fails(small_model, lo
     assert record.status == "failed" and "engine answered 500: injected" in record.reason
     assert local_pods, "the benchmark started no pod"
     assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
+
+
+def test_a_keyed_engine_is_measured_with_the_fleet_key(small_model, settings, tmp_path):
+    # The pod answers only the fleet key (vLLM's --api-key; the sim's alike): without
+    # POD_KEY_FILE the benchmark fails on its 401, with it the sweep measures.
+    two = SweepConfig(shapes=((16, 1), (16, 16)), requests_per_step=20)  # measured, too few to fit
+    with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--api-key", "fleet-k") as sim:
+        refused = profile_benchmarks.run_benchmark(small_model, engine_url=sim.url, config=two)
+        assert refused.status == "failed" and "answered 401" in refused.reason
+        key = tmp_path / "fleet.key"
+        key.write_text("fleet-k\n")
+        key.chmod(0o600)
+        settings.POD_KEY_FILE = str(key)
+        measured = profile_benchmarks.run_benchmark(small_model, engine_url=sim.url, config=two)
+    assert "need at least 5 distinct shapes to fit" in measured.reason, measured.reason
 
 
 def test_no_engine_configured_is_a_clear_failure(small_model, settings):

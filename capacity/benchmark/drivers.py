@@ -86,6 +86,7 @@ class HttpDriver:
     steps_engine_timed: int = 0  # steps timed by the engine's histograms
     steps_client_timed: int = 0  # steps timed by the client's clock
     last_step_engine_timed: bool = False  # whether the engine's histogram timed the latest step
+    auth: dict[str, str] = field(default_factory=dict)  # the fleet credential a keyed pod asks for
 
     async def _engine_latencies(self) -> engine_timing.Histogram | None:
         if not self.engine_timed:
@@ -174,7 +175,7 @@ class HttpDriver:
     async def _exchange(self, connection: Connection, body: bytes) -> ClientResponse:
         try:
             response = await connection.exchange(
-                "POST", "/v1/completions", body, {"content-type": "application/json"}
+                "POST", "/v1/completions", body, {"content-type": "application/json", **self.auth}
             )
         except BaseException:
             connection.close()
@@ -336,13 +337,16 @@ class SimulatedDriver:
                 latencies.append(now - arrived.pop(req.request_id))
 
 
-async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:
+async def connect(engine_url: str, config: SweepConfig, api_key: str = "") -> HttpDriver:
+    """A driver for the engine at ``engine_url``; ``api_key``: the fleet credential that a keyed
+    pod (vLLM's --api-key, the simulated engine's alike) answers only to."""
+    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
     url = urlparse(engine_url)
     if url.scheme != "http" or not url.hostname:
         raise BenchmarkError(None, f"engine URL must be http://host:port, got {engine_url!r}")
     host, port = url.hostname, url.port or 80
     try:
-        models = await request("GET", host, port, "/v1/models", timeout_s=10)
+        models = await request("GET", host, port, "/v1/models", headers=auth, timeout_s=10)
     except (OSError, TimeoutError) as exc:
         raise BenchmarkError(None, f"engine at {engine_url} unreachable: {exc!r}", unreachable=True) from None
     if models.status != 200:
@@ -361,14 +365,16 @@ async def connect(engine_url: str, config: SweepConfig) -> HttpDriver:
             port,
             "/tokenize",
             body=json.dumps({"model": model, "prompt": sample}).encode(),
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **auth},
             timeout_s=10,
         )
         if tokenized.status == 200 and tokenized.json().get("tokens"):
             token_ids = sorted(set(tokenized.json()["tokens"]))
     except (OSError, TimeoutError, ValueError):
         pass  # no tokenizer endpoint: the fallback ids serve
-    return HttpDriver(engine_url, host, port, model, max_len, token_ids, config, random.Random(config.seed))
+    return HttpDriver(
+        engine_url, host, port, model, max_len, token_ids, config, random.Random(config.seed), auth=auth
+    )
 
 
 async def _all(awaitables) -> None:  # type: ignore[no-untyped-def]

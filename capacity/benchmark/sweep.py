@@ -65,11 +65,13 @@ async def sweep(
     slo: Slo = Slo(),
     on_shape: Callable[[ShapeResult], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    api_key: str = "",
 ) -> SweepResult:
     """Measure every shape of `config` on an engine URL (or a Driver, such as SimulatedDriver).
-    `clock` (wall seconds) decides how many second looks the time allows."""
+    `clock` (wall seconds) decides how many second looks the time allows; `api_key`: the fleet
+    credential an engine URL's pod asks for."""
     started = clock()
-    driver = await connect(engine, config) if isinstance(engine, str) else engine
+    driver = await connect(engine, config, api_key) if isinstance(engine, str) else engine
     results = []
     try:
         shapes = config.shapes

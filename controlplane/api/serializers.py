@@ -571,6 +571,13 @@ class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
         model = Pod
         fields = ["id", "endpoint", "name", "url", "ready", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+        extra_kwargs = {"url": {"help_text": "Where the pod listens: operators only (absent for tenants)"}}
+
+    def to_representation(self, instance: Pod) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if not principal_of(self).is_operator:  # a pod's address is the fleet's, never a tenant's
+            del data["url"]
+        return data
 
 
 class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation]):

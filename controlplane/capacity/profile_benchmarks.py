@@ -20,6 +20,7 @@ running, whatever happens.
 
 import asyncio
 import logging
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
+from dataplane.keys import read_private_key
+from dataplane.runtime import engine_auth
 from dataplane.runtime.profiles import get_profile
 
 log = logging.getLogger("controlplane.capacity.profile_benchmarks")
@@ -124,21 +127,30 @@ def in_process_driver(profile: ModelProfile, engine_url: str | None = None) -> S
     return SimulatedDriver(get_profile(name)) if name and runs_in_process(profile, engine_url) else None
 
 
+def fleet_key() -> str:
+    """The fleet credential that pods answer to (POD_KEY_FILE; "" without one: open pods)."""
+    try:
+        return read_private_key(settings.POD_KEY_FILE or None, "MU_POD_KEY") or ""
+    except ValueError as exc:
+        raise BenchmarkError(None, f"POD_KEY_FILE: {exc}") from None
+
+
 @contextmanager
 def benchmark_engine(
     profile: ModelProfile, engine_url: str | None = None
-) -> Iterator[tuple[str, float, str]]:
-    """(engine URL, time scale, what to call it) for this pair; a local simulated pod is stopped
-    whatever happens, and its fits say "simulated" so they are never mistaken for a GPU's."""
+) -> Iterator[tuple[str, float, str, str]]:
+    """(engine URL, time scale, what to call it, the key its pod asks for) for this pair; a local
+    simulated pod is stopped whatever happens, and its fits say "simulated" so they are never
+    mistaken for a GPU's."""
     url = engine_url or settings.BENCHMARK_ENGINE_URL
     if url:
-        yield url, 1.0, url
+        yield url, 1.0, url, fleet_key()
         return
     from controlplane.endpoints import scaling
 
     cluster = scaling.driver()
     if cluster is not None:
-        yield cluster_engine(cluster, profile)
+        yield (*cluster_engine(cluster, profile), fleet_key())
         return  # the claim's release undeclares the pod: the next pass removes it
     simulated = simulated_profile_name(profile)
     if not simulated:
@@ -150,6 +162,7 @@ def benchmark_engine(
     port, probe_port = _free_port(), _free_port()
     name = f"benchmark-{profile.pk}-{port}"
     scale = settings.BENCHMARK_SIMULATED_TIME_SCALE
+    key = secrets.token_urlsafe(32)  # this pod's own: it answers this benchmark alone
     supervisor.start_pod(
         PodLaunch(
             name,
@@ -157,6 +170,7 @@ def benchmark_engine(
             port,
             probe_port,
             args=("--profile", simulated, "--time-scale", str(scale)),
+            env=((engine_auth.ENV_VARIABLE, key),),
         )
     )
     try:
@@ -168,7 +182,7 @@ def benchmark_engine(
                 )
             time.sleep(0.1)  # waiting on a process starting, not faking time
         label = f"simulated:{simulated} (local pod, time scale {scale:g}, wall clock)"
-        yield f"http://127.0.0.1:{port}", scale, label
+        yield f"http://127.0.0.1:{port}", scale, label, key
     finally:
         supervisor.stop_pod(name, grace_s=5)
         supervisor.close()
@@ -225,9 +239,9 @@ def run_benchmark(
         elif driver is not None:  # another in-process engine
             result = asyncio.run(sweep(driver, config, slo()))
         else:
-            with benchmark_engine(profile, engine_url) as (url, scale, label):
+            with benchmark_engine(profile, engine_url) as (url, scale, label, key):
                 config = SweepConfig(**{**asdict(config), "time_scale": scale})
-                result = replace(asyncio.run(sweep(url, config, slo())), engine_url=label)
+                result = replace(asyncio.run(sweep(url, config, slo(), api_key=key)), engine_url=label)
         fit = result.fit(profile.mu_per_replica_minute, settings.BENCHMARK_MAX_UNDERPRICE)
         if isinstance(driver, SimulatedDriver):
             extras = asyncio.run(

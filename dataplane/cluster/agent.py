@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
-from dataplane.keys import add_key_arguments, read_key
+from dataplane.keys import add_key_arguments, read_key, read_private_key
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.pod_process import PodLaunch
@@ -49,6 +49,7 @@ from dataplane.wire.pod_events import attribution
 log = logging.getLogger("dataplane.cluster.agent")
 # The operator key for events, the agent's and its pods' (dataplane.runtime.pod reads it there).
 KEY_VARIABLE = "MU_CONTROL_PLANE_KEY"
+POD_KEY_VARIABLE = "VLLM_API_KEY"  # the fleet key, where vLLM (and the simulated engine) reads it
 
 
 @dataclass
@@ -275,7 +276,9 @@ async def serve(args: argparse.Namespace) -> None:
         args.host,
         args.drain_delay,
         control_plane_args(args.control_plane),
-        pod_env=((KEY_VARIABLE, key),) if args.control_plane and key else (),
+        pod_env=(((KEY_VARIABLE, key),) if args.control_plane and key else ())
+        # the fleet key: each engine then answers only those bearing it (router, prober)
+        + (((POD_KEY_VARIABLE, args.pod_key),) if args.pod_key else ()),
     )
     supervisor.start()
     server = HttpServer(agent.handle)
@@ -319,10 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm-engine", choices=("sim", "vllm"), default="sim", help="engine of the warm pool")
     p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
     add_key_arguments(p, "--key", KEY_VARIABLE, "operator key for pod events")
+    add_key_arguments(p, "--pod-key", "MU_POD_KEY", "fleet key the pods accept (mode 600)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
         args.key = read_key(args.key_file, KEY_VARIABLE)
+        args.pod_key = read_private_key(args.pod_key_file, "MU_POD_KEY") or ""
     except ValueError as exc:
         p.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -7,7 +7,9 @@
         [--stale-table-after-s 600] [--stale-table fail-open] [--spool-dir /var/spool/router]
 
 The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
-(``dataplane.keys``).
+(``dataplane.keys``). So does the fleet key, the credential pods accept (``--pod-key-file``, a
+mode-600 file, or ``$ROUTER_POD_KEY``): the router sends it to pods as
+``Authorization: Bearer``, in place of the tenant's own key.
 
 ``--admin-listen HOST:PORT`` serves the operator endpoints (``/metrics``, and ``/health`` for
 probes) on a listener of their own, to be kept off the tenants' network; without it they answer
@@ -45,7 +47,7 @@ import tempfile
 from dataclasses import fields, replace
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN
-from dataplane.keys import add_key_arguments, read_key
+from dataplane.keys import add_key_arguments, read_key, read_private_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.delivery import Spool, SpoolBusy
@@ -90,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--backends", help="static mode: comma-separated pod URLs")
     src.add_argument("--control-plane", help="control-plane mode: base URL of the control plane")
     add_key_arguments(p, "--key", "ROUTER_KEY", "operator key")
+    add_key_arguments(p, "--pod-key", "ROUTER_POD_KEY", "fleet key the pods accept (mode 600)")
     p.add_argument(
         "--endpointslices",
         metavar="NAMESPACE",
@@ -155,6 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.key = read_key(args.key_file, "ROUTER_KEY")
         probe_key = read_key(args.probe_key_file, "ROUTER_PROBE_KEY")
+        args.pod_key = read_private_key(args.pod_key_file, "ROUTER_POD_KEY") or ""
     except ValueError as exc:
         p.error(str(exc))
     args.probe_key = probe_key.encode() if probe_key else None  # None: no request is a probe
@@ -231,6 +235,7 @@ async def serve(
         metrics_dir=args.metrics_dir,
         admin_listen=args.admin_listen,
         probe_key=args.probe_key,
+        pod_key=args.pod_key,
         readiness=readiness,
         spool=open_spool(args.spool_dir, worker, args.workers) if args.spool_dir else None,
     )

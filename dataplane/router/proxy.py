@@ -49,8 +49,8 @@ from dataplane.router.validation import lax_bool
 HOP_BY_HOP = frozenset(
     b"connection keep-alive proxy-connection transfer-encoding te trailer upgrade content-length".split()
 )
-# Not forwarded to the pod: also the tenant's secret (pods sit on a private network and
-# authenticate the router, not tenants) and what only concerns the client-router hop.
+# Not forwarded to the pod: also the tenant's secret (pods authenticate the router, by the fleet
+# credential it sends instead, not tenants) and what only concerns the client-router hop.
 REQUEST_DROP = HOP_BY_HOP | {b"host", b"authorization", b"proxy-authorization", b"expect"}
 # Not forwarded to the client: the pod's date/server say nothing useful about the router.
 RESPONSE_DROP = HOP_BY_HOP | {b"date", b"server"}
@@ -68,8 +68,12 @@ class UpstreamFailed(Exception):
         self.before_response = before_response  # nothing was sent to the client: retry is safe
 
 
-def build_request(method: bytes, path: bytes, host: bytes, headers: dict[bytes, bytes], body: bytes) -> bytes:
-    out = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n" % (method, path, host, len(body))]
+def build_request(
+    method: bytes, path: bytes, host: bytes, headers: dict[bytes, bytes], body: bytes, auth: bytes = b""
+) -> bytes:
+    """The request to a pod; ``auth``: the fleet credential's pre-encoded header line (the
+    tenant's own authorization is never forwarded)."""
+    out = [b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s" % (method, path, host, len(body), auth)]
     for k, v in headers.items():
         if k not in REQUEST_DROP:
             out.append(b"%s: %s\r\n" % (k, v))

@@ -107,8 +107,12 @@ class Router:
         probe_key: bytes | None = None,
         readiness: WorkerReadiness | None = None,
         spool: Spool | None = None,
+        pod_key: str = "",
     ) -> None:
         self.config = config
+        # the fleet credential, sent to pods as a bearer token (b"" without one: open pods)
+        self.pod_auth = b"authorization: Bearer %s\r\n" % pod_key.encode() if pod_key else b""
+        self.pod_headers = {"authorization": f"Bearer {pod_key}"} if pod_key else {}  # its own calls
         self.readiness = readiness  # --workers N: ready only when every worker has its table
         self.probe_key = probe_key  # the prober credential (the probe header's value); None: no probes
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
@@ -319,7 +323,7 @@ class Router:
                 raise RequestError(
                     502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                 ) from None
-            request = build_request(req.method, req.path, host_hdr, req.headers, body)
+            request = build_request(req.method, req.path, host_hdr, req.headers, body, self.pod_auth)
             head, done = exch.send(conn, pod_hdr, request)
             try:
                 await head
@@ -478,7 +482,11 @@ class Router:
         for pod in [p for p in ep.pods if p.ready and not p.ejected]:
             try:
                 status, _, body = await self.fetch(
-                    f"{pod.url}/v1/models", "GET", {}, b"", self.config.upstream_read_timeout_s
+                    f"{pod.url}/v1/models",
+                    "GET",
+                    dict(self.pod_headers),
+                    b"",
+                    self.config.upstream_read_timeout_s,
                 )
                 listed = json.loads(body) if status == 200 else None
             except (OSError, TimeoutError, ConnectionError, ValueError):

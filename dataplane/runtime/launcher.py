@@ -57,6 +57,12 @@ class VllmSpec:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{API_SERVER_COUNT_FLAG} must be an integer >= 1, got {count!r}")
         for arg in self.extra_args:
+            if _is_api_key_flag(arg):
+                raise ValueError(
+                    f"{arg!r} among vLLM's own arguments (after --) puts the fleet key on the command "
+                    "line, where every user of the machine can read it (ps); the pod's $VLLM_API_KEY "
+                    "reaches vLLM in its environment"
+                )
             if _is_api_server_count_flag(arg):
                 raise ValueError(
                     f"{arg!r} among vLLM's own arguments (after --): give {API_SERVER_COUNT_FLAG} N "
@@ -70,6 +76,12 @@ def _is_api_server_count_flag(arg: str) -> bool:
     ``--api-`` is shared with ``--api-key``)."""
     name = arg.split("=", 1)[0].replace("_", "-")
     return name == "-asc" or (name.startswith("--api-s") and API_SERVER_COUNT_FLAG.startswith(name))
+
+
+def _is_api_key_flag(arg: str) -> bool:
+    """Any spelling vLLM's parser takes for --api-key (underscores, unambiguous prefixes)."""
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return name.startswith("--api-k") and "--api-key".startswith(name)
 
 
 def build_command(spec: VllmSpec) -> list[str]:

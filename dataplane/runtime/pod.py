@@ -16,6 +16,11 @@ container (a Kubernetes emptyDir survives container restarts within the pod), th
 its starts there and reports a ``restart`` event when it starts again. The local supervisor
 reports restarts itself and does not pass ``--state-dir``.
 
+The fleet credential: the pod's ``$VLLM_API_KEY`` (from the cluster agent, or a Kubernetes
+Secret) reaches the engine in its environment, never its argv, and the engine then answers
+only requests that bear it (the router's, the prober's); vLLM reads it itself, the simulated
+engine as vLLM does (``engine_auth``). Without it the engine is open, as vLLM without a key.
+
 ``run_pod`` takes the function that starts the engine (``spawn_engine`` by default); a warm pod
 (``warm``) passes one that hands the command to an engine interpreter it started beforehand.
 """
@@ -35,7 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dataplane.keys import add_key_arguments, read_key
-from dataplane.runtime import launcher
+from dataplane.runtime import engine_auth, launcher
 from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
 from dataplane.runtime.probe_server import ProbeLoop
 from dataplane.runtime.prober import ProberConfig
@@ -81,6 +86,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--fault", default="none")
     p.add_argument("--fault-after", type=float, default=0.0)
+    p.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="the simulated engine serves /_sim/fault (tests only; else 404)",
+    )
     # vLLM engine.
     launcher.add_vllm_arguments(p)
     args = p.parse_args(ours)
@@ -117,6 +127,8 @@ def engine_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str
         ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
+        if args.enable_fault_injection:
+            cmd.append("--enable-fault-injection")
         return cmd + extra, dict(os.environ)
     spec = launcher.spec_from_args(args, args.port, args.host, extra)
     return launcher.build_command(spec), launcher.engine_env(reserved_cpus=args.reserved_cpus)
@@ -214,6 +226,7 @@ async def run_pod(
         args.port,
         reporter,
         model=args.served_model_name if args.engine == "sim" else (args.served_model_name or args.model),
+        api_key=os.environ.get(engine_auth.ENV_VARIABLE, ""),  # the engine's own key, from the same env
     )
     await probe.http.start(args.host, args.probe_port)
     probe_task = asyncio.create_task(probe.run(stop))

@@ -5,6 +5,8 @@ Runs in the pod beside the engine. Every ``scrape_interval_s`` it reads the engi
 progress counter and feeds the pure ``Prober``; when the prober asks for a probe it sends
 ``POST /v1/completions`` with max_tokens 1 at the top priority, as its own task, bounded by the
 completion deadline, so the scrape loop and the HTTP endpoints never wait on the engine.
+Its calls to the engine bear the fleet credential (``api_key``, the pod's ``$VLLM_API_KEY``),
+as the router's do: a keyed engine answers 401 to the rest (``engine_auth``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from dataplane.runtime import http_client, metrics
+from dataplane.runtime import engine_auth, http_client, metrics
 from dataplane.runtime.events import EventReporter
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.prober import Prober, ProberConfig, ProberCounts, Status, metrics_text
@@ -33,6 +35,7 @@ class ProbeLoop:
         reporter: EventReporter,
         model: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str = "",
     ):
         self.config = config
         self.engine_host = engine_host
@@ -40,6 +43,7 @@ class ProbeLoop:
         self.reporter = reporter
         self.model = model  # learnt from /v1/models when None
         self.clock = clock
+        self.auth = engine_auth.bearer(api_key)  # the fleet credential's header; {} without one
         self.prober = Prober(config, clock())
         self.http = HttpServer(self.handle)
         self._probe_task: asyncio.Task[None] | None = None
@@ -131,7 +135,7 @@ class ProbeLoop:
     async def _discover_model(self) -> str | None:
         try:
             resp = await http_client.request(
-                "GET", self.engine_host, self.engine_port, "/v1/models", timeout_s=5.0
+                "GET", self.engine_host, self.engine_port, "/v1/models", headers=self.auth, timeout_s=5.0
             )
             return str(resp.json()["data"][0]["id"]) if resp.status == 200 else None
         except (OSError, TimeoutError, ValueError, KeyError, IndexError):
@@ -155,7 +159,7 @@ class ProbeLoop:
                 self.engine_port,
                 "/v1/completions",
                 body=body,
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", **self.auth},
                 timeout_s=self.config.completion_deadline_s,
             )
             ok = resp.status == 200

@@ -21,9 +21,14 @@ latencies the engine reports (its e2e, TTFT and inter-token histograms, the e2e 
 fine BENCHMARK_LATENCY_BUCKETS) are those of the profile, not of the machine's load: on a busy
 2-core machine at --time-scale 20, a 60-ms stall of the loop is 1.2 simulated seconds that the
 client's clock counts and this one does not. Faults can be injected by
-flag or ``POST /_sim/fault {"mode": "hang"|"crash"|"slow"|"errors"|"none", "factor": 3.0,
+flag or, in an engine started with ``--enable-fault-injection`` (tests only; without it the
+path is 404), ``POST /_sim/fault {"mode": "hang"|"crash"|"slow"|"errors"|"none", "factor": 3.0,
 "fraction": 0.2}``: hang stops all progress while /health stays 200 (as a hung vLLM does),
 crash exits non-zero, slow multiplies step time, errors fails that fraction of requests with 500.
+
+With a key (``--api-key K [K ...]`` or ``$VLLM_API_KEY``, as vLLM takes them) it answers as
+vLLM's guard does (``engine_auth``): 401 to a request without one of the keys, on every path
+but health, metrics and the other public probes.
 
 Idle cost is near zero: the engine loop awaits an event while there is no work, and sleeps
 exactly until the end of the current step while there is.
@@ -47,7 +52,7 @@ from dataclasses import dataclass, field, replace
 
 import uvloop
 
-from dataplane.runtime import metrics, openai_api, openai_responses, perf_model, sim_generation
+from dataplane.runtime import engine_auth, metrics, openai_api, openai_responses, perf_model, sim_generation
 from dataplane.runtime.http_server import (
     HttpServer,
     Request,
@@ -140,11 +145,15 @@ class SimEngine:
         config: SimConfig | None = None,
         fault: Fault | None = None,
         on_crash: Callable[[], None] | None = None,
+        api_keys: list[str] | None = None,
+        fault_injection: bool = False,
     ):
         self.profile = profile
         self.config = config or SimConfig()
         self.fault = fault or Fault()
         self.on_crash = on_crash or (lambda: os._exit(CRASH_EXIT_CODE))
+        self.key_digests = engine_auth.digests(api_keys or [])  # empty: open, as vLLM without a key
+        self.fault_injection = fault_injection  # POST/GET /_sim/fault served; else 404
         self.state = perf_model.EngineState()
         self.sequences: dict[str, _Sequence] = {}  # by the engine's sequence id
         self.served = ServedModel(
@@ -263,6 +272,12 @@ class SimEngine:
 
     async def handle(self, request: Request) -> Response | StreamingResponse:
         route = (request.method, request.path)
+        if (
+            self.key_digests
+            and not engine_auth.is_public(request.path)
+            and not engine_auth.authorized(request.headers.get("authorization"), self.key_digests)
+        ):
+            return json_response(401, engine_auth.UNAUTHORIZED_BODY)
         try:
             if route == ("POST", "/v1/completions"):
                 return await self._completion(request, chat=False)
@@ -297,7 +312,7 @@ class SimEngine:
                 return Response(
                     200, self.render_metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
                 )
-            if route == ("POST", "/_sim/fault"):
+            if route == ("POST", "/_sim/fault") and self.fault_injection:
                 try:
                     body = json.loads(request.body)
                 except ValueError:
@@ -305,7 +320,7 @@ class SimEngine:
                 self.set_fault(Fault.parse(body))
                 log.warning("SIMULATED ENGINE: fault set to %s", self.fault)
                 return json_response(200, self._fault_body())
-            if route == ("GET", "/_sim/fault"):
+            if route == ("GET", "/_sim/fault") and self.fault_injection:
                 return json_response(200, self._fault_body())
             raise ApiError(404, "Not Found", "NotFoundError")
         except ApiError as err:
@@ -517,6 +532,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="as vLLM's: most prompt tokens one request prefills a step beside others (0: no cap)",
     )
+    parser.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        help="keys a request must bear, as vLLM's flag (argv is public: pods pass $VLLM_API_KEY)",
+    )
+    parser.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="serve POST/GET /_sim/fault (tests only; without it the path is 404)",
+    )
     parser.add_argument("--fault", choices=FAULT_MODES, default="none")
     parser.add_argument("--fault-factor", type=float, default=3.0)
     parser.add_argument("--fault-fraction", type=float, default=0.2)
@@ -550,7 +576,12 @@ async def serve(args: argparse.Namespace) -> None:
         prefix_caching=args.prefix_caching,
         prompt_tokens_details=args.enable_prompt_tokens_details,
     )
-    engine = SimEngine(profile, config)
+    engine = SimEngine(
+        profile,
+        config,
+        api_keys=engine_auth.engine_keys(args.api_key, os.environ),
+        fault_injection=args.enable_fault_injection,
+    )
     port = await engine.start(args.host, args.port)
     log.warning(
         "SIMULATED ENGINE (no model, no GPU): profile %s serving %r on %s:%d, time scale %gx",

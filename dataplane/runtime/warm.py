@@ -35,7 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dataplane.runtime import launcher, pod
+from dataplane.runtime import engine_auth, launcher, pod
 
 log = logging.getLogger("dataplane.runtime.warm")
 
@@ -95,7 +95,8 @@ def env_fits(kind: str, started: Mapping[str, str], wanted: Mapping[str, str]) -
     it (OMP_NUM_THREADS sizes torch's pool, HF_HOME, VLLM_*), so a vllm engine needs the very
     environment it was started with."""
     keys = set(started) | set(wanted)
-    if kind == "vllm":
+    if kind == "vllm":  # but its key, read when it builds its app (envs.VLLM_API_KEY), after the imports
+        keys.discard(engine_auth.ENV_VARIABLE)
         return all(started.get(k) == wanted.get(k) for k in keys)
     return all(started.get(k) == wanted.get(k) for k in keys if k.startswith(INTERPRETER_ENV_PREFIXES))
 

@@ -46,10 +46,15 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of one request; HTTP errors are returned, not raised."""
+def http(
+    method: str, url: str, body: Any = None, timeout: float = 10.0, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request; HTTP errors are returned, not raised. ``headers``
+    are added (e.g. a keyed pod's ``authorization``)."""
     data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()

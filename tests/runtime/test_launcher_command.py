@@ -113,8 +113,9 @@ def test_api_server_count_among_vllms_own_arguments_is_refused(arg: str) -> None
 
 
 def test_other_api_flags_pass_through() -> None:
-    cmd = build_command(VllmSpec(model="/m", extra_args=("--api-key", "k"), python="py"))
-    assert cmd[-2:] == ["--api-key", "k"]
+    # (but --api-key, refused: the fleet key goes in the environment, test_pod_fleet_key)
+    cmd = build_command(VllmSpec(model="/m", extra_args=("--root-path", "/api"), python="py"))
+    assert cmd[-2:] == ["--root-path", "/api"]
 
 
 def test_the_launcher_flag_names_itself_and_the_bad_value(capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from tests.runtime.support import EventSink, free_port, http, start_pod, stop_gr
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
 # declare hung when the probe has waited 1 s. Simulated time runs 100x faster.
 FAST_POD = (
+    "--enable-fault-injection",  # the tests hang pods through /_sim/fault
     "--profile",
     "tiny-test",
     "--time-scale",

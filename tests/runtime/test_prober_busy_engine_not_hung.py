@@ -26,6 +26,7 @@ def pod() -> Iterator[tuple[str, str]]:
         str(probe_port),
         "--name",
         "busy",
+        "--enable-fault-injection",
         "--profile",
         "tiny-test",
         "--time-scale",

@@ -21,7 +21,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:
-    with sim_engine("--profile", "tiny-test", "--time-scale", "100") as engine:
+    with sim_engine("--profile", "tiny-test", "--time-scale", "100", "--enable-fault-injection") as engine:
         yield engine
 
 

@@ -13,7 +13,7 @@ from tests.runtime.support import free_port, http, sim_engine, wait_until
 
 
 def test_hang_stops_progress_while_health_stays_200() -> None:
-    with sim_engine("--profile", "tiny-test", "--time-scale", "100") as sim:
+    with sim_engine("--enable-fault-injection", "--profile", "tiny-test", "--time-scale", "100") as sim:
         assert http("POST", sim.url + "/_sim/fault", {"mode": "hang"})[0] == 200
         result: list[int] = []
         thread = threading.Thread(
@@ -34,7 +34,9 @@ def test_hang_stops_progress_while_health_stays_200() -> None:
 
 def test_errors_fail_the_given_fraction_with_500() -> None:
     # Seeded: of 40 requests at fraction 0.5, some but not all fail, each with vLLM's body.
-    with sim_engine("--profile", "tiny-test", "--time-scale", "100", "--seed", "1") as sim:
+    with sim_engine(
+        "--enable-fault-injection", "--profile", "tiny-test", "--time-scale", "100", "--seed", "1"
+    ) as sim:
         http("POST", sim.url + "/_sim/fault", {"mode": "errors", "fraction": 0.5})
         statuses = []
         for _ in range(40):
@@ -48,7 +50,7 @@ def test_errors_fail_the_given_fraction_with_500() -> None:
 def test_slow_multiplies_step_time() -> None:
     # tiny-test, 20 tokens alone: 10 + 0.1 + 19 x 11 = 219.1 ms simulated; at factor 3 the
     # engine reports 3x that in its e2e histogram (simulated seconds).
-    with sim_engine("--profile", "tiny-test", "--time-scale", "10") as sim:
+    with sim_engine("--enable-fault-injection", "--profile", "tiny-test", "--time-scale", "10") as sim:
         http("POST", sim.url + "/_sim/fault", {"mode": "slow", "factor": 3})
         http("POST", sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 20})
         text = http("GET", sim.url + "/metrics")[2].decode()
@@ -57,7 +59,7 @@ def test_slow_multiplies_step_time() -> None:
 
 
 def test_crash_exits_non_zero() -> None:
-    with sim_engine("--profile", "tiny-test") as sim:
+    with sim_engine("--enable-fault-injection", "--profile", "tiny-test") as sim:
         assert http("POST", sim.url + "/_sim/fault", {"mode": "crash"})[0] == 200
         assert sim.proc.wait(timeout=5) == CRASH_EXIT_CODE
 
@@ -83,5 +85,5 @@ def test_fault_by_flag_after_a_delay() -> None:
     finally:
         proc.kill()
         proc.wait()
-    with sim_engine("--fault", "hang") as sim:
+    with sim_engine("--enable-fault-injection", "--fault", "hang") as sim:
         wait_until(lambda: json.loads(http("GET", sim.url + "/_sim/fault")[2])["mode"] == "hang", timeout=2)

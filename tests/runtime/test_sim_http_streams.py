@@ -21,7 +21,7 @@ LONG = 400  # output tokens: 11 ms each on tiny-test at time scale 1, so ~4.4 s 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:
-    with sim_engine("--profile", "tiny-test", "--time-scale", "1") as engine:
+    with sim_engine("--profile", "tiny-test", "--time-scale", "1", "--enable-fault-injection") as engine:
         yield engine
 
 
