@@ -314,6 +314,9 @@ if RUNTIME_IMAGE_PULL_POLICY not in ("Always", "IfNotPresent", "Never"):
     )
 RUNTIME_EVENTS_URL = envstr("RUNTIME_EVENTS_URL", "")
 RUNTIME_EVENTS_KEY_SECRET = envstr("RUNTIME_EVENTS_KEY_SECRET", "runtime-events-key")
+# The Secret of that namespace whose `key` is the fleet key, each runtime pod's $VLLM_API_KEY:
+# the pods answer only requests bearing it (the routers', benchmarks'). Empty: open pods.
+RUNTIME_FLEET_KEY_SECRET = envstr("RUNTIME_FLEET_KEY_SECRET", "fleet-key")
 # Local pods run the simulated engine at this speed-up (1.0: real time).
 LOCAL_POD_TIME_SCALE = envfloat("LOCAL_POD_TIME_SCALE", 1.0, minimum=0.001)
 AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 5.0, minimum=0.5)

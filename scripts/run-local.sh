@@ -80,7 +80,7 @@ started "router" "$VAR/router.log" "http://127.0.0.1:$ROUTER_PORT"
 "$BIN/python" manage.py runserver "127.0.0.1:$CP_PORT" --noreload >"$VAR/controlplane.log" 2>&1 &
 pids+=($!)
 started "control plane" "$VAR/controlplane.log" "$CP"
-keys=$(cd "$VAR/keys" && ls -- *.key 2>/dev/null | tr '\n' ' ')
+keys=$(cd "$VAR/keys" && ls -- *.key 2>/dev/null | grep -vx fleet.key | tr '\n' ' ')  # fleet.key: no API key
 echo "Console:  $CP/console/   (users: README.md, 'The console')"
 echo "API:      $CP/api/v1/    (docs $CP/api/docs/)"
 echo "Router:   http://127.0.0.1:$ROUTER_PORT/v1/   (OpenAI-compatible)"

@@ -233,3 +233,85 @@ def test_the_control_plane_env_is_production_but_for_tls_in_dev(documents):
     assert config["data"]["BEHIND_TLS_PROXY"] == "0"  # the dev overlay: port-forward is plain HTTP
     base = yaml.safe_load((ROOT / "docker/k8s/base/config.yaml").read_text())
     assert base["data"]["BEHIND_TLS_PROXY"] == "1"
+
+
+def test_runtime_pods_take_the_fleet_key_the_routers_send(documents):
+    """One Secret, fleet-key, in both namespaces: the routers and the Celery workers (benchmarks)
+    send it, the runtime pods the driver generates accept only it (their $VLLM_API_KEY)."""
+    from dataplane.cluster.driver import Deployment
+    from dataplane.cluster.k8s_objects import RuntimePodConfig, deployment_manifest
+
+    secrets = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for d in documents
+        if d["kind"] == "Secret" and d["metadata"]["name"] == "fleet-key"
+    }
+    assert set(secrets) == {("mu-system", "fleet-key"), ("mu-runtime", "fleet-key")}
+    assert len({s["data"]["key"] for s in secrets.values()}) == 1  # the same key on both sides
+    envs = {
+        name: {v["name"]: v for v in spec["containers"][0].get("env", [])}
+        for name, spec in pod_specs(documents)
+    }
+    ref = {"secretKeyRef": {"name": "fleet-key", "key": "key"}}
+    assert envs["router"]["ROUTER_POD_KEY"]["valueFrom"] == ref
+    assert envs["controlplane-worker"]["MU_POD_KEY"]["valueFrom"] == ref
+    pod = deployment_manifest(
+        Deployment("ep-1", 1, "sim", ("--profile", "tiny-test"), 8, {}), RuntimePodConfig()
+    )
+    (container,) = pod["spec"]["template"]["spec"]["containers"]
+    assert {v["name"]: v for v in container["env"]}["VLLM_API_KEY"]["valueFrom"] == ref  # required
+    assert not [a for a in container["args"] if "key" in a]
+
+
+def test_network_policies_admit_only_routers_to_pods_and_the_control_plane_to_its_stores(documents):
+    policies = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"]
+        for d in documents
+        if d["kind"] == "NetworkPolicy"
+    }
+    deny = policies[("mu-runtime", "default-deny-ingress")]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}  # nothing else reaches mu-runtime
+
+    def admitted(spec):
+        (rule,) = spec["ingress"]
+        names = set()
+        for peer in rule["from"]:
+            (expr,) = peer["podSelector"]["matchExpressions"]
+            assert expr["key"] == "app.kubernetes.io/name" and expr["operator"] == "In"
+            names |= set(expr["values"])
+        return names, [p["port"] for p in rule["ports"]]
+
+    runtime = policies[("mu-runtime", "runtime-from-routers")]
+    assert runtime["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "mu-controlplane"}}
+    assert runtime["ingress"][0]["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "mu-system"}
+    }
+    assert admitted(runtime) == ({"router", "controlplane-worker"}, ["engine"])
+    control_plane = {"controlplane-web", "controlplane-worker", "controlplane-beat", "controlplane-podwatch"}
+    names, ports = admitted(policies[("mu-system", "postgres-from-control-plane")])
+    assert (names, ports) == (control_plane | {"controlplane-migrate"}, [5432])
+    names, ports = admitted(policies[("mu-system", "redis-from-control-plane-and-routers")])
+    assert (names, ports) == (control_plane | {"router"}, [6379])
+    # every name a policy admits is a pod of ours, labelled so (a typo would admit no one)
+    labelled = {
+        doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        for doc in documents
+        if doc["kind"] in ("Deployment", "Job")
+    }
+    assert control_plane | {"router", "controlplane-migrate"} <= labelled
+    # the ports named are the runtime pods' (the driver's container ports)
+    from dataplane.cluster.k8s_objects import ENGINE_PORT_NAME
+
+    assert ENGINE_PORT_NAME == "engine"
+
+
+def test_prometheus_may_scrape_the_runtime_pods_past_the_default_deny():
+    rendered = subprocess.run(
+        [KUBECTL, "kustomize", str(ROOT / "docker/k8s/monitoring")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (policy,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == ["engine", "probe"]

@@ -1,6 +1,7 @@
 """The pieces together on loopback: the control plane's routing table feeds a real router, which
-authenticates a tenant's key, routes to a simulated engine pod the control plane knows of, and
-meters the request into Redis for the autoscaler."""
+authenticates a tenant's key, routes to a simulated engine pod the control plane knows of (with
+the fleet key in place of the tenant's: the pod answers nothing else), and meters the request
+into Redis for the autoscaler."""
 
 import json
 import os
@@ -38,7 +39,9 @@ def post(url, body, key, timeout=10.0):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner, other, make_endpoint):
+def test_a_tenant_request_flows_through_the_router_to_its_pod(
+    live_server, owner, other, make_endpoint, tmp_path
+):
     chat = make_endpoint(owner, "chat")
     sell(chat, mu_per_minute=100, best_effort_allowed=True, sold_by="test")
     _, operator = ApiKey.issue(name="router", tenant=None)
@@ -50,7 +53,19 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
     port = free_port()
     # Pods serve under their endpoint's name (the cluster driver passes --served-model-name), so
     # the router passes a tenant's body through untouched: `model` names the endpoint.
-    with sim_engine("--profile", "tiny-test", "--time-scale", "20", "--served-model-name", "chat") as engine:
+    fleet_key = tmp_path / "fleet.key"
+    fleet_key.write_text("the-fleet-key\n")
+    fleet_key.chmod(0o600)
+    with sim_engine(
+        "--profile",
+        "tiny-test",
+        "--time-scale",
+        "20",
+        "--served-model-name",
+        "chat",
+        "--api-key",
+        "the-fleet-key",
+    ) as engine:
         Pod.objects.create(endpoint=chat, name="chat-0", url=engine.url, ready=True)
         router = subprocess.Popen(
             [
@@ -65,6 +80,8 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
                 broker,
                 "--poll-interval-s",
                 "0.2",
+                "--pod-key-file",
+                str(fleet_key),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -87,6 +104,8 @@ def test_a_tenant_request_flows_through_the_router_to_its_pod(live_server, owner
             # Another tenant has no endpoint named "chat": not found, not someone else's pod.
             assert post(url, body, other_key)[0] == 404
             assert post(url, body, "mu_not-a-key")[0] == 401
+            # the pod itself, with the tenant's key: refused (only the router's fleet key serves)
+            assert post(f"{engine.url}/v1/completions", body, owner_key)[0] == 401
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not metrics.keys(load_key(chat.pk, "*")):
                 time.sleep(0.1)  # the router flushes its meter once a second

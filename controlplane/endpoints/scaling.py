@@ -96,6 +96,7 @@ def runtime_pod_config() -> RuntimePodConfig:
         image_pull_policy=settings.RUNTIME_IMAGE_PULL_POLICY,
         events_url=settings.RUNTIME_EVENTS_URL,
         events_key_secret=settings.RUNTIME_EVENTS_KEY_SECRET,
+        fleet_key_secret=settings.RUNTIME_FLEET_KEY_SECRET,
     )
 
 

@@ -45,6 +45,7 @@ MANAGER = "mu-controlplane"  # the managed-by value and the server-side apply fi
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER}"
 LABEL_PREFIX = "mu/"
 DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
+FLEET_KEY_VARIABLE = "VLLM_API_KEY"  # where vLLM, and the simulated engine, read their key
 ENDPOINT_LABEL = LABEL_PREFIX + "endpoint"  # the control-plane endpoint id, digits
 TARGET_CONCURRENCY_ANNOTATION = LABEL_PREFIX + "target-concurrency"
 ENGINE_PORT_NAME = "engine"
@@ -86,6 +87,10 @@ class RuntimePodConfig:
     # bearer key under `key` in this Secret of the runtime namespace (optional: may be absent).
     events_url: str = ""
     events_key_secret: str = "runtime-events-key"
+    # The fleet key, under `key` in this Secret of the runtime namespace: each engine's
+    # $VLLM_API_KEY, so that it answers only the routers (and benchmarks) that send it. Required:
+    # a pod without it would serve anyone ("": no key, open pods).
+    fleet_key_secret: str = "fleet-key"
     prestop_sleep_s: int = 5  # a deleted pod keeps serving this long while routers drop it, s
     drain_grace_s: int = 30  # then SIGTERM: in-flight requests finish within this, s
     sim_startup_s: int = 120  # longest start to first ready, simulated engine, s
@@ -178,6 +183,9 @@ def deployment_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:
         if cfg.events_key_secret:
             ref = {"name": cfg.events_key_secret, "key": "key", "optional": True}
             env.append({"name": "MU_CONTROL_PLANE_KEY", "valueFrom": {"secretKeyRef": ref}})
+    if cfg.fleet_key_secret:
+        ref = {"name": cfg.fleet_key_secret, "key": "key"}
+        env.append({"name": FLEET_KEY_VARIABLE, "valueFrom": {"secretKeyRef": ref}})
     startup_period_s = 5
     startup_s = cfg.vllm_startup_s if vllm else cfg.sim_startup_s
     volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
