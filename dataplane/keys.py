@@ -57,10 +57,11 @@ def read_key(path: str | None, variable: str) -> str | None:
     return key
 
 
-def read_private_key(path: str | None, variable: str) -> str | None:
-    """``read_key``, refusing a file that other users can read or write (mode 600 wanted): a
-    credential every local user could read is no credential; and a key that cannot be a bearer
-    token in a header. Raises ValueError naming the file (or the variable)."""
+def read_fleet_keys(path: str | None, variable: str) -> list[str]:
+    """The fleet keys in ``path`` or ``$variable``, one a line: the key to send, then, during a
+    rotation, the key it replaces (tried when a pod answers 401); [] without any. The file must
+    be private (mode 600: a credential every local user could read is no credential), and each
+    key a bearer token a header can carry. Raises ValueError naming the file (or the variable)."""
     if path is not None:
         try:
             mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -70,8 +71,11 @@ def read_private_key(path: str | None, variable: str) -> str | None:
             raise ValueError(
                 f"the key file {path} is open to other users (mode {mode:03o}); chmod 600 {path}"
             )
-    key = read_key(path, variable)
-    if key is not None and not (key.isascii() and key.isprintable() and " " not in key):
-        where = f"the key file {path}" if path is not None else f"${variable}"
-        raise ValueError(f"{where} holds characters an HTTP header cannot carry (one line, no spaces)")
-    return key
+    where = f"the key file {path}" if path is not None else f"${variable}"
+    keys = [line.strip() for line in (read_key(path, variable) or "").splitlines() if line.strip()]
+    if len(keys) > 2:
+        raise ValueError(f"{where} holds {len(keys)} keys: at most two (the new one, then the old one)")
+    for key in keys:
+        if not (key.isascii() and key.isprintable() and " " not in key):
+            raise ValueError(f"{where} holds characters an HTTP header cannot carry (one key a line)")
+    return keys

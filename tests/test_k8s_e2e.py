@@ -16,7 +16,7 @@ What it does, in order:
      until its Deployment (made by the control plane's Kubernetes driver) has a ready pod.
   3. Scale-up: 16 clients through the router (port-forward) until the Deployment has more than
      one ready replica, and a `scale` event says why.
-  4. Hang restart: put one pod's engine into `hang` (the simulated engine's fault API); its
+  4. Hang restart: freeze one pod's engine (SIGSTOP; production pods serve no fault switch); its
      prober fails /livez, the kubelet restarts the container, the pod watcher records a
      `restart` event and the prober a `hang` event.
 
@@ -241,10 +241,12 @@ def test_a_hung_pod_is_restarted_and_on_call_hears_of_it(stack):
     assert ready, f"no ready pod of {name}"
     victim = ready[0]["metadata"]["name"]
     restarts = ready[0]["status"]["containerStatuses"][0]["restartCount"]
+    # The engine frozen (SIGSTOP): the fault switch is not served by production pods, and a
+    # stopped engine is what a hung one looks like from outside (no answers, no progress).
     hang = (
-        "import json, urllib.request; urllib.request.urlopen(urllib.request.Request("
-        "'http://127.0.0.1:8000/_sim/fault', data=json.dumps({'mode': 'hang'}).encode(), "
-        "headers={'content-type': 'application/json'}, method='POST'), timeout=5).read()"
+        "import os, signal, pathlib; [os.kill(int(p.parent.name), signal.SIGSTOP) "
+        "for p in pathlib.Path('/proc').glob('[0-9]*/cmdline') "
+        "if b'dataplane.runtime.sim' in p.read_bytes()]"
     )
     kubectl("-n", RUNTIME, "exec", victim, "--", "python", "-c", hang)
 

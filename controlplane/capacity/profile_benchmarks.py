@@ -42,7 +42,7 @@ from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
-from dataplane.keys import read_private_key
+from dataplane.keys import read_fleet_keys
 from dataplane.runtime import engine_auth
 from dataplane.runtime.profiles import get_profile
 
@@ -130,7 +130,7 @@ def in_process_driver(profile: ModelProfile, engine_url: str | None = None) -> S
 def fleet_key() -> str:
     """The fleet credential that pods answer to (POD_KEY_FILE; "" without one: open pods)."""
     try:
-        return read_private_key(settings.POD_KEY_FILE or None, "MU_POD_KEY") or ""
+        return (read_fleet_keys(settings.POD_KEY_FILE or None, "MU_POD_KEY") or [""])[0]
     except ValueError as exc:
         raise BenchmarkError(None, f"POD_KEY_FILE: {exc}") from None
 

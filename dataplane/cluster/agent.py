@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
-from dataplane.keys import add_key_arguments, read_key, read_private_key
+from dataplane.keys import add_key_arguments, read_fleet_keys, read_key
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.pod_process import PodLaunch
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         args.key = read_key(args.key_file, KEY_VARIABLE)
-        args.pod_key = read_private_key(args.pod_key_file, "MU_POD_KEY") or ""
+        args.pod_key = (read_fleet_keys(args.pod_key_file, "MU_POD_KEY") or [""])[0]  # pods take one
     except ValueError as exc:
         p.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

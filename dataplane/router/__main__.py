@@ -47,7 +47,7 @@ import tempfile
 from dataclasses import fields, replace
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN
-from dataplane.keys import add_key_arguments, read_key, read_private_key
+from dataplane.keys import add_key_arguments, read_fleet_keys, read_key
 from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 from dataplane.router.config import RouterConfig
 from dataplane.router.delivery import Spool, SpoolBusy
@@ -158,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.key = read_key(args.key_file, "ROUTER_KEY")
         probe_key = read_key(args.probe_key_file, "ROUTER_PROBE_KEY")
-        args.pod_key = read_private_key(args.pod_key_file, "ROUTER_POD_KEY") or ""
+        args.pod_keys = read_fleet_keys(args.pod_key_file, "ROUTER_POD_KEY")
     except ValueError as exc:
         p.error(str(exc))
     args.probe_key = probe_key.encode() if probe_key else None  # None: no request is a probe
@@ -235,7 +235,7 @@ async def serve(
         metrics_dir=args.metrics_dir,
         admin_listen=args.admin_listen,
         probe_key=args.probe_key,
-        pod_key=args.pod_key,
+        pod_keys=args.pod_keys,
         readiness=readiness,
         spool=open_spool(args.spool_dir, worker, args.workers) if args.spool_dir else None,
     )

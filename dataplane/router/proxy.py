@@ -274,7 +274,9 @@ class Exchange:
         "pod_header",
         "priced",
         "read_timeout_s",
+        "refused",
         "response_headers",
+        "retry_refused",
         "scan",
         "sent",
         "single_prompt",
@@ -336,6 +338,10 @@ class Exchange:
         # the pod that has sent no byte of its answer yet (its balancing load counts it again)
         self.unanswered: PodLoad | None = None
         self.unanswered_mu = 0.0
+        # A rotation of the fleet key: a 401 from the pod is not passed on while another key is
+        # left to try (``retry_refused``); ``refused`` says it came, its answer read and dropped.
+        self.retry_refused = False
+        self.refused = False
 
     def send(
         self, conn: UpstreamConnection, pod_header: bytes, request: bytes
@@ -347,6 +353,7 @@ class Exchange:
         head = self.head = loop.create_future()
         done = self.done = loop.create_future()
         self.timer = loop.call_later(self.read_timeout_s, self._check_timeout)
+        self.refused = False
         conn.send(request, self)
         self.sent = True
         return head, done
@@ -418,6 +425,14 @@ class Exchange:
 
     # --- Sink
     def upstream_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if status == 401 and self.retry_refused:  # the pod is on the other fleet key
+            self.refused = True
+            if self.conn is not None:
+                self.conn.sink = _Dropped(self)  # its body read and dropped, off the hot path
+            head = self.head
+            if head is not None and not head.done():
+                head.set_result(None)
+            return
         self.status = status
         length: int | None = None
         content_type = b""
@@ -542,3 +557,31 @@ class Exchange:
             done.exception()  # mark retrieved: nobody awaits done when head failed
         elif not done.done():
             done.set_exception(UpstreamFailed(False, reason))
+
+
+class _Dropped:
+    """The sink of a pod's refusal of a fleet key that another key will retry: nothing of it
+    reaches the client; its end (or loss) ends the exchange's attempt."""
+
+    __slots__ = ("exchange",)
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def upstream_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        pass
+
+    def upstream_body(self, data: bytes) -> None:
+        pass
+
+    def upstream_flush(self) -> None:
+        pass
+
+    def upstream_done(self) -> None:
+        self.exchange.cancel_timer()
+        done = self.exchange.done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def upstream_lost(self, exc: BaseException | None) -> None:
+        self.upstream_done()  # the retry takes a fresh connection: this one is closed

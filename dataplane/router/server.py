@@ -31,7 +31,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 from dataplane.router import balancer
@@ -107,12 +107,13 @@ class Router:
         probe_key: bytes | None = None,
         readiness: WorkerReadiness | None = None,
         spool: Spool | None = None,
-        pod_key: str = "",
+        pod_keys: Sequence[str] = (),
     ) -> None:
         self.config = config
-        # the fleet credential, sent to pods as a bearer token (b"" without one: open pods)
-        self.pod_auth = b"authorization: Bearer %s\r\n" % pod_key.encode() if pod_key else b""
-        self.pod_headers = {"authorization": f"Bearer {pod_key}"} if pod_key else {}  # its own calls
+        # The fleet credential, sent to pods as a bearer token: the key, then during a rotation
+        # the one it replaces, tried when a pod answers 401 (b"" without one: open pods).
+        self.pod_auths = [b"authorization: Bearer %s\r\n" % key.encode() for key in pod_keys] or [b""]
+        self.pod_headers = [{"authorization": f"Bearer {key}"} for key in pod_keys] or [{}]  # its own calls
         self.readiness = readiness  # --workers N: ready only when every worker has its table
         self.probe_key = probe_key  # the prober credential (the probe header's value); None: no probes
         self.metrics_dir = metrics_dir  # shared by --workers N processes; None: one process
@@ -323,18 +324,36 @@ class Router:
                 raise RequestError(
                     502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                 ) from None
-            request = build_request(req.method, req.path, host_hdr, req.headers, body, self.pod_auth)
-            head, done = exch.send(conn, pod_hdr, request)
-            try:
-                await head
-            except UpstreamFailed as exc:
-                if not reused:  # a stale pooled socket is not the pod's fault
-                    self._failed(pod, str(exc))
-                if may_retry:
-                    return False
-                raise RequestError(
-                    502, "the pod closed the connection before answering", "upstream_failed"
-                ) from None
+            auths = self.pod_auths
+            for attempt, auth in enumerate(auths):
+                if attempt and (conn.closed or not conn.keep_alive):  # the refusal closed it
+                    self.pool.release(host, port, conn, False)
+                    conn = None
+                    try:
+                        conn, reused = await self.pool.acquire(host, port)
+                    except (OSError, TimeoutError) as exc:
+                        self._failed(pod, f"connect: {exc!r}")
+                        if may_retry:
+                            return False
+                        raise RequestError(
+                            502, f"could not connect to a pod: {exc}", "upstream_unreachable"
+                        ) from None
+                exch.retry_refused = attempt + 1 < len(auths)
+                request = build_request(req.method, req.path, host_hdr, req.headers, body, auth)
+                head, done = exch.send(conn, pod_hdr, request)
+                try:
+                    await head
+                except UpstreamFailed as exc:
+                    if not reused:  # a stale pooled socket is not the pod's fault
+                        self._failed(pod, str(exc))
+                    if may_retry:
+                        return False
+                    raise RequestError(
+                        502, "the pod closed the connection before answering", "upstream_failed"
+                    ) from None
+                if not exch.refused:
+                    break
+                await done  # the refusal read and dropped: the next key (a rotation)
             try:
                 await done
             except UpstreamFailed as exc:
@@ -480,17 +499,17 @@ class Router:
     async def pod_models(self, ep: EndpointState) -> dict[str, Any]:
         """The model list of the first ready pod that answers it; 503 when none does."""
         for pod in [p for p in ep.pods if p.ready and not p.ejected]:
-            try:
-                status, _, body = await self.fetch(
-                    f"{pod.url}/v1/models",
-                    "GET",
-                    dict(self.pod_headers),
-                    b"",
-                    self.config.upstream_read_timeout_s,
-                )
-                listed = json.loads(body) if status == 200 else None
-            except (OSError, TimeoutError, ConnectionError, ValueError):
-                continue
+            listed = None
+            for headers in self.pod_headers:  # the fleet key, then (rotating) the one it replaces
+                try:
+                    status, _, body = await self.fetch(
+                        f"{pod.url}/v1/models", "GET", dict(headers), b"", self.config.upstream_read_timeout_s
+                    )
+                    listed = json.loads(body) if status == 200 else None
+                except (OSError, TimeoutError, ConnectionError, ValueError):
+                    break
+                if status != 401:
+                    break
             if isinstance(listed, dict) and isinstance(listed.get("data"), list):
                 return listed
         raise RequestError(

@@ -160,11 +160,13 @@ def test_a_router_without_the_fleet_key_is_refused_by_keyed_pods(pod: tuple[str,
     [
         (("--pod-key", KEY), 0o600, "--pod-key puts the fleet key"),
         (("--pod-key-file", "{file}"), 0o644, "is open to other users (mode 644); chmod 600"),
-        (("--pod-key-file", "{file}"), 0o600, "cannot carry"),  # a key over two lines
+        (("--pod-key-file", "{file}"), 0o600, "cannot carry"),  # a space
+        (("--pod-key-file", "{file}"), 0o600, "holds 3 keys: at most two"),
     ],
 )
 def test_the_routers_fleet_key_flags(tmp_path: Path, args: tuple[str, str], mode: int, said: str) -> None:
-    path = key_file(tmp_path, KEY + ("\nsecond line" if said == "cannot carry" else ""), mode)
+    content = {"cannot carry": "two words", "holds 3 keys: at most two": "a\nb\nc"}.get(said, KEY)
+    path = key_file(tmp_path, content, mode)
     argv = [a.format(file=path) for a in args]
     done = subprocess.run(
         [sys.executable, "-m", "dataplane.router", "--backends", "http://127.0.0.1:9", *argv],
@@ -174,3 +176,24 @@ def test_the_routers_fleet_key_flags(tmp_path: Path, args: tuple[str, str], mode
     )
     assert done.returncode == 2
     assert said in done.stderr
+
+
+def test_a_rotation_serves_every_request(tmp_path: Path) -> None:
+    """Rotating the fleet key: the routers' file holds the new key, then the old one; the router
+    sends the new key and, to a pod still on the old one (its 401), the old: nothing fails
+    while pods roll over. With the new key alone, a pod on the old one refuses it."""
+    rotating = key_file(tmp_path, "new-key\nold-key")
+    (tmp_path / "new").mkdir()
+    new_only = key_file(tmp_path / "new", "new-key")
+    for old_pod, _ in keyed_pod(key="old-key"):
+        for new_pod, _ in keyed_pod(key="new-key"):
+            for backend in (old_pod, new_pod):
+                with router_process("--backends", backend, "--pod-key-file", str(rotating)) as router:
+                    for stream in (False, True, False):  # the last on a kept-alive connection
+                        status, _, body = http(
+                            "POST", router + "/v1/completions", {**COMPLETION, "stream": stream}
+                        )
+                        assert status == 200, body
+        with router_process("--backends", old_pod, "--pod-key-file", str(new_only)) as router:
+            status, _, body = http("POST", router + "/v1/completions", COMPLETION)
+            assert (status, json.loads(body)) == (401, {"error": "Unauthorized"})
