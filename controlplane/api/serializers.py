@@ -571,7 +571,19 @@ class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
         model = Pod
         fields = ["id", "endpoint", "name", "url", "ready", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
-        extra_kwargs = {"url": {"help_text": "Where the pod listens: operators only (absent for tenants)"}}
+        # Not required in the schema: a tenant's answers leave it out (``validate`` still wants it
+        # to register a pod).
+        extra_kwargs = {
+            "url": {
+                "required": False,
+                "help_text": "Where the pod listens: operators only (absent for tenants)",
+            }
+        }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is None and "url" not in attrs:
+            raise serializers.ValidationError({"url": [serializers.Field.default_error_messages["required"]]})
+        return attrs
 
     def to_representation(self, instance: Pod) -> dict[str, Any]:
         data = super().to_representation(instance)

@@ -276,7 +276,6 @@ class Exchange:
         "read_timeout_s",
         "refused",
         "response_headers",
-        "retry_refused",
         "scan",
         "sent",
         "single_prompt",
@@ -338,9 +337,9 @@ class Exchange:
         # the pod that has sent no byte of its answer yet (its balancing load counts it again)
         self.unanswered: PodLoad | None = None
         self.unanswered_mu = 0.0
-        # A rotation of the fleet key: a 401 from the pod is not passed on while another key is
-        # left to try (``retry_refused``); ``refused`` says it came, its answer read and dropped.
-        self.retry_refused = False
+        # A pod's 401 refuses the router's fleet key, never the tenant's (whose key the pod never
+        # sees): it is not passed on; ``refused`` says it came, its answer read and dropped, and
+        # the router tries the next key (a rotation) or answers 502 itself.
         self.refused = False
 
     def send(
@@ -425,7 +424,7 @@ class Exchange:
 
     # --- Sink
     def upstream_head(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        if status == 401 and self.retry_refused:  # the pod is on the other fleet key
+        if status == 401:  # the pod refused the fleet key (or is on the other one, rotating)
             self.refused = True
             if self.conn is not None:
                 self.conn.sink = _Dropped(self)  # its body read and dropped, off the hot path
@@ -560,8 +559,8 @@ class Exchange:
 
 
 class _Dropped:
-    """The sink of a pod's refusal of a fleet key that another key will retry: nothing of it
-    reaches the client; its end (or loss) ends the exchange's attempt."""
+    """The sink of a pod's refusal of the router's fleet key: nothing of it reaches the client;
+    its end (or loss) ends the exchange's attempt."""
 
     __slots__ = ("exchange",)
 

@@ -338,7 +338,6 @@ class Router:
                         raise RequestError(
                             502, f"could not connect to a pod: {exc}", "upstream_unreachable"
                         ) from None
-                exch.retry_refused = attempt + 1 < len(auths)
                 request = build_request(req.method, req.path, host_hdr, req.headers, body, auth)
                 head, done = exch.send(conn, pod_hdr, request)
                 try:
@@ -354,6 +353,9 @@ class Router:
                 if not exch.refused:
                     break
                 await done  # the refusal read and dropped: the next key (a rotation)
+            if exch.refused:  # a misconfigured fleet: the tenant's key is not the one at fault
+                log.error("pod %s refused the router's fleet key (--pod-key-file)", pod.url)
+                raise RequestError(502, "a pod refused the router's credential", "upstream_refused")
             try:
                 await done
             except UpstreamFailed as exc:

@@ -23,3 +23,14 @@ def test_a_tenant_sees_its_pods_without_their_address(owner, owner_client, opera
     # the operator's view keeps it
     (ops_row,) = operator_client.get("/api/v1/pods/").json()["results"]
     assert ops_row["url"] == ADDRESS
+
+
+def test_an_operator_registers_a_pod_with_its_address(owner, operator_client, make_endpoint):
+    endpoint = make_endpoint(owner, "chat")
+    unplaced = {"endpoint": endpoint.pk, "name": "chat-1"}
+    missing = operator_client.post("/api/v1/pods/", unplaced, format="json")
+    assert missing.status_code == 400 and "url" in missing.json()["fields"]
+    made = operator_client.post(
+        "/api/v1/pods/", {"endpoint": endpoint.pk, "name": "chat-1", "url": ADDRESS}, format="json"
+    )
+    assert made.status_code == 201 and made.json()["url"] == ADDRESS
