@@ -1,7 +1,7 @@
 """Settings, all read from the environment (controlplane.env fails loudly on bad values).
 
-With no variables set this is the embedded default: SQLite under var/, Celery on a local
-filesystem broker, DEBUG off (`make run` sets DEBUG=1). Production sets DATABASE_URL
+With no variables set this is the embedded default: SQLite under var/ (700, its files 600), Celery
+on a local broker, DEBUG off, a secret key made once under var/. Production sets DATABASE_URL
 (postgres://...), REDIS_URL, SECRET_KEY (required with DATABASE_URL), ALLOWED_HOSTS and, behind
 a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
@@ -12,27 +12,33 @@ from django.core.exceptions import ImproperlyConfigured
 
 from capacity import units
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
+from controlplane.localfiles import local_secret_key, private_var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
 # --- Safe defaults: DEBUG, SECRET_KEY, ALLOWED_HOSTS, TLS ---------------------------------------
 # The embedded default is the SQLite database under var/ (no DATABASE_URL): one machine, what
-# `make run` and manage.py commands on a checkout use. DEBUG is on only when set (DEBUG=1, which
-# `make run` sets), never by default: a process started without it shows no debug page.
+# `make run` and manage.py commands on a checkout use. DEBUG is on only when set (DEBUG=1, for a
+# developer who asks for it), never by default: a process started without it shows no debug page.
 EMBEDDED = not envstr("DATABASE_URL", "")
 DEBUG = envbool("DEBUG", False)
-# The public key signs only in the embedded default or under DEBUG=1; anything else refuses to
-# start without SECRET_KEY. (Its "django-insecure-" prefix makes `check --deploy` flag it.)
+if EMBEDDED:
+    # The database, its -wal/-journal files, the broker's files, logs and keys: this user's alone
+    # (another local user who reads the database reads the sessions in it).
+    private_var_dir(VAR_DIR)
+# Without SECRET_KEY the embedded default (or DEBUG=1) signs with a key of its own, made once
+# under var/ (mode 600) and kept: sessions survive a restart, and no public key signs anything.
+# Anything else refuses to start without SECRET_KEY.
 SECRET_KEY = envstr("SECRET_KEY", "")
 if not SECRET_KEY:
     if not (EMBEDDED or DEBUG):
         raise ImproperlyConfigured(
             "SECRET_KEY is not set: with DATABASE_URL the control plane needs a secret key of its own "
             "(50+ random characters: python -c 'import secrets; print(secrets.token_urlsafe(50))'); "
-            "the public embedded key serves only without DATABASE_URL or with DEBUG=1"
+            "a key made under CONTROLPLANE_VAR_DIR serves only without DATABASE_URL or with DEBUG=1"
         )
-    SECRET_KEY = "django-insecure-embedded-default-do-not-deploy"
+    SECRET_KEY = local_secret_key(VAR_DIR)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 if "*" in ALLOWED_HOSTS and not DEBUG:
     raise ImproperlyConfigured(

@@ -13,8 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-# The embedded default for development: the debug pages on, the public key (no DATABASE_URL).
-export DEBUG=${DEBUG:-1}
+# Everything the stack writes (database, broker, logs, keys, pods' logs, spool) is this user's
+# alone: files 600, folders 700. DEBUG stays off (no debug page for anyone; `DEBUG=1 make run`
+# turns it on for a developer) and the secret key is the one made once under var/ (settings.py).
+umask 077
 export CONTROLPLANE_VAR_DIR=${CONTROLPLANE_VAR_DIR:-$PWD/var}
 VAR=$CONTROLPLANE_VAR_DIR
 CP_PORT=${CP_PORT:-8000}
@@ -26,6 +28,7 @@ export CLUSTER_AGENT_URL=http://127.0.0.1:$AGENT_PORT  # where the worker's pass
 # not pass the signal on), so are we.
 PARENT=$PPID
 mkdir -p "$VAR"
+chmod -R go-rwx "$VAR"  # a var/ an earlier run left readable to others
 bash scripts/rotate-logs.sh "$VAR"
 mkdir -p "$VAR/broker" "$VAR/broker-processed" "$VAR/pods" "$VAR/keys"
 "$BIN/python" manage.py migrate --noinput -v0 >>"$VAR/controlplane.log" 2>&1 \
