@@ -234,6 +234,10 @@ PROVISIONED_ALLOWANCE_DEFAULT_NODES = envint("PROVISIONED_ALLOWANCE_DEFAULT_NODE
 DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 # An API key's last-used time is written at most this often, to keep writes off the hot path.
 API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, minimum=0)
+# Bounds on a tenant's API keys (controlplane.tenants.key_limits): active (not revoked) keys at
+# once, and keys made in any hour, revoked ones included. Operators' keys are exempt.
+API_KEYS_PER_TENANT_MAX = envint("API_KEYS_PER_TENANT_MAX", 100, minimum=1)
+API_KEY_CREATIONS_PER_HOUR = envint("API_KEY_CREATIONS_PER_HOUR", 60, minimum=1)
 
 # --- Benchmarks (model units) -----------------------------------------------------------------
 # Where to measure: one engine URL for every model x GPU pair, or else a SIMULATED engine: "auto"

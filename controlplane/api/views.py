@@ -78,6 +78,19 @@ class ApiKeyViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.
     def get_queryset(self) -> QuerySet[ApiKey]:
         return visible(super().get_queryset(), self.request)
 
+    @extend_schema(
+        responses={
+            201: serializers.ApiKeySerializer,
+            409: ApiErrorSerializer,
+            429: ApiErrorSerializer,
+        }
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Make a key; its secret is in this response only. A tenant's key is refused past its
+        bounds: 409 `api_key_limit` at API_KEYS_PER_TENANT_MAX active keys (revoke one to make
+        room), 429 `api_key_rate` with Retry-After past API_KEY_CREATIONS_PER_HOUR."""
+        return super().create(request, *args, **kwargs)
+
     def perform_destroy(self, instance: ApiKey) -> None:
         instance.revoke()
 
@@ -222,6 +235,24 @@ class RoutingTableView(APIView):
             table = table or routing_table()
             return Response(table.to_json(), headers={"ETag": f'"{table.version}"'})
         return HttpResponse(body, content_type="application/json", headers={"ETag": etag})
+
+
+class RoutingKeyView(APIView):
+    """One tenant key by the SHA-256 of its secret, for a router that has not seen it: 200 with
+    its tenant and the tenant's keys' epoch while it is active
+    (dataplane.wire.routing_table.KeyLookup), 404 otherwise."""
+
+    permission_classes = [AUTHENTICATED, OperatorOnly]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, digest: str) -> Response:
+        try:
+            found = routing.key_lookup(digest)
+        except ValueError as exc:
+            raise ValidationError({"digest": [str(exc)]}) from None
+        if found.tenant is None:
+            raise NotFound("no active tenant API key has this digest")
+        return Response(found.to_json())
 
 
 class LoadSamplesView(APIView):
