@@ -7,12 +7,16 @@ principal comes from the request the FilterSet is given: DRF's (its user is the 
 console request (its `principal`); without one, no object is a valid choice.
 """
 
+from datetime import datetime
 from typing import Any
 
 import django_filters
+from django import forms
 from django.db.models import Model, QuerySet
 from django.utils import timezone
+from django_filters.fields import IsoDateTimeField
 
+from controlplane.api import params
 from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event, EventGroup
@@ -22,6 +26,50 @@ from controlplane.tenants.models import Principal, TenantScopedQuerySet
 def principal_of_request(request: Any) -> Principal | None:
     principal = getattr(request, "principal", None) or getattr(request, "user", None)
     return principal if isinstance(principal, Principal) else None
+
+
+class IdField(forms.Field):
+    """An id (controlplane.api.params): a whole number in the ids' column range, else invalid."""
+
+    lowest = 1
+
+    def to_python(self, value: Any) -> int | None:
+        if value in self.empty_values:
+            return None
+        try:
+            return params.integer("", str(value), lowest=self.lowest)
+        except params.ParameterError as exc:
+            raise forms.ValidationError(exc.message, code="invalid") from None
+
+
+class CursorIdField(IdField):
+    lowest = 0  # a tail starts at 0 (before every event)
+
+
+class UtcDateTimeField(IsoDateTimeField):
+    """ISO 8601 as an aware UTC datetime (controlplane.api.params): one that leaves the calendar
+    once converted to UTC is invalid, not a database error."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        if value in self.empty_values:
+            return None
+        try:
+            return params.utc_datetime("", str(value))
+        except params.ParameterError as exc:
+            raise forms.ValidationError(exc.message, code="invalid") from None
+
+
+# NumberFilter and IsoDateTimeFilter underneath: the OpenAPI schema keeps their types.
+class IdFilter(django_filters.NumberFilter):
+    field_class = IdField
+
+
+class CursorFilter(django_filters.NumberFilter):
+    field_class = CursorIdField
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField
 
 
 class ScopedFilterSet(django_filters.FilterSet):
@@ -95,15 +143,15 @@ class EventFilterSet(ScopedFilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__name")
     kind = django_filters.MultipleChoiceFilter(choices=Event.Kind.choices, distinct=False)
     severity = django_filters.MultipleChoiceFilter(choices=Event.Severity.choices, distinct=False)
-    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="lt")
-    after = django_filters.NumberFilter(
+    since = UtcDateTimeFilter(field_name="time", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="time", lookup_expr="lt")
+    after = CursorFilter(
         method="filter_after", label="A tail cursor: settled events after this id (see oncall.models)"
     )
     acknowledged = django_filters.BooleanFilter(
         field_name="acknowledged_at", lookup_expr="isnull", exclude=True
     )
-    group = django_filters.NumberFilter(field_name="group_id", label="The events of one on-call group")
+    group = IdFilter(field_name="group_id", label="The events of one on-call group")
 
     class Meta:
         model = Event
@@ -120,7 +168,7 @@ class EventFilterSet(ScopedFilterSet):
             "group",
         ]
 
-    # `value` (a Decimal) stays unannotated: drf-spectacular publishes that annotation as the type of
+    # `value` (an int, IdField's) stays unannotated: drf-spectacular publishes that annotation as the type of
     # ?after= in the OpenAPI schema, which would change it from "number" to "number, double".
     def filter_after(  # type: ignore[no-untyped-def]
         self, queryset: QuerySet[Event], name: str, value
