@@ -46,6 +46,19 @@ class CursorIdField(IdField):
     lowest = 0  # a tail starts at 0 (before every event)
 
 
+class StrictBooleanField(forms.Field):
+    """true or false (controlplane.api.params); a text input, so that what was sent reaches it
+    (django-filter's boolean widget reads an unknown word as "any")."""
+
+    def to_python(self, value: Any) -> bool | None:
+        if value in self.empty_values:
+            return None
+        try:
+            return params.boolean("", str(value))
+        except params.ParameterError as exc:
+            raise forms.ValidationError(exc.message, code="invalid") from None
+
+
 class UtcDateTimeField(IsoDateTimeField):
     """ISO 8601 as an aware UTC datetime (controlplane.api.params): one that leaves the calendar
     once converted to UTC is invalid, not a database error."""
@@ -72,6 +85,10 @@ class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcDateTimeField
 
 
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    field_class = StrictBooleanField
+
+
 class ScopedFilterSet(django_filters.FilterSet):
     """Every choice of a model filter over a tenant-scoped model is limited to what the request's
     principal may see."""
@@ -93,6 +110,7 @@ class EndpointFilterSet(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__name")
     state = django_filters.MultipleChoiceFilter(choices=Endpoint.State.choices, distinct=False)
     search = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
+    scale_to_zero_enabled = StrictBooleanFilter()
 
     class Meta:
         model = Endpoint
@@ -134,6 +152,8 @@ class ProvisionedAllowanceFilterSet(django_filters.FilterSet):
 
 
 class PodFilterSet(ScopedFilterSet):
+    ready = StrictBooleanFilter()
+
     class Meta:
         model = Pod
         fields = ["endpoint", "ready"]
@@ -148,9 +168,7 @@ class EventFilterSet(ScopedFilterSet):
     after = CursorFilter(
         method="filter_after", label="A tail cursor: settled events after this id (see oncall.models)"
     )
-    acknowledged = django_filters.BooleanFilter(
-        field_name="acknowledged_at", lookup_expr="isnull", exclude=True
-    )
+    acknowledged = StrictBooleanFilter(field_name="acknowledged_at", lookup_expr="isnull", exclude=True)
     group = IdFilter(field_name="group_id", label="The events of one on-call group")
 
     class Meta:

@@ -5,8 +5,9 @@ An id is what a primary-key or foreign-key column can hold (PostgreSQL ``bigint`
 the databases answer it differently (PostgreSQL compares it as numeric, SQLite's driver overflows),
 so it is refused before any query. A date-time is ISO 8601, UTC when it has no offset, and must
 stay a date-time once converted to UTC (``0001-01-01T00:00:00+14:00`` is a day before year 1). A
-cursor holds an id too. Each failure is a ``ParameterError`` naming the parameter; the API turns it
-into a 400 `{"error": "invalid", "fields": {name: ...}}`, the console into a 400 naming it.
+cursor holds an id too. A boolean is true or false (a misspelt one is not read as "any"). Each
+failure is a ``ParameterError`` naming the parameter; the API turns it into a 400
+`{"error": "invalid", "fields": {name: ...}}`, the console into a 400 naming it.
 """
 
 from datetime import UTC, datetime
@@ -40,6 +41,19 @@ def integer(name: str, raw: str, lowest: int = 0, highest: int = MAX_ID) -> int:
 def object_id(name: str, raw: str) -> int:
     """An object's id: 1 to the largest bigint."""
     return integer(name, raw, lowest=1)
+
+
+TRUE = frozenset({"true", "1", "yes"})
+FALSE = frozenset({"false", "0", "no"})
+
+
+def boolean(name: str, raw: str) -> bool:
+    """true/false (also 1/0 and yes/no, any case): anything else is refused, not read as "any"."""
+    if raw.lower() in TRUE:
+        return True
+    if raw.lower() in FALSE:
+        return False
+    raise ParameterError(name, f"must be true or false, got {raw[:40]!r}")
 
 
 def utc_datetime(name: str, raw: str) -> datetime:

@@ -43,6 +43,9 @@ API = [
     ("/api/v1/endpoints/", "page", HUGE),
     ("/api/v1/endpoints/", "page", "abc"),
     ("/api/v1/endpoints/", "page_size", "9" * 5000),
+    ("/api/v1/events/", "acknowledged", "maybe"),
+    ("/api/v1/pods/", "ready", "maybe"),
+    ("/api/v1/endpoints/", "scale_to_zero_enabled", "unknown"),
     ("/api/v1/usage/", "start", EARLY),
     ("/api/v1/usage/", "end", LATE),
     ("/api/v1/usage/", "endpoint", HUGE),
@@ -60,6 +63,7 @@ CONSOLE = [
     ("/console/oncall/?view=events&", "group", HUGE),
     ("/console/oncall/?view=events&", "since", EARLY),
     ("/console/oncall/?", "endpoint", HUGE),
+    ("/console/endpoints/?", "scale_to_zero_enabled", "maybe"),
     ("/console/capacity/preview/?endpoint=owner/chat&", "mu_per_minute", "9" * 5000),
 ]
 
@@ -95,6 +99,20 @@ def test_the_console_refuses_each_parameter_by_name(db, owner, events, make_endp
     response = client.get(url(path, name, value))
     assert response.status_code == 400, (response.status_code, response.content[:300])
     assert name in response.content.decode()
+
+
+def test_release_on_delete_is_true_or_false(operator_client, owner, make_endpoint):
+    endpoint = make_endpoint(owner, "chat")
+    response = operator_client.delete(f"/api/v1/endpoints/{endpoint.pk}/?release=maybe")
+    assert response.status_code == 400 and "release" in response.json()["fields"]
+    assert operator_client.get(f"/api/v1/endpoints/{endpoint.pk}/").status_code == 200  # not deleted
+
+
+@pytest.mark.parametrize(("value", "count"), [("true", 1), ("FALSE", 2), ("1", 1), ("no", 2)])
+def test_a_boolean_filter_reads_true_and_false(operator_client, events, value, count):
+    Event.objects.filter(pod="p-0").update(acknowledged_at=datetime(2026, 1, 2, tzinfo=UTC))
+    response = operator_client.get(f"/api/v1/events/?acknowledged={value}")
+    assert response.status_code == 200 and len(response.json()["results"]) == count
 
 
 def test_a_cursor_the_api_made_still_pages(operator_client, events):
