@@ -96,7 +96,7 @@ class EventCursorPagination(pagination.CursorPagination):
             raise ValidationError({self.cursor_query_param: ["is not a cursor this API made"]}) from None
         if cursor is not None and cursor.position is not None:
             try:
-                params.integer(self.cursor_query_param, cursor.position)
+                params.integer(self.cursor_query_param, str(cursor.position))  # a str, whatever the stubs say
             except params.ParameterError:
                 raise ValidationError({self.cursor_query_param: ["is not a cursor this API made"]}) from None
         return cursor
