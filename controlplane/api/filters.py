@@ -14,7 +14,7 @@ import django_filters
 from django import forms
 from django.db.models import Model, QuerySet
 from django.utils import timezone
-from django_filters.fields import IsoDateTimeField
+from django_filters.fields import IsoDateTimeField, ModelChoiceField
 
 from controlplane.api import params
 from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
@@ -72,6 +72,19 @@ class UtcDateTimeField(IsoDateTimeField):
             raise forms.ValidationError(exc.message, code="invalid") from None
 
 
+class VisibleIdChoiceField(ModelChoiceField):
+    """A model filter's choice: first an id (controlplane.api.params), then one the principal may
+    see. An id past bigint names what is wrong; it leaks nothing, since no object has it."""
+
+    def to_python(self, value: Any) -> Any:
+        if value not in self.empty_values:
+            try:
+                params.object_id("", str(value))
+            except params.ParameterError as exc:
+                raise forms.ValidationError(exc.message, code="invalid") from None
+        return super().to_python(value)
+
+
 # NumberFilter and IsoDateTimeFilter underneath: the OpenAPI schema keeps their types.
 class IdFilter(django_filters.NumberFilter):
     field_class = IdField
@@ -91,7 +104,7 @@ class StrictBooleanFilter(django_filters.BooleanFilter):
 
 class ScopedFilterSet(django_filters.FilterSet):
     """Every choice of a model filter over a tenant-scoped model is limited to what the request's
-    principal may see."""
+    principal may see, and read as an id first."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,6 +114,8 @@ class ScopedFilterSet(django_filters.FilterSet):
             if isinstance(choices, TenantScopedQuerySet):
                 scoped: QuerySet[Model] = choices.visible_to(principal) if principal else choices.none()
                 flt.queryset = scoped
+            if isinstance(flt, django_filters.ModelChoiceFilter):  # each FilterSet's own copy
+                flt.field_class = VisibleIdChoiceField
 
 
 class EndpointFilterSet(django_filters.FilterSet):
