@@ -3,10 +3,10 @@
 Python's json module recurses once per level of nesting: 100,000 ``[`` raise RecursionError (not
 the ValueError a server answers with a 400), and a body just under the interpreter's limit parses
 but leaves too little stack for what walks it next (validation, ``json.dumps`` to a pod). ``loads``
-measures the nesting on the bytes first (strings skipped, in C: the bracket count decides for
-almost every body) and refuses a deeper one with ``TooDeep``, a ValueError, so every caller that
-answers bad JSON with a 400 answers this one too; the parser's own RecursionError is the same
-``TooDeep``, whatever the text's encoding.
+measures the nesting on the bytes first (strings skipped, in C-speed passes: the bracket count
+alone decides for almost every body) and refuses a deeper one with ``TooDeep``, a ValueError, so
+every caller that answers bad JSON with a 400 answers this one too; the parser's own
+RecursionError is the same ``TooDeep``, whatever the text's encoding.
 
 ``MAX_DEPTH`` is 128 levels (``{"a": [1]}`` is two). The deepest part of a real request is a
 tool's JSON schema: each schema level costs two JSON levels (``properties`` -> the property's
@@ -17,18 +17,18 @@ after the parse can run out of stack.
 """
 
 import json
-import re
+from array import array
 from itertools import accumulate
 from typing import Any
 
 MAX_DEPTH = 128
 
-# A JSON string, escapes included (possessive: no backtracking on a long one).
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STEP = [0] * 256
-_STEP[ord("[")] = _STEP[ord("{")] = 1
-_STEP[ord("]")] = _STEP[ord("}")] = -1
+# Every byte but quotes and brackets dropped; an opening bracket made 1 and a closing one 255
+# (-1 as a signed byte), so that the depth at each bracket is a running sum (a mismatched pair is
+# the parser's to refuse).
+_KEPT = b'"[]{}'
+_DROPPED = bytes(b for b in range(256) if b not in _KEPT)
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
 
 
 class TooDeep(ValueError):
@@ -37,17 +37,25 @@ class TooDeep(ValueError):
         self.limit = limit
 
 
-def depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in a JSON text (brackets inside strings do not
-    count); what is not JSON gets a number all the same, and the parser refuses it after."""
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+def deeper_than(raw: bytes, limit: int) -> bool:
+    """Whether a JSON text's arrays and objects nest deeper than `limit` (brackets inside strings do
+    not count), in passes at C speed over the bytes."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:  # almost every body: no scan at all
+        return False
+    # Escaped backslashes first (so that in \\" the quote ends the string), then escaped quotes:
+    # every quote left opens or closes a string.
+    structure = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _DROPPED)
+    # Two quotes side by side close a string and open the next (or hold nothing): dropping them
+    # keeps every other quote an opening one; then what lies between quotes is strings' content.
+    outside = b"".join(structure.replace(b'""', b"").split(b'"')[::2])
+    steps = array("b", outside.translate(_STEPS))
+    return max(accumulate(steps), default=0) > limit
 
 
 def loads(raw: bytes | str, limit: int = MAX_DEPTH) -> Any:
     """``json.loads``, refusing a text nested deeper than `limit` with ``TooDeep``."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if data.count(b"[") + data.count(b"{") > limit and depth(data) > limit:
+    if deeper_than(data, limit):
         raise TooDeep(limit)
     try:
         return json.loads(raw)
