@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
 from controlplane import selling
-from controlplane.api import filters, serializers
+from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
@@ -153,7 +153,11 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
         passes ?release=true (the sale ends, with its event, then the endpoint goes)."""
         endpoint = self.get_object()
         principal = request_principal(request)
-        release = request.query_params.get("release", "").lower() in ("1", "true", "yes")
+        raw = request.query_params.get("release")
+        try:
+            release = raw is not None and params.boolean("release", raw)
+        except params.ParameterError as exc:
+            raise ValidationError({"release": [exc.message]}) from None
         if release and not principal.is_operator:
             raise PermissionDenied("only operators may release a reservation (?release=true)")
         selling.delete_endpoint(endpoint, release_by=principal.name if release else None)

@@ -60,6 +60,7 @@ from dataplane.router.served_name import AnswerName, served_instead
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import check_context, demand
 from dataplane.router.workers import WorkerReadiness
+from dataplane.wire import json_depth
 from dataplane.wire.load_samples import RouterSecond, Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
@@ -84,7 +85,9 @@ POD_FAULTS = frozenset({500, 502, 504})
 def json_body(raw: bytes) -> tuple[dict[str, Any], str]:
     """The request's JSON object and the model it names; 400 when it is not one or names none."""
     try:
-        body = json.loads(raw)
+        body = json_depth.loads(raw)
+    except json_depth.TooDeep as exc:  # a RecursionError, and a traceback, before the bound
+        raise RequestError(400, str(exc), "invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
     if not isinstance(body, dict):

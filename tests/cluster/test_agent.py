@@ -132,3 +132,13 @@ def test_the_agent_refuses_bad_requests_with_the_reason(agent):
     assert status == 400 and b"only replicas and target_concurrency" in body
     with pytest.raises(ClusterError, match="unreachable"):
         LocalDriver(f"http://127.0.0.1:{free_port()}", timeout_s=1).list_pods()
+
+
+def test_the_agent_refuses_any_nesting_depth_and_serves_on(agent):
+    _, url = agent
+    for body in (b"[" * 100_000, b'{"deployments": ' + b"[" * 200 + b"]" * 200 + b"}"):
+        status, _, answer = http("PUT", url + "/deployments", body)
+        assert status == 400 and b"nested deeper than 128 levels" in answer, (status, answer[:200])
+    status, _, answer = http("PATCH", url + "/deployments/ep-1", b'{"replicas": ' + b"[" * 100_000)
+    assert status == 400 and b"nested deeper than 128 levels" in answer
+    assert http("GET", url + "/deployments")[0] == 200
