@@ -1,0 +1,117 @@
+"""A pod's events credential (controlplane.api.pod_keys), over real sockets: it posts its own
+endpoint's pod events and nothing else; every other call is refused. The control plane puts it
+in the deployments it declares; it verifies under SECRET_KEY_FALLBACKS too, so the key rotates."""
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+from controlplane.api import pod_keys
+from controlplane.endpoints.deployments import deployment
+from controlplane.oncall.models import Event
+from dataplane.wire.pod_events import PodEvent
+
+HANG = PodEvent(
+    "hang", "critical", "ep-1-v1-1", "3 probes failed", None, {"failed_probes": 3}, "2026-11-29T03:00:00Z"
+)
+
+
+def call(url, method="GET", body=None, key=""):
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data, headers, method=method), timeout=10
+        ) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read() or b"null")
+
+
+@pytest.fixture
+def endpoints(live_server, owner, other, make_endpoint):
+    return make_endpoint(owner, "chat"), make_endpoint(other, "search")
+
+
+def test_it_posts_its_own_endpoints_events(live_server, endpoints):
+    chat, _ = endpoints
+    key = pod_keys.events_key(chat.pk)
+    assert key.startswith(f"mupod_{chat.pk}_")
+    status, body = call(
+        f"{live_server.url}/api/v1/events/", "POST", replace(HANG, endpoint=chat.pk).to_json(), key
+    )
+    assert status == 201, body
+    event = Event.objects.get(pk=body["id"])
+    assert (event.endpoint, event.tenant, event.reported_by) == (
+        chat,
+        chat.tenant,
+        f"pods of endpoint {chat.pk}",
+    )
+
+
+def test_it_is_refused_for_another_endpoints_event_and_every_other_call(live_server, endpoints):
+    chat, search = endpoints
+    key = pod_keys.events_key(chat.pk)
+    url = f"{live_server.url}/api/v1"
+    mine = replace(HANG, endpoint=chat.pk).to_json()
+    for body in [
+        replace(HANG, endpoint=search.pk).to_json(),  # another tenant's endpoint
+        replace(HANG, endpoint=None).to_json(),  # left to the pod's registration to say
+        {**mine, "endpoint": str(chat.pk)},  # spelled otherwise
+        {**mine, "kind": "rollout"},  # not a kind pods report
+        [mine],
+    ]:
+        assert call(f"{url}/events/", "POST", body, key)[0] == 403, body
+    for path in [
+        "/events/",
+        "/endpoints/",
+        f"/endpoints/{chat.pk}/",
+        "/pods/",
+        "/api-keys/",
+        "/whoami/",
+        "/routing-table/",
+        "/usage/",
+        "/metrics/",
+        "/capacity/",
+        "/tenants/",
+    ]:
+        assert call(url + path, key=key)[0] == 403, path
+    assert call(f"{url}/api-keys/", "POST", {"name": "mine"}, key)[0] == 403
+    assert call(f"{url}/endpoints/{chat.pk}/", "PATCH", {"min_provisioned_concurrency": 8}, key)[0] == 403
+    event = Event.record(Event.Kind.RESTART, "restarted", endpoint=chat, pod="ep-1-v1-1")
+    assert call(f"{url}/events/{event.pk}/acknowledge/", "POST", {}, key)[0] == 403
+    assert Event.objects.count() == 1 and Event.objects.get().acknowledged_at is None
+
+
+def test_a_forged_or_rotated_out_credential_is_refused(live_server, endpoints, settings):
+    chat, search = endpoints
+    url = f"{live_server.url}/api/v1/events/"
+    body = replace(HANG, endpoint=search.pk).to_json()
+    forged = pod_keys.events_key(chat.pk).replace(f"mupod_{chat.pk}_", f"mupod_{search.pk}_")
+    for key in [
+        forged,
+        f"mupod_{search.pk}_",
+        "mupod_",
+        f"mupod_{search.pk}",
+        "mupod_x_y",
+        "mupod_" + "9" * 40 + "_0",
+    ]:
+        assert call(url, "POST", body, key)[0] == 401, key
+    old = pod_keys.events_key(search.pk)
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "a-new-secret-key-" + "x" * 40, [settings.SECRET_KEY]
+    assert pod_keys.events_key(search.pk) != old
+    assert call(url, "POST", body, old)[0] == 201  # rotating: the old one still verifies
+    settings.SECRET_KEY_FALLBACKS = []
+    assert call(url, "POST", body, old)[0] == 401  # rotated out
+    assert call(url, "POST", body, pod_keys.events_key(search.pk))[0] == 201
+
+
+def test_the_control_plane_declares_each_endpoints_credential(endpoints):
+    chat, search = endpoints
+    d = deployment(chat)
+    assert pod_keys.endpoint_of(d.events_key) == chat.pk and d.events_key != deployment(search).events_key
+    assert d.events_key not in repr(d) and d.events_key not in json.dumps(d.to_json())
