@@ -24,6 +24,7 @@ from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
+from dataplane.cluster.local import LocalDriver
 from dataplane.router.config import RouterConfig
 from tests.runtime.support import agent_token_file, free_ports, http, wait_until
 from tests.test_stack import post
@@ -157,8 +158,8 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         wait_until(lambda: replicas(chat) == (1, 1), timeout=60, interval=0.5)
         down = Event.objects.filter(endpoint=chat, kind="scale").order_by("-id").first()
         assert down.detail["to"] == 1 and "highest need over 20 s" in down.message
-        pods = http("GET", f"http://127.0.0.1:{agent_port}/pods")
-        assert pods[0] == 200
+        assert http("GET", f"http://127.0.0.1:{agent_port}/pods")[0] == 401  # the agent's token only
+        assert LocalDriver(f"http://127.0.0.1:{agent_port}", token_file).list_pods()
         print(
             f"woke from zero in {woke_in:.1f} s; chat asked for 4 replicas {up_in:.1f} s into the load"
             f" and peaked at {peak}"

@@ -90,7 +90,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
         wait_until(lambda: answers(f"http://127.0.0.1:{agent_port}/healthz"), timeout=30, interval=0.1)
         control_until(lambda: Pod.objects.filter(endpoint=chat, ready=True).count() == 1, timeout=60)
         control_until(lambda: ask(router, key, "chat", False)[0] == 200, timeout=20)
-        pods_before = httpx.get(f"http://127.0.0.1:{agent_port}/pods").json()["pods"]
+        pods_before = [p.to_json() for p in cluster.list_pods()]
         ok = 1
         # What the warm-up cost: 503s (and their errors) while the router had no ready pod yet.
         control_until(lambda: billed(chat)[0] >= ok, timeout=30)
@@ -124,7 +124,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
 
         # No pod restarted or was replaced: they still serve "chat", and the router maps onto it.
         control_until(lambda: True, timeout=5)  # passes after the rename declare the same deployment
-        pods_after = httpx.get(f"http://127.0.0.1:{agent_port}/pods").json()["pods"]
+        pods_after = [p.to_json() for p in cluster.list_pods()]
         assert [(p["name"], p["restarts"]) for p in pods_after] == [(p["name"], 0) for p in pods_before]
         # The old name is no endpoint now: the router's 404, nothing billed.
         status, headers, named = ask(router, key, "chat", False)

@@ -30,9 +30,9 @@ remembers the launch spec it started from (``launch_spec``: engine, arguments, l
 credential); a deployment redeclared with another spec is rolled: new pods start beside the
 old, and an old one is retired for each new one ready (surge, then retire), so the deployment
 never has fewer ready pods than it had. Scale-down retires the pods that are not ready first,
-then the newest; a retired pod reports not ready at
-once and is stopped (SIGTERM, drain) only `drain_delay_s` later, so that routers, which learn
-of it through the control plane, stop sending to it before it goes. Pods that hang or die are
+then the newest; a retired pod reports not ready at once and is stopped (SIGTERM, drain) only
+`drain_delay_s` later, so that routers, which learn of it through the control plane, stop
+sending to it before it goes. Pods that hang or die are
 restarted by the supervisor (dataplane.runtime.supervisor) with restart events.
 """
 
