@@ -6,12 +6,14 @@ filesystem broker, DEBUG off (`make run` sets DEBUG=1). Production sets DATABASE
 a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
 
+import shlex
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from capacity import units
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
+from dataplane.cluster import pod_args
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
@@ -286,6 +288,16 @@ ENDPOINT_POD_ENGINE = envstr("ENDPOINT_POD_ENGINE", "sim")
 if ENDPOINT_POD_ENGINE not in ("sim", "vllm"):
     raise ImproperlyConfigured(f"ENDPOINT_POD_ENGINE={ENDPOINT_POD_ENGINE!r}: use 'sim' or 'vllm'")
 ENDPOINT_VLLM_ARGS = envstr("ENDPOINT_VLLM_ARGS", "")
+# Checked here against what a deployment may carry (the local agent refuses the rest), so that
+# a flag off the list stops the start, named, rather than every apply.
+for _name, _value in (
+    ("BENCHMARK_VLLM_ARGS", BENCHMARK_VLLM_ARGS),
+    ("ENDPOINT_VLLM_ARGS", ENDPOINT_VLLM_ARGS),
+):
+    try:
+        pod_args.check("vllm", shlex.split(_value))
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"{_name}={_value!r}: {_exc}") from None
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
