@@ -3,6 +3,9 @@ endpoint's pod events and nothing else; every other call is refused. The control
 in the deployments it declares; it verifies under SECRET_KEY_FALLBACKS too, so the key rotates."""
 
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -12,7 +15,9 @@ import pytest
 from controlplane.api import pod_keys
 from controlplane.endpoints.deployments import deployment
 from controlplane.oncall.models import Event
+from dataplane.cluster.local import LocalDriver
 from dataplane.wire.pod_events import PodEvent
+from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
 HANG = PodEvent(
     "hang", "critical", "ep-1-v1-1", "3 probes failed", None, {"failed_probes": 3}, "2026-11-29T03:00:00Z"
@@ -115,3 +120,36 @@ def test_the_control_plane_declares_each_endpoints_credential(endpoints):
     d = deployment(chat)
     assert pod_keys.endpoint_of(d.events_key) == chat.pk and d.events_key != deployment(search).events_key
     assert d.events_key not in repr(d) and d.events_key not in json.dumps(d.to_json())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pod_of_the_agent_posts_its_hang_with_the_credential_the_control_plane_declared(
+    live_server, owner, make_endpoint, tmp_path
+):
+    """Real parts: the agent (a subprocess, with no operator key of its own) runs the pod the
+    control plane declared through the local driver; the pod's engine hangs, and its prober's
+    hang event reaches the events API with the endpoint's credential, as the endpoint's."""
+    chat = make_endpoint(owner, "chat")
+    token_file = agent_token_file(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MU_CONTROL_PLANE_KEY", "ROUTER_KEY")}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{port}",
+         "--token-file", token_file, "--control-plane", live_server.url, "--grace", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout=30)
+        declared = deployment(chat)
+        hangs = ("--fault", "hang", "--fault-after", "2", "--idle-interval", "0.2")
+        hangs += ("--completion-deadline", "1", "--failure-threshold", "1")
+        LocalDriver(f"http://127.0.0.1:{port}", token_file).apply(
+            [replace(declared, replicas=1, args=(*declared.args, *hangs))]
+        )
+        wait_until(lambda: Event.objects.filter(endpoint=chat, kind="hang").exists(), timeout=60)
+        hang = Event.objects.filter(endpoint=chat, kind="hang").first()
+        assert hang is not None and hang.reported_by == f"pods of endpoint {chat.pk}"
+        assert (hang.tenant, hang.version) == (owner, chat.version)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
