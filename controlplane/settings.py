@@ -6,6 +6,7 @@ on a local broker, DEBUG off, a secret key made once under var/. Production sets
 a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
 
+import shlex
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -13,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from capacity import units
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
 from controlplane.localfiles import local_secret_key, private_var_dir
+from dataplane.cluster import pod_args
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
@@ -280,12 +282,12 @@ BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimu
 # own: the deployment bench-{profile id}, declared by the autoscaler's pass while the benchmark
 # holds its claim (gone with the claim). It runs BENCHMARK_POD_ENGINE: "sim" (the profile
 # BENCHMARK_SIMULATED_PROFILE) or "vllm" (BENCHMARK_VLLM_MODEL, a path or hub id; the engine in
-# BENCHMARK_VLLM_PYTHON's environment; BENCHMARK_VLLM_ARGS added, e.g. "--max-num-seqs 16").
+# the cluster's vLLM interpreter: the agent's --vllm-python, the image's; BENCHMARK_VLLM_ARGS
+# added, e.g. "--max-num-seqs 16").
 BENCHMARK_POD_ENGINE = envstr("BENCHMARK_POD_ENGINE", "sim")
 if BENCHMARK_POD_ENGINE not in ("sim", "vllm"):
     raise ImproperlyConfigured(f"BENCHMARK_POD_ENGINE={BENCHMARK_POD_ENGINE!r}: use 'sim' or 'vllm'")
 BENCHMARK_VLLM_MODEL = envstr("BENCHMARK_VLLM_MODEL", "")
-BENCHMARK_VLLM_PYTHON = envstr("BENCHMARK_VLLM_PYTHON", "")
 BENCHMARK_VLLM_ARGS = envstr("BENCHMARK_VLLM_ARGS", "")
 BENCHMARK_POD_READY_TIMEOUT_S = envfloat("BENCHMARK_POD_READY_TIMEOUT_S", 300.0, minimum=1.0)
 
@@ -296,6 +298,16 @@ ENDPOINT_POD_ENGINE = envstr("ENDPOINT_POD_ENGINE", "sim")
 if ENDPOINT_POD_ENGINE not in ("sim", "vllm"):
     raise ImproperlyConfigured(f"ENDPOINT_POD_ENGINE={ENDPOINT_POD_ENGINE!r}: use 'sim' or 'vllm'")
 ENDPOINT_VLLM_ARGS = envstr("ENDPOINT_VLLM_ARGS", "")
+# Checked here against what a deployment may carry (the local agent refuses the rest), so that
+# a flag off the list stops the start, named, rather than every apply.
+for _name, _value in (
+    ("BENCHMARK_VLLM_ARGS", BENCHMARK_VLLM_ARGS),
+    ("ENDPOINT_VLLM_ARGS", ENDPOINT_VLLM_ARGS),
+):
+    try:
+        pod_args.check("vllm", shlex.split(_value))
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"{_name}={_value!r}: {_exc}") from None
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
@@ -307,10 +319,15 @@ CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "local" if EMBEDDED else "none")
 if CLUSTER_DRIVER not in ("none", "local", "kubernetes"):
     raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none', 'local' or 'kubernetes'")
 CLUSTER_AGENT_URL = envstr("CLUSTER_AGENT_URL", "http://127.0.0.1:8700")
+# The file (mode 600) holding the token every call to the agent carries; the agent reads the
+# same file (its --token-file). `make run` writes it under var/keys/.
+CLUSTER_AGENT_TOKEN_FILE = envstr(
+    "CLUSTER_AGENT_TOKEN_FILE", str(VAR_DIR / "keys" / "agent.token") if EMBEDDED else ""
+)
 # The Kubernetes driver: where the runtime pods run and from which images (their entrypoints
 # start `python -m dataplane.runtime.pod`); RUNTIME_EVENTS_URL is where the pods' probers post
-# hang events (empty: logged only), with the key under `key` in the Secret
-# RUNTIME_EVENTS_KEY_SECRET of that namespace.
+# hang events (empty: logged only), each deployment's pods with their endpoint's events
+# credential, from a Secret of the deployment's own.
 KUBERNETES_NAMESPACE = envstr("KUBERNETES_NAMESPACE", "mu-runtime")
 RUNTIME_SIM_IMAGE = envstr("RUNTIME_SIM_IMAGE", "mu/runtime-sim:0.1.0")
 RUNTIME_VLLM_IMAGE = envstr("RUNTIME_VLLM_IMAGE", "mu/runtime-vllm:0.1.0")
@@ -320,7 +337,6 @@ if RUNTIME_IMAGE_PULL_POLICY not in ("Always", "IfNotPresent", "Never"):
         f"RUNTIME_IMAGE_PULL_POLICY={RUNTIME_IMAGE_PULL_POLICY!r}: use 'Always', 'IfNotPresent' or 'Never'"
     )
 RUNTIME_EVENTS_URL = envstr("RUNTIME_EVENTS_URL", "")
-RUNTIME_EVENTS_KEY_SECRET = envstr("RUNTIME_EVENTS_KEY_SECRET", "runtime-events-key")
 # Local pods run the simulated engine at this speed-up (1.0: real time).
 LOCAL_POD_TIME_SCALE = envfloat("LOCAL_POD_TIME_SCALE", 1.0, minimum=0.001)
 AUTOSCALER_HORIZONTAL_INTERVAL_S = envfloat("AUTOSCALER_HORIZONTAL_INTERVAL_S", 5.0, minimum=0.5)

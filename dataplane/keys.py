@@ -54,3 +54,22 @@ def read_key(path: str | None, variable: str) -> str | None:
     if not key:
         raise ValueError(f"the key file {path} is empty")
     return key
+
+
+def read_private_file(path: str, what: str) -> str:
+    """The secret in ``path`` (surrounding whitespace stripped), which only its owner may read:
+    a file that group or others can read (mode 0644, say) is refused, since another user of the
+    machine could have taken the secret from it. Raises ValueError naming the file and why."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode & 0o777
+            if mode & 0o077:
+                raise ValueError(
+                    f"the {what} file {path} is readable by group or others (mode {mode:04o}): chmod 600 it"
+                )
+            secret = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the {what} file {path}: {exc}") from None
+    if not secret:
+        raise ValueError(f"the {what} file {path} is empty")
+    return secret

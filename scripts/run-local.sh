@@ -40,6 +40,11 @@ if [ ! -s "$VAR/keys/operator.key" ]; then  # a database from before keys were w
 fi
 # The operator key reaches the agent and the router in a file, never on a command line (ps).
 KEY_FILE=$VAR/keys/operator.key
+# Every call to the cluster agent carries this token; the agent and the control plane's local
+# driver read it from this file (mode 600, else the agent refuses it). A new one each run.
+export CLUSTER_AGENT_TOKEN_FILE=$VAR/keys/agent.token
+rm -f "$CLUSTER_AGENT_TOKEN_FILE"  # so that the new one is made mode 600 whatever the old was
+(umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$CLUSTER_AGENT_TOKEN_FILE")
 pids=()
 declare -A logs  # pid -> its log, to show when it dies
 cleanup() {
@@ -61,7 +66,8 @@ started() {  # started NAME LOG [URL]: the one terminal line per process
 pids+=($!)
 started "celery" "$VAR/celery.log"
 "$BIN/python" -m dataplane.cluster.agent --listen "127.0.0.1:$AGENT_PORT" --log-dir "$VAR/pods" \
-    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" >"$VAR/agent.log" 2>&1 &
+    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" --token-file "$CLUSTER_AGENT_TOKEN_FILE" \
+    ${VLLM_PYTHON:+--vllm-python "$VLLM_PYTHON"} >"$VAR/agent.log" 2>&1 &
 pids+=($!)
 started "cluster agent" "$VAR/agent.log" "http://127.0.0.1:$AGENT_PORT"
 # Its metered seconds wait in var/router-spool/ until the control plane takes them: a router

@@ -415,10 +415,11 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
     from django.db import connection
 
     from controlplane.endpoints import scaling
-    from tests.runtime.support import answers, free_port, wait_until
+    from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
     port = free_port()
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{port}"
+    settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.BENCHMARK_ENGINE_URL, settings.BENCHMARK_POD_ENGINE = "", "sim"
     settings.BENCHMARK_SIMULATED_PROFILE, settings.BENCHMARK_SIMULATED_TIME_SCALE = "tiny-test", 20.0
     settings.BENCHMARK_SIMULATED_CLOCK = "wall"  # a pod of its own, declared for its claim
@@ -432,6 +433,8 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
             "dataplane.cluster.agent",
             "--listen",
             f"127.0.0.1:{port}",
+            "--token-file",
+            token_file,
             "--drain-delay",
             "0",
         ],

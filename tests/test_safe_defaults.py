@@ -151,6 +151,13 @@ def test_the_rollout_hold_allowance_and_quota_settings_refuse_bad_values(tmp_pat
             "PROVISIONED_ALLOWANCE_DEFAULT_NODES=-1 must be at least 0",
         ),
         ("TENANT_GPU_QUOTA_DEFAULT", "lots", "TENANT_GPU_QUOTA_DEFAULT='lots' is not an integer"),
+        # vLLM arguments the local agent would refuse for every deployment (dataplane.cluster.pod_args)
+        (
+            "ENDPOINT_VLLM_ARGS",
+            "-- --trust-remote-code",
+            "args[1] '--trust-remote-code': not a vLLM argument",
+        ),
+        ("BENCHMARK_VLLM_ARGS", "--vllm-python /tmp/py", "args[0] '--vllm-python': not an argument"),
     ]:
         done = run(tmp_path, {name: value}, "manage.py", "check")
         assert done.returncode != 0 and said in done.stderr, done.stderr

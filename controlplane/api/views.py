@@ -19,7 +19,7 @@ from controlplane import selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
-from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
+from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints import rollouts, routing, samples, scaling
@@ -302,11 +302,12 @@ class ProvisionedAllowanceViewSet(ScopedViewSet[ProvisionedAllowance]):
 
 
 class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]):
-    """Events, newest first, with a cursor. Operators (and the probers' keys) write them."""
+    """Events, newest first, with a cursor. Operators write them, and pods their own endpoint's
+    (with its events credential: controlplane.api.pod_keys)."""
 
     queryset = Event.objects.select_related("tenant")
     serializer_class = serializers.EventSerializer
-    permission_classes = [AUTHENTICATED, OperatorWrites]
+    permission_classes = [(AUTHENTICATED & OperatorWrites) | OwnPodEvents]
     filterset_class = filters.EventFilterSet
     pagination_class = EventCursorPagination
 

@@ -42,6 +42,17 @@ class Principal:
         return self.tenant.pk if self.tenant else None
 
 
+@dataclass(frozen=True)
+class PodPrincipal(Principal):
+    """A pod with its endpoint's events credential (controlplane.api.pod_keys): it may post
+    that endpoint's events and nothing else. Not authenticated as far as every other view's
+    IsAuthenticated is concerned; only the events create admits it (OwnPodEvents)."""
+
+    endpoint_id: int = 0
+
+    is_authenticated = False
+
+
 def tenant_xor_operator(name: str) -> models.CheckConstraint:
     """A key or a user belongs to exactly one tenant, or is an operator's and to none."""
     return models.CheckConstraint(

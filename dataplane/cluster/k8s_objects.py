@@ -82,10 +82,9 @@ class RuntimePodConfig:
             "limits": {"cpu": "8", "memory": "64Gi"},
         },
     )
-    # Hang events from the pods' probers go to this control plane (empty: logged only), with the
-    # bearer key under `key` in this Secret of the runtime namespace (optional: may be absent).
+    # Hang events from the pods' probers go to this control plane (empty: logged only), with
+    # their endpoint's events credential from the deployment's own Secret (events_secret_manifest).
     events_url: str = ""
-    events_key_secret: str = "runtime-events-key"
     prestop_sleep_s: int = 5  # a deleted pod keeps serving this long while routers drop it, s
     drain_grace_s: int = 30  # then SIGTERM: in-flight requests finish within this, s
     sim_startup_s: int = 120  # longest start to first ready, simulated engine, s
@@ -175,9 +174,9 @@ def deployment_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:
         env.append({"name": "MU_TENANT", "value": d.labels["tenant"]})
     if cfg.events_url:
         env.append({"name": "MU_CONTROL_PLANE_URL", "value": cfg.events_url})
-        if cfg.events_key_secret:
-            ref = {"name": cfg.events_key_secret, "key": "key", "optional": True}
-            env.append({"name": "MU_CONTROL_PLANE_KEY", "valueFrom": {"secretKeyRef": ref}})
+        if d.events_key:  # the endpoint's events credential, never the operator key
+            ref = {"name": events_secret_name(d.name), "key": "key"}
+            env.append({"name": "MU_POD_EVENTS_KEY", "valueFrom": {"secretKeyRef": ref}})
     startup_period_s = 5
     startup_s = cfg.vllm_startup_s if vllm else cfg.sim_startup_s
     volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
@@ -267,6 +266,25 @@ def _with_grace(args: tuple[str, ...], grace_s: int) -> list[str]:
     """The pod's own drain time goes before a `--` (after it, arguments are vLLM's)."""
     cut = args.index("--") if "--" in args else len(args)
     return [*args[:cut], "--grace", str(grace_s), *args[cut:]]
+
+
+def events_secret_name(name: str) -> str:
+    return f"{name}-events"
+
+
+def events_secret_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj | None:
+    """The Secret holding `d`'s events credential for its pods (MU_POD_EVENTS_KEY); None when
+    its pods post no events (no events_url) or it has no credential."""
+    if not (cfg.events_url and d.events_key):
+        return None
+    check_name(d.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": events_secret_name(d.name), "namespace": cfg.namespace, "labels": labels_of(d)},
+        "type": "Opaque",
+        "stringData": {"key": d.events_key},
+    }
 
 
 def service_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:
