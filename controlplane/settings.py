@@ -1,38 +1,46 @@
 """Settings, all read from the environment (controlplane.env fails loudly on bad values).
 
-With no variables set this is the embedded default: SQLite under var/, Celery on a local
-filesystem broker, DEBUG off (`make run` sets DEBUG=1). Production sets DATABASE_URL
+With no variables set this is the embedded default: SQLite under var/ (700, its files 600), Celery
+on a local broker, DEBUG off, a secret key made once under var/. Production sets DATABASE_URL
 (postgres://...), REDIS_URL, SECRET_KEY (required with DATABASE_URL), ALLOWED_HOSTS and, behind
 a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
 
+import shlex
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from capacity import units
 from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
+from controlplane.localfiles import local_secret_key, private_var_dir
+from dataplane.cluster import pod_args
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
 
 # --- Safe defaults: DEBUG, SECRET_KEY, ALLOWED_HOSTS, TLS ---------------------------------------
 # The embedded default is the SQLite database under var/ (no DATABASE_URL): one machine, what
-# `make run` and manage.py commands on a checkout use. DEBUG is on only when set (DEBUG=1, which
-# `make run` sets), never by default: a process started without it shows no debug page.
+# `make run` and manage.py commands on a checkout use. DEBUG is on only when set (DEBUG=1, for a
+# developer who asks for it), never by default: a process started without it shows no debug page.
 EMBEDDED = not envstr("DATABASE_URL", "")
 DEBUG = envbool("DEBUG", False)
-# The public key signs only in the embedded default or under DEBUG=1; anything else refuses to
-# start without SECRET_KEY. (Its "django-insecure-" prefix makes `check --deploy` flag it.)
+if EMBEDDED:
+    # The database, its -wal/-journal files, the broker's files, logs and keys: this user's alone
+    # (another local user who reads the database reads the sessions in it).
+    private_var_dir(VAR_DIR)
+# Without SECRET_KEY the embedded default (or DEBUG=1) signs with a key of its own, made once
+# under var/ (mode 600) and kept: sessions survive a restart, and no public key signs anything.
+# Anything else refuses to start without SECRET_KEY.
 SECRET_KEY = envstr("SECRET_KEY", "")
 if not SECRET_KEY:
     if not (EMBEDDED or DEBUG):
         raise ImproperlyConfigured(
             "SECRET_KEY is not set: with DATABASE_URL the control plane needs a secret key of its own "
             "(50+ random characters: python -c 'import secrets; print(secrets.token_urlsafe(50))'); "
-            "the public embedded key serves only without DATABASE_URL or with DEBUG=1"
+            "a key made under CONTROLPLANE_VAR_DIR serves only without DATABASE_URL or with DEBUG=1"
         )
-    SECRET_KEY = "django-insecure-embedded-default-do-not-deploy"
+    SECRET_KEY = local_secret_key(VAR_DIR)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 if "*" in ALLOWED_HOSTS and not DEBUG:
     raise ImproperlyConfigured(
@@ -228,6 +236,10 @@ PROVISIONED_ALLOWANCE_DEFAULT_NODES = envint("PROVISIONED_ALLOWANCE_DEFAULT_NODE
 DEFAULT_TARGET_CONCURRENCY = envint("DEFAULT_TARGET_CONCURRENCY", 8, minimum=1)
 # An API key's last-used time is written at most this often, to keep writes off the hot path.
 API_KEY_LAST_USED_RESOLUTION_S = envint("API_KEY_LAST_USED_RESOLUTION_S", 60, minimum=0)
+# Bounds on a tenant's API keys (controlplane.tenants.key_limits): active (not revoked) keys at
+# once, and keys made in any hour, revoked ones included. Operators' keys are exempt.
+API_KEYS_PER_TENANT_MAX = envint("API_KEYS_PER_TENANT_MAX", 100, minimum=1)
+API_KEY_CREATIONS_PER_HOUR = envint("API_KEY_CREATIONS_PER_HOUR", 60, minimum=1)
 
 # --- Benchmarks (model units) -----------------------------------------------------------------
 # Where to measure: one engine URL for every model x GPU pair, or else a SIMULATED engine: "auto"
@@ -273,12 +285,12 @@ BENCHMARK_CHECK_INTERVAL_S = envfloat("BENCHMARK_CHECK_INTERVAL_S", 60.0, minimu
 # own: the deployment bench-{profile id}, declared by the autoscaler's pass while the benchmark
 # holds its claim (gone with the claim). It runs BENCHMARK_POD_ENGINE: "sim" (the profile
 # BENCHMARK_SIMULATED_PROFILE) or "vllm" (BENCHMARK_VLLM_MODEL, a path or hub id; the engine in
-# BENCHMARK_VLLM_PYTHON's environment; BENCHMARK_VLLM_ARGS added, e.g. "--max-num-seqs 16").
+# the cluster's vLLM interpreter: the agent's --vllm-python, the image's; BENCHMARK_VLLM_ARGS
+# added, e.g. "--max-num-seqs 16").
 BENCHMARK_POD_ENGINE = envstr("BENCHMARK_POD_ENGINE", "sim")
 if BENCHMARK_POD_ENGINE not in ("sim", "vllm"):
     raise ImproperlyConfigured(f"BENCHMARK_POD_ENGINE={BENCHMARK_POD_ENGINE!r}: use 'sim' or 'vllm'")
 BENCHMARK_VLLM_MODEL = envstr("BENCHMARK_VLLM_MODEL", "")
-BENCHMARK_VLLM_PYTHON = envstr("BENCHMARK_VLLM_PYTHON", "")
 BENCHMARK_VLLM_ARGS = envstr("BENCHMARK_VLLM_ARGS", "")
 BENCHMARK_POD_READY_TIMEOUT_S = envfloat("BENCHMARK_POD_READY_TIMEOUT_S", 300.0, minimum=1.0)
 
@@ -289,6 +301,16 @@ ENDPOINT_POD_ENGINE = envstr("ENDPOINT_POD_ENGINE", "sim")
 if ENDPOINT_POD_ENGINE not in ("sim", "vllm"):
     raise ImproperlyConfigured(f"ENDPOINT_POD_ENGINE={ENDPOINT_POD_ENGINE!r}: use 'sim' or 'vllm'")
 ENDPOINT_VLLM_ARGS = envstr("ENDPOINT_VLLM_ARGS", "")
+# Checked here against what a deployment may carry (the local agent refuses the rest), so that
+# a flag off the list stops the start, named, rather than every apply.
+for _name, _value in (
+    ("BENCHMARK_VLLM_ARGS", BENCHMARK_VLLM_ARGS),
+    ("ENDPOINT_VLLM_ARGS", ENDPOINT_VLLM_ARGS),
+):
+    try:
+        pod_args.check("vllm", shlex.split(_value))
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"{_name}={_value!r}: {_exc}") from None
 
 # --- Autoscaler and cluster -------------------------------------------------------------------
 # Where endpoints' pods run: "local" (supervised processes of `python -m dataplane.cluster.agent`
@@ -300,10 +322,15 @@ CLUSTER_DRIVER = envstr("CLUSTER_DRIVER", "local" if EMBEDDED else "none")
 if CLUSTER_DRIVER not in ("none", "local", "kubernetes"):
     raise ImproperlyConfigured(f"CLUSTER_DRIVER={CLUSTER_DRIVER!r}: use 'none', 'local' or 'kubernetes'")
 CLUSTER_AGENT_URL = envstr("CLUSTER_AGENT_URL", "http://127.0.0.1:8700")
+# The file (mode 600) holding the token every call to the agent carries; the agent reads the
+# same file (its --token-file). `make run` writes it under var/keys/.
+CLUSTER_AGENT_TOKEN_FILE = envstr(
+    "CLUSTER_AGENT_TOKEN_FILE", str(VAR_DIR / "keys" / "agent.token") if EMBEDDED else ""
+)
 # The Kubernetes driver: where the runtime pods run and from which images (their entrypoints
 # start `python -m dataplane.runtime.pod`); RUNTIME_EVENTS_URL is where the pods' probers post
-# hang events (empty: logged only), with the key under `key` in the Secret
-# RUNTIME_EVENTS_KEY_SECRET of that namespace.
+# hang events (empty: logged only), each deployment's pods with their endpoint's events
+# credential, from a Secret of the deployment's own.
 KUBERNETES_NAMESPACE = envstr("KUBERNETES_NAMESPACE", "mu-runtime")
 RUNTIME_SIM_IMAGE = envstr("RUNTIME_SIM_IMAGE", "mu/runtime-sim:0.1.0")
 RUNTIME_VLLM_IMAGE = envstr("RUNTIME_VLLM_IMAGE", "mu/runtime-vllm:0.1.0")
@@ -313,7 +340,6 @@ if RUNTIME_IMAGE_PULL_POLICY not in ("Always", "IfNotPresent", "Never"):
         f"RUNTIME_IMAGE_PULL_POLICY={RUNTIME_IMAGE_PULL_POLICY!r}: use 'Always', 'IfNotPresent' or 'Never'"
     )
 RUNTIME_EVENTS_URL = envstr("RUNTIME_EVENTS_URL", "")
-RUNTIME_EVENTS_KEY_SECRET = envstr("RUNTIME_EVENTS_KEY_SECRET", "runtime-events-key")
 # The Secret of that namespace whose `key` is the fleet key, each runtime pod's $VLLM_API_KEY:
 # the pods answer only requests bearing it (the routers', benchmarks'). Empty: open pods.
 RUNTIME_FLEET_KEY_SECRET = envstr("RUNTIME_FLEET_KEY_SECRET", "fleet-key")

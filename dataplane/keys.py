@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,22 +56,37 @@ def read_key(path: str | None, variable: str) -> str | None:
     return key
 
 
+def read_private_file(path: str, what: str) -> str:
+    """The secret in ``path`` (surrounding whitespace stripped), which only its owner may read:
+    a file that group or others can read (mode 0644, say) is refused, since another user of the
+    machine could have taken the secret from it. Raises ValueError naming the file and why."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode & 0o777
+            if mode & 0o077:
+                raise ValueError(
+                    f"the {what} file {path} is readable by group or others (mode {mode:04o}): chmod 600 it"
+                )
+            secret = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the {what} file {path}: {exc}") from None
+    if not secret:
+        raise ValueError(f"the {what} file {path} is empty")
+    return secret
+
+
 def read_fleet_keys(path: str | None, variable: str) -> list[str]:
     """The fleet keys in ``path`` or ``$variable``, one a line: the key to send, then, during a
     rotation, the key it replaces (tried when a pod answers 401); [] without any. The file must
-    be private (mode 600: a credential every local user could read is no credential), and each
-    key a bearer token a header can carry. Raises ValueError naming the file (or the variable)."""
+    be private (``read_private_file``), and each key a bearer token a header can carry. Raises
+    ValueError naming the file (or the variable)."""
     if path is not None:
-        try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-        except OSError as exc:
-            raise ValueError(f"cannot read the key file {path}: {exc}") from None
-        if mode & 0o077:
-            raise ValueError(
-                f"the key file {path} is open to other users (mode {mode:03o}); chmod 600 {path}"
-            )
-    where = f"the key file {path}" if path is not None else f"${variable}"
-    keys = [line.strip() for line in (read_key(path, variable) or "").splitlines() if line.strip()]
+        text = read_private_file(path, "fleet key")
+        where = f"the fleet key file {path}"
+    else:
+        text = os.environ.get(variable, "")
+        where = f"${variable}"
+    keys = [line.strip() for line in text.splitlines() if line.strip()]
     if len(keys) > 2:
         raise ValueError(f"{where} holds {len(keys)} keys: at most two (the new one, then the old one)")
     for key in keys:

@@ -13,8 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-# The embedded default for development: the debug pages on, the public key (no DATABASE_URL).
-export DEBUG=${DEBUG:-1}
+# Everything the stack writes (database, broker, logs, keys, pods' logs, spool) is this user's
+# alone: files 600, folders 700. DEBUG stays off (no debug page for anyone; `DEBUG=1 make run`
+# turns it on for a developer) and the secret key is the one made once under var/ (settings.py).
+umask 077
 export CONTROLPLANE_VAR_DIR=${CONTROLPLANE_VAR_DIR:-$PWD/var}
 VAR=$CONTROLPLANE_VAR_DIR
 CP_PORT=${CP_PORT:-8000}
@@ -26,6 +28,7 @@ export CLUSTER_AGENT_URL=http://127.0.0.1:$AGENT_PORT  # where the worker's pass
 # not pass the signal on), so are we.
 PARENT=$PPID
 mkdir -p "$VAR"
+chmod -R go-rwx "$VAR"  # a var/ an earlier run left readable to others
 bash scripts/rotate-logs.sh "$VAR"
 mkdir -p "$VAR/broker" "$VAR/broker-processed" "$VAR/pods" "$VAR/keys"
 "$BIN/python" manage.py migrate --noinput -v0 >>"$VAR/controlplane.log" 2>&1 \
@@ -40,9 +43,12 @@ KEY_FILE=$VAR/keys/operator.key
 # The fleet key: pods answer only requests bearing it (the router's, their probers'); the agent
 # gives it to pods in their environment, the router sends it.
 export POD_KEY_FILE=$VAR/keys/fleet.key  # the control plane's benchmarks send it too
-if [ ! -s "$POD_KEY_FILE" ]; then
-    (umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$POD_KEY_FILE")
-fi
+[ -s "$POD_KEY_FILE" ] || "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$POD_KEY_FILE"
+# Every call to the cluster agent carries this token; the agent and the control plane's local
+# driver read it from this file (mode 600, else the agent refuses it). A new one each run.
+export CLUSTER_AGENT_TOKEN_FILE=$VAR/keys/agent.token
+rm -f "$CLUSTER_AGENT_TOKEN_FILE"  # so that the new one is made mode 600 whatever the old was
+"$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$CLUSTER_AGENT_TOKEN_FILE"
 pids=()
 declare -A logs  # pid -> its log, to show when it dies
 cleanup() {
@@ -64,7 +70,8 @@ started() {  # started NAME LOG [URL]: the one terminal line per process
 pids+=($!)
 started "celery" "$VAR/celery.log"
 "$BIN/python" -m dataplane.cluster.agent --listen "127.0.0.1:$AGENT_PORT" --log-dir "$VAR/pods" \
-    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" --pod-key-file "$POD_KEY_FILE" >"$VAR/agent.log" 2>&1 &
+    --warm-pool "${WARM_POOL:-2}" --control-plane "$CP" --key-file "$KEY_FILE" --token-file "$CLUSTER_AGENT_TOKEN_FILE" \
+    --pod-key-file "$POD_KEY_FILE" ${VLLM_PYTHON:+--vllm-python "$VLLM_PYTHON"} >"$VAR/agent.log" 2>&1 &
 pids+=($!)
 started "cluster agent" "$VAR/agent.log" "http://127.0.0.1:$AGENT_PORT"
 # Its metered seconds wait in var/router-spool/ until the control plane takes them: a router

@@ -24,8 +24,9 @@ from controlplane.endpoints.models import Endpoint
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
+from dataplane.cluster.local import LocalDriver
 from dataplane.router.config import RouterConfig
-from tests.runtime.support import free_ports, http, wait_until
+from tests.runtime.support import agent_token_file, free_ports, http, wait_until
 from tests.test_stack import post
 
 # Longest the load may run while the test waits for the scale-up: a bound on a hang only, as the
@@ -77,6 +78,7 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
     db = django_settings.DATABASES["default"]
     agent_port, router_port = free_ports(2)
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"  # wake
+    settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     env = {
         **os.environ,
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
@@ -84,6 +86,7 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         "CELERY_BROKER_URL": broker,
         "CLUSTER_DRIVER": "local",
         "CLUSTER_AGENT_URL": f"http://127.0.0.1:{agent_port}",
+        "CLUSTER_AGENT_TOKEN_FILE": token_file,
         "BENCHMARK_CHECK_INTERVAL_S": "3600",
         "CAPACITY_SNAPSHOT_INTERVAL_S": "3600",
         "ROUTER_KEY": operator,
@@ -91,6 +94,7 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
     log = open(tmp_path / "stack.log", "wb")
     procs = [
         spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
+               "--token-file", token_file,
                "--grace", "5", "--log-level", "warning"], env, log),
         spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
                live_server.url, "--redis", broker, "--poll-interval-s", "0.5"], env, log),
@@ -154,8 +158,8 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         wait_until(lambda: replicas(chat) == (1, 1), timeout=60, interval=0.5)
         down = Event.objects.filter(endpoint=chat, kind="scale").order_by("-id").first()
         assert down.detail["to"] == 1 and "highest need over 20 s" in down.message
-        pods = http("GET", f"http://127.0.0.1:{agent_port}/pods")
-        assert pods[0] == 200
+        assert http("GET", f"http://127.0.0.1:{agent_port}/pods")[0] == 401  # the agent's token only
+        assert LocalDriver(f"http://127.0.0.1:{agent_port}", token_file).list_pods()
         print(
             f"woke from zero in {woke_in:.1f} s; chat asked for 4 replicas {up_in:.1f} s into the load"
             f" and peaked at {peak}"

@@ -107,7 +107,7 @@ def test_the_command_publishes_the_vision_profile_with_delta(h100):
         "--simulated",
         "h100-qwen2-vl-7b-vision",
     )
-    call_command("benchmark", *args, "--json", stdout=out)
+    call_command("benchmark", *args, "--create-model", "--json", stdout=out)
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
     assert summary["published"] and summary["heldout_mape"] <= 0.05 and summary["delta"] > 0
     assert summary["delta_heldout_mape"] <= 0.05 and summary["cached_token_factor"] is not None

@@ -167,7 +167,6 @@ def stack():
         kubectl("-n", SYSTEM, "rollout", "status", f"deploy/{name}", "--timeout=300s", timeout=330)
     operator_key = manage("create_operator_key", "e2e").strip().splitlines()[-1]
     put_secret(SYSTEM, "router-key", operator_key)
-    put_secret(RUNTIME, "runtime-events-key", operator_key)  # before any runtime pod starts
     kubectl("-n", SYSTEM, "rollout", "restart", "deploy/router")
     kubectl("-n", SYSTEM, "rollout", "status", "deploy/router", "--timeout=300s", timeout=330)
     endpoint = shell(SETUP)
@@ -255,7 +254,8 @@ def test_a_hung_pod_is_restarted_and_on_call_hears_of_it(stack):
         return bool(pod["status"]["containerStatuses"][0]["restartCount"] > restarts)
 
     eventually(f"the kubelet to restart {victim}", restarted, timeout=300, every=5)
-    # the pod watcher's restart event, and the prober's hang event (through runtime-events-key)
+    # the pod watcher's restart event, and the prober's hang event (with its endpoint's events
+    # credential, from the Secret the control plane made for the deployment)
     eventually(
         f"restart and hang events for {victim}",
         lambda: {"restart", "hang"} <= set(event_kinds(victim)),

@@ -294,8 +294,8 @@ def test_nothing_answering_is_a_clear_error():
     [
         (["--stages", "30s"], "stage '30s': write SECONDSxCLIENTS, e.g. 30x4"),
         (["--url", "127.0.0.1:8080"], "--url '127.0.0.1:8080': write http://HOST:PORT"),
-        (["--rate-multiple", "0"], "--rate-multiple must be > 0, got 0.0"),
-        (["--max-concurrency", "0"], "--max-concurrency must be >= 1, got 0"),
+        (["--rate-multiple", "0"], "--rate-multiple must be a finite number > 0, got 0"),
+        (["--max-concurrency", "0"], "--max-concurrency must be from 1 to 10000, got 0"),
         (["--trace", "/nonexistent/trace.csv"], "--trace /nonexistent/trace.csv: No such file or directory"),
     ],
 )
@@ -313,3 +313,63 @@ def test_a_bad_trace_names_its_line(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["--model", MODEL, "--trace", str(tmp_path / "t.csv")])
     assert f"{tmp_path / 't.csv'}: line 2: ContextTokens 'x' is not a whole number" in capsys.readouterr().err
+
+
+HEADER = b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "trace", "message"),
+    [
+        (["--rate-multiple", "nan"], None, "--rate-multiple must be a finite number > 0, got nan"),
+        (["--rate-multiple", "inf"], None, "--rate-multiple must be a finite number > 0, got inf"),
+        (["--rate-multiple", "-2"], None, "--rate-multiple must be a finite number > 0, got -2"),
+        (["--duration", "nan"], None, "--duration must be a finite number > 0, got nan"),
+        (["--timeout=-inf"], None, "--timeout must be a finite number > 0, got -inf"),
+        (["--stages", "nanx2"], None, "stage 'nanx2': write SECONDSxCLIENTS, e.g. 30x4"),
+        (["--stages", "infx2"], None, "stage 'infx2': write SECONDSxCLIENTS, e.g. 30x4"),
+        (
+            ["--max-tokens", "1000000000000"],
+            None,
+            "--max-tokens must be from 1 to 2097152, got 1000000000000",
+        ),
+        (["--prompt-words", "-1"], None, "--prompt-words must be from 1 to 2097152, got -1"),
+        (
+            [],
+            HEADER + b"2023-11-16 18:15:46,3,4\n2023-11-16 18:15:47+00:00,3,4\n",
+            "line 3: TIMESTAMP '2023-11-16 18:15:47+00:00' has a UTC offset, line 2's has none",
+        ),
+        (
+            [],
+            HEADER + b"2023-11-16T18:15:46Z,3,4\n2023-11-16 18:15:47,3,4\n",
+            "line 3: TIMESTAMP '2023-11-16 18:15:47' has no UTC offset, line 2's has one",
+        ),
+        (
+            [],
+            HEADER + b"2023-11-16 18:15:46,3,4\n2023-11-16 18:15:47,\xff\xfe,4\n",
+            "line 3: byte 0xff at column 21",
+        ),
+        (
+            [],
+            HEADER + b"2023-11-16 18:15:46,99999999999999999999,4\n",
+            "line 2: ContextTokens '99999999999999999999' is not a whole number from 0 to 2097152",
+        ),
+        ([], HEADER + b"2023-11-16 18:15:46,3,1e9\n", "line 2: GeneratedTokens '1e9' is not a whole number"),
+        ([], b"TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", "line 1 must be the header"),
+        (
+            [],
+            HEADER + b'2023-11-16 18:15:46,"' + b"9" * 200_000 + b'",4\n',
+            "line 2: field larger than field limit",
+        ),
+    ],
+    ids=lambda v: None if isinstance(v, list | bytes) else str(v)[:40],
+)
+def test_the_command_refuses_bad_numbers_and_files_in_one_line(tmp_path, args, trace, message):
+    if trace is not None:
+        (tmp_path / "t.csv").write_bytes(trace)
+        args = [*args, "--trace", str(tmp_path / "t.csv")]
+    run = loadgen(f"http://127.0.0.1:{free_port()}", *args)
+    assert run.returncode == 2 and run.stdout == "", run.stderr
+    assert "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m dataplane.loadgen: error: ") and message in last, run.stderr

@@ -57,3 +57,13 @@ def test_the_router_estimates_a_prompt_at_the_trace_s_context_tokens(tokens):
     prompt = prompt_of(tokens)
     assert prompt.isascii()
     assert estimate_input_tokens({"prompt": prompt}) == tokens
+
+
+def test_times_with_offsets_are_ordered_in_utc():
+    lines = [
+        HEADER,
+        "2023-11-16T18:00:05+01:00,1,1\n",
+        "2023-11-16T17:00:00Z,2,2\n",
+        "2023-11-16T12:00:10-05:00,3,3\n",
+    ]
+    assert [(r.at_s, r.context_tokens) for r in read_trace(lines, "t.csv")] == [(0.0, 2), (5.0, 1), (10.0, 3)]

@@ -101,6 +101,7 @@ def test_the_control_plane_may_run_runtime_deployments_and_nothing_more(document
         ("apps", "deployments"): {"get", "list", "create", "patch", "delete"},  # apply and prune
         ("apps", "deployments/scale"): {"get", "patch"},
         ("", "services"): {"get", "list", "create", "patch", "delete"},  # one per deployment
+        ("", "secrets"): {"list", "create", "patch", "delete"},  # its pods' events credential
         ("", "pods"): {"get", "list", "watch"},  # readiness, restarts
     }
     bindings = {
@@ -216,7 +217,7 @@ def test_keys_reach_containers_from_secrets_never_from_arguments(documents):
     for name, spec in pod_specs(documents):
         for container in spec["containers"]:
             argv = [*container.get("command", []), *container.get("args", [])]
-            assert not [a for a in argv if a in ("--key", "--control-plane-key")], (name, argv)
+            assert not [a for a in argv if a in ("--key", "--events-key")], (name, argv)
             for var in container.get("env", []):
                 if var["name"].endswith("KEY"):
                     assert "value" not in var and "secretKeyRef" in var["valueFrom"], (name, var)

@@ -261,6 +261,7 @@ def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, setti
         "h100-80gb",
         "--engine-url",
         tiny_sim.url,
+        "--create-model",
         "--json",
         stdout=out,
         stderr=StringIO(),
@@ -280,6 +281,65 @@ def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, setti
 def test_the_command_refuses_an_unknown_gpu(db):
     with pytest.raises(CommandError, match="unknown GPU type 'tpu'"):
         call_command("benchmark", "--model", "m", "--gpu", "tpu", stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_command_refuses_an_unknown_model_unless_told_to_create_it(small_model, big_model):
+    """A typo would otherwise become a published, sellable profile."""
+    with pytest.raises(CommandError) as refused:
+        call_command(
+            "benchmark",
+            "--model",
+            "llama-8bb",
+            "--gpu",
+            "h100-80gb",
+            "--simulated",
+            "tiny-test",
+            stdout=StringIO(),
+            stderr=StringIO(),
+        )
+    assert str(refused.value) == (
+        "unknown model 'llama-8bb' on h100-80gb (its models: llama-70b, llama-8b); --create-model makes a"
+        " profile for it, published and sellable when its fit passes"
+    )
+    assert not ModelProfile.objects.filter(model="llama-8bb").exists() and not ProfileFit.objects.exists()
+
+
+def test_the_command_from_a_shell_refuses_an_unknown_model_in_one_line(h100, transactional_db):
+    """As an operator runs it: exit 1, one line naming the model, no traceback, nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if "postgresql" not in db["ENGINE"]:
+        pytest.skip("the command's process reaches the test database through DATABASE_URL (PostgreSQL)")
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "benchmark",
+            "--model",
+            "typo-model",
+            "--gpu",
+            "h100-80gb",
+            "--simulated",
+            "tiny-test",
+        ],
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DATABASE_URL": url},
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: unknown model 'typo-model' on h100-80gb (its models: none); --create-model makes a"
+        " profile for it, published and sellable when its fit passes"
+    ]
+    assert not ModelProfile.objects.exists()
 
 
 def test_the_api_shows_history_and_takes_a_rerun_request(operator_client, owner_client, small_model):
@@ -370,10 +430,11 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
     from django.db import connection
 
     from controlplane.endpoints import scaling
-    from tests.runtime.support import answers, free_port, wait_until
+    from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
     port = free_port()
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{port}"
+    settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.BENCHMARK_ENGINE_URL, settings.BENCHMARK_POD_ENGINE = "", "sim"
     settings.BENCHMARK_SIMULATED_PROFILE, settings.BENCHMARK_SIMULATED_TIME_SCALE = "tiny-test", 20.0
     settings.BENCHMARK_SIMULATED_CLOCK = "wall"  # a pod of its own, declared for its claim
@@ -387,6 +448,8 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
             "dataplane.cluster.agent",
             "--listen",
             f"127.0.0.1:{port}",
+            "--token-file",
+            token_file,
             "--drain-delay",
             "0",
         ],
@@ -446,6 +509,7 @@ def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, set
         "h100-80gb",
         "--simulated",
         "tiny-test",
+        "--create-model",
         "--json",
         stdout=out,
     )

@@ -21,7 +21,7 @@ from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import answers, free_ports, wait_until
+from tests.runtime.support import agent_token_file, answers, free_ports, wait_until
 from tests.test_autoscaling_stack import spawn, stop
 
 RENAMED_WITHIN_S = 20.0  # the Contract's bound; the router's poll (1 s) is what it takes
@@ -52,12 +52,14 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
     _, key = ApiKey.issue(name="app", tenant=owner)
     agent_port, router_port = free_ports(2)
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"
+    settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.REDIS_URL = ""  # the router polls the table and posts its seconds to the control plane
     cluster = scaling.driver()
     env = {**os.environ, "ROUTER_KEY": operator}
     log = open(tmp_path / "stack.log", "wb")
     procs = [
         spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
+               "--token-file", token_file,
                "--grace", "10", "--log-level", "warning"], env, log),
         spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
                live_server.url, "--poll-interval-s", "1"], env, log),
@@ -88,7 +90,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
         wait_until(lambda: answers(f"http://127.0.0.1:{agent_port}/healthz"), timeout=30, interval=0.1)
         control_until(lambda: Pod.objects.filter(endpoint=chat, ready=True).count() == 1, timeout=60)
         control_until(lambda: ask(router, key, "chat", False)[0] == 200, timeout=20)
-        pods_before = httpx.get(f"http://127.0.0.1:{agent_port}/pods").json()["pods"]
+        pods_before = [p.to_json() for p in cluster.list_pods()]
         ok = 1
         # What the warm-up cost: 503s (and their errors) while the router had no ready pod yet.
         control_until(lambda: billed(chat)[0] >= ok, timeout=30)
@@ -122,7 +124,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
 
         # No pod restarted or was replaced: they still serve "chat", and the router maps onto it.
         control_until(lambda: True, timeout=5)  # passes after the rename declare the same deployment
-        pods_after = httpx.get(f"http://127.0.0.1:{agent_port}/pods").json()["pods"]
+        pods_after = [p.to_json() for p in cluster.list_pods()]
         assert [(p["name"], p["restarts"]) for p in pods_after] == [(p["name"], 0) for p in pods_before]
         # The old name is no endpoint now: the router's 404, nothing billed.
         status, headers, named = ask(router, key, "chat", False)

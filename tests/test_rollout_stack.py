@@ -19,7 +19,7 @@ from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
-from tests.runtime.support import answers, free_ports, wait_until
+from tests.runtime.support import agent_token_file, answers, free_ports, wait_until
 from tests.test_autoscaling_stack import spawn, stop
 from tests.test_stack import post
 
@@ -36,6 +36,7 @@ def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
     _, tenant_key = ApiKey.issue(name="app", tenant=owner)
     agent_port, router_port = free_ports(2)
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"
+    settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.ROLLOUT_DRAIN_S = 3.0
     settings.REDIS_URL = ""  # the router posts its samples to the control plane
     cluster = scaling.driver()
@@ -43,6 +44,7 @@ def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
     log = open(tmp_path / "stack.log", "wb")
     procs = [
         spawn(["-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}", "--drain-delay", "1",
+               "--token-file", token_file,
                "--grace", "10", "--log-level", "warning"], env, log),
         spawn(["-m", "dataplane.router", "--listen", f"127.0.0.1:{router_port}", "--control-plane",
                live_server.url, "--poll-interval-s", "0.3"], env, log),

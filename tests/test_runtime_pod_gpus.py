@@ -65,11 +65,10 @@ def test_parallel_sizes_named_in_the_extra_args_must_match_the_profile():
 
 def test_a_vllm_benchmark_pod_takes_the_profiles_gpus(settings, big_model):
     settings.BENCHMARK_POD_ENGINE = "vllm"
-    settings.BENCHMARK_VLLM_PYTHON = "/opt/vllm/bin/python"
     settings.BENCHMARK_VLLM_ARGS = "--max-num-seqs 16"
     d = benchmark_deployment(big_model)
     assert d.args == (
-        "--model", "llama-70b", "--vllm-python", "/opt/vllm/bin/python", "--max-num-seqs", "16",
+        "--model", "llama-70b", "--max-num-seqs", "16",
         "--", "--tensor-parallel-size", "4",
     )  # fmt: skip
     limits = container(deployment_manifest(d, RuntimePodConfig()))["resources"]["limits"]

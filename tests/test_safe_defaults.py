@@ -1,5 +1,5 @@
 """Safe defaults, each in a fresh interpreter with exactly the environment a deployment gives it:
-DEBUG only when set, no start on the public key with a real database, ALLOWED_HOSTS never '*'
+DEBUG only when set, no start without SECRET_KEY with a real database, ALLOWED_HOSTS never '*'
 outside DEBUG, and BEHIND_TLS_PROXY=1's HSTS, Secure cookies and redirect."""
 
 import json
@@ -101,7 +101,7 @@ def test_a_real_database_without_secret_key_refuses_to_start(tmp_path):
         done = run(tmp_path, {**env, **extra}, "manage.py", "check")
         assert done.returncode != 0
         assert "ImproperlyConfigured: SECRET_KEY is not set" in done.stderr, done.stderr
-    # DEBUG=1 is development: the public key is accepted there.
+    # DEBUG=1 is development: a key made under CONTROLPLANE_VAR_DIR is accepted there.
     assert run(tmp_path, {**env, "DEBUG": "1"}, "manage.py", "check").returncode == 0
 
 
@@ -151,6 +151,13 @@ def test_the_rollout_hold_allowance_and_quota_settings_refuse_bad_values(tmp_pat
             "PROVISIONED_ALLOWANCE_DEFAULT_NODES=-1 must be at least 0",
         ),
         ("TENANT_GPU_QUOTA_DEFAULT", "lots", "TENANT_GPU_QUOTA_DEFAULT='lots' is not an integer"),
+        # vLLM arguments the local agent would refuse for every deployment (dataplane.cluster.pod_args)
+        (
+            "ENDPOINT_VLLM_ARGS",
+            "-- --trust-remote-code",
+            "args[1] '--trust-remote-code': not a vLLM argument",
+        ),
+        ("BENCHMARK_VLLM_ARGS", "--vllm-python /tmp/py", "args[0] '--vllm-python': not an argument"),
     ]:
         done = run(tmp_path, {name: value}, "manage.py", "check")
         assert done.returncode != 0 and said in done.stderr, done.stderr

@@ -1,8 +1,9 @@
 """Domain errors -> HTTP, in one place. Every error body is `{"error": code, "detail": text}`.
 
 400 names each bad field with the value that was sent; 409 is a conflict with what exists
-(an oversold pool with its numbers, a tenant's quota or allowance with its, a protected
-delete, a race on a unique name); 503 when
+(an oversold pool with its numbers, a tenant's quota or allowance with its, its cap on API
+keys, a protected delete, a race on a unique name); 429 for a tenant's rate of new API keys;
+503 when
 the cluster driver cannot act (with Retry-After). The request's
 transaction is rolled back whenever an error is answered, so nothing is half-written.
 """
@@ -23,6 +24,7 @@ from rest_framework.views import set_rollback
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded, as_json_number
 from controlplane.api.filters import principal_of_request
 from controlplane.selling import EndpointReserved, MoveRefused, NoPlacement
+from controlplane.tenants.key_limits import KeyLimitReached
 from dataplane.cluster.driver import ClusterError
 
 
@@ -38,6 +40,12 @@ def _response_for(exc: Exception, context: dict[str, Any]) -> Response | None:
             {"error": "cluster_unavailable", "detail": str(exc)},
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
             headers={"Retry-After": "5"},
+        )
+    if isinstance(exc, KeyLimitReached):  # 409 for the cap, 429 with Retry-After for the rate
+        return Response(
+            {"error": "api_key_limit" if exc.status == 409 else "api_key_rate", "detail": exc.message},
+            status=exc.status,
+            headers={"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None,
         )
     if isinstance(exc, Oversold):
         return Response(oversold_body(exc, _by_operator(context)), status=status.HTTP_409_CONFLICT)

@@ -1,12 +1,18 @@
-"""Pages of 50 by default (?page=, ?page_size= up to 500); events use a cursor instead."""
+"""Pages of 50 by default (?page=, ?page_size= up to 500); events use a cursor instead.
+
+Each of these parameters is read as controlplane.api.params reads its kind: a bad one is a 400
+naming it (a forged cursor too: DRF would answer 404, or 500 for one whose position is no id).
+"""
 
 from typing import TYPE_CHECKING, Any
 
 from django.core.paginator import Page, Paginator
 from django.db.models import Model, QuerySet
 from rest_framework import pagination
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
+
+from controlplane.api import params
 
 
 class LateJoinPaginator(Paginator):
@@ -33,18 +39,35 @@ class LateJoinPaginator(Paginator):
         ) -> Page[Any]: ...
 
 
+def query_integer(request: Request, param: str, lowest: int = 1) -> int | None:
+    """The query parameter as controlplane.api.params reads an integer; None when absent."""
+    raw = request.query_params.get(param)
+    if raw is None:
+        return None
+    try:
+        return params.integer(param, raw, lowest=lowest)
+    except params.ParameterError as exc:
+        raise ValidationError({param: [exc.message]}) from None
+
+
 def strict_page_size(request: Request, param: str, default: int, most: int) -> int:
     """?page_size= must be a positive integer (a bad one is a 400, not silently the default);
     above `most` it is `most`."""
-    raw = request.query_params.get(param)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise ValidationError({param: [f"must be a positive integer, got {raw!r}"]})
-    return min(int(raw), most)
+    size = query_integer(request, param)
+    return default if size is None else min(size, most)
 
 
 class PageNumberPagination(pagination.PageNumberPagination):
+    def get_page_number(self, request: Request, paginator: "Paginator[Any]") -> int:
+        """A page number is a positive integer (a 400 naming ?page= otherwise); "last" is the last
+        page; one past the last is DRF's 404."""
+        raw = request.query_params.get(self.page_query_param)
+        if not raw:
+            return 1
+        if raw in self.last_page_strings:
+            return paginator.num_pages
+        return query_integer(request, self.page_query_param) or 1
+
     def get_page_size(self, request: Request) -> int:
         return strict_page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
 
@@ -63,3 +86,17 @@ class EventCursorPagination(pagination.CursorPagination):
 
     def get_page_size(self, request: Request) -> int:
         return strict_page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> pagination.Cursor | None:
+        """DRF's cursor, refused with a 400 naming ?cursor= when it is not one DRF made: not base64,
+        or a position (an event id, under the -id ordering) that is no id."""
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({self.cursor_query_param: ["is not a cursor this API made"]}) from None
+        if cursor is not None and cursor.position is not None:
+            try:
+                params.integer(self.cursor_query_param, str(cursor.position))  # a str, whatever the stubs say
+            except params.ParameterError:
+                raise ValidationError({self.cursor_query_param: ["is not a cursor this API made"]}) from None
+        return cursor

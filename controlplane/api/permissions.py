@@ -6,6 +6,8 @@ from rest_framework.views import APIView
 
 from controlplane.api.auth import request_principal
 from controlplane.oncall.models import may_acknowledge
+from controlplane.tenants.models import PodPrincipal
+from dataplane.wire import pod_events
 
 
 class OperatorWrites(permissions.BasePermission):
@@ -27,3 +29,24 @@ class MayAcknowledge(permissions.BasePermission):
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         return may_acknowledge(request_principal(request))
+
+
+class OwnPodEvents(permissions.BasePermission):
+    """A pod's events credential posts events, and only its own endpoint's and of the kinds pods
+    report (hang, restart, crash loop): the body's `endpoint` must be its endpoint (checked
+    before the body is read any further)."""
+
+    message = "an events credential only posts its own endpoint's events"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        principal = request.user
+        if not isinstance(principal, PodPrincipal) or request.method != "POST":
+            return False
+        if getattr(view, "action", None) != "create":
+            return False
+        data = request.data
+        return (
+            hasattr(data, "get")
+            and data.get("endpoint") == principal.endpoint_id
+            and data.get("kind") in pod_events.KINDS
+        )

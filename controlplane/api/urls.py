@@ -20,6 +20,7 @@ router.register("capacity", views.CapacityViewSet, basename="capacity")
 urlpatterns = [
     path("whoami/", views.whoami, name="whoami"),
     path("routing-table/", views.RoutingTableView.as_view(), name="routing-table"),
+    path("routing-table/keys/<str:digest>/", views.RoutingKeyView.as_view(), name="routing-key"),
     path("load-samples/", views.LoadSamplesView.as_view(), name="load-samples"),
     path("usage/", usage.UsageView.as_view(), name="usage"),
     path("metrics/", metrics.MetricsView.as_view(), name="metrics"),

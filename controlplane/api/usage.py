@@ -19,11 +19,10 @@ from rest_framework.response import Response
 
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import PageNumberPagination
+from controlplane.api.params import MAX_ID
 from controlplane.api.serializers import ExactNumberField
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import UsageHour
-
-MAX_ID = 2**63 - 1  # the ids' column (bigint); a larger one could only be a mistake
 
 
 class UsageQuerySerializer(serializers.Serializer[Any]):

@@ -16,10 +16,10 @@ from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
 from controlplane import selling
-from controlplane.api import filters, serializers
+from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
-from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites
+from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints import rollouts, routing, samples, scaling
@@ -77,6 +77,19 @@ class ApiKeyViewSet(mixins.CreateModelMixin, mixins.DestroyModelMixin, viewsets.
 
     def get_queryset(self) -> QuerySet[ApiKey]:
         return visible(super().get_queryset(), self.request)
+
+    @extend_schema(
+        responses={
+            201: serializers.ApiKeySerializer,
+            409: ApiErrorSerializer,
+            429: ApiErrorSerializer,
+        }
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Make a key; its secret is in this response only. A tenant's key is refused past its
+        bounds: 409 `api_key_limit` at API_KEYS_PER_TENANT_MAX active keys (revoke one to make
+        room), 429 `api_key_rate` with Retry-After past API_KEY_CREATIONS_PER_HOUR."""
+        return super().create(request, *args, **kwargs)
 
     def perform_destroy(self, instance: ApiKey) -> None:
         instance.revoke()
@@ -140,7 +153,11 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
         passes ?release=true (the sale ends, with its event, then the endpoint goes)."""
         endpoint = self.get_object()
         principal = request_principal(request)
-        release = request.query_params.get("release", "").lower() in ("1", "true", "yes")
+        raw = request.query_params.get("release")
+        try:
+            release = raw is not None and params.boolean("release", raw)
+        except params.ParameterError as exc:
+            raise ValidationError({"release": [exc.message]}) from None
         if release and not principal.is_operator:
             raise PermissionDenied("only operators may release a reservation (?release=true)")
         selling.delete_endpoint(endpoint, release_by=principal.name if release else None)
@@ -224,6 +241,24 @@ class RoutingTableView(APIView):
         return HttpResponse(body, content_type="application/json", headers={"ETag": etag})
 
 
+class RoutingKeyView(APIView):
+    """One tenant key by the SHA-256 of its secret, for a router that has not seen it: 200 with
+    its tenant and the tenant's keys' epoch while it is active
+    (dataplane.wire.routing_table.KeyLookup), 404 otherwise."""
+
+    permission_classes = [AUTHENTICATED, OperatorOnly]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, digest: str) -> Response:
+        try:
+            found = routing.key_lookup(digest)
+        except ValueError as exc:
+            raise ValidationError({"digest": [str(exc)]}) from None
+        if found.tenant is None:
+            raise NotFound("no active tenant API key has this digest")
+        return Response(found.to_json())
+
+
 class LoadSamplesView(APIView):
     """A router's second of per-endpoint rows, when there is no Redis (the embedded default):
     201 when stored, 200 when that router's second was stored before (a retry), adding nothing."""
@@ -267,11 +302,12 @@ class ProvisionedAllowanceViewSet(ScopedViewSet[ProvisionedAllowance]):
 
 
 class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]):
-    """Events, newest first, with a cursor. Operators (and the probers' keys) write them."""
+    """Events, newest first, with a cursor. Operators write them, and pods their own endpoint's
+    (with its events credential: controlplane.api.pod_keys)."""
 
     queryset = Event.objects.select_related("tenant")
     serializer_class = serializers.EventSerializer
-    permission_classes = [AUTHENTICATED, OperatorWrites]
+    permission_classes = [(AUTHENTICATED & OperatorWrites) | OwnPodEvents]
     filterset_class = filters.EventFilterSet
     pagination_class = EventCursorPagination
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from controlplane.api import pod_keys
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint
 from dataplane.cluster.driver import Deployment
@@ -52,6 +53,7 @@ def deployment(
     version = endpoint.version if version is None else version
     labels = {"endpoint": str(endpoint.pk), "version": str(version), "tenant": endpoint.tenant.name}
     name = deployment_name(endpoint.pk, version)
+    events_key = pod_keys.events_key(endpoint.pk)  # its pods' events, and nothing else
     replicas = endpoint.desired_replicas if replicas is None else replicas
     # a row bulk-created without one (benchmarks): its name, which routers then take it to serve
     served = endpoint.served_model_name or endpoint.name
@@ -62,7 +64,9 @@ def deployment(
             served,
             tuple(shlex.split(settings.ENDPOINT_VLLM_ARGS)),
         )
-        return Deployment(name, replicas, "vllm", args, endpoint.target_concurrency_per_replica, labels)
+        return Deployment(
+            name, replicas, "vllm", args, endpoint.target_concurrency_per_replica, labels, events_key
+        )
     return Deployment(
         name,
         replicas,
@@ -77,6 +81,7 @@ def deployment(
         ),
         endpoint.target_concurrency_per_replica,
         labels,
+        events_key,
     )
 
 
@@ -168,11 +173,10 @@ def benchmark_deployment(profile: ModelProfile) -> Deployment:
     """The engine a benchmark of `profile` measures (BENCHMARK_POD_ENGINE): one replica."""
     if settings.BENCHMARK_POD_ENGINE == "vllm":
         engine = "vllm"
-        python = ("--vllm-python", settings.BENCHMARK_VLLM_PYTHON) if settings.BENCHMARK_VLLM_PYTHON else ()
         args: tuple[str, ...] = vllm_args(
             settings.BENCHMARK_VLLM_MODEL or profile.model,
             profile.gpus_per_replica,
-            extra=(*python, *shlex.split(settings.BENCHMARK_VLLM_ARGS)),
+            extra=tuple(shlex.split(settings.BENCHMARK_VLLM_ARGS)),
         )
     else:
         engine = "sim"

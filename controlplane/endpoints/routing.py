@@ -1,4 +1,6 @@
-"""The routing table the routers pull: endpoints with their pricing, limits and pods, and keys.
+"""The routing table the routers pull: endpoints with their pricing, limits and pods, and each
+tenant's keys' epoch; and the lookup of one key by its digest, which routers make for a key they
+do not know (the table no longer carries every key: see dataplane.wire.routing_table).
 
 A client names the endpoint in the request's `model` field; its pods serve the name it was
 created under (the cluster driver starts them with --served-model-name <served_model_name>),
@@ -27,15 +29,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Prefetch
+from django.db.models import Count, OuterRef, Prefetch, Q, Subquery
+from django.db.models.functions import Coalesce
 
 from capacity.units import CostModel
 from controlplane.endpoints.deployments import context_length, max_token_bytes
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.endpoints.rollouts import traffic
-from controlplane.tenants.models import ApiKey
-from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable, channel
+from controlplane.tenants.models import ApiKey, Tenant
+from dataplane.wire.routing_table import (
+    KeyEpoch,
+    KeyLookup,
+    ReservedRate,
+    RoutedEndpoint,
+    RoutedPod,
+    RoutingTable,
+    channel,
+    is_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +62,42 @@ def routing_table() -> RoutingTable:
         .prefetch_related(Prefetch("pods", queryset=Pod.objects.order_by("name")))
         .order_by("id")
     )
-    api_keys = dict(
-        ApiKey.objects.active()
-        .filter(tenant__isnull=False)
-        .order_by("id")
-        .values_list("secret_hash", "tenant__name")
-    )
     token_bytes = max_token_bytes()
-    return RoutingTable.versioned(tuple(_endpoint(e, token_bytes) for e in endpoints), api_keys)
+    return RoutingTable.versioned(tuple(_endpoint(e, token_bytes) for e in endpoints), {}, key_epochs())
+
+
+def key_epochs() -> dict[str, KeyEpoch]:
+    """Every tenant's keys' epoch: its id and how many of its keys were ever revoked."""
+    tenants = Tenant.objects.annotate(
+        revoked=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=False))
+    ).values_list("name", "pk", "revoked")
+    return {name: KeyEpoch(pk, revoked) for name, pk, revoked in tenants.order_by("name")}
+
+
+def key_lookup(digest: str) -> KeyLookup:
+    """A router's question about a key it does not know: its tenant and the tenant's epoch while
+    it is an active tenant key, read in one statement (one snapshot: a revocation committed after
+    it raises the epoch the next table carries); ValueError when ``digest`` is not a SHA-256."""
+    if not is_digest(digest):
+        raise ValueError(f"must be the SHA-256 of a key, 64 lower-case hex digits, got {digest[:80]!r}")
+    revoked = (
+        ApiKey.objects.filter(tenant=OuterRef("tenant"), revoked_at__isnull=False)
+        .order_by()
+        .values("tenant")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    found = (
+        ApiKey.objects.active()
+        .filter(secret_hash=digest, tenant__isnull=False)
+        .annotate(revoked=Coalesce(Subquery(revoked), 0))
+        .values_list("tenant__name", "tenant_id", "revoked")
+        .first()
+    )
+    if found is None:
+        return KeyLookup(digest, None, None)
+    name, tenant_id, revoked_count = found
+    return KeyLookup(digest, name, KeyEpoch(tenant_id, revoked_count))
 
 
 def _endpoint(endpoint: Endpoint, token_bytes: int) -> RoutedEndpoint:
@@ -190,7 +231,6 @@ def published_copy() -> tuple[str, Callable[[], bytes | None]] | None:
     to read its body; None without Redis, with Redis unreachable or the copy stale (the view
     then builds the table itself)."""
     import redis
-    from django.conf import settings
 
     from controlplane.endpoints.samples import redis_client
 
@@ -219,8 +259,6 @@ def withdraw_after_commit() -> None:
     transaction commits, withdraw the copy, so that a poll builds the table until it is published
     again, and queue that publication (its announcement makes subscribed routers poll) instead
     of waiting for the beat, which at 10,000 endpoints builds every few seconds."""
-    from django.conf import settings
-
     if not settings.REDIS_URL:
         return  # the view builds the table for every poll: nothing to withdraw
 

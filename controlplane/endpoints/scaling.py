@@ -73,7 +73,7 @@ def driver() -> ClusterDriver | None:
     if settings.CLUSTER_DRIVER == "local":
         from dataplane.cluster.local import LocalDriver
 
-        return LocalDriver(settings.CLUSTER_AGENT_URL)
+        return LocalDriver(settings.CLUSTER_AGENT_URL, settings.CLUSTER_AGENT_TOKEN_FILE)
     if settings.CLUSTER_DRIVER == "kubernetes":
         return kubernetes_driver(runtime_pod_config())
     return None
@@ -95,7 +95,6 @@ def runtime_pod_config() -> RuntimePodConfig:
         vllm_image=settings.RUNTIME_VLLM_IMAGE,
         image_pull_policy=settings.RUNTIME_IMAGE_PULL_POLICY,
         events_url=settings.RUNTIME_EVENTS_URL,
-        events_key_secret=settings.RUNTIME_EVENTS_KEY_SECRET,
         fleet_key_secret=settings.RUNTIME_FLEET_KEY_SECRET,
     )
 

@@ -14,7 +14,7 @@ from typing import Self, TypeVar
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 KEY_PREFIX = "mu_"
@@ -40,6 +40,17 @@ class Principal:
     @property
     def tenant_id(self) -> int | None:
         return self.tenant.pk if self.tenant else None
+
+
+@dataclass(frozen=True)
+class PodPrincipal(Principal):
+    """A pod with its endpoint's events credential (controlplane.api.pod_keys): it may post
+    that endpoint's events and nothing else. Not authenticated as far as every other view's
+    IsAuthenticated is concerned; only the events create admits it (OwnPodEvents)."""
+
+    endpoint_id: int = 0
+
+    is_authenticated = False
 
 
 def tenant_xor_operator(name: str) -> models.CheckConstraint:
@@ -124,16 +135,42 @@ class ApiKey(models.Model):
 
     @classmethod
     def issue(cls, *, name: str, tenant: Tenant | None) -> tuple["ApiKey", str]:
-        """Make a key; returns it with its secret, which is never stored nor shown again."""
+        """Make a key; returns it with its secret, which is never stored nor shown again. A
+        tenant's key within its bounds only (``key_limits``: KeyLimitReached otherwise); the
+        tenant's row is locked while they are counted, so concurrent makers queue on it and
+        the 101st of 101 at once is refused like the 101st in turn."""
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
-        key = cls.objects.create(
-            name=name,
-            tenant=tenant,
-            is_operator=tenant is None,
-            prefix=secret[: len(KEY_PREFIX) + 6],
-            secret_hash=hash_secret(secret),
-        )
+        with transaction.atomic():
+            if tenant is not None:
+                cls._check_bounds(tenant)
+            key = cls.objects.create(
+                name=name,
+                tenant=tenant,
+                is_operator=tenant is None,
+                prefix=secret[: len(KEY_PREFIX) + 6],
+                secret_hash=hash_secret(secret),
+            )
         return key, secret
+
+    @classmethod
+    def _check_bounds(cls, tenant: Tenant) -> None:
+        from controlplane.tenants.key_limits import CREATION_WINDOW_S, refusal
+
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk").first()
+        now = timezone.now()
+        keys = cls.objects.filter(tenant=tenant)
+        recent = keys.filter(created_at__gt=now - timedelta(seconds=CREATION_WINDOW_S))
+        made = recent.aggregate(n=models.Count("id"), oldest=models.Min("created_at"))
+        refused = refusal(
+            tenant.name,
+            active=keys.active().count(),
+            made_in_window=made["n"],
+            oldest_in_window_age_s=(now - made["oldest"]).total_seconds() if made["oldest"] else 0.0,
+            cap=settings.API_KEYS_PER_TENANT_MAX,
+            per_hour=settings.API_KEY_CREATIONS_PER_HOUR,
+        )
+        if refused is not None:
+            raise refused
 
     @classmethod
     def authenticate(cls, secret: str) -> "ApiKey | None":

@@ -1,7 +1,16 @@
 """The local cluster: keeps each deployment's replicas running as supervised local processes.
 
-    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 [--warm-pool 2] [--log-dir var/pods] \
-        [--control-plane URL]  # the operator key for events: $MU_CONTROL_PLANE_KEY or --key-file
+    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 --token-file var/keys/agent.token \
+        [--warm-pool 2] [--log-dir var/pods] [--control-plane URL] [--vllm-python PY]
+        # the operator key for its own events: $MU_CONTROL_PLANE_KEY or --key-file
+
+Every call but GET /healthz carries ``Authorization: Bearer <token>``, the token in
+``--token-file`` (a file only its owner may read; the control plane's local driver reads the
+same file, CLUSTER_AGENT_TOKEN_FILE); else 401. A declared deployment may choose what its pods
+serve, never what runs: its engine and arguments are checked against an allowlist
+(``dataplane.cluster.pod_args``; 400 naming the argument). The interpreter of vLLM pods is the
+agent's ``--vllm-python``. No pod gets the operator key: each gets its deployment's events
+credential in MU_POD_EVENTS_KEY, and an environment without MU_CONTROL_PLANE_KEY.
 
 With --warm-pool N the supervisor keeps N runtime processes pre-started (interpreters up,
 modules imported; see dataplane.runtime.warm), and a new replica takes one: only the model
@@ -16,10 +25,14 @@ What a kubelet and a ReplicaSet controller do on one machine, for the local clus
     GET   /pods                  {"pods": [{"name", "deployment", "url", "ready", ...}]}
     GET   /healthz
 
-A reconcile pass (every 0.25 s) starts missing replicas and retires extra ones. Scale-down
-retires the pods that are not ready first, then the newest; a retired pod reports not ready at
-once and is stopped (SIGTERM, drain) only `drain_delay_s` later, so that routers, which learn
-of it through the control plane, stop sending to it before it goes. Pods that hang or die are
+A reconcile pass (every 0.25 s) starts missing replicas and retires extra ones. Each replica
+remembers the launch spec it started from (``launch_spec``: engine, arguments, labels, events
+credential); a deployment redeclared with another spec is rolled: new pods start beside the
+old, and an old one is retired for each new one ready (surge, then retire), so the deployment
+never has fewer ready pods than it had. Scale-down retires the pods that are not ready first,
+then the newest; a retired pod reports not ready at once and is stopped (SIGTERM, drain) only
+`drain_delay_s` later, so that routers, which learn of it through the control plane, stop
+sending to it before it goes. Pods that hang or die are
 restarted by the supervisor (dataplane.runtime.supervisor) with restart events.
 """
 
@@ -27,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -38,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
-from dataplane.keys import add_key_arguments, read_fleet_keys, read_key
+from dataplane.keys import add_key_arguments, read_fleet_keys, read_key, read_private_file
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
 from dataplane.runtime.pod_process import PodLaunch
@@ -47,8 +62,10 @@ from dataplane.runtime.warm_pool import WarmPoolConfig
 from dataplane.wire.pod_events import attribution
 
 log = logging.getLogger("dataplane.cluster.agent")
-# The operator key for events, the agent's and its pods' (dataplane.runtime.pod reads it there).
+# The operator key for the agent's own events; never in a pod's environment (pod_process).
 KEY_VARIABLE = "MU_CONTROL_PLANE_KEY"
+# A pod's events credential, its deployment's (dataplane.runtime.pod reads it there).
+EVENTS_KEY_VARIABLE = "MU_POD_EVENTS_KEY"
 POD_KEY_VARIABLE = "VLLM_API_KEY"  # the fleet key, where vLLM (and the simulated engine) reads it
 
 
@@ -60,13 +77,27 @@ class Replica:
     probe_port: int
     started_at: float  # monotonic s
     retiring_since: float | None = None  # monotonic s; None while it serves
+    spec: str = ""  # launch_spec of the deployment it started from
+
+
+def launch_spec(d: Deployment) -> str:
+    """A digest of what a deployment's pods are started with (not its replicas or target
+    concurrency, which change without a restart): pods of another spec are rolled."""
+    fields = [d.engine, list(d.args), sorted(d.labels.items()), d.events_key]
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:16]
 
 
 def plan(
     deployments: dict[str, Deployment], replicas: Sequence[Replica], ready: set[str]
 ) -> tuple[dict[str, int], list[str]]:
     """Pure: (replicas to start per deployment, names of pods to retire). Retires the not-ready
-    first, then the newest, so scale-down never takes a serving pod while a starting one stays."""
+    first, then the newest, so scale-down never takes a serving pod while a starting one stays.
+    Pods of an outdated launch spec are replaced: the new ones start at once, and the old ones
+    go as the new ones become ready (the old kept are as many as ready new ones fall short)."""
+
+    def retire_order(rs: list[Replica]) -> list[Replica]:
+        return sorted(rs, key=lambda r: (r.name in ready, -r.started_at))
+
     serving: dict[str, list[Replica]] = {}
     retire: list[str] = []
     for r in replicas:
@@ -78,12 +109,15 @@ def plan(
             serving.setdefault(r.deployment, []).append(r)
     start: dict[str, int] = {}
     for name, d in deployments.items():
-        have = serving.get(name, [])
-        if len(have) < d.replicas:
-            start[name] = d.replicas - len(have)
-        elif len(have) > d.replicas:
-            order = sorted(have, key=lambda r: (r.name in ready, -r.started_at))
-            retire += [r.name for r in order[: len(have) - d.replicas]]
+        spec = launch_spec(d)
+        current = [r for r in serving.get(name, []) if r.spec == spec]
+        outdated = [r for r in serving.get(name, []) if r.spec != spec]
+        if len(current) < d.replicas:
+            start[name] = d.replicas - len(current)
+        elif len(current) > d.replicas:
+            retire += [r.name for r in retire_order(current)[: len(current) - d.replicas]]
+        shortfall = d.replicas - min(d.replicas, sum(r.name in ready for r in current))
+        retire += [r.name for r in retire_order(outdated)[: max(0, len(outdated) - shortfall)]]
     return start, retire
 
 
@@ -101,14 +135,16 @@ class Agent:
         drain_delay_s: float = 5.0,
         pod_args: Callable[[Deployment], tuple[str, ...]] = lambda d: (),
         clock: Callable[[], float] = time.monotonic,
-        pod_env: tuple[tuple[str, str], ...] = (),
+        token: str = "",
+        pod_key: str = "",
     ) -> None:
         self.supervisor = supervisor
         self.host = host
         self.drain_delay_s = drain_delay_s
         self.pod_args = pod_args  # arguments every pod of a deployment gets (control plane, endpoint)
-        self.pod_env = pod_env  # environment every pod gets: secrets, which argv would show to ps
         self.clock = clock
+        self._token = token.encode()  # every call but /healthz must carry it; "" refuses them all
+        self.pod_key = pod_key  # the fleet key: each engine then answers only those bearing it
         self.deployments: dict[str, Deployment] = {}
         self.replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
@@ -185,14 +221,24 @@ class Agent:
                 self._start(d, now)
 
     def _start(self, d: Deployment, now: float) -> None:
-        r = Replica(f"{d.name}-{next(self._serial)}", d.name, free_port(self.host), free_port(self.host), now)
+        r = Replica(
+            f"{d.name}-{next(self._serial)}",
+            d.name,
+            free_port(self.host),
+            free_port(self.host),
+            now,
+            spec=launch_spec(d),
+        )
+        # Secrets go in the environment, which argv would show to ps.
+        env = ((EVENTS_KEY_VARIABLE, d.events_key),) if d.events_key else ()
+        env += ((POD_KEY_VARIABLE, self.pod_key),) if self.pod_key else ()
         launch = PodLaunch(
             r.name,
             d.engine,
             r.port,
             r.probe_port,
             args=d.args + self.pod_args(d),
-            env=self.pod_env,
+            env=env,
             host=self.host,
             attribution=attribution(d.labels),
         )
@@ -211,11 +257,23 @@ class Agent:
             t.join(timeout=self.supervisor.config.stop_grace_s + 5)
 
     # --- HTTP
+    def authorized(self, request: Request) -> bool:
+        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not self._token:
+            return False
+        return hmac.compare_digest(secret.strip().encode(), self._token)
+
     async def handle(self, request: Request) -> Response:
         parts = [p for p in request.path.split("/") if p]
+        if parts == ["healthz"]:
+            return json_response(200, {"status": "ok"})
+        if not self.authorized(request):
+            return json_response(
+                401,
+                {"error": "every call needs Authorization: Bearer <the agent's token>"},
+                {"WWW-Authenticate": "Bearer"},
+            )
         try:
-            if parts == ["healthz"]:
-                return json_response(200, {"status": "ok"})
             if parts == ["pods"] and request.method == "GET":
                 return json_response(200, {"pods": [p.to_json() for p in self.pods()]})
             if parts == ["deployments"] and request.method == "GET":
@@ -243,18 +301,21 @@ class Agent:
         return json_response(404, {"error": f"no route for {request.method} {request.path}"})
 
 
-def control_plane_args(url: str | None) -> Callable[[Deployment], tuple[str, ...]]:
-    """Pods report hangs and restarts to the control plane, stamped with their endpoint (the key
-    goes in their environment, ``pod_env``)."""
+def control_plane_args(
+    url: str | None, vllm_python: str | None = None
+) -> Callable[[Deployment], tuple[str, ...]]:
+    """Pods report hangs and restarts to the control plane, stamped with their endpoint (their
+    events credential goes in their environment); vLLM pods run the agent's interpreter."""
 
     def args(d: Deployment) -> tuple[str, ...]:
-        if not url:
-            return ()
+        python: tuple[str, ...] = ("--vllm-python", vllm_python) if vllm_python and d.engine == "vllm" else ()
+        if not url or not d.events_key:  # without a credential its events could not be posted
+            return python
         endpoint, version, tenant = attribution(d.labels)
         extra: tuple[str, ...] = ("--endpoint-id", str(endpoint)) if endpoint else ()
         extra += ("--endpoint-version", str(version)) if version else ()
         extra += ("--tenant", tenant) if tenant else ()
-        return ("--control-plane-url", url, *extra)
+        return ("--control-plane-url", url, *extra, *python)
 
     return args
 
@@ -275,10 +336,9 @@ async def serve(args: argparse.Namespace) -> None:
         supervisor,
         args.host,
         args.drain_delay,
-        control_plane_args(args.control_plane),
-        pod_env=(((KEY_VARIABLE, key),) if args.control_plane and key else ())
-        # the fleet key: each engine then answers only those bearing it (router, prober)
-        + (((POD_KEY_VARIABLE, args.pod_key),) if args.pod_key else ()),
+        control_plane_args(args.control_plane, args.vllm_python),
+        token=args.token,
+        pod_key=args.pod_key,
     )
     supervisor.start()
     server = HttpServer(agent.handle)
@@ -320,14 +380,22 @@ def main(argv: list[str] | None = None) -> None:
         help="pre-started runtime processes kept ready, so a new replica only loads its model",
     )
     p.add_argument("--warm-engine", choices=("sim", "vllm"), default="sim", help="engine of the warm pool")
+    p.add_argument(
+        "--token-file",
+        required=True,
+        metavar="PATH",
+        help="the token every call must carry (Authorization: Bearer); a file of mode 600",
+    )
+    p.add_argument("--vllm-python", default=None, help="interpreter of vllm pods (default: this one)")
     p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
-    add_key_arguments(p, "--key", KEY_VARIABLE, "operator key for pod events")
+    add_key_arguments(p, "--key", KEY_VARIABLE, "operator key for the agent's own events")
     add_key_arguments(p, "--pod-key", "MU_POD_KEY", "fleet key the pods accept (mode 600)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     try:
         args.key = read_key(args.key_file, KEY_VARIABLE)
         args.pod_key = (read_fleet_keys(args.pod_key_file, "MU_POD_KEY") or [""])[0]  # pods take one
+        args.token = read_private_file(args.token_file, "token")
     except ValueError as exc:
         p.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dataplane.cluster import pod_args
+
 
 class ClusterError(Exception):
     """The cluster refused or could not be reached; the message says which and why."""
@@ -25,9 +27,13 @@ class Deployment:
     args: tuple[str, ...] = ()  # further `python -m dataplane.runtime.pod` arguments
     target_concurrency: int = 1  # in-flight requests per replica the routers allow, >= 1
     labels: Mapping[str, str] = field(default_factory=dict)  # e.g. {"endpoint": "42"}
+    # The pods' credential for posting their endpoint's events (controlplane.api.pod_keys), in
+    # their environment as MU_POD_EVENTS_KEY; "" for none. Out of repr (logs) and of to_json
+    # unless asked for (the agent's GET /deployments never shows it).
+    events_key: str = field(default="", repr=False)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, with_secrets: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {
             "name": self.name,
             "replicas": self.replicas,
             "engine": self.engine,
@@ -35,10 +41,14 @@ class Deployment:
             "target_concurrency": self.target_concurrency,
             "labels": dict(self.labels),
         }
+        if with_secrets and self.events_key:
+            body["events_key"] = self.events_key
+        return body
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Deployment:
-        """Refuses what is wrong, naming the field and the value."""
+        """Refuses what is wrong, naming the field and the value (the secret excepted), and the
+        engine and arguments a declared deployment may not choose (dataplane.cluster.pod_args)."""
         name = data.get("name")
         if not isinstance(name, str) or not name or len(name) > 63:
             raise ValueError(f"deployment name {name!r} must be a non-empty string of at most 63 characters")
@@ -46,18 +56,23 @@ class Deployment:
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValueError(f"deployment {name}: replicas={replicas!r} must be an integer >= 0")
         engine = data.get("engine", "sim")
-        if engine not in ("sim", "vllm"):
-            raise ValueError(f"deployment {name}: engine={engine!r} must be 'sim' or 'vllm'")
         args = data.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise ValueError(f"deployment {name}: args={args!r} must be a list of strings")
+        try:
+            pod_args.check(engine, args)
+        except ValueError as exc:
+            raise ValueError(f"deployment {name}: {exc}") from None
         target = data.get("target_concurrency", 1)
         if isinstance(target, bool) or not isinstance(target, int) or target < 1:
             raise ValueError(f"deployment {name}: target_concurrency={target!r} must be an integer >= 1")
         labels = data.get("labels", {})
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
             raise ValueError(f"deployment {name}: labels={labels!r} must map names to strings")
-        return cls(name, replicas, engine, tuple(args), target, labels)
+        events_key = data.get("events_key", "")
+        if not isinstance(events_key, str):
+            raise ValueError(f"deployment {name}: events_key must be a string")
+        return cls(name, replicas, engine, tuple(args), target, labels, events_key)
 
 
 @dataclass(frozen=True)

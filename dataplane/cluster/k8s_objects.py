@@ -83,10 +83,9 @@ class RuntimePodConfig:
             "limits": {"cpu": "8", "memory": "64Gi"},
         },
     )
-    # Hang events from the pods' probers go to this control plane (empty: logged only), with the
-    # bearer key under `key` in this Secret of the runtime namespace (optional: may be absent).
+    # Hang events from the pods' probers go to this control plane (empty: logged only), with
+    # their endpoint's events credential from the deployment's own Secret (events_secret_manifest).
     events_url: str = ""
-    events_key_secret: str = "runtime-events-key"
     # The fleet key, under `key` in this Secret of the runtime namespace: each engine's
     # $VLLM_API_KEY, so that it answers only the routers (and benchmarks) that send it. Required:
     # a pod without it would serve anyone ("": no key, open pods).
@@ -180,9 +179,9 @@ def deployment_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:
         env.append({"name": "MU_TENANT", "value": d.labels["tenant"]})
     if cfg.events_url:
         env.append({"name": "MU_CONTROL_PLANE_URL", "value": cfg.events_url})
-        if cfg.events_key_secret:
-            ref = {"name": cfg.events_key_secret, "key": "key", "optional": True}
-            env.append({"name": "MU_CONTROL_PLANE_KEY", "valueFrom": {"secretKeyRef": ref}})
+        if d.events_key:  # the endpoint's events credential, never the operator key
+            ref = {"name": events_secret_name(d.name), "key": "key"}
+            env.append({"name": "MU_POD_EVENTS_KEY", "valueFrom": {"secretKeyRef": ref}})
     if cfg.fleet_key_secret:
         ref = {"name": cfg.fleet_key_secret, "key": "key"}
         env.append({"name": FLEET_KEY_VARIABLE, "valueFrom": {"secretKeyRef": ref}})
@@ -275,6 +274,25 @@ def _with_grace(args: tuple[str, ...], grace_s: int) -> list[str]:
     """The pod's own drain time goes before a `--` (after it, arguments are vLLM's)."""
     cut = args.index("--") if "--" in args else len(args)
     return [*args[:cut], "--grace", str(grace_s), *args[cut:]]
+
+
+def events_secret_name(name: str) -> str:
+    return f"{name}-events"
+
+
+def events_secret_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj | None:
+    """The Secret holding `d`'s events credential for its pods (MU_POD_EVENTS_KEY); None when
+    its pods post no events (no events_url) or it has no credential."""
+    if not (cfg.events_url and d.events_key):
+        return None
+    check_name(d.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": events_secret_name(d.name), "namespace": cfg.namespace, "labels": labels_of(d)},
+        "type": "Opaque",
+        "stringData": {"key": d.events_key},
+    }
 
 
 def service_manifest(d: Deployment, cfg: RuntimePodConfig) -> Obj:

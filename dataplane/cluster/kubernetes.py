@@ -45,6 +45,8 @@ from dataplane.cluster.k8s_objects import (
     Obj,
     RuntimePodConfig,
     deployment_manifest,
+    events_secret_manifest,
+    events_secret_name,
     manifest_hash,
     pod_events,
     pod_state,
@@ -108,24 +110,30 @@ class KubernetesDriver:
                 self._synced_at = now
             for d in deployments:
                 try:
-                    deployment, service = (
+                    deployment, service, secret = (
                         deployment_manifest(d, self.config),
                         service_manifest(d, self.config),
+                        events_secret_manifest(d, self.config),
                     )
                 except ValueError as exc:
                     raise ClusterError(
                         f"deployment {d.name} cannot be expressed in Kubernetes: {exc}"
                     ) from None
-                digest = manifest_hash(deployment, service)
+                digest = manifest_hash(deployment, service, secret or {})
                 if self._applied.get(d.name) == digest:
                     continue
                 self._applied.pop(d.name, None)
+                if secret is not None:  # before the pods that read it
+                    path = f"/api/v1/namespaces/{self.namespace}/secrets/{secret['metadata']['name']}"
+                    self._server_side_apply(path, secret)
                 self._server_side_apply(f"/api/v1/namespaces/{self.namespace}/services/{d.name}", service)
                 self._server_side_apply(
                     f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{d.name}", deployment
                 )
                 self._applied[d.name] = digest
-            declared = frozenset(d.name for d in deployments)
+            declared = frozenset(d.name for d in deployments) | frozenset(
+                events_secret_name(d.name) for d in deployments if d.events_key
+            )
             if declared != self._declared:
                 self._prune(declared)
                 self._declared = declared
@@ -192,6 +200,7 @@ class KubernetesDriver:
         kinds: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
             ("Deployment", self.apps.list_namespaced_deployment, self.apps.delete_namespaced_deployment),
             ("Service", self.core.list_namespaced_service, self.core.delete_namespaced_service),
+            ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
         ]
         for kind, lister, deleter in kinds:
             doc = self._call(f"list {kind}s", partial(lister, self.namespace, **self._list_options()))

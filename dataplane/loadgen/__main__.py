@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from urllib.parse import urlsplit
 
@@ -31,9 +32,10 @@ from dataplane.loadgen.run import (
     run_stages,
     unreachable,
 )
-from dataplane.loadgen.trace import TraceError, TraceRequest, read_trace, schedule
+from dataplane.loadgen.trace import MAX_TOKENS, TraceError, TraceRequest, decoded, read_trace, schedule
 
 PROG = "python -m dataplane.loadgen"
+MAX_CONCURRENCY = 10_000  # requests in flight, each a connection: far past one process's file limit
 
 
 def parse_stages(text: str) -> list[tuple[float, int]]:
@@ -45,7 +47,7 @@ def parse_stages(text: str) -> list[tuple[float, int]]:
             stage = (float(seconds), int(clients))
         except ValueError:
             stage = (-1.0, -1)
-        if not sep or stage[0] <= 0 or stage[1] < 0:
+        if not sep or not (math.isfinite(stage[0]) and stage[0] > 0) or not 0 <= stage[1] <= MAX_CONCURRENCY:
             raise ValueError(f"stage {part!r}: write SECONDSxCLIENTS, e.g. 30x4")
         stages.append(stage)
     return stages
@@ -84,16 +86,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if not args.key:
         p.error("a tenant's API key is required: $MU_API_KEY or --key-file PATH")
-    if args.timeout <= 0:
-        p.error(f"--timeout must be > 0 s, got {args.timeout}")
-    if args.max_tokens < 1 or args.prompt_words < 1:
-        p.error(f"--max-tokens and --prompt-words must be >= 1, got {args.max_tokens}, {args.prompt_words}")
-    if args.rate_multiple <= 0:
-        p.error(f"--rate-multiple must be > 0, got {args.rate_multiple}")
-    if args.duration is not None and args.duration <= 0:
-        p.error(f"--duration must be > 0 s, got {args.duration}")
-    if args.max_concurrency < 1:
-        p.error(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    # NaN passes every comparison's "not <= 0", and inf divides a trace's times to 0: both refused.
+    for flag, real in (
+        ("--timeout", args.timeout),
+        ("--rate-multiple", args.rate_multiple),
+        ("--duration", args.duration),
+    ):
+        if real is not None and not (math.isfinite(real) and real > 0):
+            p.error(f"{flag} must be a finite number > 0, got {real:g}")
+    for flag, whole, most in (
+        ("--max-tokens", args.max_tokens, MAX_TOKENS),
+        ("--prompt-words", args.prompt_words, MAX_TOKENS),
+        ("--max-concurrency", args.max_concurrency, MAX_CONCURRENCY),
+    ):
+        if not 1 <= whole <= most:
+            p.error(f"{flag} must be from 1 to {most}, got {whole}")
     try:
         args.stages = parse_stages(args.stages)
     except ValueError as exc:
@@ -101,8 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.due = None
     if args.trace is not None:
         try:
-            with open(args.trace, newline="") as lines:
-                trace = read_trace(lines, args.trace)
+            with open(args.trace, "rb") as raw:
+                trace = read_trace(decoded(raw, args.trace), args.trace)
         except OSError as exc:
             p.error(f"--trace {args.trace}: {exc.strerror}")
         except TraceError as exc:

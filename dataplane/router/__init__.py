@@ -24,8 +24,10 @@ Sockets, Redis and the control plane, at the edges:
   proxy           one exchange with a pod, streamed back to the client
   discovery       routing-table snapshots (static, or polled from the control plane);
                   endpointslices takes the pods from Kubernetes EndpointSlices instead
-  control_plane   the router's calls to the control plane: wake, load samples, following
-                  the routing table
+  control_plane   the router's calls to the control plane: wake, load samples, key lookups,
+                  following the routing table
+  keys            which tenant a bearer key belongs to: looked up once, kept while its
+                  tenant's keys' epoch holds; lookups bounded
   lease_limiter   the limiter of routers sharing Redis: GCRA at the leased rate in process,
                   leases renewed in the background (one Lua script per endpoint)
   metering        per-second load samples (published to Redis), the cumulative

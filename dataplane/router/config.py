@@ -74,6 +74,15 @@ class RouterConfig:
     stale_table_after_s: float = 600.0
     stale_table: str = "fail-closed"
     control_plane_timeout_s: float = 5.0  # one control-plane request, s
+    # Keys the routing table does not carry are looked up at the control plane (keys.KeyBook):
+    # at most key_lookups_per_s a second per process (a bucket of key_lookup_burst; past it 503 +
+    # Retry-After), a miss kept unknown_key_ttl_s, at most keys_known_max answers and
+    # unknown_keys_max misses kept (the least recently used go first)
+    key_lookups_per_s: float = 20.0
+    key_lookup_burst: int = 50
+    unknown_key_ttl_s: float = 5.0
+    keys_known_max: int = 100_000
+    unknown_keys_max: int = 10_000
     metrics_ttl_s: int = ROW_TTL_S  # TTL of per-second load keys in Redis, s (past the collector's catch-up)
     # With Redis: the billing stream's bound, entries; past it billable seconds are held here
     billing_stream_max_entries: int = BILLING_STREAM_MAX_ENTRIES

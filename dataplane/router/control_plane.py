@@ -1,12 +1,14 @@
 """The router's side of its conversation with the control plane.
 
-Three exchanges, each failing without harm to the requests in flight (the router keeps serving
+Four exchanges, each failing without harm to the requests in flight (the router keeps serving
 with what it has when the control plane is down):
   wake           ``POST /api/v1/endpoints/{id}/wake/`` when a request finds a scaled-to-zero
                  endpoint (the router holds the request meanwhile, see ``admission``);
   load samples   ``POST /api/v1/load-samples/`` with each second's rows (``metering``), when
                  there is no Redis to publish them to: ``delivery`` holds a second until a
                  post of it is answered 201 (stored) or 200 (a duplicate, stored before);
+  key lookups    ``GET /api/v1/routing-table/keys/{sha256}/`` for a bearer key the router does
+                 not know (``keys.KeyBook``, which bounds them);
   routing table  ``follow`` applies each snapshot of a ``Discovery`` as it arrives (the
                  control plane's, polled by ``discovery.ControlPlaneDiscovery``, or a static one);
                  with ``--redis``, ``TablePush`` hears the control plane announce its table's
@@ -29,7 +31,7 @@ from dataplane.router.discovery import Discovery
 from dataplane.router.http import RequestError
 from dataplane.wire.load_samples import RouterSecond
 from dataplane.wire.prometheus_text import family_header
-from dataplane.wire.routing_table import RoutingTable, channel
+from dataplane.wire.routing_table import KeyLookup, RoutingTable, channel
 
 log = logging.getLogger("dataplane.router")
 
@@ -55,6 +57,25 @@ class ControlPlaneClient:
                 log.warning("wake %s answered %s", endpoint_id, status)
         except (OSError, TimeoutError, ConnectionError) as exc:
             log.warning("wake %s failed: %s", endpoint_id, exc)
+
+    async def lookup_key(self, digest: str) -> KeyLookup:
+        """The tenant of the key with this SHA-256 (``keys.KeyBook``'s lookup): 200 with it, 404
+        with none; ValueError for any other answer, OSError/TimeoutError as they come."""
+        status, _, answer = await self.fetch(
+            f"{self.base_url}/api/v1/routing-table/keys/{digest}/",
+            "GET",
+            {"authorization": f"Bearer {self.key}", "accept": "application/json"},
+            b"",
+            self.timeout_s,
+        )
+        if status == 404:
+            return KeyLookup(digest, None, None)
+        if status != 200:
+            raise ValueError(f"key lookup answered {status}: {answer[:200]!r}")
+        found = KeyLookup.from_json(json.loads(answer))
+        if found.digest != digest or found.tenant is None:
+            raise ValueError(f"key lookup answered 200 for another question: {answer[:200]!r}")
+        return found
 
     async def post_samples(self, posted: RouterSecond) -> None:
         """Deliver one second (``delivery.Send``): SecondRefused when the control plane says it is

@@ -1,7 +1,8 @@
 """The router: the request handler (the hot path), the routing table it serves, its lifecycle.
 
 Per request (``Router.handle``), in order, each step answering with an OpenAI-style error when
-it fails: tenant from the bearer key (401) -> parse the JSON body (400) -> endpoint from
+it fails: tenant from the bearer key (401; ``keys``: looked up at the control plane when this
+process has not seen it, 503 when it cannot be checked) -> parse the JSON body (400) -> endpoint from
 ``model`` (404) -> validate what it asks the engine to generate (``validation``, 400 naming the
 parameter) -> price in MU -> its class: a probe only with the prober credential, a tenant's
 ``priority`` clamped -> the tenant's ``cache_salt`` set (``cache_salt``: a 400 for a client's
@@ -50,6 +51,7 @@ from dataplane.router.discovery import STATIC_ENDPOINT, Discovery
 from dataplane.router.endpoint_state import EndpointState
 from dataplane.router.exposition import metrics_text, write_snapshot
 from dataplane.router.http import ClientConnection, Request, RequestError, ServerState
+from dataplane.router.keys import KeyBook
 from dataplane.router.metering import Meter, publish
 from dataplane.router.pricing import estimate_input_tokens
 from dataplane.router.proxy import Exchange, UpstreamFailed, build_request, pod_body
@@ -58,6 +60,7 @@ from dataplane.router.served_name import AnswerName, served_instead
 from dataplane.router.upstream import Pool, fetch
 from dataplane.router.validation import check_context, demand
 from dataplane.router.workers import WorkerReadiness
+from dataplane.wire import json_depth
 from dataplane.wire.load_samples import RouterSecond, Sample
 from dataplane.wire.prometheus_text import CONTENT_TYPE
 from dataplane.wire.routing_table import RoutingTable
@@ -82,7 +85,9 @@ POD_FAULTS = frozenset({500, 502, 504})
 def json_body(raw: bytes) -> tuple[dict[str, Any], str]:
     """The request's JSON object and the model it names; 400 when it is not one or names none."""
     try:
-        body = json.loads(raw)
+        body = json_depth.loads(raw)
+    except json_depth.TooDeep as exc:  # a RecursionError, and a traceback, before the bound
+        raise RequestError(400, str(exc), "invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
     if not isinstance(body, dict):
@@ -141,6 +146,15 @@ class Router:
         )
         self.rng = random.Random(seed)
         self.table: RoutingTable | None = None
+        self.keys = KeyBook(
+            self.control_plane.lookup_key if self.control_plane is not None else None,
+            lambda: self.clock(),  # a test may set the router's clock after this
+            config.key_lookups_per_s,
+            config.key_lookup_burst,
+            config.unknown_key_ttl_s,
+            max_known=config.keys_known_max,
+            max_unknown=config.unknown_keys_max,
+        )
         self.freshness = TableFreshness(config.stale_table_after_s, config.stale_table == "fail-open")
         self.endpoints: dict[int, EndpointState] = {}
         self.by_tenant: dict[str, dict[str, EndpointState]] = {}
@@ -205,6 +219,7 @@ class Router:
         elif path == b"/metrics":
             text = metrics_text(self.meter.totals, self.endpoints.values(), self.metrics_dir)
             text += self.freshness.metrics_text(self.clock()) + self.limiter.metrics_text()
+            text += self.keys.metrics_text()
             text += self.delivery.metrics_text() if self.delivery is not None else ""
             client.send_response(200, PROMETHEUS_TEXT, text.encode())
         else:  # /health
@@ -216,7 +231,7 @@ class Router:
         """Price the request, admit it, forward it (queueing, retrying), meter what it cost
         (``chat``: on /v1/chat/completions, else /v1/completions)."""
         cfg = self.config
-        tenant = self.tenant_of(req)
+        tenant = await self.tenant_of(req)
         body, model = json_body(req.body)
         ep = self.endpoint_for(tenant, model)
         spec = ep.spec  # this request's, whatever a reload installs meanwhile
@@ -444,13 +459,14 @@ class Router:
         for old_id, ep in self.endpoints.items():
             if old_id not in endpoints:
                 ep.wake_all()
+        self.keys.apply(table)
         self.endpoints, self.by_tenant, self.table = endpoints, by_tenant, table
         self.table_loaded.set()
         if self.readiness is not None:
             self.readiness.mark_ready()
         log.info("routing table %s: %d endpoints", table.version, len(endpoints))
 
-    def tenant_of(self, req: Request) -> str:
+    async def tenant_of(self, req: Request) -> str:
         table = self.table
         if table is None:
             raise RequestError(
@@ -465,10 +481,7 @@ class Router:
         auth = req.headers.get(b"authorization", b"")
         if not auth[:7].lower() == b"bearer " or len(auth) <= 7:
             raise RequestError(401, "missing API key: send Authorization: Bearer <key>", "missing_api_key")
-        tenant = table.api_keys.get(hashlib.sha256(auth[7:].strip()).hexdigest())
-        if tenant is None:
-            raise RequestError(401, "invalid or revoked API key", "invalid_api_key")
-        return tenant
+        return await self.keys.tenant(hashlib.sha256(auth[7:].strip()).hexdigest())
 
     def endpoint_for(self, tenant: str, model: str) -> EndpointState:
         eps = self.by_tenant.get(tenant, {})
@@ -482,7 +495,7 @@ class Router:
     async def models(self, req: Request) -> dict[str, Any]:
         """The tenant's endpoints as OpenAI models (vLLM's ModelCard fields). In static mode the
         router knows no model names, so it lists what a ready pod serves."""
-        tenant = self.tenant_of(req)
+        tenant = await self.tenant_of(req)
         endpoints = self.by_tenant.get(tenant, {})
         if STATIC_ENDPOINT in endpoints:
             return await self.pod_models(endpoints[STATIC_ENDPOINT])

@@ -33,6 +33,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from dataplane.wire import json_depth
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -51,7 +53,8 @@ class Request:
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body's JSON; a ValueError when it is none, or nests too deep (json_depth)."""
+        return json_depth.loads(self.body)
 
 
 @dataclass

@@ -364,7 +364,7 @@ def _json_body(raw: bytes, content_type: str) -> dict[str, Any]:
         raise field_errors(
             [_error("json_invalid", (err.pos,), "JSON decode error", {}, error=err.msg)]
         ) from None
-    except UnicodeDecodeError:  # FastAPI's answer to a body it cannot read at all
+    except (UnicodeDecodeError, RecursionError):  # FastAPI's answer to a body it cannot read at all
         raise ApiError(400, "There was an error parsing the body", detail_only=True) from None
     if not isinstance(body, dict):
         raise field_errors(

@@ -47,6 +47,8 @@ from dataplane.runtime.prober import ProberConfig
 from dataplane.runtime.profiles import PROFILES
 
 log = logging.getLogger("dataplane.runtime.pod")
+# The endpoint's events credential (controlplane.api.pod_keys): its own endpoint's events only.
+EVENTS_KEY_VARIABLE = "MU_POD_EVENTS_KEY"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -65,9 +67,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         default=env("MU_POD_STATE_DIR"),
         help="directory that outlives the container; enables restart events",
     )
-    # Control plane (events).
+    # Control plane (events), with this endpoint's events credential (never the operator key).
     p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
-    add_key_arguments(p, "--control-plane-key", "MU_CONTROL_PLANE_KEY", "operator key for events")
+    add_key_arguments(p, "--events-key", EVENTS_KEY_VARIABLE, "endpoint's events credential")
     endpoint = env("MU_ENDPOINT_ID")
     p.add_argument("--endpoint-id", type=int, default=int(endpoint) if endpoint else None)
     version = env("MU_ENDPOINT_VERSION")
@@ -95,9 +97,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     launcher.add_vllm_arguments(p)
     args = p.parse_args(ours)
     try:
-        args.control_plane_key = read_key(args.control_plane_key_file, "MU_CONTROL_PLANE_KEY") or ""
+        args.events_key = read_key(args.events_key_file, EVENTS_KEY_VARIABLE) or ""
     except ValueError as exc:
         p.error(str(exc))
+    os.environ.pop(EVENTS_KEY_VARIABLE, None)  # the prober's; the engine inherits none of it
     return args, extra
 
 
@@ -197,7 +200,7 @@ async def run_pod(
     reporter = EventReporter(
         ReporterConfig(
             url=args.control_plane_url,
-            key=args.control_plane_key,
+            key=args.events_key,
             endpoint=args.endpoint_id,
             pod=args.name,
             version=args.endpoint_version,

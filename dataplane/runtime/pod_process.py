@@ -4,6 +4,8 @@
 or a warm process that will become one, starts in a session of its own with its output appended
 to ``<log_dir>/<name>.log``, and is killed with its whole process group, so that no engine is
 left behind. The supervisor starts pods this way, and its warm pool the processes that become pods.
+Neither inherits the keys of whoever started them (``pod_environment``): a pod runs what a
+deployment declared, and holds only the credentials its launch gives it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+# Keys that may be in the environment of the process that starts pods (the cluster agent, a
+# test) and never reach a pod: the operator key (the agent's own events; a router's), a tenant's
+# key of the load generator, and a stray events credential (each pod gets its own).
+WITHHELD_VARIABLES = frozenset({"MU_CONTROL_PLANE_KEY", "ROUTER_KEY", "MU_API_KEY", "MU_POD_EVENTS_KEY"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,14 @@ class PodLaunch:
             self.name,
             *self.args,
         ]
+
+
+def pod_environment(extra: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
+    """This process's environment without ``WITHHELD_VARIABLES``, then ``extra`` on top: what a
+    pod, or a warm process that will become one, starts with."""
+    env = {k: v for k, v in os.environ.items() if k not in WITHHELD_VARIABLES}
+    env.update(extra)
+    return env
 
 
 def log_path(log_dir: str | None, name: str) -> str | None:

@@ -314,7 +314,7 @@ class SimEngine:
                 )
             if route == ("POST", "/_sim/fault") and self.fault_injection:
                 try:
-                    body = json.loads(request.body)
+                    body = request.json()
                 except ValueError:
                     raise ApiError(400, "JSON decode error", param="body") from None
                 self.set_fault(Fault.parse(body))

@@ -18,7 +18,6 @@ thread of its own so that the figure does not depend on the check interval.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import threading
@@ -29,7 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dataplane.runtime.events import EventReporter, ReporterConfig
-from dataplane.runtime.pod_process import PodLaunch, kill_group, log_path, start_in_own_session
+from dataplane.runtime.pod_process import (
+    PodLaunch,
+    kill_group,
+    log_path,
+    pod_environment,
+    start_in_own_session,
+)
 from dataplane.runtime.restart_policy import RestartPolicy, decide_restart
 from dataplane.runtime.warm_pool import WarmPool, WarmPoolConfig
 
@@ -196,7 +201,7 @@ class Supervisor:
         if proc is None:
             proc = start_in_own_session(
                 launch.command(),
-                {**os.environ, **dict(launch.env)},
+                pod_environment(launch.env),
                 log_path(self.config.log_dir, launch.name),
             )
         pod.proc = proc

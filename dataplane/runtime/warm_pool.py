@@ -20,7 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataplane.runtime.pod_process import PodLaunch, kill_group, log_path, start_in_own_session
+from dataplane.runtime.pod_process import (
+    PodLaunch,
+    kill_group,
+    log_path,
+    pod_environment,
+    start_in_own_session,
+)
 from dataplane.runtime.restart_policy import RestartPolicy, decide_restart
 from dataplane.runtime.warm import ENGINE_KINDS, Assignment, env_fits
 
@@ -200,7 +206,7 @@ class WarmPool:
     def _spawn(self) -> _WarmProcess:
         ready_r, ready_w = os.pipe()
         os.set_blocking(ready_r, False)  # polled by poll_ready, never waited on
-        env = dict(os.environ)
+        env = pod_environment()  # it becomes a pod: none of our keys
         cmd = [sys.executable, "-m", "dataplane.runtime.warm", "--engine", self.config.engine]
         if self.config.engine_python:
             cmd += ["--engine-python", self.config.engine_python]

@@ -1,5 +1,6 @@
-"""The routing table: every endpoint with its pricing, limits, traffic split and pods, and the
-tenants' API keys, as the control plane serves it at ``GET /api/v1/routing-table/``.
+"""The routing table: every endpoint with its pricing, limits, traffic split and pods, and each
+tenant's keys' epoch, as the control plane serves it at
+``GET /api/v1/routing-table/``; and one key's lookup, ``GET /api/v1/routing-table/keys/<sha256>/``.
 
 Writer: ``controlplane.endpoints.routing`` (served by ``RoutingTableView`` with the version as
 its ETag). Readers: the routers (``dataplane.router.discovery``), which keep the last good table
@@ -13,7 +14,17 @@ when a new one is refused.
                     "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
                     "traffic": {version: percent},
                     "pods": [{"name", "url", "ready", "version"}]}],
-     "api_keys": [{"hash": sha256 hex of the bearer secret, "tenant"}]}
+     "key_epochs": {tenant: {"id": tenant id, "revoked": its revoked keys, count}}}
+
+The table does not carry the tenants' keys (300 of them made every router download 31 KB
+instead of 3.8 KB, again at every new key): a router looks up a key it does not know by its
+digest (``KeyLookup``: its tenant and that tenant's epoch, read in one snapshot) and keeps the
+answer while the tenant's epoch in the table is the same. A revocation raises the count, so the
+next table makes every router drop that tenant's kept keys (at most API_KEYS_PER_TENANT_MAX) and
+look them up again; a tenant gone, or made again under its name (another id), drops them too.
+The table grows with tenants, not with keys nor with how often they are made or revoked. An
+older control plane's table carries ``"api_keys": [{"hash", "tenant"}]``, every active key,
+which a router still takes as known keys (static mode and tests build them in ``api_keys``).
 
 Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/min per replica,
 no concurrency limit, a context length of ``DEFAULT_MAX_MODEL_LEN`` tokens, a pod ready and
@@ -36,7 +47,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN, MU_PER_REPLICA_MINUTE, CostModel
@@ -221,25 +232,91 @@ class RoutedEndpoint:
         )
 
 
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is a key's digest as the wire carries it: 64 lower-case hex digits."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+@dataclass(frozen=True)
+class KeyEpoch:
+    """Where a tenant's keys stand: its id (a tenant made again under a deleted one's name has
+    another) and how many of its keys were ever revoked. A key known under an older epoch of
+    its tenant may have been revoked since."""
+
+    tenant_id: int
+    revoked: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.tenant_id, "revoked": self.revoked}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> KeyEpoch:
+        if not isinstance(doc, dict):
+            raise ValueError(f"{where} must be an object")
+        for name in ("id", "revoked"):
+            v = doc.get(name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{where}.{name} must be an integer >= 0, got {v!r}")
+        return cls(doc["id"], doc["revoked"])
+
+
+@dataclass(frozen=True)
+class KeyLookup:
+    """One key's lookup: its tenant and the tenant's epoch while it is an active tenant key,
+    None for both when it is not (unknown, revoked, or an operator's)."""
+
+    digest: str  # sha256 hex of the bearer secret
+    tenant: str | None
+    epoch: KeyEpoch | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hash": self.digest,
+            "tenant": self.tenant,
+            "epoch": None if self.epoch is None else self.epoch.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> KeyLookup:
+        if not isinstance(doc, dict) or not isinstance(doc.get("hash"), str) or not is_digest(doc["hash"]):
+            raise ValueError("key lookup .hash must be 64 lower-case hex digits")
+        tenant, epoch = doc.get("tenant"), doc.get("epoch")
+        if tenant is None and epoch is None:
+            return cls(doc["hash"], None, None)
+        if not isinstance(tenant, str):
+            raise ValueError(f"key lookup .tenant must be a string or null, got {tenant!r}")
+        return cls(doc["hash"], tenant, KeyEpoch.from_json(epoch, "key lookup .epoch"))
+
+
 @dataclass(frozen=True)
 class RoutingTable:
     version: str  # the ETag: changes whenever anything else in the table does
     endpoints: tuple[RoutedEndpoint, ...]
-    api_keys: dict[str, str]  # sha256 hex (lower case) of a bearer secret -> tenant
+    # Keys known without a lookup, sha256 hex (lower case) of a bearer secret -> tenant: an older
+    # control plane's every active key, or a test's; the control plane sends none
+    api_keys: dict[str, str]
     auth_required: bool = True  # False in static mode (no keys); not on the wire
+    key_epochs: Mapping[str, KeyEpoch] = field(default_factory=dict)  # tenant -> its keys' epoch
 
     @classmethod
-    def versioned(cls, endpoints: tuple[RoutedEndpoint, ...], api_keys: dict[str, str]) -> RoutingTable:
+    def versioned(
+        cls,
+        endpoints: tuple[RoutedEndpoint, ...],
+        api_keys: dict[str, str],
+        key_epochs: Mapping[str, KeyEpoch] | None = None,
+    ) -> RoutingTable:
         """A table whose version is a hash of its content, so that a router's `If-None-Match`
         gets 304 until something a router reads changes, whatever changed it."""
-        content = json.dumps(cls("", endpoints, api_keys)._content(), sort_keys=True)
-        return cls(hashlib.sha256(content.encode()).hexdigest()[:32], endpoints, api_keys)
+        unversioned = cls("", endpoints, api_keys, key_epochs=dict(key_epochs or {}))
+        content = json.dumps(unversioned._content(), sort_keys=True)
+        return replace(unversioned, version=hashlib.sha256(content.encode()).hexdigest()[:32])
 
     def _content(self) -> dict[str, Any]:
-        return {
-            "endpoints": [e.to_json() for e in self.endpoints],
-            "api_keys": [{"hash": h, "tenant": tenant} for h, tenant in self.api_keys.items()],
-        }
+        content: dict[str, Any] = {"endpoints": [e.to_json() for e in self.endpoints]}
+        if self.api_keys:
+            content["api_keys"] = [{"hash": h, "tenant": tenant} for h, tenant in self.api_keys.items()]
+        content["key_epochs"] = {t: e.to_json() for t, e in self.key_epochs.items()}
+        return content
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, **self._content()}
@@ -253,7 +330,7 @@ class RoutingTable:
         if not isinstance(version, str):
             raise ValueError("routing table .version must be a string")
         eps_doc = doc.get("endpoints")
-        keys_doc = doc.get("api_keys")
+        keys_doc = doc.get("api_keys", [])
         if not isinstance(eps_doc, list) or not isinstance(keys_doc, list):
             raise ValueError("routing table .endpoints and .api_keys must be lists")
         endpoints = tuple(RoutedEndpoint.from_json(e, f"endpoints[{i}]") for i, e in enumerate(eps_doc))
@@ -264,4 +341,8 @@ class RoutingTable:
             ):
                 raise ValueError('api_keys entries must be {"hash": str, "tenant": str}')
             api_keys[k["hash"].lower()] = k["tenant"]
-        return cls(version, endpoints, api_keys)
+        epochs_doc = doc.get("key_epochs", {})
+        if not isinstance(epochs_doc, dict):
+            raise ValueError("routing table .key_epochs must be an object of tenant: epoch")
+        epochs = {str(t): KeyEpoch.from_json(e, f"key_epochs[{t!r}]") for t, e in epochs_doc.items()}
+        return cls(version, endpoints, api_keys, key_epochs=epochs)

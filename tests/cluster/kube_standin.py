@@ -55,6 +55,7 @@ PATH = re.compile(
 KINDS = {
     "deployments": ("apps/v1", "Deployment"),
     "services": ("v1", "Service"),
+    "secrets": ("v1", "Secret"),
     "pods": ("v1", "Pod"),
     "endpointslices": ("discovery.k8s.io/v1", "EndpointSlice"),
 }
@@ -369,6 +370,9 @@ class KubeStandIn:
                     else:
                         obj["metadata"].pop(key, None)
                 obj["spec"] = copy.deepcopy(body.get("spec", {}))
+                for key in ("type", "stringData"):  # a Secret's
+                    if key in body:
+                        obj[key] = copy.deepcopy(body[key])
                 obj["apiVersion"], obj["kind"] = body.get("apiVersion"), body.get("kind")
                 if existing is not None and obj == existing:
                     return self._json(h, 200, copy.deepcopy(existing))  # a no-op apply changes nothing

@@ -3,7 +3,7 @@ pods too: each real simulated pod then answers only requests bearing it."""
 
 import pytest
 
-from dataplane.cluster.agent import POD_KEY_VARIABLE, Agent
+from dataplane.cluster.agent import Agent
 from dataplane.cluster.driver import Deployment
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
@@ -18,7 +18,7 @@ def test_the_agents_pods_answer_only_the_fleet_key(warm):
     supervisor = Supervisor(
         SupervisorConfig(check_interval_s=0.2, stop_grace_s=5, warm_pool=WarmPoolConfig(size=warm))
     )
-    agent = Agent(supervisor, drain_delay_s=0.5, pod_env=((POD_KEY_VARIABLE, KEY),))
+    agent = Agent(supervisor, drain_delay_s=0.5, pod_key=KEY)
     supervisor.start()
     try:
         if warm:

@@ -170,3 +170,22 @@ def test_list_pods_reads_readiness_and_drops_terminating_pods(standin, driver):
     assert not pods["ep-1-b"].ready and not pods["ep-1-c"].ready
     assert pods["ep-2-a"].url == "http://[fd00::5]:8000"
     assert standin.requests[-1].query["labelSelector"] == "app.kubernetes.io/managed-by=mu-controlplane"
+
+
+def test_each_deployments_events_credential_goes_in_a_secret_of_its_own(standin, clock, sleeps):
+    """Pods read their endpoint's events credential from their deployment's Secret (never the
+    operator key's); the Secret is pruned with its deployment."""
+    config = RuntimePodConfig(events_url="http://controlplane.mu-system.svc")
+    driver = KubernetesDriver(config, standin.api_client(), clock=clock, sleep=sleeps.append)
+    keyed = Deployment("ep-1", 1, "sim", ARGS, 8, {"endpoint": "1"}, "mupod_1_abc")
+    driver.apply([keyed, dep("ep-2", endpoint="2")])
+    assert standin.names("secrets") == ["ep-1-events"]  # ep-2 has no credential: no Secret
+    assert standin.get("secrets", "ep-1-events")["stringData"] == {"key": "mupod_1_abc"}
+    env = {
+        e["name"]: e
+        for e in standin.get("deployments", "ep-1")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["MU_POD_EVENTS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "ep-1-events", "key": "key"}
+    assert "MU_CONTROL_PLANE_KEY" not in env
+    driver.apply([dep("ep-2", endpoint="2")])
+    assert standin.names("secrets") == [] and standin.names("deployments") == ["ep-2"]

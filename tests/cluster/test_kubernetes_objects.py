@@ -2,6 +2,8 @@
 generated manifest validates against Kubernetes' published schema (kubernetes-validate), and
 pod status changes become the on-call events they should."""
 
+from dataclasses import replace
+
 import kubernetes_validate
 import pytest
 
@@ -9,6 +11,7 @@ from dataplane.cluster.driver import Deployment
 from dataplane.cluster.k8s_objects import (
     RuntimePodConfig,
     deployment_manifest,
+    events_secret_manifest,
     gpus_of,
     label_value,
     manifest_hash,
@@ -25,6 +28,7 @@ SIM = Deployment(
     ("--profile", "h100-llama-8b", "--time-scale", "1.0", "--served-model-name", "chat"),
     8,
     {"endpoint": "42", "tenant": "acme"},
+    "mupod_42_0123abcd",
 )
 VLLM = Deployment(
     "ep-7",
@@ -49,7 +53,9 @@ CONFIG = RuntimePodConfig(events_url="http://controlplane.mu-system.svc")
 
 @pytest.mark.parametrize("d", [SIM, VLLM], ids=["sim", "vllm"])
 def test_generated_manifests_validate_against_the_kubernetes_schema(d):
-    for manifest in (deployment_manifest(d, CONFIG), service_manifest(d, CONFIG)):
+    secret = events_secret_manifest(d, CONFIG)
+    manifests = [deployment_manifest(d, CONFIG), service_manifest(d, CONFIG), *([secret] if secret else [])]
+    for manifest in manifests:
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
 
 
@@ -66,7 +72,13 @@ def test_the_runtime_pod_is_non_root_with_limits_probes_and_a_drain():
     env = {e["name"]: e for e in c["env"]}
     assert env["MU_ENDPOINT_ID"]["value"] == "42"
     assert env["MU_CONTROL_PLANE_URL"]["value"] == "http://controlplane.mu-system.svc"
-    assert env["MU_CONTROL_PLANE_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    # Its endpoint's events credential, from the deployment's own Secret; never the operator key.
+    assert "MU_CONTROL_PLANE_KEY" not in env
+    assert env["MU_POD_EVENTS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "ep-42-events", "key": "key"}
+    secret = events_secret_manifest(SIM, CONFIG)
+    assert secret is not None and secret["stringData"] == {"key": "mupod_42_0123abcd"}
+    assert secret["metadata"]["labels"] == deployment_manifest(SIM, CONFIG)["metadata"]["labels"]  # pruned
+    assert "mupod_42" not in repr(SIM) and events_secret_manifest(VLLM, CONFIG) is None  # VLLM: no key
 
 
 def test_vllm_pods_get_their_gpus_and_the_drain_time_goes_before_vllms_own_arguments():
@@ -91,7 +103,7 @@ def test_vllm_pods_get_their_gpus_and_the_drain_time_goes_before_vllms_own_argum
 
 def test_target_concurrency_lives_outside_the_pod_template():
     a = deployment_manifest(SIM, CONFIG)
-    b = deployment_manifest(Deployment(SIM.name, SIM.replicas, SIM.engine, SIM.args, 3, SIM.labels), CONFIG)
+    b = deployment_manifest(replace(SIM, target_concurrency=3), CONFIG)
     assert a["spec"]["template"] == b["spec"]["template"]
     assert b["metadata"]["annotations"] == {"mu/target-concurrency": "3"}
     assert manifest_hash(a) != manifest_hash(b)

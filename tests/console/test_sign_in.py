@@ -2,6 +2,8 @@
 `create_user`, and /admin/ served only when ADMIN_ENABLED is on."""
 
 import importlib
+import subprocess
+import sys
 from io import StringIO
 
 import pytest
@@ -103,13 +105,52 @@ def test_an_operator_unlocks_a_user_with_axes_reset_username(alice):
 )
 def test_create_user_refuses_a_weak_password_saying_why(owner, password, says):
     with pytest.raises(CommandError, match=says):
-        call_command("create_user", "weakling-user", "--password", password, "--tenant", owner.name)
+        call_command("create_user", "weakling-user", "--tenant", owner.name, stdin=StringIO(password + "\n"))
     assert not User.objects.filter(username="weakling-user").exists()
 
 
 def test_create_user_accepts_a_strong_password(owner):
-    call_command("create_user", "strong", "--password", PASSWORD, "--tenant", owner.name, stdout=StringIO())
+    call_command(
+        "create_user", "strong", "--tenant", owner.name, stdin=StringIO(PASSWORD + "\n"), stdout=StringIO()
+    )
     assert User.objects.get(username="strong").check_password(PASSWORD)
+
+
+def test_create_user_reads_the_password_from_the_environment(owner, monkeypatch):
+    monkeypatch.setenv("CONTROLPLANE_USER_PASSWORD", PASSWORD)
+    call_command("create_user", "from-env", "--operator", stdin=StringIO(""), stdout=StringIO())
+    assert User.objects.get(username="from-env").check_password(PASSWORD)
+    # --password-stdin: the pipe, even with the variable set.
+    call_command(
+        "create_user", "piped", "--operator", "--password-stdin", stdin=StringIO("Other-" + PASSWORD)
+    )
+    assert User.objects.get(username="piped").check_password("Other-" + PASSWORD)
+
+
+def test_create_user_refuses_a_password_on_the_command_line(owner):
+    with pytest.raises(
+        CommandError, match=r"--password puts the password on the command line.*--password-stdin"
+    ):
+        call_command("create_user", "argv-user", "--password", PASSWORD, "--tenant", owner.name)
+    with pytest.raises(CommandError, match="no password"):
+        call_command("create_user", "argv-user", "--tenant", owner.name, stdin=StringIO(""))
+    assert not User.objects.filter(username="argv-user").exists()
+
+
+def test_create_user_from_a_shell_refuses_argv_in_one_line_without_echoing_it():
+    secret = "Visible-in-ps-" + PASSWORD
+    done = subprocess.run(
+        [sys.executable, "manage.py", "create_user", "bob", "--password", secret, "--operator"],
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and secret not in done.stderr
+    assert lines[-1].startswith("manage.py create_user: error: --password puts the password"), lines
 
 
 def reload_urls() -> None:

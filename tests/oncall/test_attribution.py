@@ -46,12 +46,16 @@ def test_the_agent_hands_each_pod_its_attribution_and_arguments():
     args = control_plane_args("http://127.0.0.1:8000")
     agent = Agent(supervisor, pod_args=args, clock=lambda: 0.0)  # type: ignore[arg-type]
     labels = {"endpoint": "7", "version": "2", "tenant": "acme"}
-    agent.apply([Deployment("ep-7-v2", 1, "sim", (), 8, labels)])
+    agent.apply([Deployment("ep-7-v2", 1, "sim", (), 8, labels, "mupod_7_x"), Deployment("bench-3", 1)])
     agent.reconcile_once()
-    (launch,) = supervisor.launched
+    launch, bench = sorted(supervisor.launched, key=lambda launch: launch.name, reverse=True)
     assert launch.attribution == (7, 2, "acme")  # on the supervisor's restart and crash-loop events
     parsed, _ = parse_args(launch.pod_args())  # and on the pod's own (its prober's hangs)
     assert (parsed.endpoint_id, parsed.endpoint_version, parsed.tenant) == (7, 2, "acme")
+    # ... posted with its endpoint's events credential, in its environment; a pod without one
+    # (a benchmark's) posts none.
+    assert launch.env == (("MU_POD_EVENTS_KEY", "mupod_7_x"),)
+    assert "--control-plane-url" not in bench.pod_args() and bench.env == ()
 
 
 def test_the_kubernetes_watcher_reads_them_from_the_pods_labels():

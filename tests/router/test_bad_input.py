@@ -175,3 +175,43 @@ def test_models_lists_only_the_tenants_endpoints():
             assert (await call(router, path="/v1/models", method="GET"))[0] == 401
 
     asyncio.run(go())
+
+
+def nested(levels: int) -> bytes:
+    """A chat request whose tool's JSON schema makes the body `levels` deep (5 of them the
+    request's own: body -> tools -> [0] -> function -> parameters)."""
+    schema = '{"type": "string"}'
+    for _ in range((levels - 5) // 2):
+        schema = f'{{"type": "object", "properties": {{"p": {schema}}}}}'
+    return (
+        b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": '
+        b'"function", "function": {"name": "f", "parameters": %s}}]}' % schema.encode()
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        b'{"model": "chat", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"model": "chat", "prompt": "hi", "x": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}",
+        nested(200),
+    ],
+    ids=["100k-open", "100k-prompt", "100k-objects", "schema-200-deep"],
+)
+def test_any_nesting_depth_is_a_400_and_the_router_serves_on(body, caplog):
+    async def go():
+        async with running(1, table=cp_table()) as (router, pods):
+            got, headers, payload = await call(router, body=body, key=TENANT_KEY, path="/v1/chat/completions")
+            assert got == 400 and headers["content-type"] == "application/json", payload[:300]
+            error = error_of(payload)
+            assert error["code"] == "invalid_json" and "nested deeper than 128 levels" in error["message"]
+            assert pods[0].requests == 0
+            # The next request, and one whose tool schema nests as deep as real ones ever do, are served.
+            for ok in (b'{"model": "chat", "prompt": "hi"}', nested(60)):
+                path = "/v1/chat/completions" if b"messages" in ok else "/v1/completions"
+                assert (await call(router, body=ok, key=TENANT_KEY, path=path))[0] == 200
+            await assert_idle(router)
+
+    asyncio.run(go())
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]

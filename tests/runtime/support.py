@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -454,3 +455,12 @@ def router_process(*args: str, env: dict[str, str] | None = None) -> Iterator[st
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def agent_token_file(directory: Path) -> str:
+    """A new cluster agent token in a mode-600 file under ``directory``, as scripts/run-local.sh
+    writes it: the agent's --token-file and the control plane's CLUSTER_AGENT_TOKEN_FILE."""
+    path = directory / "agent.token"
+    path.write_text(secrets.token_urlsafe(32) + "\n")
+    path.chmod(0o600)
+    return str(path)

@@ -162,7 +162,7 @@ def test_a_router_without_the_fleet_key_is_refused_by_keyed_pods(pod: tuple[str,
     ("args", "mode", "said"),
     [
         (("--pod-key", KEY), 0o600, "--pod-key puts the fleet key"),
-        (("--pod-key-file", "{file}"), 0o644, "is open to other users (mode 644); chmod 600"),
+        (("--pod-key-file", "{file}"), 0o644, "is readable by group or others (mode 0644): chmod 600"),
         (("--pod-key-file", "{file}"), 0o600, "cannot carry"),  # a space
         (("--pod-key-file", "{file}"), 0o600, "holds 3 keys: at most two"),
     ],

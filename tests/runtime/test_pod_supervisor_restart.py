@@ -126,7 +126,7 @@ def test_pod_reports_the_hang_itself(event_sink: EventSink) -> None:
         "--endpoint-version",
         "3",
         # the key never in argv: ps shows that to every user
-        env={"MU_CONTROL_PLANE_KEY": "pod-self-key", "MU_TENANT": "acme"},
+        env={"MU_POD_EVENTS_KEY": "pod-self-key", "MU_TENANT": "acme"},
     )
     try:
         assert livez(pod) in (None, 200)  # starting: live (or not listening yet), not ready

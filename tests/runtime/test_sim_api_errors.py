@@ -476,3 +476,21 @@ def test_unknown_path_is_404(sim: SimProcess) -> None:
 def test_bad_fault_request_is_400(sim: SimProcess) -> None:
     response = post(sim, "/_sim/fault", {"mode": "explode"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "mode"
+
+
+@pytest.mark.parametrize("path", [C, CHAT])
+def test_a_body_nested_past_the_parsers_stack_is_fastapis_400(sim: SimProcess, path: str) -> None:
+    """vLLM's FastAPI answers a body its JSON parser cannot finish (a RecursionError) as it answers
+    an unreadable one; the engine then serves the next request."""
+    for body in (b"[" * 100_000, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        response = post(sim, path, body)
+        assert (response.status_code, response.json()) == (
+            400,
+            {"detail": "There was an error parsing the body"},
+        )
+    assert post(sim, C, {"model": "sim-tiny", "prompt": "hi", "max_tokens": 1}).status_code == 200
+
+
+def test_a_deep_fault_request_is_400(sim: SimProcess) -> None:
+    response = post(sim, "/_sim/fault", b"[" * 100_000)
+    assert response.status_code == 400

@@ -6,7 +6,7 @@ from capacity.units import DEFAULT_MAX_MODEL_LEN, CostModel
 from controlplane.endpoints.models import Pod
 from controlplane.endpoints.routing import routing_table
 from controlplane.selling import sell
-from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
+from dataplane.wire.routing_table import KeyEpoch, ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 
 CHAT = RoutedEndpoint(
     id=7,
@@ -31,7 +31,7 @@ CHAT = RoutedEndpoint(
 
 
 def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_client, owner, make_endpoint):
-    table = RoutingTable("v7", (CHAT,), {"ab" * 32: "acme"})
+    table = RoutingTable("v7", (CHAT,), {"ab" * 32: "acme"}, key_epochs={"acme": KeyEpoch(3, 2)})
     assert RoutingTable.from_json(table.to_json()) == table
     # The writer and the reader: what the control plane serves reads back as what it wrote.
     chat = make_endpoint(owner, "chat")
@@ -42,7 +42,7 @@ def test_the_table_round_trips_through_json_and_the_api(operator_client, owner_c
     served = RoutingTable.from_json(operator_client.get("/api/v1/routing-table/").json())
     assert served == routing_table()
     assert served.endpoints[0].reservation == ReservedRate(300, best_effort_allowed=False)
-    assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and served.api_keys
+    assert [p.name for p in served.endpoints[0].pods] == ["chat-0"] and not served.api_keys  # looked up
     assert (served.endpoints[0].max_model_len, served.endpoints[0].max_token_bytes) == (4096, 4)
     assert served.endpoints[0].served_model_name == "chat"  # the name it was created under
 

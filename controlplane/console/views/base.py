@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.utils.html import format_html_join
 
 from controlplane.tenants.models import Principal
 
@@ -71,6 +72,13 @@ def filled(query: QueryDict) -> QueryDict:
         else:
             del params[key]
     return params
+
+
+def refused_parameters(errors: dict[str, list[str]]) -> HttpResponse:
+    """A partial's 400 for query parameters its filters refuse: each named with what is wrong
+    (htmx swaps it into the page, so what it echoes is escaped)."""
+    text = format_html_join(" ", "{}: {}", ((name, " ".join(msgs)) for name, msgs in errors.items()))
+    return HttpResponse(text, status=400)
 
 
 def page(request: HttpRequest, template: str, partial: str, context: dict[str, Any]) -> HttpResponse:

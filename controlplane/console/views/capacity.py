@@ -18,6 +18,7 @@ from capacity.autoscaler import forecast
 from capacity.ledger import Oversold, PoolLedger, check_change, more_replicas_after
 from capacity.packing import ReplicaDemand, defrag_plan
 from controlplane import selling
+from controlplane.api import params
 from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile, ProfileFit, Reservation
@@ -472,10 +473,7 @@ def _whole(raw: str | None, default: int, name: str, errors: dict[str, str]) -> 
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 10**9:
-        errors[name] = f"must be a whole number from 0 to 1000000000, got {raw!r}"
+        return params.integer(name, raw.strip(), 0, 10**9)
+    except params.ParameterError as exc:
+        errors[name] = exc.message
         return default
-    return value

@@ -46,7 +46,10 @@ def endpoints(request: ConsoleRequest) -> HttpResponse:
         "models": sorted(set(ModelProfile.objects.values_list("model", flat=True))),
         "gpu_types": GpuType.objects.values_list("name", flat=True),
     }
-    return page(request, "console/endpoints.html", "console/_endpoint_table.html", context)
+    response = page(request, "console/endpoints.html", "console/_endpoint_table.html", context)
+    if filterset.errors:  # the table says which filter, and why
+        response.status_code = 400
+    return response
 
 
 # What the form posts: the API serializer's writable fields, less those the form handles itself.

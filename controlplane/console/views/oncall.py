@@ -19,8 +19,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
+from controlplane.api import params
 from controlplane.api.filters import EventFilterSet, EventGroupFilterSet
-from controlplane.console.views.base import ConsoleRequest, console_view, filled
+from controlplane.console.views.base import ConsoleRequest, console_view, filled, refused_parameters
 from controlplane.oncall import grouping
 from controlplane.oncall.models import Event, EventGroup, may_acknowledge
 from controlplane.tenants.models import Tenant
@@ -99,7 +100,8 @@ def oncall(request: ConsoleRequest) -> HttpResponse:
             **oncall_groups(request, now),
             **attention(request, now),
         }
-        return render(request, "console/oncall.html", context)
+        bad = bool(context["group_filterset"].errors)  # shown above the table, named
+        return render(request, "console/oncall.html", context, status=400 if bad else 200)
     filterset, events = oncall_events(request)
     cursor = Event.objects.visible_to(request.principal).settled_cursor(now)  # no id the viewer may not see
     query = filled(request.GET)
@@ -116,7 +118,7 @@ def oncall(request: ConsoleRequest) -> HttpResponse:
         "may_acknowledge": may_acknowledge(request.principal),
         **attention(request, now),
     }
-    return render(request, "console/oncall.html", context)
+    return render(request, "console/oncall.html", context, status=400 if filterset.errors else 200)
 
 
 @console_view(section="oncall")
@@ -124,13 +126,13 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     """New settled events after the cursor, newest first, with the next cursor (never misses nor repeats)."""
     now = timezone.now()
     try:
-        after = int(request.GET.get("after", "0"))
-    except ValueError:
+        after = params.integer("after", request.GET.get("after", "0"))
+    except params.ParameterError as exc:
         # htmx swaps a 400 into the page (base.html's responseHandling): what it echoes is escaped.
-        return HttpResponse(
-            format_html("after must be an event id, got {}", repr(request.GET.get("after"))), status=400
-        )
-    _, events = oncall_events(request)
+        return HttpResponse(format_html("{}", str(exc)), status=400)
+    filterset, events = oncall_events(request)
+    if filterset.errors:
+        return refused_parameters(filterset.errors)
     fresh = list(
         events.filter(pk__in=Event.objects.tail(after, now).values("pk")).order_by("-id")[:TAIL_ROWS]
     )

@@ -1,5 +1,8 @@
-"""python manage.py benchmark --model M --gpu G [--engine-url URL | --simulated PROFILE] [--json]
+"""python manage.py benchmark --model M --gpu G [--engine-url URL | --simulated PROFILE]
+[--create-model] [--json]
 
+A model with no profile on that GPU type is refused, naming the models it has, unless
+--create-model says to make one: a published fit makes the pair sellable, so a typo must not.
 --simulated PROFILE measures that simulated engine profile (python -m dataplane.runtime.sim
 --list-profiles) in-process on a virtual clock: SIMULATED, and labelled so in the record's
 engine field and the JSON's; the machine's load does not change its numbers."""
@@ -32,10 +35,22 @@ class Command(BaseCommand):
             metavar="PROFILE",
             help="measure this SIMULATED engine profile in-process on a virtual clock (no GPU)",
         )
+        parser.add_argument(
+            "--create-model",
+            action="store_true",
+            help="make a profile for a model the GPU type has none of (published when its fit passes)",
+        )
         parser.add_argument("--json", action="store_true", help="end with one JSON line")
 
     def handle(
-        self, model: str, gpu: str, engine_url: str | None, simulated: str | None, json: bool, **options: Any
+        self,
+        model: str,
+        gpu: str,
+        engine_url: str | None,
+        simulated: str | None,
+        create_model: bool,
+        json: bool,
+        **options: Any,
     ) -> None:
         if engine_url and simulated:
             raise CommandError("give --engine-url or --simulated, not both")
@@ -51,6 +66,13 @@ class Command(BaseCommand):
             raise CommandError(f"unknown GPU type {gpu!r} (known: {known})")
         profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
         if profile is None:
+            if not create_model:
+                models = ModelProfile.objects.filter(gpu_type=gpu_type).order_by("model")
+                known = ", ".join(models.values_list("model", flat=True)) or "none"
+                raise CommandError(
+                    f"unknown model {model!r} on {gpu} (its models: {known}); --create-model makes a"
+                    " profile for it, published and sellable when its fit passes"
+                )
             profile = ModelProfile(model=model, gpu_type=gpu_type, alpha=0, beta=0, gamma=0)
         elif not profile_benchmarks.claim(profile.pk, timezone.now(), only_if_due=False):
             raise CommandError(f"a benchmark of {profile} is already running")

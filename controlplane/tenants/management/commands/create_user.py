@@ -1,4 +1,14 @@
-from typing import Any
+"""Create a console user. The password never comes on the command line, where every user of the
+machine can read it (ps, /proc/<pid>/cmdline): it is read from standard input with
+``--password-stdin``, else from ``$CONTROLPLANE_USER_PASSWORD``, else from standard input when that
+is not a terminal, else asked for twice at the terminal. ``--password VALUE`` is refused, saying so."""
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
 
 from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
@@ -8,20 +18,67 @@ from django.db import transaction
 
 from controlplane.tenants.models import Member, Tenant
 
+PASSWORD_VARIABLE = "CONTROLPLANE_USER_PASSWORD"
+ON_ARGV = (
+    "--password puts the password on the command line, where every user of the machine can read it"
+    f" (ps); pipe it on standard input (--password-stdin) or set ${PASSWORD_VARIABLE}"
+)
+
+
+class RefusedOnArgv(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(ON_ARGV)  # CommandError under call_command, "error: ..." and exit 2 from a shell
+
+
+def read_password(stdin: IO[str], from_stdin: bool) -> str:
+    """The password: standard input's first line when asked (--password-stdin), else
+    $CONTROLPLANE_USER_PASSWORD, else standard input when it is a pipe, else asked at the terminal."""
+    if from_stdin:
+        return stdin.readline().rstrip("\r\n")
+    if PASSWORD_VARIABLE in os.environ:  # before a pipe: a script's stdin may be /dev/null
+        return os.environ[PASSWORD_VARIABLE]
+    if not stdin.isatty():
+        return stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("Password: ")
+    if first != getpass.getpass("Password (again): "):
+        raise CommandError("the two passwords differ")
+    return first
+
 
 class Command(BaseCommand):
-    help = "Create a console user who belongs to a tenant (--tenant NAME) or is an operator (--operator)."
+    help = (
+        "Create a console user who belongs to a tenant (--tenant NAME) or is an operator (--operator);"
+        f" the password from standard input or ${PASSWORD_VARIABLE}, never the command line."
+    )
+    stealth_options = ("stdin",)  # call_command(..., stdin=StringIO("...\n")) in tests
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
-        parser.add_argument("--password", required=True)
+        parser.add_argument("--password", action=RefusedOnArgv, help=f"refused: {ON_ARGV}")
+        parser.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read the password from standard input's first line (also when it is not a terminal)",
+        )
         who = parser.add_mutually_exclusive_group(required=True)
         who.add_argument("--tenant", help="the tenant the user belongs to")
         who.add_argument("--operator", action="store_true", help="platform staff: sees every tenant")
 
     def handle(
-        self, username: str, password: str, tenant: str | None, operator: bool, **options: Any
+        self, username: str, tenant: str | None, operator: bool, password_stdin: bool, **options: Any
     ) -> None:
+        stdin = options.get("stdin") or sys.stdin
+        password = read_password(stdin, password_stdin)
+        if not password:
+            raise CommandError(
+                f"no password: pipe it on standard input (--password-stdin) or set ${PASSWORD_VARIABLE}"
+            )
         if User.objects.filter(username=username).exists():
             raise CommandError(f"user {username!r} already exists")
         found = None
