@@ -171,6 +171,7 @@ def test_streamed_load_at_16_clients_leaves_every_process_alive_and_no_fatal_bro
         cwd=ROOT, capture_output=True, text=True, timeout=LOAD_S + 120,
     )  # fmt: skip
     assert load.returncode == 0, load.stdout + load.stderr
+    print(load.stdout.strip().splitlines()[-1])  # the load's total line: what the run carried
     terminal = out.read_text()
     assert " exited with code " not in terminal, terminal
     assert {name: alive(pid) for name, pid in pids.items()} == dict.fromkeys(pids, True), terminal

@@ -225,7 +225,7 @@ class Supervisor:
 
     def orphaned(self) -> bool:
         # Our parent exited and we were handed to init (or a subreaper): make passes no SIGTERM on.
-        return os.getppid() != self.args.parent
+        return os.getppid() != int(self.args.parent)
 
     def run(self) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
