@@ -66,6 +66,10 @@ def main() -> None:
                 if time.monotonic() > deadline or stack.poll() is not None:
                     raise SystemExit(f"the stack did not start:\n{terminal.read_text()}")
                 time.sleep(1)
+            while socket.socket().connect_ex(("127.0.0.1", ports["ROUTER_PORT"])) != 0:
+                if time.monotonic() > deadline:  # it listens once it has its first routing table
+                    raise SystemExit(f"the router did not listen:\n{terminal.read_text()}")
+                time.sleep(1)
             pids = {name: int(pid) for name, pid in STARTED.findall(terminal.read_text())}
             before = {name: usage(pid) for name, pid in pids.items()}
             end = time.monotonic() + args.minutes * 60
