@@ -37,8 +37,8 @@ def test_a_death_is_an_event_with_its_log_on_the_operators_page_and_not_a_tenant
 @pytest.mark.django_db
 def test_quick_deaths_in_a_row_are_a_critical_crash_loop_in_one_group(monkeypatch):
     for restarts in (3, 4):
-        record(monkeypatch, "router", "--exit-code", "-9", "--ran-s", "0.4", "--restart-in-s", str(2**restarts),
-               "--restarts", str(restarts), "--crash-loop")  # fmt: skip
+        record(monkeypatch, "router", "--exit-code", "-9", "--ran-s", "0.4",
+               "--restart-in-s", str(2**restarts), "--restarts", str(restarts), "--crash-loop")  # fmt: skip
     events = Event.objects.filter(kind="crash_loop")
     assert [e.severity for e in events] == ["critical", "critical"]
     assert "router of the embedded stack was killed by signal 9" in events[0].message
