@@ -17,11 +17,16 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # The embedded default, the whole stack on one machine: SQLite under var/, Celery worker + beat on
-# a filesystem broker, the local cluster agent running simulated-engine pods, a router on :8080,
+# a private Redis (a unix socket under var/), the local cluster agent running simulated-engine pods, a router on :8080,
 # the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh). The terminal shows what
 # started and where; logs rotate under var/; Ctrl-C or SIGTERM to make stops it all.
-run: install
+run: install /usr/bin/redis-server
 	BIN=$(BIN) bash scripts/run-local.sh
+
+# The embedded stack's broker (scripts/run-local.sh starts it on a unix socket under var/).
+/usr/bin/redis-server:
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
 
 # Traffic for the stack `make run` started: watch replicas and events move in the console.
 load: install

@@ -84,3 +84,16 @@ def envdatabase(name: str, default: str) -> dict[str, object]:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     return config
+
+
+def kombu_redis_url(redis_url: str) -> str:
+    """A Redis URL as Celery's broker names it: redis-py's unix://PATH is kombu's redis+socket://PATH.
+
+    >>> kombu_redis_url("unix:///srv/var/redis.sock")
+    'redis+socket:///srv/var/redis.sock'
+    >>> kombu_redis_url("redis://127.0.0.1:6379/0")
+    'redis://127.0.0.1:6379/0'
+    """
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url

@@ -1,9 +1,9 @@
 """Settings, all read from the environment (controlplane.env fails loudly on bad values).
 
 With no variables set this is the embedded default: SQLite under var/ (700, its files 600), Celery
-on a local broker, DEBUG off, a secret key made once under var/. Production sets DATABASE_URL
-(postgres://...), REDIS_URL, SECRET_KEY (required with DATABASE_URL), ALLOWED_HOSTS and, behind
-a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
+on the Redis that `make run` starts on a unix socket under var/, DEBUG off, a secret key made once
+under var/. Production sets DATABASE_URL (postgres://...), REDIS_URL, SECRET_KEY (required with
+DATABASE_URL), ALLOWED_HOSTS and, behind a TLS-terminating proxy, BEHIND_TLS_PROXY=1.
 """
 
 import shlex
@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from capacity import units
-from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr
+from controlplane.env import envbool, envdatabase, envfloat, envint, envlist, envstr, kombu_redis_url
 from controlplane.localfiles import local_secret_key, private_var_dir
 from dataplane.cluster import pod_args
 
@@ -379,17 +379,11 @@ ONCALL_WEBHOOK_TIMEOUT_S = envfloat("ONCALL_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = envstr("REDIS_URL", "")
-CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
-CELERY_BROKER_TRANSPORT_OPTIONS = (
-    {
-        "data_folder_in": str(VAR_DIR / "broker"),
-        "data_folder_out": str(VAR_DIR / "broker"),
-        "processed_folder": str(VAR_DIR / "broker-processed"),
-        # kombu's exchange tables; its default is ./control, wherever the process was started.
-        "control_folder": str(VAR_DIR / "broker-control"),
-    }
-    if CELERY_BROKER_URL.startswith("filesystem://")
-    else {}
+# The embedded default's broker is the Redis that `make run` starts on a unix socket under var/
+# (kombu's filesystem transport could read a message before it was written, and the worker died
+# of it: docs/embedded-stack.md has the measurements behind the choice).
+CELERY_BROKER_URL = envstr(
+    "CELERY_BROKER_URL", kombu_redis_url(REDIS_URL or f"unix://{VAR_DIR / 'redis.sock'}")
 )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True

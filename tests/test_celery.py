@@ -42,4 +42,3 @@ def test_a_real_worker_runs_a_task_from_redis(pool):
         assert CapacitySnapshot.objects.filter(pool=pool, have_gpus=8).exists()
     finally:
         app.conf.broker_url = settings.CELERY_BROKER_URL
-        app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS

@@ -1,7 +1,7 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import envbool, envdatabase, envfloat, envint
+from controlplane.env import envbool, envdatabase, envfloat, envint, kombu_redis_url
 
 
 def test_bad_values_name_the_variable(monkeypatch):
@@ -34,3 +34,8 @@ def test_defaults_and_good_values(monkeypatch):
     db = envdatabase("X_DB", "sqlite:///x")
     assert db["ENGINE"] == "django.db.backends.postgresql" and db["NAME"] == "cp"
     assert envdatabase("X_UNSET", "sqlite:////tmp/a.db")["ENGINE"] == "django.db.backends.sqlite3"
+
+
+def test_a_unix_socket_redis_url_is_named_for_kombu_and_others_pass_as_they_are():
+    assert kombu_redis_url("unix:///srv/var/redis.sock") == "redis+socket:///srv/var/redis.sock"
+    assert kombu_redis_url("redis://127.0.0.1:6379/3") == "redis://127.0.0.1:6379/3"

@@ -110,7 +110,8 @@ def test_run_local_passes_the_key_to_the_agent_and_the_router_off_argv_and_to_no
             [sys.executable, "-m", "dataplane.cluster.agent", "--listen", f"127.0.0.1:{agent_port}",
              "--control-plane", live_server.url, "--token-file", token_file, "--grace", "5",
              "--warm-pool", "1"],
-            env={**env, "MU_CONTROL_PLANE_KEY": operator, "ROUTER_KEY": operator},
+            # as the embedded stack's supervisor starts it: its stores' addresses and secrets too
+            env={**env, "MU_CONTROL_PLANE_KEY": operator, "ROUTER_KEY": operator, **STACK_SECRETS},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
@@ -152,6 +153,8 @@ def test_run_local_passes_the_key_to_the_agent_and_the_router_off_argv_and_to_no
             assert operator not in cmdline(pid), cmdline(pid)
         for pid in processes:  # pods, warm processes, engines: none has the operator key
             assert operator.encode() not in Path(f"/proc/{pid}/environ").read_bytes(), cmdline(pid)
+            held = {v.partition(b"=")[0].decode() for v in environ(pid)}
+            assert not held & set(STACK_SECRETS), (cmdline(pid), held & set(STACK_SECRETS))
         pods = [p for p in processes if "dataplane.runtime.pod" in cmdline(p)]
         assert pods and "--control-plane-url" in cmdline(pods[0])
         # A cold pod has its events credential where it reads it (dataplane.runtime.pod); a warm
@@ -162,6 +165,14 @@ def test_run_local_passes_the_key_to_the_agent_and_the_router_off_argv_and_to_no
             proc.terminate()
         for proc in started:
             proc.wait(timeout=30)
+
+
+# What the embedded stack exports to its processes and a pod must not hold (the agent's too).
+STACK_SECRETS = {
+    "SECRET_KEY": "x" * 50,
+    "REDIS_URL": "unix:///nonexistent/redis.sock",
+    "CLUSTER_AGENT_TOKEN_FILE": "/nonexistent/agent.token",
+}
 
 
 def environ(pid: int) -> list[bytes]:

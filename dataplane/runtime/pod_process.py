@@ -17,10 +17,27 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Keys that may be in the environment of the process that starts pods (the cluster agent, a
-# test) and never reach a pod: the operator key (the agent's own events; a router's), a tenant's
-# key of the load generator, and a stray events credential (each pod gets its own).
-WITHHELD_VARIABLES = frozenset({"MU_CONTROL_PLANE_KEY", "ROUTER_KEY", "MU_API_KEY", "MU_POD_EVENTS_KEY"})
+# What may be in the environment of the process that starts pods (the cluster agent, a test) and
+# never reaches a pod: the operator key (the agent's own events; a router's), a tenant's key of
+# the load generator, a stray events credential (each pod gets its own), the fleet key's file
+# and variables (a pod gets the key alone, as VLLM_API_KEY, from its launch), and the control
+# plane's own secrets and stores (the embedded stack exports them to all its processes).
+WITHHELD_VARIABLES = frozenset(
+    {
+        "MU_CONTROL_PLANE_KEY",
+        "ROUTER_KEY",
+        "MU_API_KEY",
+        "MU_POD_EVENTS_KEY",
+        "MU_POD_KEY",
+        "ROUTER_POD_KEY",
+        "POD_KEY_FILE",
+        "CLUSTER_AGENT_TOKEN_FILE",
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "CELERY_BROKER_URL",
+    }
+)
 
 
 @dataclass(frozen=True)

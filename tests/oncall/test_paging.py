@@ -187,4 +187,3 @@ def test_a_critical_event_posted_to_the_api_reaches_the_webhook_through_a_real_w
         assert EventGroup.objects.get().paged == "firing"
     finally:
         app.conf.broker_url = settings.CELERY_BROKER_URL
-        app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
