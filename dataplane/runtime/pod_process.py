@@ -86,7 +86,7 @@ def log_path(log_dir: str | None, name: str) -> str | None:
     """Where the process ``name`` writes its stdout and stderr; None: it inherits ours."""
     if not log_dir:
         return None
-    os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
     return os.path.join(log_dir, f"{name}.log")
 
 
@@ -97,7 +97,13 @@ def start_in_own_session(
     stdin: int | None = None,
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
-    out = open(log_path, "ab") if log_path else None
+    # A pod's log holds what its engine printed (prompts in errors): its user's alone, whatever
+    # the umask of whoever started the agent.
+    out = (
+        os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        if log_path
+        else None
+    )
     try:
         # A new session makes the pod the leader of a process group that holds its
         # engine too, so a SIGKILL of the group leaves no orphaned engine behind.
