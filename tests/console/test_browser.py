@@ -284,7 +284,7 @@ def test_a_script_sent_in_a_query_does_not_run_nor_reach_the_csrf_token(
         "(url) => htmx.ajax('GET', url, {target: '#tail-poller', swap: 'outerHTML'})",
         f"/console/oncall/tail/?after={quote(attack)}",
     )
-    page.wait_for_function("() => document.body.innerText.includes('after must be an event id')")
+    page.wait_for_function("() => document.body.innerText.includes('must be a whole number')")
     assert page.evaluate("window.__pwned") is None
     assert page.query_selector("main img") is None
 
