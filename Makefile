@@ -17,13 +17,15 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # The embedded default, the whole stack on one machine: SQLite under var/, Celery worker + beat on
-# a private Redis (a unix socket under var/), the local cluster agent running simulated-engine pods, a router on :8080,
-# the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh). The terminal shows what
-# started and where; logs rotate under var/; Ctrl-C or SIGTERM to make stops it all.
+# a private Redis (a unix socket under var/), the local cluster agent running simulated-engine
+# pods, a router on :8080, the API and console on http://127.0.0.1:8000 (see scripts/run-local.sh).
+# The terminal shows what started and where; logs rotate under var/; a process that dies is started
+# again (on the console's on-call page); Ctrl-C or SIGTERM to make stops it all ("Stopped.").
 run: install /usr/bin/redis-server
 	BIN=$(BIN) bash scripts/run-local.sh
 
-# The embedded stack's broker (scripts/run-local.sh starts it on a unix socket under var/).
+# The embedded stack's broker (scripts/run-local.sh starts it on a unix socket under var/; the
+# suite's embedded-stack tests too).
 /usr/bin/redis-server:
 	apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
@@ -49,7 +51,7 @@ load: install
 # run beside pytest: minutes of CPU work, while the suite mostly waits on the servers its tests
 # start and leaves a core idle. Their output (build/*.log) follows the suite's; any of the three
 # failing fails the target, and a stop (Ctrl-C, or the suite failing) stops them too.
-test: install /usr/bin/chromium /usr/bin/promtool
+test: install /usr/bin/chromium /usr/bin/promtool /usr/bin/redis-server
 	@mkdir -p build
 	@setsid $(BIN)/mypy >build/mypy.log 2>&1 & typing=$$!; \
 	setsid $(MAKE) -s test-sim-native >build/test-sim-native.log 2>&1 & native=$$!; \
