@@ -187,7 +187,7 @@ def test_the_monitoring_overlay_renders_with_the_dashboard_for_grafanas_sidecar(
     ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "PodMonitor", "PodMonitor", "PodMonitor", "PrometheusRule"]
+    assert kinds == ["ConfigMap", "NetworkPolicy", "PodMonitor", "PodMonitor", "PodMonitor", "PrometheusRule"]
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["mu-router-runtime.json"]) == dashboard()

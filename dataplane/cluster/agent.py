@@ -230,7 +230,7 @@ class Agent:
             spec=launch_spec(d),
         )
         # Secrets go in the environment, which argv would show to ps.
-        env = ((EVENTS_KEY_VARIABLE, d.events_key),) if d.events_key else ()
+        env: tuple[tuple[str, str], ...] = ((EVENTS_KEY_VARIABLE, d.events_key),) if d.events_key else ()
         env += ((POD_KEY_VARIABLE, self.pod_key),) if self.pod_key else ()
         launch = PodLaunch(
             r.name,

@@ -330,20 +330,11 @@ class Router:
         conn = None
         reusable = False
         try:
-            try:
-                conn, reused = await self.pool.acquire(host, port)
-            except (OSError, TimeoutError) as exc:
-                self._failed(pod, f"connect: {exc!r}")
-                if may_retry:
-                    return False
-                raise RequestError(
-                    502, f"could not connect to a pod: {exc}", "upstream_unreachable"
-                ) from None
-            auths = self.pod_auths
-            for attempt, auth in enumerate(auths):
-                if attempt and (conn.closed or not conn.keep_alive):  # the refusal closed it
+            for auth in self.pod_auths:
+                if conn is not None and (conn.closed or not conn.keep_alive):  # a refusal closed it
                     self.pool.release(host, port, conn, False)
                     conn = None
+                if conn is None:
                     try:
                         conn, reused = await self.pool.acquire(host, port)
                     except (OSError, TimeoutError) as exc:
