@@ -27,7 +27,13 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("console/favicon.svg"), permanent=True)),
     path("api/v1/", include("controlplane.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
+    # An HTML page only: no OPTIONS metadata (DRF renders it with the page's HTML renderer, which
+    # has no template for it: a 500), so OPTIONS is a 405 like any method the page does not take.
+    path(
+        "api/docs/",
+        SpectacularSwaggerSplitView.as_view(url_name="schema", metadata_class=None),
+        name="api-docs",
+    ),
     path("console/", include("controlplane.console.urls")),
     # Sign-in, sign-out and password change; no password reset (the control plane sends no mail).
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
