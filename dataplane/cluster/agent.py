@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from dataplane.cluster.driver import Deployment, PodState
+from dataplane.cluster.pod_args import with_own
 from dataplane.keys import add_key_arguments, read_fleet_keys, read_key, read_private_file
 from dataplane.runtime.events import EventReporter, ReporterConfig
 from dataplane.runtime.http_server import HttpServer, Request, Response, json_response
@@ -237,7 +238,7 @@ class Agent:
             d.engine,
             r.port,
             r.probe_port,
-            args=d.args + self.pod_args(d),
+            args=with_own(d.args, self.pod_args(d)),
             env=env,
             host=self.host,
             attribution=attribution(d.labels),

@@ -113,3 +113,11 @@ def check(engine: str, args: Sequence[str]) -> None:
             raise ValueError(f"args[{i}] {name!r}: not an argument a deployment may carry")
         if eq and not takes_value:
             raise ValueError(f"args[{i}] {arg!r}: {name} takes no value")
+
+
+def with_own(args: Sequence[str], own: Sequence[str]) -> tuple[str, ...]:
+    """A deployment's ``args`` with the agent's ``own`` pod flags (control plane, endpoint,
+    interpreter) among the pod's: before vLLM's part ("--"), never passed on to vLLM, and last
+    among the pod's, so that theirs are what argparse keeps."""
+    cut = args.index("--") if "--" in args else len(args)
+    return (*args[:cut], *own, *args[cut:])

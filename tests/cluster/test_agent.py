@@ -333,3 +333,36 @@ def test_the_agent_refuses_any_nesting_depth_and_serves_on(agent):
     status, answer = call("PATCH", url + "/deployments/ep-1", b'{"replicas": ' + b"[" * 100_000, token)
     assert status == 400 and b"nested deeper than 128 levels" in answer
     assert call("GET", url + "/deployments", token=token)[0] == 200
+
+
+def test_a_vllm_pod_gets_the_agents_own_arguments_and_vllm_only_its_own(tmp_path):
+    """A vLLM deployment's args end with vLLM's own after "--" (``vllm_args`` always puts one):
+    the agent's arguments (its interpreter, the control plane, the endpoint) are the pod's, so
+    they go before it, never on to vLLM (which refuses what it does not know), and the pod runs
+    vLLM with the agent's interpreter. A real pod process; the interpreter a script that writes
+    down how it was called."""
+    from controlplane.endpoints.deployments import vllm_args
+    from dataplane.cluster.agent import control_plane_args
+
+    called = tmp_path / "called"
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {called}.part && mv {called}.part {called}\nexec sleep 30\n'
+    )
+    python.chmod(0o700)
+    supervisor = Supervisor(SupervisorConfig(check_interval_s=0.2, stop_grace_s=2))
+    a = Agent(supervisor, pod_args=control_plane_args(f"http://127.0.0.1:{free_port()}", str(python)))
+    supervisor.start()
+    try:
+        args = vllm_args("m", 1, "chat", ("--max-num-seqs", "8", "--", "--gpu-memory-utilization", "0.5"))
+        labels = {"endpoint": "7", "version": "2", "tenant": "acme"}
+        a.apply([Deployment("ep-7-v2", 1, "vllm", args, 8, labels, "mupod_7_x")])
+        a.reconcile_once()
+        wait_until(called.exists, timeout=30)
+        argv = called.read_text().split("\n")
+        assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"], argv
+        after = argv[argv.index("--max-num-seqs") :]
+        assert "--control-plane-url" not in argv and "--vllm-python" not in argv, argv
+        assert "--gpu-memory-utilization" in after and "--tensor-parallel-size" in after, argv
+    finally:
+        a.close()
