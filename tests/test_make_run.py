@@ -227,3 +227,57 @@ def test_a_killed_process_is_started_again_and_on_call_gets_its_log_then_ctrl_c_
     assert "Stopped." in after and "script exit 0" in after, after
     assert " exited with code " not in after and "The end of" not in after, after
     assert not [pid for pid in started_pids(out).values() if group_alive(pid)]
+
+
+def test_a_stop_once_the_terminal_is_gone_still_stops_every_process(tmp_path):
+    """The terminal closed (its window, an ssh session), then the stop that follows (the shell's
+    SIGHUP, here SIGTERM): writing "Stopping..." fails (EIO), and the stop goes on: no process of
+    the stack is left running, holding its ports."""
+    import pty
+
+    ports = {"CP_PORT": free_port(), "ROUTER_PORT": free_port(), "AGENT_PORT": free_port()}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env.update(
+        {k: str(v) for k, v in ports.items()},
+        CONTROLPLANE_VAR_DIR=str(tmp_path / "var"),
+        WARM_POOL="0",
+        BIN=str(Path(sys.executable).parent),
+    )
+    master, slave = pty.openpty()
+    script = subprocess.Popen(
+        ["bash", "scripts/run-local.sh"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + START_BOUND_S
+        while b"Stop: Ctrl-C." not in seen:
+            assert time.monotonic() < deadline and script.poll() is None, seen.decode(errors="replace")
+            seen += os.read(master, 65536)
+        os.close(master)  # the terminal is gone
+        master = -1
+        script.send_signal(signal.SIGTERM)
+        script.wait(timeout=STOP_BOUND_S)
+        started = [int(pid) for pid in re.findall(rb"started .+?\s+pid (\d+)", seen)]
+        deadline = time.monotonic() + STOP_BOUND_S
+        while [pid for pid in started if group_alive(pid)]:
+            assert time.monotonic() < deadline, [pid for pid in started if group_alive(pid)]
+            time.sleep(0.2)
+        assert not [p for p in ports.values() if listening(p)]
+    finally:
+        if master >= 0:
+            os.close(master)
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait(timeout=10)
+        kill_groups(int(pid) for pid in re.findall(rb"started .+?\s+pid (\d+)", seen))

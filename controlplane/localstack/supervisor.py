@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any, TextIO
 
 from controlplane.localstack.backoff import Policy, after_death
 
@@ -328,6 +329,30 @@ def wait_for_socket(path: Path, redis: Process, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
+class Terminal:
+    """Our terminal's stream, whose writes are dropped once the terminal is gone (closed: EIO; a
+    pipe whose reader left: EPIPE). The stop that follows a closed terminal then stops the stack
+    rather than dying of its "Stopping..." line and leaving every process running."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="the venv's bin/ (python, celery)")
@@ -343,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-pool", type=int, default=2)
     ap.add_argument("--redis-server", default="redis-server", help="Debian's redis-server")
     args = ap.parse_args(argv)
+    sys.stdout, sys.stderr = Terminal(sys.stdout), Terminal(sys.stderr)  # type: ignore[assignment]
     sock = redis_socket(Path(args.var))
     if len(str(sock)) > SOCKET_PATH_MAX:
         ap.error(f"--var: {sock} is too long for a unix socket (at most {SOCKET_PATH_MAX} characters)")
