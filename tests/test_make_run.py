@@ -53,8 +53,9 @@ def kill_groups(pids: Iterable[int]) -> None:
             pass
 
 
-@pytest.fixture
-def stack(tmp_path):
+def stack_env(tmp_path: Path) -> tuple[dict[str, int], dict[str, str]]:
+    """Free ports of its own and the environment of an embedded stack under tmp_path/var (no
+    PostgreSQL or Redis of the suite's: the embedded default)."""
     ports = {"CP_PORT": free_port(), "ROUTER_PORT": free_port(), "AGENT_PORT": free_port()}
     env = {
         k: v
@@ -67,6 +68,12 @@ def stack(tmp_path):
         WARM_POOL="0",
         BIN=str(Path(sys.executable).parent),
     )
+    return ports, env
+
+
+@pytest.fixture
+def stack(tmp_path):
+    ports, env = stack_env(tmp_path)
     out = tmp_path / "terminal.txt"
     # The parent stands for make: a shell that runs the script and waits for it.
     with out.open("w") as terminal:
@@ -235,18 +242,7 @@ def test_a_stop_once_the_terminal_is_gone_still_stops_every_process(tmp_path):
     the stack is left running, holding its ports."""
     import pty
 
-    ports = {"CP_PORT": free_port(), "ROUTER_PORT": free_port(), "AGENT_PORT": free_port()}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
-    }
-    env.update(
-        {k: str(v) for k, v in ports.items()},
-        CONTROLPLANE_VAR_DIR=str(tmp_path / "var"),
-        WARM_POOL="0",
-        BIN=str(Path(sys.executable).parent),
-    )
+    ports, env = stack_env(tmp_path)
     master, slave = pty.openpty()
     script = subprocess.Popen(
         ["bash", "scripts/run-local.sh"],
