@@ -297,10 +297,15 @@ class Supervisor:
         print(f"Stopped. Logs: {self.args.var}/*.log (the previous run's: *.log.1)", flush=True)
 
 
-def kill_group(pgid: int) -> None:
-    """What is left of a process group whose leader has exited: no stray beat or pod stays."""
+def kill_group(pgid: int, bound_s: float = 5.0) -> None:
+    """What is left of a process group whose leader has exited: no stray beat or pod stays. Waits
+    (up to ``bound_s``) until the group is gone, so that "Stopped." means every port is free."""
+    deadline = time.monotonic() + bound_s
     try:
         os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            os.killpg(pgid, 0)  # ProcessLookupError once the last of them has been reaped
     except (ProcessLookupError, PermissionError):
         pass
 

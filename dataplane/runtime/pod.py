@@ -170,6 +170,25 @@ async def spawn_engine(cmd: list[str], env: dict[str, str]) -> EngineProcess:
     return await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
 
 
+async def watch_parent(stop: asyncio.Event, parent: int, interval_s: float = 1.0) -> None:
+    """Drain (``stop``) once the process that started this pod is gone: a cluster agent killed
+    (SIGKILL, or after its stop's grace) leaves its pods in sessions of their own, which no
+    process-group kill reaches, and the agent started again starts pods anew; an orphan would
+    hold its port and a core for nothing. Not in a container, where the pod is process 1 or a
+    child of it (parent 0 or 1): the kubelet stops it."""
+    if parent <= 1:
+        return
+    while not stop.is_set():
+        if os.getppid() != parent:
+            log.error("pod: the process that started it (pid %d) is gone; draining", parent)
+            stop.set()
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except TimeoutError:
+            pass
+
+
 def record_start(state_dir: str, now_iso: str) -> dict[str, object]:
     """Count this start in ``state_dir``; returns the previous state ({} on the first)."""
     path = Path(state_dir) / "pod-state.json"
@@ -233,6 +252,7 @@ async def run_pod(
     )
     await probe.http.start(args.host, args.probe_port)
     probe_task = asyncio.create_task(probe.run(stop))
+    orphan_watch = asyncio.create_task(watch_parent(stop, os.getppid()))
     engine_exit = asyncio.create_task(engine.wait())
     stop_wait = asyncio.create_task(stop.wait())
     try:
@@ -253,6 +273,7 @@ async def run_pod(
     finally:
         stop.set()
         stop_wait.cancel()
+        orphan_watch.cancel()
         await probe_task
         await probe.http.close()
         if engine.returncode is None:
