@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-pool", type=int, default=2)
     ap.add_argument("--redis-server", default="redis-server", help="Debian's redis-server")
     args = ap.parse_args(argv)
-    sys.stdout, sys.stderr = Terminal(sys.stdout), Terminal(sys.stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = Terminal(sys.stdout), Terminal(sys.stderr)
     sock = redis_socket(Path(args.var))
     if len(str(sock)) > SOCKET_PATH_MAX:
         ap.error(f"--var: {sock} is too long for a unix socket (at most {SOCKET_PATH_MAX} characters)")
