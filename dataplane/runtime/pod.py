@@ -35,13 +35,14 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from dataplane.keys import add_key_arguments, read_key
 from dataplane.runtime import engine_auth, launcher
 from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
+from dataplane.runtime.pod_process import PARENT_VARIABLE
 from dataplane.runtime.probe_server import ProbeLoop
 from dataplane.runtime.prober import ProberConfig
 from dataplane.runtime.profiles import PROFILES
@@ -170,12 +171,19 @@ async def spawn_engine(cmd: list[str], env: dict[str, str]) -> EngineProcess:
     return await asyncio.create_subprocess_exec(*cmd, env=env, preexec_fn=_die_with_parent)
 
 
+def parent_pid(env: Mapping[str, str]) -> int:
+    """The pid of the process that started this pod, as it said (``pod_process.PARENT_VARIABLE``:
+    read at the pod's start, it could already be init's); 0 when not said (a container's pod)."""
+    raw = env.get(PARENT_VARIABLE, "")
+    return int(raw) if raw.isdigit() else 0
+
+
 async def watch_parent(stop: asyncio.Event, parent: int, interval_s: float = 1.0) -> None:
-    """Drain (``stop``) once the process that started this pod is gone: a cluster agent killed
-    (SIGKILL, or after its stop's grace) leaves its pods in sessions of their own, which no
-    process-group kill reaches, and the agent started again starts pods anew; an orphan would
-    hold its port and a core for nothing. Not in a container, where the pod is process 1 or a
-    child of it (parent 0 or 1): the kubelet stops it."""
+    """Drain (``stop``) once the process that started this pod is gone, at once if it is gone
+    already: a cluster agent killed (SIGKILL, or after its stop's grace) leaves its pods in
+    sessions of their own, which no process-group kill reaches, and the agent started again
+    starts pods anew; an orphan would hold its port and a core for nothing. Not where no parent
+    was said (a container's pod: the kubelet stops it)."""
     if parent <= 1:
         return
     while not stop.is_set():
@@ -252,7 +260,7 @@ async def run_pod(
     )
     await probe.http.start(args.host, args.probe_port)
     probe_task = asyncio.create_task(probe.run(stop))
-    orphan_watch = asyncio.create_task(watch_parent(stop, os.getppid()))
+    orphan_watch = asyncio.create_task(watch_parent(stop, parent_pid(os.environ)))
     engine_exit = asyncio.create_task(engine.wait())
     stop_wait = asyncio.create_task(stop.wait())
     try:

@@ -74,11 +74,17 @@ class PodLaunch:
         ]
 
 
+# The pid of the process that started a pod (dataplane.runtime.pod drains once it is gone).
+PARENT_VARIABLE = "MU_POD_PARENT_PID"
+
+
 def pod_environment(extra: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
-    """This process's environment without ``WITHHELD_VARIABLES``, then ``extra`` on top: what a
-    pod, or a warm process that will become one, starts with."""
+    """This process's environment without ``WITHHELD_VARIABLES``, then ``extra`` on top, and
+    this process's pid as the pod's parent: what a pod, or a warm process that will become one,
+    starts with."""
     env = {k: v for k, v in os.environ.items() if k not in WITHHELD_VARIABLES}
     env.update(extra)
+    env[PARENT_VARIABLE] = str(os.getpid())
     return env
 
 

@@ -6,13 +6,24 @@ import signal
 import subprocess
 import sys
 
-from tests.runtime.support import answers, child_pids, free_ports, pid_alive, wait_until
+from dataplane.runtime.pod_process import PARENT_VARIABLE
+from tests.runtime.support import (
+    answers,
+    child_pids,
+    free_ports,
+    pid_alive,
+    start_pod,
+    stop_group,
+    wait_until,
+)
 
-# Stands for the cluster agent: starts one pod in a session of its own, prints its pid, waits.
+# Stands for the cluster agent: starts one pod as it does (its own session, its environment),
+# prints its pid, waits.
 AGENT = """
 import subprocess, sys
-pod = subprocess.Popen([sys.executable, "-m", "dataplane.runtime.pod", *sys.argv[1:]],
-                       start_new_session=True, stderr=subprocess.DEVNULL)
+from dataplane.runtime.pod_process import pod_environment, start_in_own_session
+pod = start_in_own_session([sys.executable, "-m", "dataplane.runtime.pod", *sys.argv[1:]],
+                           pod_environment(), None, stdin=subprocess.DEVNULL)
 print(pod.pid, flush=True)
 pod.wait()
 """
@@ -39,3 +50,20 @@ def test_a_pod_whose_agent_is_killed_drains_and_exits():
     finally:
         if pid_alive(pod):
             os.killpg(pod, signal.SIGKILL)
+
+
+def test_a_pod_started_after_its_agent_died_drains_at_once():
+    """The agent gone before the pod's interpreter even ran: the pid it said is not the pod's
+    parent (here the test is), and the pod exits without serving."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    port, probe_port = free_ports(2)
+    pod = start_pod(
+        "--engine", "sim", "--port", str(port), "--probe-port", str(probe_port), "--name", "orphan-2",
+        "--profile", "tiny-test", "--served-model-name", "chat", "--grace", "2",
+        env={PARENT_VARIABLE: str(gone.pid)},
+    )  # fmt: skip
+    try:
+        assert pod.wait(timeout=30) == 0
+    finally:
+        stop_group(pod)
