@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def add_key_arguments(parser: argparse.ArgumentParser, flag: str, variable: str, what: str) -> None:
-    """``flag`` (e.g. "--key") is refused; ``flag-file`` names a file holding the key."""
+def refused(message: str) -> type[argparse.Action]:
+    """An argparse action that refuses its flag with ``message`` (a CommandError under Django's
+    call_command, "error: ..." and exit 2 from a shell): for a secret that must not be on argv."""
 
     class Refused(argparse.Action):
         def __call__(
@@ -26,12 +27,18 @@ def add_key_arguments(parser: argparse.ArgumentParser, flag: str, variable: str,
             values: str | Sequence[Any] | None,
             option_string: str | None = None,
         ) -> None:
-            parser.error(
-                f"{flag} puts the {what} on the command line, where every user of the machine can "
-                f"read it (ps); pass it in ${variable} or in a file: {flag}-file PATH"
-            )
+            parser.error(message)
 
-    parser.add_argument(flag, action=Refused, help=f"refused: use ${variable} or {flag}-file")
+    return Refused
+
+
+def add_key_arguments(parser: argparse.ArgumentParser, flag: str, variable: str, what: str) -> None:
+    """``flag`` (e.g. "--key") is refused; ``flag-file`` names a file holding the key."""
+    on_argv = (
+        f"{flag} puts the {what} on the command line, where every user of the machine can "
+        f"read it (ps); pass it in ${variable} or in a file: {flag}-file PATH"
+    )
+    parser.add_argument(flag, action=refused(on_argv), help=f"refused: use ${variable} or {flag}-file")
     parser.add_argument(
         flag + "-file",
         dest=flag.removeprefix("--").replace("-", "_") + "_file",

@@ -3,11 +3,9 @@ machine can read it (ps, /proc/<pid>/cmdline): it is read from standard input wi
 ``--password-stdin``, else from ``$CONTROLPLANE_USER_PASSWORD``, else from standard input when that
 is not a terminal, else asked for twice at the terminal. ``--password VALUE`` is refused, saying so."""
 
-import argparse
 import getpass
 import os
 import sys
-from collections.abc import Sequence
 from typing import IO, Any
 
 from django.contrib.auth.models import User
@@ -17,23 +15,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.tenants.models import Member, Tenant
+from dataplane.keys import refused
 
 PASSWORD_VARIABLE = "CONTROLPLANE_USER_PASSWORD"
 ON_ARGV = (
     "--password puts the password on the command line, where every user of the machine can read it"
     f" (ps); pipe it on standard input (--password-stdin) or set ${PASSWORD_VARIABLE}"
 )
-
-
-class RefusedOnArgv(argparse.Action):
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        parser.error(ON_ARGV)  # CommandError under call_command, "error: ..." and exit 2 from a shell
 
 
 def read_password(stdin: IO[str], from_stdin: bool) -> str:
@@ -60,7 +48,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
-        parser.add_argument("--password", action=RefusedOnArgv, help=f"refused: {ON_ARGV}")
+        parser.add_argument("--password", action=refused(ON_ARGV), help=f"refused: {ON_ARGV}")
         parser.add_argument(
             "--password-stdin",
             action="store_true",
