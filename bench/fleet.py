@@ -63,7 +63,7 @@ def load() -> tuple[str, list[str]]:
     )
     pools = GpuPool.objects.bulk_create(
         [
-            GpuPool(name=f"pool-{i}", gpu_type=types[i % 2], region=f"region-{i % 4}", gpu_count=1000)
+            GpuPool(name=f"pool-{i}", gpu_type=types[i % 2], region=f"region-{i % 4}", gpu_count=1000, gpus_per_node=8)
             for i in range(POOLS)
         ]
     )
