@@ -42,7 +42,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from capacity.packing import NodeShape, Packing, ReplicaDemand, pack, replicas_needed
 from capacity.packing import check_change as packing_check_change
@@ -214,13 +214,20 @@ class PoolLedger:
     stranded_gpus: int  # free GPUs no replica of a model placed here can use
     unplaced_replicas: int  # committed replicas the packing could not place (> 0: oversold)
     models: tuple[ModelCapacity, ...]
-    demands: tuple[ReplicaDemand, ...]  # the committed replicas, what a change is checked beside
-    packing: Packing  # how they are placed (what `more_replicas` reads)
+    # Replicas of 1, 2, ... gpus_per_node GPUs that still fit beside what is committed: what
+    # `more_replicas` reads (a stored ledger keeps it, not the packing).
+    more_fit: tuple[int, ...]
+    # The committed replicas, what a change is checked beside, and how they are placed: None in
+    # a ledger read from storage (from_figures), which keeps the figures only.
+    demands: tuple[ReplicaDemand, ...] | None
+    packing: Packing | None
     names: Mapping[str, tuple[str, str]]  # per demand key: (label, model), for the node grid
 
     @functools.cached_property
     def nodes(self) -> tuple[NodeUse, ...]:
         """The packing node by node, with names (built when asked: a sale check never does)."""
+        if self.packing is None:
+            raise ValueError("a stored ledger keeps no placement: read the pool live to see its nodes")
         return tuple(
             NodeUse(
                 index=i,
@@ -269,7 +276,57 @@ class PoolLedger:
 
     def more_replicas(self, gpus_per_replica: int) -> int:
         """Replicas of this many GPUs that still fit (for a model placed here or not)."""
-        return self.packing.more_fit(gpus_per_replica)
+        if gpus_per_replica < 1:
+            raise ValueError(f"gpus_per_replica must be at least 1, got {gpus_per_replica}")
+        return self.more_fit[gpus_per_replica - 1] if gpus_per_replica <= len(self.more_fit) else 0
+
+    def figures(self) -> dict[str, Any]:
+        """The ledger's figures as JSON (what a stored ledger keeps; from_figures reads them
+        back): exact, fractions as "n/d", no placement and no names."""
+        shape = self.node_shape
+        return {
+            "node_count": self.node_count,
+            "node_shape": [shape.gpus, shape.cpu_millicores, shape.memory_mib],
+            "overcommit": str(self.overcommit),
+            **{name: getattr(self, name) for name in _INTEGER_FIGURES},
+            "used_mu_per_minute": self.used_mu_per_minute,
+            "mu_per_gpu": str(self.mu_per_gpu),
+            "more_fit": list(self.more_fit),
+            "models": [
+                [m.model, s.mu_per_replica_minute, s.gpus_per_replica, m.have_replicas, m.more_replicas]
+                for m in self.models
+                for s in [m.shape]
+            ],
+        }
+
+    @classmethod
+    def from_figures(cls, doc: Mapping[str, Any]) -> PoolLedger:
+        """A ledger from its stored figures (figures()): every figure and `more_replicas`, no
+        placement (`nodes`, `demands` and a change's check need the pool read live)."""
+        overcommit = Fraction(doc["overcommit"])
+        return cls(
+            node_count=doc["node_count"],
+            node_shape=NodeShape(*doc["node_shape"]),
+            overcommit=overcommit,
+            **{name: doc[name] for name in _INTEGER_FIGURES},
+            used_mu_per_minute=doc["used_mu_per_minute"],
+            mu_per_gpu=Fraction(doc["mu_per_gpu"]),
+            more_fit=tuple(doc["more_fit"]),
+            models=tuple(
+                ModelCapacity(model, Shape(mu, gpus), have, more, overcommit)
+                for model, mu, gpus, have, more in doc["models"]
+            ),
+            demands=None,
+            packing=None,
+            names={},
+        )
+
+
+# The figures a stored ledger keeps as they are (PoolLedger.figures).
+_INTEGER_FIGURES = [
+    "committed_replicas", "committed_gpus", "sold_replicas", "sold_gpus", "used_gpus",
+    "committed_mu_per_minute", "sold_mu_per_minute", "free_gpus", "stranded_gpus", "unplaced_replicas",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -475,6 +532,7 @@ def pool_ledger(
         stranded_gpus=packing.stranded_gpus(sizes) if sizes else 0,
         unplaced_replicas=packing.unplaced_replicas,
         models=models,
+        more_fit=tuple(packing.more_fit(size) for size in range(1, node_shape.gpus + 1)),
         demands=tuple(demands),
         packing=packing,
         names={a.key: (a.label, a.model) for a in allocations},
@@ -488,6 +546,8 @@ def check_change(
     replicas of `model`) in place of `replacing` (its commitment there now, NOTHING for a new
     one). A change that asks no more replicas of no larger a shape always passes, even in a
     pool that is already over (say after a shrink): it makes nothing worse."""
+    if ledger.demands is None:
+        raise ValueError("a stored ledger keeps no placement: check a change against the pool read live")
     check_demands_change(
         pool, ledger.node_count, ledger.node_shape, ledger.demands, key, model, asked, replacing,
         lambda: ledger,
@@ -538,6 +598,8 @@ def more_replicas_after(
 ) -> int:
     """Replicas of `gpus_per_replica` GPUs that would still fit in the pool once endpoint `key`
     holds `asked` in place of what it commits there now (a what-if, as a sale would leave it)."""
+    if ledger.demands is None:
+        raise ValueError("a stored ledger keeps no placement: ask what fits of the pool read live")
     others = [d for d in ledger.demands if d.key != key]
     if asked.replicas:
         others.append(ReplicaDemand(key, model, asked.shape.gpus_per_replica, asked.replicas))

@@ -27,6 +27,7 @@ each gets the same checks and events.
 """
 
 import functools
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from copy import copy
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Model, QuerySet, Sum
+from django.utils import timezone
 
 from capacity.ledger import (
     NOTHING,
@@ -57,7 +59,13 @@ from capacity.ledger import (
     unreserved_gpus,
 )
 from capacity.provisioning import replica_bounds
-from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
+from controlplane.capacity.models import (
+    GpuPool,
+    ModelProfile,
+    ProvisionedAllowance,
+    Reservation,
+    StoredLedger,
+)
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import withdraw_after_commit
@@ -463,13 +471,23 @@ def _locked_pool(rows: list[tuple[Any, ...]], tenant_id: int, pool_id: int) -> G
 
 
 @functools.cache
-def _alike_sql() -> str:
+def _alike_sql(holders: bool = False) -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
     metered MU summed, ready pods summed, those of a rollout's old version summed). Written
     once as SQL, not built by the ORM per call: the ready pods are counted per endpoint in a
     derived table joined to the rows (one pass over the pool's ready pods, not a count per
-    endpoint), which the ORM cannot say without counting each endpoint once per pod."""
+    endpoint), which the ORM cannot say without counting each endpoint once per pod. With
+    `holders`, each group also lists its endpoints that hold the most: [id, ready pods], by
+    ready pods then id (alike endpoints commit alike), TOP_HOLDERS of them (all on SQLite,
+    which has no arrays: _group_holders sorts them)."""
     active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
+    ready = "coalesce(ready.n, 0)"
+    if not holders:
+        listed = ""
+    elif connection.vendor == "postgresql":
+        listed = f", (array_agg(ARRAY[e.id, {ready}] ORDER BY {ready} DESC, e.id))[1:{TOP_HOLDERS}]"
+    else:
+        listed = f", json_group_array(json_array(e.id, {ready}))"
     return (
         "SELECT e.id = %(changed)s, m.model, m.gpus_per_replica, m.mu_per_replica_minute,"
         " r.mu_per_minute, e.min_provisioned_concurrency, e.max_provisioned_concurrency,"
@@ -477,7 +495,8 @@ def _alike_sql() -> str:
         " ro.id, ro.phase, ro.new_percent, ro.canary_percent, ro.promoted, ro.from_version,"
         " ro.to_version, fm.model, fm.gpus_per_replica, fm.mu_per_replica_minute,"
         " CASE WHEN ro.id IS NULL THEN 0 ELSE e.desired_replicas END,"
-        " count(*), sum(e.used_mu_per_minute), coalesce(sum(ready.n), 0), coalesce(sum(old.n), 0)"
+        f" count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
+        f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}"
         f" FROM {_table(Endpoint)} e"
         f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
         f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id"
@@ -498,7 +517,9 @@ def _alike_sql() -> str:
     )
 
 
-def alike_groups(pool: GpuPool, changed: int | None = None) -> dict[Group, tuple[Any, ...]]:
+def alike_groups(
+    pool: GpuPool, changed: int | None = None, holders: bool = False
+) -> dict[Group, tuple[Any, ...]]:
     """The pool's endpoints in one query grouped by what their replicas are counted from (a
     fleet's endpoints take few distinct values of those, so 500 endpoints come back as tens of
     rows), endpoint `changed` apart: per group (endpoints, their metered MU summed, their ready
@@ -506,7 +527,7 @@ def alike_groups(pool: GpuPool, changed: int | None = None) -> dict[Group, tuple
     of its own: a statement sees the rows committed before it starts, so the read must start
     once the lock is held."""
     with connection.cursor() as cursor:
-        cursor.execute(_alike_sql(), {"changed": changed, "pool": pool.pk})
+        cursor.execute(_alike_sql(holders), {"changed": changed, "pool": pool.pk})
         return _groups(cursor.fetchall())
 
 
@@ -540,26 +561,130 @@ def alike_allocations(
     own). No names."""
     others: list[Allocation] = []
     own: list[Allocation] = []
-    for i, (group, (n, used, running, running_old)) in enumerate(groups.items()):
-        is_own, model, gpus, mu, sold, low_c, high_c, target, to_zero = group[:9]
-        rollout, held = _group_rollout(group)
-        (own if is_own else others).extend(
-            _allocations(
-                str(changed) if is_own else f"alike-{i}",
-                f"{n} endpoint(s) of {model}",
-                model,
-                Shape(mu, gpus),
-                sold or 0,
-                used or 0.0,
-                replica_bounds(low_c, high_c, target, to_zero)[0],
-                running,
-                rollout,
-                held,
-                running_old,
-                n,
+    for i, (group, sums) in enumerate(groups.items()):
+        key = str(changed) if group[0] else f"alike-{i}"
+        (own if group[0] else others).extend(_group_allocations(group, sums, key))
+    return others, own
+
+
+def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Allocation]:
+    """A group's allocations (one, or a rollout's two) under the packing's name `key`."""
+    n, used, running, running_old = sums[:4]
+    model, gpus, mu, sold, low_c, high_c, target, to_zero = group[1:9]
+    rollout, held = _group_rollout(group)
+    return _allocations(
+        key,
+        f"{n} endpoint(s) of {model}",
+        model,
+        Shape(mu, gpus),
+        sold or 0,
+        used or 0.0,
+        replica_bounds(low_c, high_c, target, to_zero)[0],
+        running,
+        rollout,
+        held,
+        running_old,
+        n,
+    )
+
+
+def grouped_ledger(pool: GpuPool, groups: dict[Group, tuple[Any, ...]]) -> PoolLedger:
+    """The pool's ledger from its grouped rows (alike_groups): every figure pool_ledgers gives,
+    without names (alike endpoints pack as one)."""
+    others, own = alike_allocations(groups, None)
+    return pool_ledger(pool.node_count, pool.node_shape, overcommit(), [*others, *own], default_shape())
+
+
+# How many endpoints that hold the most each pool's stored ledger lists (the console shows ten).
+TOP_HOLDERS = 10
+
+
+def _group_holders(group: Group, sums: tuple[Any, ...]) -> list[list[int]]:
+    """The group's listed endpoints as [id, committed GPUs, committed MU/min, running GPUs]:
+    each commits what one of the group commits (both versions' while its rollout runs); a
+    rollout's group is one endpoint, whose old version's pods run on the old model's GPUs."""
+    listed = sums[4]
+    if isinstance(listed, str):  # SQLite: every endpoint of the group, unsorted
+        listed = sorted(json.loads(listed), key=lambda row: (-row[1], row[0]))[:TOP_HOLDERS]
+    versions = [a.committed(overcommit()) for a in _group_allocations(group, sums, "")]
+    gpus, mu = sum(c.gpus for c in versions), sum(c.mu_per_minute for c in versions)
+    per_pod = group[2]
+    rollout, _ = _group_rollout(group)
+    out = []
+    for endpoint_id, ready in listed:
+        running = ready * per_pod
+        if rollout is not None:
+            old = sums[3]
+            running = (ready - old) * per_pod + old * rollout.from_shape.gpus_per_replica
+        out.append([endpoint_id, gpus, mu, running])
+    return out
+
+
+def holding_most(rows: Iterable[list[int]]) -> list[list[int]]:
+    """Holders ([id, committed GPUs, committed MU/min, running GPUs]) most first: the larger of
+    committed and running GPUs, then running, then the oldest endpoint."""
+    return sorted(rows, key=lambda h: (-max(h[1], h[3]), -h[3], h[0]))
+
+
+def refresh_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
+    """Compute these pools' ledgers from their rows as they are now and store them
+    (StoredLedger), each one version on; returns them. The caller holds the pools' locks
+    (locked_pools) in its transaction and has made its writes: every writer of what a ledger
+    counts refreshes its pools so, under their locks, so the last to commit read every write
+    committed before it (and its own), and the stored ledger is the pool's as committed.
+    Writers that hold rows the selling writers wait for (the autoscaler's endpoints, the pod
+    sync's pods) refresh after they commit, in a transaction of their own: refresh_pools."""
+    pools = list(pools)
+    versions = dict(StoredLedger.objects.filter(pool__in=pools).values_list("pool_id", "version"))
+    now = timezone.now()
+    ledgers, rows = {}, []
+    for pool in pools:
+        groups = alike_groups(pool, holders=True)
+        ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
+        holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
+        rows.append(
+            StoredLedger(
+                pool=pool,
+                version=versions.get(pool.pk, 0) + 1,
+                computed_at=now,
+                figures=ledger.figures(),
+                holders=holders[:TOP_HOLDERS],
             )
         )
-    return others, own
+    StoredLedger.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["pool"],
+        update_fields=["version", "computed_at", "figures", "holders"],
+    )
+    return ledgers
+
+
+def refresh_pools(pool_ids: Iterable[int]) -> dict[int, PoolLedger]:
+    """refresh_ledgers in a transaction of its own under the pools' locks, for a writer whose
+    writes are committed (never call it holding rows a selling writer may wait for)."""
+    with transaction.atomic():
+        return refresh_ledgers(locked_pools(pool_ids))
+
+
+def stored_ledgers(pools: Iterable[GpuPool]) -> dict[int, StoredLedger]:
+    """The pools' stored ledgers (StoredLedger.ledger()), one query. A pool that has none yet,
+    or whose stored one was counted on another node shape or over-commit than the pool has now
+    (a pool written without selling, a changed setting), is refreshed first."""
+    pools = list(pools)
+    stored = {s.pool_id: s for s in StoredLedger.objects.filter(pool__in=pools)}
+    oc = str(overcommit())
+    stale = [
+        p.pk
+        for p in pools
+        if (s := stored.get(p.pk)) is None
+        or (s.figures["node_count"], s.figures["node_shape"][0], s.figures["overcommit"])
+        != (p.node_count, p.gpus_per_node, oc)
+    ]
+    if stale:
+        refresh_pools(stale)
+        stored.update((s.pool_id, s) for s in StoredLedger.objects.filter(pool_id__in=stale))
+    return stored
 
 
 def ensure_change(
@@ -581,8 +706,7 @@ def ensure_change(
     others, _ = alike_allocations(groups, endpoint.pk)
 
     def ledger() -> PoolLedger:
-        rest, own = alike_allocations(groups, endpoint.pk)
-        return pool_ledger(pool.node_count, pool.node_shape, overcommit(), [*rest, *own], default_shape())
+        return grouped_ledger(pool, groups)
 
     check_demands_change(
         pool.name,
@@ -619,11 +743,12 @@ def ensure_versions(
     ensure_change(pool, endpoint, own.commitment, now.get(own.version, NOTHING), groups, rollout)
 
 
-def check_sale(endpoint: Endpoint, mu_per_minute: int) -> int:
+def check_sale(endpoint: Endpoint, mu_per_minute: int) -> tuple[int, GpuPool]:
     """The check a sale of `mu_per_minute` on `endpoint` meets (Oversold when its pool does not
     place it), inside the caller's transaction: the tenant's and the pool's locks in one
     statement, then one read of the pool (its grouped rows, the endpoint's own sale and rollout
-    among them). Returns the endpoint's reservation before the sale (MU/min, 0 for none).
+    among them). Returns the endpoint's reservation before the sale (MU/min, 0 for none) and
+    its pool, locked.
 
     The two statements (and the transaction's BEGIN) go in one round trip, pipelined: the server
     runs them in order, so the read still starts, and takes its snapshot, once the locks are
@@ -650,7 +775,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> int:
         endpoint_commitments(endpoint, current, rollout, held),
         groups,
     )
-    return current
+    return current, pool
 
 
 def save_pool(pool: GpuPool) -> None:
@@ -659,7 +784,7 @@ def save_pool(pool: GpuPool) -> None:
         if pool.pk:
             locked_pools([pool.pk])
         pool.save()
-        check_holds(pool.name, pool_ledgers([pool])[pool.pk])
+        check_holds(pool.name, refresh_ledgers([pool])[pool.pk])
 
 
 def save_profile(profile: ModelProfile) -> None:
@@ -667,7 +792,7 @@ def save_profile(profile: ModelProfile) -> None:
     with transaction.atomic():
         pools = locked_pools(profile.endpoints.values_list("pool_id", flat=True)) if profile.pk else []
         profile.save()
-        ledgers = pool_ledgers(pools)
+        ledgers = refresh_ledgers(pools)
         for pool in pools:
             check_holds(pool.name, ledgers[pool.pk])
 
@@ -731,6 +856,7 @@ def save_endpoint(
             starting.save()
             endpoint.version = starting.to_version
         endpoint.save(update_fields=update_fields)
+        refresh_ledgers(pools.values())
         if before is not None and before.name != endpoint.name:
             usage.renamed(endpoint)
             # routers take the new name (its pods keep theirs) within a poll, however large the table
@@ -894,6 +1020,7 @@ def check_promote(endpoint: Endpoint) -> Rollout:
         )
         r.promoted = True
         r.save(update_fields=["promoted"])
+        refresh_ledgers([pool])
     return r
 
 
@@ -923,7 +1050,7 @@ def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> Non
     (controlplane.endpoints.usage.keep_billing_identity)."""
     with transaction.atomic():
         locked_tenant(endpoint.tenant_id)
-        locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
+        pools = locked_pools([endpoint.pool_id])  # a concurrent sale on it waits, then finds it gone
         # locked: a concurrent delete waits, then finds it gone
         current = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
         if current is None:
@@ -935,6 +1062,7 @@ def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> Non
             release(reservation, released_by=release_by)
         usage.keep_billing_identity(current)
         endpoint.delete()
+        refresh_ledgers(pools)
 
 
 def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, sold_by: str) -> Reservation:
@@ -945,7 +1073,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
     with transaction.atomic():
-        current = check_sale(endpoint, mu_per_minute)
+        current, pool = check_sale(endpoint, mu_per_minute)
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={
@@ -965,6 +1093,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
                 "best_effort_allowed": best_effort_allowed,
             },
         )
+        refresh_ledgers([pool])
     return reservation
 
 
@@ -973,6 +1102,7 @@ def release(reservation: Reservation, *, released_by: str) -> None:
     endpoint = reservation.endpoint
     with transaction.atomic():
         locked_tenant(endpoint.tenant_id)
+        pools = locked_pools([endpoint.pool_id])
         reservation.delete()
         Event.record(
             Event.Kind.RESERVATION,
@@ -981,3 +1111,4 @@ def release(reservation: Reservation, *, released_by: str) -> None:
             reported_by=released_by,
             detail={"mu_per_minute": 0, "previous_mu_per_minute": reservation.mu_per_minute},
         )
+        refresh_ledgers(pools)

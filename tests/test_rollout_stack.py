@@ -86,7 +86,7 @@ def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
             # committed, at least the pods each runs (its share of the endpoint's replicas).
             ops = APIClient()
             ops.credentials(HTTP_AUTHORIZATION=f"Bearer {operator}")
-            (row,) = ops.get("/api/v1/capacity/").json()
+            (row,) = ops.get("/api/v1/capacity/", {"nodes": "true"}).json()
             placed = [r["endpoint"] for node in row["nodes"] for r in node["replicas"]]
             running = {v: Pod.objects.filter(endpoint=chat, version=v, ready=True).count() for v in (1, 2)}
             assert placed.count("owner/chat v1") >= running[1] >= 1, (placed, running)

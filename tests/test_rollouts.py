@@ -101,7 +101,7 @@ def declared(now):
 
 
 def capacity(client):
-    (row,) = client.get("/api/v1/capacity/").json()
+    (row,) = client.get("/api/v1/capacity/", {"nodes": "true"}).json()
     return row
 
 

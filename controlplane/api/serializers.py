@@ -868,4 +868,13 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     headroom_mu_per_minute = ExactNumberField(source="ledger.headroom_mu_per_minute")
     oversold = serializers.BooleanField(source="ledger.oversold")
     models = ModelCapacitySerializer(source="ledger.models", many=True)
+    version = serializers.IntegerField(
+        source="stored.version", help_text="The pool's stored ledger: one more for each write that changed it"
+    )
+    computed_at = serializers.DateTimeField(source="stored.computed_at")
+
+
+class PoolNodesSerializer(PoolCapacitySerializer):
+    """A pool's ledger with its placement (?nodes=true): read and packed live."""
+
     nodes = NodeUseSerializer(source="ledger.nodes", many=True, help_text="Which replica occupies what")

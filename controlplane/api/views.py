@@ -21,7 +21,14 @@ from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
-from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance, Reservation
+from controlplane.capacity.models import (
+    GpuPool,
+    GpuType,
+    ModelProfile,
+    ProvisionedAllowance,
+    Reservation,
+    StoredLedger,
+)
 from controlplane.endpoints import rollouts, routing, samples, scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
@@ -326,10 +333,20 @@ class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]
 class PoolCapacity(NamedTuple):
     pool: GpuPool
     ledger: PoolLedger
+    stored: StoredLedger  # its version and when it was computed
+
+
+NODES = OpenApiParameter(
+    "nodes",
+    bool,
+    description="Also which replica occupies what, node by node (the pool's endpoints read and"
+    " packed for this answer; without it the stored figures alone are read)",
+)
 
 
 class CapacityViewSet(viewsets.ViewSet):
-    """Per pool: what we HAVE, SOLD and USE, in GPUs and in MU/min. Operators only."""
+    """Per pool: what we HAVE, SOLD and USE, in GPUs and in MU/min, as its last write stored
+    it (controlplane.selling.refresh_ledgers). Operators only."""
 
     permission_classes = [AUTHENTICATED, OperatorOnly]
     lookup_value_regex = r"\d+"
@@ -339,24 +356,33 @@ class CapacityViewSet(viewsets.ViewSet):
         gpu_type = self.request.query_params.get("gpu_type")
         return pools.filter(gpu_type__name=gpu_type) if gpu_type else pools
 
-    @extend_schema(
-        responses=serializers.PoolCapacitySerializer(many=True),
-        parameters=[OpenApiParameter("gpu_type", str, description="Only pools of this GPU type")],
-    )
-    def list(self, request: Request) -> Response:
-        pools = list(self._pools())
-        ledgers = selling.pool_ledgers(pools)
-        rows = [PoolCapacity(pool, ledgers[pool.pk]) for pool in pools]
-        return Response(serializers.PoolCapacitySerializer(rows, many=True).data)
+    def _rows(self, pools: list[GpuPool]) -> Response:
+        raw = self.request.query_params.get("nodes")
+        try:
+            nodes = raw is not None and params.boolean("nodes", raw)
+        except params.ParameterError as exc:
+            raise ValidationError({"nodes": [exc.message]}) from None
+        stored = selling.stored_ledgers(pools)
+        live = selling.pool_ledgers(pools) if nodes else {}
+        rows = [PoolCapacity(p, live.get(p.pk) or stored[p.pk].ledger(), stored[p.pk]) for p in pools]
+        serializer = serializers.PoolNodesSerializer if nodes else serializers.PoolCapacitySerializer
+        return Response(serializer(rows, many=True).data)
 
     @extend_schema(
-        responses=serializers.PoolCapacitySerializer,
-        parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH)],
+        responses=serializers.PoolNodesSerializer(many=True),
+        parameters=[OpenApiParameter("gpu_type", str, description="Only pools of this GPU type"), NODES],
+    )
+    def list(self, request: Request) -> Response:
+        return self._rows(list(self._pools()))
+
+    @extend_schema(
+        responses=serializers.PoolNodesSerializer,
+        parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH), NODES],
     )
     def retrieve(self, request: Request, pk: str) -> Response:
-        pool = self._pools().get(pk=pk)
-        row = PoolCapacity(pool, selling.pool_ledgers([pool])[pool.pk])
-        return Response(serializers.PoolCapacitySerializer(row).data)
+        response = self._rows([self._pools().get(pk=pk)])
+        response.data = response.data[0]
+        return response
 
 
 @extend_schema(responses={200: dict})

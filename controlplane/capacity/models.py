@@ -1,8 +1,8 @@
 """GPU types, pools, model-unit profiles, reservations (sold capacity), allowances of minimum
-replicas beyond them, and ledger snapshots.
+replicas beyond them, each pool's ledger as stored, and ledger snapshots.
 
 Every write that can change what a pool holds goes through controlplane.selling, which locks the
-pool rows, reads the ledger and refuses an oversell.
+pool rows, reads the ledger and refuses an oversell, then stores the pool's new ledger.
 """
 
 import math
@@ -14,7 +14,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from capacity.ledger import Shape
+from capacity.ledger import PoolLedger, Shape
 from capacity.packing import NodeShape
 from capacity.units import DEFAULT_MAX_MODEL_LEN
 from controlplane.tenants.models import Tenant, TenantScopedQuerySet, slug_validator
@@ -293,6 +293,28 @@ class ProvisionedAllowance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpus} GPUs for tenant {self.tenant_id} in pool {self.pool_id}"
+
+
+class StoredLedger(models.Model):
+    """A pool's ledger as the last write that changed it left it (controlplane.selling
+    .refresh_ledgers): what the API, the console and every 409 read, so a read packs nothing.
+    `version` counts the writes; `figures` is capacity.ledger.PoolLedger.figures(); `holders`
+    the pool's endpoints that hold the most, most first: [endpoint id, committed GPUs,
+    committed MU/min, running GPUs]."""
+
+    pool = models.OneToOneField(
+        GpuPool, on_delete=models.CASCADE, primary_key=True, related_name="stored_ledger"
+    )
+    version = models.PositiveBigIntegerField()
+    computed_at = models.DateTimeField()
+    figures = models.JSONField()
+    holders = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"pool {self.pool_id}'s ledger, version {self.version}"
+
+    def ledger(self) -> PoolLedger:
+        return PoolLedger.from_figures(self.figures)
 
 
 class CapacitySnapshot(models.Model):

@@ -8,14 +8,18 @@ from django.utils import timezone
 
 from controlplane.capacity import profile_benchmarks
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
-from controlplane.selling import pool_ledgers
+from controlplane.selling import refresh_pools
 
 
 def record_snapshots(now: datetime | None = None) -> int:
-    """Write one CapacitySnapshot per pool; returns how many were written."""
+    """Store every pool's ledger afresh and write one CapacitySnapshot of each; returns how
+    many were written. Every minute, so a write that changed a pool without its refresh (none
+    should) is in its stored ledger within one."""
     now = now or timezone.now()
     pools = list(GpuPool.objects.all())
-    ledgers = pool_ledgers(pools)
+    ledgers = {}
+    for pool in pools:  # one pool's lock at a time: a sale waits for one pool's refresh at most
+        ledgers.update(refresh_pools([pool.pk]))
     with transaction.atomic():
         CapacitySnapshot.objects.bulk_create(
             CapacitySnapshot(

@@ -386,6 +386,9 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             )
             if not failed:
                 Event.objects.bulk_create(events)
+        # Every pool's stored ledger (metered MU, desired replicas and rollouts' steps are in it),
+        # once the pass is committed: not under the endpoints' locks, which a sale may wait on.
+        selling.refresh_pools({e.pool_id for e in endpoints})
         # Moved only once the pass is committed: one that rolls back leaves the buckets it read
         # to the next pass's calm history, which would otherwise start after them.
         cursor = collected
@@ -533,6 +536,7 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
         configs = {e.pk: config_for(e) for e in endpoints}
         history = load_history({pk: c.vertical_tick_s for pk, c in configs.items()}, ts)
         decided = changed = failed = 0
+        retargeted: set[int] = set()  # pools: a target changes the replica bounds, committed
         for e in endpoints:
             cfg = configs[e.pk]
             d = decide_concurrency(
@@ -571,6 +575,8 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
                     detail={"from": old, "to": target, "reason": reason},
                 )
                 changed += 1
+                retargeted.add(e.pool_id)
+        selling.refresh_pools(retargeted)
         return PassReport(decided, changed, failed)
     finally:
         lease.release(now)
@@ -621,6 +627,9 @@ def sync_pods(cluster: ClusterDriver) -> int:
             e.ready_replicas = ready.get(e.pk, 0)
             e.state = state_of(e)
         Endpoint.objects.bulk_update(endpoints, ["ready_replicas", "state"])
+        touched = {rows[name].endpoint_id for name in gone} | {p.endpoint_id for p in [*create, *update]}
+    if touched:  # ready pods are the ledger's used GPUs; refreshed once the pods are committed
+        selling.refresh_pools(Endpoint.objects.filter(pk__in=touched).values_list("pool_id", flat=True))
     return changed
 
 
@@ -648,6 +657,7 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
         e.desired_replicas, e.woken_at = replicas, now
         e.state = state_of(e)
         e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])
+    selling.refresh_pools([e.pool_id])  # a rollout commits its desired replicas
     return True
 
 

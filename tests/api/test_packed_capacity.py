@@ -72,7 +72,11 @@ def sell(client, endpoint_id, mu_per_minute):
 
 
 def capacity_of(client, pool):
-    return next(row for row in client.get("/api/v1/capacity/").json() if row["pool"] == pool)
+    """The pool's row with its nodes (read live), whose figures are those /capacity/ lists (stored)."""
+    listed = next(row for row in client.get("/api/v1/capacity/").json() if row["pool"] == pool)
+    row = client.get(f"/api/v1/capacity/{listed['id']}/", {"nodes": "true"}).json()
+    assert {k: v for k, v in row.items() if k != "nodes"} == listed
+    return row
 
 
 def test_contract_200_packs_and_300_does_not(five_gpu, operator_client, owner_client):

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.capacity.models import CapacitySnapshot, Reservation
 from controlplane.endpoints.models import Pod, UsageHour
-from controlplane.selling import delete_endpoint, sell
+from controlplane.selling import delete_endpoint, refresh_pools, sell
 
 
 @pytest.fixture
@@ -18,6 +18,7 @@ def fleet(owner, other, make_endpoint, big_model):
     sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="t")
     batch = make_endpoint(other, "batch")
     Pod.objects.create(endpoint=batch, name="batch-0", url="http://10.0.0.9:1", ready=True)
+    refresh_pools([batch.pool_id])  # as the pod sync does once it has written its pods
     return {"chat": chat, "batch": batch}
 
 

@@ -191,7 +191,7 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
             moves = defrag_plan(
                 ledger.node_count,
                 ledger.node_shape,
-                ledger.demands,
+                ledger.demands or (),
                 ReplicaDemand("wanted", m.model, m.shape.gpus_per_replica, 1),
             )
             plan = (
