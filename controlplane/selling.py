@@ -414,8 +414,8 @@ def place(profile: ModelProfile, region: str = "", replicas: int = 0) -> GpuPool
     exists elsewhere; without one the roomiest pool is returned as it is (the save refuses an
     oversell with the pool's figures). None when no pool has the GPU type."""
     pools = list(GpuPool.objects.filter(gpu_type_id=profile.gpu_type_id).order_by("name"))
-    ledgers = pool_ledgers(pools)
-    fits = [(p, ledgers[p.pk].more_replicas(profile.gpus_per_replica)) for p in pools]
+    stored = stored_ledgers(pools)  # a choice, not a check: the save checks under the pool's lock
+    fits = [(p, stored[p.pk].ledger().more_replicas(profile.gpus_per_replica)) for p in pools]
     if region:
         here = [(p, fit) for p, fit in fits if p.region == region and fit >= replicas]
         if not here:
@@ -427,15 +427,19 @@ def place(profile: ModelProfile, region: str = "", replicas: int = 0) -> GpuPool
 
 def locked_tenant(tenant_id: int) -> Tenant:
     """Lock the tenant's row, before any pool's: every writer of an endpoint takes the tenant
-    first. A write whose event names the tenant takes a key-share lock on its row when it
-    commits (the deferred foreign-key check), so a writer that locked only the pool would wait
-    there for a quota check holding the tenant and waiting for the pool: a deadlock."""
-    return Tenant.objects.select_for_update().get(pk=tenant_id)
+    first. FOR NO KEY UPDATE, as an UPDATE of its fields would: writers serialise on it, while a
+    row that names the tenant (an event, an endpoint) checks its foreign key with a key-share
+    lock, which does not wait for it. With FOR UPDATE it would: the autoscaler's pass, holding
+    the endpoints it updates, checks its events' tenants when it commits, and a writer holding
+    the tenant and waiting for an endpoint's pool, whose holder waits for that endpoint, closed
+    the cycle."""
+    return Tenant.objects.select_for_update(no_key=True).get(pk=tenant_id)
 
 
 def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
-    """Lock pool rows (in id order, so two writers never deadlock). Call inside atomic()."""
-    return list(GpuPool.objects.select_for_update().filter(pk__in=set(pool_ids)).order_by("pk"))
+    """Lock pool rows (in id order, so two writers never deadlock; FOR NO KEY UPDATE, as
+    locked_tenant). Call inside atomic()."""
+    return list(GpuPool.objects.select_for_update(no_key=True).filter(pk__in=set(pool_ids)).order_by("pk"))
 
 
 # A group of alike endpoints, what their replicas are counted from (endpoints alike in these
@@ -455,12 +459,12 @@ def _table(model: type[Model]) -> str:
 @functools.cache
 def _lock_sql() -> str:
     """A sale's locks: the tenant's row, then the pool's (the order of locked_tenant then
-    locked_pools; FOR UPDATE OF takes them in the order named), in one statement."""
+    locked_pools; FOR NO KEY UPDATE OF takes them in the order named), in one statement."""
     fields = GpuPool._meta.concrete_fields
     columns = ", ".join(f"p.{connection.ops.quote_name(str(f.column))}" for f in fields)
     return (
         f"SELECT {columns} FROM {_table(Tenant)} t, {_table(GpuPool)} p"
-        " WHERE t.id = %s AND p.id = %s FOR UPDATE OF t, p"
+        " WHERE t.id = %s AND p.id = %s FOR NO KEY UPDATE OF t, p"
     )
 
 
@@ -788,9 +792,16 @@ def save_pool(pool: GpuPool) -> None:
 
 
 def save_profile(profile: ModelProfile) -> None:
-    """Save; a re-pricing that makes commitments need more GPUs than a pool has is refused."""
+    """Save; a re-pricing that makes commitments need more GPUs than a pool has is refused.
+    The pools it is placed in: its endpoints', and those of endpoints whose rollout in progress
+    leaves it (their old version runs it)."""
     with transaction.atomic():
-        pools = locked_pools(profile.endpoints.values_list("pool_id", flat=True)) if profile.pk else []
+        pools = []
+        if profile.pk:
+            leaving = Rollout.objects.active().filter(from_profile=profile).values_list("endpoint__pool_id")
+            pools = locked_pools(
+                [*profile.endpoints.values_list("pool_id", flat=True), *(p for (p,) in leaving)]
+            )
         profile.save()
         ledgers = refresh_ledgers(pools)
         for pool in pools:

@@ -156,7 +156,7 @@ class ApiKey(models.Model):
     def _check_bounds(cls, tenant: Tenant) -> None:
         from controlplane.tenants.key_limits import CREATION_WINDOW_S, refusal
 
-        Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk").first()
+        Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("pk").first()
         now = timezone.now()
         keys = cls.objects.filter(tenant=tenant)
         recent = keys.filter(created_at__gt=now - timedelta(seconds=CREATION_WINDOW_S))

@@ -1,0 +1,287 @@
+"""The stored ledger (controlplane.selling.refresh_ledgers) always equals a fresh computation:
+after any sequence of the writes that change a pool (endpoints created, changed, moved to another
+model, deleted; sales and releases; a pool's shape, a model's price; pods going ready; the
+autoscaler's pass; a promote), refused ones included, and after concurrent writers on PostgreSQL.
+
+The fresh computation is the per-endpoint one (selling.pool_ledgers, its own queries), not the
+grouped read the store is computed from; the holders are recomputed endpoint by endpoint."""
+
+import random
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
+from controlplane import selling
+from controlplane.capacity.models import (
+    GpuPool,
+    ModelProfile,
+    ProvisionedAllowance,
+    Reservation,
+    StoredLedger,
+)
+from controlplane.endpoints import rollouts, scaling
+from controlplane.endpoints.deployments import deployment_name
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
+from controlplane.tenants.models import Tenant
+from dataplane.cluster.driver import PodState
+
+REFUSED = (Oversold, QuotaExceeded, AllowanceExceeded, ValidationError, Rollout.DoesNotExist)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class Cluster:
+    """The cluster's side of the pod sync and the pass (what the agent or Kubernetes reports)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodState] = {}
+
+    def apply(self, deployments) -> None:
+        pass
+
+    def scale(self, name, replicas) -> None:
+        pass
+
+    def set_target_concurrency(self, name, target) -> None:
+        pass
+
+    def list_pods(self) -> list[PodState]:
+        return list(self.pods.values())
+
+    def run(self, endpoint: Endpoint, ready: int) -> None:
+        """`ready` ready pods of the endpoint, of each version it runs (a rollout's two)."""
+        versions = {endpoint.version}
+        active = Rollout.objects.active().filter(endpoint_id=endpoint.pk).first()
+        if active is not None:
+            versions |= {active.from_version, active.to_version}
+        prefix = f"ep-{endpoint.pk}-"
+        self.pods = {name: p for name, p in self.pods.items() if not name.startswith(prefix)}
+        for version in versions:
+            for n in range(ready):
+                name = f"{deployment_name(endpoint.pk, version)}-{n}"
+                self.pods[name] = PodState(
+                    name, deployment_name(endpoint.pk, version), "http://127.0.0.1:1", True
+                )
+
+
+@dataclass
+class World:
+    tenants: list[Tenant]
+    pools: list[GpuPool]
+    profiles: list[ModelProfile]
+    cluster: Cluster
+
+
+@pytest.fixture
+def world(h100) -> World:
+    tenants = [Tenant.objects.create(name=f"t{i}", gpu_quota=64) for i in range(2)]
+    pools = [
+        GpuPool.objects.create(name="eight", gpu_type=h100, region="r", gpu_count=16, gpus_per_node=8),
+        GpuPool.objects.create(name="four", gpu_type=h100, region="r", gpu_count=12, gpus_per_node=4),
+    ]
+    profiles = [
+        ModelProfile.objects.create(
+            model=f"tp{g}",
+            gpu_type=h100,
+            alpha=0,
+            beta=0,
+            gamma=1,
+            gpus_per_replica=g,
+            mu_per_replica_minute=mu,
+        )
+        for g, mu in [(1, 100), (2, 150), (5, 400)]
+    ]
+    for t in tenants:
+        for p in pools:
+            ProvisionedAllowance.objects.create(tenant=t, pool=p, gpus=12)
+    selling.stored_ledgers(pools)  # made without selling.save_pool: stored at their first read
+    return World(tenants, pools, profiles, Cluster())
+
+
+def fresh_holders(pool: GpuPool) -> list[list[int]]:
+    """Every endpoint of the pool as [id, committed GPUs, committed MU/min, running GPUs],
+    counted one by one (endpoint_commitments, each ready pod on its version's model)."""
+    rows = []
+    for e in Endpoint.objects.with_related().filter(pool=pool):
+        reservation = getattr(e, "reservation", None)
+        rollout = Rollout.objects.active().select_related("from_profile").filter(endpoint=e).first()
+        versions = selling.endpoint_commitments(
+            e, reservation.mu_per_minute if reservation else 0, selling.running_rollout(e)
+        )
+        running = sum(
+            rollout.from_profile.gpus_per_replica
+            if rollout is not None and pod.version == rollout.from_version
+            else e.profile.gpus_per_replica
+            for pod in Pod.objects.filter(endpoint=e, ready=True)
+        )
+        committed = [v.commitment for v in versions]
+        rows.append([e.pk, sum(c.gpus for c in committed), sum(c.mu_per_minute for c in committed), running])
+    return selling.holding_most(rows)[: selling.TOP_HOLDERS]
+
+
+def assert_stored_is_fresh(pools: list[GpuPool]) -> None:
+    pools = list(GpuPool.objects.filter(pk__in=[p.pk for p in pools]))
+    fresh = selling.pool_ledgers(pools)
+    stored = {s.pool_id: s for s in StoredLedger.objects.filter(pool__in=pools)}
+    for pool in pools:
+        assert stored[pool.pk].figures == fresh[pool.pk].figures(), pool.name
+        assert stored[pool.pk].holders == fresh_holders(pool), pool.name
+
+
+def endpoint_at(i: int) -> Endpoint | None:
+    endpoints = list(Endpoint.objects.select_related("profile", "pool").order_by("pk"))
+    return endpoints[i % len(endpoints)] if endpoints else None
+
+
+def apply(world: World, op: tuple, now: datetime) -> str:
+    """One write, as the API, the console, an operator or the passes make it; refused ones too.
+    Says which it was (for hypothesis's statistics)."""
+    kind, a, b, c = op
+    e = endpoint_at(a)
+    try:
+        if kind == "create":
+            selling.save_endpoint(
+                Endpoint(
+                    tenant=world.tenants[a % 2], name=f"e{Endpoint.objects.count()}-{b}-{c}",
+                    profile=world.profiles[b % 3], pool=world.pools[c % 2],
+                    min_provisioned_concurrency=8 * (c % 3), max_provisioned_concurrency=32,
+                    target_concurrency_per_replica=8,
+                )
+            )  # fmt: skip
+        elif e is None:
+            return "nothing"
+        elif kind == "minimum":
+            e.min_provisioned_concurrency = 8 * (b % 4)
+            selling.save_endpoint(e, ["min_provisioned_concurrency"])
+        elif kind == "sell":
+            selling.sell(e, mu_per_minute=50 * (1 + b % 8), best_effort_allowed=True, sold_by="ops")
+        elif kind == "release":
+            if (r := Reservation.objects.filter(endpoint=e).first()) is not None:
+                selling.release(r, released_by="ops")
+        elif kind == "delete":
+            selling.delete_endpoint(e, release_by="ops")
+        elif kind == "model":  # another model on the same GPU type: a rollout (a canary when b is odd)
+            e.profile = world.profiles[b % 3]
+            e.canary_percent = 50 * (b % 2)
+            selling.save_endpoint(e, ["profile"])
+        elif kind == "promote":
+            rollouts.command(e, "promote")
+        elif kind == "pods":
+            world.cluster.run(e, b % 3)
+            scaling.sync_pods(world.cluster)
+        elif kind == "pass":  # used MU, desired replicas and rollouts' steps
+            scaling.horizontal_pass(world.cluster, now)
+        elif kind == "shape":
+            pool = GpuPool.objects.get(pk=world.pools[b % 2].pk)
+            pool.gpu_count = pool.gpus_per_node * (1 + c % 4)
+            selling.save_pool(pool)
+        elif kind == "price":
+            profile = ModelProfile.objects.get(pk=world.profiles[b % 3].pk)
+            profile.mu_per_replica_minute = 50 * (1 + c % 4)
+            selling.save_profile(profile)
+    except REFUSED as refusal:
+        return f"{kind} refused ({type(refusal).__name__})"
+    return kind
+
+
+KINDS = [
+    "create", "minimum", "sell", "sell", "release", "delete", "model", "model", "promote", "pods", "pods",
+    "pass", "shape", "price",
+]  # fmt: skip
+OPS = st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.integers(0, 7), st.integers(0, 7))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=1, max_size=12))
+# A re-pricing of the model a rollout leaves: its pool is one where no endpoint runs it as its own.
+@example(ops=[("model", 0, 1, 0), ("price", 0, 0, 0)])
+def test_the_stored_ledger_equals_a_fresh_computation_after_any_writes(world, ops):
+    with transaction.atomic():
+        # two endpoints to start from, one in each pool, so that most writes have one to change
+        for step, op in enumerate([("create", 0, 0, 1), ("create", 1, 1, 2), *ops]):
+            event(apply(world, op, NOW + timedelta(minutes=step)))
+            assert_stored_is_fresh(world.pools)
+        transaction.set_rollback(True)  # the next example starts from the same world
+
+
+def test_a_refused_write_leaves_the_stored_ledger_and_its_version(world, operator_client):
+    chat = Endpoint(
+        tenant=world.tenants[0], name="chat", profile=world.profiles[2], pool=world.pools[0],
+        min_provisioned_concurrency=0, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    selling.save_endpoint(chat)
+    selling.sell(chat, mu_per_minute=800, best_effort_allowed=True, sold_by="ops")  # 2 x 5 GPUs
+    before = StoredLedger.objects.get(pool=world.pools[0])
+    response = operator_client.patch(
+        f"/api/v1/reservations/{chat.reservation.pk}/", {"mu_per_minute": 1200}, format="json"
+    )
+    assert response.status_code == 409  # a third 5-GPU replica: two 8-GPU nodes hold two
+    after = StoredLedger.objects.get(pool=world.pools[0])
+    assert (after.version, after.figures) == (before.version, before.figures)
+    assert response.json()["committed_replicas"] == before.figures["committed_replicas"] == 2
+    # /capacity/ reads the stored figures, with their version.
+    (row,) = [r for r in operator_client.get("/api/v1/capacity/").json() if r["pool"] == "eight"]
+    assert (row["version"], row["committed_gpus"], row["free_gpus"]) == (before.version, 10, 6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_on_postgresql_leave_the_stored_ledger_fresh_and_never_oversold(h100):
+    """Eight writers (sales, minimums, models, pods synced, passes) at once on two pools: each
+    write serialises on its pool's lock, so the last refresh read every committed write, and no
+    sale oversold a pool."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    world = World.__new__(World)
+    world.tenants = [Tenant.objects.create(name=f"c{i}", gpu_quota=64) for i in range(2)]
+    world.pools = [
+        GpuPool.objects.create(name=f"c{g}", gpu_type=h100, region="r", gpu_count=16, gpus_per_node=g)
+        for g in (8, 4)
+    ]
+    world.profiles = [
+        ModelProfile.objects.create(
+            model=f"c{g}", gpu_type=h100, alpha=0, beta=0, gamma=1, gpus_per_replica=g
+        )
+        for g in (1, 2, 4)
+    ]
+    world.cluster = Cluster()
+    for t in world.tenants:
+        for p in world.pools:
+            ProvisionedAllowance.objects.create(tenant=t, pool=p, gpus=16)
+    selling.stored_ledgers(world.pools)
+    for i in range(6):
+        apply(world, ("create", i, i, i), NOW)
+    lock = threading.Lock()  # the pod sync's cluster is one shared object
+    errors: list[BaseException] = []
+    kinds = ["sell", "sell", "release", "minimum", "model", "promote", "pods", "pass", "create"]
+
+    def writer(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for step in range(12):
+                op = (rng.choice(kinds), rng.randrange(8), rng.randrange(8), rng.randrange(8))
+                if op[0] == "pods":
+                    with lock:
+                        apply(world, op, NOW)
+                else:
+                    apply(world, op, NOW + timedelta(minutes=seed * 20 + step))
+        except BaseException as exc:  # a deadlock or any error fails the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert Reservation.objects.exists()
+    assert_stored_is_fresh(world.pools)
+    for stored in StoredLedger.objects.filter(pool__in=world.pools):
+        assert stored.figures["unplaced_replicas"] == 0
