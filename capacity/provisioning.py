@@ -25,11 +25,18 @@ def replica_bounds(
     scale_to_zero_enabled: bool,
 ) -> tuple[int, int]:
     """(min_replicas, max_replicas); e.g. (20, 100, 8, False) -> (3, 13), (0, 8, 8, True) -> (0, 1)."""
+    low = min_replicas(min_provisioned_concurrency, target_concurrency_per_replica, scale_to_zero_enabled)
+    high = max(low, ceil(max_provisioned_concurrency / target_concurrency_per_replica))
+    return low, high
+
+
+def min_replicas(
+    min_provisioned_concurrency: int, target_concurrency_per_replica: int, scale_to_zero_enabled: bool
+) -> int:
+    """The lower of replica_bounds, which the maximum does not move (what a pool commits)."""
     if target_concurrency_per_replica < 1:
         raise ValueError(
             f"target_concurrency_per_replica must be at least 1, got {target_concurrency_per_replica}"
         )
     floor = 0 if scale_to_zero_enabled else 1
-    low = max(floor, ceil(min_provisioned_concurrency / target_concurrency_per_replica))
-    high = max(low, ceil(max_provisioned_concurrency / target_concurrency_per_replica))
-    return low, high
+    return max(floor, ceil(min_provisioned_concurrency / target_concurrency_per_replica))

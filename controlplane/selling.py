@@ -58,7 +58,7 @@ from capacity.ledger import (
     pool_ledger,
     unreserved_gpus,
 )
-from capacity.provisioning import replica_bounds
+from capacity.provisioning import min_replicas, replica_bounds
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
@@ -444,12 +444,13 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
 
 # A group of alike endpoints, what their replicas are counted from (endpoints alike in these
 # commit alike): (is it the changed endpoint, model, gpus_per_replica, mu_per_replica_minute,
-# reservation MU/min, min, max and target concurrency, scale to zero), then its rollout in
+# reservation MU/min, min and target concurrency, scale to zero: not the maximum, which commits
+# nothing, so a fleet's endpoints fall in few groups), then its rollout in
 # progress, None for none (its id, phase, new_percent, canary_percent, promoted, from_version,
 # to_version, the old model, its gpus_per_replica and mu_per_replica_minute, the endpoint's
 # desired replicas): an endpoint in a rollout is a group of its own.
 Group = tuple[Any, ...]
-_GROUP = 20  # the columns of a Group, then the per-group sums
+_GROUP = 19  # the columns of a Group, then the per-group sums
 
 
 def _table(model: type[Model]) -> str:
@@ -494,7 +495,7 @@ def _alike_sql(holders: bool = False) -> str:
         listed = f", json_group_array(json_array(e.id, {ready}))"
     return (
         "SELECT e.id = %(changed)s, m.model, m.gpus_per_replica, m.mu_per_replica_minute,"
-        " r.mu_per_minute, e.min_provisioned_concurrency, e.max_provisioned_concurrency,"
+        " r.mu_per_minute, e.min_provisioned_concurrency,"
         " e.target_concurrency_per_replica, e.scale_to_zero_enabled,"
         " ro.id, ro.phase, ro.new_percent, ro.canary_percent, ro.promoted, ro.from_version,"
         " ro.to_version, fm.model, fm.gpus_per_replica, fm.mu_per_replica_minute,"
@@ -546,7 +547,7 @@ def own_reservation(groups: dict[Group, tuple[Any, ...]]) -> int:
 
 def _group_rollout(group: Group) -> tuple[RunningRollout | None, int]:
     """A group's rollout in progress (None for none) and its endpoint's desired replicas."""
-    rollout_id, phase, new, canary, promoted, old, to, model, gpus, mu, held = group[9:]
+    rollout_id, phase, new, canary, promoted, old, to, model, gpus, mu, held = group[8:]
     if rollout_id is None:
         return None, 0
     state = phases.RolloutState(phases.Phase(phase), new, 0.0, canary, bool(promoted))
@@ -574,7 +575,7 @@ def alike_allocations(
 def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Allocation]:
     """A group's allocations (one, or a rollout's two) under the packing's name `key`."""
     n, used, running, running_old = sums[:4]
-    model, gpus, mu, sold, low_c, high_c, target, to_zero = group[1:9]
+    model, gpus, mu, sold, low_c, target, to_zero = group[1:8]
     rollout, held = _group_rollout(group)
     return _allocations(
         key,
@@ -583,7 +584,7 @@ def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Al
         Shape(mu, gpus),
         sold or 0,
         used or 0.0,
-        replica_bounds(low_c, high_c, target, to_zero)[0],
+        min_replicas(low_c, target, to_zero),
         running,
         rollout,
         held,
@@ -630,20 +631,24 @@ def holding_most(rows: Iterable[list[int]]) -> list[list[int]]:
     return sorted(rows, key=lambda h: (-max(h[1], h[3]), -h[3], h[0]))
 
 
-def refresh_ledgers(pools: Iterable[GpuPool]) -> dict[int, PoolLedger]:
+def refresh_ledgers(
+    pools: Iterable[GpuPool], read: dict[int, dict[Group, tuple[Any, ...]]] | None = None
+) -> dict[int, PoolLedger]:
     """Compute these pools' ledgers from their rows as they are now and store them
     (StoredLedger), each one version on; returns them. The caller holds the pools' locks
     (locked_pools) in its transaction and has made its writes: every writer of what a ledger
     counts refreshes its pools so, under their locks, so the last to commit read every write
     committed before it (and its own), and the stored ledger is the pool's as committed.
     Writers that hold rows the selling writers wait for (the autoscaler's endpoints, the pod
-    sync's pods) refresh after they commit, in a transaction of their own: refresh_pools."""
+    sync's pods) refresh after they commit, in a transaction of their own: refresh_pools.
+    `read`: a pool's groups (alike_groups with holders) as the caller read them under the lock
+    and changed them with its write (a sale), in place of reading them again."""
     pools = list(pools)
     versions = dict(StoredLedger.objects.filter(pool__in=pools).values_list("pool_id", "version"))
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
-        groups = alike_groups(pool, holders=True)
+        groups = read[pool.pk] if read and pool.pk in read else alike_groups(pool, holders=True)
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
         holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
         rows.append(
@@ -747,12 +752,11 @@ def ensure_versions(
     ensure_change(pool, endpoint, own.commitment, now.get(own.version, NOTHING), groups, rollout)
 
 
-def check_sale(endpoint: Endpoint, mu_per_minute: int) -> tuple[int, GpuPool]:
+def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     """The check a sale of `mu_per_minute` on `endpoint` meets (Oversold when its pool does not
     place it), inside the caller's transaction: the tenant's and the pool's locks in one
     statement, then one read of the pool (its grouped rows, the endpoint's own sale and rollout
-    among them). Returns the endpoint's reservation before the sale (MU/min, 0 for none) and
-    its pool, locked.
+    among them).
 
     The two statements (and the transaction's BEGIN) go in one round trip, pipelined: the server
     runs them in order, so the read still starts, and takes its snapshot, once the locks are
@@ -762,12 +766,12 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> tuple[int, GpuPool]:
     if connection.vendor != "postgresql":  # SQLite (development): no row locks, no pipeline
         locked_tenant(tenant_id)
         (pool,) = locked_pools([pool_id])
-        groups = alike_groups(pool, changed=endpoint.pk)
+        groups = alike_groups(pool, changed=endpoint.pk, holders=True)
     else:
         connection.ensure_connection()
         with connection.connection.pipeline(), connection.cursor() as lock, connection.cursor() as read:
             lock.execute(_lock_sql(), [tenant_id, pool_id])
-            read.execute(_alike_sql(), {"changed": endpoint.pk, "pool": pool_id})
+            read.execute(_alike_sql(holders=True), {"changed": endpoint.pk, "pool": pool_id})
             pool = _locked_pool(lock.fetchall(), tenant_id, pool_id)
             groups = _groups(read.fetchall())
     current = own_reservation(groups)
@@ -779,7 +783,17 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> tuple[int, GpuPool]:
         endpoint_commitments(endpoint, current, rollout, held),
         groups,
     )
-    return current, pool
+    sold = {((*g[:4], mu_per_minute, *g[5:]) if g[0] else g): sums for g, sums in groups.items()}
+    return Sale(current, pool, sold)
+
+
+class Sale(NamedTuple):
+    """A sale checked (check_sale): the endpoint's reservation before it (MU/min, 0 for none),
+    its pool (locked) and the pool's groups as the sale leaves them (what refresh_ledgers stores)."""
+
+    current: int
+    pool: GpuPool
+    groups: dict[Group, tuple[Any, ...]]
 
 
 def save_pool(pool: GpuPool) -> None:
@@ -1084,7 +1098,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
     with transaction.atomic():
-        current, pool = check_sale(endpoint, mu_per_minute)
+        current, pool, groups = check_sale(endpoint, mu_per_minute)
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={
@@ -1104,7 +1118,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
                 "best_effort_allowed": best_effort_allowed,
             },
         )
-        refresh_ledgers([pool])
+        refresh_ledgers([pool], {pool.pk: groups})  # no second read: the sale's groups, as sold
     return reservation
 
 
