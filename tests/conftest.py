@@ -117,7 +117,7 @@ def grow_fleet(make_endpoint, h100):
 
     from controlplane.endpoints.models import Pod
     from controlplane.oncall.models import Event
-    from controlplane.selling import sell
+    from controlplane.selling import refresh_pools, sell
 
     settled = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -133,6 +133,7 @@ def grow_fleet(make_endpoint, h100):
             Pod.objects.create(
                 endpoint=endpoint, name=f"pod-{i}-{n}", url="http://127.0.0.1:9000", ready=True
             )
+            refresh_pools([pool.pk])  # as the pod sync does after its writes
             pod = f"pod-{i}-{n}"
             Event.record("hang", "x", endpoint=endpoint, pod=pod, recorded_at=settled, severity="critical")
             Event.record("restart", "x", endpoint=endpoint, pod=pod, recorded_at=settled)

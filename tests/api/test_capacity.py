@@ -2,7 +2,7 @@
 
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.selling import sell
+from controlplane.selling import refresh_pools, sell
 
 
 def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpoint, big_model):
@@ -20,6 +20,7 @@ def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpo
         (big, "b0", True),
     ]:
         Pod.objects.create(endpoint=endpoint, name=name, url="http://127.0.0.1:9", ready=ready)
+    refresh_pools([chat.pool_id])  # as the autoscaler's pass and the pod sync do after their writes
     (row,) = operator_client.get("/api/v1/capacity/").json()
     assert row["pool"] == "use1-h100" and row["gpu_type"] == "h100-80gb"
     # chat commits max(2 GPUs sold, 1 min replica), big max(4 sold, 1 replica of 4 GPUs).

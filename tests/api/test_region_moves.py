@@ -7,6 +7,7 @@ import pytest
 
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod
+from controlplane.selling import refresh_pools
 from tests.api.test_packed_capacity import big_body, capacity_of, regions  # noqa: F401 (the fixture)
 from tests.console.conftest import member_client
 
@@ -70,6 +71,7 @@ def test_an_operator_moves_a_reserved_endpoint_only_where_it_packs(owner_client,
 def test_an_endpoint_with_running_pods_does_not_move(owner_client, operator_client):
     a = made_in_west(owner_client)
     Pod.objects.create(endpoint_id=a["id"], name="a-0", url="http://127.0.0.1:9/", ready=True)
+    refresh_pools(GpuPool.objects.values_list("pk", flat=True))  # as the pod sync does after its writes
     east_b = capacity_of(operator_client, "east-b")
     for client in (owner_client, operator_client):
         refused = client.patch(
@@ -83,6 +85,7 @@ def test_an_endpoint_with_running_pods_does_not_move(owner_client, operator_clie
     assert capacity_of(operator_client, "east-b") == east_b
     assert capacity_of(operator_client, "west")["used_gpus"] == 4
     Pod.objects.all().delete()
+    refresh_pools(GpuPool.objects.values_list("pk", flat=True))
     moved = owner_client.patch(
         f"/api/v1/endpoints/{a['id']}/", {"region_preference": "us-east-1"}, format="json"
     )
