@@ -78,6 +78,23 @@ def test_a_preview_says_what_a_sale_or_a_minimum_change_would_leave_and_writes_n
     assert over.status_code == 400 and "must not exceed the maximum, 64" in over.content.decode()
 
 
+def test_a_preview_counts_the_endpoint_apart_from_those_alike_to_it(
+    operator_web, other, make_endpoint, fleet
+):
+    """batch and two endpoints alike to it (one minimum replica each) are one group of the
+    pool's grouped rows; the preview reads batch apart, so its what-if replaces its own replica
+    and not its siblings'."""
+    for name in ("batch-2", "batch-3"):
+        make_endpoint(other, name)
+    html = operator_web.get(
+        "/console/capacity/preview/", {"endpoint": "other/batch", "mu_per_minute": 200}
+    ).content.decode()
+    # committed: chat 3 + batch and its siblings 3 = 6 of 8; batch's 2 in place of its 1: 7.
+    assert '<span class="asked">2</span>' in html and '<span class="committed-after">7</span>' in html
+    assert '<span class="headroom-before">2</span> → <span class="headroom-after">1</span>' in html
+    assert "llama-8b 200 → 100 MU/min" in html and "<b>Fits</b>" in html
+
+
 def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operator_web, fleet, pool):
     now = timezone.now()
     # The next hour peaked at 600, 650 and 700 MU/min on the three previous days, and 50 at every
