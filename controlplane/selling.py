@@ -593,10 +593,13 @@ def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Al
     )
 
 
-def grouped_ledger(pool: GpuPool, groups: dict[Group, tuple[Any, ...]]) -> PoolLedger:
+def grouped_ledger(
+    pool: GpuPool, groups: dict[Group, tuple[Any, ...]], changed: int | None = None
+) -> PoolLedger:
     """The pool's ledger from its grouped rows (alike_groups): every figure pool_ledgers gives,
-    without names (alike endpoints pack as one)."""
-    others, own = alike_allocations(groups, None)
+    without names (alike endpoints pack as one); the endpoint read apart (`changed`, as given
+    to alike_groups) under its own key, demand_key's, for a what-if on it (check_change)."""
+    others, own = alike_allocations(groups, changed)
     return pool_ledger(pool.node_count, pool.node_shape, overcommit(), [*others, *own], default_shape())
 
 

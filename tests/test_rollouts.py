@@ -136,8 +136,10 @@ def test_a_canary_runs_and_commits_each_version_at_its_share(
         == [(chat.pk, "owner/chat v1", "llama-8b")] * 2 + [(chat.pk, "owner/chat v2", "llama-8b-v2")] * 2
     )
     # The console's capacity page shows the same figures.
-    page = member_client("ops", operator=True).get("/console/capacity/").content.decode()
-    assert '<td class="num committed">4</td>' in page and 'title="owner/chat v2 · llama-8b-v2"' in page
+    console = member_client("ops", operator=True)
+    page = console.get("/console/capacity/").content.decode()
+    grid = console.get(f"/console/capacity/pools/{chat.pool_id}/nodes/").content.decode()
+    assert '<td class="num committed">4</td>' in page and 'title="owner/chat v2 · llama-8b-v2"' in grid
     # Promoted: the new version starts the rest (4) beside the old one's 2, then the old one drains.
     assert (
         owner_client.post(

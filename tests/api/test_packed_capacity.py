@@ -386,8 +386,11 @@ def test_the_console_shows_the_node_grid_stranded_gpus_and_what_still_fits(opera
     ]
     assert (row["free_gpus"], row["stranded_gpus"], row["headroom_gpus"]) == (4, 2, 2)
     assert {m["model"]: m["more_replicas"] for m in row["models"]} == {"tp2": 1, "tp5": 0}
-    page = member_client("opal", operator=True).get("/console/capacity/").content.decode()
-    grid = page[page.index('<div class="node-grid" data-pool="frag">') :]
+    console = member_client("opal", operator=True)
+    page = console.get("/console/capacity/").content.decode()  # the pool's grid opens from it
+    assert f'hx-get="/console/capacity/pools/{pool.pk}/nodes/"' in page
+    grid = console.get(f"/console/capacity/pools/{pool.pk}/nodes/", HTTP_HX_REQUEST="true").content.decode()
+    assert '<div class="node-grid" data-pool="frag">' in grid
     assert '<span class="stranded">2</span> stranded' in grid and 'title="owner/e5a · tp5"' in grid
     assert '<tr data-model="tp5">' in grid and "no room, even after moves" in grid
     assert "fits as placed" in grid

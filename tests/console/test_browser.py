@@ -200,7 +200,19 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     history(fleet.pool, fleet)
     page = sign_in(browser, live_server, "ops", csp_reports)
     assert page.url.endswith("/console/capacity/")
-    page.select_option("#sell-form select[name=endpoint]", "owner/chat")
+    # A pool's node grid is read when its panel opens: each endpoint's one minimum replica.
+    page.click("details.nodes[data-pool=use1-h100] summary")
+    grid = page.wait_for_selector("details.nodes[data-pool=use1-h100] .node-grid")
+    assert "6 GPUs free" in grid.inner_text()
+    # The endpoint is typed: the datalist suggests the endpoints that match, a tenant's by its name.
+    endpoint = page.locator("#sell-form input[name=endpoint]")
+    endpoint.press_sequentially("owner/c")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#sell-endpoints option')].map((o) => o.value).join()"
+        " === 'owner/chat'"
+    )
+    assert "llama-8b in use1-h100 · 0 MU/min now" in page.inner_text("#sell-endpoints option")
+    endpoint.fill("owner/chat")  # as picking the suggestion does
     page.fill("#sell-form input[name=mu_per_minute]", "300")
     # Before selling, the preview says what the sale would leave: 4 of 8 GPUs committed, the
     # sale's 3 whole replicas and the other endpoint's minimum replica.
@@ -214,6 +226,15 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     # The pools table refreshes itself on the sale: 3 of 8 GPUs sold.
     page.wait_for_function("() => document.querySelector('[data-pool=use1-h100] td.sold').innerText === '3'")
     assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
+    # The open node grid stayed open through the pools' refresh, as it was read; it is read again
+    # as it opens: the sale's 3 replicas and the other endpoint's minimum one on the pool's node.
+    assert "6 GPUs free" in page.inner_text("details.nodes[data-pool=use1-h100][open] .node-grid")
+    page.click("details.nodes[data-pool=use1-h100] summary")
+    page.click("details.nodes[data-pool=use1-h100] summary")
+    page.wait_for_function(
+        "() => document.querySelector('details.nodes[data-pool=use1-h100] .free-gpus').innerText === '4'"
+    )
+    assert page.locator("details.nodes[data-pool=use1-h100] .gpu[title='owner/chat · llama-8b']").count() == 3
 
     page.fill("#sell-form input[name=mu_per_minute]", "5000")
     page.click("#sell-form button[type=submit]")

@@ -72,7 +72,9 @@ def routes() -> list[tuple[str, dict[str, str]]]:
         assert isinstance(pattern, URLPattern)
         name = f"console:{pattern.name}"
         kind = (
-            "profile"
+            "pool"
+            if "pools" in str(pattern.pattern)
+            else "profile"
             if "profile" in str(pattern.pattern)
             else "event"
             if "event" in str(pattern.pattern)
@@ -93,6 +95,7 @@ def hostile_fleet(owner, make_endpoint, small_model):
     event = Event.record("hang", "a hang", endpoint=endpoint, severity="critical", pod="chat-0")
     return {
         "endpoint": endpoint.pk,
+        "pool": endpoint.pool_id,
         "event": event.pk,
         "group": event.group_id,
         "profile": small_model.pk,

@@ -1,5 +1,8 @@
-"""The capacity section (operators only): pools and their ledgers summed per GPU type, with the
-history chart, the model profiles with their latest benchmarks, and selling a reservation."""
+"""The capacity section (operators only): pools and their stored ledgers summed per GPU type,
+with the history chart, each pool's node grid on demand, the endpoints that hold the most, the
+model profiles with their latest benchmarks, and selling a reservation. The page reads what the
+writes stored (controlplane.selling.stored_ledgers), so its cost follows the pools and the ten
+holders it shows, not the endpoints behind them; a node grid reads its one pool live."""
 
 import copy
 from collections import defaultdict
@@ -7,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Avg, Count, Max, Prefetch, Q, QuerySet, Sum
+from django.db.models import Avg, Max, Prefetch, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -21,33 +24,43 @@ from controlplane import selling
 from controlplane.api import params
 from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
-from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile, ProfileFit, Reservation
+from controlplane.capacity.models import (
+    CapacitySnapshot,
+    GpuPool,
+    ModelProfile,
+    ProfileFit,
+    Reservation,
+    StoredLedger,
+)
 from controlplane.console import charts
 from controlplane.console.views.base import ConsoleRequest, console_view, page
-from controlplane.endpoints.models import Endpoint, Pod, UsageHour
+from controlplane.endpoints.models import Endpoint, UsageHour
 
 # The history chart's buckets per window: minutes up to six hours, hours beyond.
 BUCKETS = {"15m": TruncMinute, "1h": TruncMinute, "6h": TruncMinute, "1d": TruncHour, "1w": TruncHour}
 TOP_ENDPOINTS = 10  # "the endpoints that hold the most": how many the page lists
+SUGGESTIONS = 20  # endpoints the sell form suggests as the operator types
 FORECAST_HOURS = 24  # the forecast line covers the next day, hour by hour
 
 
 @console_view(operator_only=True, section="capacity")
 def capacity(request: ConsoleRequest) -> HttpResponse:
     context = capacity_context(request.GET.get("window"))
-    context.update(planning_context(timezone.now()))
+    context.update(planning_context(timezone.now(), context["stored_ledgers"]))
     return page(request, "console/capacity.html", "console/_capacity_pools.html", context)
 
 
 def capacity_context(window: str | None) -> dict[str, Any]:
     """The pools' ledgers summed per GPU type, each with its history chart and forecast.
 
-    The ledgers are selling.pool_ledgers', the function /api/v1/capacity/ answers from: the page
-    and the API show the same figures."""
+    The ledgers are the stored ones (selling.stored_ledgers), which /api/v1/capacity/ answers
+    from: the page and the API show the same figures. No placement: a pool's node grid is its
+    own request (pool_nodes)."""
     window = charts.window_name(window)
     now = timezone.now()
     pools = list(GpuPool.objects.select_related("gpu_type").order_by("gpu_type__name", "name"))
-    ledgers = selling.pool_ledgers(pools)
+    stored = selling.stored_ledgers(pools)
+    ledgers = {pool.pk: stored[pool.pk].ledger() for pool in pools}
     groups: dict[str, dict[str, Any]] = {}
     for pool in pools:
         ledger = ledgers[pool.pk]
@@ -72,7 +85,6 @@ def capacity_context(window: str | None) -> dict[str, Any]:
             {
                 "pool": pool,
                 "ledger": ledger,
-                "grid": node_grid(ledger),
                 # Headroom per model placed in the pool: MU/min, and whole replicas of it.
                 "models": [
                     {
@@ -156,7 +168,19 @@ def capacity_context(window: str | None) -> dict[str, Any]:
         "window": window,
         "windows": list(charts.WINDOWS),
         "overcommit": next(iter(ledgers.values())).overcommit if ledgers else 1,
+        "stored_ledgers": stored,  # the holders (planning_context) are read from them too
     }
+
+
+@console_view(operator_only=True, section="capacity")
+def pool_nodes(request: ConsoleRequest, pk: int) -> HttpResponse:
+    """One pool's node grid (templates/console/_node_grid.html), loaded when its <details> on
+    the capacity page opens: the pool read live with its named placement, so its cost is the
+    pool's endpoints, not the fleet's."""
+    pool = get_object_or_404(GpuPool.objects.select_related("gpu_type"), pk=pk)
+    ledger = selling.pool_ledgers([pool])[pool.pk]
+    row = {"pool": pool, "ledger": ledger, "grid": node_grid(ledger)}
+    return render(request, "console/_node_grid.html", {"row": row})
 
 
 def node_grid(ledger: PoolLedger) -> dict[str, Any]:
@@ -261,38 +285,31 @@ def forecast_of(
     }
 
 
-def planning_context(now: datetime) -> dict[str, Any]:
-    """The endpoints that hold the most of the fleet, each tenant's usage against what it
-    bought, and the endpoints the sell form offers."""
-    endpoints = list(Endpoint.objects.with_related().order_by("tenant__name", "name"))
-    running = dict(
-        Pod.objects.filter(ready=True).values_list("endpoint_id").annotate(n=Count("id")).order_by()
+def planning_context(now: datetime, stored: dict[int, StoredLedger]) -> dict[str, Any]:
+    """The endpoints that hold the most of the fleet and each tenant's usage against what it
+    bought. The holders are the stored ledgers' (each pool's ten, merged: selling.holding_most),
+    their committed and running GPUs as stored; one query reads those endpoints for the rest."""
+    rows = selling.holding_most(h for s in stored.values() for h in s.holders)[:TOP_ENDPOINTS]
+    endpoints = Endpoint.objects.select_related("tenant", "profile", "pool", "reservation").in_bulk(
+        [endpoint_id for endpoint_id, *_ in rows]
     )
     holders = []
-    for e in endpoints:
+    for endpoint_id, committed_gpus, committed_mu, running_gpus in rows:
+        e = endpoints.get(endpoint_id)
+        if e is None:  # deleted between the two reads (its delete refreshed the ledger since)
+            continue
         reservation = getattr(e, "reservation", None)  # a reverse one-to-one: absent raises
-        reserved = reservation.mu_per_minute if reservation else 0
-        # both versions while its rollout runs, as the ledger counts them
-        versions = [
-            v.commitment for v in selling.endpoint_commitments(e, reserved, selling.running_rollout(e))
-        ]
         holders.append(
             {
                 "endpoint": e,
-                "value": f"{e.tenant.name}/{e.name}",  # what the sell form posts
-                "reserved": reserved,
-                "committed_gpus": sum(c.gpus for c in versions),
-                "committed_mu": sum(c.mu_per_minute for c in versions),
-                "running_gpus": running.get(e.pk, 0) * e.profile.gpus_per_replica,
+                "reserved": reservation.mu_per_minute if reservation else 0,
+                "committed_gpus": committed_gpus,
+                "committed_mu": committed_mu,
+                "running_gpus": running_gpus,
                 "min_replicas": e.replica_bounds[0],
             }
         )
-    biggest = sorted(holders, key=lambda h: (-max(h["committed_gpus"], h["running_gpus"]), h["endpoint"].pk))
-    return {
-        "holders": biggest[:TOP_ENDPOINTS],
-        "tenant_usage": tenant_usage(now),
-        "sellable_endpoints": holders,  # by tenant and name, as queried
-    }
+    return {"holders": holders, "tenant_usage": tenant_usage(now)}
 
 
 def tenant_usage(now: datetime) -> list[dict[str, Any]]:
@@ -367,7 +384,6 @@ def sell(request: ConsoleRequest) -> HttpResponse:
         .first()
     )
     context: dict[str, Any] = {"form": form, "errors": {}, "refused": None, "sold": None}
-    context.update(planning_context(timezone.now()))
     if endpoint is None:
         context["errors"]["endpoint"] = f"no endpoint {form['endpoint']!r}: write it as tenant/endpoint"
         return render(request, "console/_sell_form.html", context, status=400)
@@ -392,8 +408,36 @@ def sell(request: ConsoleRequest) -> HttpResponse:
         return render(request, "console/_sell_form.html", context, status=409)
     # The pools table is refreshed in the same response (out of band), with the new figures.
     context.update(capacity_context(request.POST.get("window")), refresh_pools=True)
-    context.update(planning_context(timezone.now()))
+    context.update(planning_context(timezone.now(), context["stored_ledgers"]))
     return render(request, "console/_sell_form.html", context)
+
+
+@console_view(operator_only=True, section="capacity")
+def sell_endpoints(request: ConsoleRequest) -> HttpResponse:
+    """The sell form's suggestions (its endpoint input's <datalist>) as the operator types: at
+    most SUGGESTIONS endpoints, each as tenant/endpoint with its model, pool and reservation, by
+    tenant then name. "tenant/pre": that tenant's endpoints whose name starts with "pre" (the
+    tenant's name index, then its endpoints); "pre": those of the tenants whose name starts with
+    it (read in the order of the tenant names' index, stopping at the SUGGESTIONS-th), then, when
+    fewer, the endpoints whose own name does (a scan of the endpoints' names: no index has them
+    first)."""
+    text = request.GET.get("endpoint", "").strip()
+    tenant_name, slash, name = text.partition("/")
+    endpoints = (
+        Endpoint.objects.visible_to(request.principal)
+        .select_related("tenant", "profile", "pool", "reservation")
+        .order_by("tenant__name", "name")
+    )
+    if slash:
+        suggestions = list(endpoints.filter(tenant__name=tenant_name, name__startswith=name)[:SUGGESTIONS])
+    else:
+        suggestions = list(endpoints.filter(tenant__name__startswith=text)[:SUGGESTIONS])
+        if len(suggestions) < SUGGESTIONS:
+            suggestions += endpoints.filter(name__startswith=text).exclude(tenant__name__startswith=text)[
+                : SUGGESTIONS - len(suggestions)
+            ]
+            suggestions.sort(key=lambda e: (e.tenant.name, e.name))
+    return render(request, "console/_sell_endpoints.html", {"suggestions": suggestions})
 
 
 @console_view(operator_only=True, section="capacity")
@@ -426,7 +470,10 @@ def preview(request: ConsoleRequest) -> HttpResponse:
         )
     if errors:
         return render(request, "console/_sell_preview.html", {"preview": None, "errors": errors}, status=400)
-    ledger = selling.pool_ledgers([endpoint.pool])[endpoint.pool_id]
+    # The pool's alike endpoints grouped, this one apart (under its own key, which the what-ifs
+    # replace): the figures of the per-endpoint ledger from tens of rows, not the pool's every one.
+    groups = selling.alike_groups(endpoint.pool, changed=endpoint.pk)
+    ledger = selling.grouped_ledger(endpoint.pool, groups, changed=endpoint.pk)
     replacing = selling.commitment(endpoint, reserved_now)
     changed = copy.copy(endpoint)
     changed.min_provisioned_concurrency = minimum
