@@ -73,7 +73,7 @@ def measure(f: Fleet, options: fleet.Options) -> dict[str, Result]:
         return elapsed
 
     for client, make in scenarios.values():  # warm caches and connections
-        timed_runs(lambda client=client, make=make: timed(client, make()), 5, budget_s=5)
+        timed_runs(lambda client=client, make=make: timed(client, make()), 5, budget_s=5, least=1)
     header(GOAL_MS)
     results = {}
     for name, (client, make) in scenarios.items():

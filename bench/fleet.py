@@ -717,13 +717,15 @@ def header(goal_ms: float) -> None:
     print(f"\n{'scenario':<64} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}  goal p99 < {goal_ms:.0f} ms", flush=True)
 
 
-def timed_runs(call: Callable[[], float], requests: int, budget_s: float) -> list[float]:
+def timed_runs(
+    call: Callable[[], float], requests: int, budget_s: float, least: int = MIN_SAMPLES
+) -> list[float]:
     """`requests` calls of `call` (each returns its latency in ms), fewer once `budget_s` has
-    passed (MIN_SAMPLES at least): a page that takes seconds at 100,000 endpoints is measured,
-    not waited on for an hour."""
+    passed (`least` at least): a page that takes seconds at 100,000 endpoints is measured, not
+    waited on for an hour."""
     times: list[float] = []
     deadline = time.monotonic() + budget_s
-    while len(times) < requests and (len(times) < MIN_SAMPLES or time.monotonic() < deadline):
+    while len(times) < requests and (len(times) < least or time.monotonic() < deadline):
         times.append(call())
     return times
 
