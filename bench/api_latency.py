@@ -1,19 +1,20 @@
 """API latency at fleet scale, at 10,000 and at 100,000 endpoints, on PostgreSQL with DEBUG off.
 
     make bench-api    (or: python bench/api_latency.py [--sizes 10000,100000 | --endpoints N]
-                                                       [--requests N] [--sales N] [--budget-s S])
+                               [--requests N] [--sales N] [--budget-s S] [--server production|sync])
 
 Per size, loads the fleet (bench/fleet.py) into a fresh database, serves it with the production
-web server (gunicorn -c controlplane/gunicorn.conf.py: 2 uvicorn workers, DEBUG off) on loopback
-and times requests from one sequential client, each on a fresh connection: one row per scenario,
-p50 and p99 against the 50 ms goal. Then the sale: SELLERS sellers at once, each on its own
-connection with the operator's key, sell (POST) or raise (PATCH) reservations on random endpoints
-of the nearly full pools, --sales in all, against a 200 ms goal; it counts the sales made
-(201/200) and refused (409), then reads /api/v1/capacity/ and says whether any pool is oversold.
-Last, the p99 ratio between the sizes per scenario. Prints figures; asserts nothing (this
-machine is shared and noisy).
+web server (gunicorn -c controlplane/gunicorn.conf.py: 2 uvicorn workers, DEBUG off; --server
+sync: 2 sync workers) on loopback and times requests from one sequential client, each on a fresh
+connection: one row per scenario, p50 and p99 against the 50 ms goal. Then the sale: SELLERS
+sellers at once, each on its own connection with the operator's key, sell (POST) or raise (PATCH)
+reservations on random endpoints of the nearly full pools, --sales in all, against a 200 ms goal;
+it counts the sales made (201/200) and refused (409), then reads /api/v1/capacity/ and says
+whether any pool is oversold. Last, the p99 ratio between the sizes per scenario. Prints figures;
+asserts nothing (this machine is shared and noisy).
 """
 
+import argparse
 import http.client
 import json
 import os
@@ -36,9 +37,18 @@ SELLERS = 20
 SALE = f"operator: sale, {SELLERS} concurrent sellers"
 
 
-def serve(log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """The production web server on loopback; its log (a line per refused sale: Django logs
-    each 4xx) goes to `log`."""
+# How gunicorn serves the API: as in production (uvicorn workers, controlplane/gunicorn.conf.py),
+# or with 2 sync workers (WSGI, no event loop or thread hop): the application's own cost, which
+# is ~8 ms less per request at p50 here (docs/evaluation/fleet-scale.md).
+SERVERS = {
+    "production": ["-c", "controlplane/gunicorn.conf.py"],
+    "sync": ["controlplane.wsgi", "-w", "2"],
+}
+
+
+def serve(log: IO[bytes], server: str) -> subprocess.Popen[bytes]:
+    """The web server on loopback; its log (a line per refused sale: Django logs each 4xx)
+    goes to `log`."""
     env = {
         **os.environ,
         "DATABASE_URL": DB_URL,
@@ -47,11 +57,10 @@ def serve(log: IO[bytes]) -> subprocess.Popen[bytes]:
         "SECRET_KEY": "bench-only",
         "LOG_LEVEL": "WARNING",
     }
-    server = subprocess.Popen(
+    process = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/gunicorn"),
-            "-c",
-            "controlplane/gunicorn.conf.py",
+            *SERVERS[server],
             "-b",
             f"127.0.0.1:{PORT}",
             "--log-level",
@@ -66,10 +75,10 @@ def serve(log: IO[bytes]) -> subprocess.Popen[bytes]:
     while time.monotonic() < deadline:
         try:
             get("/api/schema/", "")
-            return server
+            return process
         except OSError:
             time.sleep(0.2)
-    server.kill()
+    process.kill()
     raise SystemExit("gunicorn did not start")
 
 
@@ -198,12 +207,12 @@ def sale(f: Fleet, sales: int) -> Result:
     return result
 
 
-def measure(f: Fleet, options: fleet.Options, sales: int) -> dict[str, Result]:
+def measure(f: Fleet, options: fleet.Options, sales: int, server_kind: str) -> dict[str, Result]:
     rng = random.Random(11)
     scenarios = read_scenarios(f, rng)
     results: dict[str, Result] = {}
     with tempfile.NamedTemporaryFile(prefix="bench-api-server-", suffix=".log", delete=False) as log:
-        server = serve(log)
+        server = serve(log, server_kind)
         try:
             for make in scenarios.values():  # warm both workers' connections and caches
                 timed_runs(lambda make=make: get(*make()), 10, budget_s=5, least=2)
@@ -223,17 +232,24 @@ def measure(f: Fleet, options: fleet.Options, sales: int) -> dict[str, Result]:
     return results
 
 
-def main() -> None:
-    options, args = fleet.parse_options(
-        __doc__.splitlines()[0],
-        requests=500,
-        extra=lambda parser: parser.add_argument(
-            "--sales", type=int, default=400, help="sales in all in the sale scenario, 0: none (%(default)s)"
-        ),
+def own_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sales", type=int, default=400, help="sales in all in the sale scenario, 0: none (%(default)s)"
     )
+    parser.add_argument(
+        "--server",
+        choices=list(SERVERS),
+        default="production",
+        help="gunicorn as in production (uvicorn workers) or with 2 sync workers (%(default)s)",
+    )
+
+
+def main() -> None:
+    options, args = fleet.parse_options(__doc__.splitlines()[0], requests=500, extra=own_arguments)
     if args.sales < 0:
         raise SystemExit(f"--sales must be at least 0, not {args.sales}")
-    fleet.run_sizes(options, lambda f: measure(f, options, args.sales))
+    print(f"server: {args.server} (gunicorn {' '.join(SERVERS[args.server])})")
+    fleet.run_sizes(options, lambda f: measure(f, options, args.sales, args.server))
 
 
 if __name__ == "__main__":
