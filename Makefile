@@ -119,11 +119,14 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Each runs the base fleet (10,000 endpoints) then the large one (100,000), each on a fresh
+# PostgreSQL database (BENCH_DATABASE_URL), and prints the p99 ratio between them; e.g.
+# `make bench-api BENCH_ARGS="--endpoints 10000 --requests 100"` (docs/evaluation/fleet-scale.md).
 bench-api: install
-	$(BIN)/python bench/api_latency.py
+	$(BIN)/python bench/api_latency.py $(BENCH_ARGS)
 
 bench-console: install
-	$(BIN)/python bench/console_latency.py
+	$(BIN)/python bench/console_latency.py $(BENCH_ARGS)
 
 bench-model-units: install
 	$(BIN)/python bench/model_units.py

@@ -1,27 +1,54 @@
-"""API latency at fleet scale: 10,000 endpoints across 500 tenants, 100,000 events, PostgreSQL.
+"""API latency at fleet scale, at 10,000 and at 100,000 endpoints, on PostgreSQL with DEBUG off.
 
-    make bench-api            (or: .venv/bin/python bench/api_latency.py [--requests N])
+    make bench-api    (or: python bench/api_latency.py [--sizes 10000,100000 | --endpoints N]
+                               [--requests N] [--sales N] [--budget-s S] [--server production|sync])
 
-Loads the data set into its own database (BENCH_DATABASE_URL, default controlplane_bench on
-127.0.0.1), serves it with gunicorn (2 sync workers, DEBUG off) on loopback, and times requests
-from one sequential client: p50/p99 per scenario against the 50 ms goal. Prints figures; asserts
-nothing (this machine is shared and noisy).
+Per size, loads the fleet (bench/fleet.py) into a fresh database, serves it with the production
+web server (gunicorn -c controlplane/gunicorn.conf.py: 2 uvicorn workers, DEBUG off; --server
+sync: 2 sync workers) on loopback and times requests from one sequential client, each on a fresh
+connection: one row per scenario, p50 and p99 against the 50 ms goal. Then the sale: SELLERS
+sellers at once, each on its own connection with the operator's key, sell (POST) or raise (PATCH)
+reservations on random endpoints of the nearly full pools, --sales in all, against a 200 ms goal;
+it counts the sales made (201/200) and refused (409), then reads /api/v1/capacity/ and says
+whether any pool is oversold. Last, the p99 ratio between the sizes per scenario. Prints figures;
+asserts nothing (this machine is shared and noisy).
 """
 
 import argparse
 import http.client
+import json
 import os
 import random
 import subprocess
+import tempfile
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from typing import IO, Any
 
-from fleet import DB_URL, ENDPOINTS, EVENTS, ROOT, TENANTS, header, load, recreate_database, report
+import fleet
+from fleet import DB_URL, ROOT, Fleet, Result, header, report, timed_runs
 
 PORT = int(os.environ.get("BENCH_PORT", "18231"))
 GOAL_MS = 50.0
+SALE_GOAL_MS = 200.0
+SELLERS = 20
+SALE = f"operator: sale, {SELLERS} concurrent sellers"
 
 
-def serve() -> subprocess.Popen:
+# How gunicorn serves the API: as in production (uvicorn workers, controlplane/gunicorn.conf.py),
+# or with 2 sync workers (WSGI, no event loop or thread hop): the application's own cost, which
+# is ~8 ms less per request at p50 here (docs/evaluation/fleet-scale.md).
+SERVERS = {
+    "production": ["-c", "controlplane/gunicorn.conf.py"],
+    "sync": ["controlplane.wsgi", "-w", "2"],
+}
+
+
+def serve(log: IO[bytes], server: str) -> subprocess.Popen[bytes]:
+    """The web server on loopback; its log (a line per refused sale: Django logs each 4xx)
+    goes to `log`."""
     env = {
         **os.environ,
         "DATABASE_URL": DB_URL,
@@ -30,12 +57,10 @@ def serve() -> subprocess.Popen:
         "SECRET_KEY": "bench-only",
         "LOG_LEVEL": "WARNING",
     }
-    server = subprocess.Popen(
+    process = subprocess.Popen(
         [
             str(ROOT / ".venv/bin/gunicorn"),
-            "controlplane.wsgi",
-            "-w",
-            "2",
+            *SERVERS[server],
             "-b",
             f"127.0.0.1:{PORT}",
             "--log-level",
@@ -43,22 +68,24 @@ def serve() -> subprocess.Popen:
         ],
         cwd=ROOT,
         env=env,
+        stdout=subprocess.DEVNULL,  # the access log
+        stderr=log,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             get("/api/schema/", "")
-            return server
+            return process
         except OSError:
             time.sleep(0.2)
-    server.kill()
+    process.kill()
     raise SystemExit("gunicorn did not start")
 
 
 def get(path: str, key: str) -> float:
     """One request on a fresh connection; returns its latency in ms."""
     started = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
     conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
     response = conn.getresponse()
     response.read()
@@ -68,22 +95,14 @@ def get(path: str, key: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=500, help="requests per scenario")
-    args = parser.parse_args()
-    print(f"loading {ENDPOINTS} endpoints, {TENANTS} tenants, {EVENTS} events into {DB_URL} ...")
-    recreate_database()
-    started = time.monotonic()
-    operator, tenant_keys = load()
-    from django.db import connection
+def read_scenarios(f: Fleet, rng: random.Random) -> dict[str, Callable[[], tuple[str, str]]]:
+    from controlplane.capacity.models import GpuPool
 
-    connection.close()
-    print(f"loaded in {time.monotonic() - started:.1f} s")
-    rng = random.Random(11)
-    pages = ENDPOINTS // 50
-    scenarios = {
-        "tenant: list its endpoints (page 1)": lambda: ("/api/v1/endpoints/", rng.choice(tenant_keys)),
+    pages = max(1, f.size.endpoints // 50)
+    pool_ids = list(GpuPool.objects.values_list("pk", flat=True))
+    operator = f.operator_key
+    return {
+        "tenant: list its endpoints (page 1)": lambda: ("/api/v1/endpoints/", rng.choice(f.tenant_keys)),
         "operator: list endpoints (random page of 200)": lambda: (
             f"/api/v1/endpoints/?page={rng.randint(1, pages)}",
             operator,
@@ -94,19 +113,145 @@ def main() -> None:
         ),
         "operator: capacity summary (20 pools)": lambda: ("/api/v1/capacity/", operator),
         "operator: events, newest page": lambda: ("/api/v1/events/", operator),
+        "operator: list pools": lambda: ("/api/v1/pools/", operator),
+        "operator: capacity of one pool": lambda: (f"/api/v1/capacity/{rng.choice(pool_ids)}/", operator),
+        "tenant: its usage": lambda: ("/api/v1/usage/", rng.choice(f.tenant_keys)),
+        "operator: pods list": lambda: ("/api/v1/pods/", operator),
     }
-    server = serve()
-    try:
-        for make in scenarios.values():  # warm both workers' connections and caches
-            for _ in range(20):
-                get(*make())
-        header(GOAL_MS)
-        for name, make in scenarios.items():
-            report(name, [get(*make()) for _ in range(args.requests)], GOAL_MS)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+
+
+class Seller(threading.Thread):
+    """One seller: its own connection, its own endpoints (no two sellers sell the same one),
+    `sales` sales one after the other: a POST where the endpoint has no reservation, else a
+    PATCH raising it by one or two replicas' MU."""
+
+    def __init__(self, key: str, endpoints: list[list[Any]], sales: int, start: threading.Barrier, seed: int):
+        super().__init__(daemon=True)
+        self.key, self.endpoints, self.sales, self.start_line = key, endpoints, sales, start
+        self.rng = random.Random(seed)
+        self.times: list[float] = []
+        self.answers: Counter[int] = Counter()
+        self.unexpected: list[str] = []
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+        self.start_line.wait()
+        for _ in range(self.sales):
+            row = self.rng.choice(self.endpoints)  # [endpoint id, reservation id or None, MU/min]
+            endpoint, reservation, mu = row
+            if reservation is None:
+                method, path = "POST", "/api/v1/reservations/"
+                body = {"endpoint": endpoint, "mu_per_minute": self.rng.choice([100, 200, 300])}
+            else:
+                method, path = "PATCH", f"/api/v1/reservations/{reservation}/"
+                body = {"mu_per_minute": mu + self.rng.choice([100, 200])}
+            headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+            started = time.perf_counter()
+            try:
+                conn.request(method, path, body=json.dumps(body), headers=headers)
+                response = conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()  # the server closed a kept-alive connection: once more on a new one
+                started = time.perf_counter()
+                conn.request(method, path, body=json.dumps(body), headers=headers)
+                response = conn.getresponse()
+            data = response.read()
+            self.times.append((time.perf_counter() - started) * 1000)
+            self.answers[response.status] += 1
+            if response.status in (200, 201):
+                sold = json.loads(data)
+                row[1], row[2] = sold["id"], sold["mu_per_minute"]
+            elif response.status != 409:
+                self.unexpected.append(f"{method} {path} -> {response.status}: {data[:200]!r}")
+        conn.close()
+
+
+def sale(f: Fleet, sales: int) -> Result:
+    """SELLERS sellers at once on the nearly full pools' endpoints; then whether any pool is oversold."""
+    from controlplane.endpoints.models import Endpoint
+
+    endpoints = [
+        list(row)
+        for row in Endpoint.objects.filter(pool_id__in=f.full_pool_ids)
+        .order_by("pk")
+        .values_list("pk", "reservation__pk", "reservation__mu_per_minute")
+    ]
+    start = threading.Barrier(SELLERS)
+    sellers = [
+        Seller(
+            f.operator_key, endpoints[k::SELLERS], sales // SELLERS + (k < sales % SELLERS), start, 100 + k
+        )
+        for k in range(SELLERS)
+    ]
+    for s in sellers:
+        s.start()
+    for s in sellers:
+        s.join()
+    times = [t for s in sellers for t in s.times]
+    answers = sum((s.answers for s in sellers), Counter())
+    result = report(f"{f.size.label} {SALE}", times, SALE_GOAL_MS, own_goal=True)
+    other = sum(n for status, n in answers.items() if status not in (200, 201, 409))
+    made = f"sold {answers[201]} new and raised {answers[200]} (201/200)"
+    print(f"    {made}, refused {answers[409]} (409), other {other}")
+    for line in [u for s in sellers for u in s.unexpected][:3]:
+        print(f"    unexpected: {line}")
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    conn.request("GET", "/api/v1/capacity/", headers={"Authorization": f"Bearer {f.operator_key}"})
+    pools = json.loads(conn.getresponse().read())
+    conn.close()
+    oversold = [f"{p['pool']} ({p['unplaced_replicas']} replicas unplaced)" for p in pools
+                if p["oversold"] or p["unplaced_replicas"] > 0]  # fmt: skip
+    print(
+        f"    never oversold: {'NO: ' + ', '.join(oversold) if oversold else 'yes'} ({len(pools)} pools read)"
+    )
+    return result
+
+
+def measure(f: Fleet, options: fleet.Options, sales: int, server_kind: str) -> dict[str, Result]:
+    rng = random.Random(11)
+    scenarios = read_scenarios(f, rng)
+    results: dict[str, Result] = {}
+    with tempfile.NamedTemporaryFile(prefix="bench-api-server-", suffix=".log", delete=False) as log:
+        server = serve(log, server_kind)
+        try:
+            for make in scenarios.values():  # warm both workers' connections and caches
+                timed_runs(lambda make=make: get(*make()), 10, budget_s=5, least=2)
+            header(GOAL_MS)
+            for name, make in scenarios.items():
+                times = timed_runs(lambda make=make: get(*make()), options.requests, options.budget_s)
+                results[name] = report(f"{f.size.label} {name}", times, GOAL_MS)
+            if sales:
+                results[SALE] = sale(f, sales)
+        except BaseException:
+            print(f"the server's log: {log.name}")
+            raise
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    os.unlink(log.name)
+    return results
+
+
+def own_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sales", type=int, default=400, help="sales in all in the sale scenario, 0: none (%(default)s)"
+    )
+    parser.add_argument(
+        "--server",
+        choices=list(SERVERS),
+        default="production",
+        help="gunicorn as in production (uvicorn workers) or with 2 sync workers (%(default)s)",
+    )
+
+
+def main() -> None:
+    options, args = fleet.parse_options(__doc__.splitlines()[0], requests=500, extra=own_arguments)
+    if args.sales < 0:
+        raise SystemExit(f"--sales must be at least 0, not {args.sales}")
+    print(f"server: {args.server} (gunicorn {' '.join(SERVERS[args.server])})")
+    fleet.run_sizes(options, lambda f: measure(f, options, args.sales, args.server))
 
 
 if __name__ == "__main__":
+    fleet.use_project_python()
     main()
