@@ -448,6 +448,8 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
                 cursor.execute(sql)
 
     ledgers = selling.pool_ledgers(pools)
+    for pool in pools:  # the rows were copied in, not written by selling: store their ledgers
+        selling.refresh_pools([pool.pk])
     normal = [ledgers[p.pk] for p in pools[FULL_POOLS:]] or list(ledgers.values())
     share = sum(ledger.committed_gpus for ledger in normal) / max(
         1, sum(ledger.have_gpus for ledger in normal)
