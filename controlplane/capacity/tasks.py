@@ -3,34 +3,34 @@
 from datetime import datetime
 
 from celery import shared_task
-from django.db import transaction
 from django.utils import timezone
 
-from controlplane.capacity import profile_benchmarks
+from controlplane.capacity import profile_benchmarks, snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
 from controlplane.selling import pool_ledgers
 
 
 def record_snapshots(now: datetime | None = None) -> int:
-    """Write one CapacitySnapshot per pool; returns how many were written."""
+    """Write one CapacitySnapshot per pool, added to its CapacityHour in the same transaction,
+    then delete those past their retention; returns how many were written."""
     now = now or timezone.now()
     pools = list(GpuPool.objects.all())
     ledgers = pool_ledgers(pools)
-    with transaction.atomic():
-        CapacitySnapshot.objects.bulk_create(
-            CapacitySnapshot(
-                pool=pool,
-                at=now,
-                have_gpus=float(ledger.have_gpus),
-                sold_gpus=float(ledger.sold_gpus),
-                used_gpus=float(ledger.used_gpus),
-                have_mu_per_minute=float(ledger.have_mu_per_minute),
-                sold_mu_per_minute=float(ledger.sold_mu_per_minute),
-                used_mu_per_minute=float(ledger.used_mu_per_minute),
-            )
-            for pool in pools
-            for ledger in [ledgers[pool.pk]]
+    snapshots.write(
+        CapacitySnapshot(
+            pool=pool,
+            at=now,
+            have_gpus=float(ledger.have_gpus),
+            sold_gpus=float(ledger.sold_gpus),
+            used_gpus=float(ledger.used_gpus),
+            have_mu_per_minute=float(ledger.have_mu_per_minute),
+            sold_mu_per_minute=float(ledger.sold_mu_per_minute),
+            used_mu_per_minute=float(ledger.used_mu_per_minute),
         )
+        for pool in pools
+        for ledger in [ledgers[pool.pk]]
+    )
+    snapshots.prune(now)
     return len(pools)
 
 

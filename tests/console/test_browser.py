@@ -167,6 +167,7 @@ def history(pool, endpoint):
 
     from django.utils import timezone
 
+    from controlplane.capacity import snapshots
     from controlplane.capacity.models import CapacitySnapshot
     from controlplane.endpoints.models import UsageHour
 
@@ -181,7 +182,7 @@ def history(pool, endpoint):
                 sold_mu_per_minute=100 if minutes > 30 else 300, used_mu_per_minute=daily,
             )
         )  # fmt: skip
-    CapacitySnapshot.objects.bulk_create(rows)
+    snapshots.write(rows)
     hour = int(now.timestamp()) // 3600 * 3600
     UsageHour.objects.bulk_create(
         UsageHour(

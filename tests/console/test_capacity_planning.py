@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, Reservation
 from controlplane.endpoints.models import Pod, UsageHour
 from controlplane.selling import delete_endpoint, sell
@@ -90,7 +91,7 @@ def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operato
                     sold_mu_per_minute=300, used_mu_per_minute=peak if in_peak else 50,
                 )
             )  # fmt: skip
-    CapacitySnapshot.objects.bulk_create(rows)
+    snapshots.write(rows)
     html = operator_web.get("/console/capacity/").content.decode()
     assert "peak 650 MU/min in the next 24 h against 800 sellable" in html
     assert "— short" not in html

@@ -1,0 +1,135 @@
+"""What the capacity page reads of the past: each GPU type's history chart, its hourly peaks for
+the forecast, and each tenant's usage, in a few queries whose rows grow with the window, never
+with the fleet's endpoints.
+
+The chart averages each pool's snapshots over a bucket (a minute up to six hours, an hour
+beyond) and adds the pools of a GPU type. Minutes come from the snapshots themselves (one per
+pool and minute); hours from the pools' CapacityHours (controlplane.capacity.snapshots), the
+same averages summed as the snapshots were written, so a week is 168 rows per pool instead of
+10,080. Only a window's first hour, cut by the window's start, is averaged from its snapshots.
+"""
+
+import math
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Avg, F, FloatField, Q, QuerySet, Sum
+from django.db.models.functions import TruncHour, TruncMinute
+
+from capacity.autoscaler import forecast
+from controlplane.capacity.models import CapacityHour, CapacitySnapshot, Reservation
+from controlplane.endpoints.models import UsageHour
+
+HOUR = 3600
+MINUTE_CHARTS_S = 6 * HOUR  # windows up to this long are charted per minute, longer ones per hour
+FIGURES = ("have", "sold", "used")  # MU/min, each a series of the chart
+
+Point = dict[str, float]  # figure -> MU/min, the pools of a GPU type added
+
+
+def capacity_history(since: datetime, window_s: float) -> dict[str, list[tuple[float, Point]]]:
+    """Per GPU type, the chart's buckets from `since` on: (bucket's start in unix seconds, each
+    figure averaged per pool over the bucket, then added over the type's pools), ascending."""
+    points: dict[str, dict[float, Point]] = defaultdict(
+        lambda: defaultdict(lambda: dict.fromkeys(FIGURES, 0.0))
+    )
+    if window_s <= MINUTE_CHARTS_S:
+        _add_snapshots(points, CapacitySnapshot.objects.filter(at__gte=since), TruncMinute)
+    else:
+        first_hour = math.ceil(since.timestamp() / HOUR) * HOUR
+        head = CapacitySnapshot.objects.filter(at__gte=since, at__lt=datetime.fromtimestamp(first_hour, UTC))
+        _add_snapshots(points, head, TruncHour)
+        hours = (
+            CapacityHour.objects.filter(start__gte=first_hour)
+            .values("pool__gpu_type__name", "start")
+            .annotate(have=_hour_average("have"), sold=_hour_average("sold"), used=_hour_average("used"))
+            .order_by()
+        )
+        for row in hours:  # each pool's hour averaged, the type's pools added, in the database
+            point = points[row["pool__gpu_type__name"]][float(row["start"])]
+            for figure in ("have", "sold", "used"):  # literal keys: a row is a TypedDict to mypy
+                point[figure] += row[figure]
+    return {name: sorted(buckets.items()) for name, buckets in points.items()}
+
+
+def _hour_average(figure: str) -> Sum:
+    """The pools' averages over their hours, added: sum over pools of (figure's sum / snapshots)."""
+    return Sum(F(f"{figure}_mu_sum") / F("snapshots"), output_field=FloatField())
+
+
+def _add_snapshots(
+    points: dict[str, dict[float, Point]],
+    snapshots: QuerySet[CapacitySnapshot],
+    bucket: type[TruncMinute | TruncHour],
+) -> None:
+    rows = (
+        snapshots.annotate(bucket=bucket("at"))
+        .values("pool__gpu_type__name", "pool_id", "bucket")
+        .annotate(
+            have=Avg("have_mu_per_minute"), sold=Avg("sold_mu_per_minute"), used=Avg("used_mu_per_minute")
+        )
+        .order_by()
+    )
+    for row in rows:  # average within a bucket per pool, then add the pools of a GPU type
+        point = points[row["pool__gpu_type__name"]][row["bucket"].timestamp()]
+        for figure in ("have", "sold", "used"):
+            point[figure] += row[figure]
+
+
+def hourly_peaks(now: datetime) -> dict[str, list[tuple[float, float]]]:
+    """Per GPU type, each whole hour's peak of used MU/min over the forecast's look-back (four
+    weeks and a day), the pools of a type added: (hour's start, MU/min), ascending. From the
+    pools' hours: 20 pools' four weeks and a day are 13,920 rows, summed to 696 per type by the
+    database. (The hour the look-back starts in is left out: the forecast reads nothing that
+    old, only the hours of the last four weeks.)"""
+    first_hour = math.ceil((now - timedelta(seconds=forecast.HISTORY_S)).timestamp() / HOUR) * HOUR
+    rows = (
+        CapacityHour.objects.filter(start__gte=first_hour)
+        .values_list("pool__gpu_type__name", "start")
+        .annotate(peak=Sum("used_mu_peak"))
+        .order_by("pool__gpu_type__name", "start")
+    )
+    peaks: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for name, start, peak in rows:
+        peaks[name].append((float(start), peak))
+    return dict(peaks)
+
+
+def tenant_usage(now: datetime) -> list[dict[str, Any]]:
+    """Per tenant: MU metered in the last 24 hours and per day over the last 7, against what its
+    reservations let it use in a day (MU/min x 1,440). From the hours /api/v1/usage/ sums."""
+    hour = int(now.timestamp()) // 3600 * 3600
+    day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
+    used = {
+        row["tenant__name"]: row
+        for row in UsageHour.objects.filter(start__gte=week_ago)  # deleted endpoints' included
+        .values("tenant__name")
+        .annotate(
+            day=Sum("mu", filter=Q(start__gte=day_ago)),
+            week=Sum("mu"),
+            throttled=Sum("throttled", filter=Q(start__gte=day_ago)),
+        )
+        .order_by()
+    }
+    reserved = dict(
+        Reservation.objects.values_list("endpoint__tenant__name").annotate(mu=Sum("mu_per_minute")).order_by()
+    )
+    out: list[dict[str, Any]] = []
+    for name in sorted(set(used) | set(reserved)):
+        row: dict[str, Any] = dict(used.get(name) or {})
+        per_day = (reserved.get(name) or 0) * 1440
+        day = float(row.get("day") or 0.0)
+        out.append(
+            {
+                "tenant": name,
+                "reserved_mu_per_minute": reserved.get(name) or 0,
+                "reserved_mu_per_day": per_day,
+                "used_mu_day": day,
+                "used_mu_week_per_day": (row.get("week") or 0.0) / 7,
+                "share": day / per_day if per_day else None,
+                "throttled": row.get("throttled") or 0,
+            }
+        )
+    out.sort(key=lambda r: (-r["used_mu_day"], r["tenant"]))
+    return out
