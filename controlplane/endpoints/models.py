@@ -353,10 +353,37 @@ class UsageHour(models.Model):
     class Meta:
         ordering = ["endpoint_id", "start"]
         constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_hour_unique")]
-        indexes = [models.Index(fields=["start"])]
+        # (tenant, start): a tenant's window (/api/v1/usage/) reads its own hours, not every
+        # tenant's hours of the window nor every hour the tenant ever had
+        indexes = [models.Index(fields=["start"]), models.Index(fields=["tenant", "start"])]
 
     def __str__(self) -> str:
         return f"endpoint {self.endpoint_id} hour from {self.start}"
+
+
+class TenantUsageHour(models.Model):
+    """One UTC hour of a tenant's usage: its endpoints' UsageHours of that hour added, deleted
+    endpoints' included, written by the same statement's transaction as they are
+    (controlplane.endpoints.usage.record), so the capacity page's tenant table reads 168 rows
+    per tenant for a week, however many endpoints the tenant has. Kept as long as the usage
+    (USAGE_RETENTION_DAYS)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_hours")
+    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
+    mu = models.FloatField(default=0.0)
+    requests = models.PositiveBigIntegerField(default=0)
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    throttled = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["tenant_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "start"], name="tenant_usage_hour_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} hour from {self.start}"
 
 
 class DeletedEndpoint(models.Model):

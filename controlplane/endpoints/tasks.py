@@ -16,6 +16,7 @@ from controlplane.endpoints.models import (
     LoadMinute,
     RouterMark,
     RouterSample,
+    TenantUsageHour,
     UsageHour,
 )
 from controlplane.endpoints.samples import redis_client
@@ -38,6 +39,7 @@ def collect_load() -> str:
     # second it had delivered (its answer lost) finds it taken, or the hour it went to is gone too.
     RouterMark.objects.filter(updated_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     UsageHour.objects.filter(start__lt=kept_since).delete()
+    TenantUsageHour.objects.filter(start__lt=kept_since).delete()
     DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"collected through {report.collected}, {report.billed} billed"
 

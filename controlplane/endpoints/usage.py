@@ -2,7 +2,8 @@
 
 The collector (controlplane.endpoints.collector, through each source's `bill` in
 controlplane.endpoints.samples) adds each router second, once, to its endpoint's UsageHour
-(`record`); `usage` is the one query behind
+(`record`), and to its tenant's TenantUsageHour in the same transaction; `usage` is the one
+query behind
 ``GET /api/v1/usage/`` and the console's endpoint page, a day being the sum of its 24 hours:
 
     an endpoint's slot 10:00:00-10:00:05 with 3 requests, 1.5 MU, 300 tokens in, 90 out and
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import Mod
 
-from controlplane.endpoints.models import DeletedEndpoint, Endpoint, UsageHour
+from controlplane.endpoints.models import DeletedEndpoint, Endpoint, TenantUsageHour, UsageHour
 from dataplane.wire.load_samples import EndpointSecond
 
 log = logging.getLogger("controlplane.usage")
@@ -190,8 +191,9 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
 
 def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     """Add slots (or single seconds) to their endpoints' UsageHours, in one statement (an upsert
-    that adds); the caller records each once (the collector, in the transaction that marks it
-    billed). Returns the hours touched."""
+    that adds), and the same figures to their tenants' TenantUsageHours, in a second, in one
+    transaction: a tenant's hour is always its endpoints' hours added. The caller records each
+    once (the collector, in the transaction that marks it billed). Returns the hours touched."""
     hours = list(hourly(slots))
     # Each new hour under its endpoint's id, name and tenant, a deleted one's too (its
     # DeletedEndpoint); an id that never was an endpoint (a broken router's) bills no one.
@@ -206,14 +208,39 @@ def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     ]  # fmt: skip
     if not rows:
         return 0
-    table = connection.ops.quote_name(UsageHour._meta.db_table)
-    columns = ("endpoint_id", "endpoint_name", "tenant_id", "start", *FIGURES)
+    # The tenants' hours from the same rounded rows, added up in the order of the rows
+    tenants: dict[tuple[int, int], list[float]] = {}
+    for _, _, tenant_id, hour, *figures in rows:
+        total = tenants.setdefault((tenant_id, hour), [0] * len(FIGURES))
+        for i, value in enumerate(figures):
+            total[i] += value
+    with transaction.atomic():
+        _add(
+            UsageHour, ("endpoint_id", "endpoint_name", "tenant_id", "start"), ("endpoint_id", "start"), rows
+        )
+        _add(
+            TenantUsageHour,
+            ("tenant_id", "start"),
+            ("tenant_id", "start"),
+            [(tenant_id, hour, *total) for (tenant_id, hour), total in sorted(tenants.items())],
+        )
+    return len(rows)
+
+
+def _add(
+    model: type[UsageHour | TenantUsageHour],
+    keys: tuple[str, ...],
+    unique: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+) -> None:
+    """One upsert: new rows inserted, existing ones' FIGURES added to."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    columns = (*keys, *FIGURES)
     added = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in FIGURES)
     values = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}"
-            f" ON CONFLICT (endpoint_id, start) DO UPDATE SET {added}",
+            f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {added}",
             [v for row in rows for v in row],
         )
-    return len(rows)

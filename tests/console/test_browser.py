@@ -169,7 +169,8 @@ def history(pool, endpoint):
 
     from controlplane.capacity import snapshots
     from controlplane.capacity.models import CapacitySnapshot
-    from controlplane.endpoints.models import UsageHour
+    from controlplane.endpoints import usage
+    from dataplane.wire.load_samples import EndpointSecond
 
     now = timezone.now()
     rows = []
@@ -184,16 +185,8 @@ def history(pool, endpoint):
         )  # fmt: skip
     snapshots.write(rows)
     hour = int(now.timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create(
-        UsageHour(
-            endpoint_id=endpoint.pk,
-            endpoint_name=endpoint.name,
-            tenant_id=endpoint.tenant_id,
-            start=hour - k * 3600,
-            mu=14000.0 - 500 * k,
-            requests=900,
-        )
-        for k in range(12)
+    usage.record(
+        (endpoint.pk, hour - k * 3600, EndpointSecond(mu=14000.0 - 500 * k, requests=900)) for k in range(12)
     )
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
-from django.db.models import Avg, Max
+from django.db.models import Avg, Max, Q, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 from django.test.utils import CaptureQueriesContext
 
@@ -18,6 +18,10 @@ from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacityHour, CapacitySnapshot, GpuPool
 from controlplane.console import charts
 from controlplane.console.history import capacity_history, hourly_peaks, tenant_usage
+from controlplane.endpoints import usage
+from controlplane.endpoints.models import UsageHour
+from controlplane.selling import delete_endpoint, sell
+from dataplane.wire.load_samples import EndpointSecond
 
 # Not on an hour, a minute or a second: every window starts inside an hour.
 NOW = datetime(2026, 11, 20, 14, 37, 23, 250000, tzinfo=UTC)
@@ -207,3 +211,38 @@ def test_the_charts_queries_do_not_grow_with_pools_or_hours(h100, l40s, window):
         return len(queries)
 
     assert grow(2) == grow(10)
+
+
+def test_the_tenant_table_shows_what_the_endpoints_hours_add_up_to(owner, other, make_endpoint):
+    rng = random.Random(6)
+    endpoints = [make_endpoint(owner, f"o{i}") for i in range(3)] + [make_endpoint(other, "x")]
+    sell(endpoints[0], mu_per_minute=50, best_effort_allowed=True, sold_by="t")
+    hour = int(NOW.timestamp()) // 3600 * 3600
+    for _ in range(30):  # 9 days of hours: some before the week, some in the day
+        usage.record(
+            (e.pk, hour - rng.randrange(9 * 24) * 3600 + rng.randrange(3600),
+             EndpointSecond(mu=rng.uniform(0, 50), throttled=rng.randint(0, 3), requests=1))
+            for e in rng.sample(endpoints, 2)
+        )  # fmt: skip
+    delete_endpoint(endpoints[2])  # its usage stays its tenant's
+    # The table as it read before the tenants' hours: every endpoint's hours of the week.
+    day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
+    old = {
+        row["tenant__name"]: row
+        for row in UsageHour.objects.filter(start__gte=week_ago)
+        .values("tenant__name")
+        .annotate(
+            day=Sum("mu", filter=Q(start__gte=day_ago)),
+            week=Sum("mu"),
+            throttled=Sum("throttled", filter=Q(start__gte=day_ago)),
+        )
+        .order_by()
+    }
+    rows = tenant_usage(NOW)
+    assert [r["tenant"] for r in rows] == sorted(old, key=lambda t: (-old[t]["day"], t))
+    for r in rows:
+        want = old[r["tenant"]]
+        assert r["used_mu_day"] == pytest.approx(want["day"], rel=1e-12)
+        assert r["used_mu_week_per_day"] == pytest.approx(want["week"] / 7, rel=1e-12)
+        assert r["throttled"] == want["throttled"]
+    assert rows[[r["tenant"] for r in rows].index("owner")]["reserved_mu_per_day"] == 50 * 1440

@@ -9,8 +9,10 @@ from django.utils import timezone
 
 from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, Reservation
-from controlplane.endpoints.models import Pod, UsageHour
+from controlplane.endpoints import usage
+from controlplane.endpoints.models import Pod
 from controlplane.selling import delete_endpoint, sell
+from dataplane.wire.load_samples import EndpointSecond
 
 
 @pytest.fixture
@@ -22,10 +24,9 @@ def fleet(owner, other, make_endpoint, big_model):
     return {"chat": chat, "batch": batch}
 
 
-def hour_of(endpoint, start: int, mu: float) -> UsageHour:
-    return UsageHour(
-        endpoint_id=endpoint.pk, endpoint_name=endpoint.name, tenant_id=endpoint.tenant_id, start=start, mu=mu
-    )
+def hour_of(endpoint, start: int, mu: float) -> tuple[int, int, EndpointSecond]:
+    """A second of the hour from `start` that metered `mu`, as the collector bills it."""
+    return (endpoint.pk, start, EndpointSecond(mu=mu))
 
 
 def cell(html: str, pool: str, css: str) -> str:
@@ -99,7 +100,7 @@ def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operato
 
 def test_the_biggest_holders_and_each_tenants_usage_against_its_reservation(operator_web, fleet):
     hour = int(timezone.now().timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create(
+    usage.record(
         [hour_of(fleet["chat"], hour - k * 3600, 9000.0) for k in range(4)]
         + [hour_of(fleet["batch"], hour - 3 * 86400, 700.0)]
     )
@@ -129,7 +130,7 @@ def test_the_sell_form_offers_every_endpoint_from_a_list(operator_web, fleet):
 
 def test_a_deleted_endpoints_usage_stays_in_its_tenants_usage(operator_web, fleet):
     hour = int(timezone.now().timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create([hour_of(fleet["batch"], hour - k * 3600, 500.0) for k in range(3)])
+    usage.record([hour_of(fleet["batch"], hour - k * 3600, 500.0) for k in range(3)])
     delete_endpoint(fleet["batch"])
     page = operator_web.get("/console/capacity/")
     assert page.status_code == 200
