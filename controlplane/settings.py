@@ -410,6 +410,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": AUTOSCALER_HORIZONTAL_INTERVAL_S,
         "options": {"expires": AUTOSCALER_HORIZONTAL_INTERVAL_S},  # the next tick does what it would
     },
+    "roll-up-timeline": {
+        "task": "controlplane.endpoints.tasks.roll_up_timeline",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},  # the next tick does what it would
+    },
     "autoscale-horizontal": {
         "task": "controlplane.endpoints.tasks.autoscale_horizontal",
         "schedule": AUTOSCALER_HORIZONTAL_INTERVAL_S,

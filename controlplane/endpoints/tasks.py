@@ -9,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
-from controlplane.endpoints import collector, routing, scaling
+from controlplane.endpoints import collector, routing, scaling, timeline
 from controlplane.endpoints.models import (
     DeletedEndpoint,
     LoadBucket,
@@ -42,6 +42,16 @@ def collect_load() -> str:
     TenantUsageHour.objects.filter(start__lt=kept_since).delete()
     DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"collected through {report.collected}, {report.billed} billed"
+
+
+@shared_task
+def roll_up_timeline() -> str:
+    """Beat, every 30 s: the minutes the collector has finished, summed for the endpoint page's
+    day and week charts (controlplane.endpoints.timeline)."""
+    done = timeline.roll_up(timezone.now())
+    if done is None:
+        return "another pass holds the lease, or one ran less than half a minute ago"
+    return f"{done} minutes rolled up, through {timeline.rolled_up_through()}"
 
 
 @shared_task
