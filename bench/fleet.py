@@ -47,6 +47,7 @@ def load() -> tuple[str, list[str]]:
     from django.db import connection
     from django.utils import timezone
 
+    from controlplane.capacity import snapshots
     from controlplane.capacity.models import CapacitySnapshot, GpuPool, GpuType, ModelProfile, Reservation
     from controlplane.endpoints.models import Endpoint
     from controlplane.oncall.models import Event
@@ -63,7 +64,13 @@ def load() -> tuple[str, list[str]]:
     )
     pools = GpuPool.objects.bulk_create(
         [
-            GpuPool(name=f"pool-{i}", gpu_type=types[i % 2], region=f"region-{i % 4}", gpu_count=1000, gpus_per_node=8)
+            GpuPool(
+                name=f"pool-{i}",
+                gpu_type=types[i % 2],
+                region=f"region-{i % 4}",
+                gpu_count=1000,
+                gpus_per_node=8,
+            )
             for i in range(POOLS)
         ]
     )
@@ -117,7 +124,7 @@ def load() -> tuple[str, list[str]]:
         ],
         batch_size=5000,
     )
-    CapacitySnapshot.objects.bulk_create(
+    snapshots.write(  # with their hours, which the day's and week's charts read
         [
             CapacitySnapshot(
                 pool=p,
@@ -131,8 +138,7 @@ def load() -> tuple[str, list[str]]:
             )
             for p in pools
             for m in range(SNAPSHOT_HOURS * 60)
-        ],
-        batch_size=5000,
+        ]
     )
     _, operator = ApiKey.issue(name="bench-operator", tenant=None)
     tenant_keys = [ApiKey.issue(name="bench", tenant=t)[1] for t in tenants]

@@ -17,7 +17,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 
 from controlplane.endpoints import collector
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, TimelineMinute
@@ -102,11 +101,10 @@ def chart_rows(endpoint: Endpoint, since: float, until: float) -> list[Row]:
     figures of the last minute)."""
     first = math.ceil(max(since, until - settings.LOAD_BUCKET_RETENTION_S) / MINUTE) * MINUTE
     last = max(first, min(rolled_up_through(), math.floor((until - MINUTE) / MINUTE) * MINUTE))
-    buckets = list(
-        LoadBucket.objects.filter(Q(end__gt=since, end__lte=first) | Q(end__gt=last), endpoint=endpoint)
-        .order_by("end")
-        .values_list(*BUCKET_FIELDS)
-    )
+    # Two ranges of the (endpoint, end) index, as one statement: ORed, the planner reads every
+    # bucket of the endpoint's day.
+    mine = LoadBucket.objects.filter(endpoint=endpoint).order_by().values_list(*BUCKET_FIELDS)
+    buckets = list(mine.filter(end__gt=since, end__lte=first).union(mine.filter(end__gt=last), all=True))
     rolled = [
         (end, desired, ready, in_flight_s / seconds if seconds else 0.0, requests, seconds, 0.0, counts)
         for end, desired, ready, in_flight_s, requests, seconds, counts in TimelineMinute.objects.filter(
