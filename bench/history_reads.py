@@ -4,7 +4,8 @@
 
 Loads bench/fleet.py's fleet (20 pools, 10,000 endpoints, 500 tenants), then 30 days of per-minute
 snapshots of every pool (864,000) summed into their hours as the migration does, 8 days of
-usage of every endpoint (1.92 million UsageHours, each tenant's hours summed likewise), and a
+usage of every endpoint (1.92 million UsageHours, their days and each tenant's hours summed
+likewise), and a
 day of one endpoint's 5-second load buckets (17,280) rolled up into minutes by the beat task.
 Prints each read's EXPLAIN ANALYZE execution time and plan, and the median and worst wall time
 of the function the page calls. Prints figures; asserts nothing (this machine is shared and
@@ -70,14 +71,20 @@ def load_history() -> None:
                FROM generate_series(%s - 86400 + 5, %s, 5) e""",
             [endpoint.pk, hour, hour],
         )
-        if "endpoints_tenantusagehour" in connection.introspection.table_names():
-            cursor.execute(
-                """INSERT INTO endpoints_tenantusagehour (tenant_id, start, mu, requests, tokens_in,
-                       tokens_out, throttled, errors)
-                   SELECT tenant_id, start, sum(mu), sum(requests), sum(tokens_in), sum(tokens_out),
-                       sum(throttled), sum(errors)
-                   FROM endpoints_usagehour GROUP BY 1, 2"""
-            )
+        cursor.execute(
+            """INSERT INTO endpoints_tenantusagehour (tenant_id, start, mu, requests, tokens_in,
+                   tokens_out, throttled, errors)
+               SELECT tenant_id, start, sum(mu), sum(requests), sum(tokens_in), sum(tokens_out),
+                   sum(throttled), sum(errors)
+               FROM endpoints_usagehour GROUP BY 1, 2"""
+        )
+        cursor.execute(
+            """INSERT INTO endpoints_usageday (endpoint_id, endpoint_name, tenant_id, start, mu,
+                   requests, tokens_in, tokens_out, throttled, errors)
+               SELECT endpoint_id, max(endpoint_name), min(tenant_id), start - start % 86400, sum(mu),
+                   sum(requests), sum(tokens_in), sum(tokens_out), sum(throttled), sum(errors)
+               FROM endpoints_usagehour GROUP BY endpoint_id, start - start % 86400"""
+        )
         cursor.execute("VACUUM ANALYZE")
     from controlplane.endpoints import collector, timeline
     from controlplane.endpoints.models import Lease
@@ -132,7 +139,7 @@ def main() -> None:
     from controlplane.console import history
     from controlplane.console.views.endpoints import endpoint_live_context
     from controlplane.endpoints import usage
-    from controlplane.endpoints.models import Endpoint, UsageHour
+    from controlplane.endpoints.models import Endpoint
     from controlplane.tenants.models import Tenant
 
     now = timezone.now()
@@ -149,16 +156,23 @@ def main() -> None:
         "hourly peaks (four weeks and a day)": lambda: history.hourly_peaks(now),
         "tenant usage (a week, every tenant)": lambda: history.tenant_usage(now),
         "usage API, a tenant's week by the day": lambda: list(
-            usage.usage(
-                UsageHour.objects.filter(tenant=tenant), usage.window("day", None, None, now.timestamp())
-            )
+            usage.usage(usage.window("day", None, None, now.timestamp()), tenant=tenant)
         ),
         "usage API, a tenant's 31 days by the hour, first page": lambda: list(
             usage.usage(
-                UsageHour.objects.filter(tenant=tenant),
                 usage.window("hour", now.timestamp() - 31 * 86400 + 3600, None, now.timestamp()),
+                tenant=tenant,
             )[:100]
         ),
+        **{
+            f"usage API, every tenant's {name}, count and first page": (
+                lambda w=w: (rows := usage.usage(w)).count() + len(list(rows[:100]))
+            )
+            for name, w in (
+                ("24 hours by the hour", usage.window("hour", None, None, now.timestamp())),
+                ("7 days by the day", usage.window("day", None, None, now.timestamp())),
+            )
+        },
         **{
             f"endpoint charts {window}": (
                 lambda w=window: endpoint_live_context(_request(RequestFactory(), w), endpoint)
@@ -172,7 +186,14 @@ def main() -> None:
         for i, query in enumerate(q["sql"] for q in queries):
             if "EXPLAIN" not in query and any(
                 table in query
-                for table in ("capacitysnapshot", "capacityhour", "usagehour", "loadbucket", "timelineminute")
+                for table in (
+                    "capacitysnapshot",
+                    "capacityhour",
+                    "usagehour",
+                    "usageday",
+                    "loadbucket",
+                    "timelineminute",
+                )
             ):
                 explain(f"{name}, query {i + 1}", query.replace("%", "%%"), None)
     print()

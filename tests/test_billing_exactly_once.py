@@ -10,7 +10,7 @@ the collector dying inside its billing transaction (before its first statement, 
 endpoints' hours and the tenants') or after it committed (before it could move its lease or
 delete the billing stream's entries), a spooled router killed and started again on its spool.
 Then everything heals: every metered second is in usage exactly once, per endpoint and UTC
-hour, and in its tenant's hour."""
+hour, in its endpoint's day and in its tenant's hour."""
 
 import asyncio
 import contextlib
@@ -27,7 +27,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rest_framework.test import APIClient
 
 from controlplane.endpoints import collector, samples, usage
-from controlplane.endpoints.models import Lease, RouterMark, RouterSample, TenantUsageHour, UsageHour
+from controlplane.endpoints.models import (
+    Lease,
+    RouterMark,
+    RouterSample,
+    TenantUsageHour,
+    UsageDay,
+    UsageHour,
+)
 from controlplane.tenants.models import ApiKey
 from dataplane.router.control_plane import ControlPlaneClient
 from dataplane.router.delivery import Delivery, Spool
@@ -181,7 +188,7 @@ class Scenario:
         # lease (and, with Redis, delete the billed entries). Its lease expires.
         stages = {
             "billing": [(usage, "record")],
-            "between": [(usage, "_add")],  # after the endpoints' hours, before the tenants'
+            "between": [(usage, "_add")],  # after the endpoints' hours, before their days
             "after_commit": [(Lease, "release"), (redis_client(), "xdel")],
         }[fault]
         with contextlib.ExitStack() as stack:
@@ -235,7 +242,7 @@ def run(world, sink: str, plan) -> None:
     and usage compared with what was served."""
     settings = world["settings"]
     settings.REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15") if sink == "redis" else ""
-    for model in (UsageHour, TenantUsageHour, RouterSample, RouterMark, Lease):
+    for model in (UsageHour, UsageDay, TenantUsageHour, RouterSample, RouterMark, Lease):
         model.objects.all().delete()
     forget_metering(redis_client())
     scenario = Scenario(world, sink)
@@ -252,14 +259,18 @@ def run(world, sink: str, plan) -> None:
             billed[(row.endpoint_id, row.start, field)] += getattr(row, field)
     assert +billed == +scenario.served
     tenant_of = {e.pk: e.tenant_id for e in scenario.endpoints}
-    served = Counter[tuple[int, int, str]]()
+    served_days, served_tenants = Counter[tuple[int, int, str]](), Counter[tuple[int, int, str]]()
     for (endpoint_id, hour, field), value in scenario.served.items():
-        served[(tenant_of[endpoint_id], hour, field)] += value
-    tenants = Counter[tuple[int, int, str]]()
-    for row in TenantUsageHour.objects.all():
-        for field in FIGURES:
-            tenants[(row.tenant_id, row.start, field)] += getattr(row, field)
-    assert +tenants == +served
+        served_days[(endpoint_id, hour // 86400 * 86400, field)] += value
+        served_tenants[(tenant_of[endpoint_id], hour, field)] += value
+    days, tenants = Counter[tuple[int, int, str]](), Counter[tuple[int, int, str]]()
+    for field in FIGURES:
+        for day in UsageDay.objects.all():
+            days[(day.endpoint_id, day.start, field)] += getattr(day, field)
+        for hour in TenantUsageHour.objects.all():
+            tenants[(hour.tenant_id, hour.start, field)] += getattr(hour, field)
+    assert +days == +served_days
+    assert +tenants == +served_tenants
 
 
 @pytest.mark.parametrize("sink", ["posted", "redis"])

@@ -1,5 +1,6 @@
-"""A tenant's hour of usage is its endpoints' hours added (deleted endpoints' too), written in
-the transaction that writes them, so a crash between the two statements bills neither."""
+"""An endpoint's day of usage is its hours added, a tenant's hour its endpoints' hours added
+(deleted endpoints' too), each written in the transaction that writes the hours, so a crash
+between the statements bills none of them; the migration adds up the hours there were."""
 
 import random
 
@@ -9,11 +10,11 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Sum
 
 from controlplane.endpoints import usage
-from controlplane.endpoints.models import TenantUsageHour, UsageHour
+from controlplane.endpoints.models import TenantUsageHour, UsageDay, UsageHour
 from controlplane.selling import delete_endpoint
 from dataplane.wire.load_samples import EndpointSecond
 
-HOUR = 1_795_161_600  # a UTC hour's start
+HOUR = 1_795_212_000  # a UTC hour's start, 22:00
 FIGURES = usage.FIGURES
 
 
@@ -22,6 +23,26 @@ def tenant_hours() -> dict[tuple[int, int], tuple[float, ...]]:
         (row[0], row[1]): tuple(row[2:])
         for row in TenantUsageHour.objects.values_list("tenant_id", "start", *FIGURES)
     }
+
+
+def days() -> dict[tuple[int, str, int, int], tuple[float, ...]]:
+    return {
+        tuple(row[:4]): tuple(row[4:])
+        for row in UsageDay.objects.values_list(
+            "endpoint_id", "endpoint_name", "tenant_id", "start", *FIGURES
+        )
+    }
+
+
+def hours_by_day() -> dict[tuple[int, str, int, int], tuple[float, ...]]:
+    added: dict[tuple[int, str, int, int], list[float]] = {}
+    for endpoint_id, name, tenant_id, start, *figures in UsageHour.objects.values_list(
+        "endpoint_id", "endpoint_name", "tenant_id", "start", *FIGURES
+    ):
+        total = added.setdefault((endpoint_id, name, tenant_id, start // 86400 * 86400), [0] * len(FIGURES))
+        for i, value in enumerate(figures):
+            total[i] += value
+    return {key: tuple(total) for key, total in added.items()}
 
 
 def endpoint_hours_added() -> dict[tuple[int, int], tuple[float, ...]]:
@@ -37,20 +58,22 @@ def second(rng: random.Random) -> EndpointSecond:
     )  # fmt: skip
 
 
-def test_a_tenants_hour_is_its_endpoints_hours_added(owner, other, make_endpoint):
+def test_a_day_and_a_tenants_hour_are_their_hours_added(owner, other, make_endpoint):
     rng = random.Random(4)
     chat, batch, gone = (make_endpoint(owner, name) for name in ("chat", "batch", "gone"))
     rival = make_endpoint(other, "rival")
     ids = [chat.pk, batch.pk, gone.pk, rival.pk, 99_999]  # the last never was an endpoint
     delete_endpoint(gone)  # its late seconds bill its tenant still
     for _ in range(40):  # batches as the collector bills them, an hour billed over many
-        usage.record(
-            (rng.choice(ids), HOUR + rng.randrange(3 * 3600), second(rng)) for _ in range(rng.randint(1, 30))
+        usage.record(  # two hours of one day, two of the next
+            (rng.choice(ids), HOUR + rng.randrange(4 * 3600), second(rng)) for _ in range(rng.randint(1, 30))
         )
+    assert days() == hours_by_day()
+    assert {start for *_, start in days()} == {HOUR // 86400 * 86400, HOUR // 86400 * 86400 + 86400}
     added = endpoint_hours_added()
     assert tenant_hours() == added
     assert {tenant for tenant, _ in added} == {owner.pk, other.pk}
-    assert len(added) == 6  # two tenants, three hours
+    assert len(added) == 8  # two tenants, four hours
     assert UsageHour.objects.filter(tenant=owner).values("endpoint_id").distinct().count() == 3
 
 
@@ -67,13 +90,13 @@ def test_a_crash_between_the_endpoints_hours_and_the_tenants_bills_neither(owner
     monkeypatch.setattr(usage, "_add", crash_on_tenants)
     with pytest.raises(DatabaseError):
         usage.record([(chat.pk, HOUR, EndpointSecond(requests=5, mu=7.0))])
-    assert list(UsageHour.objects.values_list("requests", "mu")) == [(1, 2.0)]
-    assert list(TenantUsageHour.objects.values_list("requests", "mu")) == [(1, 2.0)]
+    for periods in (UsageHour, UsageDay, TenantUsageHour):
+        assert list(periods.objects.values_list("requests", "mu")) == [(1, 2.0)]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_existing_usage_is_summed_into_tenants_hours():
-    before = [("endpoints", "0017_router_marks_and_billed_samples")]
+def test_existing_usage_is_summed_into_days_and_tenants_hours():
+    before = [("endpoints", "0017_router_marks_and_billed_samples")]  # before the days and the tenants' hours
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     old = MigrationExecutor(connection).loader.project_state(before).apps
@@ -102,4 +125,15 @@ def test_existing_usage_is_summed_into_tenants_hours():
         ("acme", HOUR): (3.5, 7, 2),
         ("acme", HOUR + 3600): (0.25, 1, 1),
         ("beta", HOUR): (9.0, 10, 1),
+    }
+    day = HOUR // 86400 * 86400
+    assert {
+        (endpoint_id, start): (name, tenant, mu, requests)
+        for endpoint_id, start, name, tenant, mu, requests in UsageDay.objects.values_list(
+            "endpoint_id", "start", "endpoint_name", "tenant__name", "mu", "requests"
+        )
+    } == {
+        (1, day): ("e1", "acme", 1.75, 4),
+        (2, day): ("e2", "acme", 2.0, 4),
+        (3, day): ("e3", "beta", 9.0, 10),
     }

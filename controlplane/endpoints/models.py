@@ -377,12 +377,45 @@ class UsageHour(models.Model):
     class Meta:
         ordering = ["endpoint_id", "start"]
         constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_hour_unique")]
-        # (tenant, start): a tenant's window (/api/v1/usage/) reads its own hours, not every
-        # tenant's hours of the window nor every hour the tenant ever had
-        indexes = [models.Index(fields=["start"]), models.Index(fields=["tenant", "start"])]
+        # (start, endpoint_id): /api/v1/usage/'s order, so a page is read in order, not sorted;
+        # (tenant, start): a tenant's window reads its own hours, not every tenant's of the
+        # window nor every hour the tenant ever had
+        indexes = [models.Index(fields=["start", "endpoint_id"]), models.Index(fields=["tenant", "start"])]
 
     def __str__(self) -> str:
         return f"endpoint {self.endpoint_id} hour from {self.start}"
+
+
+class UsageDayQuerySet(TenantScopedQuerySet["UsageDay"]):
+    """Scoped by the tenant the row keeps, as its hours are."""
+
+
+class UsageDay(models.Model):
+    """One UTC day of an endpoint's usage: its UsageHours of that day added, written by the same
+    transaction as they are (controlplane.endpoints.usage.record), so /api/v1/usage/ by the day
+    reads a row per endpoint and day, not 24. The same identity as its hours (renamed with
+    them); kept while any of its hours is (USAGE_RETENTION_DAYS)."""
+
+    endpoint_id = models.BigIntegerField()
+    endpoint_name = models.CharField(max_length=63)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_days")
+    start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
+    mu = models.FloatField(default=0.0)
+    requests = models.PositiveBigIntegerField(default=0)
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    throttled = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+
+    objects = UsageDayQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["endpoint_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_day_unique")]
+        indexes = [models.Index(fields=["start", "endpoint_id"]), models.Index(fields=["tenant", "start"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} day from {self.start}"
 
 
 class TenantUsageHour(models.Model):
