@@ -4,8 +4,8 @@
 
 Loads bench/fleet.py's fleet (20 pools, 10,000 endpoints, 500 tenants), then 30 days of per-minute
 snapshots of every pool (864,000) summed into their hours as the migration does, 8 days of
-usage of every endpoint (1.92 million UsageHours, their days and each tenant's hours summed
-likewise), and a
+usage of every endpoint (1.92 million UsageHours, their days and each tenant's hours and days
+summed likewise), and a
 day of one endpoint's 5-second load buckets (17,280) rolled up into minutes by the beat task.
 Prints each read's EXPLAIN ANALYZE execution time and plan, and the median and worst wall time
 of the function the page calls. Prints figures; asserts nothing (this machine is shared and
@@ -76,6 +76,13 @@ def load_history() -> None:
                    tokens_out, throttled, errors)
                SELECT tenant_id, start, sum(mu), sum(requests), sum(tokens_in), sum(tokens_out),
                    sum(throttled), sum(errors)
+               FROM endpoints_usagehour GROUP BY 1, 2"""
+        )
+        cursor.execute(
+            """INSERT INTO endpoints_tenantusageday (tenant_id, start, mu, requests, tokens_in,
+                   tokens_out, throttled, errors)
+               SELECT tenant_id, start - start % 86400, sum(mu), sum(requests), sum(tokens_in),
+                   sum(tokens_out), sum(throttled), sum(errors)
                FROM endpoints_usagehour GROUP BY 1, 2"""
         )
         cursor.execute(

@@ -10,7 +10,7 @@ the collector dying inside its billing transaction (before its first statement, 
 endpoints' hours and the tenants') or after it committed (before it could move its lease or
 delete the billing stream's entries), a spooled router killed and started again on its spool.
 Then everything heals: every metered second is in usage exactly once, per endpoint and UTC
-hour, in its endpoint's day and in its tenant's hour."""
+hour, in its endpoint's day and in its tenant's hour and day."""
 
 import asyncio
 import contextlib
@@ -31,6 +31,7 @@ from controlplane.endpoints.models import (
     Lease,
     RouterMark,
     RouterSample,
+    TenantUsageDay,
     TenantUsageHour,
     UsageDay,
     UsageHour,
@@ -242,7 +243,7 @@ def run(world, sink: str, plan) -> None:
     and usage compared with what was served."""
     settings = world["settings"]
     settings.REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15") if sink == "redis" else ""
-    for model in (UsageHour, UsageDay, TenantUsageHour, RouterSample, RouterMark, Lease):
+    for model in (UsageHour, UsageDay, TenantUsageHour, TenantUsageDay, RouterSample, RouterMark, Lease):
         model.objects.all().delete()
     forget_metering(redis_client())
     scenario = Scenario(world, sink)
@@ -259,18 +260,18 @@ def run(world, sink: str, plan) -> None:
             billed[(row.endpoint_id, row.start, field)] += getattr(row, field)
     assert +billed == +scenario.served
     tenant_of = {e.pk: e.tenant_id for e in scenario.endpoints}
-    served_days, served_tenants = Counter[tuple[int, int, str]](), Counter[tuple[int, int, str]]()
+    served = {model: Counter[tuple[int, int, str]]() for model in (UsageDay, TenantUsageHour, TenantUsageDay)}
     for (endpoint_id, hour, field), value in scenario.served.items():
-        served_days[(endpoint_id, hour // 86400 * 86400, field)] += value
-        served_tenants[(tenant_of[endpoint_id], hour, field)] += value
-    days, tenants = Counter[tuple[int, int, str]](), Counter[tuple[int, int, str]]()
-    for field in FIGURES:
-        for day in UsageDay.objects.all():
-            days[(day.endpoint_id, day.start, field)] += getattr(day, field)
-        for hour in TenantUsageHour.objects.all():
-            tenants[(hour.tenant_id, hour.start, field)] += getattr(hour, field)
-    assert +days == +served_days
-    assert +tenants == +served_tenants
+        served[UsageDay][(endpoint_id, hour // 86400 * 86400, field)] += value
+        served[TenantUsageHour][(tenant_of[endpoint_id], hour, field)] += value
+        served[TenantUsageDay][(tenant_of[endpoint_id], hour // 86400 * 86400, field)] += value
+    for model, expected in served.items():
+        stored = Counter[tuple[int, int, str]]()
+        for row in model.objects.all():
+            key = row.endpoint_id if model is UsageDay else row.tenant_id
+            for field in FIGURES:
+                stored[(key, row.start, field)] += getattr(row, field)
+        assert +stored == +expected, model.__name__
 
 
 @pytest.mark.parametrize("sink", ["posted", "redis"])

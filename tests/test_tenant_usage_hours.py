@@ -1,16 +1,17 @@
-"""An endpoint's day of usage is its hours added, a tenant's hour its endpoints' hours added
-(deleted endpoints' too), each written in the transaction that writes the hours, so a crash
-between the statements bills none of them; the migration adds up the hours there were."""
+"""An endpoint's day of usage is its hours added, a tenant's hour or day its endpoints' hours
+added (deleted endpoints' too), each written in the transaction that writes the hours, so a
+crash between the statements bills none of them; the migrations add up the hours there were."""
 
 import random
 
 import pytest
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
-from django.db.models import Sum
+from django.db.models import F, Sum
+from django.db.models.functions import Mod
 
 from controlplane.endpoints import usage
-from controlplane.endpoints.models import TenantUsageHour, UsageDay, UsageHour
+from controlplane.endpoints.models import TenantUsageDay, TenantUsageHour, UsageDay, UsageHour
 from controlplane.selling import delete_endpoint
 from dataplane.wire.load_samples import EndpointSecond
 
@@ -18,10 +19,9 @@ HOUR = 1_795_212_000  # a UTC hour's start, 22:00
 FIGURES = usage.FIGURES
 
 
-def tenant_hours() -> dict[tuple[int, int], tuple[float, ...]]:
+def tenant_periods(model) -> dict[tuple[int, int], tuple[float, ...]]:
     return {
-        (row[0], row[1]): tuple(row[2:])
-        for row in TenantUsageHour.objects.values_list("tenant_id", "start", *FIGURES)
+        (row[0], row[1]): tuple(row[2:]) for row in model.objects.values_list("tenant_id", "start", *FIGURES)
     }
 
 
@@ -45,8 +45,13 @@ def hours_by_day() -> dict[tuple[int, str, int, int], tuple[float, ...]]:
     return {key: tuple(total) for key, total in added.items()}
 
 
-def endpoint_hours_added() -> dict[tuple[int, int], tuple[float, ...]]:
-    rows = UsageHour.objects.values_list("tenant_id", "start").annotate(*(Sum(f) for f in FIGURES)).order_by()
+def endpoint_hours_added(period: int = 3600) -> dict[tuple[int, int], tuple[float, ...]]:
+    rows = (
+        UsageHour.objects.annotate(period=F("start") - Mod(F("start"), period))
+        .values_list("tenant_id", "period")
+        .annotate(*(Sum(f) for f in FIGURES))
+        .order_by()
+    )
     return {(row[0], row[1]): tuple(row[2:]) for row in rows}
 
 
@@ -71,7 +76,8 @@ def test_a_day_and_a_tenants_hour_are_their_hours_added(owner, other, make_endpo
     assert days() == hours_by_day()
     assert {start for *_, start in days()} == {HOUR // 86400 * 86400, HOUR // 86400 * 86400 + 86400}
     added = endpoint_hours_added()
-    assert tenant_hours() == added
+    assert tenant_periods(TenantUsageHour) == added
+    assert tenant_periods(TenantUsageDay) == endpoint_hours_added(86400)
     assert {tenant for tenant, _ in added} == {owner.pk, other.pk}
     assert len(added) == 8  # two tenants, four hours
     assert UsageHour.objects.filter(tenant=owner).values("endpoint_id").distinct().count() == 3
@@ -90,12 +96,12 @@ def test_a_crash_between_the_endpoints_hours_and_the_tenants_bills_neither(owner
     monkeypatch.setattr(usage, "_add", crash_on_tenants)
     with pytest.raises(DatabaseError):
         usage.record([(chat.pk, HOUR, EndpointSecond(requests=5, mu=7.0))])
-    for periods in (UsageHour, UsageDay, TenantUsageHour):
+    for periods in (UsageHour, UsageDay, TenantUsageHour, TenantUsageDay):
         assert list(periods.objects.values_list("requests", "mu")) == [(1, 2.0)]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_existing_usage_is_summed_into_days_and_tenants_hours():
+def test_existing_usage_is_summed_into_days_and_tenants_hours_and_days():
     before = [("endpoints", "0017_router_marks_and_billed_samples")]  # before the days and the tenants' hours
     executor = MigrationExecutor(connection)
     executor.migrate(before)
@@ -127,6 +133,10 @@ def test_existing_usage_is_summed_into_days_and_tenants_hours():
         ("beta", HOUR): (9.0, 10, 1),
     }
     day = HOUR // 86400 * 86400
+    assert set(TenantUsageDay.objects.values_list("tenant__name", "start", "mu", "requests")) == {
+        ("acme", day, 3.75, 8),
+        ("beta", day, 9.0, 10),
+    }
     assert {
         (endpoint_id, start): (name, tenant, mu, requests)
         for endpoint_id, start, name, tenant, mu, requests in UsageDay.objects.values_list(

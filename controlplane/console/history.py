@@ -20,10 +20,11 @@ from django.db.models.functions import TruncHour, TruncMinute
 
 from capacity.autoscaler import forecast
 from controlplane.capacity.models import CapacityHour, CapacitySnapshot, Reservation
-from controlplane.endpoints.models import TenantUsageHour
+from controlplane.endpoints.models import TenantUsageDay, TenantUsageHour
 from controlplane.tenants.models import Tenant
 
 HOUR = 3600
+DAY = 86400
 MINUTE_CHARTS_S = 6 * HOUR  # windows up to this long are charted per minute, longer ones per hour
 FIGURES = ("have", "sold", "used")  # MU/min, each a series of the chart
 
@@ -118,24 +119,47 @@ def hourly_peaks(now: datetime) -> dict[str, list[tuple[float, float]]]:
 
 def tenant_usage(now: datetime) -> list[dict[str, Any]]:
     """Per tenant: MU metered in the last 24 hours and per day over the last 7, against what its
-    reservations let it use in a day (MU/min x 1,440). From the tenants' hours, each its
-    endpoints' hours (those /api/v1/usage/ sums) added: 500 tenants' week is 84,000 rows
-    however many endpoints they have, summed by the database per tenant id (the names joined
-    after, 500 of them, not hashed per row)."""
-    hour = int(now.timestamp()) // 3600 * 3600
-    day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
-    sums = (
-        TenantUsageHour.objects.filter(start__gte=week_ago)  # deleted endpoints' included
+    reservations let it use in a day (MU/min x 1,440). From the tenants' hours and days, each
+    its endpoints' hours (those /api/v1/usage/ sums) added, however many endpoints: the week is
+    its whole UTC days and the hours before the first midnight and after the last, the day its
+    24 hours, so 500 tenants read about 21,000 rows, not 84,000 hours (or 1.7 million endpoints'
+    hours); summed by the database per tenant id, the names joined after."""
+    hour = int(now.timestamp()) // HOUR * HOUR
+    day_ago, week_ago = hour + HOUR - DAY, hour + HOUR - 7 * DAY
+    first_midnight, last_midnight = -(-week_ago // DAY) * DAY, (hour + HOUR) // DAY * DAY
+    # week: hours [week_ago, first midnight), days [first midnight, last midnight), hours after
+    ends = Q(start__lt=first_midnight) | Q(start__gte=last_midnight)
+    hours = (
+        TenantUsageHour.objects.filter(
+            Q(start__gte=week_ago, start__lt=first_midnight) | Q(start__gte=day_ago)
+        )
         .values("tenant_id")
         .annotate(
             day=Sum("mu", filter=Q(start__gte=day_ago)),
-            week=Sum("mu"),
+            ends=Sum("mu", filter=ends),
             throttled=Sum("throttled", filter=Q(start__gte=day_ago)),
         )
         .order_by()
     )
+    days = dict(
+        TenantUsageDay.objects.filter(start__gte=first_midnight, start__lt=last_midnight)
+        .values_list("tenant_id")
+        .annotate(mu=Sum("mu"))
+        .order_by()
+    )
     names = dict(Tenant.objects.values_list("pk", "name"))
-    used = {names[row["tenant_id"]]: row for row in sums}
+    used: dict[str, dict[str, Any]] = {
+        names[t]: {"day": None, "week": 0.0, "throttled": None}
+        for t in days  # deleted endpoints' included
+    }
+    for sums in hours:
+        used[names[sums["tenant_id"]]] = {
+            "day": sums["day"],
+            "week": sums["ends"] or 0.0,
+            "throttled": sums["throttled"],
+        }
+    for tenant_id, mu in days.items():
+        used[names[tenant_id]]["week"] += mu
     reserved = dict(
         Reservation.objects.values_list("endpoint__tenant__name").annotate(mu=Sum("mu_per_minute")).order_by()
     )
@@ -150,7 +174,7 @@ def tenant_usage(now: datetime) -> list[dict[str, Any]]:
                 "reserved_mu_per_minute": reserved.get(name) or 0,
                 "reserved_mu_per_day": per_day,
                 "used_mu_day": day,
-                "used_mu_week_per_day": (row.get("week") or 0.0) / 7,
+                "used_mu_week_per_day": float(row.get("week") or 0.0) / 7,
                 "share": day / per_day if per_day else None,
                 "throttled": row.get("throttled") or 0,
             }

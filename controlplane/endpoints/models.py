@@ -418,15 +418,13 @@ class UsageDay(models.Model):
         return f"endpoint {self.endpoint_id} day from {self.start}"
 
 
-class TenantUsageHour(models.Model):
-    """One UTC hour of a tenant's usage: its endpoints' UsageHours of that hour added, deleted
-    endpoints' included, written by the same statement's transaction as they are
-    (controlplane.endpoints.usage.record), so the capacity page's tenant table reads 168 rows
-    per tenant for a week, however many endpoints the tenant has. Kept as long as the usage
+class TenantUsage(models.Model):
+    """A tenant's usage over a period: its endpoints' UsageHours of the period added, deleted
+    endpoints' included, written by the same transaction as they are
+    (controlplane.endpoints.usage.record), so the capacity page's tenant table reads a few rows
+    per tenant, however many endpoints the tenant has. Kept as long as the usage
     (USAGE_RETENTION_DAYS)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_hours")
-    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
     mu = models.FloatField(default=0.0)
     requests = models.PositiveBigIntegerField(default=0)
     tokens_in = models.PositiveBigIntegerField(default=0)
@@ -435,12 +433,38 @@ class TenantUsageHour(models.Model):
     errors = models.PositiveBigIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class TenantUsageHour(TenantUsage):
+    """One UTC hour of a tenant's usage (TenantUsage)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_hours")
+    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
+
+    class Meta:
         ordering = ["tenant_id", "start"]
         constraints = [models.UniqueConstraint(fields=["tenant", "start"], name="tenant_usage_hour_unique")]
         indexes = [models.Index(fields=["start"])]
 
     def __str__(self) -> str:
         return f"tenant {self.tenant_id} hour from {self.start}"
+
+
+class TenantUsageDay(TenantUsage):
+    """One UTC day of a tenant's usage (TenantUsage): a week reads 7 of these and the hours at
+    its ends, not 168 hours. Kept while any of its hours is."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tenant_usage_days")
+    start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
+
+    class Meta:
+        ordering = ["tenant_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "start"], name="tenant_usage_day_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} day from {self.start}"
 
 
 class DeletedEndpoint(models.Model):

@@ -16,6 +16,7 @@ from controlplane.endpoints.models import (
     LoadMinute,
     RouterMark,
     RouterSample,
+    TenantUsageDay,
     TenantUsageHour,
     UsageDay,
     UsageHour,
@@ -41,7 +42,8 @@ def collect_load() -> str:
     RouterMark.objects.filter(updated_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     UsageHour.objects.filter(start__lt=kept_since).delete()
     TenantUsageHour.objects.filter(start__lt=kept_since).delete()
-    UsageDay.objects.filter(start__lte=kept_since - 86400).delete()  # a day goes with its last hour
+    for days in (UsageDay, TenantUsageDay):
+        days.objects.filter(start__lte=kept_since - 86400).delete()  # a day goes with its last hour
     DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"collected through {report.collected}, {report.billed} billed"
 

@@ -2,7 +2,8 @@
 
 The collector (controlplane.endpoints.collector, through each source's `bill` in
 controlplane.endpoints.samples) adds each router second, once, to its endpoint's UsageHour
-(`record`), and in the same transaction to its UsageDay and its tenant's TenantUsageHour;
+(`record`), and in the same transaction to its UsageDay and its tenant's TenantUsageHour and
+TenantUsageDay;
 `usage` is the one query behind ``GET /api/v1/usage/`` and the console's endpoint page, a day
 being the sum of its 24 hours, kept added up as they are written:
 
@@ -34,6 +35,7 @@ from django.db.models import F, QuerySet
 from controlplane.endpoints.models import (
     DeletedEndpoint,
     Endpoint,
+    TenantUsageDay,
     TenantUsageHour,
     UsageDay,
     UsageDayQuerySet,
@@ -204,8 +206,9 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
 
 def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     """Add slots (or single seconds) to their endpoints' UsageHours, in one statement (an upsert
-    that adds), and the same figures to their UsageDays and their tenants' TenantUsageHours, a
-    statement each, in one transaction: a day, a tenant's hour, is always its hours added. The
+    that adds), and the same figures to their UsageDays and their tenants' TenantUsageHours and
+    TenantUsageDays, a statement each, in one transaction: a day, a tenant's hour or day, is
+    always its hours added. The
     caller records each once (the collector, in the transaction that marks it billed). Returns
     the hours touched."""
     hours = list(hourly(slots))
@@ -222,13 +225,15 @@ def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     ]  # fmt: skip
     if not rows:
         return 0
-    # The days and the tenants' hours from the same rounded rows, added up in the order of the rows
+    # The days, the tenants' hours and days from the same rounded rows, added in the rows' order
     days: dict[tuple[int, str, int, int], list[float]] = {}
-    tenants: dict[tuple[int, int], list[float]] = {}
+    tenant_hours: dict[tuple[int, int], list[float]] = {}
+    tenant_days: dict[tuple[int, int], list[float]] = {}
     for endpoint_id, name, tenant_id, hour, *figures in rows:
         for total in (
             days.setdefault((endpoint_id, name, tenant_id, hour // DAY * DAY), [0] * len(FIGURES)),
-            tenants.setdefault((tenant_id, hour), [0] * len(FIGURES)),
+            tenant_hours.setdefault((tenant_id, hour), [0] * len(FIGURES)),
+            tenant_days.setdefault((tenant_id, hour // DAY * DAY), [0] * len(FIGURES)),
         ):
             for i, value in enumerate(figures):
                 total[i] += value
@@ -241,17 +246,18 @@ def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
             ("endpoint_id", "start"),
             [(*key, *total) for key, total in sorted(days.items())],
         )
-        _add(
-            TenantUsageHour,
-            ("tenant_id", "start"),
-            ("tenant_id", "start"),
-            [(tenant_id, hour, *total) for (tenant_id, hour), total in sorted(tenants.items())],
-        )
+        for model, tenants in ((TenantUsageHour, tenant_hours), (TenantUsageDay, tenant_days)):
+            _add(
+                model,
+                ("tenant_id", "start"),
+                ("tenant_id", "start"),
+                [(tenant_id, start, *total) for (tenant_id, start), total in sorted(tenants.items())],
+            )
     return len(rows)
 
 
 def _add(
-    model: type[UsageHour | UsageDay | TenantUsageHour],
+    model: type[UsageHour | UsageDay | TenantUsageHour | TenantUsageDay],
     keys: tuple[str, ...],
     unique: tuple[str, ...],
     rows: list[tuple[Any, ...]],

@@ -218,9 +218,11 @@ def test_the_tenant_table_shows_what_the_endpoints_hours_add_up_to(owner, other,
     endpoints = [make_endpoint(owner, f"o{i}") for i in range(3)] + [make_endpoint(other, "x")]
     sell(endpoints[0], mu_per_minute=50, best_effort_allowed=True, sold_by="t")
     hour = int(NOW.timestamp()) // 3600 * 3600
-    for _ in range(30):  # 9 days of hours: some before the week, some in the day
+    # 9 days of hours: some before the week, in its first and last (UTC) days, in the day
+    ages = [rng.randrange(9 * 24) for _ in range(30)] + [0, 1, 5, 30, 7 * 24 - 1, 7 * 24 - 2, 7 * 24]
+    for age in ages:
         usage.record(
-            (e.pk, hour - rng.randrange(9 * 24) * 3600 + rng.randrange(3600),
+            (e.pk, hour - age * 3600 + rng.randrange(3600),
              EndpointSecond(mu=rng.uniform(0, 50), throttled=rng.randint(0, 3), requests=1))
             for e in rng.sample(endpoints, 2)
         )  # fmt: skip
