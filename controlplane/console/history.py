@@ -1,12 +1,9 @@
-"""What the capacity page reads of the past: each GPU type's history chart, its hourly peaks for
-the forecast, and each tenant's usage, in a few queries whose rows grow with the window, never
-with the fleet's endpoints.
-
-The chart averages each pool's snapshots over a bucket (a minute up to six hours, an hour
-beyond) and adds the pools of a GPU type. Minutes come from the snapshots themselves (one per
-pool and minute); hours from the pools' CapacityHours (controlplane.capacity.snapshots), the
-same averages summed as the snapshots were written, so a week is 168 rows per pool instead of
-10,080. Only a window's first hour, cut by the window's start, is averaged from its snapshots.
+"""What the capacity page reads of the past, in a few queries whose rows grow with the window,
+never with the fleet's endpoints: each GPU type's history chart (each pool's snapshots averaged
+over a bucket, a minute up to six hours from the snapshots themselves, an hour beyond from the
+pools' CapacityHours, controlplane.capacity.snapshots, so a week is 168 rows per pool instead of
+10,080, only the hour the window's start cuts averaged from its snapshots; then the pools of a
+type added), its hourly peaks for the forecast, and each tenant's usage from its hours and days.
 """
 
 import math

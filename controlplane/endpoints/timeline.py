@@ -1,12 +1,10 @@
-"""The endpoint page's timeline over a day or a week: its 5-second load buckets summed per
+"""The endpoint page's timeline over six hours and more: its 5-second load buckets summed per
 minute (TimelineMinute), so a day's chart reads 1,440 rows, not 17,280 buckets with their
-latency histograms.
-
-A minute is rolled up once, after the collector has written every bucket of it (its cursor is
-at or past the minute's end: a slot it passed is never written again), by a beat task under a
-lease of its own (`roll_up`), a few minutes a pass, catching up after a pause from the oldest
-bucket kept. The chart reads the rolled-up minutes and, around them, the buckets themselves:
-the minute the window's start cuts, and whatever is not rolled up yet (`chart_rows`), so it
+latency histograms. A minute is rolled up once, after the collector has written every bucket of
+it (its cursor is at or past the minute's end: a slot it passed is never written again), by a
+beat task under a lease of its own (`roll_up`), a few minutes a pass, catching up after a pause
+from the oldest bucket kept; the chart reads the rolled-up minutes and, around them, the buckets
+themselves (the minute the window's start cuts, what is not rolled up yet: `chart_rows`), so it
 shows the same figures as from the buckets alone.
 """
 
