@@ -351,7 +351,21 @@ class UsageHourQuerySet(TenantScopedQuerySet["UsageHour"]):
     """Scoped by the tenant the row keeps, so a deleted endpoint's usage stays its owner's."""
 
 
-class UsageHour(models.Model):
+class UsageFigures(models.Model):
+    """What a period of usage adds up (controlplane.endpoints.usage.FIGURES)."""
+
+    mu = models.FloatField(default=0.0)  # MU metered
+    requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
+    errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
+
+    class Meta:
+        abstract = True
+
+
+class UsageHour(UsageFigures):
     """One UTC hour of an endpoint's metered usage, all routers and seconds together: what
     /api/v1/usage/ and the console's endpoint page sum by hour or day. Written by the collector
     (controlplane.endpoints.usage.record) from the same router seconds as the LoadBuckets, and
@@ -365,12 +379,6 @@ class UsageHour(models.Model):
     endpoint_name = models.CharField(max_length=63)  # its current name, or the last it had
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
     start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
-    mu = models.FloatField(default=0.0)  # MU metered
-    requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
-    tokens_in = models.PositiveBigIntegerField(default=0)
-    tokens_out = models.PositiveBigIntegerField(default=0)
-    throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
-    errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
 
     objects = UsageHourQuerySet.as_manager()
 
@@ -390,7 +398,7 @@ class UsageDayQuerySet(TenantScopedQuerySet["UsageDay"]):
     """Scoped by the tenant the row keeps, as its hours are."""
 
 
-class UsageDay(models.Model):
+class UsageDay(UsageFigures):
     """One UTC day of an endpoint's usage: its UsageHours of that day added, written by the same
     transaction as they are (controlplane.endpoints.usage.record), so /api/v1/usage/ by the day
     reads a row per endpoint and day, not 24. The same identity as its hours (renamed with
@@ -400,12 +408,6 @@ class UsageDay(models.Model):
     endpoint_name = models.CharField(max_length=63)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_days")
     start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
-    mu = models.FloatField(default=0.0)
-    requests = models.PositiveBigIntegerField(default=0)
-    tokens_in = models.PositiveBigIntegerField(default=0)
-    tokens_out = models.PositiveBigIntegerField(default=0)
-    throttled = models.PositiveBigIntegerField(default=0)
-    errors = models.PositiveBigIntegerField(default=0)
 
     objects = UsageDayQuerySet.as_manager()
 
@@ -418,26 +420,12 @@ class UsageDay(models.Model):
         return f"endpoint {self.endpoint_id} day from {self.start}"
 
 
-class TenantUsage(models.Model):
-    """A tenant's usage over a period: its endpoints' UsageHours of the period added, deleted
+class TenantUsageHour(UsageFigures):
+    """One UTC hour of a tenant's usage: its endpoints' UsageHours of the hour added, deleted
     endpoints' included, written by the same transaction as they are
     (controlplane.endpoints.usage.record), so the capacity page's tenant table reads a few rows
     per tenant, however many endpoints the tenant has. Kept as long as the usage
     (USAGE_RETENTION_DAYS)."""
-
-    mu = models.FloatField(default=0.0)
-    requests = models.PositiveBigIntegerField(default=0)
-    tokens_in = models.PositiveBigIntegerField(default=0)
-    tokens_out = models.PositiveBigIntegerField(default=0)
-    throttled = models.PositiveBigIntegerField(default=0)
-    errors = models.PositiveBigIntegerField(default=0)
-
-    class Meta:
-        abstract = True
-
-
-class TenantUsageHour(TenantUsage):
-    """One UTC hour of a tenant's usage (TenantUsage)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_hours")
     start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
@@ -451,9 +439,9 @@ class TenantUsageHour(TenantUsage):
         return f"tenant {self.tenant_id} hour from {self.start}"
 
 
-class TenantUsageDay(TenantUsage):
-    """One UTC day of a tenant's usage (TenantUsage): a week reads 7 of these and the hours at
-    its ends, not 168 hours. Kept while any of its hours is."""
+class TenantUsageDay(UsageFigures):
+    """One UTC day of a tenant's usage, written as its TenantUsageHours are: a week reads 7 of
+    these and the hours at its ends, not 168 hours. Kept while any of its hours is."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tenant_usage_days")
     start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
