@@ -287,7 +287,14 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
     from capacity.ledger import Shape
     from capacity.provisioning import replica_bounds
     from controlplane import selling
-    from controlplane.capacity.models import CapacitySnapshot, GpuPool, GpuType, ModelProfile, Reservation
+    from controlplane.capacity.models import (
+        CapacityHour,
+        CapacitySnapshot,
+        GpuPool,
+        GpuType,
+        ModelProfile,
+        Reservation,
+    )
     from controlplane.endpoints.models import Endpoint, LoadBucket, Pod, Rollout, UsageHour
     from controlplane.oncall.models import Event, EventGroup
     from controlplane.tenants.models import KEY_PREFIX, ApiKey, Tenant, hash_secret
@@ -441,6 +448,17 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
             counts["capacity snapshots"] = copy_rows(
                 CapacitySnapshot, SNAPSHOT_COLUMNS, _snapshot_rows(pools, committed, now)
             )
+            # their hourly rollup, as controlplane.capacity.snapshots.write keeps it beside them
+            hours, snaps = CapacityHour._meta.db_table, CapacitySnapshot._meta.db_table
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {hours} (pool_id, start, snapshots, have_mu_sum, sold_mu_sum,"
+                    " used_mu_sum, used_mu_peak) SELECT pool_id,"
+                    " floor(extract(epoch FROM at) / 3600)::bigint * 3600, count(*),"
+                    " sum(have_mu_per_minute), sum(sold_mu_per_minute), sum(used_mu_per_minute),"
+                    f" max(used_mu_per_minute) FROM {snaps} GROUP BY 1, 2"
+                )
+                counts["capacity hours"] = cursor.rowcount
             step("snapshots")
         step("indexes")
         with connection.cursor() as cursor:

@@ -362,6 +362,11 @@ LOAD_BUCKET_RETENTION_S = envint("LOAD_BUCKET_RETENTION_S", 86400, minimum=400)
 AUTOSCALER_MAX_HISTORY_S = envint("AUTOSCALER_MAX_HISTORY_S", 3600, minimum=400)
 # Hours of usage per endpoint (/api/v1/usage/, the console's endpoint page) are kept this long.
 USAGE_RETENTION_DAYS = envint("USAGE_RETENTION_DAYS", 400, minimum=8)
+# Pools' per-minute capacity snapshots are kept for the capacity page's charts of up to a week
+# (its first hour included), their hourly rollup for the forecast's four weeks and a day, and
+# beyond for history (controlplane.capacity.snapshots).
+CAPACITY_SNAPSHOT_RETENTION_DAYS = envint("CAPACITY_SNAPSHOT_RETENTION_DAYS", 8, minimum=8)
+CAPACITY_HOUR_RETENTION_DAYS = envint("CAPACITY_HOUR_RETENTION_DAYS", 400, minimum=30)
 
 # --- On-call paging (controlplane.oncall.paging) ----------------------------------------------
 # Critical groups (and warning groups with ONCALL_PAGE_WARNINGS=1) POST Alertmanager webhook JSON
@@ -404,6 +409,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "controlplane.endpoints.tasks.collect_load",
         "schedule": AUTOSCALER_HORIZONTAL_INTERVAL_S,
         "options": {"expires": AUTOSCALER_HORIZONTAL_INTERVAL_S},  # the next tick does what it would
+    },
+    "roll-up-timeline": {
+        "task": "controlplane.endpoints.tasks.roll_up_timeline",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},  # the next tick does what it would
     },
     "autoscale-horizontal": {
         "task": "controlplane.endpoints.tasks.autoscale_horizontal",

@@ -6,10 +6,11 @@ to the real sink: the control plane's /api/v1/load-samples/ view through the rou
 client (without Redis), or the Redis script (with it); the real collector bills them. Between
 any two steps anything may fail: a post refused before it reaches the sink, a post the sink
 applied whose answer is lost (a timeout after the commit), a database error inside the sink,
-the collector dying inside its billing transaction or after it committed (before it could move
-its lease or delete the billing stream's entries), a spooled router killed and started again
-on its spool. Then everything heals: every metered second is in usage exactly once, per
-endpoint and UTC hour."""
+the collector dying inside its billing transaction (before its first statement, or between the
+endpoints' hours and the tenants') or after it committed (before it could move its lease or
+delete the billing stream's entries), a spooled router killed and started again on its spool.
+Then everything heals: every metered second is in usage exactly once, per endpoint and UTC
+hour, in its endpoint's day and in its tenant's hour and day."""
 
 import asyncio
 import contextlib
@@ -26,7 +27,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rest_framework.test import APIClient
 
 from controlplane.endpoints import collector, samples, usage
-from controlplane.endpoints.models import Lease, RouterMark, RouterSample, UsageHour
+from controlplane.endpoints.models import (
+    Lease,
+    RouterMark,
+    RouterSample,
+    TenantUsageDay,
+    TenantUsageHour,
+    UsageDay,
+    UsageHour,
+)
 from controlplane.tenants.models import ApiKey
 from dataplane.router.control_plane import ControlPlaneClient
 from dataplane.router.delivery import Delivery, Spool
@@ -52,7 +61,7 @@ steps = st.lists(
         st.tuples(
             st.just("deliver"), st.integers(0, ROUTERS - 1), st.sampled_from([None, "before", "late", "db"])
         ),
-        st.tuples(st.just("collect"), st.sampled_from([None, "billing", "after_commit"])),
+        st.tuples(st.just("collect"), st.sampled_from([None, "billing", "between", "after_commit"])),
         st.tuples(st.just("restart"), st.sampled_from(SPOOLED)),
         st.tuples(st.just("wait"), st.integers(1, 120)),  # seconds, across the hour now and then
     ),
@@ -178,12 +187,20 @@ class Scenario:
             return
         # Dead inside its billing transaction, or after it committed: before it could release its
         # lease (and, with Redis, delete the billed entries). Its lease expires.
-        stages = [(usage, "record")] if fault == "billing" else [(Lease, "release"), (redis_client(), "xdel")]
+        stages = {
+            "billing": [(usage, "record")],
+            "between": [(usage, "_add")],  # after the endpoints' hours, before their days
+            "after_commit": [(Lease, "release"), (redis_client(), "xdel")],
+        }[fault]
         with contextlib.ExitStack() as stack:
             for owner, name in stages:
                 stack.enter_context(patched(owner, name))
-            with pytest.raises(DatabaseError):
-                collector.collect_pass(when)
+            if fault == "between":  # crashes only where there was something to bill
+                with contextlib.suppress(DatabaseError):
+                    collector.collect_pass(when)
+            else:
+                with pytest.raises(DatabaseError):
+                    collector.collect_pass(when)
         Lease.objects.filter(name=collector.COLLECTOR).update(expires_at=None)
 
     def wait(self, seconds: int) -> None:
@@ -199,10 +216,15 @@ class Scenario:
 
 @contextlib.contextmanager
 def patched(owner, name: str):
-    """`owner.name` raises a database error while the block runs."""
+    """`owner.name` raises a database error while the block runs (usage._add: its second call
+    in a transaction, the tenants' hours)."""
     real = getattr(owner, name)
+    calls = Counter[str]()
 
     def crash(*args, **kwargs):
+        calls["all"] += 1
+        if name == "_add" and calls["all"] % 2:
+            return real(*args, **kwargs)
         raise DatabaseError("server closed the connection unexpectedly")
 
     setattr(owner, name, crash)
@@ -221,7 +243,7 @@ def run(world, sink: str, plan) -> None:
     and usage compared with what was served."""
     settings = world["settings"]
     settings.REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15") if sink == "redis" else ""
-    for model in (UsageHour, RouterSample, RouterMark, Lease):
+    for model in (UsageHour, UsageDay, TenantUsageHour, TenantUsageDay, RouterSample, RouterMark, Lease):
         model.objects.all().delete()
     forget_metering(redis_client())
     scenario = Scenario(world, sink)
@@ -237,6 +259,19 @@ def run(world, sink: str, plan) -> None:
         for field in FIGURES:
             billed[(row.endpoint_id, row.start, field)] += getattr(row, field)
     assert +billed == +scenario.served
+    tenant_of = {e.pk: e.tenant_id for e in scenario.endpoints}
+    served = {model: Counter[tuple[int, int, str]]() for model in (UsageDay, TenantUsageHour, TenantUsageDay)}
+    for (endpoint_id, hour, field), value in scenario.served.items():
+        served[UsageDay][(endpoint_id, hour // 86400 * 86400, field)] += value
+        served[TenantUsageHour][(tenant_of[endpoint_id], hour, field)] += value
+        served[TenantUsageDay][(tenant_of[endpoint_id], hour // 86400 * 86400, field)] += value
+    for model, expected in served.items():
+        stored = Counter[tuple[int, int, str]]()
+        for row in model.objects.all():
+            key = row.endpoint_id if model is UsageDay else row.tenant_id
+            for field in FIGURES:
+                stored[(key, row.start, field)] += getattr(row, field)
+        assert +stored == +expected, model.__name__
 
 
 @pytest.mark.parametrize("sink", ["posted", "redis"])

@@ -98,11 +98,11 @@ class UsageView(generics.ListAPIView[Any]):
             )
         except usage.UsageError as exc:
             raise ValidationError({exc.field: str(exc)}) from None
-        hours = UsageHour.objects.visible_to(request_principal(request))
+        filters: dict[str, Any] = {}
         if "endpoint" in asked:
-            hours = hours.filter(endpoint_id=asked["endpoint"])
+            filters["endpoint_id"] = asked["endpoint"]
         if "tenant" in asked:
-            hours = hours.filter(tenant__name=asked["tenant"])
-        page = self.paginate_queryset(usage.usage(hours, w))
+            filters["tenant__name"] = asked["tenant"]
+        page = self.paginate_queryset(usage.usage(w, request_principal(request), **filters))
         rows = [usage.as_usage(r, w) for r in page or []]
         return self.get_paginated_response(UsageSerializer(rows, many=True).data)

@@ -1,5 +1,5 @@
 """GPU types, pools, model-unit profiles, reservations (sold capacity), allowances of minimum
-replicas beyond them, each pool's ledger as stored, and ledger snapshots.
+replicas beyond them, each pool's ledger as stored, and ledger snapshots with their hourly rollup.
 
 Every write that can change what a pool holds goes through controlplane.selling, which locks the
 pool rows, reads the ledger and refuses an oversell, then stores the pool's new ledger.
@@ -318,7 +318,8 @@ class StoredLedger(models.Model):
 
 
 class CapacitySnapshot(models.Model):
-    """A pool's ledger at one moment, for charts over time (written by a beat task)."""
+    """A pool's ledger at one moment, for charts over time (written by a beat task, every minute,
+    with its CapacityHour: controlplane.capacity.snapshots). Kept CAPACITY_SNAPSHOT_RETENTION_DAYS."""
 
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="snapshots")
     at = models.DateTimeField(default=timezone.now)
@@ -331,7 +332,32 @@ class CapacitySnapshot(models.Model):
 
     class Meta:
         ordering = ["-at"]
-        indexes = [models.Index(fields=["pool", "at"])]
+        # (at): the charts read every pool's last minutes or hours, and the sweep deletes by age
+        indexes = [models.Index(fields=["pool", "at"]), models.Index(fields=["at"])]
 
     def __str__(self) -> str:
         return f"{self.pool_id} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class CapacityHour(models.Model):
+    """A pool's snapshots of one UTC hour, summed as they are written (in the snapshots'
+    transaction: controlplane.capacity.snapshots.write), so a day or a week of charts and the
+    forecast's four weeks read one row per pool and hour, not sixty: an hour of snapshots at
+    100, 200 and 300 used MU/min holds 3 snapshots, used_mu_sum 600 (an average of 200) and
+    used_mu_peak 300. Kept CAPACITY_HOUR_RETENTION_DAYS, longer than its snapshots."""
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="hours")
+    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
+    snapshots = models.PositiveIntegerField()  # how many the sums add up
+    have_mu_sum = models.FloatField()  # have_mu_per_minute summed over the hour's snapshots
+    sold_mu_sum = models.FloatField()
+    used_mu_sum = models.FloatField()
+    used_mu_peak = models.FloatField()  # the largest used_mu_per_minute of the hour
+
+    class Meta:
+        ordering = ["pool_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["pool", "start"], name="capacity_hour_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} hour from {self.start}"

@@ -3,16 +3,16 @@
 from datetime import datetime
 
 from celery import shared_task
-from django.db import transaction
 from django.utils import timezone
 
-from controlplane.capacity import profile_benchmarks
+from controlplane.capacity import profile_benchmarks, snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
 from controlplane.selling import refresh_pools
 
 
 def record_snapshots(now: datetime | None = None) -> int:
-    """Store every pool's ledger afresh and write one CapacitySnapshot of each; returns how
+    """Store every pool's ledger afresh and write one CapacitySnapshot of each, added to its
+    CapacityHour in the same transaction, then delete those past their retention; returns how
     many were written. Every minute, so a write that changed a pool without its refresh (none
     should) is in its stored ledger within one."""
     now = now or timezone.now()
@@ -20,21 +20,21 @@ def record_snapshots(now: datetime | None = None) -> int:
     ledgers = {}
     for pool in pools:  # one pool's lock at a time: a sale waits for one pool's refresh at most
         ledgers.update(refresh_pools([pool.pk]))
-    with transaction.atomic():
-        CapacitySnapshot.objects.bulk_create(
-            CapacitySnapshot(
-                pool=pool,
-                at=now,
-                have_gpus=float(ledger.have_gpus),
-                sold_gpus=float(ledger.sold_gpus),
-                used_gpus=float(ledger.used_gpus),
-                have_mu_per_minute=float(ledger.have_mu_per_minute),
-                sold_mu_per_minute=float(ledger.sold_mu_per_minute),
-                used_mu_per_minute=float(ledger.used_mu_per_minute),
-            )
-            for pool in pools
-            for ledger in [ledgers[pool.pk]]
+    snapshots.write(
+        CapacitySnapshot(
+            pool=pool,
+            at=now,
+            have_gpus=float(ledger.have_gpus),
+            sold_gpus=float(ledger.sold_gpus),
+            used_gpus=float(ledger.used_gpus),
+            have_mu_per_minute=float(ledger.have_mu_per_minute),
+            sold_mu_per_minute=float(ledger.sold_mu_per_minute),
+            used_mu_per_minute=float(ledger.used_mu_per_minute),
         )
+        for pool in pools
+        for ledger in [ledgers[pool.pk]]
+    )
+    snapshots.prune(now)
     return len(pools)
 
 

@@ -323,11 +323,49 @@ class LoadMinute(models.Model):
         return f"endpoint {self.endpoint_id} minute to {self.end}"
 
 
+class TimelineMinute(models.Model):
+    """One minute of an endpoint's LoadBuckets, summed for the timeline charts of a day or a
+    week (controlplane.endpoints.timeline): 1,440 rows a day instead of 17,280. Written once,
+    after the collector has written every bucket of the minute, kept as long as the buckets."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="timeline_minutes")
+    end = models.BigIntegerField(help_text="unix seconds at the minute's end, a multiple of 60")
+    last_end = models.BigIntegerField()  # the minute's last bucket's end
+    desired_replicas = models.PositiveIntegerField()  # the last bucket's: replicas are a level
+    ready_replicas = models.PositiveIntegerField()
+    seconds = models.PositiveIntegerField()  # the buckets' seconds, added
+    in_flight_s = models.FloatField()  # requests in flight (at pods and queued) x seconds, added
+    requests = models.PositiveBigIntegerField()
+    latency_counts = models.JSONField(default=list)  # the buckets' histograms, added
+
+    class Meta:
+        ordering = ["endpoint_id", "end"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "end"], name="timeline_minute_unique")]
+        indexes = [models.Index(fields=["end"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} timeline minute to {self.end}"
+
+
 class UsageHourQuerySet(TenantScopedQuerySet["UsageHour"]):
     """Scoped by the tenant the row keeps, so a deleted endpoint's usage stays its owner's."""
 
 
-class UsageHour(models.Model):
+class UsageFigures(models.Model):
+    """What a period of usage adds up (controlplane.endpoints.usage.FIGURES)."""
+
+    mu = models.FloatField(default=0.0)  # MU metered
+    requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
+    tokens_in = models.PositiveBigIntegerField(default=0)
+    tokens_out = models.PositiveBigIntegerField(default=0)
+    throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
+    errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
+
+    class Meta:
+        abstract = True
+
+
+class UsageHour(UsageFigures):
     """One UTC hour of an endpoint's metered usage, all routers and seconds together: what
     /api/v1/usage/ and the console's endpoint page sum by hour or day. Written by the collector
     (controlplane.endpoints.usage.record) from the same router seconds as the LoadBuckets, and
@@ -341,22 +379,80 @@ class UsageHour(models.Model):
     endpoint_name = models.CharField(max_length=63)  # its current name, or the last it had
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
     start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
-    mu = models.FloatField(default=0.0)  # MU metered
-    requests = models.PositiveBigIntegerField(default=0)  # requests finished (at a pod)
-    tokens_in = models.PositiveBigIntegerField(default=0)
-    tokens_out = models.PositiveBigIntegerField(default=0)
-    throttled = models.PositiveBigIntegerField(default=0)  # 429s, never reached a pod
-    errors = models.PositiveBigIntegerField(default=0)  # 5xx answers and upstream failures
 
     objects = UsageHourQuerySet.as_manager()
 
     class Meta:
         ordering = ["endpoint_id", "start"]
         constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_hour_unique")]
-        indexes = [models.Index(fields=["start"])]
+        # (start, endpoint_id): /api/v1/usage/'s order, so a page is read in order, not sorted;
+        # (tenant, start): a tenant's window reads its own hours, not every tenant's of the
+        # window nor every hour the tenant ever had
+        indexes = [models.Index(fields=["start", "endpoint_id"]), models.Index(fields=["tenant", "start"])]
 
     def __str__(self) -> str:
         return f"endpoint {self.endpoint_id} hour from {self.start}"
+
+
+class UsageDayQuerySet(TenantScopedQuerySet["UsageDay"]):
+    """Scoped by the tenant the row keeps, as its hours are."""
+
+
+class UsageDay(UsageFigures):
+    """One UTC day of an endpoint's usage: its UsageHours of that day added, written by the same
+    transaction as they are (controlplane.endpoints.usage.record), so /api/v1/usage/ by the day
+    reads a row per endpoint and day, not 24. The same identity as its hours (renamed with
+    them); kept while any of its hours is (USAGE_RETENTION_DAYS)."""
+
+    endpoint_id = models.BigIntegerField()
+    endpoint_name = models.CharField(max_length=63)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_days")
+    start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
+
+    objects = UsageDayQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["endpoint_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["endpoint_id", "start"], name="usage_day_unique")]
+        indexes = [models.Index(fields=["start", "endpoint_id"]), models.Index(fields=["tenant", "start"])]
+
+    def __str__(self) -> str:
+        return f"endpoint {self.endpoint_id} day from {self.start}"
+
+
+class TenantUsageHour(UsageFigures):
+    """One UTC hour of a tenant's usage: its endpoints' UsageHours of the hour added, deleted
+    endpoints' included, written by the same transaction as they are
+    (controlplane.endpoints.usage.record), so the capacity page's tenant table reads a few rows
+    per tenant, however many endpoints the tenant has. Kept as long as the usage
+    (USAGE_RETENTION_DAYS)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_hours")
+    start = models.BigIntegerField(help_text="unix seconds at the hour's start, a multiple of 3600")
+
+    class Meta:
+        ordering = ["tenant_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "start"], name="tenant_usage_hour_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} hour from {self.start}"
+
+
+class TenantUsageDay(UsageFigures):
+    """One UTC day of a tenant's usage, written as its TenantUsageHours are: a week reads 7 of
+    these and the hours at its ends, not 168 hours. Kept while any of its hours is."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tenant_usage_days")
+    start = models.BigIntegerField(help_text="unix seconds at the day's start (UTC), a multiple of 86400")
+
+    class Meta:
+        ordering = ["tenant_id", "start"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "start"], name="tenant_usage_day_unique")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} day from {self.start}"
 
 
 class DeletedEndpoint(models.Model):

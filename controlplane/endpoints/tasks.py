@@ -9,13 +9,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
-from controlplane.endpoints import collector, routing, scaling
+from controlplane.endpoints import collector, routing, scaling, timeline
 from controlplane.endpoints.models import (
     DeletedEndpoint,
     LoadBucket,
     LoadMinute,
     RouterMark,
     RouterSample,
+    TenantUsageDay,
+    TenantUsageHour,
+    UsageDay,
     UsageHour,
 )
 from controlplane.endpoints.samples import redis_client
@@ -38,8 +41,21 @@ def collect_load() -> str:
     # second it had delivered (its answer lost) finds it taken, or the hour it went to is gone too.
     RouterMark.objects.filter(updated_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     UsageHour.objects.filter(start__lt=kept_since).delete()
+    TenantUsageHour.objects.filter(start__lt=kept_since).delete()
+    for days in (UsageDay, TenantUsageDay):
+        days.objects.filter(start__lte=kept_since - 86400).delete()  # a day goes with its last hour
     DeletedEndpoint.objects.filter(deleted_at__lt=datetime.fromtimestamp(kept_since, UTC)).delete()
     return f"collected through {report.collected}, {report.billed} billed"
+
+
+@shared_task
+def roll_up_timeline() -> str:
+    """Beat, every 30 s: the minutes the collector has finished, summed for the endpoint page's
+    day and week charts (controlplane.endpoints.timeline)."""
+    done = timeline.roll_up(timezone.now())
+    if done is None:
+        return "another pass holds the lease, or one ran less than half a minute ago"
+    return f"{done} minutes rolled up, through {timeline.rolled_up_through()}"
 
 
 @shared_task

@@ -2,8 +2,10 @@
 
 The collector (controlplane.endpoints.collector, through each source's `bill` in
 controlplane.endpoints.samples) adds each router second, once, to its endpoint's UsageHour
-(`record`); `usage` is the one query behind
-``GET /api/v1/usage/`` and the console's endpoint page, a day being the sum of its 24 hours:
+(`record`), and in the same transaction to its UsageDay and its tenant's TenantUsageHour and
+TenantUsageDay;
+`usage` is the one query behind ``GET /api/v1/usage/`` and the console's endpoint page, a day
+being the sum of its 24 hours, kept added up as they are written:
 
     an endpoint's slot 10:00:00-10:00:05 with 3 requests, 1.5 MU, 300 tokens in, 90 out and
     one 429, then the slot 10:59:55-11:00:00 with 1 request of 0.5 MU -> hour 10:00 reads
@@ -27,11 +29,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
-from django.db.models import F, QuerySet, Sum
-from django.db.models.functions import Mod
+from django.db import connection, transaction
+from django.db.models import F, QuerySet
 
-from controlplane.endpoints.models import DeletedEndpoint, Endpoint, UsageHour
+from controlplane.endpoints.models import (
+    DeletedEndpoint,
+    Endpoint,
+    TenantUsageDay,
+    TenantUsageHour,
+    UsageDay,
+    UsageDayQuerySet,
+    UsageHour,
+    UsageHourQuerySet,
+)
+from controlplane.tenants.models import Principal
 from dataplane.wire.load_samples import EndpointSecond
 
 log = logging.getLogger("controlplane.usage")
@@ -110,18 +121,23 @@ class Usage:
         return datetime.fromtimestamp(self.end, UTC)
 
 
-def usage(hours: QuerySet[UsageHour], w: Window) -> QuerySet[Any, Any]:
-    """The periods of these hours (a tenant's, an endpoint's: `UsageHour.objects.visible_to`
-    scopes them) that have usage, oldest first then by endpoint: one query, summed by the
-    database (`as_usage` turns a row into a Usage). Deleted endpoints' hours are in it."""
-    period = F("start") if w.step == HOUR else F("start") - Mod(F("start"), DAY)
-    return (
-        hours.filter(start__gte=w.start, start__lt=w.end)
-        .annotate(period=period)
-        .values("period", "endpoint_id", "endpoint_name", "tenant__name")
-        .annotate(**{f"sum_{f}": Sum(f) for f in FIGURES})
+def usage(w: Window, principal: Principal | None = None, **filters: Any) -> QuerySet[Any, Any]:
+    """The periods of the window that have usage, oldest first then by endpoint, of the hours
+    or days the principal may see (`visible_to`; None: all) and `filters` select (an endpoint's,
+    a tenant's): one query, a row per endpoint and period as stored, in the order of the
+    (start, endpoint_id) index, so a page of it is read, not summed nor sorted (`as_usage`
+    turns a row into a Usage). Deleted endpoints' are in it."""
+    periods: UsageHourQuerySet | UsageDayQuerySet = (
+        UsageHour.objects.all() if w.step == HOUR else UsageDay.objects.all()
+    )
+    rows = periods if principal is None else periods.visible_to(principal)
+    found: QuerySet[Any, Any] = (
+        rows.filter(**filters, start__gte=w.start, start__lt=w.end)
+        .annotate(period=F("start"), **{f"sum_{f}": F(f) for f in FIGURES})
+        .values("period", "endpoint_id", "endpoint_name", "tenant__name", *(f"sum_{f}" for f in FIGURES))
         .order_by("period", "endpoint_id")
     )
+    return found
 
 
 def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
@@ -142,8 +158,7 @@ def as_usage(row: Mapping[str, Any], w: Window) -> Usage:
 
 def series(endpoint: Endpoint, w: Window) -> list[Usage]:
     """Every period of the window for one endpoint, zeros where nothing was metered."""
-    hours = UsageHour.objects.filter(endpoint_id=endpoint.pk)
-    found = {u.start: u for u in (as_usage(r, w) for r in usage(hours, w))}
+    found = {u.start: u for u in (as_usage(r, w) for r in usage(w, endpoint_id=endpoint.pk))}
     blank: dict[str, Any] = {
         "endpoint": endpoint.pk,
         "endpoint_name": endpoint.name,
@@ -169,11 +184,12 @@ def identities(endpoint_ids: Iterable[int]) -> dict[int, tuple[str, int]]:
 
 
 def renamed(endpoint: Endpoint) -> None:
-    """An endpoint's usage carries its current name: a rename relabels its hours (in its
-    transaction), so each endpoint id reads as one name in every period."""
-    UsageHour.objects.filter(endpoint_id=endpoint.pk).exclude(endpoint_name=endpoint.name).update(
-        endpoint_name=endpoint.name
-    )
+    """An endpoint's usage carries its current name: a rename relabels its hours and days (in
+    its transaction), so each endpoint id reads as one name in every period."""
+    for periods in (UsageHour, UsageDay):
+        periods.objects.filter(endpoint_id=endpoint.pk).exclude(endpoint_name=endpoint.name).update(
+            endpoint_name=endpoint.name
+        )
 
 
 def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[int, int, EndpointSecond]]:
@@ -190,8 +206,11 @@ def hourly(slots: Iterable[tuple[int, int, EndpointSecond]]) -> Iterator[tuple[i
 
 def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     """Add slots (or single seconds) to their endpoints' UsageHours, in one statement (an upsert
-    that adds); the caller records each once (the collector, in the transaction that marks it
-    billed). Returns the hours touched."""
+    that adds), and the same figures to their UsageDays and their tenants' TenantUsageHours and
+    TenantUsageDays, a statement each, in one transaction: a day, a tenant's hour or day, is
+    always its hours added. The
+    caller records each once (the collector, in the transaction that marks it billed). Returns
+    the hours touched."""
     hours = list(hourly(slots))
     # Each new hour under its endpoint's id, name and tenant, a deleted one's too (its
     # DeletedEndpoint); an id that never was an endpoint (a broken router's) bills no one.
@@ -206,14 +225,51 @@ def record(slots: Iterable[tuple[int, int, EndpointSecond]]) -> int:
     ]  # fmt: skip
     if not rows:
         return 0
-    table = connection.ops.quote_name(UsageHour._meta.db_table)
-    columns = ("endpoint_id", "endpoint_name", "tenant_id", "start", *FIGURES)
+    # The days, the tenants' hours and days from the same rounded rows, added in the rows' order
+    days: dict[tuple[int, str, int, int], list[float]] = {}
+    tenant_hours: dict[tuple[int, int], list[float]] = {}
+    tenant_days: dict[tuple[int, int], list[float]] = {}
+    for endpoint_id, name, tenant_id, hour, *figures in rows:
+        for total in (
+            days.setdefault((endpoint_id, name, tenant_id, hour // DAY * DAY), [0] * len(FIGURES)),
+            tenant_hours.setdefault((tenant_id, hour), [0] * len(FIGURES)),
+            tenant_days.setdefault((tenant_id, hour // DAY * DAY), [0] * len(FIGURES)),
+        ):
+            for i, value in enumerate(figures):
+                total[i] += value
+    identity = ("endpoint_id", "endpoint_name", "tenant_id", "start")
+    with transaction.atomic():
+        _add(UsageHour, identity, ("endpoint_id", "start"), rows)
+        _add(
+            UsageDay,
+            identity,
+            ("endpoint_id", "start"),
+            [(*key, *total) for key, total in sorted(days.items())],
+        )
+        for model, tenants in ((TenantUsageHour, tenant_hours), (TenantUsageDay, tenant_days)):
+            _add(
+                model,
+                ("tenant_id", "start"),
+                ("tenant_id", "start"),
+                [(tenant_id, start, *total) for (tenant_id, start), total in sorted(tenants.items())],
+            )
+    return len(rows)
+
+
+def _add(
+    model: type[UsageHour | UsageDay | TenantUsageHour | TenantUsageDay],
+    keys: tuple[str, ...],
+    unique: tuple[str, ...],
+    rows: list[tuple[Any, ...]],
+) -> None:
+    """One upsert: new rows inserted, existing ones' FIGURES added to."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    columns = (*keys, *FIGURES)
     added = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in FIGURES)
     values = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(rows))
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}"
-            f" ON CONFLICT (endpoint_id, start) DO UPDATE SET {added}",
+            f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {added}",
             [v for row in rows for v in row],
         )
-    return len(rows)

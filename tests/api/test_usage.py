@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.endpoints import collector, samples, scaling, tasks, usage
-from controlplane.endpoints.models import DeletedEndpoint, Lease, UsageHour
+from controlplane.endpoints.models import DeletedEndpoint, Lease, TenantUsageHour, UsageHour
 from controlplane.selling import sell
 from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond, RouterSecond, TrafficSample
 from tests.conftest import endpoint_body
@@ -371,6 +371,7 @@ def test_usage_of_deleted_endpoints_is_kept_usage_retention_days(settings, owner
     assert owner_client.delete(f"/api/v1/endpoints/{chat.pk}/").status_code == 204
     tasks.collect_load()
     assert list(UsageHour.objects.values_list("endpoint_id", "start")) == [(chat.pk, kept)]
+    assert list(TenantUsageHour.objects.values_list("tenant", "start")) == [(owner.pk, kept)]
     assert list(DeletedEndpoint.objects.values_list("endpoint_id", flat=True)) == [chat.pk]
     rows = owner_client.get(
         "/api/v1/usage/", {"granularity": "day", "start": iso(old - 86400), "end": iso(hour)}

@@ -167,8 +167,10 @@ def history(pool, endpoint):
 
     from django.utils import timezone
 
+    from controlplane.capacity import snapshots
     from controlplane.capacity.models import CapacitySnapshot
-    from controlplane.endpoints.models import UsageHour
+    from controlplane.endpoints import usage
+    from dataplane.wire.load_samples import EndpointSecond
 
     now = timezone.now()
     rows = []
@@ -181,18 +183,10 @@ def history(pool, endpoint):
                 sold_mu_per_minute=100 if minutes > 30 else 300, used_mu_per_minute=daily,
             )
         )  # fmt: skip
-    CapacitySnapshot.objects.bulk_create(rows)
+    snapshots.write(rows)
     hour = int(now.timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create(
-        UsageHour(
-            endpoint_id=endpoint.pk,
-            endpoint_name=endpoint.name,
-            tenant_id=endpoint.tenant_id,
-            start=hour - k * 3600,
-            mu=14000.0 - 500 * k,
-            requests=900,
-        )
-        for k in range(12)
+    usage.record(
+        (endpoint.pk, hour - k * 3600, EndpointSecond(mu=14000.0 - 500 * k, requests=900)) for k in range(12)
     )
 
 

@@ -9,10 +9,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, Reservation
-from controlplane.endpoints.models import Endpoint, Pod, UsageHour
+from controlplane.endpoints import usage
+from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import delete_endpoint, refresh_pools, sell
 from controlplane.tenants.models import Tenant
+from dataplane.wire.load_samples import EndpointSecond
 
 
 @pytest.fixture
@@ -25,10 +28,9 @@ def fleet(owner, other, make_endpoint, big_model):
     return {"chat": chat, "batch": batch}
 
 
-def hour_of(endpoint, start: int, mu: float) -> UsageHour:
-    return UsageHour(
-        endpoint_id=endpoint.pk, endpoint_name=endpoint.name, tenant_id=endpoint.tenant_id, start=start, mu=mu
-    )
+def hour_of(endpoint, start: int, mu: float) -> tuple[int, int, EndpointSecond]:
+    """A second of the hour from `start` that metered `mu`, as the collector bills it."""
+    return (endpoint.pk, start, EndpointSecond(mu=mu))
 
 
 def cell(html: str, pool: str, css: str) -> str:
@@ -111,7 +113,7 @@ def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operato
                     sold_mu_per_minute=300, used_mu_per_minute=peak if in_peak else 50,
                 )
             )  # fmt: skip
-    CapacitySnapshot.objects.bulk_create(rows)
+    snapshots.write(rows)
     html = operator_web.get("/console/capacity/").content.decode()
     assert "peak 650 MU/min in the next 24 h against 800 sellable" in html
     assert "— short" not in html
@@ -119,7 +121,7 @@ def test_the_forecast_line_follows_the_peak_that_recurs_at_the_same_hour(operato
 
 def test_the_biggest_holders_and_each_tenants_usage_against_its_reservation(operator_web, fleet):
     hour = int(timezone.now().timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create(
+    usage.record(
         [hour_of(fleet["chat"], hour - k * 3600, 9000.0) for k in range(4)]
         + [hour_of(fleet["batch"], hour - 3 * 86400, 700.0)]
     )
@@ -236,7 +238,7 @@ def test_the_page_reads_no_more_with_ten_times_the_endpoints(operator_web, h100,
 
 def test_a_deleted_endpoints_usage_stays_in_its_tenants_usage(operator_web, fleet):
     hour = int(timezone.now().timestamp()) // 3600 * 3600
-    UsageHour.objects.bulk_create([hour_of(fleet["batch"], hour - k * 3600, 500.0) for k in range(3)])
+    usage.record([hour_of(fleet["batch"], hour - k * 3600, 500.0) for k in range(3)])
     delete_endpoint(fleet["batch"])
     page = operator_web.get("/console/capacity/")
     assert page.status_code == 200

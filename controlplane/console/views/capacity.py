@@ -5,13 +5,11 @@ writes stored (controlplane.selling.stored_ledgers), so its cost follows the poo
 holders it shows, not the endpoints behind them; a node grid reads its one pool live."""
 
 import copy
-from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Avg, Max, Prefetch, Q, QuerySet, Sum
-from django.db.models.functions import TruncHour, TruncMinute
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
@@ -25,7 +23,6 @@ from controlplane.api import params
 from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
 from controlplane.capacity.models import (
-    CapacitySnapshot,
     GpuPool,
     ModelProfile,
     ProfileFit,
@@ -33,11 +30,10 @@ from controlplane.capacity.models import (
     StoredLedger,
 )
 from controlplane.console import charts
+from controlplane.console.history import capacity_history, hourly_peaks, tenant_usage
 from controlplane.console.views.base import ConsoleRequest, console_view, page
-from controlplane.endpoints.models import Endpoint, UsageHour
+from controlplane.endpoints.models import Endpoint
 
-# The history chart's buckets per window: minutes up to six hours, hours beyond.
-BUCKETS = {"15m": TruncMinute, "1h": TruncMinute, "6h": TruncMinute, "1d": TruncHour, "1w": TruncHour}
 TOP_ENDPOINTS = 10  # "the endpoints that hold the most": how many the page lists
 SUGGESTIONS = 20  # endpoints the sell form suggests as the operator types
 FORECAST_HOURS = 24  # the forecast line covers the next day, hour by hour
@@ -126,30 +122,15 @@ def capacity_context(window: str | None) -> dict[str, Any]:
         )
         group["oversold"] = group["committed_gpus"] > group["sellable_gpus"]
     since = now - timedelta(seconds=charts.WINDOWS[window])
-    history: dict[str, dict[datetime, dict[str, float]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(float))
-    )
-    rows = (
-        CapacitySnapshot.objects.filter(at__gte=since)
-        .annotate(bucket=BUCKETS[window]("at"))
-        .values("pool__gpu_type__name", "pool_id", "bucket")
-        .annotate(
-            have=Avg("have_mu_per_minute"), sold=Avg("sold_mu_per_minute"), used=Avg("used_mu_per_minute")
-        )
-        .order_by()
-    )
-    for row in rows:  # average within a bucket per pool, then add the pools of a GPU type
-        point = history[row["pool__gpu_type__name"]][row["bucket"]]
-        for figure in ("have", "sold", "used"):  # not `key` (a plain str above): a row takes literal keys
-            point[figure] += row[figure]
+    history = capacity_history(since, charts.WINDOWS[window])
     peaks = hourly_peaks(now)
     for name, group in groups.items():
-        buckets = sorted(history[name].items())
+        buckets = history.get(name, [])
         group["chart"] = charts.line_chart(
             charts.Chart(
                 title=f"{name}: MU/min over the last {window}",
                 series=[
-                    charts.Series(label, [(t.timestamp(), p[key]) for t, p in buckets], css)
+                    charts.Series(label, [(t, p[key]) for t, p in buckets], css)
                     for label, key, css in [
                         ("have", "have", "have"),
                         ("sold", "sold", "sold"),
@@ -231,23 +212,6 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
     return {"runs": runs, "models": models}
 
 
-def hourly_peaks(now: datetime) -> dict[str, list[tuple[float, float]]]:
-    """Per GPU type, each hour's peak of used MU/min over the forecast's look-back (four weeks
-    and a day), the pools of a type added: (hour's start, MU/min), ascending."""
-    since = now - timedelta(seconds=forecast.HISTORY_S)
-    rows = (
-        CapacitySnapshot.objects.filter(at__gte=since)
-        .annotate(hour=TruncHour("at"))
-        .values("pool__gpu_type__name", "pool_id", "hour")
-        .annotate(peak=Max("used_mu_per_minute"))
-        .order_by()
-    )
-    summed: dict[str, dict[datetime, float]] = defaultdict(lambda: defaultdict(float))
-    for row in rows:
-        summed[row["pool__gpu_type__name"]][row["hour"]] += row["peak"]
-    return {name: sorted((t.timestamp(), v) for t, v in hours.items()) for name, hours in summed.items()}
-
-
 def forecast_of(
     name: str, peaks: list[tuple[float, float]], sellable_mu: float, now: float
 ) -> dict[str, Any]:
@@ -310,45 +274,6 @@ def planning_context(now: datetime, stored: dict[int, StoredLedger]) -> dict[str
             }
         )
     return {"holders": holders, "tenant_usage": tenant_usage(now)}
-
-
-def tenant_usage(now: datetime) -> list[dict[str, Any]]:
-    """Per tenant: MU metered in the last 24 hours and per day over the last 7, against what its
-    reservations let it use in a day (MU/min x 1,440). From the hours /api/v1/usage/ sums."""
-    hour = int(now.timestamp()) // 3600 * 3600
-    day_ago, week_ago = hour + 3600 - 86400, hour + 3600 - 7 * 86400
-    used = {
-        row["tenant__name"]: row
-        for row in UsageHour.objects.filter(start__gte=week_ago)  # deleted endpoints' included
-        .values("tenant__name")
-        .annotate(
-            day=Sum("mu", filter=Q(start__gte=day_ago)),
-            week=Sum("mu"),
-            throttled=Sum("throttled", filter=Q(start__gte=day_ago)),
-        )
-        .order_by()
-    }
-    reserved = dict(
-        Reservation.objects.values_list("endpoint__tenant__name").annotate(mu=Sum("mu_per_minute")).order_by()
-    )
-    out: list[dict[str, Any]] = []
-    for name in sorted(set(used) | set(reserved)):
-        row: dict[str, Any] = dict(used.get(name) or {})
-        per_day = (reserved.get(name) or 0) * 1440
-        day = float(row.get("day") or 0.0)
-        out.append(
-            {
-                "tenant": name,
-                "reserved_mu_per_minute": reserved.get(name) or 0,
-                "reserved_mu_per_day": per_day,
-                "used_mu_day": day,
-                "used_mu_week_per_day": (row.get("week") or 0.0) / 7,
-                "share": day / per_day if per_day else None,
-                "throttled": row.get("throttled") or 0,
-            }
-        )
-    out.sort(key=lambda r: (-r["used_mu_day"], r["tenant"]))
-    return out
 
 
 def profiles_with_history() -> QuerySet[ModelProfile]:

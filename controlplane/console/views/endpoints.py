@@ -1,6 +1,7 @@
 """The endpoints section: the filtered list, the create/edit form (the API's serializer behind
 it) and the detail page with its live panel of replicas, traffic and latency, and its usage."""
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import zip_longest
@@ -19,7 +20,7 @@ from controlplane.api.serializers import EndpointSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.console import charts
 from controlplane.console.views.base import ConsoleRequest, console_view, filled, page
-from controlplane.endpoints import usage
+from controlplane.endpoints import timeline, usage
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.oncall.templatetags.oncall import as_seen_by
@@ -146,8 +147,15 @@ def endpoint_live(request: ConsoleRequest, pk: int) -> HttpResponse:
 
 
 # Points a chart draws at most: its window's 5-second buckets are summed into bins this many
-# to a window (an hour: 15-second bins; a day: 6-minute bins).
+# to a window (an hour: 15-second bins), bins of a minute or more in whole minutes, read from
+# the minutes rolled up (six hours: 2-minute bins, 180 points; a day: 6-minute bins).
 CHART_POINTS = 240
+
+
+def bin_width(window_s: int) -> int:
+    """Seconds of a chart's bins: a multiple of the 5-second buckets, whole minutes from one."""
+    width = window_s / CHART_POINTS
+    return math.ceil(width / 60) * 60 if width >= 60 else max(5, int(width) // 5 * 5)
 
 
 def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[str, Any]:
@@ -157,17 +165,21 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
     in flight and per second, as the routers metered them), summed into bins, with each scale and
     concurrency event marked. Traffic and latency are the last minute's, and latency is read
     from the routers' histograms summed over the buckets (LoadBucket.latency_counts): 40
-    requests under 0.25 s and 10 under 0.5 s put the p50 inside the first bucket."""
+    requests under 0.25 s and 10 under 0.5 s put the p50 inside the first bucket. Bins of whole
+    minutes read the minutes rolled up (controlplane.endpoints.timeline): the same sums."""
     window = charts.window_name(request.GET.get("window"))
     now = timezone.now()
     until = now.timestamp()
     since = until - charts.WINDOWS[window]
-    rows = list(
-        LoadBucket.objects.filter(endpoint=endpoint, end__gt=since)
-        .order_by("end")
-        .values_list("end", "desired_replicas", "ready_replicas", "in_flight", "requests", "seconds",
-                     "queued", "latency_counts")
-    )  # fmt: skip
+    width = bin_width(charts.WINDOWS[window])
+    if width % 60 == 0:
+        rows = timeline.chart_rows(endpoint, since, until)
+    else:
+        rows = list(
+            LoadBucket.objects.filter(endpoint=endpoint, end__gt=since)
+            .order_by("end")
+            .values_list(*timeline.BUCKET_FIELDS)
+        )
     marks = [
         charts.Mark(t.timestamp(), f"{t:%H:%M:%S} {k}: {as_seen_by(m, request.principal)}", f"mark {k}")
         for k, t, m in Event.objects.filter(
@@ -176,7 +188,7 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
         .order_by("time", "id")
         .values_list("kind", "time", "message")
     ]
-    bins = timeline_bins(rows, charts.WINDOWS[window] / CHART_POINTS)
+    bins = timeline_bins(rows, width)
     title = f"over the last {window}"
     replicas = charts.line_chart(
         charts.Chart(

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("capacity", "0011_provisioned_allowances"),
+        ("capacity", "0012_capacity_hours"),
     ]
 
     operations = [
