@@ -174,19 +174,22 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     endpoints hanging now."""
     visible = Event.objects.visible_to(request.principal)
     day = now - timedelta(days=1)
-    hour = now - timedelta(hours=1)
-    loops, loops_capped = newest_of_kind(visible.filter(kind="crash_loop", time__gte=hour))
+    loops, loops_capped = newest_of_kind(
+        visible.filter(kind="crash_loop", time__gte=now - timedelta(hours=1)), "pod"
+    )
     hangs, hangs_capped = newest_of_kind(visible.filter(kind="hang", time__gte=day), "endpoint_id")
-    restarts, restarts_capped = newest_of_kind(visible.filter(kind="restart", time__gte=day).exclude(pod=""))
+    restarts, restarts_capped = newest_of_kind(
+        visible.filter(kind="restart", time__gte=day).exclude(pod=""), "pod"
+    )
     unacked = (
         visible.filter(severity="critical", acknowledged_at__isnull=True, time__gte=day)
         .order_by()[: ATTENTION_EVENTS + 1]
         .count()
     )
     return {
-        "crash_loops": sorted(tally(loops, "pod"), key=lambda t: t["last"], reverse=True)[:10],
-        "repeated_hangs": [t for t in tally(hangs, "endpoint_id") if t["n"] >= 2][:10],
-        "restarts": tally(restarts, "pod")[:20],
+        "crash_loops": loops.order_by("-last")[:10],
+        "repeated_hangs": hangs.filter(n__gte=2).order_by("-n", "-last")[:10],
+        "restarts": restarts.order_by("-n", "-last")[:20],
         "unacked_critical": min(unacked, ATTENTION_EVENTS),
         "unacked_critical_more": unacked > ATTENTION_EVENTS,
         "attention_capped": loops_capped or hangs_capped,
@@ -196,27 +199,18 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     }
 
 
-def newest_of_kind(events: QuerySet[Event], subject: str = "pod") -> tuple[list[tuple[Any, ...]], bool]:
-    """(subject, endpoint_name, time) of the newest ATTENTION_EVENTS of `events`, and whether
-    there were more."""
-    rows = list(
-        events.order_by("-time").values_list(subject, "endpoint_name", "time")[: ATTENTION_EVENTS + 1]
+def newest_of_kind(events: QuerySet[Event], subject: str) -> tuple[QuerySet[Event, dict[str, Any]], bool]:
+    """Per `subject` (with its endpoint's name), how many of the newest ATTENTION_EVENTS of
+    `events` name it (`n`) and the last time (`last`); and whether there were more events."""
+    newest = events.order_by("-time").values("pk")[:ATTENTION_EVENTS]
+    tallies = (
+        Event.objects.filter(pk__in=newest)
+        .values(subject, "endpoint_name")
+        .annotate(n=Count("id"), last=Max("time"))
     )
-    return rows[:ATTENTION_EVENTS], len(rows) > ATTENTION_EVENTS
-
-
-def tally(rows: list[tuple[Any, ...]], subject: str) -> list[dict[str, Any]]:
-    """(subject, endpoint_name, time) rows counted per subject: `n` and the `last` time of each,
-    most first (then the latest)."""
-    counted: dict[tuple[Any, str], tuple[int, datetime]] = {}
-    for key, name, time in rows:
-        n, last = counted.get((key, name), (0, time))
-        counted[(key, name)] = (n + 1, max(last, time))
-    tallies = [
-        {subject: key, "endpoint_name": name, "n": n, "last": last}
-        for (key, name), (n, last) in counted.items()
-    ]
-    return sorted(tallies, key=lambda t: (t["n"], t["last"]), reverse=True)
+    # The one past them, newest first as above (exists() would drop the order, and the index with it).
+    beyond = events.order_by("-time").values_list("pk", flat=True)[ATTENTION_EVENTS : ATTENTION_EVENTS + 1]
+    return tallies, bool(list(beyond))
 
 
 def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:
