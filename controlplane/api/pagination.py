@@ -120,38 +120,42 @@ TRIGRAM = 3
 
 
 def keyset_page(
-    rows: QuerySet[_M], after: int | None, before: int | None, size: int, search: str = ""
+    rows: QuerySet[_M],
+    after: int | None,
+    before: int | None,
+    size: int,
+    search: str = "",
+    key: str = "id",
 ) -> tuple[list[_M], bool, bool]:
-    """The page of `rows` newest first: older than the id `after`, newer than `before`, else the
-    newest; with whether there are newer and older rows beyond it. The page's ids come first,
-    `WHERE id < after ORDER BY id DESC LIMIT size + 1` (a scan of the primary key, or of an
-    index that leads with a filter's column then id, that stops with the page), then their rows
-    with what they join: two queries, whatever the fleet's size.
+    """The page of `rows` newest first by `key` (a unique, growing id): older than `after`,
+    newer than `before`, else the newest; with whether there are newer and older rows beyond it.
+    The page's keys come first, `WHERE id < after ORDER BY id DESC LIMIT size + 1` (a scan of
+    the primary key, or of an index that leads with a filter's column then id, that stops with
+    the page), then their rows with what they join: two queries, whatever the fleet's size.
 
-    Under a `search` of TRIGRAM characters or more the matching ids are sorted instead (NULLS
+    Under a `search` of TRIGRAM characters or more the matching keys are sorted instead (NULLS
     LAST is an order no index hands over): the trigram index finds them, however old, where the
     primary key read newest first would pass every newer row that does not match (the whole
     fleet, for a name among the oldest)."""
     sort = len(search) >= TRIGRAM
-    newest_first = F("id").desc(nulls_last=True) if sort else F("id").desc()
-    oldest_first = F("id").asc(nulls_first=True) if sort else F("id").asc()
+    newest_first = F(key).desc(nulls_last=True) if sort else F(key).desc()
+    oldest_first = F(key).asc(nulls_first=True) if sort else F(key).asc()
     if before is not None:
-        newer = list(
-            rows.filter(pk__gt=before).order_by(oldest_first).values_list("pk", flat=True)[: size + 1]
-        )
-        if len(newer) > size:
-            return rows_of(rows, newer[:size][::-1]), True, True
+        newer = rows.filter(**{f"{key}__gt": before}).order_by(oldest_first)
+        keys = list(newer.values_list(key, flat=True)[: size + 1])
+        if len(keys) > size:
+            return rows_of(rows, keys[:size][::-1], key), True, True
         # Nothing newer beyond this page: the newest page, full, as the first visit shows it.
         after = None
-    older = rows if after is None else rows.filter(pk__lt=after)
-    keys = list(older.order_by(newest_first).values_list("pk", flat=True)[: size + 1])
-    return rows_of(rows, keys[:size]), after is not None, len(keys) > size
+    older = rows if after is None else rows.filter(**{f"{key}__lt": after})
+    keys = list(older.order_by(newest_first).values_list(key, flat=True)[: size + 1])
+    return rows_of(rows, keys[:size], key), after is not None, len(keys) > size
 
 
-def rows_of(rows: QuerySet[_M], keys: list[Any]) -> list[_M]:
-    """The rows of these ids in their order (one deleted since its id was read is left out)."""
-    found = rows.in_bulk(keys)
-    return [found[key] for key in keys if key in found]
+def rows_of(rows: QuerySet[_M], keys: list[Any], key: str = "id") -> list[_M]:
+    """The rows of these keys in their order (one deleted since its key was read is left out)."""
+    found = rows.in_bulk(keys, field_name=key)
+    return [found[k] for k in keys if k in found]
 
 
 class KeysetPagination(StrictCursorPagination):
@@ -163,6 +167,7 @@ class KeysetPagination(StrictCursorPagination):
 
     page_size = 50
     max_page_size = 500
+    key = "id"  # what the cursor holds (keyset_page)
     search_param = "search"  # the list's substring search, if it has one (keyset_page)
     numbered: PageNumberPagination | None = None
 
@@ -181,10 +186,18 @@ class KeysetPagination(StrictCursorPagination):
         reverse = self.cursor is not None and self.cursor.reverse
         search = request.query_params.get(self.search_param, "")
         self.page, newer, older = keyset_page(
-            queryset, None if reverse else position, position if reverse else None, self.page_size, search
+            queryset,
+            None if reverse else position,
+            position if reverse else None,
+            self.page_size,
+            search,
+            self.key,
         )
-        self.newer = Cursor(offset=0, reverse=True, position=self.page[0].pk) if newer else None
-        self.older = Cursor(offset=0, reverse=False, position=self.page[-1].pk) if older else None
+        first, last = (
+            (getattr(self.page[0], self.key), getattr(self.page[-1], self.key)) if self.page else (0, 0)
+        )
+        self.newer = Cursor(offset=0, reverse=True, position=first) if newer else None
+        self.older = Cursor(offset=0, reverse=False, position=last) if older else None
         return self.page
 
     def get_next_link(self) -> str | None:
@@ -219,3 +232,12 @@ class KeysetPagination(StrictCursorPagination):
                 "schema": {"type": "integer"},
             },
         ]
+
+
+class ReservationPagination(KeysetPagination):
+    """Reservations newest endpoint first (each endpoint has one at most): a tenant's page is
+    then its endpoints' index read newest first, each joined to its reservation, and stops with
+    the page; by the reservation's own id, the tenant on the endpoint, every reservation would be
+    read and sorted."""
+
+    key = "endpoint_id"

@@ -18,7 +18,7 @@ from capacity.ledger import PoolLedger
 from controlplane import selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
-from controlplane.api.pagination import EventCursorPagination, KeysetPagination
+from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, ProvisionedAllowance, Reservation
@@ -288,7 +288,7 @@ class ReservationViewSet(ScopedViewSet[Reservation]):
     serializer_class = serializers.ReservationSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.ReservationFilterSet
-    pagination_class = KeysetPagination
+    pagination_class = ReservationPagination
 
     def perform_destroy(self, instance: Reservation) -> None:
         selling.release(instance, released_by=request_principal(self.request).name)

@@ -174,12 +174,15 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     endpoints hanging now."""
     visible = Event.objects.visible_to(request.principal)
     day = now - timedelta(days=1)
-    loops, loops_capped = newest_of_kind(
-        visible.filter(kind="crash_loop", time__gte=now - timedelta(hours=1)), "pod"
+    hour = now - timedelta(hours=1)
+    loops, loops_capped = most_of_kind(
+        visible.filter(kind="crash_loop", time__gte=hour), "pod", ("-last",), 10
     )
-    hangs, hangs_capped = newest_of_kind(visible.filter(kind="hang", time__gte=day), "endpoint_id")
-    restarts, restarts_capped = newest_of_kind(
-        visible.filter(kind="restart", time__gte=day).exclude(pod=""), "pod"
+    hangs, hangs_capped = most_of_kind(
+        visible.filter(kind="hang", time__gte=day), "endpoint_id", ("-n", "-last"), 10, least=2
+    )
+    restarts, restarts_capped = most_of_kind(
+        visible.filter(kind="restart", time__gte=day).exclude(pod=""), "pod", ("-n", "-last"), 20
     )
     unacked = (
         visible.filter(severity="critical", acknowledged_at__isnull=True, time__gte=day)
@@ -187,9 +190,9 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
         .count()
     )
     return {
-        "crash_loops": loops.order_by("-last")[:10],
-        "repeated_hangs": hangs.filter(n__gte=2).order_by("-n", "-last")[:10],
-        "restarts": restarts.order_by("-n", "-last")[:20],
+        "crash_loops": loops,
+        "repeated_hangs": hangs,
+        "restarts": restarts,
         "unacked_critical": min(unacked, ATTENTION_EVENTS),
         "unacked_critical_more": unacked > ATTENTION_EVENTS,
         "attention_capped": loops_capped or hangs_capped,
@@ -199,18 +202,23 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     }
 
 
-def newest_of_kind(events: QuerySet[Event], subject: str) -> tuple[QuerySet[Event, dict[str, Any]], bool]:
-    """Per `subject` (with its endpoint's name), how many of the newest ATTENTION_EVENTS of
-    `events` name it (`n`) and the last time (`last`); and whether there were more events."""
+def most_of_kind(
+    events: QuerySet[Event], subject: str, order: tuple[str, ...], rows: int, least: int = 1
+) -> tuple[list[dict[str, Any]], bool]:
+    """Per `subject` (with its endpoint's name) named at least `least` times among the newest
+    ATTENTION_EVENTS of `events`: how many times (`n`) and the last (`last`), the first `rows`
+    in `order`; and whether there were more events than those."""
     newest = events.order_by("-time").values("pk")[:ATTENTION_EVENTS]
     tallies = (
         Event.objects.filter(pk__in=newest)
         .values(subject, "endpoint_name")
         .annotate(n=Count("id"), last=Max("time"))
+        .filter(n__gte=least)
+        .order_by(*order)
     )
     # The one past them, newest first as above (exists() would drop the order, and the index with it).
     beyond = events.order_by("-time").values_list("pk", flat=True)[ATTENTION_EVENTS : ATTENTION_EVENTS + 1]
-    return tallies, bool(list(beyond))
+    return list(tallies[:rows]), bool(list(beyond))
 
 
 def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:
