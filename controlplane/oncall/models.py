@@ -318,11 +318,22 @@ class Event(models.Model):
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     severity = models.CharField(max_length=8, choices=Severity.choices, default=Severity.INFO)
+    # No index of their own: (tenant, -id) and (endpoint, -id) below lead with them.
     tenant = models.ForeignKey(
-        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_index=False,
     )
     endpoint = models.ForeignKey(
-        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+        "endpoints.Endpoint",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="events",
+        db_index=False,
     )
     endpoint_name = models.CharField(max_length=63, blank=True)
     pod = models.CharField(max_length=253, blank=True)
@@ -363,6 +374,8 @@ class Event(models.Model):
                 name="oncall_unacked_critical",
                 condition=models.Q(severity="critical", acknowledged_at__isnull=True),
             ),
+            # A tenant's attention panels: its newest events of a kind.
+            models.Index(fields=["tenant", "kind", "time"], name="oncall_event_tenant_kind_time"),
             # The lists' filters, newest first: a pod's events (on-call's ?pod=, the endpoint
             # page's pods), the acknowledged ones (few), and a group's by hour (its sparkline).
             models.Index(fields=["pod", "-id"], name="oncall_event_pod_newest"),

@@ -206,19 +206,20 @@ def most_of_kind(
     events: QuerySet[Event], subject: str, order: tuple[str, ...], rows: int, least: int = 1
 ) -> tuple[list[dict[str, Any]], bool]:
     """Per `subject` (with its endpoint's name) named at least `least` times among the newest
-    ATTENTION_EVENTS of `events`: how many times (`n`) and the last (`last`), the first `rows`
-    in `order`; and whether there were more events than those."""
-    newest = events.order_by("-time").values("pk")[:ATTENTION_EVENTS]
+    ATTENTION_EVENTS of `events` (and any as old as the oldest of them): how many times (`n`)
+    and the last (`last`), the first `rows` in `order`; and whether there were more events."""
+    # The K-th newest event's time and whether there is a (K+1)-th: one index scan of K rows.
+    edge = list(
+        events.order_by("-time").values_list("time", flat=True)[ATTENTION_EVENTS - 1 : ATTENTION_EVENTS + 1]
+    )
+    newest = events.filter(time__gte=edge[0]) if edge else events
     tallies = (
-        Event.objects.filter(pk__in=newest)
-        .values(subject, "endpoint_name")
+        newest.values(subject, "endpoint_name")
         .annotate(n=Count("id"), last=Max("time"))
         .filter(n__gte=least)
         .order_by(*order)
     )
-    # The one past them, newest first as above (exists() would drop the order, and the index with it).
-    beyond = events.order_by("-time").values_list("pk", flat=True)[ATTENTION_EVENTS : ATTENTION_EVENTS + 1]
-    return list(tallies[:rows]), bool(list(beyond))
+    return list(tallies[:rows]), len(edge) > 1
 
 
 def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:

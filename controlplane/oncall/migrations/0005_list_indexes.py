@@ -14,6 +14,18 @@ class Migration(migrations.Migration):
         ),
         migrations.AlterField(
             model_name="event",
+            name="endpoint",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="events",
+                to="endpoints.endpoint",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="event",
             name="group",
             field=models.ForeignKey(
                 blank=True,
@@ -23,6 +35,22 @@ class Migration(migrations.Migration):
                 related_name="events",
                 to="oncall.eventgroup",
             ),
+        ),
+        migrations.AlterField(
+            model_name="event",
+            name="tenant",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="events",
+                to="tenants.tenant",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="event",
+            index=models.Index(fields=["tenant", "kind", "time"], name="oncall_event_tenant_kind_time"),
         ),
         migrations.AddIndex(
             model_name="event",
