@@ -100,6 +100,11 @@ def severity_rank() -> models.Case:
     )
 
 
+def on_call_keys() -> tuple[models.Case, models.Case, models.OrderBy, models.OrderBy]:
+    """EventGroupQuerySet.on_call_order's keys, for its indexes."""
+    return state_rank(), severity_rank(), F("last_at").desc(), F("id").desc()
+
+
 class EventGroupQuerySet(TenantScopedQuerySet["EventGroup"]):
     def unresolved(self) -> "EventGroupQuerySet":
         return self.exclude(state=EventGroup.State.RESOLVED)
@@ -168,21 +173,8 @@ class EventGroup(models.Model):
         indexes = [
             models.Index(fields=["state", "-last_at"]),
             # On-call's pages of groups (EventGroupQuerySet.on_call_order), the fleet's and a tenant's.
-            models.Index(
-                state_rank(),
-                severity_rank(),
-                F("last_at").desc(),
-                F("id").desc(),
-                name="oncall_group_on_call",
-            ),
-            models.Index(
-                F("tenant"),
-                state_rank(),
-                severity_rank(),
-                F("last_at").desc(),
-                F("id").desc(),
-                name="oncall_group_tenant_on_call",
-            ),
+            models.Index(*on_call_keys(), name="oncall_group_on_call"),
+            models.Index(F("tenant"), *on_call_keys(), name="oncall_group_tenant_on_call"),
             # The groups resolved in the last day, which the page shows below the unresolved.
             models.Index(
                 fields=["resolved_at"], name="oncall_group_resolved_at", condition=models.Q(state="resolved")
