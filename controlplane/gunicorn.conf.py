@@ -13,7 +13,9 @@ the 1.6 MB Swagger bundle and read nothing leave /healthz and the API answering,
 send deadline; a body over 2.5 MB gets 413 before it is read.
 """
 
+import gc
 import os
+from typing import Any
 
 from controlplane import webserver
 
@@ -41,3 +43,12 @@ webserver.configure(
     max_pipelined_requests=16,  # requests queued on a connection behind the running one; then reads pause
 )
 accesslog = "-"
+
+
+def post_worker_init(worker: Any) -> None:
+    """Once a worker has imported the app, move what it allocated (Django, our modules, their
+    caches: long-lived) out of the garbage collector's reach: a full collection no longer walks
+    it, which was most of an API list's p99 (85-93 ms against a p50 of 17 at 10,000 endpoints;
+    28-33 ms frozen)."""
+    gc.collect()
+    gc.freeze()

@@ -142,6 +142,36 @@ def grow_fleet(make_endpoint, h100):
     return grow
 
 
+@pytest.fixture
+def grow_tenant(make_endpoint, h100):
+    """`grow_tenant(tenant, n)`: n more endpoints of that tenant, each reserved, with a pod and
+    events (a critical hang and a restart on its pod, a scale), in a pool of its own, so that the
+    tenant's own pages have more rows of every kind."""
+    from datetime import UTC, datetime
+
+    from controlplane.endpoints.models import Pod
+    from controlplane.oncall.models import Event
+    from controlplane.selling import sell
+
+    settled = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def grow(tenant: Tenant, n: int) -> None:
+        pool, _ = GpuPool.objects.get_or_create(
+            name=f"{tenant.name}-pool", defaults={"gpu_type": h100, "region": "r", "gpu_count": 1000}
+        )
+        start = Endpoint.objects.filter(tenant=tenant).count()
+        for i in range(start, start + n):
+            endpoint = make_endpoint(tenant, f"{tenant.name}-e{i}", pool=pool)
+            sell(endpoint, mu_per_minute=10, best_effort_allowed=True, sold_by="t")
+            pod = f"{tenant.name}-pod-{i}"
+            Pod.objects.create(endpoint=endpoint, name=pod, url="http://127.0.0.1:9000", ready=True)
+            Event.record("hang", "x", endpoint=endpoint, pod=pod, recorded_at=settled, severity="critical")
+            Event.record("restart", "x", endpoint=endpoint, pod=pod, recorded_at=settled)
+            Event.record("scale", "x", endpoint=endpoint, detail={"replicas": i + 1}, recorded_at=settled)
+
+    return grow
+
+
 def endpoint_body(**overrides) -> dict:
     body = {
         "name": "chat",

@@ -8,7 +8,7 @@ console request (its `principal`); without one, no object is a valid choice.
 """
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import django_filters
 from django import forms
@@ -19,7 +19,7 @@ from django_filters.fields import IsoDateTimeField, ModelChoiceField
 from controlplane.api import params
 from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.oncall.models import Event, EventGroup
+from controlplane.oncall.models import Event, EventGroup, EventQuerySet
 from controlplane.tenants.models import Principal, TenantScopedQuerySet
 
 
@@ -206,7 +206,7 @@ class EventFilterSet(ScopedFilterSet):
     def filter_after(  # type: ignore[no-untyped-def]
         self, queryset: QuerySet[Event], name: str, value
     ) -> QuerySet[Event]:
-        return queryset.filter(pk__in=Event.objects.tail(int(value), timezone.now()).values("pk"))
+        return cast(EventQuerySet, queryset).tail(int(value), timezone.now())
 
 
 class EventGroupFilterSet(ScopedFilterSet):

@@ -1,18 +1,25 @@
-"""Pages of 50 by default (?page=, ?page_size= up to 500); events use a cursor instead.
-
-Each of these parameters is read as controlplane.api.params reads its kind: a bad one is a 400
-naming it (a forged cursor too: DRF would answer 404, or 500 for one whose position is no id).
+"""How lists page. Those that grow with the fleet (endpoints, pods, reservations) and events
+page through a cursor (?cursor=): each page is an index scan from where the page before ended,
+the same cost at any depth, and no total is counted (keyset_page); endpoints, pods and reservations still
+answer ?page=N as before (with `count`). Other lists are numbered pages of 50 (?page=). Each
+parameter (?page_size= too, up to 500) is read as controlplane.api.params reads its kind: a bad
+one is a 400 naming it (a forged cursor too: DRF would answer 404, or 500 for one whose
+position is no id).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Model, QuerySet
+from django.db.models import F, Model, QuerySet
 from rest_framework import pagination
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import Cursor
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from controlplane.api import params
+
+_M = TypeVar("_M", bound=Model)
 
 
 class LateJoinPaginator(Paginator):
@@ -77,9 +84,9 @@ class PageNumberPagination(pagination.PageNumberPagination):
     max_page_size = 500
 
 
-class EventCursorPagination(pagination.CursorPagination):
-    # Ids only grow, so a cursor over -id never misses nor repeats an event while new ones land.
-    ordering = "-id"
+class StrictCursorPagination(pagination.CursorPagination):
+    """DRF's cursor over an id-valued ordering, with ?page_size= and ?cursor= read strictly."""
+
     page_size = 100
     page_size_query_param = "page_size"
     max_page_size = 1000
@@ -89,7 +96,7 @@ class EventCursorPagination(pagination.CursorPagination):
 
     def decode_cursor(self, request: Request) -> pagination.Cursor | None:
         """DRF's cursor, refused with a 400 naming ?cursor= when it is not one DRF made: not base64,
-        or a position (an event id, under the -id ordering) that is no id."""
+        or a position (an id, under these orderings) that is no id."""
         try:
             cursor = super().decode_cursor(request)
         except NotFound:
@@ -100,3 +107,137 @@ class EventCursorPagination(pagination.CursorPagination):
             except params.ParameterError:
                 raise ValidationError({self.cursor_query_param: ["is not a cursor this API made"]}) from None
         return cursor
+
+
+class EventCursorPagination(StrictCursorPagination):
+    # Ids only grow, so a cursor over -id never misses nor repeats an event while new ones land.
+    ordering = "-id"
+
+
+# A substring search this long has trigrams, which PostgreSQL's index on the names finds
+# (endpoints migration 0018); a shorter one scans.
+TRIGRAM = 3
+
+
+def keyset_page(
+    rows: QuerySet[_M],
+    after: int | None,
+    before: int | None,
+    size: int,
+    search: str = "",
+    key: str = "id",
+) -> tuple[list[_M], bool, bool]:
+    """The page of `rows` newest first by `key` (a unique, growing id): older than `after`,
+    newer than `before`, else the newest; with whether there are newer and older rows beyond it.
+    The page's keys come first, `WHERE id < after ORDER BY id DESC LIMIT size + 1` (a scan of
+    the primary key, or of an index that leads with a filter's column then id, that stops with
+    the page), then their rows with what they join: two queries, whatever the fleet's size.
+
+    Under a `search` of TRIGRAM characters or more the matching keys are sorted instead (NULLS
+    LAST is an order no index hands over): the trigram index finds them, however old, where the
+    primary key read newest first would pass every newer row that does not match (the whole
+    fleet, for a name among the oldest)."""
+    sort = len(search) >= TRIGRAM
+    newest_first = F(key).desc(nulls_last=True) if sort else F(key).desc()
+    oldest_first = F(key).asc(nulls_first=True) if sort else F(key).asc()
+    if before is not None:
+        newer = rows.filter(**{f"{key}__gt": before}).order_by(oldest_first)
+        keys = list(newer.values_list(key, flat=True)[: size + 1])
+        if len(keys) > size:
+            return rows_of(rows, keys[:size][::-1], key), True, True
+        # Nothing newer beyond this page: the newest page, full, as the first visit shows it.
+        after = None
+    older = rows if after is None else rows.filter(**{f"{key}__lt": after})
+    keys = list(older.order_by(newest_first).values_list(key, flat=True)[: size + 1])
+    return rows_of(rows, keys[:size], key), after is not None, len(keys) > size
+
+
+def rows_of(rows: QuerySet[_M], keys: list[Any], key: str = "id") -> list[_M]:
+    """The rows of these keys in their order (one deleted since its key was read is left out)."""
+    found = rows.in_bulk(keys, field_name=key)
+    return [found[k] for k in keys if k in found]
+
+
+class KeysetPagination(StrictCursorPagination):
+    """Newest first through ?cursor= (`next` and `previous` links; no `count`): keyset_page, its
+    queries bounded by the page whatever the fleet's size. The cursor is DRF's encoding of an id
+    and whether the page reads newer or older than it. ?page=N answers the numbered page as before
+    (PageNumberPagination: `count`, and `next` as ?page=N+1), an OFFSET that grows with N: for
+    clients written against it."""
+
+    page_size = 50
+    max_page_size = 500
+    key = "id"  # what the cursor holds (keyset_page)
+    search_param = "search"  # the list's substring search, if it has one (keyset_page)
+    numbered: PageNumberPagination | None = None
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
+        page = PageNumberPagination.page_query_param
+        if page in request.query_params:
+            if self.cursor_query_param in request.query_params:
+                raise ValidationError({page: [f"give ?{page}= or ?{self.cursor_query_param}=, not both"]})
+            self.numbered = PageNumberPagination()
+            return self.numbered.paginate_queryset(queryset, request, view)
+        self.request = request
+        self.page_size = self.get_page_size(request)
+        self.base_url = request.build_absolute_uri()
+        self.cursor = self.decode_cursor(request)
+        position = None if self.cursor is None or self.cursor.position is None else int(self.cursor.position)
+        reverse = self.cursor is not None and self.cursor.reverse
+        search = request.query_params.get(self.search_param, "")
+        self.page, newer, older = keyset_page(
+            queryset,
+            None if reverse else position,
+            position if reverse else None,
+            self.page_size,
+            search,
+            self.key,
+        )
+        first, last = (
+            (getattr(self.page[0], self.key), getattr(self.page[-1], self.key)) if self.page else (0, 0)
+        )
+        self.newer = Cursor(offset=0, reverse=True, position=first) if newer else None
+        self.older = Cursor(offset=0, reverse=False, position=last) if older else None
+        return self.page
+
+    def get_next_link(self) -> str | None:
+        return None if self.older is None else self.encode_cursor(self.older)
+
+    def get_previous_link(self) -> str | None:
+        return None if self.newer is None else self.encode_cursor(self.newer)
+
+    def get_paginated_response(self, data: Any) -> Response:
+        if self.numbered is not None:
+            return self.numbered.get_paginated_response(data)
+        return super().get_paginated_response(data)
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        body = super().get_paginated_response_schema(schema)
+        body["properties"]["count"] = {
+            "type": "integer",
+            "description": "With ?page= only: how many rows match (a cursor's pages count nothing)",
+        }
+        return body
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        numbered = PageNumberPagination()
+        page = numbered.page_query_param
+        return [
+            *super().get_schema_operation_parameters(view),
+            {
+                "name": page,
+                "required": False,
+                "in": "query",
+                "description": "A numbered page, as before cursors (with `count`): its cost grows with N",
+                "schema": {"type": "integer"},
+            },
+        ]
+
+
+class ReservationPagination(KeysetPagination):
+    """Reservations newest endpoint first (each endpoint has one at most): a tenant's page is
+    then its endpoints' index read newest first, each joined to its reservation, and stops with
+    the page; by the reservation's own id, the tenant on the endpoint, every reservation would be
+    read and sorted."""
+
+    key = "endpoint_id"

@@ -18,7 +18,7 @@ from capacity.ledger import PoolLedger
 from controlplane import selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
-from controlplane.api.pagination import EventCursorPagination
+from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
 from controlplane.capacity.models import (
@@ -146,6 +146,7 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
     serializer_class = serializers.EndpointSerializer
     permission_classes = [AUTHENTICATED]
     filterset_class = filters.EndpointFilterSet
+    pagination_class = KeysetPagination
 
     @extend_schema(
         parameters=[
@@ -227,6 +228,7 @@ class PodViewSet(ScopedViewSet[Pod]):
     serializer_class = serializers.PodSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.PodFilterSet
+    pagination_class = KeysetPagination
 
 
 class RoutingTableView(APIView):
@@ -293,6 +295,7 @@ class ReservationViewSet(ScopedViewSet[Reservation]):
     serializer_class = serializers.ReservationSerializer
     permission_classes = [AUTHENTICATED, OperatorWrites]
     filterset_class = filters.ReservationFilterSet
+    pagination_class = ReservationPagination
 
     def perform_destroy(self, instance: Reservation) -> None:
         selling.release(instance, released_by=request_principal(self.request).name)

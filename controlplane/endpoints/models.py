@@ -123,7 +123,13 @@ class Endpoint(models.Model):
                 name="endpoint_target_positive", condition=models.Q(target_concurrency_per_replica__gte=1)
             ),
         ]
-        indexes = [models.Index(fields=["state"])]
+        # The lists (API and console), newest first: a page under a state or of a tenant is an
+        # index scan that stops with the page. The name search's trigram index is PostgreSQL's
+        # alone (migration 0018).
+        indexes = [
+            models.Index(fields=["state", "-id"], name="endpoint_state_newest"),
+            models.Index(fields=["tenant", "-id"], name="endpoint_tenant_newest"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.name}"

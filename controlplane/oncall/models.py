@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, models, transaction
+from django.db.models import F
+from django.db.models.lookups import In
 from django.utils import timezone
 
 from controlplane.oncall import grouping
@@ -50,8 +52,9 @@ class EventQuerySet(TenantScopedQuerySet["Event"]):
             return super().bulk_create(events, *args, **kwargs)
 
     def tail(self, after: int, now: datetime) -> "EventQuerySet":
-        """Events after the cursor `after`, oldest first, that can no longer be overtaken."""
-        return self.filter(id__gt=after, recorded_at__lte=now - SETTLE).order_by("id")
+        """Events after the cursor `after` that can no longer be overtaken: a condition on this
+        queryset, not a subquery, so that newest first under any filter reads only the page."""
+        return self.filter(id__gt=after, recorded_at__lte=now - SETTLE)
 
     def settled_cursor(self, now: datetime) -> int:
         """The cursor to start a tail from: the newest id that can no longer be overtaken."""
@@ -79,21 +82,43 @@ class Severity(models.TextChoices):
     CRITICAL = "critical"
 
 
+# On-call's order of groups: open first, then acknowledged, then resolved; within each, critical
+# before warning before info. Expressions, so that an index on them (EventGroup.Meta) hands the
+# page its rows in order: the same expressions in the index and in the query.
+STATE_RANKS = {"open": 0, "acknowledged": 1, "resolved": 2}
+
+
+def state_rank() -> models.Case:
+    return models.Case(
+        models.When(state="open", then=0), models.When(state="acknowledged", then=1), default=2
+    )
+
+
+def severity_rank() -> models.Case:
+    return models.Case(
+        models.When(severity="critical", then=0), models.When(severity="warning", then=1), default=2
+    )
+
+
+def on_call_keys() -> tuple[models.Case, models.Case, models.OrderBy, models.OrderBy]:
+    """EventGroupQuerySet.on_call_order's keys, for its indexes."""
+    return state_rank(), severity_rank(), F("last_at").desc(), F("id").desc()
+
+
 class EventGroupQuerySet(TenantScopedQuerySet["EventGroup"]):
     def unresolved(self) -> "EventGroupQuerySet":
         return self.exclude(state=EventGroup.State.RESOLVED)
 
     def on_call_order(self) -> "EventGroupQuerySet":
         """Open first (critical before warning, newest first), then acknowledged, then resolved."""
-        rank = models.Case(
-            models.When(state="open", then=0), models.When(state="acknowledged", then=1), default=2
-        )
-        severity = models.Case(
-            models.When(severity="critical", then=0), models.When(severity="warning", then=1), default=2
-        )
-        return self.annotate(state_rank=rank, severity_rank=severity).order_by(
+        return self.annotate(state_rank=state_rank(), severity_rank=severity_rank()).order_by(
             "state_rank", "severity_rank", "-last_at", "-id"
         )
+
+    def in_states(self, states: list[str]) -> "EventGroupQuerySet":
+        """Of these states, as a condition on the order's first key: an index scan in on-call
+        order reads only their rows."""
+        return self.filter(In(state_rank(), sorted({STATE_RANKS[s] for s in states})))
 
 
 class EventGroup(models.Model):
@@ -147,7 +172,13 @@ class EventGroup(models.Model):
         ]
         indexes = [
             models.Index(fields=["state", "-last_at"]),
-            models.Index(fields=["tenant", "state", "-last_at"]),
+            # On-call's pages of groups (EventGroupQuerySet.on_call_order), the fleet's and a tenant's.
+            models.Index(*on_call_keys(), name="oncall_group_on_call"),
+            models.Index(F("tenant"), *on_call_keys(), name="oncall_group_tenant_on_call"),
+            # The groups resolved in the last day, which the page shows below the unresolved.
+            models.Index(
+                fields=["resolved_at"], name="oncall_group_resolved_at", condition=models.Q(state="resolved")
+            ),
             models.Index(
                 fields=["page_due"], name="oncall_group_page_due", condition=models.Q(page_due=True)
             ),
@@ -279,17 +310,33 @@ class Event(models.Model):
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     severity = models.CharField(max_length=8, choices=Severity.choices, default=Severity.INFO)
+    # No index of their own: (tenant, -id) and (endpoint, -id) below lead with them.
     tenant = models.ForeignKey(
-        "tenants.Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_index=False,
     )
     endpoint = models.ForeignKey(
-        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+        "endpoints.Endpoint",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="events",
+        db_index=False,
     )
     endpoint_name = models.CharField(max_length=63, blank=True)
     pod = models.CharField(max_length=253, blank=True)
     version = models.PositiveIntegerField(null=True, blank=True)  # the endpoint version the pod ran
     group = models.ForeignKey(
-        EventGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+        EventGroup,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="events",
+        db_index=False,  # (group, time) below leads with it
     )
     message = models.TextField()
     detail = models.JSONField(default=dict, blank=True)
@@ -319,6 +366,17 @@ class Event(models.Model):
                 name="oncall_unacked_critical",
                 condition=models.Q(severity="critical", acknowledged_at__isnull=True),
             ),
+            # A tenant's attention panels: its newest events of a kind.
+            models.Index(fields=["tenant", "kind", "time"], name="oncall_event_tenant_kind_time"),
+            # The lists' filters, newest first: a pod's events (on-call's ?pod=, the endpoint
+            # page's pods), the acknowledged ones (few), and a group's by hour (its sparkline).
+            models.Index(fields=["pod", "-id"], name="oncall_event_pod_newest"),
+            models.Index(
+                fields=["-id"],
+                name="oncall_event_acknowledged",
+                condition=models.Q(acknowledged_at__isnull=False),
+            ),
+            models.Index(fields=["group", "time"], name="oncall_event_group_time"),
         ]
 
     def __str__(self) -> str:

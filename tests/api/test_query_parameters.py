@@ -44,6 +44,12 @@ API = [
     ("/api/v1/events/", "cursor", forged("o=-1")),
     ("/api/v1/events/", "cursor", "not a cursor"),
     ("/api/v1/events/", "page_size", "9" * 5000),
+    ("/api/v1/endpoints/", "cursor", forged(f"p={HUGE}")),
+    ("/api/v1/endpoints/", "cursor", forged("p=abc&r=1")),
+    ("/api/v1/endpoints/", "cursor", "not a cursor"),
+    ("/api/v1/endpoints/?cursor=cD0x&", "page", "2"),  # a cursor or a page number, not both
+    ("/api/v1/pods/", "cursor", forged("p=-5")),
+    ("/api/v1/reservations/", "cursor", forged("o=-1")),
     ("/api/v1/endpoints/", "page", HUGE),
     ("/api/v1/endpoints/", "page", "abc"),
     ("/api/v1/endpoints/", "page_size", "9" * 5000),
@@ -68,6 +74,9 @@ CONSOLE = [
     ("/console/oncall/?view=events&", "since", EARLY),
     ("/console/oncall/?", "endpoint", HUGE),
     ("/console/endpoints/?", "scale_to_zero_enabled", "maybe"),
+    ("/console/endpoints/?", "after", HUGE),
+    ("/console/endpoints/?", "after", "-1"),
+    ("/console/endpoints/?search=chat&", "before", "abc"),
     ("/console/capacity/preview/?endpoint=owner/chat&", "mu_per_minute", "9" * 5000),
 ]
 

@@ -466,3 +466,35 @@ def test_a_failing_streak_shows_on_the_profile(operator_web, small_model):
     profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")
     html = operator_web.get("/console/capacity/").content.decode()
     assert 'class="benchmark-streak"' in html and "2 in a row, next" in html
+
+
+@pytest.mark.parametrize("who", ["operator", "tenant"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/console/endpoints/",
+        "/console/endpoints/?gpu_type=h100-80gb&state=pending&search=owner-e",
+        "/console/oncall/",
+        "/console/oncall/?view=events",
+        "/console/oncall/?view=events&kind=hang&severity=critical",
+        # (a full page of the tail adds one query, for the cursor it skips to: 30 hangs fill none)
+        "/console/oncall/tail/?after=0&kind=hang",
+        "ENDPOINT",
+    ],
+)
+def test_a_page_makes_as_many_queries_for_30_endpoints_as_for_3(operator_web, owner, grow_tenant, who, url):
+    client = operator_web if who == "operator" else member_client("olivia", tenant=owner)
+
+    def count():
+        first = Endpoint.objects.filter(tenant=owner).order_by("id").first()
+        target = f"/console/endpoints/{first.pk}/" if url == "ENDPOINT" else url
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(target)
+        assert response.status_code == 200, response.content[:300]
+        assert "owner-e2" in response.content.decode() or url == "ENDPOINT"  # rows drawn: an N+1 would show
+        return len(queries)
+
+    grow_tenant(owner, 3)
+    few = count()
+    grow_tenant(owner, 27)
+    assert count() == few

@@ -204,3 +204,37 @@ def test_the_owner_reads_no_ipv6_or_cluster_host_name_of_its_pods(owner_web, own
     Event.record("hang", message, endpoint=chat, severity="critical")
     html = owner_web.get("/console/oncall/").content.decode()
     assert "fd00" not in html and "svc.cluster.local" not in html and "16:07:30" in html
+
+
+def test_the_default_view_is_the_unresolved_then_what_was_resolved_today(operator_web, owner):
+    now = datetime.now(UTC)
+    Event.record("hang", "open hang", tenant=owner, severity="warning")
+    today = Event.record("restart", "resolved an hour ago", tenant=owner, severity="critical").group
+    today.resolve("opal", now - timedelta(hours=1))
+    old = Event.record("crash_loop", "resolved two days ago", tenant=owner, severity="critical").group
+    old.resolve("opal", now - timedelta(days=2))
+
+    def kinds(query: str) -> list[str]:
+        rows = group_rows(operator_web.get(f"/console/oncall/{query}").content.decode())
+        return [re.search(r'data-kind="(\w+)"', row).group(1) for row in rows]
+
+    assert kinds("") == ["hang", "restart"]  # the open warning before the resolved critical
+    assert kinds("?state=resolved") == ["crash_loop", "restart"]  # asked for: every resolved one
+    assert kinds("?state=open&state=resolved") == ["hang", "crash_loop", "restart"]
+
+
+def test_the_attention_panels_read_a_bounded_number_of_events_and_say_so(
+    operator_web, owner, make_endpoint, monkeypatch
+):
+    from controlplane.console.views import oncall
+
+    monkeypatch.setattr(oncall, "ATTENTION_EVENTS", 3)
+    chat = make_endpoint(owner, "chat")
+    for _ in range(4):
+        Event.record("hang", "hung", endpoint=chat, severity="critical", pod="chat-0")
+    Event.record("restart", "restarted", endpoint=chat, pod="chat-0")
+    html = operator_web.get("/console/oncall/attention/").content.decode()
+    assert '<b class="count">3+</b>' in html  # four unacknowledged criticals, counted up to three
+    assert "Repeated hangs" in html and "\u00d73" in html  # the newest three hangs
+    assert "Counted over the newest 3 events of each kind" in html
+    assert "24 h, the newest 3" not in html  # one restart: that panel is whole

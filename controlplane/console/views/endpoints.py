@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from capacity.autoscaler.window import quantile
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
+from controlplane.api import params
 from controlplane.api.filters import EndpointFilterSet
-from controlplane.api.pagination import LateJoinPaginator
+from controlplane.api.pagination import keyset_page
 from controlplane.api.serializers import EndpointSerializer
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile
 from controlplane.console import charts
@@ -29,18 +30,39 @@ from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import LATENCY_BUCKETS_S
 
 PAGE_SIZE = 50
+# The list says how many endpoints match up to this many, and "more than" past it: a count
+# that stops there costs the same whatever the fleet's size.
+COUNT_UP_TO = 1000
 
 
 @console_view(section="endpoints")
 def endpoints(request: ConsoleRequest) -> HttpResponse:
+    """Newest first, a page at a time through ?after=<id> (older) and ?before=<id> (newer): each
+    page is one query bounded by the page (controlplane.api.pagination.keyset_page)."""
     visible = Endpoint.objects.visible_to(request.principal).with_related()
-    filterset = EndpointFilterSet(filled(request.GET), queryset=visible)
-    rows = filterset.qs if filterset.is_valid() else visible.none()
-    paginator = LateJoinPaginator(rows, PAGE_SIZE)
     query = filled(request.GET)
-    query.pop("page", None)
+    filterset = EndpointFilterSet(query, queryset=visible)
+    errors = dict(filterset.errors)
+    cursors: dict[str, int] = {}
+    for name in ("after", "before"):
+        raw = query.get(name)
+        if raw is not None:
+            try:
+                cursors[name] = params.object_id(name, raw)
+            except params.ParameterError as exc:
+                errors[name] = [exc.message]
+    rows = visible.none() if errors else filterset.qs
+    search = query.get("search", "")
+    shown, newer, older = keyset_page(rows, cursors.get("after"), cursors.get("before"), PAGE_SIZE, search)
+    for name in ("after", "before", "page"):  # the links carry the filters; "page" was the old pager's
+        query.pop(name, None)
     context = {
-        "page": paginator.get_page(request.GET.get("page")),
+        "endpoints": shown,
+        "newer": shown[0].pk if newer else None,
+        "older": shown[-1].pk if older else None,
+        "matched": rows.order_by()[: COUNT_UP_TO + 1].count(),
+        "count_up_to": COUNT_UP_TO,
+        "errors": errors,
         "filterset": filterset,
         "query": query.urlencode(),
         "states": Endpoint.State.choices,
@@ -48,7 +70,7 @@ def endpoints(request: ConsoleRequest) -> HttpResponse:
         "gpu_types": GpuType.objects.values_list("name", flat=True),
     }
     response = page(request, "console/endpoints.html", "console/_endpoint_table.html", context)
-    if filterset.errors:  # the table says which filter, and why
+    if errors:  # the table says which parameter, and why
         response.status_code = 400
     return response
 

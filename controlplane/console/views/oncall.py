@@ -23,11 +23,13 @@ from controlplane.api import params
 from controlplane.api.filters import EventFilterSet, EventGroupFilterSet
 from controlplane.console.views.base import ConsoleRequest, console_view, filled, refused_parameters
 from controlplane.oncall import grouping
-from controlplane.oncall.models import Event, EventGroup, may_acknowledge
+from controlplane.oncall.models import Event, EventGroup, EventQuerySet, may_acknowledge
 from controlplane.tenants.models import Tenant
 
 TAIL_ROWS = 50
 GROUP_ROWS = 50
+# The most events each attention panel reads: the newest of its kind in its window.
+ATTENTION_EVENTS = 1000
 SPARK_HOURS = 24
 DEFAULT_SEVERITIES = ["warning", "critical"]
 # How long a silence may last, minutes -> label (the form's choices; anything else is refused).
@@ -35,7 +37,7 @@ SILENCE_CHOICES = {15: "15 min", 60: "1 h", 240: "4 h", 1440: "1 day", 10080: "1
 RUNBOOKS = Path(settings.BASE_DIR) / "docs" / "runbooks"
 
 
-def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, QuerySet[Event]]:
+def oncall_events(request: ConsoleRequest) -> tuple[EventFilterSet, EventQuerySet]:
     visible = Event.objects.visible_to(request.principal).select_related("tenant")
     filterset = EventFilterSet(filled(request.GET), queryset=visible, request=request)
     return filterset, (filterset.qs if filterset.is_valid() else visible.none())
@@ -59,10 +61,16 @@ def oncall_groups(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     query = group_query(request)
     visible = EventGroup.objects.visible_to(request.principal).select_related("tenant")
     filterset = EventGroupFilterSet(query, queryset=visible, request=request)
-    chosen = filterset.qs if filterset.is_valid() else visible.none()
-    if "state" not in query:  # by default, what is resolved leaves the page after a day
-        chosen = chosen.exclude(state=EventGroup.State.RESOLVED, resolved_at__lt=now - timedelta(days=1))
-    groups = list(chosen.on_call_order()[:GROUP_ROWS])
+    groups: list[Any] = []  # EventGroups, each given its sparkline below
+    if filterset.is_valid():
+        # Each part is an index scan in on-call order (EventGroup.Meta) that stops with the page.
+        chosen = filterset.qs.on_call_order()
+        if states := filterset.form.cleaned_data.get("state"):
+            groups = list(chosen.in_states(states)[:GROUP_ROWS])
+        else:  # by default, the unresolved, then what was resolved in the last day
+            groups = list(chosen.in_states(["open", "acknowledged"])[:GROUP_ROWS])
+            resolved = chosen.in_states(["resolved"]).filter(resolved_at__gte=now - timedelta(days=1))
+            groups += resolved[: GROUP_ROWS - len(groups)]
     start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=SPARK_HOURS - 1)
     counts = {g.pk: [0] * SPARK_HOURS for g in groups}
     hourly = (
@@ -133,9 +141,7 @@ def oncall_tail(request: ConsoleRequest) -> HttpResponse:
     filterset, events = oncall_events(request)
     if filterset.errors:
         return refused_parameters(filterset.errors)
-    fresh = list(
-        events.filter(pk__in=Event.objects.tail(after, now).values("pk")).order_by("-id")[:TAIL_ROWS]
-    )
+    fresh = list(events.tail(after, now).order_by("-id")[:TAIL_ROWS])
     newest = max([after, *[e.pk for e in fresh]])
     if len(fresh) == TAIL_ROWS:  # more arrived than a page: skip to the settled end, say so
         newest = max(newest, Event.objects.visible_to(request.principal).settled_cursor(now))
@@ -159,30 +165,61 @@ def oncall_attention(request: ConsoleRequest) -> HttpResponse:
 
 
 def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
-    """What on-call must see first: crash loops, endpoints that hang again and again, and
-    critical events of the last day nobody has acknowledged."""
+    """What on-call must see first: crash loops, endpoints that hang again and again, pods that
+    restart, and critical events of the last day nobody has acknowledged.
+
+    Each panel reads at most ATTENTION_EVENTS events, the newest of its kind in its window (an
+    index scan on kind and time), and says so when there were more: a fleet ten times larger
+    costs the panels nothing more, and a day with more hangs than that still names the
+    endpoints hanging now."""
     visible = Event.objects.visible_to(request.principal)
     day = now - timedelta(days=1)
+    hour = now - timedelta(hours=1)
+    loops, loops_capped = most_of_kind(
+        visible.filter(kind="crash_loop", time__gte=hour), "pod", ("-last",), 10
+    )
+    hangs, hangs_capped = most_of_kind(
+        visible.filter(kind="hang", time__gte=day), "endpoint_id", ("-n", "-last"), 10, least=2
+    )
+    restarts, restarts_capped = most_of_kind(
+        visible.filter(kind="restart", time__gte=day).exclude(pod=""), "pod", ("-n", "-last"), 20
+    )
+    unacked = (
+        visible.filter(severity="critical", acknowledged_at__isnull=True, time__gte=day)
+        .order_by()[: ATTENTION_EVENTS + 1]
+        .count()
+    )
     return {
-        "crash_loops": visible.filter(kind="crash_loop", time__gte=now - timedelta(hours=1))
-        .values("pod", "endpoint_name")
-        .annotate(n=Count("id"), last=Max("time"))
-        .order_by("-last")[:10],
-        "repeated_hangs": visible.filter(kind="hang", time__gte=day)
-        .values("endpoint_id", "endpoint_name")
-        .annotate(n=Count("id"), last=Max("time"))
-        .filter(n__gte=2)
-        .order_by("-n")[:10],
-        "unacked_critical": visible.filter(
-            severity="critical", acknowledged_at__isnull=True, time__gte=day
-        ).count(),
-        "restarts": visible.filter(kind="restart", time__gte=day)
-        .exclude(pod="")
-        .values("pod", "endpoint_name")
-        .annotate(n=Count("id"), last=Max("time"))
-        .order_by("-n", "-last")[:20],
+        "crash_loops": loops,
+        "repeated_hangs": hangs,
+        "restarts": restarts,
+        "unacked_critical": min(unacked, ATTENTION_EVENTS),
+        "unacked_critical_more": unacked > ATTENTION_EVENTS,
+        "attention_capped": loops_capped or hangs_capped,
+        "restarts_capped": restarts_capped,
+        "attention_events": ATTENTION_EVENTS,
         "locked_sign_ins": locked_sign_ins(now) if request.principal.is_operator else [],
     }
+
+
+def most_of_kind(
+    events: QuerySet[Event], subject: str, order: tuple[str, ...], rows: int, least: int = 1
+) -> tuple[list[dict[str, Any]], bool]:
+    """Per `subject` (with its endpoint's name) named at least `least` times among the newest
+    ATTENTION_EVENTS of `events` (and any as old as the oldest of them): how many times (`n`)
+    and the last (`last`), the first `rows` in `order`; and whether there were more events."""
+    # The K-th newest event's time and whether there is a (K+1)-th: one index scan of K rows.
+    edge = list(
+        events.order_by("-time").values_list("time", flat=True)[ATTENTION_EVENTS - 1 : ATTENTION_EVENTS + 1]
+    )
+    newest = events.filter(time__gte=edge[0]) if edge else events
+    tallies = (
+        newest.values(subject, "endpoint_name")
+        .annotate(n=Count("id"), last=Max("time"))
+        .filter(n__gte=least)
+        .order_by(*order)
+    )
+    return list(tallies[:rows]), len(edge) > 1
 
 
 def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:
