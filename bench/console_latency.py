@@ -9,6 +9,7 @@ off): one row per page, p50 and p99 server time against the 150 ms goal, then th
 between the sizes per page. Prints figures; asserts nothing (this machine is shared and noisy).
 """
 
+import gc
 import random
 import time
 from typing import Any
@@ -74,6 +75,8 @@ def measure(f: Fleet, options: fleet.Options) -> dict[str, Result]:
 
     for client, make in scenarios.values():  # warm caches and connections
         timed_runs(lambda client=client, make=make: timed(client, make()), 5, budget_s=5, least=1)
+    gc.collect()  # as a production worker does once the app is loaded (controlplane/gunicorn.conf.py)
+    gc.freeze()
     header(GOAL_MS)
     results = {}
     for name, (client, make) in scenarios.items():
