@@ -15,6 +15,7 @@ asserts nothing (this machine is shared and noisy).
 """
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -26,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
+from urllib.parse import quote
 
 import fleet
 from fleet import DB_URL, ROOT, Fleet, Result, header, report, timed_runs
@@ -96,15 +98,25 @@ def get(path: str, key: str) -> float:
 
 
 def read_scenarios(f: Fleet, rng: random.Random) -> dict[str, Callable[[], tuple[str, str]]]:
+    from django.db.models import Max, Min
+
     from controlplane.capacity.models import GpuPool
+    from controlplane.endpoints.models import Endpoint
 
     pages = max(1, f.size.endpoints // 50)
     pool_ids = list(GpuPool.objects.values_list("pk", flat=True))
+    first, last = Endpoint.objects.aggregate(first=Min("pk"), last=Max("pk")).values()
     operator = f.operator_key
     return {
         "tenant: list its endpoints (page 1)": lambda: ("/api/v1/endpoints/", rng.choice(f.tenant_keys)),
         "operator: list endpoints (random page of 200)": lambda: (
             f"/api/v1/endpoints/?page={rng.randint(1, pages)}",
+            operator,
+        ),
+        # The cursor the API's `next` links carry (DRF's: base64 of "p=<id>"), at a random place:
+        # a keyset page costs the same anywhere, where ?page=N above reads past N x 50 rows.
+        "operator: list endpoints (cursor page at a random place)": lambda: (
+            f"/api/v1/endpoints/?cursor={cursor_at(rng.randint(first, last))}",
             operator,
         ),
         "operator: endpoints filtered by gpu_type+state": lambda: (
@@ -118,6 +130,10 @@ def read_scenarios(f: Fleet, rng: random.Random) -> dict[str, Callable[[], tuple
         "tenant: its usage": lambda: ("/api/v1/usage/", rng.choice(f.tenant_keys)),
         "operator: pods list": lambda: ("/api/v1/pods/", operator),
     }
+
+
+def cursor_at(endpoint_id: int) -> str:
+    return quote(base64.b64encode(f"p={endpoint_id}".encode()).decode())
 
 
 class Seller(threading.Thread):
