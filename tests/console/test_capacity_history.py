@@ -248,3 +248,5 @@ def test_the_tenant_table_shows_what_the_endpoints_hours_add_up_to(owner, other,
         assert r["used_mu_week_per_day"] == pytest.approx(want["week"] / 7, rel=1e-12)
         assert r["throttled"] == want["throttled"]
     assert rows[[r["tenant"] for r in rows].index("owner")]["reserved_mu_per_day"] == 50 * 1440
+    # A page shows the tenants that used the most, however many the fleet has.
+    assert tenant_usage(NOW, most=1) == rows[:1]
