@@ -63,6 +63,16 @@ def test_the_owner_sees_its_endpoint_reservation_and_events(owner_web, owned):
     assert "owner-hang-message" in owner_web.get("/console/oncall/").content.decode()
 
 
+def test_on_call_names_a_tenant_typed_and_lists_none(operator_web, owner_web, owned):
+    """An operator filters on-call by a tenant typed (a fleet has thousands: no list of them);
+    a tenant has no such filter, and sees no other tenant's name."""
+    Event.objects.update(recorded_at=SETTLED)
+    page = operator_web.get("/console/oncall/", {"tenant": "owner"}).content.decode()
+    assert '<input name="tenant" placeholder="any tenant" aria-label="tenant" value="owner">' in page
+    assert "<option>owner</option>" not in page and "owner-hang-message" in page
+    assert 'name="tenant"' not in owner_web.get("/console/oncall/").content.decode()
+
+
 def test_the_chart_marks_redact_addresses_for_the_tenant_not_the_operator(owner_web, operator_web, owned):
     Event.record("scale", "scaled 1 -> 2 after the probe of http://10.9.8.7:8000 (fd00:10:244::17)",
                  endpoint=owned, severity="info")  # fmt: skip
