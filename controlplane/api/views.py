@@ -371,15 +371,17 @@ class CapacityViewSet(viewsets.ViewSet):
         serializer = serializers.PoolNodesSerializer if nodes else serializers.PoolCapacitySerializer
         return Response(serializer(rows, many=True).data)
 
+    # The schema's answer is the figures' (PoolCapacitySerializer): `nodes` comes only when asked
+    # (NODES), one property more (PoolNodesSerializer), which the schema allows.
     @extend_schema(
-        responses=serializers.PoolNodesSerializer(many=True),
+        responses=serializers.PoolCapacitySerializer(many=True),
         parameters=[OpenApiParameter("gpu_type", str, description="Only pools of this GPU type"), NODES],
     )
     def list(self, request: Request) -> Response:
         return self._rows(list(self._pools()))
 
     @extend_schema(
-        responses=serializers.PoolNodesSerializer,
+        responses=serializers.PoolCapacitySerializer,
         parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH), NODES],
     )
     def retrieve(self, request: Request, pk: str) -> Response:
