@@ -23,7 +23,8 @@ its allowance (`allowance`: an operator's ProvisionedAllowance, else one node's 
 
 Writers: `save_pool`, `save_profile`, `save_endpoint`, `delete_endpoint`, `sell`, `release`,
 `check_promote` and `save_allowance`. The API, the console and `load_demo` all call these, so
-each gets the same checks and events.
+each gets the same checks and events; each that changes a pool stores its new ledger
+(`refresh_ledgers`), which readers take as stored (`stored_ledgers`).
 """
 
 import functools
