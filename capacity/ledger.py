@@ -278,7 +278,7 @@ class PoolLedger:
         """Replicas of this many GPUs that still fit (for a model placed here or not)."""
         if gpus_per_replica < 1:
             raise ValueError(f"gpus_per_replica must be at least 1, got {gpus_per_replica}")
-        return self.more_fit[gpus_per_replica - 1] if gpus_per_replica <= len(self.more_fit) else 0
+        return _fits(self.more_fit, gpus_per_replica)
 
     def figures(self) -> dict[str, Any]:
         """The ledger's figures as JSON (what a stored ledger keeps; from_figures reads them
@@ -504,13 +504,13 @@ def pool_ledger(
     else:
         mu_per_gpu = default_shape.mu_per_gpu
     sizes = sorted({s.gpus_per_replica for _, s in shapes})
-    more = {size: packing.more_fit(size) for size in sizes}
+    more_fit = tuple(packing.more_fit(size) for size in range(1, node_shape.gpus + 1))
     models = tuple(
         ModelCapacity(
             model=model,
             shape=shape,
             have_replicas=node_count * (node_shape.gpus // shape.gpus_per_replica),
-            more_replicas=more[shape.gpus_per_replica],
+            more_replicas=_fits(more_fit, shape.gpus_per_replica),
             overcommit=overcommit,
         )
         for model, shape in shapes
@@ -532,7 +532,7 @@ def pool_ledger(
         stranded_gpus=packing.stranded_gpus(sizes) if sizes else 0,
         unplaced_replicas=packing.unplaced_replicas,
         models=models,
-        more_fit=tuple(packing.more_fit(size) for size in range(1, node_shape.gpus + 1)),
+        more_fit=more_fit,
         demands=tuple(demands),
         packing=packing,
         names={a.key: (a.label, a.model) for a in allocations},
@@ -658,6 +658,12 @@ def as_json_number(value: Fraction | float | int) -> float | int:
     """A ledger figure for JSON: an integer when whole (8, not 8.0), else 6 decimals."""
     as_float = float(value)
     return int(as_float) if as_float.is_integer() else round(as_float, 6)
+
+
+def _fits(more_fit: tuple[int, ...], gpus_per_replica: int) -> int:
+    """Replicas of `gpus_per_replica` GPUs that fit, from the counts per size 1..node's GPUs
+    (PoolLedger.more_fit): none wider than a node."""
+    return more_fit[gpus_per_replica - 1] if gpus_per_replica <= len(more_fit) else 0
 
 
 def _more_fit(node_count: int, node_shape: NodeShape, demands: Iterable[ReplicaDemand], gpus: int) -> int:

@@ -1088,7 +1088,7 @@ def delete_endpoint(endpoint: Endpoint, *, release_by: str | None = None) -> Non
         if reservation is not None:
             if release_by is None:
                 raise EndpointReserved(endpoint, reservation)
-            release(reservation, released_by=release_by)
+            _end_sale(reservation, release_by)  # the ledger is stored once, after the delete
         usage.keep_billing_identity(current)
         endpoint.delete()
         refresh_ledgers(pools)
@@ -1132,12 +1132,19 @@ def release(reservation: Reservation, *, released_by: str) -> None:
     with transaction.atomic():
         locked_tenant(endpoint.tenant_id)
         pools = locked_pools([endpoint.pool_id])
-        reservation.delete()
-        Event.record(
-            Event.Kind.RESERVATION,
-            f"{released_by} released {reservation.mu_per_minute} MU/min on {endpoint.name}",
-            endpoint=endpoint,
-            reported_by=released_by,
-            detail={"mu_per_minute": 0, "previous_mu_per_minute": reservation.mu_per_minute},
-        )
+        _end_sale(reservation, released_by)
         refresh_ledgers(pools)
+
+
+def _end_sale(reservation: Reservation, released_by: str) -> None:
+    """Delete the reservation and write its event; the caller holds the tenant's and the pool's
+    locks and stores the pool's ledger once its writes are done."""
+    endpoint = reservation.endpoint
+    reservation.delete()
+    Event.record(
+        Event.Kind.RESERVATION,
+        f"{released_by} released {reservation.mu_per_minute} MU/min on {endpoint.name}",
+        endpoint=endpoint,
+        reported_by=released_by,
+        detail={"mu_per_minute": 0, "previous_mu_per_minute": reservation.mu_per_minute},
+    )

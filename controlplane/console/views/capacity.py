@@ -169,7 +169,11 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
     same content as one row of GPU cells (the packing orders nodes by content, so a fleet of
     1,000 nodes is a few rows), and per model placed there the replicas that still fit, with a
     defragmentation plan where a replica fits only after moving others (capacity.packing
-    .defrag_plan; shown, never carried out)."""
+    .defrag_plan; shown, never carried out). `ledger` is a pool read live (selling.pool_ledgers):
+    a stored one keeps no placement."""
+    demands = ledger.demands
+    if demands is None:
+        raise ValueError("a node grid draws a pool read live, not its stored ledger")
     colours = {m.model: i % 8 for i, m in enumerate(ledger.models)}
     runs: list[dict[str, Any]] = []
     for node in ledger.nodes:
@@ -196,7 +200,7 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
             moves = defrag_plan(
                 ledger.node_count,
                 ledger.node_shape,
-                ledger.demands or (),
+                demands,
                 ReplicaDemand("wanted", m.model, m.shape.gpus_per_replica, 1),
             )
             plan = (
