@@ -10,8 +10,11 @@ connection: one row per scenario, p50 and p99 against the 50 ms goal. Then the s
 sellers at once, each on its own connection with the operator's key, sell (POST) or raise (PATCH)
 reservations on random endpoints of the nearly full pools, --sales in all, against a 200 ms goal;
 it counts the sales made (201/200) and refused (409), then reads /api/v1/capacity/ and says
-whether any pool is oversold. Last, the p99 ratio between the sizes per scenario. Prints figures;
-asserts nothing (this machine is shared and noisy).
+whether any pool is oversold. Just before it, the floor: as many calls from SELLERS clients at
+once of the cheapest authenticated call (the pools), what the machine answers at that
+concurrency whatever the call, and the sale's p50 and p99 against it. Last, the p99 ratio
+between the sizes per scenario. Prints figures; asserts nothing (this machine is shared and
+noisy).
 """
 
 import argparse
@@ -37,6 +40,7 @@ GOAL_MS = 50.0
 SALE_GOAL_MS = 200.0
 SELLERS = 20
 SALE = f"operator: sale, {SELLERS} concurrent sellers"
+FLOOR = f"operator: list pools, {SELLERS} concurrent clients (the floor)"
 
 
 # How gunicorn serves the API: as in production (uvicorn workers, controlplane/gunicorn.conf.py),
@@ -136,50 +140,100 @@ def cursor_at(endpoint_id: int) -> str:
     return quote(base64.b64encode(f"p={endpoint_id}".encode()).decode())
 
 
-class Seller(threading.Thread):
-    """One seller: its own connection, its own endpoints (no two sellers sell the same one),
-    `sales` sales one after the other: a POST where the endpoint has no reservation, else a
-    PATCH raising it by one or two replicas' MU."""
+class Caller(threading.Thread):
+    """One of SELLERS clients at once: its own connection with the operator's key, `calls`
+    requests one after the other (what `request` says: method, path, JSON body or None), each
+    timed; `answered` sees each answer."""
 
-    def __init__(self, key: str, endpoints: list[list[Any]], sales: int, start: threading.Barrier, seed: int):
+    def __init__(self, key: str, calls: int, start: threading.Barrier):
         super().__init__(daemon=True)
-        self.key, self.endpoints, self.sales, self.start_line = key, endpoints, sales, start
-        self.rng = random.Random(seed)
+        self.key, self.calls, self.start_line = key, calls, start
         self.times: list[float] = []
         self.answers: Counter[int] = Counter()
         self.unexpected: list[str] = []
 
+    def request(self) -> tuple[str, str, dict[str, Any] | None]:
+        return "GET", "/api/v1/pools/", None
+
+    def answered(self, method: str, path: str, status: int, data: bytes) -> None:
+        if status != 200:
+            self.unexpected.append(f"{method} {path} -> {status}: {data[:200]!r}")
+
     def run(self) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
         self.start_line.wait()
-        for _ in range(self.sales):
-            row = self.rng.choice(self.endpoints)  # [endpoint id, reservation id or None, MU/min]
-            endpoint, reservation, mu = row
-            if reservation is None:
-                method, path = "POST", "/api/v1/reservations/"
-                body = {"endpoint": endpoint, "mu_per_minute": self.rng.choice([100, 200, 300])}
-            else:
-                method, path = "PATCH", f"/api/v1/reservations/{reservation}/"
-                body = {"mu_per_minute": mu + self.rng.choice([100, 200])}
-            headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        for _ in range(self.calls):
+            method, path, body = self.request()
+            payload = json.dumps(body) if body is not None else None
             started = time.perf_counter()
             try:
-                conn.request(method, path, body=json.dumps(body), headers=headers)
+                conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 conn.close()  # the server closed a kept-alive connection: once more on a new one
                 started = time.perf_counter()
-                conn.request(method, path, body=json.dumps(body), headers=headers)
+                conn.request(method, path, body=payload, headers=headers)
                 response = conn.getresponse()
             data = response.read()
             self.times.append((time.perf_counter() - started) * 1000)
             self.answers[response.status] += 1
-            if response.status in (200, 201):
-                sold = json.loads(data)
-                row[1], row[2] = sold["id"], sold["mu_per_minute"]
-            elif response.status != 409:
-                self.unexpected.append(f"{method} {path} -> {response.status}: {data[:200]!r}")
+            self.answered(method, path, response.status, data)
         conn.close()
+
+
+class Seller(Caller):
+    """A seller: its own endpoints (no two sellers sell the same one), a POST where the endpoint
+    has no reservation, else a PATCH raising it by one or two replicas' MU."""
+
+    def __init__(self, key: str, calls: int, start: threading.Barrier, endpoints: list[list[Any]], seed: int):
+        super().__init__(key, calls, start)
+        self.endpoints, self.rng = endpoints, random.Random(seed)
+        self.row: list[Any] = []
+
+    def request(self) -> tuple[str, str, dict[str, Any] | None]:
+        self.row = self.rng.choice(self.endpoints)  # [endpoint id, reservation id or None, MU/min]
+        endpoint, reservation, mu = self.row
+        if reservation is None:
+            return (
+                "POST",
+                "/api/v1/reservations/",
+                {"endpoint": endpoint, "mu_per_minute": self.rng.choice([100, 200, 300])},
+            )
+        return (
+            "PATCH",
+            f"/api/v1/reservations/{reservation}/",
+            {"mu_per_minute": mu + self.rng.choice([100, 200])},
+        )
+
+    def answered(self, method: str, path: str, status: int, data: bytes) -> None:
+        if status in (200, 201):
+            sold = json.loads(data)
+            self.row[1], self.row[2] = sold["id"], sold["mu_per_minute"]
+        elif status != 409:
+            self.unexpected.append(f"{method} {path} -> {status}: {data[:200]!r}")
+
+
+def crowd(make: Callable[[int, int, threading.Barrier], Caller], calls: int) -> list[Caller]:
+    """SELLERS callers at once (`make(k, their calls, the start line)`), `calls` in all; done."""
+    start = threading.Barrier(SELLERS)
+    callers = [make(k, calls // SELLERS + (k < calls % SELLERS), start) for k in range(SELLERS)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    for line in [u for c in callers for u in c.unexpected][:3]:
+        print(f"    unexpected: {line}")
+    return callers
+
+
+def floor(f: Fleet, calls: int) -> Result:
+    """What this machine answers SELLERS clients at once with the cheapest authenticated call
+    (the pools, 20 rows): the floor under any call at that concurrency, the sale's included."""
+    callers = crowd(lambda k, n, start: Caller(f.operator_key, n, start), calls)
+    return report(
+        f"{f.size.label} {FLOOR}", [t for c in callers for t in c.times], SALE_GOAL_MS, own_goal=True
+    )
 
 
 def sale(f: Fleet, sales: int) -> Result:
@@ -192,25 +246,16 @@ def sale(f: Fleet, sales: int) -> Result:
         .order_by("pk")
         .values_list("pk", "reservation__pk", "reservation__mu_per_minute")
     ]
-    start = threading.Barrier(SELLERS)
-    sellers = [
-        Seller(
-            f.operator_key, endpoints[k::SELLERS], sales // SELLERS + (k < sales % SELLERS), start, 100 + k
-        )
-        for k in range(SELLERS)
-    ]
-    for s in sellers:
-        s.start()
-    for s in sellers:
-        s.join()
-    times = [t for s in sellers for t in s.times]
-    answers = sum((s.answers for s in sellers), Counter())
-    result = report(f"{f.size.label} {SALE}", times, SALE_GOAL_MS, own_goal=True)
+    callers = crowd(
+        lambda k, n, start: Seller(f.operator_key, n, start, endpoints[k::SELLERS], 100 + k), sales
+    )
+    answers = sum((c.answers for c in callers), Counter())
+    result = report(
+        f"{f.size.label} {SALE}", [t for c in callers for t in c.times], SALE_GOAL_MS, own_goal=True
+    )
     other = sum(n for status, n in answers.items() if status not in (200, 201, 409))
     made = f"sold {answers[201]} new and raised {answers[200]} (201/200)"
     print(f"    {made}, refused {answers[409]} (409), other {other}")
-    for line in [u for s in sellers for u in s.unexpected][:3]:
-        print(f"    unexpected: {line}")
     conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
     conn.request("GET", "/api/v1/capacity/", headers={"Authorization": f"Bearer {f.operator_key}"})
     pools = json.loads(conn.getresponse().read())
@@ -237,7 +282,10 @@ def measure(f: Fleet, options: fleet.Options, sales: int, server_kind: str) -> d
                 times = timed_runs(lambda make=make: get(*make()), options.requests, options.budget_s)
                 results[name] = report(f"{f.size.label} {name}", times, GOAL_MS)
             if sales:
+                results[FLOOR] = floor(f, sales)
                 results[SALE] = sale(f, sales)
+                ratio = (results[SALE].p50 / results[FLOOR].p50, results[SALE].p99 / results[FLOOR].p99)
+                print(f"    the sale against the floor: p50 {ratio[0]:.1f}x, p99 {ratio[1]:.1f}x")
         except BaseException:
             print(f"the server's log: {log.name}")
             raise

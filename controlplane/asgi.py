@@ -2,25 +2,42 @@
 
 Django's app behind ``BoundedApp``: a bounded number of requests inside Django per worker, each
 with its body already read, a body over DATA_UPLOAD_MAX_MEMORY_SIZE refused with 413 before
-Django reads it, /healthz and static files on slots of their own (controlplane/webserver.py).
+Django reads it, /healthz and static files on slots of their own (controlplane/webserver.py);
+on PostgreSQL, their database connections from a pool per worker.
 """
 
 import os
+from typing import Any, cast
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 from django.conf import settings  # after the settings module is named
 from django.core.asgi import get_asgi_application
 
+from controlplane.webserver import DEADLINES, BoundedApp
+
 # Under ASGI each request's sync view runs in a thread of its own, which ends with the request:
 # a persistent connection (CONN_MAX_AGE > 0) would outlive it unused, open until garbage
-# collection, and 80 concurrent clients ran PostgreSQL out of connections. Each request closes
-# its own instead (set before Django sets up its connections).
+# collection, and 80 concurrent clients ran PostgreSQL out of connections. On PostgreSQL each
+# request takes a connection from the worker's pool (psycopg's, through Django) and gives it
+# back when it ends, so a request does not pay for a new connection: the pool holds as many as
+# may run at once (the app's slots and /healthz's), checks one before handing it out (one the
+# database ended is replaced, not given to a request), and a request waits at most
+# DATABASE_WAIT_S for one (the database unreachable: /healthz then answers 503). Set before
+# Django sets up its connections.
+DATABASE_WAIT_S = 2.0
 for database in settings.DATABASES.values():
     database["CONN_MAX_AGE"] = 0
+    if database["ENGINE"] == "django.db.backends.postgresql":
+        database["CONN_HEALTH_CHECKS"] = True  # with a pool: each checked before it is handed out
+        options = cast(dict[str, Any], database.setdefault("OPTIONS", {}))
+        options.setdefault("application_name", "controlplane-web")  # who holds them, in pg_stat_activity
+        options["pool"] = {
+            "min_size": 1,
+            "max_size": DEADLINES.app_concurrency + DEADLINES.health_slots,
+            "timeout": DATABASE_WAIT_S,
+        }
 django_application = get_asgi_application()
-
-from controlplane.webserver import BoundedApp  # noqa: E402 - after Django is set up
 
 application = BoundedApp(
     django_application,

@@ -30,7 +30,7 @@ each gets the same checks and events; each that changes a pool stores its new le
 import functools
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from copy import copy
 from fractions import Fraction
 from math import ceil
@@ -451,7 +451,10 @@ def locked_pools(pool_ids: Iterable[int]) -> list[GpuPool]:
 # to_version, the old model, its gpus_per_replica and mu_per_replica_minute, the endpoint's
 # desired replicas): an endpoint in a rollout is a group of its own.
 Group = tuple[Any, ...]
-_GROUP = 19  # the columns of a Group, then the per-group sums
+_GROUP = 19  # the columns of a Group, then the per-group sums: Sums
+# (endpoints, metered MU/min, ready pods, the old version's ready pods, fingerprints), then
+# with holders the endpoints listed: [[id, ready pods], ...].
+Sums = tuple[Any, ...]
 
 
 def _table(model: type[Model]) -> str:
@@ -476,16 +479,63 @@ def _locked_pool(rows: list[tuple[Any, ...]], tenant_id: int, pool_id: int) -> G
     return GpuPool.from_db(connection.alias, [f.attname for f in GpuPool._meta.concrete_fields], rows[0])
 
 
+# A Group's columns after the first, as SQL: what an endpoint's replicas are counted from.
+_KEY_SQL = (
+    "m.model", "m.gpus_per_replica", "m.mu_per_replica_minute", "r.mu_per_minute",
+    "e.min_provisioned_concurrency", "e.target_concurrency_per_replica", "e.scale_to_zero_enabled",
+    "ro.id", "ro.phase", "ro.new_percent", "ro.canary_percent", "ro.promoted", "ro.from_version",
+    "ro.to_version", "fm.model", "fm.gpus_per_replica", "fm.mu_per_replica_minute",
+    "CASE WHEN ro.id IS NULL THEN 0 ELSE e.desired_replicas END",
+)  # fmt: skip
+
+
+def _rows_sql(reservations: bool = True) -> str:
+    """A pool's endpoints joined to what _KEY_SQL reads (filtered by the caller's WHERE)."""
+    active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
+    return (
+        f" FROM {_table(Endpoint)} e"
+        f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
+        + (f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id" if reservations else "")
+        + f" LEFT JOIN {_table(Rollout)} ro ON ro.endpoint_id = e.id AND ro.phase IN ({active})"
+        f" LEFT JOIN {_table(ModelProfile)} fm ON fm.id = ro.from_profile_id"
+    )
+
+
+def _fingerprint_sql() -> str:
+    """One endpoint's fingerprint: a 64-bit hash of its _KEY_SQL but its reservation (0 on
+    SQLite, which has no hash: no sale there takes the stored groups). Summed over a pool's
+    endpoints, it changes when what any of them is counted from changes (a multiset hash:
+    which endpoint holds which key does not matter to the groups). Not the reservation: a sale
+    stores the groups it read before its write, with its endpoint's fingerprint as read, and
+    reservations are written only under the pool's lock, by the writers that store the pool."""
+    if connection.vendor != "postgresql":
+        return "0"
+    fields = ", ".join(f"coalesce(CAST({k} AS text), '-')" for k in _KEY_SQL if k != "r.mu_per_minute")
+    return f"hashtextextended(concat_ws(chr(31), {fields}), 0)"
+
+
 @functools.cache
-def _alike_sql(holders: bool = False) -> str:
+def _pool_fingerprint_sql() -> str:
+    """The pool's fingerprint as it is now, "endpoints:sum", as _fingerprint computes it from
+    groups: one pass over the pool's rows, without its pods or a grouping."""
+    return (
+        f"SELECT count(*) || ':' || coalesce(sum({_fingerprint_sql()}), 0){_rows_sql(reservations=False)}"
+        " WHERE e.pool_id = %(pool)s"
+    )
+
+
+@functools.cache
+def _alike_sql(holders: bool = False, own: bool = False) -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
-    metered MU summed, ready pods summed, those of a rollout's old version summed). Written
-    once as SQL, not built by the ORM per call: the ready pods are counted per endpoint in a
-    derived table joined to the rows (one pass over the pool's ready pods, not a count per
-    endpoint), which the ORM cannot say without counting each endpoint once per pod. With
-    `holders`, each group also lists its endpoints that hold the most: [id, ready pods], by
-    ready pods then id (alike endpoints commit alike), TOP_HOLDERS of them (all on SQLite,
-    which has no arrays: _group_holders sorts them)."""
+    metered MU summed, ready pods summed, those of a rollout's old version summed, their
+    fingerprints summed). Written once as SQL, not built by the ORM per call: the ready pods
+    are counted per endpoint in a derived table joined to the rows (one pass over the pool's
+    ready pods, not a count per endpoint), which the ORM cannot say without counting each
+    endpoint once per pod. With `holders`, each group also lists its endpoints that hold the
+    most: [id, ready pods], by ready pods then id (alike endpoints commit alike), TOP_HOLDERS
+    of them (all on SQLite, which has no arrays: _group_holders sorts them). With `own`
+    (PostgreSQL), only the changed endpoint's row, then the pool's fingerprint, in the one
+    statement (the same snapshot): what a sale reads beside the stored groups (check_sale)."""
     active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
     ready = "coalesce(ready.n, 0)"
     if not holders:
@@ -494,31 +544,25 @@ def _alike_sql(holders: bool = False) -> str:
         listed = f", (array_agg(ARRAY[e.id, {ready}] ORDER BY {ready} DESC, e.id))[1:{TOP_HOLDERS}]"
     else:
         listed = f", json_group_array(json_array(e.id, {ready}))"
+    only, pool_fingerprint = (
+        (" AND e.id = %(changed)s", f", ({_pool_fingerprint_sql()})") if own else ("", "")
+    )
     return (
-        "SELECT e.id = %(changed)s, m.model, m.gpus_per_replica, m.mu_per_replica_minute,"
-        " r.mu_per_minute, e.min_provisioned_concurrency,"
-        " e.target_concurrency_per_replica, e.scale_to_zero_enabled,"
-        " ro.id, ro.phase, ro.new_percent, ro.canary_percent, ro.promoted, ro.from_version,"
-        " ro.to_version, fm.model, fm.gpus_per_replica, fm.mu_per_replica_minute,"
-        " CASE WHEN ro.id IS NULL THEN 0 ELSE e.desired_replicas END,"
-        f" count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
-        f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}"
-        f" FROM {_table(Endpoint)} e"
-        f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
-        f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id"
-        f" LEFT JOIN {_table(Rollout)} ro ON ro.endpoint_id = e.id AND ro.phase IN ({active})"
-        f" LEFT JOIN {_table(ModelProfile)} fm ON fm.id = ro.from_profile_id"
+        f"SELECT e.id = %(changed)s, {', '.join(_KEY_SQL)},"
+        " count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
+        f" CAST(coalesce(sum(old.n), 0) AS bigint), coalesce(sum({_fingerprint_sql()}), 0)"
+        f"{listed}{pool_fingerprint}{_rows_sql()}"
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Pod)} pod JOIN {_table(Endpoint)} pe ON pe.id = pod.endpoint_id"
-        " WHERE pod.ready AND pe.pool_id = %(pool)s GROUP BY pod.endpoint_id) ready"
-        " ON ready.endpoint_id = e.id"
+        f" WHERE pod.ready AND pe.pool_id = %(pool)s{only.replace('e.id', 'pe.id')}"
+        " GROUP BY pod.endpoint_id) ready ON ready.endpoint_id = e.id"
         # the old version's ready pods, from the few rollouts in progress (not a probe per pod)
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Rollout)} pro JOIN {_table(Pod)} pod"
         " ON pod.endpoint_id = pro.endpoint_id AND pod.version = pro.from_version AND pod.ready"
         f" WHERE pro.phase IN ({active}) GROUP BY pod.endpoint_id) old"
         " ON old.endpoint_id = e.id"
-        " WHERE e.pool_id = %(pool)s"
+        f" WHERE e.pool_id = %(pool)s{only}"
         f" GROUP BY {', '.join(str(i) for i in range(1, _GROUP + 1))}"
     )
 
@@ -612,7 +656,7 @@ def _group_holders(group: Group, sums: tuple[Any, ...]) -> list[list[int]]:
     """The group's listed endpoints as [id, committed GPUs, committed MU/min, running GPUs]:
     each commits what one of the group commits (both versions' while its rollout runs); a
     rollout's group is one endpoint, whose old version's pods run on the old model's GPUs."""
-    listed = sums[4]
+    listed = sums[5]
     if isinstance(listed, str):  # SQLite: every endpoint of the group, unsorted
         listed = sorted(json.loads(listed), key=lambda row: (-row[1], row[0]))[:TOP_HOLDERS]
     versions = [a.committed(overcommit()) for a in _group_allocations(group, sums, "")]
@@ -632,12 +676,85 @@ def _group_holders(group: Group, sums: tuple[Any, ...]) -> list[list[int]]:
 def holding_most(rows: Iterable[list[int]]) -> list[list[int]]:
     """Holders ([id, committed GPUs, committed MU/min, running GPUs]) most first: the larger of
     committed and running GPUs, then running, then the oldest endpoint."""
-    return sorted(rows, key=lambda h: (-max(h[1], h[3]), -h[3], h[0]))
+    return sorted(rows, key=_holder_rank)
 
 
-def refresh_ledgers(
-    pools: Iterable[GpuPool], read: dict[int, dict[Group, tuple[Any, ...]]] | None = None
-) -> dict[int, PoolLedger]:
+def _holder_rank(h: list[int]) -> tuple[int, int, int]:
+    return (-max(h[1], h[3]), -h[3], h[0])
+
+
+def _fingerprint(groups: dict[Group, Sums]) -> str:
+    """The pool's fingerprint ("endpoints:sum", as _pool_fingerprint_sql reads it) from its
+    groups; empty on SQLite."""
+    if connection.vendor != "postgresql":
+        return ""
+    return f"{sum(s[0] for s in groups.values())}:{sum(int(s[4]) for s in groups.values())}"
+
+
+def _storable(groups: dict[Group, Sums]) -> list[list[Any]]:
+    """The groups as StoredLedger.groups keeps them: none apart (the changed endpoint's merged
+    into its alike group), without the endpoints listed."""
+    merged: dict[Group, list[Any]] = {}
+    for group, sums in groups.items():
+        into = merged.setdefault((False, *group[1:]), [0, 0.0, 0, 0, 0])
+        into[1] += sums[1] or 0.0
+        for i in (0, 2, 3, 4):
+            into[i] += int(sums[i])
+    return [[list(group), sums] for group, sums in merged.items()]
+
+
+def _from_stored(stored: tuple[Any, ...] | None, own: list[tuple[Any, ...]]) -> dict[Group, Sums] | None:
+    """The pool's groups, the changed endpoint apart, from the stored groups and the endpoint's
+    own row (alike_groups' shape): the stored groups less the endpoint, then the endpoint as it
+    is. None when they cannot be taken: no stored groups, or a pool fingerprint (read with the
+    endpoint's row) other than the stored one, a write that did not hold the pool's lock (the
+    autoscaler's targets and desired replicas, a rollout's step) having changed what some
+    endpoint is counted from since; then the caller reads the pool. Equal fingerprints mean
+    the stored groups count every endpoint from what it is counted from now (a sale, a release,
+    a minimum, a model or a price each store the pool's groups under its lock), so the check
+    is the one a read of the pool would make. Their metered MU and ready pods may be as they
+    were stored (the writers of those store the pool once they commit)."""
+    if stored is None or not own or not stored[0]:
+        return None
+    groups_json, fingerprint = stored
+    (row,) = own
+    group, sums, live = tuple(row[:_GROUP]), tuple(row[_GROUP:-1]), row[-1]
+    if fingerprint != live:
+        return None
+    groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in _json(groups_json)}
+    alike = (False, *group[1:])
+    counted = groups.pop(alike, None)
+    if counted is None or counted[0] < 1:  # equal fingerprints say it is there
+        return None
+    if counted[0] > 1:
+        groups[alike] = (
+            counted[0] - 1,
+            counted[1] - (sums[1] or 0.0),
+            *(counted[i] - int(sums[i]) for i in (2, 3, 4)),
+        )
+    groups[group] = sums
+    return groups
+
+
+def _sale_holders(holders: list[list[int]], group: Group, sums: Sums) -> list[list[int]] | None:
+    """The pool's holders once the endpoint (its own group, as sold) holds what the sale leaves
+    it: the stored ones with its row replaced. None when an endpoint beyond the stored ones
+    (each ranks after the last stored) may now rank before it: it was stored, ranks lower than
+    it did, and no longer before the last stored other than itself (the caller reads the pool)."""
+    (row,) = _group_holders(group, sums)
+    before = next((h for h in holders if h[0] == row[0]), None)
+    last = holders[-1] if len(holders) == TOP_HOLDERS else None  # None: every endpoint is stored
+    if (
+        before is not None
+        and last is not None
+        and _holder_rank(row) > _holder_rank(before)
+        and (last is before or _holder_rank(row) > _holder_rank(last))
+    ):
+        return None
+    return holding_most([*(h for h in holders if h[0] != row[0]), row])[:TOP_HOLDERS]
+
+
+def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = None) -> dict[int, PoolLedger]:
     """Compute these pools' ledgers from their rows as they are now and store them
     (StoredLedger), each one version on; returns them. The caller holds the pools' locks
     (locked_pools) in its transaction and has made its writes: every writer of what a ledger
@@ -645,16 +762,21 @@ def refresh_ledgers(
     committed before it (and its own), and the stored ledger is the pool's as committed.
     Writers that hold rows the selling writers wait for (the autoscaler's endpoints, the pod
     sync's pods) refresh after they commit, in a transaction of their own: refresh_pools.
-    `read`: a pool's groups (alike_groups with holders) as the caller read them under the lock
-    and changed them with its write (a sale), in place of reading them again."""
+    `read`: a pool's groups as a sale read them under the lock and left them (check_sale), in
+    place of reading them again."""
     pools = list(pools)
     versions = dict(StoredLedger.objects.filter(pool__in=pools).values_list("pool_id", "version"))
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
-        groups = read[pool.pk] if read and pool.pk in read else alike_groups(pool, holders=True)
+        sale = read.get(pool.pk) if read else None
+        if sale is not None and sale.groups is not None:
+            groups, holders = sale.groups, sale.holders
+        else:
+            groups, holders = alike_groups(pool, holders=True), None
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
-        holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
+        if holders is None:
+            holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
         rows.append(
             StoredLedger(
                 pool=pool,
@@ -662,13 +784,15 @@ def refresh_ledgers(
                 computed_at=now,
                 figures=ledger.figures(),
                 holders=holders[:TOP_HOLDERS],
+                groups=_storable(groups),
+                fingerprint=_fingerprint(groups),
             )
         )
     StoredLedger.objects.bulk_create(
         rows,
         update_conflicts=True,
         unique_fields=["pool"],
-        update_fields=["version", "computed_at", "figures", "holders"],
+        update_fields=["version", "computed_at", "figures", "holders", "groups", "fingerprint"],
     )
     return ledgers
 
@@ -685,19 +809,18 @@ def stored_ledgers(pools: Iterable[GpuPool]) -> dict[int, StoredLedger]:
     or whose stored one was counted on another node shape or over-commit than the pool has now
     (a pool written without selling, a changed setting), is refreshed first."""
     pools = list(pools)
-    stored = {s.pool_id: s for s in StoredLedger.objects.filter(pool__in=pools)}
-    oc = str(overcommit())
-    stale = [
-        p.pk
-        for p in pools
-        if (s := stored.get(p.pk)) is None
-        or (s.figures["node_count"], s.figures["node_shape"][0], s.figures["overcommit"])
-        != (p.node_count, p.gpus_per_node, oc)
-    ]
+    stored = {s.pool_id: s for s in StoredLedger.objects.filter(pool__in=pools).defer("groups")}
+    stale = [p.pk for p in pools if (s := stored.get(p.pk)) is None or not _counted_as(s.figures, p)]
     if stale:
         refresh_pools(stale)
-        stored.update((s.pool_id, s) for s in StoredLedger.objects.filter(pool_id__in=stale))
+        stored.update((s.pool_id, s) for s in StoredLedger.objects.filter(pool_id__in=stale).defer("groups"))
     return stored
+
+
+def _counted_as(figures: dict[str, Any], pool: GpuPool) -> bool:
+    """Whether stored figures were counted on the pool's node shape and the over-commit now."""
+    counted = (figures["node_count"], figures["node_shape"][0], figures["overcommit"])
+    return counted == (pool.node_count, pool.gpus_per_node, str(overcommit()))
 
 
 def ensure_change(
@@ -707,19 +830,21 @@ def ensure_change(
     replacing: Commitment = NOTHING,
     groups: dict[Group, tuple[Any, ...]] | None = None,
     rollout: RolloutChange | None = None,
+    refused: Callable[[], PoolLedger] | None = None,
 ) -> None:
     """Raise Oversold unless `pool` places `asked` (the endpoint's replicas; its new version's
     while a `rollout` runs, the old one's beside them) in place of `replacing`. The caller holds
     the pool's lock (locked_pools) inside a transaction. One read of the pool (alike_groups, or
     the caller's `groups` read under the lock): the check packs its other committed replicas
     beside `asked`; a refusal's ledger (the figures pool_ledgers gives, without names) is built
-    from the same rows (the endpoint's own as stored, and the ready pods), not read again."""
+    from the same rows (the endpoint's own as stored, and the ready pods), not read again, or
+    is the caller's (`refused`: the stored one, when the groups are its)."""
     if groups is None:
         groups = alike_groups(pool, changed=endpoint.pk)
     others, _ = alike_allocations(groups, endpoint.pk)
 
     def ledger() -> PoolLedger:
-        return grouped_ledger(pool, groups)
+        return refused() if refused is not None else grouped_ledger(pool, groups)
 
     check_demands_change(
         pool.name,
@@ -741,6 +866,7 @@ def ensure_versions(
     asked: list[VersionCommitment],
     replacing: list[VersionCommitment],
     groups: dict[Group, tuple[Any, ...]] | None = None,
+    refused: Callable[[], PoolLedger] | None = None,
 ) -> None:
     """ensure_change for an endpoint's versions (endpoint_commitments) after a change in place
     of before it, each matched to its own by version number: at a rollout's start the new
@@ -753,31 +879,47 @@ def ensure_versions(
         rollout = RolloutChange(
             own.version, o.version, o.key, o.model, o.commitment, now.get(o.version, NOTHING)
         )
-    ensure_change(pool, endpoint, own.commitment, now.get(own.version, NOTHING), groups, rollout)
+    ensure_change(pool, endpoint, own.commitment, now.get(own.version, NOTHING), groups, rollout, refused)
 
 
 def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     """The check a sale of `mu_per_minute` on `endpoint` meets (Oversold when its pool does not
     place it), inside the caller's transaction: the tenant's and the pool's locks in one
-    statement, then one read of the pool (its grouped rows, the endpoint's own sale and rollout
-    among them).
+    statement, then the pool's groups, the endpoint's own sale and rollout among them.
 
-    The two statements (and the transaction's BEGIN) go in one round trip, pipelined: the server
-    runs them in order, so the read still starts, and takes its snapshot, once the locks are
-    held (_lock_sql, alike_groups); what it saves is the waits for the network and, on a busy
-    machine, for a core, twice per check."""
+    On PostgreSQL the groups come from the pool's stored ledger and the endpoint's own row,
+    read with the pool's fingerprint in one statement (_from_stored), so a sale reads its own
+    row and one pass over the pool's rows, not its pods or a grouping; the pool is read whole
+    only when a write that did not take its lock has changed it since it was stored. The
+    statements (and the transaction's BEGIN) go in one round trip, pipelined: the server runs
+    them in order, so the reads still start, and take their snapshots, once the locks are
+    held (_lock_sql); what it saves is the waits for the network and, on a busy machine, for a
+    core, per statement."""
     tenant_id, pool_id = endpoint.tenant_id, endpoint.pool_id
+    stored: tuple[Any, ...] | None = None
     if connection.vendor != "postgresql":  # SQLite (development): no row locks, no pipeline
         locked_tenant(tenant_id)
         (pool,) = locked_pools([pool_id])
-        groups = alike_groups(pool, changed=endpoint.pk, holders=True)
+        groups = None
     else:
         connection.ensure_connection()
-        with connection.connection.pipeline(), connection.cursor() as lock, connection.cursor() as read:
+        with (
+            connection.connection.pipeline(),
+            connection.cursor() as lock,
+            connection.cursor() as base,
+            connection.cursor() as own,
+        ):
             lock.execute(_lock_sql(), [tenant_id, pool_id])
-            read.execute(_alike_sql(holders=True), {"changed": endpoint.pk, "pool": pool_id})
+            base.execute(_stored_sql(), [pool_id])
+            own.execute(_alike_sql(holders=True, own=True), {"changed": endpoint.pk, "pool": pool_id})
             pool = _locked_pool(lock.fetchall(), tenant_id, pool_id)
-            groups = _groups(read.fetchall())
+            stored = base.fetchone()
+            groups = _from_stored(stored and stored[:2], own.fetchall())
+    refused = None
+    if groups is None or stored is None:  # the pool read whole; its groups list their holders
+        groups, stored = alike_groups(pool, changed=endpoint.pk, holders=True), None
+    elif _counted_as(figures := _json(stored[3]), pool):  # a refusal carries the stored ledger
+        refused = functools.partial(PoolLedger.from_figures, figures)
     current = own_reservation(groups)
     rollout, held = own_rollout(groups)
     ensure_versions(
@@ -786,18 +928,37 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
         endpoint_commitments(endpoint, mu_per_minute, rollout, held),
         endpoint_commitments(endpoint, current, rollout, held),
         groups,
+        refused,
     )
     sold = {((*g[:4], mu_per_minute, *g[5:]) if g[0] else g): sums for g, sums in groups.items()}
-    return Sale(current, pool, sold)
+    if stored is None:
+        return Sale(current, pool, sold, None)
+    (own_group,) = (g for g in sold if g[0])
+    holders = _sale_holders(_json(stored[2]), own_group, sold[own_group])
+    return Sale(current, pool, sold if holders is not None else None, holders)
+
+
+@functools.cache
+def _stored_sql() -> str:
+    """A pool's stored groups, fingerprint, holders and figures (what check_sale takes)."""
+    return f"SELECT groups, fingerprint, holders, figures FROM {_table(StoredLedger)} WHERE pool_id = %s"
+
+
+def _json(value: Any) -> Any:
+    """A JSON column read with a cursor: Django's psycopg loads it as text, for the field."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 class Sale(NamedTuple):
     """A sale checked (check_sale): the endpoint's reservation before it (MU/min, 0 for none),
-    its pool (locked) and the pool's groups as the sale leaves them (what refresh_ledgers stores)."""
+    its pool (locked), the pool's groups as the sale leaves them and its holders (what
+    refresh_ledgers stores; holders None: from the groups' lists; groups None: read the pool
+    again, its holders being unknown)."""
 
     current: int
     pool: GpuPool
-    groups: dict[Group, tuple[Any, ...]]
+    groups: dict[Group, Sums] | None
+    holders: list[list[int]] | None
 
 
 def save_pool(pool: GpuPool) -> None:
@@ -1102,7 +1263,8 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     Atomic on its own; inside a caller's transaction the pool lock is held until that commits.
     """
     with transaction.atomic():
-        current, pool, groups = check_sale(endpoint, mu_per_minute)
+        sale = check_sale(endpoint, mu_per_minute)
+        current, pool = sale.current, sale.pool
         reservation, _ = Reservation.objects.update_or_create(
             endpoint=endpoint,
             defaults={
@@ -1122,7 +1284,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
                 "best_effort_allowed": best_effort_allowed,
             },
         )
-        refresh_ledgers([pool], {pool.pk: groups})  # no second read: the sale's groups, as sold
+        refresh_ledgers([pool], {pool.pk: sale})  # no second read: the sale's groups, as sold
     return reservation
 
 

@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.templatetags.static import static
 from django.urls import include, path
@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 
+@transaction.non_atomic_requests  # the request's transaction would connect first, and fail as a 500
 def healthz(request: HttpRequest) -> HttpResponse:
     """Liveness and readiness for the kubelet: the process answers and the database does too."""
     try:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -197,11 +198,21 @@ KINDS = [
 OPS = st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.integers(0, 7), st.integers(0, 7))
 
 
+@pytest.fixture(params=[selling.TOP_HOLDERS, 2], ids=["ten-holders", "two-holders"])
+def holders_stored(request, monkeypatch):
+    """How many holders a pool stores: two, so that the few endpoints of a test's pools go
+    beyond them (a sale that lowers one of them must find who passes it)."""
+    monkeypatch.setattr(selling, "TOP_HOLDERS", request.param)
+    selling._alike_sql.cache_clear()  # its SQL lists TOP_HOLDERS per group
+    yield request.param
+    selling._alike_sql.cache_clear()
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=12))
 # A re-pricing of the model a rollout leaves: its pool is one where no endpoint runs it as its own.
 @example(ops=[("model", 0, 1, 0), ("price", 0, 0, 0)])
-def test_the_stored_ledger_equals_a_fresh_computation_after_any_writes(world, ops):
+def test_the_stored_ledger_equals_a_fresh_computation_after_any_writes(world, holders_stored, ops):
     with transaction.atomic():
         # two endpoints to start from, one in each pool, so that most writes have one to change
         for step, op in enumerate([("create", 0, 0, 1), ("create", 1, 1, 2), *ops]):
@@ -228,6 +239,88 @@ def test_a_refused_write_leaves_the_stored_ledger_and_its_version(world, operato
     # /capacity/ reads the stored figures, with their version.
     (row,) = [r for r in operator_client.get("/api/v1/capacity/").json() if r["pool"] == "eight"]
     assert (row["version"], row["committed_gpus"], row["free_gpus"]) == (before.version, 10, 6)
+
+
+def full_reads(queries) -> list[str]:
+    """The statements that read a whole pool's grouped rows (alike_groups), not one endpoint's."""
+    grouped = [q["sql"] for q in queries if "ready ON ready.endpoint_id" in q["sql"]]
+    return [sql for sql in grouped if "AND pe.id" not in sql]
+
+
+def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would(world):
+    """On PostgreSQL a sale reads its endpoint's row and the pool's fingerprint, not the pool's
+    grouped rows, as long as no write without the pool's lock came between; every sale leaves
+    the stored groups and fingerprint as a read of the pool would."""
+    if connection.vendor != "postgresql":
+        pytest.skip("fingerprints: PostgreSQL")
+    pool = world.pools[0]
+    chat, batch = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=world.profiles[0], pool=pool,
+            min_provisioned_concurrency=0, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+        )
+        for name in ("chat", "batch")
+    )  # fmt: skip
+    selling.save_endpoint(chat)
+    selling.save_endpoint(batch)
+    for endpoint, mu in [(chat, 100), (batch, 300), (chat, 500), (chat, 200)]:  # new, raised, lowered
+        with CaptureQueriesContext(connection) as queries:
+            selling.sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
+        assert not full_reads(queries.captured_queries), mu
+        stored = StoredLedger.objects.get(pool=pool)
+        selling.refresh_pools([pool.pk])
+        fresh = StoredLedger.objects.get(pool=pool)
+        assert sorted(map(repr, stored.groups)) == sorted(map(repr, fresh.groups))  # in any order
+        assert stored.fingerprint == fresh.fingerprint
+    # A write without the lock (the autoscaler's target) changes the fingerprint: the pool is read.
+    Endpoint.objects.filter(pk=batch.pk).update(target_concurrency_per_replica=4)
+    with CaptureQueriesContext(connection) as queries:
+        selling.sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="ops")
+    assert len(full_reads(queries.captured_queries)) == 1
+
+
+@pytest.mark.parametrize("holders_stored", [2], indirect=True)
+def test_a_holder_lowered_below_one_not_stored_is_passed_by_it(world, holders_stored):
+    """Two holders stored of three endpoints: the first sold down below the third, which was
+    not stored, ranks after it (the sale reads the pool's holders)."""
+    pool = world.pools[0]
+    first, second, third = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=world.profiles[0], pool=pool,
+            min_provisioned_concurrency=0, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+        )
+        for name in ("first", "second", "third")
+    )  # fmt: skip
+    for endpoint, mu in [(first, 600), (second, 400), (third, 300)]:
+        selling.save_endpoint(endpoint)
+        selling.sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
+    assert [h[0] for h in StoredLedger.objects.get(pool=pool).holders] == [first.pk, second.pk]
+    selling.sell(first, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
+    assert [h[0] for h in StoredLedger.objects.get(pool=pool).holders] == [second.pk, third.pk]
+    assert_stored_is_fresh(world.pools)
+
+
+def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool_as_it_is(world):
+    """The autoscaler writes an endpoint's target without the pool's lock held to its refresh,
+    which follows its commit: a sale in between must not take the stored groups, which count
+    the endpoint as it was (its fingerprint says so), but the pool as it is."""
+    pool, tp5 = world.pools[0], world.profiles[2]  # two nodes of 8 GPUs: two 5-GPU replicas
+    batch, chat = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=tp5, pool=pool, min_provisioned_concurrency=low,
+            max_provisioned_concurrency=8, target_concurrency_per_replica=8, scale_to_zero_enabled=True,
+        )
+        for name, low in [("batch", 4), ("chat", 0)]
+    )  # fmt: skip
+    selling.save_endpoint(batch)  # one replica committed
+    selling.save_endpoint(chat)
+    Endpoint.objects.filter(pk=batch.pk).update(target_concurrency_per_replica=2)  # two, unstored
+    assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 1
+    with pytest.raises(Oversold):  # the stored groups would have placed it beside one
+        selling.sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="ops")
+    selling.refresh_pools([pool.pk])
+    assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
+    assert not Reservation.objects.filter(endpoint=chat).exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,6 +8,7 @@ second; /healthz must answer 200 within 1 s to every probe for 12 s, and the hea
 must then have disconnected the slow header senders, each with a 408.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import IO
 
 import httpx
@@ -53,12 +55,14 @@ def get(port: int, path: str, timeout: float) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def server(django_db_setup):
+@contextlib.contextmanager
+def running_server(db_url: str, ready: Callable[[int], bool]) -> Iterator[int]:
+    """The production web server on a free port against `db_url`, once `ready(port)`; stopped
+    after."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "DJANGO_SETTINGS_MODULE")}
     env.update(
-        DATABASE_URL=database_url(),
+        DATABASE_URL=db_url,
         SECRET_KEY="test-web-server-" + "k" * 40,
         ALLOWED_HOSTS="127.0.0.1",
         PYTHONPATH=str(ROOT),
@@ -76,9 +80,9 @@ def server(django_db_setup):
     )
     try:
         deadline = time.monotonic() + 30
-        while get(port, "/healthz", 1.0)[0] != 200:
+        while not ready(port):
             assert proc.poll() is None, log_tail(log)
-            assert time.monotonic() < deadline, "no answer to /healthz within 30 s:\n" + log_tail(log)
+            assert time.monotonic() < deadline, "not ready within 30 s:\n" + log_tail(log)
             time.sleep(0.2)
         yield port
     finally:
@@ -90,6 +94,12 @@ def server(django_db_setup):
             proc.wait()
         del SERVER_LOG[port]
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup):
+    with running_server(database_url(), lambda port: get(port, "/healthz", 1.0)[0] == 200) as port:
+        yield port
 
 
 SERVER_LOG: dict[int, IO[bytes]] = {}  # the running server's log, by its port
@@ -163,6 +173,53 @@ def test_many_clients_at_once_hold_a_bounded_number_of_database_connections(serv
         sampler.join()
     assert statuses == [200] * 320
     assert most <= 2 * 16 + 2, most  # + the test's own connections
+
+
+def web_backends() -> set[int]:
+    """The pids of the web server's PostgreSQL connections (its pools name them)."""
+    import psycopg
+
+    with psycopg.connect(database_url(), autocommit=True) as db:
+        rows = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'controlplane-web'"
+        ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+def test_requests_take_their_database_connections_from_a_pool(server):
+    """Requests one after the other are served on the connections the first ones opened, kept
+    between requests (a connection per request costs PostgreSQL a process each time); one the
+    database ended is replaced before a request gets it."""
+    import psycopg
+
+    for _ in range(6):
+        assert get(server, "/healthz", 5.0)[0] == 200
+    before = web_backends()
+    assert before  # kept between requests
+    for _ in range(20):
+        assert get(server, "/healthz", 5.0)[0] == 200
+    after = web_backends()
+    # the same connections (a worker without a request yet opens its pool: its first and the
+    # one that request asked for)
+    assert before <= after and len(after - before) <= 2, (before, after)
+    with psycopg.connect(database_url(), autocommit=True) as db:
+        for pid in after:
+            db.execute("SELECT pg_terminate_backend(%s)", [pid])
+    assert [get(server, "/healthz", 5.0)[0] for _ in range(6)] == [200] * 6
+    assert not web_backends() & after
+
+
+def test_an_unreachable_database_gets_503_from_healthz_within_the_wait(django_db_setup):
+    """The database's port closed: /healthz says 503 once a request has waited its most for a
+    connection (DATABASE_WAIT_S), not after the kubelet gave up, and the server stays up."""
+    from controlplane.asgi import DATABASE_WAIT_S
+
+    closed = f"postgres://postgres@127.0.0.1:{free_port()}/nothing"
+    with running_server(closed, lambda port: get(port, "/healthz", 10.0)[0] != 0) as port:
+        for _ in range(2):
+            status, took = get(port, "/healthz", DATABASE_WAIT_S + 5)
+            assert status == 503 and took < DATABASE_WAIT_S + 1.5, (status, took)
 
 
 def test_two_hundred_slow_clients_do_not_starve_healthz(server):

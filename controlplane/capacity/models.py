@@ -300,7 +300,12 @@ class StoredLedger(models.Model):
     .refresh_ledgers): what the API, the console and every 409 read, so a read packs nothing.
     `version` counts the writes; `figures` is capacity.ledger.PoolLedger.figures(); `holders`
     the pool's endpoints that hold the most, most first: [endpoint id, committed GPUs,
-    committed MU/min, running GPUs]."""
+    committed MU/min, running GPUs]. `groups` and `fingerprint` let a sale check and store
+    without reading the pool again: its endpoints grouped as the ledger counts them
+    (selling.alike_groups, per group [what its replicas are counted from, [endpoints, metered
+    MU, ready pods, the old version's ready pods, fingerprints summed]]) and what those
+    were counted from, fingerprinted ("endpoints:sum"; selling.pool_fingerprint): empty where
+    none was taken (SQLite)."""
 
     pool = models.OneToOneField(
         GpuPool, on_delete=models.CASCADE, primary_key=True, related_name="stored_ledger"
@@ -309,6 +314,8 @@ class StoredLedger(models.Model):
     computed_at = models.DateTimeField()
     figures = models.JSONField()
     holders = models.JSONField()
+    groups = models.JSONField(null=True, blank=True)
+    fingerprint = models.CharField(max_length=80, blank=True, default="")
 
     def __str__(self) -> str:
         return f"pool {self.pool_id}'s ledger, version {self.version}"
