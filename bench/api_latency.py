@@ -19,6 +19,7 @@ noisy).
 
 import argparse
 import base64
+import gc
 import http.client
 import json
 import os
@@ -272,6 +273,10 @@ def measure(f: Fleet, options: fleet.Options, sales: int, server_kind: str) -> d
     rng = random.Random(11)
     scenarios = read_scenarios(f, rng)
     results: dict[str, Result] = {}
+    # The clients' own garbage collection out of their timings: the load left this process
+    # millions of objects, which a full collection would walk with every client thread stopped.
+    gc.collect()
+    gc.freeze()
     with tempfile.NamedTemporaryFile(prefix="bench-api-server-", suffix=".log", delete=False) as log:
         server = serve(log, server_kind)
         try:

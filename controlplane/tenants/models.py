@@ -181,7 +181,18 @@ class ApiKey(models.Model):
         now = timezone.now()
         stale_before = now - timedelta(seconds=settings.API_KEY_LAST_USED_RESOLUTION_S)
         if key.last_used_at is None or key.last_used_at < stale_before:
-            cls.objects.filter(pk=key.pk).update(last_used_at=now)
+            # One request writes it; the others at that moment skip it rather than wait: the row
+            # lock lasts the request's transaction (a sale holds it while it waits for its pool),
+            # and twenty sellers on one key queued there one behind another for seconds.
+            with transaction.atomic():
+                row = (
+                    cls.objects.select_for_update(skip_locked=True)
+                    .filter(pk=key.pk)
+                    .values_list("pk", "last_used_at")
+                    .first()
+                )
+                if row is not None and (row[1] is None or row[1] < stale_before):
+                    cls.objects.filter(pk=key.pk).update(last_used_at=now)
             key.last_used_at = now
         return key
 

@@ -1,7 +1,10 @@
 """Bearer keys: unknown, revoked, malformed and missing keys get 401; secrets are shown once."""
 
+import threading
 from datetime import timedelta
 
+import pytest
+from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -54,6 +57,39 @@ def test_last_used_is_recorded_at_most_once_a_minute(owner_client):
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now() - timedelta(minutes=5))
     owner_client.get("/api/v1/endpoints/")
     assert ApiKey.objects.get(pk=key.pk).last_used_at > first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_does_not_wait_for_another_writing_its_keys_last_use(owner):
+    """Another transaction holds the key's row (a request writing its last use, whose lock lasts
+    until that request ends): a request with the same key is answered without waiting for it,
+    and the last use stays the other's to write."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    import psycopg
+
+    from tests.production_server import database_url
+
+    key, secret = ApiKey.issue(tenant=owner, name="busy")
+    answers: list[int] = []
+
+    def request() -> None:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        try:
+            answers.append(client.get("/api/v1/whoami/").status_code)
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as other:  # a transaction, open until the block ends
+        other.execute("SELECT 1 FROM tenants_apikey WHERE id = %s FOR UPDATE", [key.pk])
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join(timeout=10)
+        blocked = thread.is_alive()
+    thread.join()
+    assert not blocked and answers == [200]
+    assert ApiKey.objects.get(pk=key.pk).last_used_at is None
 
 
 def test_a_new_key_is_shown_once_and_then_revocable(owner_client, owner):
