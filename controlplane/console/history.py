@@ -160,13 +160,24 @@ def tenant_usage(now: datetime, most: int = 20) -> list[dict[str, Any]]:
     for tenant_id, mu in days.items():
         used[names[tenant_id]]["week"] += mu
     # The `most` tenants that used the most in the last day; while fewer than that used any,
-    # those that bought the most beside them (a fleet's every reservation is read only then).
+    # the tenants of the largest reservations beside them, read largest first by the index on
+    # their size (summing every reservation of the fleet per tenant took 65 ms at 100,000).
     shown = sorted(used, key=lambda n: (-float(used[n]["day"] or 0.0), n))[:most]
-    reservations = Reservation.objects.values_list("endpoint__tenant__name").annotate(mu=Sum("mu_per_minute"))
     if len(shown) < most:
-        bought = reservations.exclude(endpoint__tenant__name__in=shown).order_by("-mu")[: most - len(shown)]
-        shown += [name for name, _ in bought]
-    reserved = dict(reservations.filter(endpoint__tenant__name__in=shown).order_by())
+        largest = Reservation.objects.order_by("-mu_per_minute", "id").values_list(
+            "endpoint__tenant__name", flat=True
+        )
+        for name in largest[: 10 * most]:
+            if name not in shown:
+                shown.append(name)
+                if len(shown) == most:
+                    break
+    reserved = dict(
+        Reservation.objects.filter(endpoint__tenant__name__in=shown)
+        .values_list("endpoint__tenant__name")
+        .annotate(mu=Sum("mu_per_minute"))
+        .order_by()
+    )
     out: list[dict[str, Any]] = []
     for name in shown:
         row: dict[str, Any] = dict(used.get(name) or {})

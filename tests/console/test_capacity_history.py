@@ -21,6 +21,7 @@ from controlplane.console.history import capacity_history, hourly_peaks, tenant_
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import UsageHour
 from controlplane.selling import delete_endpoint, sell
+from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import EndpointSecond
 
 # Not on an hour, a minute or a second: every window starts inside an hour.
@@ -211,6 +212,27 @@ def test_the_charts_queries_do_not_grow_with_pools_or_hours(h100, l40s, window):
         return len(queries)
 
     assert grow(2) == grow(10)
+
+
+def test_the_tenant_table_fills_up_with_the_tenants_of_the_largest_reservations(owner, other, make_endpoint):
+    """Fewer tenants used anything than the table shows: the tenants of the largest
+    reservations follow them, each with all its reservations summed."""
+    third = Tenant.objects.create(name="third", gpu_quota=other.gpu_quota)
+    used, small, large = (
+        make_endpoint(owner, "used"),
+        make_endpoint(other, "small"),
+        make_endpoint(third, "large"),
+    )
+    for endpoint, mu in [(small, 30), (large, 60)]:
+        sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="t")
+    sell(make_endpoint(other, "small-too"), mu_per_minute=40, best_effort_allowed=True, sold_by="t")
+    hour = int(NOW.timestamp()) // 3600 * 3600
+    usage.record([(used.pk, hour, EndpointSecond(mu=5.0, throttled=0, requests=1))])
+    assert [r["tenant"] for r in tenant_usage(NOW, most=2)] == ["owner", "third"]
+    rows = tenant_usage(NOW)
+    assert [(r["tenant"], r["reserved_mu_per_minute"]) for r in rows] == [
+        ("owner", 0), ("other", 70), ("third", 60)
+    ]  # fmt: skip
 
 
 def test_the_tenant_table_shows_what_the_endpoints_hours_add_up_to(owner, other, make_endpoint):
