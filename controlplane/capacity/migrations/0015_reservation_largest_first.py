@@ -6,7 +6,6 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("capacity", "0014_stored_ledger_groups"),
-        ("endpoints", "0022_list_indexes"),
     ]
 
     operations = [
