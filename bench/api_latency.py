@@ -211,8 +211,8 @@ class Seller(Caller):
         if status in (200, 201):
             sold = json.loads(data)
             self.row[1], self.row[2] = sold["id"], sold["mu_per_minute"]
-        elif status != 409:
-            self.unexpected.append(f"{method} {path} -> {status}: {data[:200]!r}")
+        elif status != 409:  # a refusal is an answer; anything else is not
+            super().answered(method, path, status, data)
 
 
 def crowd(make: Callable[[int, int, threading.Barrier], Caller], calls: int) -> list[Caller]:

@@ -489,14 +489,17 @@ _KEY_SQL = (
 )  # fmt: skip
 
 
+# The phases of a rollout in progress, as an SQL list (the enum's values, not input).
+_ACTIVE_SQL = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)
+
+
 def _rows_sql(reservations: bool = True) -> str:
     """A pool's endpoints joined to what _KEY_SQL reads (filtered by the caller's WHERE)."""
-    active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
     return (
         f" FROM {_table(Endpoint)} e"
         f" JOIN {_table(ModelProfile)} m ON m.id = e.profile_id"
         + (f" LEFT JOIN {_table(Reservation)} r ON r.endpoint_id = e.id" if reservations else "")
-        + f" LEFT JOIN {_table(Rollout)} ro ON ro.endpoint_id = e.id AND ro.phase IN ({active})"
+        + f" LEFT JOIN {_table(Rollout)} ro ON ro.endpoint_id = e.id AND ro.phase IN ({_ACTIVE_SQL})"
         f" LEFT JOIN {_table(ModelProfile)} fm ON fm.id = ro.from_profile_id"
     )
 
@@ -536,7 +539,6 @@ def _alike_sql(holders: bool = False, own: bool = False) -> str:
     of them (all on SQLite, which has no arrays: _group_holders sorts them). With `own`
     (PostgreSQL), only the changed endpoint's row, then the pool's fingerprint, in the one
     statement (the same snapshot): what a sale reads beside the stored groups (check_sale)."""
-    active = ", ".join(f"'{p.value}'" for p in phases.Phase if p.active)  # the enum's, not input
     ready = "coalesce(ready.n, 0)"
     if not holders:
         listed = ""
@@ -560,7 +562,7 @@ def _alike_sql(holders: bool = False, own: bool = False) -> str:
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Rollout)} pro JOIN {_table(Pod)} pod"
         " ON pod.endpoint_id = pro.endpoint_id AND pod.version = pro.from_version AND pod.ready"
-        f" WHERE pro.phase IN ({active}) GROUP BY pod.endpoint_id) old"
+        f" WHERE pro.phase IN ({_ACTIVE_SQL}) GROUP BY pod.endpoint_id) old"
         " ON old.endpoint_id = e.id"
         f" WHERE e.pool_id = %(pool)s{only}"
         f" GROUP BY {', '.join(str(i) for i in range(1, _GROUP + 1))}"
@@ -703,7 +705,16 @@ def _storable(groups: dict[Group, Sums]) -> list[list[Any]]:
     return [[list(group), sums] for group, sums in merged.items()]
 
 
-def _from_stored(stored: tuple[Any, ...] | None, own: list[tuple[Any, ...]]) -> dict[Group, Sums] | None:
+class StoredRow(NamedTuple):
+    """What a sale reads of its pool's StoredLedger (_stored_sql), JSON as the cursor gives it."""
+
+    groups: Any
+    fingerprint: str
+    holders: Any
+    figures: Any
+
+
+def _from_stored(stored: StoredRow | None, own: list[tuple[Any, ...]]) -> dict[Group, Sums] | None:
     """The pool's groups, the changed endpoint apart, from the stored groups and the endpoint's
     own row (alike_groups' shape): the stored groups less the endpoint, then the endpoint as it
     is. None when they cannot be taken: no stored groups, or a pool fingerprint (read with the
@@ -714,14 +725,13 @@ def _from_stored(stored: tuple[Any, ...] | None, own: list[tuple[Any, ...]]) -> 
     a minimum, a model or a price each store the pool's groups under its lock), so the check
     is the one a read of the pool would make. Their metered MU and ready pods may be as they
     were stored (the writers of those store the pool once they commit)."""
-    if stored is None or not own or not stored[0]:
+    if stored is None or not own or not stored.groups:
         return None
-    groups_json, fingerprint = stored
     (row,) = own
     group, sums, live = tuple(row[:_GROUP]), tuple(row[_GROUP:-1]), row[-1]
-    if fingerprint != live:
+    if stored.fingerprint != live:
         return None
-    groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in _json(groups_json)}
+    groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in _json(stored.groups)}
     alike = (False, *group[1:])
     counted = groups.pop(alike, None)
     if counted is None or counted[0] < 1:  # equal fingerprints say it is there
@@ -896,7 +906,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     held (_lock_sql); what it saves is the waits for the network and, on a busy machine, for a
     core, per statement."""
     tenant_id, pool_id = endpoint.tenant_id, endpoint.pool_id
-    stored: tuple[Any, ...] | None = None
+    stored: StoredRow | None = None
     if connection.vendor != "postgresql":  # SQLite (development): no row locks, no pipeline
         locked_tenant(tenant_id)
         (pool,) = locked_pools([pool_id])
@@ -913,12 +923,13 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
             base.execute(_stored_sql(), [pool_id])
             own.execute(_alike_sql(holders=True, own=True), {"changed": endpoint.pk, "pool": pool_id})
             pool = _locked_pool(lock.fetchall(), tenant_id, pool_id)
-            stored = base.fetchone()
-            groups = _from_stored(stored and stored[:2], own.fetchall())
+            row = base.fetchone()
+            stored = StoredRow(*row) if row is not None else None
+            groups = _from_stored(stored, own.fetchall())
     refused = None
     if groups is None or stored is None:  # the pool read whole; its groups list their holders
         groups, stored = alike_groups(pool, changed=endpoint.pk, holders=True), None
-    elif _counted_as(figures := _json(stored[3]), pool):  # a refusal carries the stored ledger
+    elif _counted_as(figures := _json(stored.figures), pool):  # a refusal carries the stored ledger
         refused = functools.partial(PoolLedger.from_figures, figures)
     current = own_reservation(groups)
     rollout, held = own_rollout(groups)
@@ -934,7 +945,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     if stored is None:
         return Sale(current, pool, sold, None)
     (own_group,) = (g for g in sold if g[0])
-    holders = _sale_holders(_json(stored[2]), own_group, sold[own_group])
+    holders = _sale_holders(_json(stored.holders), own_group, sold[own_group])
     return Sale(current, pool, sold if holders is not None else None, holders)
 
 

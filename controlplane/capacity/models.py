@@ -306,8 +306,8 @@ class StoredLedger(models.Model):
     without reading the pool again: its endpoints grouped as the ledger counts them
     (selling.alike_groups, per group [what its replicas are counted from, [endpoints, metered
     MU, ready pods, the old version's ready pods, fingerprints summed]]) and what those
-    were counted from, fingerprinted ("endpoints:sum"; selling.pool_fingerprint): empty where
-    none was taken (SQLite)."""
+    were counted from, fingerprinted ("endpoints:sum"; selling._fingerprint): empty where none
+    was taken (SQLite)."""
 
     pool = models.OneToOneField(
         GpuPool, on_delete=models.CASCADE, primary_key=True, related_name="stored_ledger"

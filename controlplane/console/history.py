@@ -118,11 +118,11 @@ def tenant_usage(now: datetime, most: int = 20) -> list[dict[str, Any]]:
     """Per tenant, for the `most` that used the most in the last 24 hours (the table a page
     shows, not the fleet's every tenant): MU metered in the last 24 hours and per day over the
     last 7, against what its reservations let it use in a day (MU/min x 1,440). From the
-    tenants' hours and days, each
-    its endpoints' hours (those /api/v1/usage/ sums) added, however many endpoints: the week is
-    its whole UTC days and the hours before the first midnight and after the last, the day its
-    24 hours, so 500 tenants read about 21,000 rows, not 84,000 hours (or 1.7 million endpoints'
-    hours); summed by the database per tenant id, the names joined after."""
+    tenants' hours and days, each its endpoints' hours (those /api/v1/usage/ sums) added,
+    however many endpoints: the week is its whole UTC days and the hours before the first
+    midnight and after the last, the day its 24 hours, so 500 tenants read about 21,000 rows,
+    not 84,000 hours (or 1.7 million endpoints' hours); summed by the database per tenant id,
+    the names joined after."""
     hour = int(now.timestamp()) // HOUR * HOUR
     day_ago, week_ago = hour + HOUR - DAY, hour + HOUR - 7 * DAY
     first_midnight, last_midnight = -(-week_ago // DAY) * DAY, (hour + HOUR) // DAY * DAY
