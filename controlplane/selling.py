@@ -1284,6 +1284,7 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
                 "sold_by": sold_by,
             },
         )
+        reservation.endpoint = endpoint  # as the caller has it (tenant, profile): not read again
         Event.record(
             Event.Kind.RESERVATION,
             f"{sold_by} sold {mu_per_minute} MU/min on {endpoint.name} (was {current or 0})",
