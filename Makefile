@@ -6,7 +6,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_SIM_REDIS_URL ?= redis://127.0.0.1:6379/13
 
-.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
+.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,10 @@ test-vllm: install
 	bash scripts/test-vllm.sh
 	REQUIRE_VLLM=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q \
 	    tests/router/test_images.py tests/router/test_image_header_walk.py tests/router/test_served_name.py
+
+# The docs site (mkdocs.yml) into build/site; a broken link or anchor fails it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 .PHONY: vllm-venv
 vllm-venv:

@@ -3,44 +3,13 @@
     .venv/bin/python bench/autoscaler_policies.py [--quick] [--only NAME] [--variants [NAMES]]
     scripts/sim-native.sh .venv/bin/python bench/autoscaler_policies.py   # compiled, as make does
 
-Traces (each played after a warm-up under the oracle, see capacity.simulate.scenario):
-  azure     the shared Azure conversation hour, amplified 20x and time-scaled 2x (30 min,
-            ~215 QPS, a fleet of ~20 H100 replicas)
-  diurnal   synthetic diurnal with two one-minute bursts, seed 1 (per-minute peak/mean ~10)
-  steps     synthetic step ramps 10 -> 200 -> 10 QPS over 30 min, seed 1
-  ramp10k   10 QPS for 2 min, 10 -> 10,000 QPS in 60 s, hold 3 min; pods start in 30 s
-            (the issue asks a 5-minute hold; 3 saves minutes of CPU)
-  held-out  synthetic bursty, seed 7: never used while tuning anything
-  daily     three real days at 2 QPS with the same 10-minute step to 30 QPS at 09:00 each day,
-            seed 1; adds apa-predictive (the predictive minimum on), and prints each policy's
-            attainment on the last day, the first with two days of history behind it
-Production-like mixes, each with seeds 1 and 2 (`--seeds`), 30 minutes:
-  prefill-s  prefill-heavy (RAG, code), bursty: prompts median ~1,470 (p90 ~5,200), outputs
-             median 13 (p90 55), 10-20 s bursts at 20 x base; generated at 1.5 QPS and
-             amplified 20x (each arrival 20 times within 1 s, as the issue's public trace was)
-  longctx-s  long contexts, smooth: prompts median ~6,900 (p99 ~85,000), outputs median 350,
-             replayed with a 128k context (--max-model-len 131072)
-  decode-s   decode-heavy (chat, agents): outputs median 400 (p90 1,200), 10-30 s fan-outs at 4x
-  diurnal-s  the diurnal kind with bursts (per-minute peak/mean ~10)
-After each trace, whether the issue's Goal holds on it (see `goal`), what of it no policy that
-sees a burst only when it comes (scenario.causal_floor), or no schedule at all
-(scenario.minute_bounds), can meet, and the Goal restated there (`out_of_reach`, `Reach`); a
-summary table at the end.
-Columns: GPU-hours, ratio to the oracle's, ratio to static-peak's, SLO attainment (minutes whose
-p99s of TTFT, ITL and end-to-end latency are each within their deadlines: see capacity.simulate.fleet),
-p99 end-to-end latency, rejected share, scale events, minutes
-violating the SLO from the ramp's start (ramp10k only), and the CPU seconds of the run.
---variants adds apa rows with one default changed (see VARIANTS; all, or the names given,
-comma-separated): what each default buys, and whether the Goal would hold with that row in apa's
-place. apa plays after as long a warm-up as the calm it waits for (calm.horizon_s: 30 minutes
-by default, quiet_after_s; longer with calm_history_s), the trace mirrored, but on ramp10k.
---headroom adds apa rows planning for a smaller share of each replica (see HEADROOM): what a
-policy that only follows the load it has seen pays for every minute of a burst within the SLO.
---series prints, per minute, the trace's load beside apa's decider inputs and replicas and the
-oracle's, with each minute's p99s (TTFT, ITL, worst of them and end to end, over deadline).
---surges plays, instead, the azure trace with one surge after its calm spell (SURGES: 1.3x for
-120 s to 4x for 20 s), apa beside its variants (apa-calm unless --variants names others), all
-after the same 30 minutes of warm-up: what a steady endpoint's margins are for.
+Each trace (``load_traces``, ``families``) is played after a warm-up under the oracle, under every
+policy. Columns: GPU-hours, ratio to the oracle's and to static-peak's, SLO attainment (see
+capacity.simulate.fleet), p99 end-to-end latency, rejected share, scale events, minutes violating
+the SLO from the ramp's start (ramp10k only), CPU seconds. After each trace, whether the Goal
+holds (``goal``) and what of it is out of reach (``out_of_reach``, ``Reach``); a summary table at
+the end. --variants, --headroom, --series and --surges add rows or print instead (``VARIANTS``,
+``HEADROOM``, ``print_series``, ``play_surges``). The figures: docs/autoscaler.md.
 """
 
 import argparse
@@ -164,12 +133,23 @@ CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own 
 
 
 def apa_warmup(warmup: float, config: AutoscalerConfig) -> float:
-    """An apa row's warm-up: as long as the calm the default or its own config waits for."""
+    """An apa row's warm-up: as long as the calm the default or its own config waits for
+    (calm.horizon_s: 30 minutes by default, quiet_after_s; longer with calm_history_s), the trace
+    mirrored. Not on ramp10k, a new endpoint's first minutes."""
     return max(warmup, calm.horizon_s(AutoscalerConfig()), calm.horizon_s(config))
 
 
 def families(seeds: list[int]) -> dict[str, object]:
-    """The production-like mixes, one trace per (family, seed)."""
+    """The production-like mixes, one trace per (family, seed), 30 minutes each (`--seeds`):
+
+    prefill-s  prefill-heavy (RAG, code), bursty: prompts median ~1,470 (p90 ~5,200), outputs
+               median 13 (p90 55), 10-20 s bursts at 20 x base; generated at 1.5 QPS and
+               amplified 20x (each arrival 20 times within 1 s, as the public trace was)
+    longctx-s  long contexts, smooth: prompts median ~6,900 (p99 ~85,000), outputs median 350,
+               replayed with a 128k context (--max-model-len 131072)
+    decode-s   decode-heavy (chat, agents): outputs median 400 (p90 1,200), 10-30 s fan-outs at 4x
+    diurnal-s  the diurnal kind with bursts (per-minute peak/mean ~10)
+    """
     makers: dict[str, object] = {}
     for seed in seeds:
         makers[f"prefill-{seed}"] = lambda s=seed: traces.amplify(
@@ -217,7 +197,20 @@ def goal(
 def load_traces(
     quick: bool, only: str | None, seeds: list[int], mixes_only: bool = False
 ) -> dict[str, tuple[traces.Trace, float]]:
-    """name -> (trace, warm-up seconds), only `only` when given (daily takes seconds to make)."""
+    """name -> (trace, warm-up seconds), only `only` when given (daily takes seconds to make).
+    Each is played after a warm-up under the oracle (see capacity.simulate.scenario):
+
+    azure     the shared Azure conversation hour, amplified 20x and time-scaled 2x (30 min,
+              ~215 QPS, a fleet of ~20 H100 replicas)
+    diurnal   synthetic diurnal with two one-minute bursts, seed 1 (per-minute peak/mean ~10)
+    steps     synthetic step ramps 10 -> 200 -> 10 QPS over 30 min, seed 1
+    ramp10k   10 QPS for 2 min, 10 -> 10,000 QPS in 60 s, hold 3 min (not 5: it saves minutes
+              of CPU); pods start in 30 s
+    held-out  synthetic bursty, seed 7: never used while tuning anything
+    daily     three real days at 2 QPS with the same 10-minute step to 30 QPS at 09:00 each day,
+              seed 1; `main` adds apa-predictive (the predictive minimum on) and prints each
+              policy's attainment on the last day, the first with two days of history behind it
+    """
     high = 1_000.0 if quick else 10_000.0
     makers = {
         "azure": lambda: traces.amplify(traces.time_scale(traces.load(AZURE), 2.0), 10.0 if quick else 20.0),
@@ -246,8 +239,9 @@ SURGES = ((1.3, 120.0, 15), (1.5, 60.0, 20), (2.0, 20.0, 20), (4.0, 20.0, 20))
 
 
 def play_surges(profile: EngineProfile, fleet: FleetConfig, variants: dict, quick: bool) -> int:
-    """The azure trace with each of SURGES, 17 s into its minute: apa and `variants`, each after
-    30 minutes of warm-up (the trace mirrored: no surge in it), GPU-hours and minutes missed."""
+    """The azure trace with each of SURGES, 17 s into its minute: apa and `variants` (apa-calm
+    unless --variants names others), each after 30 minutes of warm-up (the trace mirrored: no
+    surge in it), GPU-hours and minutes missed: what a steady endpoint's margins are for."""
     base = load_traces(quick, "azure", [], mixes_only=True)["azure"][0]
     warmup = 1800.0
     print(f"{'surge':18} {'policy':14} {'gpu_h':>8}  minutes missed")

@@ -3,33 +3,13 @@ against BASE_REF (default main, exported with git archive), side by side in one 
 
     PYTHONPATH=. .venv/bin/python bench/router_image_sizing.py [--base-ref main] [--repeats 3] [--rounds 3]
 
-Each case is one chat request body, run through the router's pricing path as ``Router.proxy``
-runs it before admission (``json_body``, ``demand`` with its image count,
-``estimate_input_tokens``, ``pod_body``), and beside it a text request of the same byte size.
-Printed: microseconds of CPU per request (the least of ``--repeats`` runs of each tree, taken
-in turn, of ``--rounds`` rounds each), the ratio to the same-size text request, the image count
-alone (``count_images`` on the parsed messages), and whether the request was priced or refused
-(a 400 and its param).
-
-- gif-attack: 64 GIFs of 1,567 bytes, each 510 empty comment extensions before its frame (3
-  bytes each, two blocks walked), the most the old per-image cap (1,024 blocks) let through;
-- gif-worst: 64 GIFs of the same 1,567 bytes, each with the most empty extensions this tree
-  prices (79, a block each, and the frame: the 32 + 1,567 / 32 = 80 allowed), the rest in image
-  data (an empty extension is the costliest block a walk takes);
-- gif-honest: 64 GIFs of the same 1,567 bytes, a graphic control and a NETSCAPE looping
-  extension before the frame, the rest in image data (which no reader walks);
-- gif-small-worst: 64 GIFs of 35 empty extensions and a 4-byte frame (142 bytes, 36 blocks):
-  about the most blocks per byte a priced request walks;
-- jpeg-worst: 64 JPEGs of the most empty COM segments before the frame this tree prices (37 in
-  234 bytes; the old cap was 64 segments), against jpeg-honest, 64 JPEGs of the same size (a
-  quantization table, the frame header, scan data);
-- gif-request-worst: 64 GIFs of 3 KB and 127 empty extensions each, 8,192 blocks: all a
-  request's images may walk together (router.images.MAX_REQUEST_BLOCKS), in the fewest bytes;
-- gif-1mb-worst: one GIF of 1 MiB and 8,191 empty extensions, the request's budget in one image;
-- png-8mb, jpeg-8mb: one 8 MB image (the JPEG with a 60 KB EXIF segment before its frame),
-  11 MB of base64.
-
-Where this tree refuses a case, its column shows the 400's param and its cost the refusal's.
+Each case (``cases``) is one chat request body, run through the router's pricing path as
+``Router.proxy`` runs it before admission (``json_body``, ``demand`` with its image count,
+``estimate_input_tokens``, ``pod_body``), beside a text request of the same byte size. Printed:
+microseconds of CPU per request (the least of ``--repeats`` runs of each tree, taken in turn, of
+``--rounds`` rounds each), the ratio to the same-size text request, the image count alone
+(``count_images`` on the parsed messages), and whether the request was priced or refused (a 400
+and its param; a refused case's cost is the refusal's).
 """
 
 from __future__ import annotations
@@ -116,6 +96,26 @@ def _text(size: int) -> bytes:
 
 
 def cases() -> dict[str, bytes]:
+    """The request bodies, by name:
+
+    - gif-attack: 64 GIFs of 1,567 bytes, each 510 empty comment extensions before its frame (3
+      bytes each, two blocks walked), the most the old per-image cap (1,024 blocks) let through;
+    - gif-worst: 64 GIFs of the same 1,567 bytes, each with the most empty extensions this tree
+      prices (79, a block each, and the frame: the 32 + 1,567 / 32 = 80 allowed), the rest in
+      image data (an empty extension is the costliest block a walk takes);
+    - gif-honest: 64 GIFs of the same 1,567 bytes, a graphic control and a NETSCAPE looping
+      extension before the frame, the rest in image data (which no reader walks);
+    - gif-small-worst: 64 GIFs of 35 empty extensions and a 4-byte frame (142 bytes, 36 blocks):
+      about the most blocks per byte a priced request walks;
+    - jpeg-worst: 64 JPEGs of the most empty COM segments before the frame this tree prices (37
+      in 234 bytes; the old cap was 64 segments), against jpeg-honest, 64 JPEGs of the same size
+      (a quantization table, the frame header, scan data);
+    - gif-request-worst: 64 GIFs of 3 KB and 127 empty extensions each, 8,192 blocks: all a
+      request's images may walk together (router.images.MAX_REQUEST_BLOCKS), in the fewest bytes;
+    - gif-1mb-worst: one GIF of 1 MiB and 8,191 empty extensions, the request's budget in one image;
+    - png-8mb, jpeg-8mb: one 8 MB image (the JPEG with a 60 KB EXIF segment before its frame),
+      11 MB of base64.
+    """
     attack = _gif(510)
     size = len(attack)
     # the most blocks this tree walks, 32 + 1 per 32 bytes: 1 an empty comment, 1 for the frame

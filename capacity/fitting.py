@@ -1,44 +1,14 @@
 """Fit a model's price in model units from benchmark measurements. Pure; no numpy needed.
 
-Each measured shape s (input tokens, output tokens) has a sustainable rate R_s requests/min
-under the latency SLO. A replica does `mu_per_replica_minute` MU/min (100), so one request of
-that shape costs cost_s = 100 / R_s MU, and we fit capacity.units' price rule
-
-    cost_s ~ alpha * in + beta * out + gamma + rho * in * log2(out) + kappa * out * (in + out/2)
-
-with alpha, beta, rho, kappa >= 0 and gamma >= -beta (a one-token answer, beyond its prompt,
-never costs less than nothing), by least squares on *relative* residuals (each row weighted by
-1 / cost_s), so a 0.2-MU chat turn counts as much as a 20-MU long generation.
-
-Why gamma may be negative: an engine emits a request's first token with its prefill, and only
-the out - 1 tokens after it are decode steps, so the cost is linear in the *decoded* tokens,
-beta * (out - 1) + gamma_d, with gamma_d >= 0 the request's own cost (its prefill step's share,
-scheduling). Re-expressed on `out` that is beta * out + (gamma_d - beta): the same straight line,
-an intercept below 0 when gamma_d < beta. The former constraint gamma >= 0 pinned the intercept
-at 0 on every simulated profile and tilted the whole line (tiny-test: gamma_d 0.0040 and beta
-0.0059 MU; pinned, held-out MAPE 5.2 %, on the decoded tokens 1.4 %; L40S 5.1 -> 2.8 %). So the
-fit solves for gamma_d >= 0 on the column out - 1 and publishes gamma = gamma_d - beta: the price
-rule and its headline keys are unchanged. With five unknowns non-negative least squares is exact
-by enumeration: the optimum is the least-squares solution on some subset of the coefficients (the
-others pinned at 0) that is itself non-negative, so we solve every subset (31) and keep the best.
-alpha, beta, gamma are the headline; rho (prefill stalls under the SLO) and kappa (KV-bound
-batches) are what long requests cost beyond two straight lines (capacity.units says why each
-exists).
-
-One-sided: a price below the truth oversells, one above only leaves capacity unsold. So when a
-shape is priced more than `max_underprice` below its measurement, its weight triples and the
-fit runs again (at most UNDERPRICE_ROUNDS times): the fit gives up some accuracy where it over-
-prices to stop under-pricing. Worked numbers (simulated L40S, 17 shapes): the plain fit prices
-2,048 x 512 12 % under; after the reweighting no shape is more than 5 % under.
-
-Worked numbers: shapes (100 in, 10 out) at 1000 req/min and (100 in, 100 out) at 250 req/min
-cost 0.1 and 0.4 MU; the 90 extra output tokens cost 0.3 MU, so beta = 0.3 / 90 = 0.00333.
-
-Quality: R^2 on the costs, the mean absolute percentage error of each shape predicted by a fit
-of all the *other* shapes (leave-one-shape-out: the held-out MAPE), relative residuals, and a
-95 % confidence interval per coefficient. `Fit.verdict(max_mape, max_underprice)` refuses to
-publish a fit whose held-out error exceeds the threshold, or that prices a shape more than
-`max_underprice` below what it measured, and says why.
+A shape measured at R_s requests/min under the latency SLO costs 100 / R_s MU (a replica does
+`mu_per_replica_minute`, 100 MU/min): (100 in, 10 out) at 1,000 req/min and (100 in, 100 out) at
+250 cost 0.1 and 0.4 MU, so beta = 0.3 / 90. The fit is non-negative least squares of
+capacity.units' price rule on relative residuals, exact by enumerating the coefficients' subsets.
+Before changing it: gamma is fitted on the decoded tokens (out - 1) and published as
+gamma = gamma_d - beta, so it may be below 0 (down to -beta); and the fit is one-sided, a shape
+priced more than `max_underprice` under its measurement is reweighted, and `Fit.verdict` refuses
+an under-pricing or inaccurate fit. Why each, with figures: docs/capacity-model.md, "Fitting a
+price".
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """The capacity ledger of one GPU pool: what we HAVE, COMMIT, SOLD and USE, in whole replicas.
 
-Pure, exact (integers and fractions), no Django. A pool is `node_count` nodes of one shape
-(`gpus_per_node`); a replica of a model takes `gpus_per_replica` GPUs on ONE node (tensor
-parallelism cannot span nodes), and it serves `mu_per_replica_minute` MU/min (100 by convention).
-So capacity is counted in whole replicas placed on nodes, never in GPUs as one heap: the packing
-(capacity.packing) decides what fits.
-
-Figures, each defined once here (the API's /capacity/, the console and every 409 show them):
-- SOLD: the reservations, in MU/min exactly as sold, and in whole replicas per endpoint: a
-  reservation of R MU/min needs ceil(R / (mu_per_replica_minute x over-commit)) replicas
-  (over-commit sells a replica's MU more than once; 1.0 by default). Ten endpoints of 50 MU/min
-  of a 100 MU/min, 4-GPU model sell ten replicas, 40 GPUs, not 20.
-- COMMITTED: per endpoint max(its sold replicas, its minimum replicas)
-  (packing.replicas_needed): both are capacity it may use at any moment, never counted twice.
-  While a rollout runs, each of its two versions instead commits its share of the larger of
-  that and the endpoint's desired replicas (dataplane.cluster.rollout.split: at least one
-  replica each), of its own model's shape: `Allocation.replicas`, counted by controlplane.selling.
-  Every check refuses on COMMITTED: a sale, a raise of an endpoint's minimum, a pool shrink or a
-  re-pricing is refused (Oversold) when the committed replicas, so changed, do not pack onto
-  the pool's nodes.
-- HAVE: the pool's nodes x gpus_per_node GPUs; what is left of them is what a packing of the
-  committed replicas leaves: per model placed in the pool, how many more of its replicas fit
-  (`ModelCapacity.more_replicas`); free GPUs that no such replica can use are STRANDED.
-- USED: metered MU/min (what the routers counted), and the GPUs held by running replicas
-  (ready pods x gpus_per_replica), which is what the cluster really occupies.
-
-MU per GPU: the pool's is committed MU / committed GPUs (nothing committed: the plain mean of
-the models placed there; no model: the default shape); pool-level MU figures are GPUs x that
-rate, as before. Per model, MU figures are replicas x mu_per_replica_minute.
-
-Worked numbers (the issue's): a pool of 16 GPUs at 8 per node (2 nodes) and a model of 5 GPUs
-and 100 MU/min per replica. A reservation of 200 MU/min is 2 replicas, one per node: it fits.
-300 MU/min is 3 replicas, 15 GPUs: 16 GPUs would hold them as a heap but two 8-GPU nodes hold
-only two 5-GPU replicas, so it is refused, saying 3 were asked and 2 fit. Two endpoints of 50
-MU/min each sell two replicas (10 GPUs), not one.
+Pure, exact (integers and fractions), no Django. A replica takes `gpus_per_replica` GPUs on ONE
+node (tensor parallelism cannot span nodes), so capacity is counted in whole replicas placed on
+nodes, never in GPUs as one heap: the packing (capacity.packing) decides what fits, and every
+check refuses on COMMITTED (per endpoint, max(its sold replicas, its minimum replicas)). Worked
+numbers: two nodes of 8 GPUs hold two 5-GPU replicas, not the three 16 GPUs would as a heap. Each
+figure is defined once here (the API's /capacity/, the console and every 409 show them):
+docs/capacity-ledger.md explains them, docs/capacity-model.md ("The ledger's figures") the rest.
 """
 
 from __future__ import annotations

@@ -7,28 +7,10 @@ with the one rule here (`price`) and the one normalisation (`MU_PER_REPLICA_MINU
          + kappa * output_tokens * (input_tokens + output_tokens / 2) (KV token-steps)
          + delta * image_tokens                                       (vision inputs)
 
-alpha, beta and gamma are the headline price. gamma may be below 0, down to -beta: an engine
-emits the first token with the prefill, so a fitted line runs on the decoded tokens,
-beta * (out - 1) + gamma_d, and gamma = gamma_d - beta (capacity.fitting says why); a price is
-never below 0. rho and kappa (0 unless a benchmark fitted them)
-refine it where the two straight lines under-price long requests. `kappa`: a batch bounded by
-the KV cache holds fewer sequences the longer each one's context, so a request costs in
-proportion to the KV it holds over its decode steps, sum over t of (in + t) ~ out x (in + out/2)
-token-steps. `rho`: under a latency SLO, every prompt token prefilled stalls the decode step of
-every running sequence, so long prompts shrink the batch that meets the SLO the more, the longer
-the answers run (the simulated L40S: 512 x 128 costs 1.38x the straight-line price); log2(out)
-is 0 for a one-token answer (no decode to stall) and rises slowly, as the batch shrinks.
-`delta`: an image's vision encoder runs over its tokens (`image_tokens`, by its resolution), on
-top of their prefill, which alpha prices (the engine counts them in its prompt tokens). Per image
-token, not per image: on the simulated Qwen2-VL profile a per-image delta priced a 1,024 x 768
-screenshot 21 % under (held-out 10.2 %), per image token 3.9 % at worst (held-out 1.6 %).
-
-Worked numbers for an 8B model on an H100 priced alpha=0.0004, beta=0.004, gamma=0.02:
-a 50-in / 50-out chat turn costs 0.02 + 0.2 + 0.02 = 0.24 MU, so one replica (100 MU/min)
-serves about 416 of them a minute; a 2,000-token prompt with 10 tokens out costs 0.8 + 0.04 +
-0.02 = 0.86 MU. Before a request runs, its output is priced at max_tokens (the most it may
-cost); afterwards the engine's usage gives the exact count. Prompt tokens that hit the prefix
-cache skip prefill, so they are charged at `cached_token_factor` of alpha.
+gamma may be below 0, down to -beta; a price never is. At alpha 0.0004, beta 0.004, gamma 0.02 a
+50-in / 50-out chat turn costs 0.24 MU (a replica of 100 MU/min serves about 416 a minute); output
+is priced at max_tokens before a request runs, at the engine's usage after. Why each term:
+docs/capacity-model.md, "The price rule".
 """
 
 import math

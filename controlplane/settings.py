@@ -83,6 +83,9 @@ INSTALLED_APPS = [
     "controlplane.oncall",
     "controlplane.console",
     "controlplane.capacity",
+    # The layer above the apps (selling, scaling, rollouts, benchmarks): its management
+    # commands, and its Celery tasks (controlplane.tasks) for autodiscovery. No models.
+    "controlplane",
 ]
 
 MIDDLEWARE = [
@@ -400,6 +403,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # (its builder is down) and the view builds the table. 10,000 endpoints build in about 2.3 s.
 ROUTING_TABLE_PUBLISH_INTERVAL_S = envfloat("ROUTING_TABLE_PUBLISH_INTERVAL_S", 1.0, minimum=0.1)
 ROUTING_TABLE_STALE_AFTER_S = envfloat("ROUTING_TABLE_STALE_AFTER_S", 10.0, minimum=1.0)
+# Task names are those each task was first registered under (controlplane.tasks keeps them).
 CELERY_BEAT_SCHEDULE = {
     "record-capacity-snapshot": {
         "task": "controlplane.capacity.tasks.record_capacity_snapshot",

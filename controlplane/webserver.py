@@ -1,34 +1,14 @@
 """The production web server's worker: uvicorn under gunicorn, serving Django's ASGI app, with
 deadlines for slow clients.
 
-An asyncio worker holds a slow client as a coroutine, not a thread, so slow or many clients do
-not starve the others (gunicorn's sync and gthread workers block a thread per client reading
-headers). Uvicorn itself waits for headers and bodies without end; ``DeadlineProtocol`` adds the
-two deadlines: a request's headers must be complete within ``header_timeout_s`` of its
-connection (or, on a kept-alive connection, of its first byte), its body within
-``body_timeout_s`` of its headers. A client that misses one gets 408 and is disconnected. A
-head (request line and headers) over ``max_head_bytes`` gets 431 and is disconnected unread, and
-so does a chunked body's trailer over it (any run of that many bytes that carries no body). The
-numbers are set in ``controlplane/gunicorn.conf.py`` (``configure``), the server's one
-configuration file.
-
-Uvicorn also waits without end for a client that does not read its response; the third
-deadline: writes stalled (the transport's buffer over its high-water mark) for
-``send_timeout_s`` at a time, or ``response_timeout_s`` in all on one request, abort the
-connection, so a non-reader holds its request's slot that long at most. Reads pause while
-``max_pipelined_requests`` wait behind the running request (``PipelineFlowControl``): uvicorn
-alone resumed them at each body read, so a client pipelining without reading its answers
-filled the worker's memory.
-
-``BoundedApp`` wraps Django's ASGI app: at most ``app_concurrency`` requests per worker run
-inside Django at once (so threads and database connections stay bounded however many clients
-come), and a request enters only once its body is in (up to ``prefetch_body_bytes``), so
-clients that send their bodies slowly wait as coroutines and hold no thread. /healthz and the
-static files have slots of their own (``health_slots``, ``static_slots``): clients crowding
-the API, or reading a large file slowly, do not delay the kubelet's probe. A body over
-``max_body_bytes`` (Django's DATA_UPLOAD_MAX_MEMORY_SIZE) gets 413 as soon as its
-Content-Length or its bytes received say so, and the connection is closed unread; the bodies
-read ahead of a slot hold at most ``prefetch_budget_bytes`` per worker (the others wait unread).
+An asyncio worker holds a slow client as a coroutine, not a thread. ``DeadlineProtocol`` adds what
+uvicorn lacks: deadlines for a request's head and body (408), a bound on the head (431), deadlines
+for a client that does not read its response, and reads paused while ``max_pipelined_requests``
+wait (``PipelineFlowControl``). ``BoundedApp`` lets at most ``app_concurrency`` requests per worker
+into Django, each with its body read, keeps slots of their own for /healthz and static files, and
+answers a body over ``max_body_bytes`` with 413. The numbers are set in
+``controlplane/gunicorn.conf.py`` (``configure``), the server's one configuration file. Each
+deadline and bound: docs/kubernetes.md, "The web server".
 """
 
 import asyncio

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.endpoints import samples, scaling
+from controlplane import scaling
+from controlplane.endpoints import samples
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError, Deployment, PodState

@@ -2,8 +2,8 @@
 pool's nodes is never asked for, even where the pool's GPUs as one heap would hold it. The real
 horizontal pass on synthetic time (tests/test_autoscaling_room.py's pattern)."""
 
+from controlplane import scaling
 from controlplane.capacity.models import GpuPool, ModelProfile, ProvisionedAllowance
-from controlplane.endpoints import scaling
 from controlplane.oncall.models import Event
 from tests.test_autoscaling import NOW, TS, Recorder
 from tests.test_autoscaling_room import load

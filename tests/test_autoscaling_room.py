@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 
+from controlplane import scaling
 from controlplane.capacity.models import ProvisionedAllowance
-from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket
 from controlplane.oncall.models import Event
 from dataplane.cluster.driver import ClusterError

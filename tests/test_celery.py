@@ -8,8 +8,8 @@ from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 
 from controlplane.capacity.models import CapacitySnapshot
-from controlplane.capacity.tasks import record_capacity_snapshot, record_snapshots
 from controlplane.celery import app
+from controlplane.tasks import record_capacity_snapshot, record_snapshots
 
 
 def test_the_beat_schedule_names_registered_tasks():

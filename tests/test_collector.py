@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.endpoints import collector, scaling, tasks
+from controlplane import scaling
+from controlplane.endpoints import collector, tasks
 from controlplane.endpoints.models import Lease, LoadBucket, UsageHour
 from dataplane.wire.load_samples import BILLING_STREAM, RouterSecond, TrafficSample
 

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from controlplane.endpoints import scaling
+from controlplane import scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.selling import save_endpoint

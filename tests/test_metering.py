@@ -4,7 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.endpoints import samples, scaling
+from controlplane import scaling
+from controlplane.endpoints import samples
 from dataplane.wire.load_samples import TrafficSample, load_key, routers_key
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""Whole replicas on real nodes (capacity/packing.py): worked numbers, then generated pools.
+"""Whole replicas on real nodes (capacity/packing/): worked numbers, then generated pools.
 
 The generated pools are checked against a brute-force search written here (every replica to
 every node or to nowhere), not against the module's own exact programme alone.
@@ -485,11 +485,11 @@ def test_a_defrag_plan_makes_room_for_what_is_wanted(pool, gpus, count, rnd):
 def test_a_refused_check_solves_the_lp_once_whatever_the_sizes(monkeypatch):
     # 16-GPU nodes, 16 replica sizes: 900-odd node contents, a simplex of ~20 ms; one per
     # bisection step made a refused check take seconds under the pool's locks (review).
-    import capacity.packing as packing
+    import capacity.packing.solver as solver  # where the LP rounding calls the simplex
 
     solves = []
-    real = packing._simplex_max
-    monkeypatch.setattr(packing, "_simplex_max", lambda *a: solves.append(1) or real(*a))
+    real = solver._simplex_max
+    monkeypatch.setattr(solver, "_simplex_max", lambda *a: solves.append(1) or real(*a))
     rng = random.Random(1)
     sixteen = NodeShape(gpus=16)
     demands = [demand(f"e{i}", rng.randint(1, 16), rng.randint(0, 3)) for i in range(180)]
@@ -502,9 +502,9 @@ def test_a_refused_check_solves_the_lp_once_whatever_the_sizes(monkeypatch):
 
 
 def test_the_simplex_gives_up_past_its_work_bound(monkeypatch):
-    import capacity.packing as packing
+    import capacity.packing.simplex as simplex
 
     gain, rows, bounds = [3.0, 2.0], [[1.0, 1.0], [1.0, 3.0]], [4.0, 6.0]
     assert _simplex_max(gain, rows, bounds) == pytest.approx([4.0, 0.0])
-    monkeypatch.setattr(packing, "LP_WORK", 0)  # one pivot: not enough for the optimum here
+    monkeypatch.setattr(simplex, "LP_WORK", 0)  # one pivot: not enough for the optimum here
     assert _simplex_max(gain, rows, bounds) is None

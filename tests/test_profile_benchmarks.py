@@ -14,7 +14,7 @@ from django.utils import timezone
 from capacity.benchmark.config import SweepConfig
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import BenchmarkError
-from controlplane.capacity import profile_benchmarks
+from controlplane import profile_benchmarks
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
 from dataplane.runtime.profiles import get_profile
@@ -196,7 +196,7 @@ def test_one_benchmark_per_pair_at_a_time(small_model, settings):
 
 def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
     # Beat queued the profile twice; the first run fitted it, so the second finds nothing due.
-    from controlplane.capacity.tasks import run_profile_benchmark
+    from controlplane.tasks import run_profile_benchmark
 
     ModelProfile.objects.filter(pk=small_model.pk).update(source="benchmark", fitted_at=timezone.now())
     assert run_profile_benchmark(small_model.pk) == "not due, or claimed elsewhere"
@@ -429,7 +429,7 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
 
     from django.db import connection
 
-    from controlplane.endpoints import scaling
+    from controlplane import scaling
     from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
     port = free_port()

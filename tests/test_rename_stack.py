@@ -16,8 +16,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from controlplane import scaling
 from controlplane.capacity.models import ModelProfile
-from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey

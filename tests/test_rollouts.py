@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from controlplane import scaling
 from controlplane.capacity.models import ModelProfile
-from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
 from controlplane.selling import sell

@@ -5,7 +5,8 @@ number (what the ledger packed for one replica); the simulated engine asks for n
 import kubernetes_validate
 import pytest
 
-from controlplane.endpoints.deployments import benchmark_deployment, deployment, vllm_args
+from controlplane.endpoints.deployments import deployment, vllm_args
+from controlplane.profile_benchmarks import benchmark_deployment
 from dataplane.cluster.k8s_objects import GPU_RESOURCE, RuntimePodConfig, deployment_manifest
 from dataplane.runtime.pod import parse_args
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from controlplane.endpoints import scaling
+from controlplane import scaling
 from controlplane.endpoints.models import Pod
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
-from controlplane import selling
+from controlplane import rollouts, scaling, selling
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
@@ -27,7 +27,6 @@ from controlplane.capacity.models import (
     Reservation,
     StoredLedger,
 )
-from controlplane.endpoints import rollouts, scaling
 from controlplane.endpoints.deployments import deployment_name
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.tenants.models import Tenant

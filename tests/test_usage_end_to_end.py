@@ -42,8 +42,9 @@ from typing import Any
 import pytest
 import redis
 
+from controlplane import scaling
 from controlplane.capacity.models import ModelProfile
-from controlplane.endpoints import samples, scaling
+from controlplane.endpoints import samples
 from controlplane.endpoints.models import LoadBucket, Pod, RouterSample
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey

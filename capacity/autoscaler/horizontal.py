@@ -3,99 +3,12 @@
     need = max((mu_per_minute + backlog_mu x 60 / backlog_drain_s) / (utilisation x mu_per_replica_minute),
                (in_flight + standing queue) / (utilisation x target_concurrency_per_replica))
 
-Worked numbers: 40 MU/min against 80 % of 100 MU/min is 0.5 of a replica; 30 requests in flight
-against 80 % of 8 per replica is 4.69; the endpoint needs max(0.5, 4.69) -> 5 replicas. With
-100 MU waiting at the router (a backlog: every replica is at its target concurrency), to drain in
-30 s: 40 + 100 x 2 = 240 MU/min -> 3 replicas by MU. `mu_per_replica_minute` is a replica's rate
-*at the latency SLO* (what the capacity benchmark publishes), so 80 % leaves 20 % for Poisson
-noise and imperfect balancing, not for latency.
-
-Requests waiting at the router (`queued`) are one of two things:
-- demand that stands: a closed loop (N clients, a batch job's workers) resubmits as soon as it is
-  answered, so its arrival rate is the fleet's rate and only the queue shows N. That queue counts
-  as concurrency, up to two waiting per request in flight: the fleet at most triples per pod
-  start until it holds N / target. 8 at one pod of target 8 and 16 waiting -> (8 + 16) / 6.4 =
-  3.75 -> 4 replicas. 100 clients: 8 and 92 waiting -> (8 + 16) / 6.4 -> 4; then 32 and 68
-  -> (32 + 64) / 6.4 -> 15.
-- the wait for pods: an open-loop burst queues for a pod start, then drains. Counted in full (as
-  Knative does) it reads as its rate x (latency + pod start) instead of rate x latency, 2x for
-  30-s answers, and while it drains it holds pods the drain does not need. Its arrivals are in
-  the MU rule already and the backlog term sizes the drain, so a queue whose latest bucket is
-  below its window's mean (by more than the tolerance) is draining and does not count, and the
-  cap bounds what its growth adds.
-In the fleet simulator (bursty traces, diurnal and held-out), counting the queue in full while
-it does not drain cost 4-10 % more GPU-hours, and counting it while it drains 9-10 %, for no
-better attainment.
-
-The MU rule reads the window's busiest `peak_window_s` (10 s, a sliding sum of buckets), not its
-mean, and the scale-down window remembers 10-s spans (the production-like mixes): prefill-heavy traffic (RAG,
-code: prompts of thousands of tokens, answers of tens) arrives in lumps, and a replica whose
-prefill saturates for a few seconds puts an 8,192-token chunk in every decode step beside it
-(334 ms on an H100 against a deadline of 0.1 s per answer token), so its minute misses though
-the 20-s mean was within the rate at the SLO. Worked numbers: 5 s at 400 MU/min and 5 s at 80
-in turn reads 240 either way; two lumps in a row read 400, not 240 + 80 / 2. On smooth traffic
-the busiest 10 s is the mean within the tolerance.
-
-Up fast, down soon after: a scale-up follows the last 20 s, capped per tick at max(current x 10,
-current + 4). A scale-down follows the *highest* MU need (arrivals, busiest 10 s) of the scale-down window
-(60 s: Knative's stable window, two 30-s pod starts), so a dip shorter than that does not shed
-replicas a returning load needs (no flapping). What the window remembers is the arrival rate,
-the load that comes back; in-flight requests and the router's backlog are the work in the
-system now and count only in the current window (after a burst, replicas busy with its backlog
-are not a load that returns). There is no scale-down while the router holds a backlog (the
-fleet cannot keep up, whatever the rate says) or while samples cover under `min_coverage` of
-the scale-down window (a restarted collector knows too little to shed anything). Within the
-tolerance band (need within 10 % of current) nothing moves. The result is clamped to the
-endpoint's [min, max]; it reaches zero only when scale to zero is allowed and no request came
-for the grace period. No samples in the scale-up window means no decision, never a scale to
-zero by accident.
-
-Past the scale-down window a burst still holds, for `burst_memory_s` (300 s), the capacity that
-would serve it again within the TTFT's 5 s of waiting before new pods are ready (`burst_hold`),
-at most `burst_hold_cap` (1.75) x the current need: decode-heavy fan-outs recur minutes apart and
-one that comes within a pod start is served only by what stands. In the fleet simulator it met
-10 more minutes on the decode-heavy mixes (4 seeds) for 0-10 % more GPU-hours; a hold of the
-bursts' full rate, faded over 300 s, met 1-5 more minutes on bursty mixes for 1.2-1.9x
-(docs/autoscaler.md, "Traffic it was not tuned on").
-
-Two refinements are measured and off by default (docs/autoscaler.md): `drain_backlog_at_ready`
-drains the backlog predicted for when pods asked now are ready (`backlog_at_ready`), which met
-no minute more on the simulator's mixes for 8-27 % more GPU-hours (a burst's next minute is lost
-by requests that arrive before any pod asked in the burst is ready, not by the drain's pace);
-`smooth_spread` plans for 1 - tolerance where the 10-s spans of the scale-down window vary
-little (`planned_utilisation`): 0-8 % fewer GPU-hours for the same minutes before the burst
-hold, but beside it 0-6 % fewer (2 % over 17 traces) for 7 minutes lost, 5 on decode-heavy
-bursts after a calm spell (the smaller fleet is what stands when the burst comes).
-
-Thirty minutes without a burst (`quiet_after_s`; `spec.quiet_since`, judged by the caller with
-`calm.quiet_since`: no 10-s span above `burst_ratio` (2.5) x the mean of the 300 s before it)
-halve the margin (`quiet_margin`): the decider plans for 0.9 of a replica, not 0.8, keeping
-the burst hold and the band. What 0.8 was measured to buy is the aftermath of bursts (a burst's
-queue drained in time, the next fan-out landing on standing replicas), and traffic that has
-not burst for half an hour is not in one. In the fleet simulator: the Azure hour 11.75 -> 10.75
-GPU-hours and long contexts 9-13 % fewer (1 minute lost of 360 on 12 seeds), every surge of up
-to 2x after the calm spell still met; the bursty mixes never go half an hour without a burst.
-After 300 s instead of 1,800 it forgot decode-heavy fan-outs, which come minutes apart: 4
-minutes lost on 8 seeds (docs/autoscaler.md, "Traffic it was not tuned on").
-
-The predictive minimum (`forecast`) still plans at `target_utilisation`: it raises the floor
-for a peak that is about to come, when the whole margin is what the peak wants.
-
-A calm history (`calm_history_s`, off by default; the same judgement): no burst for that long,
-and work that is steady over a first token's wait (`calm.work_spread_over`: the requests' MU
-squared, which the routers report, say how lumpy it is). There the margins for
-bursts go: the decider plans at a full replica, holds no burst, and scales up as soon as the
-need passes the fleet (the band still holds a scale-down). On smooth traffic the margins cost
-1.3-1.5x the oracle's GPU-hours; with calm_history_s 1800 the Azure hour takes 1.21x for the
-same minutes; long contexts, whose 42k-126k-token prompts are seconds of a replica each, are
-not steady and keep the margins (planned at a full replica they lost a minute a trace), and
-bursty mixes, bursty by their own history, are unchanged (docs/autoscaler.md, "Traffic it was not tuned on").
-
-Why 60 s and not HPA's 300 s: HPA syncs every 15 s on a metric a minute old and adds at most
-100 % per 15 s, so a wrong scale-down costs it minutes; this decider sees 5-second buckets and
-scales up to 10x per tick, so it costs one pod start. In the fleet simulator 300 s holds a
-one-minute 15x burst's replicas for five minutes after it: 3.1x the oracle's GPU-hours on the
-diurnal trace, against 1.6x at 60 s, for the same attainment (bench/autoscaler_policies.py).
+40 MU/min against 80 % of 100 MU/min is 0.5 of a replica, 30 in flight against 80 % of 8 per
+replica 4.69: the endpoint needs 5. A scale-up reads the last 20 s (its MU as the busiest 10 s), a
+scale-down the highest MU need of the last 60 s and a burst's hold, never while the router holds
+a backlog. Every margin here (0.8 of a replica, the busiest 10 s, the hold, the quiet margin) was
+measured in the fleet simulator: re-measure with bench/autoscaler_policies.py before moving one.
+Each rule and why, with figures: docs/autoscaler.md, "The horizontal decider".
 """
 
 from __future__ import annotations

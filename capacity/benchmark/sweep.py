@@ -1,38 +1,13 @@
 """The benchmark sweep: what an engine sustains per request shape, to price its model in model units.
 
 Async, no Django: drives any OpenAI-compatible engine URL (vLLM, or the simulated engine), or any
-Driver (capacity.benchmark.drivers). For each shape (input tokens, output tokens):
-
-1. closed loop: keep C requests in flight for C = 1, 2, 4, ... and measure throughput, until it
-   stops growing (< 5 % more for two doublings in a row), p99 latency passes the SLO, or C hits
-   its bound (a step that collapses below 70 % of the best so far is measured once more); a
-   climb that ended on a missed SLO bisects C between the knee and the doubling that missed
-   (`concurrency_bisections`, none by default, four on the virtual clock); the
-   C with the best throughput within the SLO is measured again in one step of `confirm_s`
-   (3 s) when that is longer than the climb's step, and the better of the two is the shape's
-   capacity estimate X (a closed step can only measure less than the engine sustains, so the
-   best measurement is the least disturbed one); a long step over 1.25x the climb's best shows
-   the climb ran through a stall, and it goes on from there, once;
-2. open loop: Poisson arrivals at 0.95, 0.9, 0.8, 0.7, 0.5 x X until a step meets the SLO with
-   every request answered, then once halfway back to the step that missed (0.85 after 0.9
-   missed and 0.8 met); the highest rate that met is the sustainable rate R_s. A step stops
-   early when the engine saturates (more in flight than Little's law allows at the SLO:
-   rate x SLO x 2);
-3. across shapes, within `remeasure_share` of the first pass's time, the faster of two
-   measurements standing: one slower than a larger shape by more than 25 % (`implausible`), or
-   priced more than 20 % above what a fit of all the other shapes predicts for it
-   (`slow_outliers`), is measured again whole, once, worst first; then, round after round
-   while the time lasts (and within `max_wall_s`), every shape has a second look (the climb
-   again from its knee, the long step and the open loop), slowest against the others' fit
-   first. Then every rate is raised to the best of the larger shapes' (`at_least_larger`):
-   more work is never served faster.
-
-Closed loops find the knee in few requests; the open-loop check is what production traffic looks
-like (arrivals do not wait for completions). Every step is recorded.
-
-Time: `time_scale` is engine seconds per wall second (a simulated engine run 100x faster says
-100); rates and latencies are reported in engine time. An engine that is down, answers errors
-or stops answering fails the sweep with a `BenchmarkError` naming the shape and the error.
+Driver (capacity.benchmark.drivers). Per shape (input tokens, output tokens), a closed loop climbs
+C = 1, 2, 4, ... to its knee (the capacity estimate X), then an open loop of Poisson arrivals at
+0.95, 0.9, ... x X finds the highest rate that meets the SLO (the sustainable rate R_s); across
+shapes, implausible measurements are taken again and no rate stays below a larger shape's. Rates
+and latencies are in engine time (`time_scale`: engine seconds per wall second), and a failing
+engine fails the sweep with a `BenchmarkError` naming the shape. Every step and threshold:
+docs/capacity-model.md, "The benchmark sweep".
 """
 
 from __future__ import annotations

@@ -76,10 +76,10 @@ def summary(result: Result, oracle: Result | None = None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m capacity.simulate", description=__doc__)
     parser.add_argument("--trace", required=True, help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens")
-    parser.add_argument("--policy", required=True, choices=POLICIES)
+    parser.add_argument("--policy", required=True, choices=POLICIES, help="the autoscaling policy to replay")
     parser.add_argument("--amplify", type=float, default=1.0, help="replay each arrival X times (X<1 thins)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time X times")
-    parser.add_argument("--profile", default="h100-llama-8b")
+    parser.add_argument("--profile", default="h100-llama-8b", help="the engine profile a replica runs")
     parser.add_argument(
         "--max-model-len", type=int, default=CONTEXT_TOKENS, help="the deployment's context, tokens"
     )
@@ -91,9 +91,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--pod-start", type=float, default=30.0, help="seconds from ask to ready")
     parser.add_argument("--min-replicas", type=int, default=1, help="0 allows scale to zero")
-    parser.add_argument("--max-replicas", type=int, default=5000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--oracle-margin", type=float, default=0.9)
+    parser.add_argument(
+        "--max-replicas", type=int, default=5000, help="the most replicas any policy may ask for"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the replicas' simulated timings")
+    parser.add_argument(
+        "--oracle-margin",
+        type=float,
+        default=0.9,
+        help="the oracle sizes each minute at this share of a replica's capacity at the SLO (0 < x <= 1)",
+    )
     parser.add_argument(
         "--compare-oracle", action="store_true", help="also run the oracle; adds oracle_ratio"
     )
@@ -107,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         " meeting every minute, if the trace's bursts may start at any 10 s of its middle 80 %%)",
     )
     parser.add_argument("--minutes", action="store_true", help="add the per-minute series to --json")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = parser.parse_args(argv)
     try:
         trace = load(args.trace)

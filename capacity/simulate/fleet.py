@@ -1,36 +1,13 @@
 """The fleet: a router, replicas that start, serve and drain, and a policy in the loop. Pure.
 
-Simulated time only. Every `tick_s` (0.5 s) the fleet advances every replica to the tick
-(`replica.Replica.advance_to`), dispatches the router's queue, meters one sample into the
-current 1-second `Bucket`, integrates GPU time, and, on each policy's cadence, asks the policy
-for replicas (and the per-replica concurrency limit). Arrivals between ticks are routed at their
-own time: power of two choices on in-flight MU among the ready replicas under their concurrency
-limit, the MU of requests without a first token yet counted again, as the router's p2c-mu does
-(the two candidates are advanced to the arrival first, so their counts are exact). With
-no replica under its limit a request waits in the router's bounded FIFO queue; one that waits
-longer than `queue_timeout_s`, or finds the queue full, is rejected (HTTP 503); so is one
-that waits as long in an engine's queue without being admitted (its client gave up). A scaled-to-
-zero endpoint holds requests the same way until a pod is ready.
-
-New replicas become ready `pod_start_s` after they are asked for (GPU time counts from the
-ask); a removed replica first cancels a starting one, else the ready one with the fewest
-requests drains: no new requests, gone once empty (GPU time counts until then).
-
-The SLO is the benchmark's (`capacity.benchmark.config.Slo`: its 5 s and 0.1 s; its end-to-end
-deadline leaves the prompt's prefill out, fine for the few-thousand-token prompts it measures
-with, not for 126k), per request three deadlines
-(`replica.slo_ratios`): the first token within first_token_s (5 s of queueing) plus the
-prompt's own prefill on an idle replica; answer tokens at most per_output_token_s apart on
-average (0.1 s, the ITL); and end to end within both, the first token's deadline +
-per_output_token_s x output tokens (5 + 1,155 x 40 us + 0.1 x 211 = 26.2 s for the Azure trace's mean
-request). A minute (by arrival) meets
-the SLO when the p99 over its requests of each ratio to its deadline is <= 1, a rejected
-request counting as infinitely late: a fleet whose decode steps stretch beside prefill chunks
-(0.33 s on an H100 beside an 8,192-token chunk) misses the ITL before the end-to-end deadline
-of a short answer.
-A minute's numbers are kept only until its requests have all ended, and the run's p99s are
-counted in `Percentiles`: memory follows the requests in flight, not the trace (a day of a
-200-replica fleet is ~10^8 requests).
+Simulated time only: every `tick_s` (0.5 s) the fleet advances each replica, dispatches the
+router's queue, meters a sample into the current 1-second `Bucket`, integrates GPU time and asks
+the policy on its cadence; arrivals between ticks are routed at their own time, by power of two
+choices on in-flight MU as the router's p2c-mu does. A minute meets the SLO when the p99 of its
+requests' ratios to each deadline (TTFT, ITL, end to end: `replica.slo_ratios`) is <= 1, a
+rejected request counting as infinitely late. Memory follows the requests in flight, not the
+trace (a day of a 200-replica fleet is ~10^8 requests): keep it so. The loop in full:
+docs/capacity-model.md, "The fleet simulator's loop"; the deadlines: docs/autoscaler.md.
 """
 
 from __future__ import annotations

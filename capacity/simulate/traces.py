@@ -385,8 +385,8 @@ def per_minute_counts(trace: Sequence[Arrival]) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m capacity.simulate.traces", description=__doc__)
-    parser.add_argument("--kind", choices=sorted(KINDS), required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=sorted(KINDS), required=True, help="the family of traffic to make")
+    parser.add_argument("--seed", type=int, default=0, help="one trace of the family per seed")
     parser.add_argument("--out", required=True, help="CSV path to write")
     parser.add_argument("--minutes", type=float, default=0, help="keep only the first N minutes")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """`Authorization: Bearer <api key>` -> a Principal (tenant member or operator); a pod's events
-credential (`mupod_...`, controlplane.api.pod_keys) -> a PodPrincipal, which only the events
+credential (`mupod_...`, controlplane.endpoints.pod_keys) -> a PodPrincipal, which only the events
 create admits."""
 
 from typing import TYPE_CHECKING, Any, cast
@@ -8,7 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from controlplane.api import pod_keys
+from controlplane.endpoints import pod_keys
 from controlplane.endpoints.models import Endpoint
 from controlplane.tenants.models import ApiKey, PodPrincipal, Principal
 

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from capacity.ledger import as_json_number
 from capacity.provisioning import bounds_error, replica_bounds
-from controlplane import selling
+from controlplane import scaling, selling
 from controlplane.api.auth import request_principal
 from controlplane.capacity.models import (
     GpuPool,
@@ -24,7 +24,6 @@ from controlplane.capacity.models import (
     Reservation,
     default_gpus_per_node,
 )
-from controlplane.endpoints import scaling
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.grouping import redact_addresses
 from controlplane.oncall.models import Event, EventGroup

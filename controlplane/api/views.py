@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
-from controlplane import selling
+from controlplane import rollouts, scaling, selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
@@ -29,7 +29,7 @@ from controlplane.capacity.models import (
     Reservation,
     StoredLedger,
 )
-from controlplane.endpoints import rollouts, routing, samples, scaling
+from controlplane.endpoints import routing, samples
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.endpoints.routing import routing_table
 from controlplane.oncall.models import Event
@@ -313,7 +313,7 @@ class ProvisionedAllowanceViewSet(ScopedViewSet[ProvisionedAllowance]):
 
 class EventViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet[Event]):
     """Events, newest first, with a cursor. Operators write them, and pods their own endpoint's
-    (with its events credential: controlplane.api.pod_keys)."""
+    (with its events credential: controlplane.endpoints.pod_keys)."""
 
     queryset = Event.objects.select_related("tenant")
     serializer_class = serializers.EventSerializer

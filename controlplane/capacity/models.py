@@ -98,6 +98,14 @@ class GpuPool(models.Model):
         return NodeShape(self.gpus_per_node, self.cpu_millicores_per_node, self.memory_mib_per_node)
 
 
+def sim_profile(gpu_type: str) -> str:
+    """The simulated engine profile standing in for a GPU type (h100 unless named)."""
+    from dataplane.runtime.profiles import PROFILES
+
+    name = gpu_type.lower()
+    return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
+
+
 class ModelProfile(models.Model):
     """How one model is priced on one GPU type: cost = alpha*in + beta*out + gamma MU."""
 
@@ -192,8 +200,6 @@ class ModelProfile(models.Model):
 
     def engine_profile(self) -> str:
         """The simulated profile standing in for this pair: its own, else the GPU type's."""
-        from controlplane.endpoints.deployments import sim_profile
-
         return self.simulated_profile or sim_profile(self.gpu_type.name)
 
 

@@ -13,21 +13,18 @@ the context of the engine they run, which the profile's ``max_model_len`` may on
 
 import re
 import shlex
-from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from controlplane.api import pod_keys
 from controlplane.capacity.models import ModelProfile
+from controlplane.endpoints import pod_keys
 from controlplane.endpoints.models import Endpoint
 from dataplane.cluster.driver import Deployment
 from dataplane.cluster.k8s_objects import PARALLEL_FLAGS, gpus_of
 
 DEPLOYMENT_PREFIX = "ep-"
 DEPLOYMENT_NAME = re.compile(r"ep-(\d+)-v(\d+)")
-BENCHMARK_PREFIX = (
-    "bench-"  # a benchmark's own engine (controlplane.capacity.profile_benchmarks); never routed to
-)
+BENCHMARK_PREFIX = "bench-"  # a benchmark's own engine (controlplane.profile_benchmarks); never routed to
 
 
 def deployment_name(endpoint_id: int, version: int) -> str:
@@ -151,52 +148,5 @@ def max_model_len_arg(args: tuple[str, ...]) -> int | None:
     return int(count) if count >= 1 else None
 
 
-def sim_profile(gpu_type: str) -> str:
-    """The simulated engine profile standing in for a GPU type (h100 unless named)."""
-    from dataplane.runtime.profiles import PROFILES
-
-    name = gpu_type.lower()
-    return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
-
-
-def _benchmark_sim_profile(profile: ModelProfile) -> str:
-    from controlplane.capacity.profile_benchmarks import simulated_profile_name
-
-    return simulated_profile_name(profile) or profile.engine_profile()
-
-
 def benchmark_deployment_name(profile_id: int) -> str:
     return f"{BENCHMARK_PREFIX}{profile_id}"
-
-
-def benchmark_deployment(profile: ModelProfile) -> Deployment:
-    """The engine a benchmark of `profile` measures (BENCHMARK_POD_ENGINE): one replica."""
-    if settings.BENCHMARK_POD_ENGINE == "vllm":
-        engine = "vllm"
-        args: tuple[str, ...] = vllm_args(
-            settings.BENCHMARK_VLLM_MODEL or profile.model,
-            profile.gpus_per_replica,
-            extra=tuple(shlex.split(settings.BENCHMARK_VLLM_ARGS)),
-        )
-    else:
-        engine = "sim"
-        args = (
-            "--profile",
-            _benchmark_sim_profile(profile),
-            "--time-scale",
-            str(settings.BENCHMARK_SIMULATED_TIME_SCALE),
-        )
-    name = benchmark_deployment_name(profile.pk)
-    return Deployment(name, 1, engine, args, 1, {"benchmark": str(profile.pk)})
-
-
-def benchmark_deployments(now: datetime) -> list[Deployment]:
-    """A deployment for every benchmark under way that needs an engine of its own."""
-    if settings.BENCHMARK_ENGINE_URL:
-        return []
-    live = now - timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S)
-    claimed = ModelProfile.objects.filter(benchmark_claimed_at__gt=live).select_related("gpu_type")
-    from controlplane.capacity.profile_benchmarks import runs_in_process
-
-    # A benchmark on the virtual clock runs in-process: it needs no pod.
-    return [benchmark_deployment(p) for p in claimed.order_by("id") if not runs_in_process(p)]

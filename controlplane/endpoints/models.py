@@ -95,7 +95,7 @@ class Endpoint(models.Model):
     # When a request woke it from zero: the autoscaler keeps a replica for a grace period after.
     woken_at = models.DateTimeField(null=True, blank=True)
     # Since when the autoscaler holds it below what it asks for, for want of free GPUs in its
-    # pool (controlplane.endpoints.scaling.PoolRoom); null when it is not held. One warning
+    # pool (controlplane.scaling.PoolRoom); null when it is not held. One warning
     # Event per such episode.
     clamped_since = models.DateTimeField(null=True, blank=True)
     # Since when its traffic has not burst (capacity.autoscaler.calm), judged a pass at a time:
@@ -104,7 +104,7 @@ class Endpoint(models.Model):
     # are off.
     calm_since = models.DateTimeField(null=True, blank=True)
     # The pod template's version: a new model (profile) is a new version, rolled out without
-    # downtime (controlplane.endpoints.rollouts); one cluster deployment per version.
+    # downtime (controlplane.rollouts); one cluster deployment per version.
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

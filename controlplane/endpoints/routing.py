@@ -36,8 +36,7 @@ from django.db.models.functions import Coalesce
 
 from capacity.units import CostModel
 from controlplane.endpoints.deployments import context_length, max_token_bytes
-from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.endpoints.rollouts import traffic
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.tenants.models import ApiKey, Tenant
 from dataplane.wire.routing_table import (
     KeyEpoch,
@@ -273,3 +272,16 @@ def withdraw_after_commit() -> None:
             log.warning("could not withdraw the published routing table (%s)", exc)
 
     transaction.on_commit(withdraw)
+
+
+def traffic(endpoint: Endpoint, active: Rollout | None) -> dict[str, int]:
+    """Each running version's share of the endpoint's requests, in percent (controlplane.rollouts
+    sets the shares)."""
+    if active is None:
+        return {str(endpoint.version): 100}
+    return {str(active.from_version): 100 - active.new_percent, str(active.to_version): active.new_percent}
+
+
+def withdraw_on_revoke(sender: object, **kwargs: object) -> None:
+    """A key revoked (controlplane.tenants.models.key_revoked): routers must refuse it now."""
+    withdraw_after_commit()

@@ -1,5 +1,5 @@
-"""Celery tasks of the endpoints app: the collector, the autoscaler's passes and the pod
-mirror, thin wrappers."""
+"""Celery tasks of the endpoints app: the collector, the timeline's roll-up and the routing
+table's publication, thin wrappers. The autoscaler's passes and the pod mirror are controlplane.tasks."""
 
 import time
 from datetime import UTC, datetime
@@ -8,12 +8,10 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from capacity.autoscaler.forecast import HISTORY_S
-from controlplane.endpoints import collector, routing, scaling, timeline
+from controlplane.endpoints import collector, routing, timeline
 from controlplane.endpoints.models import (
     DeletedEndpoint,
     LoadBucket,
-    LoadMinute,
     RouterMark,
     RouterSample,
     TenantUsageDay,
@@ -59,17 +57,6 @@ def roll_up_timeline() -> str:
 
 
 @shared_task
-def autoscale_horizontal() -> str:
-    """Beat, every 5 s: decide replicas from the load buckets, declare them to the cluster."""
-    now = timezone.now()
-    report = scaling.horizontal_pass(scaling.driver(), now)
-    if report is None:
-        return "another pass holds the lease, or one ran less than half a tick ago"
-    LoadMinute.objects.filter(end__lt=now.timestamp() - HISTORY_S).delete()  # older than any forecast reads
-    return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
-
-
-@shared_task
 def publish_routing_table(force: bool = False) -> str:
     """Beat, every second with Redis: build the routing table once for every router and web
     worker, keep it in Redis, announce its version (controlplane.endpoints.routing.publish).
@@ -82,22 +69,3 @@ def publish_routing_table(force: bool = False) -> str:
     else:
         version = routing.publish_due(redis, time.time(), settings.ROUTING_TABLE_PUBLISH_INTERVAL_S)
     return version or "not published: not due, or a withdrawal came after its read"
-
-
-@shared_task
-def autoscale_vertical() -> str:
-    """Beat, every 30 s: retune target concurrency per replica."""
-    cluster = scaling.driver()
-    if cluster is None:
-        return "no cluster driver: nothing to retune"
-    report = scaling.vertical_pass(cluster, timezone.now())
-    if report is None:
-        return "another pass holds the lease, or one ran less than half a tick ago"
-    return f"{report.decided} decided, {report.changed} changed, {report.failed} refused by the cluster"
-
-
-@shared_task
-def sync_pods() -> int:
-    """Beat, every second: the cluster's pods and readiness into Pod rows (what routers route to)."""
-    cluster = scaling.driver()
-    return 0 if cluster is None else scaling.sync_pods(cluster)  # ClusterError: the task fails, logged

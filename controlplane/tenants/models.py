@@ -15,9 +15,15 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.validators import RegexValidator
 from django.db import models, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 KEY_PREFIX = "mu_"
+
+# Sent by ApiKey.revoke once the key's row says so (key=the ApiKey), in the revoker's transaction:
+# the endpoints app withdraws the published routing table on it (EndpointsConfig.ready), so that
+# routers refuse the key within a poll, however large the table.
+key_revoked = Signal()
 
 # DNS-label shaped names: they become Kubernetes object names and URL parts later.
 slug_validator = RegexValidator(
@@ -44,7 +50,7 @@ class Principal:
 
 @dataclass(frozen=True)
 class PodPrincipal(Principal):
-    """A pod with its endpoint's events credential (controlplane.api.pod_keys): it may post
+    """A pod with its endpoint's events credential (controlplane.endpoints.pod_keys): it may post
     that endpoint's events and nothing else. Not authenticated as far as every other view's
     IsAuthenticated is concerned; only the events create admits it (OwnPodEvents)."""
 
@@ -198,11 +204,9 @@ class ApiKey(models.Model):
 
     def revoke(self) -> None:
         if self.revoked_at is None:
-            from controlplane.endpoints.routing import withdraw_after_commit  # it imports this module
-
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
-            withdraw_after_commit()  # routers refuse it within a poll, however large the table
+            key_revoked.send(sender=ApiKey, key=self)  # routers refuse it within a poll
 
     @property
     def principal(self) -> Principal:

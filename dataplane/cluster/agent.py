@@ -1,39 +1,15 @@
-"""The local cluster: keeps each deployment's replicas running as supervised local processes.
+"""The local cluster: keeps each deployment's replicas running as supervised local processes
+(what a kubelet and a ReplicaSet controller do on one machine, for ``dataplane.cluster.local``).
 
-    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 --token-file var/keys/agent.token \
+    python -m dataplane.cluster.agent --listen 127.0.0.1:8700 --token-file var/keys/agent.token \\
         [--warm-pool 2] [--log-dir var/pods] [--control-plane URL] [--vllm-python PY]
-        # the operator key for its own events: $MU_CONTROL_PLANE_KEY or --key-file
 
-Every call but GET /healthz carries ``Authorization: Bearer <token>``, the token in
-``--token-file`` (a file only its owner may read; the control plane's local driver reads the
-same file, CLUSTER_AGENT_TOKEN_FILE); else 401. A declared deployment may choose what its pods
-serve, never what runs: its engine and arguments are checked against an allowlist
-(``dataplane.cluster.pod_args``; 400 naming the argument). The interpreter of vLLM pods is the
-agent's ``--vllm-python``. No pod gets the operator key: each gets its deployment's events
-credential in MU_POD_EVENTS_KEY, and an environment without MU_CONTROL_PLANE_KEY.
-
-With --warm-pool N the supervisor keeps N runtime processes pre-started (interpreters up,
-modules imported; see dataplane.runtime.warm), and a new replica takes one: only the model
-loads. GET /pods reports, per pod, whether it started warm and its start-to-ready time.
-
-What a kubelet and a ReplicaSet controller do on one machine, for the local cluster driver
-(`dataplane.cluster.local`). Its HTTP API, JSON in and out:
-
-    PUT   /deployments           {"deployments": [...]}  declare them all (others are removed)
-    PATCH /deployments/{name}    {"replicas": 3} and/or {"target_concurrency": 8}
-    GET   /deployments           {"deployments": [...]}
-    GET   /pods                  {"pods": [{"name", "deployment", "url", "ready", ...}]}
-    GET   /healthz
-
-A reconcile pass (every 0.25 s) starts missing replicas and retires extra ones. Each replica
-remembers the launch spec it started from (``launch_spec``: engine, arguments, labels, events
-credential); a deployment redeclared with another spec is rolled: new pods start beside the
-old, and an old one is retired for each new one ready (surge, then retire), so the deployment
-never has fewer ready pods than it had. Scale-down retires the pods that are not ready first,
-then the newest; a retired pod reports not ready at once and is stopped (SIGTERM, drain) only
-`drain_delay_s` later, so that routers, which learn of it through the control plane, stop
-sending to it before it goes. Pods that hang or die are
-restarted by the supervisor (dataplane.runtime.supervisor) with restart events.
+Every call but GET /healthz carries ``Authorization: Bearer <token>`` (else 401). A declared
+deployment chooses what its pods serve, never what runs: its engine and arguments are checked
+against ``dataplane.cluster.pod_args`` (400 naming the argument), and no pod gets the operator
+key. A reconcile pass every 0.25 s starts missing replicas, retires extra ones and rolls a
+deployment redeclared with another spec (surge, then retire). The HTTP API and the rules:
+docs/runtime-pods.md, "The cluster agent".
 """
 
 from __future__ import annotations
@@ -391,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--control-plane", default=None, help="control plane URL for pod events")
     add_key_arguments(p, "--key", KEY_VARIABLE, "operator key for the agent's own events")
     add_key_arguments(p, "--pod-key", "MU_POD_KEY", "fleet key the pods accept (mode 600)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="Python logging level: debug, info, warning, error")
     args = p.parse_args(argv)
     try:
         args.key = read_key(args.key_file, KEY_VARIABLE)

@@ -27,7 +27,7 @@ class Deployment:
     args: tuple[str, ...] = ()  # further `python -m dataplane.runtime.pod` arguments
     target_concurrency: int = 1  # in-flight requests per replica the routers allow, >= 1
     labels: Mapping[str, str] = field(default_factory=dict)  # e.g. {"endpoint": "42"}
-    # The pods' credential for posting their endpoint's events (controlplane.api.pod_keys), in
+    # The pods' credential for posting their endpoint's events (controlplane.endpoints.pod_keys), in
     # their environment as MU_POD_EVENTS_KEY; "" for none. Out of repr (logs) and of to_json
     # unless asked for (the agent's GET /deployments never shows it).
     events_key: str = field(default="", repr=False)

@@ -69,8 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     closed.add_argument(
         "--stages", default="30x2,90x24,120x2", help="SECONDSxCLIENTS,... (default %(default)s)"
     )
-    closed.add_argument("--max-tokens", type=int, default=128)
-    closed.add_argument("--prompt-words", type=int, default=50)
+    closed.add_argument("--max-tokens", type=int, default=128, help="each request's max_tokens")
+    closed.add_argument("--prompt-words", type=int, default=50, help="words in each prompt")
     opened = p.add_argument_group("open loop")
     opened.add_argument("--trace", help="a CSV of TIMESTAMP,ContextTokens,GeneratedTokens to replay")
     opened.add_argument("--rate-multiple", type=float, default=1.0, help="replay this many times faster")

@@ -6,29 +6,10 @@
         [--endpointslices mu-runtime] [--admin-listen 0.0.0.0:9090] \\
         [--stale-table-after-s 600] [--stale-table fail-open] [--spool-dir /var/spool/router]
 
-The operator key comes from ``$ROUTER_KEY`` or ``--key-file``, never the command line
-(``dataplane.keys``). So does the fleet key, the credential pods accept (``--pod-key-file``, a
-mode-600 file, or ``$ROUTER_POD_KEY``): the router sends it to pods as
-``Authorization: Bearer``, in place of the tenant's own key.
-
-``--admin-listen HOST:PORT`` serves the operator endpoints (``/metrics``, and ``/health`` for
-probes) on a listener of their own, to be kept off the tenants' network; without it they answer
-on the main listener to loopback clients only.
-
-``--endpointslices NAMESPACE`` (on Kubernetes) takes each endpoint's pods from the
-EndpointSlices of that namespace instead of the control plane's pod list
-(``dataplane.router.endpointslices``); the rest of the routing table still comes from the
-control plane. The router's service account needs get/list/watch on endpointslices there.
-
-``--spool-dir DIR`` keeps the metered seconds its sink has not acknowledged on disk as well as in
-memory (``dataplane.router.delivery``): a router killed, or stopped while its sink is down, sends
-them when it starts again on the same directory. Each worker has its own ``DIR/worker-{i}``; the
-first worker takes over those of workers past ``--workers`` (a router restarted with fewer).
-
-``--workers N`` forks N processes, each with its own SO_REUSEPORT listening socket on the same
-address (the kernel spreads connections), its own pools and counters; each says it is ready
-only when all have their routing table (``workers``). SIGTERM/SIGINT drain:
-stop accepting, finish in-flight requests for up to ``drain_timeout_s``, then exit.
+Keys never come from the command line (``dataplane.keys``): the operator key from ``$ROUTER_KEY``
+or ``--key-file``, the fleet key it sends pods from ``--pod-key-file`` (mode 600) or
+``$ROUTER_POD_KEY``. ``--workers N`` forks N processes on one SO_REUSEPORT address; SIGTERM or
+SIGINT drains them. What each flag does: docs/router.md, "Starting it".
 """
 
 from __future__ import annotations
@@ -145,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "one file each, until their sink acknowledges them; kept across restarts",
     )
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", help="Python logging level: debug, info, warning, error")
     for f in fields(RouterConfig):
         p.add_argument(
             "--" + f.name.replace("_", "-"),

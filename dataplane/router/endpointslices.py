@@ -3,34 +3,13 @@
     ROUTER_KEY=... python -m dataplane.router --control-plane http://controlplane.mu-system.svc \\
         --endpointslices mu-runtime
 
-`EndpointSliceDiscovery` wraps a `ControlPlaneDiscovery` (endpoints, keys, reservations,
-prices, target concurrency: what only the control plane knows) and replaces each endpoint's
-pods with those of its EndpointSlices (discovery.k8s.io/v1), which Kubernetes updates within
-milliseconds of a pod's readiness changing, instead of the control plane's one-second pod
-mirror. The Kubernetes driver gives every deployment a headless Service labelled
-`app.kubernetes.io/managed-by=mu-controlplane` and `mu/endpoint=<id>`; Kubernetes copies the
-Service's labels onto its slices, so one watch with that selector sees every endpoint's pods.
-
-Per slice endpoint (a pod), by its conditions:
-  ready        routed to (`ready` unset counts as ready, as the API says to read it)
-  terminating  never routed to, whatever `ready` says: a pod being deleted sleeps in preStop
-               while routers see this and stop sending it new requests; requests in flight
-               finish, since the router keeps a removed or unready pod's connections
-  not ready    kept, unrouted (counters survive a flap)
-A pod in two slices (the controller moving it) is ready only if neither says otherwise.
-
-Until the first list succeeds, the control plane's pods are used (they also come from
-Kubernetes, through the driver). After that, the watch (`dataplane.cluster.kubewatch.Reflector`:
-resourceVersion, bookmarks, relist on 410) keeps the slices current; when the API server is
-unreachable the last slices stay in use, as the last routing table does when the control plane
-is.
-
-Why a thread: the official client is synchronous (urllib3) and a watch is one long blocking
-stream. The reflector runs in a daemon thread and hands each new set of pods to the event loop
-with `call_soon_threadsafe`; the loop keeps only the latest (no queue to grow), and the hot
-path never waits on the API server. An asyncio client would mean a second client library, or
-re-doing kubeconfig, service-account tokens and TLS by hand, for no gain at one watch per
-router process.
+`EndpointSliceDiscovery` wraps a `ControlPlaneDiscovery` and replaces each endpoint's pods with
+those of its EndpointSlices (one watch on `app.kubernetes.io/managed-by=mu-controlplane`), which
+Kubernetes updates within milliseconds of a pod's readiness changing; a `terminating` pod is never
+routed to, whatever `ready` says. The watch runs in a daemon thread (the official client is
+synchronous) and hands each new set of pods to the event loop, which keeps only the latest: the
+hot path never waits on the API server. Conditions, fallbacks and why a thread: docs/router.md,
+"Pods from EndpointSlices".
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """Leased shares of a reservation: the arithmetic (pure: no I/O, time passed in).
 
-Every router worker process is a *holder*. For each endpoint it admits locally, with the
-in-process GCRA, at the rate of its *lease*: a share of the endpoint's reservation R (MU/s)
-sized to its recent demand, granted by the shared store (``lease_limiter``: one Lua script per
-endpoint per renewal, every ``renew_s`` while the endpoint is contended or the holder's demand
-moves, else every ``steady_renew_s``: ``renewal_due``), valid until ``ttl_s`` after the grant.
-Redis traffic is holders x active endpoints / renewal period, whatever the request rate.
-
-A renewal (``grant``) for holder h with demand d (MU/s) asking a = d x (1 + margin), with the
-other holders' live leases:
-  1. leases past their expiry are dropped (a dead router's lease just expires);
-  2. its target: when the asks fit in R, a plus spare_share (half) of what they leave,
-     split over the n live holders and one more (slack for a burst, and room kept for a
-     holder that arrives: one as large as the others finds it); else,
-     when the demands fit, d plus its part of
-     what is left of R after every demand, in proportion to its margin; else (oversubscribed)
-     min(d, L), L the max-min (water-filling) level of the demands: sum(min(d_i, L)) = R;
-  3. h gets min(target, R - sum(others' grants)), never below 0.
-So the sum of live lease rates never exceeds R, and the burst on top of it is each holder's
-GCRA tolerance (burst_s of its own rate): at most burst_s x R MU, the burst one shared GCRA
-allows. Oversubscribed, a holder below the fair level gets all its demand (a small router is
-never starved) and no margin is left idle; one above it converges to L within a renewal of
-the others, who give up what is above L when they renew. Worked numbers (margin 5 %),
-R = 100 MU/s: demands 140, 40, 10, 10: L = 40 (10 + 10 + 40 + 40 = 100), grants 40, 40, 10,
-10; demands 60 and 38 (asks 63 and 39.9 do not fit, 98 does): 61.22 and 38.78; demands 30
-and 20 (asks 31.5 and 21 leave 47.5): 31.5 + 7.92 and 21 + 7.92 (47.5 x 0.5 / 3). A holder
-that got less than it asked (the room was taken) makes the endpoint *contended*, and
-contended holders renew each ``renew_s``.
-
-The demand is the EWMA of the MU/s the holder was asked for (admitted or not); an idle
-holder asks 0, which returns its lease. Before a first grant, and when the store
-cannot be reached once a lease has expired, a holder admits at ``fallback_rate``: R / (holders
-seen recently), the split that is safe whatever the demand. The store also sums what the other
-live holders admitted (MU/s), so best-effort headroom is decided on the endpoint's whole load,
-read once a renewal, never per request.
+Every router worker process is a holder: it admits locally, with the in-process GCRA, at the rate
+of its lease, a share of the endpoint's reservation R (MU/s) sized to its recent demand, granted
+by the shared store (``lease_limiter``) and valid until ``ttl_s`` after the grant. The invariant a
+change must keep: the live leases never sum above R (``grant`` gives at most R less the others'
+grants), so the burst on top is at most burst_s x R, what one shared GCRA allows. Oversubscribed,
+R is split max-min fair: demands 140, 40, 10, 10 of R = 100 get 40, 40, 10, 10. The grant's
+steps, renewals and fallback, with worked numbers: docs/router.md, "Leased shares of a
+reservation".
 """
 
 from __future__ import annotations

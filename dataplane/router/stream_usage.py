@@ -1,48 +1,13 @@
 """What a completions stream delivered, read as its server-sent events pass through. Pure: no I/O.
 
-vLLM (0.32, ``completion_stream_generator`` / ``chat_completion_stream_generator``) sends each
-chunk as one ``data: {json}\\n\\n`` event holding one choice, one generated token per chunk by
-default; with ``stream_options.include_usage`` a final chunk with ``"choices": []`` carries the
-whole ``usage``, just before ``data: [DONE]``. With include_usage it stamps ``system_fingerprint``
-on that usage chunk only; without it, on each choice's terminal chunk (``finish_reason`` set).
-
-``StreamUsage`` turns the pod's bytes into the client's:
-
-- the router asked for usage (``hide_usage``): the usage chunk is taken and dropped, and each
-  terminal chunk gets back the ``system_fingerprint`` vLLM would have stamped on it (copied, bytes
-  as sent, from the usage chunk), so the client gets the bytes it would have got from the engine.
-  The chunks from the first terminal one on wait for the usage chunk, which follows at once when
-  n is 1; with n > 1 the other choices' last chunks wait for the last choice to finish, up to
-  ``MAX_HELD_BYTES``: beyond, what is held goes on as it came, unstamped, and the stream is no
-  longer held (a long n > 1 stream must not be held whole, its tokens uncounted).
-- the client asked for usage: the usage chunk passes with ``"mu": <price>`` added to its usage.
-- the router asked for the usage in every chunk (``strip_usage``: vLLM's continuous usage stats,
-  which the client did not ask for): each choice chunk's usage is taken out, so the client gets
-  the chunks as the engine sends them without it.
-
-The engine's count of the prompt (``prompt_tokens``) is read from the stream's first chunk when
-it carries its usage (continuous usage stats): a stream cut before its usage chunk is priced at
-it (``pricing.metered``), not at the router's estimate. An error event in the stream (vLLM's
-``data: {"error": ...}``: the engine refused the request after its 200, or failed mid-stream)
-marks it ``failed``: it costs nothing.
-
-Delivered tokens (the price of a stream cut before its usage chunk): per choice chunk passed on,
-max(1, its text's characters // ``MERGED_CHARS_PER_TOKEN``), except chat's opening chunk
-(``delta.role``), 0; not the usage chunk, nor ``[DONE]``. vLLM streams a token a chunk by default,
-but merges the tokens a reader left waiting into one chunk (``RequestOutputCollector``: a client
-that stops reading, backpressure), and speculative decoding sends several at once: a merged
-chunk of 50 tokens (~200 characters) counts 25, never 1. The divisor is twice the router's
-bytes-per-token rule (8): a one-token chunk counts 1 on real vocabularies (a token of 16 or more
-characters is rare), so the count is never above what the client got, and a merged chunk counts
-at least half its tokens. Measured on the sim's streams (one token a chunk, up to 4 bytes each):
-the count is exactly the chunks, so the Contract (within 2 tokens or 10 % of what the client
-received) holds as before. Text characters: the JSON string's bytes, a ``\\u`` escape one.
-
-Cheap on the hot path: a read is measured chunk by chunk only when it is larger than its chunks
-would be at one token each (``_plain``: the fewest bytes a chunk took, learned from the reads,
-the first one measured); else each chunk counts 1 from a byte count. The usage event in vLLM's
-compact layout is read in one anchored match (``_VLLM_USAGE_EVENT``: counts, end, fingerprint);
-any other layout from its usage key on, to the same result.
+``StreamUsage`` turns the pod's bytes into the client's: it drops the usage chunk the router asked
+for (putting back the ``system_fingerprint`` vLLM would have stamped on each terminal chunk), adds
+``"mu": <price>`` to a usage chunk the client asked for, and takes out the continuous usage stats
+the client did not ask for. It reads the engine's prompt count from the first chunk, marks a
+stream with an error event ``failed``, and counts a cut stream's delivered tokens per choice chunk
+as max(1, text characters // ``MERGED_CHARS_PER_TOKEN``). It follows vLLM 0.32's layout (one
+``data: {json}\\n\\n`` event a chunk, usage in a final ``"choices": []`` chunk before ``[DONE]``):
+a change there is a change here. Details and why: docs/router.md, "Stream usage".
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
 """The parameters a request is priced from, read as the engine will read them. Pure: no I/O.
 
-The router prices a request before it runs (``pricing``) from what it asks the engine to
-generate: its prompts x ``n`` sequences, each up to the output budget the engine honours. A
-client must not be able to lie about any of them, so ``demand`` reads them as vLLM 0.32 does
-(the simulated engine, ``dataplane.runtime.openai_api``, is our executable copy of its rules)
-and refuses, with a 400 naming the parameter, what would poison the price:
-
-  max_tokens, max_completion_tokens  an integer (vLLM reads JSON in pydantic's lax mode: 12,
-                        12.0, "12" and true are integers; 12.5, "x", [] and 1e400 (inf) are not),
-                        1 <= budget <= the endpoint's context length (``max_model_len``: vLLM
-                        refuses a larger budget too, and a budget of 0 after tokenising the
-                        prompt; /v1/completions with a true ``echo`` takes 0: the prompt
-                        alone). /v1/chat/completions honours ``max_completion_tokens``
-                        when set, else ``max_tokens``;
-                        /v1/completions knows only ``max_tokens`` (the other is an unknown field
-                        the engine ignores, so the router ignores it too).
-  n                     an integer, 1 <= n <= the router's ``max_n`` (vLLM's own cap is 16,384).
-  prompt                a string, a list of strings, a list of token ids or a list of token-id
-                        lists (a batch: every prompt generates n sequences).
-  messages              a list of objects whose ``content`` is a string, null or a list of
-                        content parts; a part is a string or an object with a type vLLM reads (or,
-                        without one, a bare media URL: ``{"image_url": "<url>"}``); a text part's text
-                        field (``text``, or ``refusal`` / ``thinking`` for those types), when
-                        present, is a string (``[{"type": "text", "text": 5}]`` is a 400,
-                        never a 500).
-                        Image parts are counted and sized (``images``: a data URL only, a
-                        remote or malformed one is a 400 naming the part).
-
-A prompt past the context (``check_context``) is refused in vLLM's own words and shape (its 400,
-"This model's maximum context length is ..."), but only where the engine surely refuses it: the
-router cannot tokenize, so it counts the fewest tokens the prompt can be.
-
-``best_of`` is not read: vLLM 0.32's engine (V1) has no best_of and ignores the field, so it
-neither costs anything nor may be refused. A set ``mm_processor_kwargs`` (chat) is a 400: vLLM
-hands it to the HF processor, whose min_pixels / max_pixels resize every image past the
-resolution the router prices. Anything else is the engine's to check: the router never refuses
-what vLLM accepts.
+``demand`` reads ``max_tokens`` / ``max_completion_tokens``, ``n``, ``prompt`` and ``messages`` as
+vLLM 0.32 does (pydantic's lax mode: 12, 12.0, "12" and true are integers; 12.5, "x" and 1e400 are
+not) and refuses, with a 400 naming the parameter, what would poison the price; ``check_context``
+refuses a prompt past the context in vLLM's own words, only where the engine surely refuses it.
+The rule for any change: the router never refuses what vLLM accepts (the simulated engine,
+``dataplane.runtime.openai_api``, is the executable copy of vLLM's rules to check against). Every
+parameter's rule: docs/router.md, "What a request is priced and admitted at" and "Reading a
+request as vLLM does".
 """
 
 from __future__ import annotations

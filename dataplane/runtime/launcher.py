@@ -158,13 +158,13 @@ def run(spec: VllmSpec, env: Mapping[str, str] | None = None) -> int:
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model path or id (vllm engine)")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantization", default=None)
-    parser.add_argument("--kv-cache-dtype", default="auto")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--served-model-name", default=None, help="the model name requests use (vLLM's)")
+    parser.add_argument("--dtype", default="auto", help="weights' dtype (vLLM's)")
+    parser.add_argument("--quantization", default=None, help="quantization method (vLLM's)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (vLLM's)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length, tokens (vLLM's)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="sequences per batch at most (vLLM's)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (vLLM's)")
     parser.add_argument(
         API_SERVER_COUNT_FLAG,
         type=int,
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     ours = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m dataplane.runtime.launcher")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000, help="the engine's port")
+    parser.add_argument("--host", default="0.0.0.0", help="the engine's listen address")
     add_vllm_arguments(parser)
     args = parser.parse_args(ours)
     sys.exit(

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from dataplane.runtime import sim_generation, sim_tokenizer
-from dataplane.runtime.openai_api import ParsedRequest, Prompt
+from dataplane.runtime.openai_request import ParsedRequest, Prompt
 from dataplane.runtime.sim_generation import Candidate, SequenceOutput
 
 # Fields of vLLM's answers that the sim has nothing for; sent as null, as vLLM sends them.

@@ -1,38 +1,15 @@
 """Performance model of a continuous-batching inference engine (vLLM-like). Pure: no I/O, no clock.
 
-One engine loop runs steps. Each step the scheduler (1) admits waiting requests in
-(priority, arrival) order while the running batch has a free slot (``max_num_seqs``) and the
-KV cache can hold the request's prompt + max output, stopping at the first that does not fit
-(head of line, as vLLM does); (2) spends a per-step token budget (``max_batched_tokens``):
-one token for every running request that is decoding, the rest on prompt chunks (chunked
-prefill) in admission order, each at most ``long_prefill_token_threshold`` where that is set and the
-request is not alone. The step costs
+Each step the scheduler admits waiting requests in (priority, arrival) order while a slot and the
+KV cache hold them (head of line), then spends its token budget: a token for each decoding
+request, the rest on prompt chunks. The step costs
 
     duration = step_base_s + decode_per_seq_s * decoding_seqs + prefill_per_token_s * prefilled
 
-A request whose last prompt chunk is prefilled emits its first token in that step (as vLLM
-samples after the last chunk); every later step emits one more, until ``max_tokens``.
-
-A request generates exactly ``max_tokens``: the caller gives the tokens the request will
-generate, which the simulated engine knows when the request arrives (its text is decided then),
-so a request cut short by a stop string frees its slot and KV early; each of the n choices of an
-OpenAI request is a request here, as vLLM schedules them.
-
-Vision and the prefix cache (``dataplane.runtime.vision`` says where the numbers come from): a
-request with images first waits for the CPU to preprocess them (``preprocess_s``; one request at
-a time, in arrival order, running while the GPU steps), then is scheduled; the step that starts
-its prefill also runs its vision encoder (``encoder_s``). Prompt tokens the prefix cache holds
-(``cached_tokens``, decided by the caller, as vLLM's block hashes decide them) are not
-prefilled: the request starts with them computed, less one (vLLM recomputes at least the last
-prompt token to sample from it).
-
-Simplifications (stated so that a reader can judge the numbers): KV is reserved for prompt +
-max_tokens at admission, so there is no preemption or swapping; cached blocks are not shared in
-the KV accounting (each request reserves its whole prompt); no speculative decoding and no EOS.
-
-``step`` mutates an ``EngineState`` and returns what happened; the simulated HTTP engine
-sleeps ``duration`` (scaled) and delivers the events, and a fleet simulator can call it with
-any clock. Closed-form helpers give the numbers tests assert.
+``step`` mutates an ``EngineState`` and returns what happened, for the simulated engine and the
+fleet simulator alike. Its scheduling is checked step by step against vLLM 0.32's own
+(tests/runtime/test_scheduler_matches_vllm.py): keep the two in step. The rules, vision and the
+prefix cache, and what it leaves out: docs/runtime-pods.md, "The performance model".
 """
 
 from __future__ import annotations

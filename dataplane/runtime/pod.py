@@ -48,7 +48,7 @@ from dataplane.runtime.prober import ProberConfig
 from dataplane.runtime.profiles import PROFILES
 
 log = logging.getLogger("dataplane.runtime.pod")
-# The endpoint's events credential (controlplane.api.pod_keys): its own endpoint's events only.
+# The endpoint's events credential (controlplane.endpoints.pod_keys): its own endpoint's events only.
 EVENTS_KEY_VARIABLE = "MU_POD_EVENTS_KEY"
 
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours = argv[: argv.index("--")] if "--" in argv else argv
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m dataplane.runtime.pod")
-    p.add_argument("--engine", choices=("sim", "vllm"), required=True)
+    p.add_argument("--engine", choices=("sim", "vllm"), required=True, help="the simulated engine or vLLM")
     p.add_argument("--port", type=int, required=True, help="engine port")
     p.add_argument("--probe-port", type=int, required=True, help="/livez and /readyz port")
     p.add_argument("--host", default="127.0.0.1", help="listen address of both servers")
@@ -69,26 +69,76 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="directory that outlives the container; enables restart events",
     )
     # Control plane (events), with this endpoint's events credential (never the operator key).
-    p.add_argument("--control-plane-url", default=env("MU_CONTROL_PLANE_URL"))
+    p.add_argument(
+        "--control-plane-url",
+        default=env("MU_CONTROL_PLANE_URL"),
+        help="where the pod posts its events (else $MU_CONTROL_PLANE_URL; without either, none are posted)",
+    )
     add_key_arguments(p, "--events-key", EVENTS_KEY_VARIABLE, "endpoint's events credential")
     endpoint = env("MU_ENDPOINT_ID")
-    p.add_argument("--endpoint-id", type=int, default=int(endpoint) if endpoint else None)
+    p.add_argument(
+        "--endpoint-id",
+        type=int,
+        default=int(endpoint) if endpoint else None,
+        help="the endpoint the pod serves, on its events (else $MU_ENDPOINT_ID)",
+    )
     version = env("MU_ENDPOINT_VERSION")
-    p.add_argument("--endpoint-version", type=int, default=int(version) if version else None)
+    p.add_argument(
+        "--endpoint-version",
+        type=int,
+        default=int(version) if version else None,
+        help="the endpoint version the pod runs, on its events (else $MU_ENDPOINT_VERSION)",
+    )
     p.add_argument("--tenant", default=env("MU_TENANT", ""), help="the endpoint's tenant, on events")
     # Prober.
     d = ProberConfig()
-    p.add_argument("--idle-interval", type=float, default=d.idle_interval_s)
-    p.add_argument("--completion-deadline", type=float, default=d.completion_deadline_s)
-    p.add_argument("--failure-threshold", type=int, default=d.failure_threshold)
-    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s)
-    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval_s)
-    p.add_argument("--probe-priority", type=int, default=d.probe_priority)
+    p.add_argument(
+        "--idle-interval",
+        type=float,
+        default=d.idle_interval_s,
+        help="probe after this long without progress, s",
+    )
+    p.add_argument(
+        "--completion-deadline",
+        type=float,
+        default=d.completion_deadline_s,
+        help="a probe unanswered this long has failed, s",
+    )
+    p.add_argument(
+        "--failure-threshold",
+        type=int,
+        default=d.failure_threshold,
+        help="failed probes in a row, without progress, that mean the engine hangs",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=d.startup_timeout_s,
+        help="the engine must answer within this of its start, s",
+    )
+    p.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=d.scrape_interval_s,
+        help="how often the prober reads the engine's /metrics, s",
+    )
+    p.add_argument(
+        "--probe-priority",
+        type=int,
+        default=d.probe_priority,
+        help="the probes' vLLM scheduling priority (lower runs earlier: before any request)",
+    )
     # Simulated engine.
-    p.add_argument("--profile", default="h100-llama-8b", choices=sorted(PROFILES))
-    p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--fault", default="none")
-    p.add_argument("--fault-after", type=float, default=0.0)
+    p.add_argument(
+        "--profile", default="h100-llama-8b", choices=sorted(PROFILES), help="the simulated engine's profile"
+    )
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="the simulated engine runs this many times faster"
+    )
+    p.add_argument("--fault", default="none", help="the simulated engine's injected fault (its --fault)")
+    p.add_argument(
+        "--fault-after", type=float, default=0.0, help="seconds before the fault starts (its --fault-after)"
+    )
     p.add_argument(
         "--enable-fault-injection",
         action="store_true",

@@ -3,35 +3,12 @@
     python -m dataplane.runtime.sim --port 8000 --profile h100-llama-8b [--time-scale 100]
     python -m dataplane.runtime.sim --list-profiles        # the profiles, one per line
 
-It stands in for a GPU in tests, what-if runs and fleet-scale benchmarks, and says so: the
-startup log, an ``x-engine: simulated`` header on every response, a ``simulated`` field in the
-model card and a ``simulated-<profile>`` system_fingerprint. It reads every request as vLLM
-does (``openai_api``: parameters, validation, error bodies), tokenizes with ``sim_tokenizer``,
-generates with ``sim_generation`` (seeded, stop strings, logprobs) and answers in vLLM's shapes
-(``openai_responses``). Each choice of a request is one sequence of the engine, as vLLM runs
-the n choices of a request as n requests; timing comes from ``perf_model`` (continuous
-batching, one engine loop) with the tokens each sequence actually generates, so a stop string
-frees its slot early. ``--time-scale X`` runs simulated time X times faster than real time
-(metrics report simulated seconds, as the simulated GPU would).
-
-The engine's clock: a step advances it by exactly the step's simulated duration, however late
-the loaded machine wakes the engine loop, and while idle it runs with the wall clock (x the time
-scale); a request arriving during a step is stamped no later than the step's end. So the
-latencies the engine reports (its e2e, TTFT and inter-token histograms, the e2e one in the
-fine BENCHMARK_LATENCY_BUCKETS) are those of the profile, not of the machine's load: on a busy
-2-core machine at --time-scale 20, a 60-ms stall of the loop is 1.2 simulated seconds that the
-client's clock counts and this one does not. Faults can be injected by
-flag or, in an engine started with ``--enable-fault-injection`` (tests only; without it the
-path is 404), ``POST /_sim/fault {"mode": "hang"|"crash"|"slow"|"errors"|"none", "factor": 3.0,
-"fraction": 0.2}``: hang stops all progress while /health stays 200 (as a hung vLLM does),
-crash exits non-zero, slow multiplies step time, errors fails that fraction of requests with 500.
-
-With a key (``--api-key K [K ...]`` or ``$VLLM_API_KEY``, as vLLM takes them) it answers as
-vLLM's guard does (``engine_auth``): 401 to a request without one of the keys, on every path
-but health, metrics and the other public probes.
-
-Idle cost is near zero: the engine loop awaits an event while there is no work, and sleeps
-exactly until the end of the current step while there is.
+It stands in for a GPU in tests, what-if runs and fleet-scale benchmarks, and says so (startup
+log, ``x-engine: simulated``, the model card, a ``simulated-<profile>`` system_fingerprint). It
+reads requests as vLLM does (``openai_api``), answers in vLLM's shapes (``openai_responses``) and
+times them with ``perf_model``; its clock advances by exactly each step's simulated duration, so
+the latencies it reports are the profile's, not the loaded machine's. Clock, faults and keys:
+docs/runtime-pods.md, "The simulated engine".
 """
 
 from __future__ import annotations
@@ -60,7 +37,7 @@ from dataplane.runtime.http_server import (
     StreamingResponse,
     json_response,
 )
-from dataplane.runtime.openai_api import ApiError, ParsedRequest, ServedModel
+from dataplane.runtime.openai_request import ApiError, ParsedRequest, ServedModel
 from dataplane.runtime.prefix_cache import BLOCK_SIZE, PrefixCache
 from dataplane.runtime.profiles import PROFILES, get_profile
 from dataplane.runtime.sim_generation import SequenceOutput
@@ -502,12 +479,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--list-profiles", action="store_true", help="print the simulated profiles, one per line, and exit"
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--profile", default="h100-llama-8b", choices=sorted(PROFILES))
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--time-scale", type=float, default=1.0)
-    parser.add_argument("--default-max-tokens", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="listen address")
+    parser.add_argument(
+        "--profile",
+        default="h100-llama-8b",
+        choices=sorted(PROFILES),
+        help="the engine and GPU it stands for",
+    )
+    parser.add_argument(
+        "--served-model-name", default=None, help="the model name requests use (default: the profile's model)"
+    )
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="run this many times faster than the GPU"
+    )
+    parser.add_argument(
+        "--default-max-tokens", type=int, default=256, help="an answer's length when a request sets none"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the errors fault and unseeded sampling")
     parser.add_argument(
         "--enable-prefix-caching",
         dest="prefix_caching",
@@ -543,9 +531,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="serve POST/GET /_sim/fault (tests only; without it the path is 404)",
     )
-    parser.add_argument("--fault", choices=FAULT_MODES, default="none")
-    parser.add_argument("--fault-factor", type=float, default=3.0)
-    parser.add_argument("--fault-fraction", type=float, default=0.2)
+    parser.add_argument(
+        "--fault",
+        choices=FAULT_MODES,
+        default="none",
+        help="a fault to inject (tests and what-if: a hang, a crash, ...)",
+    )
+    parser.add_argument("--fault-factor", type=float, default=3.0, help="slow: step time x this (>= 1)")
+    parser.add_argument(
+        "--fault-fraction", type=float, default=0.2, help="errors: this share of requests fails with 500"
+    )
     parser.add_argument(
         "--fault-after", type=float, default=0.0, help="real seconds after start before --fault applies"
     )

@@ -324,8 +324,15 @@ def run_warm_pod(kind: str, ready: ReadySignal, engine_python: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dataplane.runtime.warm")
-    parser.add_argument("--engine", choices=ENGINE_KINDS, required=True)
-    parser.add_argument("--role", choices=("pod", "engine"), default="pod")
+    parser.add_argument(
+        "--engine", choices=ENGINE_KINDS, required=True, help="the engine this warm process preloads"
+    )
+    parser.add_argument(
+        "--role",
+        choices=("pod", "engine"),
+        default="pod",
+        help="pod: wait for an assignment and run the pod; engine: the pod's engine process",
+    )
     parser.add_argument("--ready-fd", type=int, default=None, help="gets one byte once imported")
     parser.add_argument(
         "--engine-python", default=sys.executable, help="interpreter of the engine (vllm's, for vllm)"

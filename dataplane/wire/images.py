@@ -3,39 +3,11 @@ media type, the decoded size from the base64 length, and the width and height fr
 header bytes, without decoding the image. Pure; the router (pricing, refusals) and the simulated
 engine (its vision encoder's work) read images with this one reader.
 
-Only the header is decoded: base64 maps each 4 characters to 3 bytes, so bytes [a, b) are
-characters [4 * (a // 3), 4 * ceil(b / 3)), and a reader jumps through a JPEG's segments
-without decoding what it skips. A PNG says its size in its first 24 bytes; WebP in its first 30
-(VP8, VP8L or VP8X); a JPEG in its SOF segment, after any EXIF or ICC segments (bytes between
-segments skipped to the next 0xFF, a block a run, as Pillow skips them). A GIF's size is
-its logical screen's (bytes 6..10) grown to hold its first frame, as Pillow (vLLM's decoder)
-opens it: the first image descriptor's left + width and top + height, found by jumping over the
-color table and the extension blocks' sub-blocks before it as Pillow reads them (``_gif_size``),
-never decoding the image data. The payload is read in place (never copied out of the URL).
-
-The walk before the frame is bounded by the image's size: at most ``header_blocks(size)``
-blocks (GIF blocks and sub-blocks, JPEG segments and fill bytes), 32 plus one per 32 bytes. A
-block costs the reader the same Python work whatever it holds, so 64 GIFs of 510 empty
-extensions (3 bytes each, 138 KB) cost a router 40 ms under the old per-image cap of 1,024
-blocks, 300 times a text request of their size. Honest metadata (EXIF, ICC, comments, XMP,
-whose text a GIF reader walks at 33 bytes or more a block) comes in segments and sub-blocks of
-tens to thousands of bytes and stays under the bound. A file past it is refused (a 400 naming
-the part where the router reads it) though Pillow would open it: nothing but a file made to be
-slow to read has more. The walkers step through windows of WINDOW_BYTES decoded at once, not a
-decode a block (0.2-0.4 us a block); a caller sharing a budget across images (the router: a
-request's, router.images.MAX_REQUEST_BLOCKS) passes what is left of it as ``blocks_left``.
-
-Worked numbers: a GIF whose screen is 1 x 1 and whose first frame is 1000 x 800 at (0, 0) is
-(1000, 800); a 640 x 480 screen with a 10 x 10 frame at (5, 5) stays (640, 480). A
-4,000-character payload holds 3,000 bytes (2,999 with one "=" of padding); a 448 x 448 PNG's
-bytes 16..24 are 00 00 01 c0 00 00 01 c0 -> (448, 448), read from the payload's first 32
-characters.
-
-A data URL is read as vLLM 0.32's media connector reads it (``MediaConnector._load_data_url``,
-RFC 2397): the scheme in any case, ``data:[<media type>][;<param>=<value>]*;base64,<data>``;
-the media type and its parameters are not what decides the format (the decoder sniffs the
-bytes, as Pillow does), so ``DATA:application/octet-stream;name=a.png;base64,<a PNG>`` is that
-PNG. Only base64 is accepted, as there.
+A data URL is read as vLLM 0.32's media connector reads it (the format sniffed from the bytes,
+whatever the media type says), and the walk to the frame is bounded by ``header_blocks(size)``
+(32 blocks plus one per 32 bytes): a file past it is refused though Pillow would open it. Worked
+numbers: a 4,000-character payload holds 3,000 bytes; a 448 x 448 PNG is read from its first 32
+characters. Formats, bounds and why: docs/router.md, "Image data URLs".
 """
 
 from __future__ import annotations

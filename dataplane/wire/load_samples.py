@@ -1,55 +1,15 @@
 """The routers' per-second load samples: what each router measured of each endpoint in a second.
 
-Writer: ``dataplane.router.metering`` (``Meter.roll`` makes the samples, ``publish`` adds them
-into Redis; without Redis the router POSTs them to the control plane), through
-``dataplane.router.delivery``, which holds each second until its sink acknowledges it. Reader:
-``controlplane.endpoints.samples``, which folds them into each endpoint's 5-second buckets for
-the autoscaler and bills them, and the ``/api/v1/load-samples/`` view that takes the POSTs.
-
-Each second a router sends is a ``RouterSecond``: the router's id, the unix second and its
-samples. (router, second) is its idempotency key: a sink accepts each router's seconds once,
-in increasing order, and answers a second at or below the last it accepted from that router as
-a duplicate (a success that adds nothing). A router sends its seconds oldest first and moves
-on only once one is acknowledged (or refused as malformed), so "at or below the last" is
-exactly "already accepted", and a sink keeps one mark per router, not one per second.
-
-With Redis, every router sums its samples of each endpoint and second (all tenants) and adds
-the sum into one Redis string per endpoint and second, a row of signed 64-bit fixed-point slots
-(``SLOTS``, amounts in millionths) incremented by BITFIELD, so the string holds the fleet's
-sums; it counts itself in a heartbeat key; and it appends the second's billable samples to the
-billing stream, which the control plane's collector consumes whenever it runs. One Lua script
-does all of it, after checking and moving the router's mark, so a second is applied whole and
-once. The rows and the heartbeat expire after the router's ``metrics_ttl_s`` (``ROW_TTL_S``,
-420 s by default: longer than the control plane's catch-up, ``CATCH_UP_S``, so a collector
-stopped for up to that long still builds every bucket); the billing stream does not expire,
-its entries are deleted once billed:
-
-    mu:sec:{endpoint_id}:{unix_second}    string: SLOTS as big-endian int64, summed over routers
-                                          and tenants (a slot past the string's end is zero)
-    mu:routers:{unix_second}              routers that reported that second (every router,
-                                          every second, traffic or not): a second without it
-                                          is missing data, not idleness
-    mu:acked:{router}                     the last second accepted from that router (its mark),
-                                          kept ACKED_TTL_S after it
-    mu:billing                            stream: one entry per router second with billable
-                                          samples, field "second" = RouterSecond JSON
-
-One router's second of one endpoint costs Redis 2 commands (BITFIELD, EXPIRE), 0.3-0.4x the
-Redis CPU of the hash of fields this replaced and 507 bytes in against 880, whatever its
-tenants (the hash took one HINCRBYFLOAT per field and tenant: about 11 commands for one
-tenant), and reading a second back costs the autoscaler's pass 0.3x what it did
-(bench/metering_scale.py, both in one run, before the script and the billing stream). An
-amount is kept to a millionth (4.5 MU, 90.25 ms exactly; 1/3 MU as 333_333 millionths).
-Per-tenant MU is not in the slots: nothing read it there; the posted rows below and the billing
-stream keep their tenant.
-
-With two routers each at 3.5 in flight on average, ``inflight`` reads 7.0. Without Redis (the
-embedded default) a router POSTs ``RouterSecond.to_json()``, one row per sample with its
-endpoint and tenant:
+Writer: ``dataplane.router.metering``, through ``dataplane.router.delivery``. Readers:
+``controlplane.endpoints.samples`` (the autoscaler's buckets, billing) and the
+``/api/v1/load-samples/`` view. (router, second) is a ``RouterSecond``'s idempotency key: a router
+sends its seconds oldest first, and a sink keeps one mark per router. With Redis the samples are
+summed into the fixed-point ``SLOTS`` of ``mu:sec:{endpoint_id}:{unix_second}``; without, POSTed:
 
     {"router": "host-4711-9f2c01ab", "second": 1700000000,
-     "rows": [{"endpoint": 7, "tenant": "acme", "requests": 3, ...},
-              {"endpoint": 7, "tenant": "", "queued": 2, "queued_mu": 1.5}]}
+     "rows": [{"endpoint": 7, "tenant": "acme", "requests": 3, ...}]}
+
+Keys, TTLs and costs: docs/router.md, "Load samples".
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
-"""The routing table: every endpoint with its pricing, limits, traffic split and pods, and each
-tenant's keys' epoch, as the control plane serves it at
-``GET /api/v1/routing-table/``; and one key's lookup, ``GET /api/v1/routing-table/keys/<sha256>/``.
+"""The routing table as the control plane serves it at ``GET /api/v1/routing-table/`` (every
+endpoint with its pricing, limits, traffic split and pods, and each tenant's keys' epoch), and one
+key's lookup, ``GET /api/v1/routing-table/keys/<sha256>/``.
 
-Writer: ``controlplane.endpoints.routing`` (served by ``RoutingTableView`` with the version as
-its ETag). Readers: the routers (``dataplane.router.discovery``), which keep the last good table
-when a new one is refused.
-
-    {"version": "<etag>",
-     "endpoints": [{"id", "tenant", "name", "served_model_name", "model", "policy",
-                    "alpha", "beta", "gamma", "rho", "kappa", "delta", "cached_token_factor",
-                    "mu_per_replica_minute", "target_concurrency_per_replica",
-                    "scale_to_zero_enabled", "max_model_len", "max_token_bytes",
-                    "reservation": {"mu_per_minute", "best_effort_allowed"} | null,
-                    "traffic": {version: percent},
-                    "pods": [{"name", "url", "ready", "version"}]}],
-     "key_epochs": {tenant: {"id": tenant id, "revoked": its revoked keys, count}}}
-
-The table does not carry the tenants' keys (300 of them made every router download 31 KB
-instead of 3.8 KB, again at every new key): a router looks up a key it does not know by its
-digest (``KeyLookup``: its tenant and that tenant's epoch, read in one snapshot) and keeps the
-answer while the tenant's epoch in the table is the same. A revocation raises the count, so the
-next table makes every router drop that tenant's kept keys (at most API_KEYS_PER_TENANT_MAX) and
-look them up again; a tenant gone, or made again under its name (another id), drops them too.
-The table grows with tenants, not with keys nor with how often they are made or revoked. An
-older control plane's table carries ``"api_keys": [{"hash", "tenant"}]``, every active key,
-which a router still takes as known keys (static mode and tests build them in ``api_keys``).
-
-Missing optional keys read as their defaults (policy "p2c-mu", prices 0, 100 MU/min per replica,
-no concurrency limit, a context length of ``DEFAULT_MAX_MODEL_LEN`` tokens, a pod ready and
-named by its URL), so older writers stay readable. ``max_model_len`` is the context length
-(prompt + output tokens) the endpoint's pods serve: the router refuses an output budget above
-it (400), and a prompt past it at the fewest tokens it can be. ``max_token_bytes`` is the most
-UTF-8 bytes of text one token of the pods' tokenizer holds (the simulated engine's: 4), what
-that fewest is counted with; 0 (the default) where it is not known: a text prompt's length is
-then the engine's to judge (``dataplane.router.validation.check_context``).
-
-``served_model_name`` is the name the endpoint's pods serve: the one it was created under, which
-a rename keeps ("", or missing from an older writer's table: its pods serve the name requests
-ask for). The router sends it to the pods in place of the name a request asked for
-(``dataplane.router.served_name``).
+Writer: ``controlplane.endpoints.routing`` (the version is the view's ETag). Readers: the routers
+(``dataplane.router.discovery``), which keep the last good table when a new one is refused.
+Missing optional keys read as their defaults, so older writers stay readable: a new field needs a
+default. Keys are not in the table: a router looks a key it does not know up by its digest and
+keeps the answer while its tenant's epoch holds. The JSON shape and each field's meaning:
+docs/router.md, "The routing table".
 """
 
 from __future__ import annotations

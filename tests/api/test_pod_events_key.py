@@ -1,4 +1,4 @@
-"""A pod's events credential (controlplane.api.pod_keys), over real sockets: it posts its own
+"""A pod's events credential (controlplane.endpoints.pod_keys), over real sockets: it posts its own
 endpoint's pod events and nothing else; every other call is refused. The control plane puts it
 in the deployments it declares; it verifies under SECRET_KEY_FALLBACKS too, so the key rotates."""
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.api import pod_keys
+from controlplane.endpoints import pod_keys
 from controlplane.endpoints.deployments import deployment
 from controlplane.oncall.models import Event
 from dataplane.cluster.local import LocalDriver

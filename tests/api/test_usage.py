@@ -11,7 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from controlplane.endpoints import collector, samples, scaling, tasks, usage
+from controlplane import scaling
+from controlplane.endpoints import collector, samples, tasks, usage
 from controlplane.endpoints.models import DeletedEndpoint, Lease, TenantUsageHour, UsageHour
 from controlplane.selling import sell
 from dataplane.wire.load_samples import CATCH_UP_S, EndpointSecond, RouterSecond, TrafficSample

@@ -2,33 +2,12 @@
 exactly the calls the Kubernetes driver, the pod watcher and the EndpointSlice discovery make,
 reached through a real `kubernetes.client.ApiClient` (`standin.api_client()`).
 
-Served, for deployments (apps/v1), services and pods (v1) and endpointslices
-(discovery.k8s.io/v1), namespaced:
-
-    GET    .../{resource}?labelSelector=           list, with metadata.resourceVersion
-    GET    .../{resource}?watch=true&resourceVersion=&allowWatchBookmarks=&timeoutSeconds=
-           a chunked stream of {"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}
-    PATCH  .../{resource}/{name}                   server-side apply (application/apply-patch+yaml;
-                                                   creates or replaces labels, annotations, spec)
-                                                   or a merge patch (anything else)
-    PATCH  .../deployments/{name}/scale            spec.replicas
-    DELETE .../{resource}/{name}
-
-One resourceVersion counter for everything, like etcd's revision; every change is logged and
-watches replay the log after their resourceVersion. What a test can do to it:
-
-    put / delete / get           change objects behind the clients' backs (as controllers do)
-    fail(method, path, status)   answer the next matching request(s) with an error (409 ...)
-    bookmark()                   send a BOOKMARK with the current resourceVersion to watches
-    compact(change, how)         forget history up to now (after `change`, which no watch
-                                 sees): open watches get ERROR 410 (how="event"), or new ones
-                                 from an old resourceVersion get HTTP 410 (how="status")
-    end_watches()                end every open watch normally (as the server's timeout does)
-    requests                     every request, in order (method, path, query, content type, body)
-    gone_answers                 how each 410 was given ("event" or "status")
-
-It is not an API server: no validation, no defaulting, no field ownership; just enough that the
-clients' side of each call is real.
+It serves deployments (apps/v1), services and pods (v1) and endpointslices (discovery.k8s.io/v1),
+namespaced: lists by label selector, watches, server-side apply and merge patches, the scale
+subresource and deletes (the calls, and what a test can do to it: `KubeStandIn`). One
+resourceVersion counter for everything, like etcd's revision; every change is logged and watches
+replay the log after their resourceVersion. It is not an API server: no validation, no
+defaulting, no field ownership; just enough that the clients' side of each call is real.
 """
 
 from __future__ import annotations
@@ -128,6 +107,30 @@ def merge(target: Obj, patch: Obj) -> Obj:
 
 
 class KubeStandIn:
+    """Served, for deployments, services, pods and endpointslices, namespaced:
+
+        GET    .../{resource}?labelSelector=           list, with metadata.resourceVersion
+        GET    .../{resource}?watch=true&resourceVersion=&allowWatchBookmarks=&timeoutSeconds=
+               a chunked stream of {"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}
+        PATCH  .../{resource}/{name}                   server-side apply (application/apply-patch+yaml;
+                                                       creates or replaces labels, annotations, spec)
+                                                       or a merge patch (anything else)
+        PATCH  .../deployments/{name}/scale            spec.replicas
+        DELETE .../{resource}/{name}
+
+    What a test can do to it:
+
+        put / delete / get           change objects behind the clients' backs (as controllers do)
+        fail(method, path, status)   answer the next matching request(s) with an error (409 ...)
+        bookmark()                   send a BOOKMARK with the current resourceVersion to watches
+        compact(change, how)         forget history up to now (after `change`, which no watch
+                                     sees): open watches get ERROR 410 (how="event"), or new ones
+                                     from an old resourceVersion get HTTP 410 (how="status")
+        end_watches()                end every open watch normally (as the server's timeout does)
+        requests                     every request, in order (method, path, query, content type, body)
+        gone_answers                 how each 410 was given ("event" or "status")
+    """
+
     def __init__(self) -> None:
         self.rv = 100
         self.objects: dict[tuple[str, str, str], Obj] = {}

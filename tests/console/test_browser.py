@@ -319,7 +319,7 @@ def test_the_endpoint_page_is_live_pods_charts_and_window(browser, live_server, 
 
     from django.utils import timezone
 
-    from controlplane.endpoints import scaling
+    from controlplane import scaling
     from controlplane.endpoints.deployments import deployment_name
     from controlplane.endpoints.models import LoadBucket
     from dataplane.cluster.driver import PodState

@@ -11,10 +11,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.capacity.models import Reservation
-from controlplane.capacity.tasks import record_snapshots
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
+from controlplane.tasks import record_snapshots
 from controlplane.tenants.models import ApiKey, Tenant
 from tests.console.conftest import member_client
 
@@ -114,7 +114,8 @@ def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(
 def test_endpoint_detail_shows_its_usage_by_hour_and_day_as_the_api_does(
     settings, owner_web, owned, operator_client
 ):
-    from controlplane.endpoints import samples, scaling
+    from controlplane import scaling
+    from controlplane.endpoints import samples
     from dataplane.wire.load_samples import RouterSecond, TrafficSample
 
     # Ten seconds posted as routers without Redis do, then the autoscaler's pass collects them.
@@ -406,7 +407,7 @@ def test_page_queries_do_not_grow_with_rows(operator_web, owner, make_endpoint, 
 def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, owner_web, small_model):
     from capacity.benchmark.config import SweepConfig
     from capacity.benchmark.drivers import SimulatedDriver
-    from controlplane.capacity import profile_benchmarks
+    from controlplane import profile_benchmarks
     from dataplane.runtime.profiles import get_profile
 
     shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200))
@@ -425,7 +426,7 @@ def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, 
 def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants(
     owner_web, operator_web, other_web, owned, other, make_endpoint
 ):
-    from controlplane.endpoints import scaling
+    from controlplane import scaling
     from controlplane.endpoints.deployments import deployment_name
     from dataplane.cluster.driver import PodState
     from tests.test_autoscaling import Recorder
@@ -470,7 +471,7 @@ def test_timeline_bins_sum_buckets_by_slot_and_the_last_minute_in_one():
 
 
 def test_a_failing_streak_shows_on_the_profile(operator_web, small_model):
-    from controlplane.capacity import profile_benchmarks
+    from controlplane import profile_benchmarks
 
     profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")  # nothing listens
     profile_benchmarks.run_benchmark(small_model, engine_url="http://127.0.0.1:9")

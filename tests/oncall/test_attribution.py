@@ -6,7 +6,7 @@ and no address of the fleet."""
 import io
 from dataclasses import replace
 
-from controlplane.endpoints import scaling
+from controlplane import scaling
 from controlplane.endpoints.models import Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.agent import Agent, control_plane_args

@@ -12,7 +12,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="lowercase letters, digits and '-'")
-        parser.add_argument("--display-name", default="")
+        parser.add_argument("--display-name", default="", help="the name people read (optional)")
 
     def handle(self, name: str, display_name: str, **options: Any) -> None:
         tenant = Tenant(name=name, display_name=display_name)

@@ -47,7 +47,7 @@ class Command(BaseCommand):
     stealth_options = ("stdin",)  # call_command(..., stdin=StringIO("...\n")) in tests
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("username")
+        parser.add_argument("username", help="the name the user signs in with")
         parser.add_argument("--password", action=refused(ON_ARGV), help=f"refused: {ON_ARGV}")
         parser.add_argument(
             "--password-stdin",

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 PREFIX = "mupod_"
+# The salt keeps the module's first name (controlplane.api): a new one would change every key.
 _SALT = "controlplane.api.pod_keys.events"
 
 

@@ -9,7 +9,9 @@ operator asked for a re-run. Claims are filtered updates (two workers never meas
 Where no GPU can be had (BENCHMARK_SIMULATED_PROFILE), each pair is measured on its own simulated
 profile (ModelProfile.engine_profile(): 70B on 4 x H100 is not 8B on an L40S), in-process on a
 virtual clock by default (BENCHMARK_SIMULATED_CLOCK), so the machine's load cannot bend the
-numbers; the record's engine says "simulated:<profile>".
+numbers; the record's engine says "simulated:<profile>". A pair measured on a cluster pod has a
+deployment of its own (`benchmark_deployments`), which the autoscaler's pass declares
+(controlplane.scaling) while the benchmark holds the profile's claim.
 
 A failure or a refused fit starts or extends a streak: the next try waits 60 s, doubling per
 attempt in a row up to BENCHMARK_RETRY_MAX_S (4 h), and the streak has one on-call event whose
@@ -21,6 +23,7 @@ running, whatever happens.
 import asyncio
 import logging
 import secrets
+import shlex
 import socket
 import time
 from collections.abc import Iterator
@@ -41,12 +44,14 @@ from capacity.benchmark.results import BenchmarkError, SweepResult
 from capacity.benchmark.sweep import sweep
 from capacity.fitting import Fit
 from controlplane.capacity.models import ModelProfile, ProfileFit
+from controlplane.endpoints.deployments import benchmark_deployment_name, vllm_args
 from controlplane.oncall.models import Event
+from dataplane.cluster.driver import Deployment
 from dataplane.keys import read_fleet_keys
 from dataplane.runtime import engine_auth
 from dataplane.runtime.profiles import get_profile
 
-log = logging.getLogger("controlplane.capacity.profile_benchmarks")
+log = logging.getLogger("controlplane.capacity.profile_benchmarks")  # its name before it moved up
 
 
 def due_profiles(now: datetime) -> QuerySet[ModelProfile]:
@@ -113,7 +118,7 @@ def runs_in_process(profile: ModelProfile, engine_url: str | None = None) -> boo
     if engine_url or settings.BENCHMARK_ENGINE_URL or settings.BENCHMARK_SIMULATED_CLOCK != "virtual":
         return False
     if settings.BENCHMARK_POD_ENGINE == "vllm":
-        from controlplane.endpoints import scaling
+        from controlplane import scaling
 
         if scaling.driver() is not None:
             return False
@@ -146,7 +151,7 @@ def benchmark_engine(
     if url:
         yield url, 1.0, url, fleet_key()
         return
-    from controlplane.endpoints import scaling
+    from controlplane import scaling
 
     cluster = scaling.driver()
     if cluster is not None:
@@ -191,8 +196,6 @@ def benchmark_engine(
 def cluster_engine(cluster, profile: ModelProfile) -> tuple[str, float, str]:  # type: ignore[no-untyped-def]
     """The benchmark deployment's pod, once ready: the autoscaler's pass declares it for as long
     as this benchmark holds the profile's claim."""
-    from controlplane.endpoints.deployments import benchmark_deployment_name
-
     name = benchmark_deployment_name(profile.pk)
     deadline = time.monotonic() + settings.BENCHMARK_POD_READY_TIMEOUT_S
     while True:
@@ -212,6 +215,41 @@ def cluster_engine(cluster, profile: ModelProfile) -> tuple[str, float, str]:  #
     simulated = simulated_profile_name(profile) or profile.engine_profile()
     engine = "vllm" if vllm else f"simulated:{simulated}"
     return ready[0].url, scale, f"{engine} (cluster pod {ready[0].name}, time scale {scale:g})"
+
+
+def _benchmark_sim_profile(profile: ModelProfile) -> str:
+    return simulated_profile_name(profile) or profile.engine_profile()
+
+
+def benchmark_deployment(profile: ModelProfile) -> Deployment:
+    """The engine a benchmark of `profile` measures (BENCHMARK_POD_ENGINE): one replica."""
+    if settings.BENCHMARK_POD_ENGINE == "vllm":
+        engine = "vllm"
+        args: tuple[str, ...] = vllm_args(
+            settings.BENCHMARK_VLLM_MODEL or profile.model,
+            profile.gpus_per_replica,
+            extra=tuple(shlex.split(settings.BENCHMARK_VLLM_ARGS)),
+        )
+    else:
+        engine = "sim"
+        args = (
+            "--profile",
+            _benchmark_sim_profile(profile),
+            "--time-scale",
+            str(settings.BENCHMARK_SIMULATED_TIME_SCALE),
+        )
+    name = benchmark_deployment_name(profile.pk)
+    return Deployment(name, 1, engine, args, 1, {"benchmark": str(profile.pk)})
+
+
+def benchmark_deployments(now: datetime) -> list[Deployment]:
+    """A deployment for every benchmark under way that needs an engine of its own."""
+    if settings.BENCHMARK_ENGINE_URL:
+        return []
+    live = now - timedelta(seconds=settings.BENCHMARK_CLAIM_TTL_S)
+    claimed = ModelProfile.objects.filter(benchmark_claimed_at__gt=live).select_related("gpu_type")
+    # A benchmark on the virtual clock runs in-process: it needs no pod.
+    return [benchmark_deployment(p) for p in claimed.order_by("id") if not runs_in_process(p)]
 
 
 def run_benchmark(

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections, connections
 
-from controlplane.endpoints import scaling
+from controlplane import scaling
 from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("controlplane.watch_pods")

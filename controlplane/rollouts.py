@@ -6,9 +6,9 @@ pass advances it from the new version's ready pods, records a `rollout` Event at
 change (a canary held past ROLLOUT_MAX_HOLD_S is aborted, with a warning), and declares both
 versions' deployments while it runs, each at its share of the endpoint's desired replicas
 (dataplane.cluster.rollout.split; the ledger commits the same shares: controlplane.selling).
-The routing table carries the split ({"1": 100, "2": 0} while the new version starts;
-{"1": 90, "2": 10} for a canary), so a version at 0 % takes no new request while its pods
-finish what they have.
+The routing table carries the split (controlplane.endpoints.routing.traffic: {"1": 100, "2": 0}
+while the new version starts; {"1": 90, "2": 10} for a canary), so a version at 0 % takes no
+new request while its pods finish what they have.
 """
 
 from collections import defaultdict
@@ -29,13 +29,6 @@ def config() -> phases.RolloutConfig:
     return phases.RolloutConfig(
         settings.ROLLOUT_DRAIN_S, settings.ROLLOUT_READY_DEADLINE_S, settings.ROLLOUT_MAX_HOLD_S
     )
-
-
-def traffic(endpoint: Endpoint, active: Rollout | None) -> dict[str, int]:
-    """Each running version's share of the endpoint's requests, in percent."""
-    if active is None:
-        return {str(endpoint.version): 100}
-    return {str(active.from_version): 100 - active.new_percent, str(active.to_version): active.new_percent}
 
 
 def advance(endpoints: list[Endpoint], now: datetime) -> list[Deployment]:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import shape_name
-from controlplane.capacity import profile_benchmarks
+from controlplane import profile_benchmarks
 from controlplane.capacity.models import GpuType, ModelProfile, ProfileFit
 from dataplane.runtime.profiles import get_profile
 

@@ -1,6 +1,6 @@
 """Autoscaler actuation: the pure deciders (capacity.autoscaler) wired to the load buckets, the
 database and a cluster driver. Celery beat runs `horizontal_pass` every 5 s, `vertical_pass`
-every 30 s and `sync_pods` every second (controlplane.endpoints.tasks); `wake` runs on a router's
+every 30 s and `sync_pods` every second (controlplane.tasks); `wake` runs on a router's
 request. The buckets (and billing) are the collector's (controlplane.endpoints.collector): the
 horizontal pass runs a collect pass first, apart (its own lease and transaction), then reads.
 
@@ -45,17 +45,13 @@ from capacity.autoscaler.horizontal import Decision, lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand, pack
-from controlplane import selling
+from controlplane import rollouts, selling
 from controlplane.capacity.models import GpuPool
-from controlplane.endpoints import collector, rollouts, samples
-from controlplane.endpoints.deployments import (
-    DEPLOYMENT_PREFIX,
-    benchmark_deployments,
-    deployment_name,
-    parse_deployment,
-)
+from controlplane.endpoints import collector, samples
+from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_name, parse_deployment
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
+from controlplane.profile_benchmarks import benchmark_deployments
 from dataplane.cluster.driver import ClusterDriver, ClusterError
 from dataplane.cluster.k8s_objects import RuntimePodConfig
 from dataplane.wire.pod_events import PodEvent
