@@ -286,7 +286,7 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
 
     from capacity.ledger import Shape
     from capacity.provisioning import replica_bounds
-    from controlplane import selling
+    from controlplane import pool_ledgers
     from controlplane.capacity.models import (
         CapacityHour,
         CapacitySnapshot,
@@ -347,7 +347,7 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
         canary = RolloutState(Phase.CANARY, 10, now.timestamp(), canary_percent=10)
 
         # The pools, sized on what their endpoints commit (selling's arithmetic).
-        over = selling.overcommit()
+        over = pool_ledgers.overcommit()
         committed = [0] * size.pools
         desired: dict[int, int] = {}
         for p in plans:
@@ -357,7 +357,7 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
             desired[p.id] = max(own.replicas, p.pods)
             if p.id in rolling:
                 old_gpus = profile_of[((p.model + 1) % size.models, p.pool_index % 2)].gpus_per_replica
-                old, new = selling.rollout_replicas(canary, own.replicas, desired[p.id])
+                old, new = pool_ledgers.rollout_replicas(canary, own.replicas, desired[p.id])
                 committed[p.pool_index] += old * old_gpus + new * gpus
             else:
                 committed[p.pool_index] += own.gpus
@@ -465,9 +465,9 @@ def load(size: FleetSize, seed: int = 7) -> Fleet:
             for sql in connection.ops.sequence_reset_sql(no_style(), [Tenant, Endpoint, EventGroup]):
                 cursor.execute(sql)
 
-    ledgers = selling.pool_ledgers(pools)
+    ledgers = pool_ledgers.pool_ledgers(pools)
     for pool in pools:  # the rows were copied in, not written by selling: store their ledgers
-        selling.refresh_pools([pool.pk])
+        pool_ledgers.refresh_pools([pool.pk])
     normal = [ledgers[p.pk] for p in pools[FULL_POOLS:]] or list(ledgers.values())
     share = sum(ledger.committed_gpus for ledger in normal) / max(
         1, sum(ledger.have_gpus for ledger in normal)

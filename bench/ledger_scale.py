@@ -4,7 +4,7 @@
 
 Loads the fleet in bulk into its own PostgreSQL database (LEDGER_BENCH_DATABASE_URL, default
 cp_ledger_bench on 127.0.0.1), created at the start and dropped at the end, then times:
-- the ledger of every pool (controlplane.selling.pool_ledgers: the queries and the packing of
+- the ledger of every pool (controlplane.pool_ledgers.pool_ledgers: the queries and the packing of
   every pool's committed replicas onto its nodes), goal < 200 ms;
 - a sale check (selling.sell inside a transaction that is rolled back: the tenant's and the
   pool's locks, the pool's ledger, capacity.ledger.check_change), goal < 20 ms, on a sale that
@@ -118,12 +118,12 @@ def measure(runs: int) -> None:
     from django.test.utils import CaptureQueriesContext
 
     from capacity.ledger import Oversold
-    from controlplane import selling
+    from controlplane import pool_ledgers, selling
     from controlplane.capacity.models import GpuPool
     from controlplane.endpoints.models import Endpoint
 
     pools = list(GpuPool.objects.select_related("gpu_type"))
-    ledgers = selling.pool_ledgers(pools)  # warm: connection, imports
+    ledgers = pool_ledgers.pool_ledgers(pools)  # warm: connection, imports
     totals = [sum(getattr(ledger, f) for ledger in ledgers.values())
               for f in ("have_gpus", "committed_gpus", "committed_replicas", "sold_replicas", "free_gpus",
                         "stranded_gpus", "unplaced_replicas")]  # fmt: skip
@@ -136,8 +136,8 @@ def measure(runs: int) -> None:
     columns = f"{'runs':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} {'queries':>7}"
     print(f"\n{'figure':<62} {columns}  goal (wall p50)")
     with CaptureQueriesContext(connection) as ctx:
-        selling.pool_ledgers(GpuPool.objects.select_related("gpu_type"))
-    wall, cpu = timed(lambda: selling.pool_ledgers(GpuPool.objects.select_related("gpu_type")), runs)
+        pool_ledgers.pool_ledgers(GpuPool.objects.select_related("gpu_type"))
+    wall, cpu = timed(lambda: pool_ledgers.pool_ledgers(GpuPool.objects.select_related("gpu_type")), runs)
     line("ledger of every pool (pool_ledgers)", wall, cpu, 200, len(ctx.captured_queries))
 
     unreserved = list(

@@ -45,7 +45,7 @@ from capacity.autoscaler.horizontal import Decision, lookback_s
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand, pack
-from controlplane import rollouts, selling
+from controlplane import pool_ledgers, rollouts, selling
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints import collector, samples
 from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_name, parse_deployment
@@ -177,16 +177,16 @@ class PoolRoom:
     """What each endpoint claims of its pool's nodes during a pass: the larger of the replicas it
     commits (capacity.ledger: its reservation or its minimum replicas) and those it holds (its
     desired replicas); while its rollout runs, each version's share of that, as the ledger
-    commits it (controlplane.selling.rollout_replicas). An endpoint may grow into the replicas
+    commits it (controlplane.pool_ledgers.rollout_replicas). An endpoint may grow into the replicas
     that still pack onto the pool's nodes beside the others' claims (capacity.packing: a
     replica's GPUs on one node), never into the over-commit: pods need real GPUs."""
 
     def __init__(self, endpoints: list[Endpoint]):
         self.claims: dict[int, dict[int, list[ReplicaDemand]]] = defaultdict(dict)
         self.pools: dict[int, GpuPool] = {}
-        self.rollouts: dict[int, selling.RunningRollout] = {}
+        self.rollouts: dict[int, pool_ledgers.RunningRollout] = {}
         for e in endpoints:
-            if (rollout := selling.running_rollout(e)) is not None:
+            if (rollout := pool_ledgers.running_rollout(e)) is not None:
                 self.rollouts[e.pk] = rollout
             self.update(e)
 
@@ -384,7 +384,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                 Event.objects.bulk_create(events)
         # Every pool's stored ledger (metered MU, desired replicas and rollouts' steps are in it),
         # once the pass is committed: not under the endpoints' locks, which a sale may wait on.
-        selling.refresh_pools({e.pool_id for e in endpoints})
+        pool_ledgers.refresh_pools({e.pool_id for e in endpoints})
         # Moved only once the pass is committed: one that rolls back leaves the buckets it read
         # to the next pass's calm history, which would otherwise start after them.
         cursor = collected
@@ -572,7 +572,7 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
                 )
                 changed += 1
                 retargeted.add(e.pool_id)
-        selling.refresh_pools(retargeted)
+        pool_ledgers.refresh_pools(retargeted)
         return PassReport(decided, changed, failed)
     finally:
         lease.release(now)
@@ -625,7 +625,7 @@ def sync_pods(cluster: ClusterDriver) -> int:
         Endpoint.objects.bulk_update(endpoints, ["ready_replicas", "state"])
         touched = {rows[name].endpoint_id for name in gone} | {p.endpoint_id for p in [*create, *update]}
     if touched:  # ready pods are the ledger's used GPUs; refreshed once the pods are committed
-        selling.refresh_pools(Endpoint.objects.filter(pk__in=touched).values_list("pool_id", flat=True))
+        pool_ledgers.refresh_pools(Endpoint.objects.filter(pk__in=touched).values_list("pool_id", flat=True))
     return changed
 
 
@@ -653,7 +653,7 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
         e.desired_replicas, e.woken_at = replicas, now
         e.state = state_of(e)
         e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])
-    selling.refresh_pools([e.pool_id])  # a rollout commits its desired replicas
+    pool_ledgers.refresh_pools([e.pool_id])  # a rollout commits its desired replicas
     return True
 
 

@@ -224,7 +224,7 @@ MU_PER_REPLICA_MINUTE = envint("MU_PER_REPLICA_MINUTE", units.MU_PER_REPLICA_MIN
 CAPACITY_OVERCOMMIT = envfloat("CAPACITY_OVERCOMMIT", 1.0, minimum=0.01)
 # GPUs a tenant's endpoints may take at their minimum replicas, and at their maximum, each summed
 # over its endpoints, unless an operator set the tenant's own gpu_quota: the fleet's GPUs (every
-# pool's, summed, as they are when checked: controlplane.selling.gpu_quota), and no more than
+# pool's, summed, as they are when checked: controlplane.tenant_limits.gpu_quota), and no more than
 # this when it is set. Unset (or blank): the fleet's.
 TENANT_GPU_QUOTA_DEFAULT: int | None = (
     envint("TENANT_GPU_QUOTA_DEFAULT", 0, minimum=0)

@@ -17,7 +17,7 @@ from controlplane import profile_benchmarks, scaling
 from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
 from controlplane.endpoints.models import LoadMinute
-from controlplane.selling import refresh_pools
+from controlplane.pool_ledgers import refresh_pools
 
 
 def record_snapshots(now: datetime | None = None) -> int:

@@ -60,7 +60,7 @@ def big_model(h100):
 
 
 # The tenants' own quota, set as an operator would: the default is the fleet's GPUs
-# (selling.default_gpu_quota), 8 in these fixtures, which would refuse most endpoints' maximum
+# (tenant_limits.default_gpu_quota), 8 in these fixtures, which would refuse most endpoints' maximum
 # replicas before the checks a test is about. Tests of the default make a tenant without one.
 QUOTA = 256
 
@@ -117,7 +117,8 @@ def grow_fleet(make_endpoint, h100):
 
     from controlplane.endpoints.models import Pod
     from controlplane.oncall.models import Event
-    from controlplane.selling import refresh_pools, sell
+    from controlplane.pool_ledgers import refresh_pools
+    from controlplane.selling import sell
 
     settled = datetime(2026, 1, 1, tzinfo=UTC)
 

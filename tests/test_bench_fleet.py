@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Count, F, Sum
 
-from controlplane import selling
+from controlplane import pool_ledgers
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint, LoadBucket, Pod, Rollout, UsageHour
 from controlplane.oncall import grouping
@@ -54,7 +54,7 @@ def test_a_tiny_fleet_has_the_rows_of_its_size(loaded):
 
 def test_no_pool_of_the_fleet_is_oversold(loaded):
     pools = list(GpuPool.objects.all())
-    ledgers = selling.pool_ledgers(pools)
+    ledgers = pool_ledgers.pool_ledgers(pools)
     assert [p.name for p in pools if ledgers[p.pk].oversold] == []
     assert all(ledgers[p.pk].committed_gpus > 0 for p in pools)
     full = [ledgers[pk] for pk in loaded.full_pool_ids]

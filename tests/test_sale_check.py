@@ -1,6 +1,6 @@
-"""The sale check's short path (selling.alike_allocations: the pool's other endpoints grouped by what
+"""The sale check's short path (pool_ledgers.alike_allocations: the pool's other endpoints grouped by what
 their replicas are counted from, packed beside the change) answers as the whole ledger does
-(capacity.ledger.check_change on selling.pool_ledgers): the same yes or no, the same replicas
+(capacity.ledger.check_change on pool_ledgers.pool_ledgers): the same yes or no, the same replicas
 that fit, on generated pools of mixed TP sizes, several seeds."""
 
 import random
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from capacity.ledger import Oversold, as_json_number, check_change
-from controlplane import selling
+from controlplane import pool_ledgers, selling, tenant_limits
 from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
 from controlplane.endpoints.models import Endpoint
 from controlplane.tenants.models import Tenant
@@ -34,7 +34,7 @@ def tensor_parallel_profiles(h100) -> list[ModelProfile]:
 
 def fill_to_eight_sevenths(pool: GpuPool) -> None:
     """Nodes for about 8/7 of what the pool commits: full enough that some asks are refused."""
-    committed = selling.pool_ledgers([pool])[pool.pk].committed_gpus
+    committed = pool_ledgers.pool_ledgers([pool])[pool.pk].committed_gpus
     GpuPool.objects.filter(pk=pool.pk).update(gpu_count=8 * -(-committed // 7))
 
 
@@ -59,13 +59,13 @@ def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
     )
     fill_to_eight_sevenths(pool)
     pool.refresh_from_db()
-    assert not selling.pool_ledgers([pool])[pool.pk].oversold
+    assert not pool_ledgers.pool_ledgers([pool])[pool.pk].oversold
     refused = 0
     for endpoint in rng.sample(list(Endpoint.objects.with_related()), 12):
         current = getattr(getattr(endpoint, "reservation", None), "mu_per_minute", 0)
-        asked = selling.commitment(endpoint, rng.choice([200, 400, 800, 1600]))
-        replacing = selling.commitment(endpoint, current)
-        ledger = selling.pool_ledgers([pool])[pool.pk]
+        asked = tenant_limits.commitment(endpoint, rng.choice([200, 400, 800, 1600]))
+        replacing = tenant_limits.commitment(endpoint, current)
+        ledger = pool_ledgers.pool_ledgers([pool])[pool.pk]
         whole = refusal(check_change, "p", ledger, str(endpoint.pk), endpoint.profile.model, asked, replacing)
         short = refusal(selling.ensure_change, pool, endpoint, asked, replacing)
         assert short == whole, (endpoint.name, asked, replacing)
@@ -76,7 +76,7 @@ def test_the_short_path_answers_as_the_whole_ledger(h100, seed):
 @pytest.mark.parametrize("seed", [5, 6, 7])
 def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
     """The refused check builds its 409's ledger from the rows it read for the check (one query,
-    no names): each figure the 409 shows, and each model's, is the one selling.pool_ledgers
+    no names): each figure the 409 shows, and each model's, is the one pool_ledgers.pool_ledgers
     gives for that pool, with metered MU, ready pods (and not-ready ones, not counted) and the
     changed endpoint's own sale and pods in it."""
     from controlplane.api.errors import LEDGER_FIGURES, oversold_body
@@ -111,9 +111,9 @@ def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
     current = getattr(getattr(mine, "reservation", None), "mu_per_minute", 0)
     with pytest.raises(Oversold) as refused:
         selling.ensure_change(
-            pool, mine, selling.commitment(mine, 100_000), selling.commitment(mine, current)
+            pool, mine, tenant_limits.commitment(mine, 100_000), tenant_limits.commitment(mine, current)
         )
-    whole = selling.pool_ledgers([pool])[pool.pk]
+    whole = pool_ledgers.pool_ledgers([pool])[pool.pk]
     assert whole.used_gpus > 0 and whole.sold_mu_per_minute > 0 and whole.used_mu_per_minute > 0
     body = oversold_body(refused.value)
     assert {name: body[name] for name in LEDGER_FIGURES} == {
@@ -128,7 +128,7 @@ def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
 def test_rollouts_in_the_pool_are_counted_alike_on_both_paths(h100, seed):
     """Endpoints whose rollout runs commit each version its share of the larger of what they
     commit and hold, of its own shape; the old version's ready pods are its own. The sale
-    check's grouped read counts them as selling.pool_ledgers does: the same answers on the
+    check's grouped read counts them as pool_ledgers.pool_ledgers does: the same answers on the
     other endpoints' sales, a refusal's figures the whole ledger's, and the committed replicas
     what selling.endpoint_commitments says per endpoint."""
     from controlplane.api.errors import LEDGER_FIGURES, oversold_body
@@ -171,22 +171,22 @@ def test_rollouts_in_the_pool_are_counted_alike_on_both_paths(h100, seed):
     )
     fill_to_eight_sevenths(pool)
     pool.refresh_from_db()
-    whole = selling.pool_ledgers([pool])[pool.pk]
+    whole = pool_ledgers.pool_ledgers([pool])[pool.pk]
     assert not whole.oversold
     by_endpoint = Endpoint.objects.with_related()
     assert whole.committed_replicas == sum(
         v.commitment.replicas
         for e in by_endpoint
         for v in selling.endpoint_commitments(
-            e, getattr(getattr(e, "reservation", None), "mu_per_minute", 0), selling.running_rollout(e)
+            e, getattr(getattr(e, "reservation", None), "mu_per_minute", 0), pool_ledgers.running_rollout(e)
         )
     )
     assert whole.used_gpus > 0
     answers = []
     for endpoint in rng.sample([e for e in by_endpoint if e not in rolling], 10):
         current = getattr(getattr(endpoint, "reservation", None), "mu_per_minute", 0)
-        asked = selling.commitment(endpoint, rng.choice([400, 1600, 3200]))
-        replacing = selling.commitment(endpoint, current)
+        asked = tenant_limits.commitment(endpoint, rng.choice([400, 1600, 3200]))
+        replacing = tenant_limits.commitment(endpoint, current)
         answer = refusal(check_change, "p", whole, str(endpoint.pk), endpoint.profile.model, asked, replacing)
         try:
             selling.ensure_change(pool, endpoint, asked, replacing)
@@ -222,7 +222,7 @@ def test_the_sale_lock_takes_the_tenant_before_the_pool(h100):
     )
     holder, seller, probe = (psycopg.connect(conninfo) for _ in range(3))
     holder.execute("SELECT 1 FROM capacity_gpupool WHERE id = %s FOR UPDATE", [pool.pk])
-    waiting = threading.Thread(target=seller.execute, args=(selling._lock_sql(), [tenant.pk, pool.pk]))
+    waiting = threading.Thread(target=seller.execute, args=(pool_ledgers.lock_sql(), [tenant.pk, pool.pk]))
     waiting.start()
     try:
         # Until the seller waits on the pool, the tenant is free; then it is held.

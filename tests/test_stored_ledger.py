@@ -1,9 +1,9 @@
-"""The stored ledger (controlplane.selling.refresh_ledgers) always equals a fresh computation:
+"""The stored ledger (controlplane.pool_ledgers.refresh_ledgers) always equals a fresh computation:
 after any sequence of the writes that change a pool (endpoints created, changed, moved to another
 model, deleted; sales and releases; a pool's shape, a model's price; pods going ready; the
 autoscaler's pass; a promote), refused ones included, and after concurrent writers on PostgreSQL.
 
-The fresh computation is the per-endpoint one (selling.pool_ledgers, its own queries), not the
+The fresh computation is the per-endpoint one (pool_ledgers.pool_ledgers, its own queries), not the
 grouped read the store is computed from; the holders are recomputed endpoint by endpoint."""
 
 import random
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
-from controlplane import rollouts, scaling, selling
+from controlplane import pool_ledgers, rollouts, scaling, selling
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
@@ -100,7 +100,7 @@ def world(h100) -> World:
     for t in tenants:
         for p in pools:
             ProvisionedAllowance.objects.create(tenant=t, pool=p, gpus=12)
-    selling.stored_ledgers(pools)  # made without selling.save_pool: stored at their first read
+    pool_ledgers.stored_ledgers(pools)  # made without selling.save_pool: stored at their first read
     return World(tenants, pools, profiles, Cluster())
 
 
@@ -112,7 +112,7 @@ def fresh_holders(pool: GpuPool) -> list[list[int]]:
         reservation = getattr(e, "reservation", None)
         rollout = Rollout.objects.active().select_related("from_profile").filter(endpoint=e).first()
         versions = selling.endpoint_commitments(
-            e, reservation.mu_per_minute if reservation else 0, selling.running_rollout(e)
+            e, reservation.mu_per_minute if reservation else 0, pool_ledgers.running_rollout(e)
         )
         running = sum(
             rollout.from_profile.gpus_per_replica
@@ -122,12 +122,12 @@ def fresh_holders(pool: GpuPool) -> list[list[int]]:
         )
         committed = [v.commitment for v in versions]
         rows.append([e.pk, sum(c.gpus for c in committed), sum(c.mu_per_minute for c in committed), running])
-    return selling.holding_most(rows)[: selling.TOP_HOLDERS]
+    return pool_ledgers.holding_most(rows)[: pool_ledgers.TOP_HOLDERS]
 
 
 def assert_stored_is_fresh(pools: list[GpuPool]) -> None:
     pools = list(GpuPool.objects.filter(pk__in=[p.pk for p in pools]))
-    fresh = selling.pool_ledgers(pools)
+    fresh = pool_ledgers.pool_ledgers(pools)
     stored = {s.pool_id: s for s in StoredLedger.objects.filter(pool__in=pools)}
     for pool in pools:
         assert stored[pool.pk].figures == fresh[pool.pk].figures(), pool.name
@@ -197,14 +197,14 @@ KINDS = [
 OPS = st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.integers(0, 7), st.integers(0, 7))
 
 
-@pytest.fixture(params=[selling.TOP_HOLDERS, 2], ids=["ten-holders", "two-holders"])
+@pytest.fixture(params=[pool_ledgers.TOP_HOLDERS, 2], ids=["ten-holders", "two-holders"])
 def holders_stored(request, monkeypatch):
     """How many holders a pool stores: two, so that the few endpoints of a test's pools go
     beyond them (a sale that lowers one of them must find who passes it)."""
-    monkeypatch.setattr(selling, "TOP_HOLDERS", request.param)
-    selling._alike_sql.cache_clear()  # its SQL lists TOP_HOLDERS per group
+    monkeypatch.setattr(pool_ledgers, "TOP_HOLDERS", request.param)
+    pool_ledgers.alike_sql.cache_clear()  # its SQL lists TOP_HOLDERS per group
     yield request.param
-    selling._alike_sql.cache_clear()
+    pool_ledgers.alike_sql.cache_clear()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -267,7 +267,7 @@ def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would
             selling.sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
         assert not full_reads(queries.captured_queries), mu
         stored = StoredLedger.objects.get(pool=pool)
-        selling.refresh_pools([pool.pk])
+        pool_ledgers.refresh_pools([pool.pk])
         fresh = StoredLedger.objects.get(pool=pool)
         assert sorted(map(repr, stored.groups)) == sorted(map(repr, fresh.groups))  # in any order
         assert stored.fingerprint == fresh.fingerprint
@@ -317,7 +317,7 @@ def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 1
     with pytest.raises(Oversold):  # the stored groups would have placed it beside one
         selling.sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="ops")
-    selling.refresh_pools([pool.pk])
+    pool_ledgers.refresh_pools([pool.pk])
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
     assert not Reservation.objects.filter(endpoint=chat).exists()
 
@@ -345,7 +345,7 @@ def test_concurrent_writers_on_postgresql_leave_the_stored_ledger_fresh_and_neve
     for t in world.tenants:
         for p in world.pools:
             ProvisionedAllowance.objects.create(tenant=t, pool=p, gpus=16)
-    selling.stored_ledgers(world.pools)
+    pool_ledgers.stored_ledgers(world.pools)
     for i in range(6):
         apply(world, ("create", i, i, i), NOW)
     lock = threading.Lock()  # the pod sync's cluster is one shared object

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from capacity.ledger import as_json_number
 from capacity.provisioning import bounds_error, replica_bounds
-from controlplane import scaling, selling
+from controlplane import pool_ledgers, scaling, selling, tenant_limits
 from controlplane.api.auth import request_principal
 from controlplane.capacity.models import (
     GpuPool,
@@ -120,8 +120,8 @@ class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
 
     @functools.cached_property
     def _default_gpu_quota(self) -> int:
-        """selling.default_gpu_quota, read once per list (a list's rows share this serializer)."""
-        return selling.default_gpu_quota()
+        """tenant_limits.default_gpu_quota, read once per list (a list's rows share this serializer)."""
+        return tenant_limits.default_gpu_quota()
 
 
 class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
@@ -620,7 +620,7 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
 
     def get_replicas(self, reservation: Reservation) -> int:
         return reservation.endpoint.profile.shape.sold_replicas(
-            reservation.mu_per_minute, selling.overcommit()
+            reservation.mu_per_minute, pool_ledgers.overcommit()
         )
 
     def get_gpus(self, reservation: Reservation) -> int:
@@ -674,7 +674,7 @@ class ProvisionedAllowanceSerializer(StrictInput, serializers.ModelSerializer[Pr
         """What every allowance shown (a list's rows share this serializer) has taken, read once."""
         shown = self.root.instance
         rows = list(shown) if isinstance(shown, list | QuerySet) else [cast(ProvisionedAllowance, shown)]
-        return selling.unreserved(
+        return tenant_limits.unreserved(
             Endpoint.objects.filter(
                 tenant_id__in={a.tenant_id for a in rows}, pool_id__in={a.pool_id for a in rows}
             )
@@ -817,7 +817,7 @@ class PlacedReplicaSerializer(serializers.Serializer[Any]):
     gpus = serializers.IntegerField()
 
     def get_endpoint_id(self, replica: Any) -> int:
-        return selling.endpoint_of_key(replica.key)
+        return pool_ledgers.endpoint_of_key(replica.key)
 
 
 class NodeUseSerializer(serializers.Serializer[Any]):

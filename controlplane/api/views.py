@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
-from controlplane import rollouts, scaling, selling
+from controlplane import pool_ledgers, rollouts, scaling, selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
@@ -349,7 +349,7 @@ NODES = OpenApiParameter(
 
 class CapacityViewSet(viewsets.ViewSet):
     """Per pool: what we HAVE, SOLD and USE, in GPUs and in MU/min, as its last write stored
-    it (controlplane.selling.refresh_ledgers). Operators only."""
+    it (controlplane.pool_ledgers.refresh_ledgers). Operators only."""
 
     permission_classes = [AUTHENTICATED, OperatorOnly]
     lookup_value_regex = r"\d+"
@@ -365,8 +365,8 @@ class CapacityViewSet(viewsets.ViewSet):
             nodes = raw is not None and params.boolean("nodes", raw)
         except params.ParameterError as exc:
             raise ValidationError({"nodes": [exc.message]}) from None
-        stored = selling.stored_ledgers(pools)
-        live = selling.pool_ledgers(pools) if nodes else {}
+        stored = pool_ledgers.stored_ledgers(pools)
+        live = pool_ledgers.pool_ledgers(pools) if nodes else {}
         rows = [PoolCapacity(p, live.get(p.pk) or stored[p.pk].ledger(), stored[p.pk]) for p in pools]
         serializer = serializers.PoolNodesSerializer if nodes else serializers.PoolCapacitySerializer
         return Response(serializer(rows, many=True).data)

@@ -310,9 +310,9 @@ class StoredLedger(models.Model):
     the pool's endpoints that hold the most, most first: [endpoint id, committed GPUs,
     committed MU/min, running GPUs]. `groups` and `fingerprint` let a sale check and store
     without reading the pool again: its endpoints grouped as the ledger counts them
-    (selling.alike_groups, per group [what its replicas are counted from, [endpoints, metered
+    (pool_ledgers.alike_groups, per group [what its replicas are counted from, [endpoints, metered
     MU, ready pods, the old version's ready pods, fingerprints summed]]) and what those
-    were counted from, fingerprinted ("endpoints:sum"; selling._fingerprint): empty where none
+    were counted from, fingerprinted ("endpoints:sum"; pool_ledgers._fingerprint): empty where none
     was taken (SQLite)."""
 
     pool = models.OneToOneField(

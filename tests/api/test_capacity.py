@@ -2,7 +2,8 @@
 
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.selling import refresh_pools, sell
+from controlplane.pool_ledgers import refresh_pools
+from controlplane.selling import sell
 
 
 def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpoint, big_model):

@@ -13,7 +13,8 @@ from controlplane.api.errors import LEDGER_FIGURES, TENANT_LEDGER_FIGURES
 from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
-from controlplane.selling import refresh_pools, release, save_endpoint, sell
+from controlplane.pool_ledgers import refresh_pools
+from controlplane.selling import release, save_endpoint, sell
 from controlplane.tenants.models import Tenant
 from tests.conftest import endpoint_body
 from tests.console.conftest import member_client

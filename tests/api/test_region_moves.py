@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.selling import refresh_pools
+from controlplane.pool_ledgers import refresh_pools
 from tests.api.test_packed_capacity import big_body, capacity_of, regions  # noqa: F401 (the fixture)
 from tests.console.conftest import member_client
 

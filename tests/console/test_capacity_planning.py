@@ -13,7 +13,8 @@ from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, Reservation
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import Endpoint, Pod
-from controlplane.selling import delete_endpoint, refresh_pools, sell
+from controlplane.pool_ledgers import refresh_pools
+from controlplane.selling import delete_endpoint, sell
 from controlplane.tenants.models import Tenant
 from dataplane.wire.load_samples import EndpointSecond
 

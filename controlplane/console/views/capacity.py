@@ -1,7 +1,7 @@
 """The capacity section (operators only): pools and their stored ledgers summed per GPU type,
 with the history chart, each pool's node grid on demand, the endpoints that hold the most, the
 model profiles with their latest benchmarks, and selling a reservation. The page reads what the
-writes stored (controlplane.selling.stored_ledgers), so its cost follows the pools and the ten
+writes stored (controlplane.pool_ledgers.stored_ledgers), so its cost follows the pools and the ten
 holders it shows, not the endpoints behind them; a node grid reads its one pool live."""
 
 import copy
@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from capacity.autoscaler import forecast
 from capacity.ledger import Oversold, PoolLedger, check_change, more_replicas_after
 from capacity.packing import ReplicaDemand, defrag_plan
-from controlplane import selling
+from controlplane import pool_ledgers, selling, tenant_limits
 from controlplane.api import params
 from controlplane.api.errors import oversold_body
 from controlplane.api.serializers import ReservationSerializer
@@ -49,13 +49,13 @@ def capacity(request: ConsoleRequest) -> HttpResponse:
 def capacity_context(window: str | None) -> dict[str, Any]:
     """The pools' ledgers summed per GPU type, each with its history chart and forecast.
 
-    The ledgers are the stored ones (selling.stored_ledgers), which /api/v1/capacity/ answers
+    The ledgers are the stored ones (pool_ledgers.stored_ledgers), which /api/v1/capacity/ answers
     from: the page and the API show the same figures. No placement: a pool's node grid is its
     own request (pool_nodes)."""
     window = charts.window_name(window)
     now = timezone.now()
     pools = list(GpuPool.objects.select_related("gpu_type").order_by("gpu_type__name", "name"))
-    stored = selling.stored_ledgers(pools)
+    stored = pool_ledgers.stored_ledgers(pools)
     ledgers = {pool.pk: stored[pool.pk].ledger() for pool in pools}
     groups: dict[str, dict[str, Any]] = {}
     for pool in pools:
@@ -159,7 +159,7 @@ def pool_nodes(request: ConsoleRequest, pk: int) -> HttpResponse:
     the capacity page opens: the pool read live with its named placement, so its cost is the
     pool's endpoints, not the fleet's."""
     pool = get_object_or_404(GpuPool.objects.select_related("gpu_type"), pk=pk)
-    ledger = selling.pool_ledgers([pool])[pool.pk]
+    ledger = pool_ledgers.pool_ledgers([pool])[pool.pk]
     row = {"pool": pool, "ledger": ledger, "grid": node_grid(ledger)}
     return render(request, "console/_node_grid.html", {"row": row})
 
@@ -169,7 +169,7 @@ def node_grid(ledger: PoolLedger) -> dict[str, Any]:
     same content as one row of GPU cells (the packing orders nodes by content, so a fleet of
     1,000 nodes is a few rows), and per model placed there the replicas that still fit, with a
     defragmentation plan where a replica fits only after moving others (capacity.packing
-    .defrag_plan; shown, never carried out). `ledger` is a pool read live (selling.pool_ledgers):
+    .defrag_plan; shown, never carried out). `ledger` is a pool read live (pool_ledgers.pool_ledgers):
     a stored one keeps no placement."""
     demands = ledger.demands
     if demands is None:
@@ -255,9 +255,9 @@ def forecast_of(
 
 def planning_context(now: datetime, stored: dict[int, StoredLedger]) -> dict[str, Any]:
     """The endpoints that hold the most of the fleet and each tenant's usage against what it
-    bought. The holders are the stored ledgers' (each pool's ten, merged: selling.holding_most),
+    bought. The holders are the stored ledgers' (each pool's ten, merged: pool_ledgers.holding_most),
     their committed and running GPUs as stored; one query reads those endpoints for the rest."""
-    rows = selling.holding_most(h for s in stored.values() for h in s.holders)[:TOP_ENDPOINTS]
+    rows = pool_ledgers.holding_most(h for s in stored.values() for h in s.holders)[:TOP_ENDPOINTS]
     endpoints = Endpoint.objects.select_related("tenant", "profile", "pool", "reservation").in_bulk(
         [endpoint_id for endpoint_id, *_ in rows]
     )
@@ -401,12 +401,12 @@ def preview(request: ConsoleRequest) -> HttpResponse:
         return render(request, "console/_sell_preview.html", {"preview": None, "errors": errors}, status=400)
     # The pool's alike endpoints grouped, this one apart (under its own key, which the what-ifs
     # replace): the figures of the per-endpoint ledger from tens of rows, not the pool's every one.
-    groups = selling.alike_groups(endpoint.pool, changed=endpoint.pk)
-    ledger = selling.grouped_ledger(endpoint.pool, groups, changed=endpoint.pk)
-    replacing = selling.commitment(endpoint, reserved_now)
+    groups = pool_ledgers.alike_groups(endpoint.pool, changed=endpoint.pk)
+    ledger = pool_ledgers.grouped_ledger(endpoint.pool, groups, changed=endpoint.pk)
+    replacing = tenant_limits.commitment(endpoint, reserved_now)
     changed = copy.copy(endpoint)
     changed.min_provisioned_concurrency = minimum
-    asked = selling.commitment(changed, mu)
+    asked = tenant_limits.commitment(changed, mu)
     key = selling.demand_key(endpoint)
     committed_after = ledger.committed_gpus - replacing.gpus + asked.gpus
     headroom_after = ledger.sellable_gpus - committed_after
