@@ -6,7 +6,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_SIM_REDIS_URL ?= redis://127.0.0.1:6379/13
 
-.PHONY: install run load test test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
+.PHONY: install run load test test-fast test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,12 @@ test: install /usr/bin/chromium /usr/bin/promtool /usr/bin/redis-server
 	echo "== make test-sim-native"; wait $$native; native_ok=$$?; cat build/test-sim-native.log; \
 	test $$typed = 0 && test $$native_ok = 0
 	$(BIN)/ruff check .
+
+# The inner loop: the in-process tests in minutes (tests/conftest.py's SLOW_MARKERS left out), no mypy
+# or ruff; two pytest-xdist workers, each with its own test database and Redis database (tests/settings.py).
+test-fast: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -n 2 \
+	    -m "not (stack or browser or celery or vllm or own_vllm_pod or schemathesis)"
 
 # schemathesis against the live API for longer than `make test` gives it (60 s per key there):
 # e.g. `make test-schemathesis SCHEMATHESIS_MAX_TIME_S=600`.

@@ -1,7 +1,8 @@
 """API latency at fleet scale, at 10,000 and at 100,000 endpoints, on PostgreSQL with DEBUG off.
 
     make bench-api    (or: python bench/api_latency.py [--sizes 10000,100000 | --endpoints N]
-                               [--requests N] [--sales N] [--budget-s S] [--server production|sync])
+                               [--requests N] [--sales N] [--budget-s S] [--server production|sync]
+                               [--smoke])
 
 Per size, loads the fleet (bench/fleet.py) into a fresh database, serves it with the production
 web server (gunicorn -c controlplane/gunicorn.conf.py: 2 uvicorn workers, DEBUG off; --server
@@ -314,7 +315,9 @@ def own_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    options, args = fleet.parse_options(__doc__.splitlines()[0], requests=500, extra=own_arguments)
+    options, args = fleet.parse_options(
+        __doc__.splitlines()[0], requests=500, extra=own_arguments, smoke={"sales": SELLERS}
+    )
     if args.sales < 0:
         raise SystemExit(f"--sales must be at least 0, not {args.sales}")
     print(f"server: {args.server} (gunicorn {' '.join(SERVERS[args.server])})")

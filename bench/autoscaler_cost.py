@@ -1,6 +1,6 @@
 """CPU cost of one horizontal decision pass over N endpoints (goal: 10,000 under 1 s).
 
-    .venv/bin/python bench/autoscaler_cost.py
+    .venv/bin/python bench/autoscaler_cost.py [--smoke]
 
 Each endpoint brings five minutes of 5-second buckets (60 buckets, about the 350 s the decider
 reads by default: what a collector keeps); the pass decides every endpoint once. Prints CPU
@@ -8,8 +8,10 @@ seconds per pass and per endpoint as N grows, each endpoint's calm judged on the
 the last pass (the state the pass keeps, `calm.quiet_since`, for the quiet margin that is on by
 default), so each endpoint brings the same buckets; then with an operator's calm history of 30
 minutes (`calm_history_s` 1800) too, and with neither (`quiet_margin` 1: no judgement).
+--smoke: the same rows at 10 and 50 endpoints, in a second.
 """
 
+import argparse
 import random
 import sys
 import time
@@ -63,16 +65,22 @@ def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket]) -> bool:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 10 and 50 endpoints")
+    args = parser.parse_args()
+    sizes, compared = (
+        ((10, 50), (10, 50)) if args.smoke else ((1_000, 5_000, 10_000, 20_000), (1_000, 10_000))
+    )
     rng = random.Random(5)
     with_calm = AutoscalerConfig(calm_history_s=1800.0)
     unjudged = AutoscalerConfig(quiet_margin=1.0)
     print(f"{'endpoints':>10} {'cpu s/pass':>11} {'us/endpoint':>12}  goal: 10,000 under 1 s")
-    runs = [(n, None) for n in (1_000, 5_000, 10_000, 20_000)]
-    runs += [(n, c) for c in (with_calm, unjudged) for n in (1_000, 10_000)]
+    runs = [(n, None) for n in sizes]
+    runs += [(n, c) for c in (with_calm, unjudged) for n in compared]
     for n, config in runs:
-        if config is with_calm and n == 1_000:
+        if config is with_calm and n == compared[0]:
             print("with a calm history of 1800 s too:")
-        if config is unjudged and n == 1_000:
+        if config is unjudged and n == compared[0]:
             print("with neither (quiet_margin 1), nothing judged:")
         endpoints = fleet(n, rng, config)
         started = time.process_time()

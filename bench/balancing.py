@@ -1,6 +1,6 @@
 """Balancing quality on a SIMULATED fleet: an in-process discrete-event model, not real engines.
 
-    .venv/bin/python bench/balancing.py [--pods 8] [--requests 6000] [--utilisation 0.85]
+    .venv/bin/python bench/balancing.py [--pods 8] [--requests 6000] [--utilisation 0.85] [--smoke]
 
 The runtime helper's simulated engine (dataplane.runtime.sim) speaks HTTP and has no prefix cache;
 driving a fleet of them at 80-90 % through real sockets would need far more CPU than this shared
@@ -42,11 +42,11 @@ from pathlib import Path
 from dataplane.router.affinity import pick_sticky
 from dataplane.router.balancer import POLICY_NAMES, PodLoad, candidates, make_policy
 from dataplane.router.config import RouterConfig
-from dataplane.router.pricing import Coefficients, price
+from dataplane.router.pricing import CostModel, price
 
 CONFIG = RouterConfig()  # the router's defaults: sticky subset size and load-guard margins
 TRACE = Path("/work/shared/data/azure-llm-2023-conv.csv")
-COEF = Coefficients(alpha=0.001, beta=0.006, gamma=0.05)
+COEF = CostModel(alpha=0.001, beta=0.006, gamma=0.05)
 STEP_BASE_S, PER_SEQ_S, PREFILL_PER_TOKEN_S = 0.006, 0.000_06, 0.000_04
 # every decode step reads the KV cache of every running sequence: 128 KiB per token (Llama-8B) at
 # 3.35 TB/s = 39 ns per token of context held -> 50k tokens held add 2 ms to each step
@@ -260,7 +260,11 @@ def main() -> None:
     ap.add_argument("--max-seqs", default="8,16,64", help="engine batch caps to try (sequences)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seeds", type=int, default=3, help="seeds per run; the median is printed")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 4 pods, 200 requests, 1 seed")
     args = ap.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        ap.set_defaults(pods=4, requests=200, max_seqs="8", seeds=1)
+        args = ap.parse_args()
     trace = load_trace(args.requests, args.seed)
     span = trace[-1][0]
     print(

@@ -1,6 +1,6 @@
 """Balancing through real sockets: our router in front of SIMULATED engines (no model, no GPU).
 
-    .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85]
+    .venv/bin/python bench/balancing_http.py [--engines 4] [--seconds 40] [--utilisation 0.85] [--smoke]
 
 Runs the simulated engine (``python -m dataplane.runtime.sim``) with the ``tiny-test`` profile:
 4 sequences at most, a 10 ms step +1 ms per sequence, so a pod is a handful of slots and a long
@@ -20,6 +20,8 @@ other rows have none unless --target-concurrency is given), so excess requests w
 for the first free slot, not behind a long generation in one engine's queue.
 
 Cheap on CPU (time scale 1: ~100 engine steps/s per pod) but the machine is shared: expect noise.
+--smoke: 2 engines, a second of arrivals, one run per policy, long requests of SMOKE_LONG tokens
+and free ports, in seconds: does it still run, not what it gives.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +46,7 @@ from dataplane.runtime.profiles import get_profile
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SHORT, LONG, LONG_SHARE = 16, 256, 0.2
+SMOKE_LONG = 32  # --smoke's long requests: a run waits for its last one
 STEP_S = 0.010 + 0.001 * 4  # tiny-test step at a full batch of 4, s
 SLOTS = 4
 PROMPT = "x" * 200
@@ -54,6 +58,12 @@ def service_s(max_tokens: int) -> float:
     profile = get_profile("tiny-test")
     ttft, _ = perf_model.solo_latency_s(profile, len(sim_tokenizer.encode(PROMPT)), max_tokens)
     return ttft + (max_tokens - 1) * perf_model.decode_step_s(profile, SLOTS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def wait_port(port: int, timeout: float = 60.0) -> None:
@@ -159,22 +169,30 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="runs per policy; the median is printed")
     ap.add_argument("--target-concurrency", type=int, default=0, help="router limit per pod (0 = none)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 2 engines, 1 s, 1 run each")
     args = ap.parse_args()
-    mean_tokens = (1 - LONG_SHARE) * SHORT + LONG_SHARE * LONG
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        ap.set_defaults(engines=2, seconds=1.0, repeats=1)
+        args = ap.parse_args()
+    long = SMOKE_LONG if args.smoke else LONG
+    mean_tokens = (1 - LONG_SHARE) * SHORT + LONG_SHARE * long
     capacity = args.engines * SLOTS / (mean_tokens * STEP_S)  # requests/s
     rate = args.utilisation * capacity
     rng = random.Random(args.seed)
     arrivals, t = [], 0.0
     while t < args.seconds:
         t += rng.expovariate(rate)
-        arrivals.append((t, LONG if rng.random() < LONG_SHARE else SHORT))
+        arrivals.append((t, long if rng.random() < LONG_SHARE else SHORT))
     print(
         f"SIMULATED engines (dataplane.runtime.sim, tiny-test profile) x {args.engines}, real sockets; "
         f"capacity ~{capacity:.1f} req/s, offered {rate:.1f} req/s ({args.utilisation:.0%}), "
         f"{len(arrivals)} requests, router target concurrency {args.target_concurrency or 'off'}, "
         f"load {os.getloadavg()[0]:.2f}"
     )
-    ports = [18701 + i for i in range(args.engines)]
+    ports = (
+        [free_port() for _ in range(args.engines)] if args.smoke else [18701 + i for i in range(args.engines)]
+    )
+    router_port = free_port() if args.smoke else 18799
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sims = [
         subprocess.Popen(
@@ -209,7 +227,9 @@ async def main() -> None:
         results = {}
         for label, policy, target in runs:
             # the router's random choices differ per run (unseeded): median of the repeats
-            reps = [await run_policy(policy, ports, 18799, arrivals, target) for _ in range(args.repeats)]
+            reps = [
+                await run_policy(policy, ports, router_port, arrivals, target) for _ in range(args.repeats)
+            ]
             r = results[label] = {k: sorted(x[k] for x in reps)[len(reps) // 2] for k in reps[0]}
             print(
                 f"{label:<15} {r['ok']:5d} {r['failed']:6d} {r['ttft_p50']:9.3f} {r['ttft_p99']:9.3f} "

@@ -4,8 +4,12 @@
 # (2 processes), load: wrk with N connections posting stream=true. Prints wrk's totals and errors,
 # the router's peak in-flight requests (sampled from /metrics) and its peak RSS.
 # Env: CONNS (8000), DURATION (s, 40), EVENTS (10), INTERVAL (s, 1.0), WORKERS (router processes, 1).
+# --smoke: 50 streams for 2 s (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --smoke ]]; then
+  CONNS=${CONNS:-50} DURATION=${DURATION:-2} EVENTS=${EVENTS:-2} INTERVAL=${INTERVAL:-0.2}
+fi
 PY=${PY:-$(pwd)/.venv/bin/python}
 CONNS=${CONNS:-8000} DURATION=${DURATION:-40} EVENTS=${EVENTS:-10} INTERVAL=${INTERVAL:-1.0}
 WORKERS=${WORKERS:-1}

@@ -1,7 +1,8 @@
 """Console server time per page at fleet scale, at 10,000 and at 100,000 endpoints, on PostgreSQL.
 
     make bench-console    (or: python bench/console_latency.py [--sizes 10000,100000 | --endpoints N]
-                                                               [--requests N] [--budget-s S])
+                                                               [--requests N] [--budget-s S]
+                                                               [--smoke])
 
 Per size, loads the fleet (bench/fleet.py) into a fresh database and renders each page in-process
 through Django's full request stack (middleware, session, views, templates, PostgreSQL; DEBUG

@@ -13,7 +13,10 @@ on an empty queue, as an idle worker does; and a publisher SIGKILLed again and a
 middle of publishing while a consumer reads: errors the consumer raised (the worker dies on one:
 "Unrecoverable error") and confirmed messages lost.
 
-    .venv/bin/python bench/embedded_broker.py [--messages 3000] [--idle-s 10] [--kills 20]
+    .venv/bin/python bench/embedded_broker.py [--messages 3000] [--idle-s 10] [--kills 20] [--smoke]
+
+--smoke: 30 messages, one publisher and one consumer, half a second idle, one kill: in seconds,
+whether every candidate still runs, not what it gives.
 """
 
 from __future__ import annotations
@@ -167,7 +170,7 @@ def idle_cost(broker: Broker, seconds: float) -> dict[str, str]:
     }
 
 
-def kill_mid_publish(broker: Broker, kills: int, workdir: Path) -> dict[str, str]:
+def kill_mid_publish(broker: Broker, kills: int, workdir: Path, drain_s: float = 3.0) -> dict[str, str]:
     stop, _, results, procs = run_consumers(broker, 1)
     confirmed = workdir / "confirmed"
     rng = random.Random(1)
@@ -179,7 +182,7 @@ def kill_mid_publish(broker: Broker, kills: int, workdir: Path) -> dict[str, str
         time.sleep(rng.uniform(0.3, 0.8))  # connected and publishing
         os.kill(p.pid or 0, signal.SIGKILL)
         p.join()
-    time.sleep(3.0)  # the consumer drains what is left
+    time.sleep(drain_s)  # the consumer drains what is left
     ids, _, errs = collect(stop, results, procs)
     sent = {int(x) for x in confirmed.read_text().split()} if confirmed.exists() else set()
     return {
@@ -261,7 +264,11 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--kills", type=int, default=20, help="publishers SIGKILLed mid-publish")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 30 messages, 1 kill")
     args = ap.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        ap.set_defaults(messages=30, publishers=1, consumers=1, idle_s=0.5, kills=1)
+        args = ap.parse_args()
     table: dict[str, dict[str, str]] = {}
     for name, make in CANDIDATES.items():
         print(f"measuring {name}...", file=sys.stderr, flush=True)
@@ -275,7 +282,7 @@ def main() -> None:
                 with make(Path(d) / "idle") as broker:
                     row.update(idle_cost(broker, args.idle_s))
                 with make(Path(d) / "kill") as broker:
-                    row.update(kill_mid_publish(broker, args.kills, Path(d)))
+                    row.update(kill_mid_publish(broker, args.kills, Path(d), 1.0 if args.smoke else 3.0))
             except ImportError as e:
                 row = {"msg/s": f"skipped: {e}"}
             table[name] = row
@@ -287,7 +294,7 @@ def main() -> None:
         print(f"{k:{width}}  " + "  ".join(f"{table[n].get(k, ''):>26}" for n in names))
     print(
         f"({args.messages} messages from {args.publishers} publisher processes to {args.consumers} consumer "
-        f"processes; idle over {args.idle_s:.0f} s; {args.kills} publishers SIGKILLed mid-publish)"
+        f"processes; idle over {args.idle_s:g} s; {args.kills} publishers SIGKILLed mid-publish)"
     )
 
 

@@ -6,7 +6,10 @@ counts the deaths the stack's supervisor reported (expected: 0), greps every log
 broker error, and prints each process's CPU seconds and memory at the start of the load and at
 the end, and how the load generator's rounds fared. Not part of `make test` (30 minutes).
 
-    .venv/bin/python bench/embedded_soak.py [--minutes 30] [--stages 30x2,90x24,120x2]
+    .venv/bin/python bench/embedded_soak.py [--minutes 30] [--stages 30x2,90x24,120x2] [--smoke]
+
+--smoke: the stack started and one round of 2 seconds' load (--minutes 0.05 --stages 2x2): does
+it still run, not what it gives.
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--stages", default="30x2,90x24,120x2", help="`make load`'s, repeated")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: one round of 2 s")
     args = ap.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        ap.set_defaults(minutes=0.05, stages="2x2")
+        args = ap.parse_args()
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         var = Path(tmp) / "var"

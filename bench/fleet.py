@@ -38,6 +38,9 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/controlplane_bench")
+# A migrated database on the same server that a new bench database copies (CREATE DATABASE ...
+# TEMPLATE), the migrations then a no-op: the smoke tests' (tests/test_bench_smoke.py), made once.
+TEMPLATE = os.environ.get("BENCH_TEMPLATE_DATABASE", "")
 
 GPUS_PER_NODE = 8
 COMMITTED_SHARE = 0.70  # of a pool's GPUs, what its endpoints commit (the pools but the full ones)
@@ -115,7 +118,7 @@ def recreate_database() -> None:
     admin = url._replace(path="/postgres").geturl()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{TEMPLATE}"' if TEMPLATE else ""))
 
 
 def setup_django() -> None:
@@ -757,14 +760,28 @@ class Options:
     budget_s: float
 
 
+# --smoke: does the bench still run end to end (tests/test_bench_smoke.py runs it), in seconds: a
+# fleet of SMOKE_ENDPOINTS endpoints (enough for 2 in every full pool per seller of api_latency's
+# sale), the fewest requests a scenario takes (MIN_SAMPLES) within a second's budget.
+SMOKE_ENDPOINTS = 200
+SMOKE = {"sizes": str(SMOKE_ENDPOINTS), "requests": MIN_SAMPLES, "budget_s": 1.0}
+
+
 def parse_options(
     description: str,
     requests: int,
     extra: Callable[[argparse.ArgumentParser], Any] | None = None,
     argv: list[str] | None = None,
+    smoke: dict[str, Any] | None = None,
 ) -> tuple[Options, argparse.Namespace]:
-    """The sizes, requests and budget every bench takes, and its own arguments (`extra` adds them)."""
+    """The sizes, requests and budget every bench takes, and its own arguments (`extra` adds them);
+    --smoke makes SMOKE and `smoke` (the bench's own arguments') the defaults."""
     parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny sizes, seconds: {SMOKE_ENDPOINTS} endpoints, {MIN_SAMPLES} requests a scenario",
+    )
     parser.add_argument(
         "--sizes",
         default=f"{BASE.endpoints},{LARGE.endpoints}",
@@ -781,6 +798,9 @@ def parse_options(
     if extra is not None:
         extra(parser)
     args = parser.parse_args(argv)
+    if args.smoke:  # again, with the smoke sizes as the defaults (an explicit argument still wins)
+        parser.set_defaults(**SMOKE, **(smoke or {}))
+        args = parser.parse_args(argv)
     try:
         raw = [args.endpoints] if args.endpoints is not None else [int(s) for s in args.sizes.split(",")]
         sizes = [FleetSize.of(n) for n in raw]

@@ -1,6 +1,6 @@
 """The capacity page's and the endpoint page's reads of the past at fleet scale, on PostgreSQL.
 
-    .venv/bin/python bench/history_reads.py [--no-load] [--runs N]
+    .venv/bin/python bench/history_reads.py [--no-load] [--runs N] [--smoke]
 
 Loads bench/fleet.py's fleet (20 pools, 10,000 endpoints, 500 tenants), then 30 days of per-minute
 snapshots of every pool (864,000) summed into their hours as the migration does, 8 days of
@@ -10,6 +10,7 @@ day of one endpoint's 5-second load buckets (17,280) rolled up into minutes by t
 Prints each read's EXPLAIN ANALYZE execution time and plan, and the median and worst wall time
 of the function the page calls. Prints figures; asserts nothing (this machine is shared and
 noisy). The reads before the rollups, measured on the same data: docs/capacity-ledger.md.
+--smoke: the same reads on bench/fleet.py's smoke fleet with 2 days of snapshots, in seconds.
 """
 
 import argparse
@@ -20,13 +21,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleet import load, recreate_database, setup_django
+from fleet import BASE, SMOKE_ENDPOINTS, FleetSize, load_fresh, setup_django
 
 SNAPSHOT_DAYS = 30
+SMOKE_SNAPSHOT_DAYS = 2
 USAGE_HOURS = 8 * 24
 
 
-def load_history() -> None:
+def load_history(snapshot_days: int = SNAPSHOT_DAYS) -> None:
     from django.db import connection
     from django.utils import timezone
 
@@ -38,13 +40,16 @@ def load_history() -> None:
     assert endpoint is not None
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM capacity_capacitysnapshot; DELETE FROM capacity_capacityhour")
+        # the fleet's own usage (a day, a week for some) and the endpoint's hour of buckets: replaced
+        cursor.execute("DELETE FROM endpoints_usagehour")
+        cursor.execute("DELETE FROM endpoints_loadbucket WHERE endpoint_id = %s", [endpoint.pk])
         cursor.execute(
             """INSERT INTO capacity_capacitysnapshot (pool_id, at, have_gpus, sold_gpus, used_gpus,
                    have_mu_per_minute, sold_mu_per_minute, used_mu_per_minute)
                SELECT p.id, t, 1000, 200, 100, 50000, 10000 + p.id, 5000 + 3000 * random()
                FROM capacity_gpupool p, generate_series(%s::timestamptz - %s * interval '1 day', %s,
                     interval '1 minute') t""",
-            [now, SNAPSHOT_DAYS, now],
+            [now, snapshot_days, now],
         )
         cursor.execute(
             """INSERT INTO capacity_capacityhour (pool_id, start, snapshots, have_mu_sum, sold_mu_sum,
@@ -128,14 +133,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-load", action="store_true", help="read the database loaded last time")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"tiny sizes, seconds: {SMOKE_ENDPOINTS} endpoints, 2 runs"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(runs=2)
+        args = parser.parse_args()
     if args.no_load:
         setup_django()
     else:
-        recreate_database()
         started = time.monotonic()
-        load()
-        load_history()
+        load_fresh(FleetSize.of(SMOKE_ENDPOINTS) if args.smoke else BASE)
+        load_history(SMOKE_SNAPSHOT_DAYS if args.smoke else SNAPSHOT_DAYS)
         print(f"loaded in {time.monotonic() - started:.0f} s")
 
     from django.db import connection

@@ -1,6 +1,6 @@
 """The packed ledger at fleet scale: 1,000 nodes x 8 GPUs, 5,000 endpoints of mixed TP sizes.
 
-    .venv/bin/python bench/ledger_scale.py [--pools 10] [--runs 20]
+    .venv/bin/python bench/ledger_scale.py [--pools 10] [--runs 20] [--smoke]
 
 Loads the fleet in bulk into its own PostgreSQL database (LEDGER_BENCH_DATABASE_URL, default
 cp_ledger_bench on 127.0.0.1), created at the start and dropped at the end, then times:
@@ -12,7 +12,8 @@ cp_ledger_bench on 127.0.0.1), created at the start and dropped at the end, then
 The fleet: 250 tenants; each endpoint's model has 1, 2, 4 or 8 GPUs per replica (60/25/10/5 %);
 half keep 1 minimum replica (running: one ready pod each), half scale to zero; 30 % hold a
 reservation of 50-200 MU/min, so about three quarters of the GPUs are committed. Prints the
-figures and the query counts; asserts nothing (this machine is shared and noisy).
+figures and the query counts; asserts nothing (this machine is shared and noisy). --smoke: the
+same on SMOKE_FLEET (40 nodes, 200 endpoints: as many a node, 2 pools) with 3 runs, in seconds.
 """
 
 import argparse
@@ -27,8 +28,10 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DB_URL = os.environ.get("LEDGER_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/cp_ledger_bench")
+TEMPLATE = os.environ.get("BENCH_TEMPLATE_DATABASE", "")  # a migrated database to copy (bench/fleet.py)
 NODES, GPUS_PER_NODE, ENDPOINTS, TENANTS = 1000, 8, 5000, 250
 TP_SIZES = [(1, 60), (2, 25), (4, 10), (8, 5)]  # GPUs per replica, % of endpoints
+SMOKE_FLEET = (40, 200, 10)  # --smoke's NODES, ENDPOINTS, TENANTS, with 2 pools and 3 runs
 
 
 def admin(sql: str) -> None:
@@ -185,17 +188,23 @@ def measure(runs: int) -> None:
 
 
 def main() -> None:
+    global NODES, ENDPOINTS, TENANTS
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pools", type=int, default=10, help="the 1,000 nodes split into this many pools")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 40 nodes, 200 endpoints")
     args = parser.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        NODES, ENDPOINTS, TENANTS = SMOKE_FLEET
+        parser.set_defaults(pools=2, runs=3)
+        args = parser.parse_args()
     if NODES % args.pools:
         raise SystemExit(f"--pools must divide {NODES}")
     admin('DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin('CREATE DATABASE "{name}"')
+    admin('CREATE DATABASE "{name}"' + (f' TEMPLATE "{TEMPLATE}"' if TEMPLATE else ""))
     try:
         setup_django()
         started = time.perf_counter()

@@ -18,10 +18,12 @@ to 1,000 routers x 10,000 endpoints with the formulas printed.
 
     python bench/metering_scale.py                # sizes 20x500 and 100x1000, 5 s each
     SIZES=10x100,40x400 SECONDS=5 python bench/metering_scale.py
+    python bench/metering_scale.py --smoke        # 2 routers x 10 endpoints, 2 s: does it run
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -201,8 +203,14 @@ def same(a: tuple[set[int], Rows], b: tuple[set[int], Rows]) -> bool:
 
 
 def main() -> None:
-    sizes = [tuple(map(int, s.split("x"))) for s in os.environ.get("SIZES", "20x500,100x1000").split(",")]
-    seconds = int(os.environ.get("SECONDS", "5"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: 2 routers x 10 endpoints, 2 s"
+    )
+    smoke = parser.parse_args().smoke
+    default_sizes, default_seconds = ("2x10", "2") if smoke else ("20x500,100x1000", "5")
+    sizes = [tuple(map(int, s.split("x"))) for s in os.environ.get("SIZES", default_sizes).split(",")]
+    seconds = int(os.environ.get("SECONDS", default_seconds))
     server = shutil.which("redis-server")
     assert server, "needs redis-server on PATH"
     port = free_port()

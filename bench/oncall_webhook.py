@@ -7,7 +7,10 @@ pointing at a receiver on 127.0.0.1; then N critical events (each a new problem)
 its body, are printed.
 The contract: every one within 15 s.
 
-    .venv/bin/python bench/oncall_webhook.py [--events 5]
+    .venv/bin/python bench/oncall_webhook.py [--events 5] [--smoke]
+
+--smoke: one event, and a page later than the contract is printed, not an exit status of 1: does
+the stack still page at all (tests/test_bench_smoke.py), on a machine too busy to time it.
 """
 
 import argparse
@@ -50,7 +53,11 @@ def wait_for(url: str, timeout_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="one event, no exit status for a late page")
     args = parser.parse_args()
+    if args.smoke:  # again, with this as the default (an explicit argument still wins)
+        parser.set_defaults(events=1)
+        args = parser.parse_args()
     python = sys.executable
     with tempfile.TemporaryDirectory(prefix="oncall-bench-") as var, Receiver() as receiver:
         env = {
@@ -115,7 +122,7 @@ def main() -> None:
                 print(f"event {i}: POST -> webhook {took[-1]:.2f} s")
             verdict = "ok" if max(took) <= CONTRACT_S else "MISSED"
             print(f"max {max(took):.2f} s, contract {CONTRACT_S:g} s: {verdict}")
-            if max(took) > CONTRACT_S:
+            if max(took) > CONTRACT_S and not args.smoke:
                 raise SystemExit(1)
         finally:
             for process in started:

@@ -7,8 +7,10 @@
 #      (a Lua delay) so the offered rate is about half; p50/p99 through the router and, at the
 #      same pacing, straight to one nginx pod: the difference is what the router adds.
 # Backends: bench/nginx_pods.sh's vLLM-shaped JSON pods. Env: DURATION (s, 10), CONNS (64), PY.
+# --smoke: 8 connections for 1 s (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --smoke ]]; then DURATION=${DURATION:-1} CONNS=${CONNS:-8}; fi
 PY=${PY:-$(pwd)/.venv/bin/python}
 DURATION=${DURATION:-10} CONNS=${CONNS:-64}
 command -v wrk >/dev/null && command -v nginx >/dev/null || { echo "needs wrk and nginx"; exit 2; }

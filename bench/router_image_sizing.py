@@ -2,6 +2,7 @@
 against BASE_REF (default main, exported with git archive), side by side in one run.
 
     PYTHONPATH=. .venv/bin/python bench/router_image_sizing.py [--base-ref main] [--repeats 3] [--rounds 3]
+                                                               [--smoke]
 
 Each case (``cases``) is one chat request body, run through the router's pricing path as
 ``Router.proxy`` runs it before admission (``json_body``, ``demand`` with its image count,
@@ -9,7 +10,8 @@ Each case (``cases``) is one chat request body, run through the router's pricing
 microseconds of CPU per request (the least of ``--repeats`` runs of each tree, taken in turn, of
 ``--rounds`` rounds each), the ratio to the same-size text request, the image count alone
 (``count_images`` on the parsed messages), and whether the request was priced or refused (a 400
-and its param; a refused case's cost is the refusal's).
+and its param; a refused case's cost is the refusal's). --smoke: one run of one round each,
+against HEAD (a checkout may have no main), in seconds: does it still run, not what it gives.
 """
 
 from __future__ import annotations
@@ -203,7 +205,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each tree, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each case in a run")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # a tree's directory: measure it
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 1 x 1 against HEAD")
     args = parser.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        parser.set_defaults(base_ref="HEAD", repeats=1, rounds=1)
+        args = parser.parse_args()
     if args.measure:
         sys.path.insert(0, args.measure)
         print(json.dumps(measure(args.rounds)))

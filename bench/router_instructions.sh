@@ -14,8 +14,13 @@
 # Env: SHORT (160), LONG (1760), BASE_REF, PY. Needs valgrind and nginx
 # (apt-get install -y valgrind nginx-light); without them it prints a skip line and exits 0.
 # About 2 minutes on an idle core (valgrind runs Python ~50x slower).
+# --smoke: the json workload of 16 and 32 requests
+#   (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WORKLOADS=${WORKLOADS:-}
+if [[ ${1:-} == --smoke ]]; then SHORT=${SHORT:-16} LONG=${LONG:-32} WORKLOADS=${WORKLOADS:-json}; fi
+WORKLOADS=${WORKLOADS:-json stream}
 PY=${PY:-$(pwd)/.venv/bin/python}
 BASE_REF=${BASE_REF:-f602ef5}
 SHORT=${SHORT:-160} LONG=${LONG:-1760}
@@ -89,7 +94,7 @@ instructions() {  # tree workload requests -> the router's instructions for the 
 }
 per_request() { local a b; a=$(instructions "$1" "$2" "$SHORT"); b=$(instructions "$1" "$2" "$LONG"); echo $(((b - a) / (LONG - SHORT))); }
 printf '%-8s %14s %14s %8s\n' workload "base ($BASE_REF)" ours ratio
-for w in json stream; do
+for w in $WORKLOADS; do
   base=$(per_request "$WORK/base" $w); ours=$(per_request "$(pwd)" $w)
   printf '%-8s %14s %14s %8s\n' $w "$base" "$ours" "$(awk -v a="$ours" -v b="$base" 'BEGIN {printf "%.3f", a / b}')"
 done

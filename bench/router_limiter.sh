@@ -13,8 +13,11 @@
 # Env: DURATION (s, 5), CONNS (64), ROUNDS (3), WORKERS (2), PY, ROUTER_PEERS_CACHE.
 # Figures: leased/inproc req/s >= 0.95; limiter Redis commands per request <= 0.01;
 # leased/vllm-router req/s >= 1.0.
+# --smoke: one round of 1 s, 8 connections
+#   (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --smoke ]]; then DURATION=${DURATION:-1} CONNS=${CONNS:-8} ROUNDS=${ROUNDS:-1}; fi
 PY=${PY:-$(pwd)/.venv/bin/python}
 DURATION=${DURATION:-5} CONNS=${CONNS:-64} ROUNDS=${ROUNDS:-3} WORKERS=${WORKERS:-2}
 CACHE=${ROUTER_PEERS_CACHE:-$HOME/.cache/router-peers}

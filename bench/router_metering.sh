@@ -11,8 +11,11 @@
 # Prints one row per round, workload and router (requests/s, p99, the router's CPU per request),
 # then medians and the ratios ours/base. On a shared, busy machine requests/s swing with the
 # neighbours; the CPU a request costs the router does not, and is the steadier ratio.
+# --smoke: one round of 1 s, 8 connections
+#   (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --smoke ]]; then DURATION=${DURATION:-1} CONNS=${CONNS:-8} ROUNDS=${ROUNDS:-1}; fi
 PY=${PY:-$(pwd)/.venv/bin/python}
 BASE_REF=${BASE_REF:-f602ef5}
 DURATION=${DURATION:-5} CONNS=${CONNS:-64} ROUNDS=${ROUNDS:-3} WORKERS=${WORKERS:-1}

@@ -4,8 +4,13 @@
 # the hot path: --rate-limit-mu-per-min 1e12 is a static reservation so generous it never denies, so
 # every request pays for the limiter check without being throttled.
 # Env: DURATION (default 5), ROUNDS (default 3), WORKERS (default 2), PEERS (path of router-peers.sh).
+# --smoke: one round of 1 s, 8 connections
+#   (tests/test_bench_smoke.py runs it): does it still run, not what it gives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --smoke ]]; then
+  DURATION=${DURATION:-1} ROUNDS=${ROUNDS:-1}; export CONNS=${CONNS:-8}  # the peers script's
+fi
 PEERS=${PEERS:-/work/shared/bench/router-peers.sh}
 PY=${PY:-$(pwd)/.venv/bin/python}
 WORKERS=${WORKERS:-2}

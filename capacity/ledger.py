@@ -152,7 +152,10 @@ class ModelCapacity:
 
 
 @dataclass(frozen=True)
-class PlacedReplica:
+class NodeReplica:
+    """One replica in a node's row of the node grid (NodeUse): the packing's PlacedReplica with
+    its endpoint's label and model, for people to read."""
+
     key: str  # the endpoint's id
     label: str
     model: str
@@ -165,7 +168,7 @@ class NodeUse:
 
     index: int  # 0-based
     gpus: int  # the node's GPUs
-    replicas: tuple[PlacedReplica, ...]
+    replicas: tuple[NodeReplica, ...]
     free_gpus: int
 
 
@@ -205,7 +208,7 @@ class PoolLedger:
             NodeUse(
                 index=i,
                 gpus=self.node_shape.gpus,
-                replicas=tuple(PlacedReplica(r.key, *self.names[r.key], r.gpus) for r in placed),
+                replicas=tuple(NodeReplica(r.key, *self.names[r.key], r.gpus) for r in placed),
                 free_gpus=free,
             )
             for i, (placed, free) in enumerate(

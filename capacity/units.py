@@ -71,6 +71,9 @@ def kv_token_steps(input_tokens: float, output_tokens: float) -> float:
 
 @dataclass(frozen=True)
 class CostModel:
+    """The price rule's coefficients for one model on one GPU type (its profile's fit); what the
+    routing table and the router call an endpoint's ``coefficients``."""
+
     alpha: float  # MU per input (prompt) token; >= 0
     beta: float  # MU per output (generated) token; >= 0, normally > alpha
     gamma: float  # MU per request, whatever its size; >= -beta (a fitted intercept may be below 0)

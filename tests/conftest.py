@@ -10,6 +10,33 @@ from controlplane.selling import save_endpoint
 from controlplane.tenants.models import ApiKey, Tenant
 from dataplane.wire import load_samples
 
+# The test tiers. `make test` runs every test; `make test-fast` (the inner loop) leaves out the ones
+# marked with these (pyproject.toml's markers): servers and processes, Chromium, a Celery worker,
+# vLLM, schemathesis. tests/test_tiers.py checks the hook below, the modules' own marks and the
+# Makefile's expression against this list.
+SLOW_MARKERS = ("stack", "browser", "celery", "vllm", "own_vllm_pod", "schemathesis")
+
+# Fixtures that start a server or processes: a test that uses one, even through another fixture
+# (item.fixturenames is the whole closure), is marked `stack` here, so that a new test cannot land
+# in the fast tier by forgetting a mark. Fixtures of one module that start processes (a module's
+# `sim`, `engine`, `stack`...) are not named here: their module carries `pytestmark`, or their
+# tests `@pytest.mark.stack`, which tests/test_tiers.py checks by reading every test module.
+PROCESS_FIXTURES = frozenset(
+    {
+        "live_server",  # pytest-django's server (threads) on a transactional database
+        "start_sim",  # tests/runtime/conftest.py: simulated engines as subprocesses
+        "tiny_model",  # tests/runtime/conftest.py: makes a model for real vLLM
+        "real_pod",  # tests/runtime/conftest.py: a real vLLM pod
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):

@@ -25,6 +25,8 @@ from controlplane.tenants.models import ApiKey
 from tests.runtime.support import router_process as router
 from tests.runtime.support import sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine and routers as subprocesses
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 PROBE_KEY = "prober-credential-3f9c"
 BIG = {"prompt": "hello there", "max_tokens": 3000}

@@ -58,6 +58,7 @@ def stop(proc):
             proc.wait(timeout=10)
 
 
+@pytest.mark.stack
 @pytest.mark.celery
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(LOAD_BOUND_S + 300)  # the load's bound and the steps around it

@@ -107,6 +107,7 @@ def test_nothing_is_client_bound_on_the_virtual_clock():
     assert result.client_bound == [] and len(result.measurements()) == len(result.shapes)
 
 
+@pytest.mark.stack
 @pytest.mark.timeout(180)  # about 55 s alone; twice that beside the suite's other servers
 def test_over_http_at_x20_the_fast_shape_is_client_bound_and_the_long_one_is_not():
     # 16 x 1 on the simulated H100 8B sustains ~1,500 requests a simulated second, 30,000 a wall

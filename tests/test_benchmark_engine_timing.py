@@ -88,6 +88,7 @@ def stalled(pid: int, after_s: float, for_s: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.stack
 def test_the_sim_s_clock_counts_the_profile_not_a_stalled_process():
     # tiny-test at real time: 100 tokens in, 50 out alone: 20 ms TTFT + 49 x 11 ms = 559 ms.
     # Stopped for 0.5 s mid-request, the client waits ~1.06 s; the engine says 0.559.
@@ -106,6 +107,7 @@ def test_the_sim_s_clock_counts_the_profile_not_a_stalled_process():
     assert histogram.total_s == pytest.approx(solo, abs=0.012)  # at most one 11-ms step of slack
 
 
+@pytest.mark.stack
 def test_a_closed_step_is_timed_by_the_engine_through_a_stall():
     # Four in flight, 16 requests of 16 x 16 at time scale 20; the sim stopped for 0.4 s (8
     # simulated seconds) mid-step. The client's clock would read a p99 over 8 s against a
@@ -131,6 +133,7 @@ def test_a_closed_step_is_timed_by_the_engine_through_a_stall():
     assert elapsed >= 0.4 * 20
 
 
+@pytest.mark.stack
 def test_an_open_step_the_client_could_not_offer_does_not_stand():
     # 100,000 arrivals per simulated second at time scale 20 is 2 M/s of wall time: no client
     # sends that on schedule, so the engine's easy latencies are not those of that rate.

@@ -23,6 +23,7 @@ def tiny_sim():
         yield sim
 
 
+@pytest.mark.stack
 def test_sustained_rates_track_the_engine_s_capacity(tiny_sim):
     sim = tiny_sim
     shapes = ((16, 16), (64, 64), (16, 600))
@@ -48,6 +49,7 @@ def test_an_engine_that_is_down_fails_cleanly():
         asyncio.run(sweep(f"http://127.0.0.1:{free_port()}", SweepConfig(shapes=((16, 16),))))
 
 
+@pytest.mark.stack
 def test_an_engine_that_answers_errors_fails_naming_the_shape(tiny_sim):
     sim = tiny_sim
     assert http("POST", f"{sim.url}/_sim/fault", {"mode": "errors", "fraction": 1.0})[0] == 200
@@ -55,6 +57,7 @@ def test_an_engine_that_answers_errors_fails_naming_the_shape(tiny_sim):
         asyncio.run(sweep(sim.url, SweepConfig(shapes=((16, 8),))))
 
 
+@pytest.mark.stack
 def test_an_engine_that_hangs_mid_sweep_fails_naming_the_shape(tiny_sim):
     sim = tiny_sim
     assert http("POST", f"{sim.url}/_sim/fault", {"mode": "hang"})[0] == 200

@@ -180,10 +180,12 @@ def test_no_pure_module_imports_the_control_plane_or_django():
     assert import_violations(ROOT) == []
 
 
+@pytest.mark.stack
 def test_importing_every_pure_module_loads_no_django():
     assert loaded_forbidden(ROOT) == []
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize(
     "path, module",
     [

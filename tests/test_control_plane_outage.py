@@ -25,6 +25,8 @@ from tests.runtime.support import answers, free_port, sim_engine, wait_until
 from tests.test_metering_delivery import metric, router
 from tests.test_usage_end_to_end import call, profile, selling, totals, usage_rows  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.stack  # a control plane, a router and an engine as subprocesses
+
 OUTAGE_S = 30.0
 DEADLINE_S = 90.0
 BEAT_S = 5.0

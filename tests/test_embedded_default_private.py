@@ -63,6 +63,7 @@ def open_to_others(var: Path) -> list[str]:
     return found
 
 
+@pytest.mark.stack
 def test_manage_py_on_the_embedded_default_makes_only_private_files(tmp_path):
     var = tmp_path / "var"
     var.mkdir(mode=0o755)  # as an earlier run, or a `mkdir var`, left it
@@ -166,6 +167,7 @@ print(Endpoint.objects.filter(tenant__name="globex").order_by("pk").first().pk)
 """
 
 
+@pytest.mark.stack
 def test_the_embedded_stack_is_private_without_debug_and_keeps_sessions_across_a_restart(tmp_path):
     var = tmp_path / "var"
     var.mkdir(mode=0o755)

@@ -4,7 +4,7 @@ through the router and a hung pod restarted by its liveness probe, with its even
 Skipped (with the reason) unless KUBECONFIG names a reachable cluster and kubectl is on PATH.
 To keep `make test` from deploying onto whatever cluster a shell happens to point at, the
 current context must be a kind cluster (`kind-...`) unless MU_E2E_ANY_CLUSTER=1. The images
-must be on the nodes first (README, "Kubernetes"): mu/controlplane:dev, mu/router:dev and
+must be on the nodes first (docs/kubernetes.md): mu/controlplane:dev, mu/router:dev and
 mu/runtime-sim:dev. MU_E2E_KEEP=1 leaves the test's endpoint running afterwards (the stack is
 always left up: `kubectl delete -k docker/k8s/overlays/dev` removes it).
 
@@ -47,7 +47,7 @@ def _skip_reason() -> str | None:
     if KUBECTL is None:
         return "needs kubectl on PATH"
     if not os.environ.get("KUBECONFIG"):
-        return "needs KUBECONFIG pointing at a cluster (e.g. kind; see README, 'Kubernetes')"
+        return "needs KUBECONFIG pointing at a cluster (e.g. kind; see docs/kubernetes.md)"
     try:
         context = subprocess.run(
             [KUBECTL, "config", "current-context"], capture_output=True, text=True, timeout=10, check=True
@@ -62,6 +62,7 @@ def _skip_reason() -> str | None:
 
 SKIP = _skip_reason()
 pytestmark = [
+    pytest.mark.stack,  # a cluster, kubectl port-forward and the load generator
     pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
     pytest.mark.timeout(1800),
 ]

@@ -89,6 +89,7 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+@pytest.mark.stack
 @pytest.mark.django_db(transaction=True)
 def test_run_local_passes_the_key_to_the_agent_and_the_router_off_argv_and_to_no_pod(live_server, tmp_path):
     """The agent and the router started as scripts/run-local.sh starts them (--key-file on a

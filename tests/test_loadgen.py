@@ -25,6 +25,8 @@ import pytest
 from dataplane.loadgen.__main__ import main
 from tests.runtime.support import SimProcess, answers, free_port, metric_value, sim_engine, wait_until
 
+pytestmark = pytest.mark.stack  # an engine, a router, the load generator and locust as subprocesses
+
 MODEL = "sim-tiny"  # what the tiny-test profile serves
 SUMMARY = re.compile(
     r"^total (?P<elapsed>\d+)s\s+sent\s+(?P<sent>\d+)\s+ok\s+(?P<ok>\d+)\s+errors (?P<errors>.+?)"

@@ -22,6 +22,8 @@ import pytest
 
 from tests.runtime.support import free_port
 
+pytestmark = pytest.mark.stack  # the embedded stack (make run)
+
 ROOT = Path(__file__).resolve().parents[1]
 START_BOUND_S = 150  # migrations and the demo fleet on SQLite, on a busy 2-core machine
 STOP_BOUND_S = 40  # the agent drains its pods; the script waits for every child

@@ -33,6 +33,8 @@ from dataplane.runtime.metrics import sample_sum
 from tests.runtime.support import free_port, sim_engine, wait_until
 from tests.test_usage_end_to_end import call, profile, selling, totals, usage_rows  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.stack  # a live_server, an engine and routers as subprocesses
+
 TIMEOUT_S = 1.0  # the router's wait for a post's answer
 
 

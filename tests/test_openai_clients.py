@@ -21,6 +21,8 @@ from controlplane.tenants.models import ApiKey
 from tests.runtime.support import router_process as router
 from tests.runtime.support import sim_engine
 
+pytestmark = pytest.mark.stack  # an engine and routers as subprocesses
+
 PROMPT = "Tell me about the weather in the mountains"
 
 

@@ -106,6 +106,7 @@ def test_a_poor_fit_is_refused_and_the_old_price_stays(small_model, settings):
     assert Event.objects.get(kind="benchmark").severity == "warning"
 
 
+@pytest.mark.stack
 def test_a_failing_engine_is_reported_naming_the_shape_and_retried_later(small_model, tiny_sim, settings):
     settings.BENCHMARK_RETRY_BASE_S = 60
     http("POST", f"{tiny_sim.url}/_sim/fault", {"mode": "errors", "fraction": 1.0})
@@ -203,6 +204,7 @@ def test_a_task_queued_twice_does_not_benchmark_twice(small_model):
     assert not ProfileFit.objects.exists()
 
 
+@pytest.mark.stack
 def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, settings, local_pods):
     settings.BENCHMARK_MAX_HELDOUT_MAPE = 1.0  # the pod's lifecycle is under test, not accuracy
     settings.BENCHMARK_MAX_UNDERPRICE = 1.0
@@ -213,6 +215,7 @@ def test_a_local_simulated_pod_is_started_and_always_torn_down(small_model, sett
     assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
 
 
+@pytest.mark.stack
 def test_a_local_simulated_pod_is_torn_down_when_the_sweep_fails(small_model, local_pods, monkeypatch):
     async def failing_sweep(url, config, slo, api_key=""):
         raise BenchmarkError((16, 1), "engine answered 500: injected")
@@ -224,6 +227,7 @@ def test_a_local_simulated_pod_is_torn_down_when_the_sweep_fails(small_model, lo
     assert still_running(local_pods) == [], "the benchmark pod must not outlive its benchmark"
 
 
+@pytest.mark.stack
 def test_a_keyed_engine_is_measured_with_the_fleet_key(small_model, settings, tmp_path):
     # The pod answers only the fleet key (vLLM's --api-key; the sim's alike): without
     # POD_KEY_FILE the benchmark fails on its 401, with it the sweep measures.
@@ -246,6 +250,7 @@ def test_no_engine_configured_is_a_clear_failure(small_model, settings):
     assert record.status == "failed" and "no engine: set BENCHMARK_ENGINE_URL" in record.reason
 
 
+@pytest.mark.stack
 def test_the_command_prints_the_table_and_a_json_last_line(h100, tiny_sim, settings):
     settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
     # HTTP timings on a shared 2-core machine are noisy; accuracy is bench/'s business, the
@@ -304,6 +309,7 @@ def test_the_command_refuses_an_unknown_model_unless_told_to_create_it(small_mod
     assert not ModelProfile.objects.filter(model="llama-8bb").exists() and not ProfileFit.objects.exists()
 
 
+@pytest.mark.stack
 def test_the_command_from_a_shell_refuses_an_unknown_model_in_one_line(h100, transactional_db):
     """As an operator runs it: exit 1, one line naming the model, no traceback, nothing written."""
     import os
@@ -355,6 +361,7 @@ def test_the_api_shows_history_and_takes_a_rerun_request(operator_client, owner_
     assert profile_benchmarks.due_profiles(timezone.now()).filter(pk=small_model.pk).exists()
 
 
+@pytest.mark.stack
 @pytest.mark.celery
 @pytest.mark.django_db(transaction=True)
 def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model, tmp_path):
@@ -419,6 +426,7 @@ def test_beat_and_a_real_worker_benchmark_due_profiles_on_their_own(small_model,
         log.close()
 
 
+@pytest.mark.stack
 @pytest.mark.django_db(transaction=True)
 def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(settings, small_model, tmp_path):
     """The real local agent: while the benchmark holds its claim, the autoscaler's pass declares

@@ -24,6 +24,8 @@ from controlplane.tenants.models import ApiKey
 from tests.runtime.support import agent_token_file, answers, free_ports, wait_until
 from tests.test_autoscaling_stack import spawn, stop
 
+pytestmark = pytest.mark.stack  # a live_server, an agent, routers and pods as subprocesses
+
 RENAMED_WITHIN_S = 20.0  # the Contract's bound; the router's poll (1 s) is what it takes
 
 

@@ -23,6 +23,8 @@ from tests.runtime.support import agent_token_file, answers, free_ports, wait_un
 from tests.test_autoscaling_stack import spawn, stop
 from tests.test_stack import post
 
+pytestmark = pytest.mark.stack  # a live_server, an agent, routers and pods as subprocesses
+
 
 @pytest.mark.django_db(transaction=True)
 def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(

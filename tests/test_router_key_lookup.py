@@ -23,6 +23,8 @@ from dataplane.router.config import RouterConfig
 from tests.router.conftest import call, error_of, scrape, wait_until
 from tests.test_router_table_freshness import Relay, control_plane_router
 
+pytestmark = pytest.mark.stack  # a live_server and routers on real ports
+
 LOOKUP = b"GET /api/v1/routing-table/keys/"
 
 

@@ -27,6 +27,8 @@ from dataplane.router.upstream import fetch
 from tests.router.conftest import call, error_of, scrape, wait_until
 from tests.runtime.support import sim_engine
 
+pytestmark = pytest.mark.stack  # a live_server, engines and routers
+
 HELLO = {"model": "chat", "prompt": "hi", "max_tokens": 2}
 
 

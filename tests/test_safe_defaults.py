@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.stack  # the control plane in fresh interpreters (manage.py, django.setup)
+
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTION_KEY = "k" * 10 + "9f8e7d6c5b4a39281706f5e4d3c2b1a0zyxwvutsrqponmlk"  # 58 characters
 

@@ -22,6 +22,8 @@ from controlplane.tenants.models import ApiKey
 from dataplane.wire.load_samples import EndpointSecond, load_key
 from tests.runtime.support import free_port, sim_engine
 
+pytestmark = pytest.mark.stack  # a live_server, an engine and a router as subprocesses
+
 
 def post(url, body, key, timeout=10.0):
     request = urllib.request.Request(

@@ -57,11 +57,11 @@ def test_the_fit_the_router_and_the_simulator_price_with_the_one_rule():
     from capacity.fitting import Fit
     from capacity.simulate.sizing import cost_model_for
     from capacity.units import price
-    from dataplane.router.pricing import Coefficients
+    from dataplane.router.pricing import CostModel
     from dataplane.runtime.profiles import get_profile
 
     fitted = Fit(0.0004, 0.004, 0.02, {}, 1.0, 0.0, (), 5)
-    router = Coefficients(0.0004, 0.004, 0.02)
+    router = CostModel(0.0004, 0.004, 0.02)
     assert fitted.predict(50, 50) == router.cost(50, 50) == price(0.0004, 0.004, 0.02, 50, 50) == 0.24
     simulated = cost_model_for(get_profile("tiny-test"), batch=8)
     assert simulated.cost(100, 10) == price(simulated.alpha, simulated.beta, 0.0, 100, 10)

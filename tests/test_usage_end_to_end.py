@@ -54,6 +54,8 @@ from dataplane.wire.load_samples import routers_key
 from tests.conftest import forget_metering
 from tests.runtime.support import free_port, sim_engine, wait_until
 
+pytestmark = pytest.mark.stack  # a live_server, engines and routers as subprocesses
+
 # Whole millionths of an MU, so that the bill is exact where the engine's counters are.
 ALPHA, BETA, GAMMA = 1300, 21700, 31000  # per prompt token, per generated token, per request
 MICRO = 1_000_000

@@ -29,6 +29,8 @@ import pytest
 from tests.production_server import ROOT, database_url, image_command, rebound
 from tests.router.conftest import free_port
 
+pytestmark = pytest.mark.stack  # the production web server as a subprocess
+
 SLOW_CLIENTS = 200
 SLOW_BODIES = 50  # more than controlplane/gunicorn.conf.py lets into Django at once (2 x 16)
 PROBE_FOR_S = 12.0  # past the 10 s header deadline of controlplane/gunicorn.conf.py

@@ -21,10 +21,6 @@ class AutoscalerConfig:
     # Share of a replica's capacity to plan for; (0, 1]. 0.8, not Knative's 0.7: the capacity
     # (mu_per_replica_minute) is already the benchmark's sustainable rate at the latency SLO.
     target_utilisation: float = 0.8
-    # Plan for 1 - tolerance instead when every 10-s span of the scale-down window is within this
-    # share above the spans' mean (horizontal.planned_utilisation); 0 is off; [0, 1). Off: beside
-    # the burst hold, 0.2 loses 7 minutes on the simulator's mixes (docs/autoscaler.md).
-    smooth_spread: float = 0.0
     scale_up_window_s: float = 20.0  # seconds of traffic a scale-up looks at; > 0
     # The MU need of a window is its busiest span this long (a sliding sum of buckets), not its
     # mean: what a replica must absorb without saturating its prefill (see horizontal); > 0; a
@@ -49,14 +45,14 @@ class AutoscalerConfig:
     # Seconds of calm that let the decider drop its margins for bursts (capacity.autoscaler.calm):
     # no 10-s span above burst_ratio x the mean of the 300 s before it for this long, and there it
     # plans at a full replica, holds no burst and scales up without the band. 0 is off (the
-    # default: a bursty endpoint's first burst after a calm spell loses its minute; docs/autoscaler.md,
-    # "Traffic it was not tuned on"); >= 0.
+    # default: a bursty endpoint's first burst after a calm spell loses its minute;
+    # docs/evaluation/autoscaler.md); >= 0.
     calm_history_s: float = 0.0
     # ... and only where the work arriving within burst_wait_s varies by at most this (its
     # coefficient of variation were arrivals Poisson with the scale-down window's request sizes,
     # calm.work_spread): planned at a full replica, a lump of long prompts (42k-126k tokens,
     # seconds of prefill each) holds every replica's first tokens. The Azure hour reads 0.04,
-    # long contexts 0.27 (docs/autoscaler.md, "Traffic it was not tuned on"); >= 0.
+    # long contexts 0.27 (docs/evaluation/autoscaler.md); >= 0.
     calm_max_spread: float = 0.1
     # Once no burst came for quiet_after_s (the same judgement), plan keeping only this share of
     # the margin (1 - target_utilisation): 0.5 plans for 0.9 of a replica at the default 0.8, so
@@ -82,10 +78,8 @@ class AutoscalerConfig:
     # Plan to drain the router's backlog (Bucket.backlog_mu) in this long, seconds; > 0. About a
     # pod start: capacity asked now serves ~30 s later, and clients give up after ~60 s of waiting.
     backlog_drain_s: float = 30.0
-    # Drain instead the backlog predicted for when replicas asked now are ready (see horizontal's
-    # backlog_at_ready); off: in the fleet simulator it cost 8-27 % more GPU-hours for no minute.
-    drain_backlog_at_ready: bool = False
-    # Ask -> ready of a new replica that prediction assumes, seconds; >= 0 (image pull, model load).
+    # Ask -> ready of a new replica that the burst hold plans for, seconds; >= 0 (image pull,
+    # model load).
     pod_start_s: float = 30.0
     # --- vertical: target concurrency per replica, every vertical_tick_s --------------------
     vertical_tick_s: float = 30.0  # seconds between vertical decisions; and the window it reads; > 0
@@ -108,7 +102,6 @@ class AutoscalerConfig:
         checks = [
             ("tick_s", self.tick_s > 0),
             ("target_utilisation", 0 < self.target_utilisation <= 1),
-            ("smooth_spread", 0 <= self.smooth_spread < 1),
             ("scale_up_window_s", self.scale_up_window_s > 0),
             ("scale_down_window_s", self.scale_down_window_s >= self.scale_up_window_s),
             ("peak_window_s", self.peak_window_s > 0),

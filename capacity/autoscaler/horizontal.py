@@ -56,7 +56,7 @@ def need_for(load: Load, spec: EndpointSpec, util: float | None = None) -> float
     replica (by default the config's target_utilisation)."""
     cfg = spec.config
     util = cfg.target_utilisation if util is None else util
-    mu = load.mu_per_minute + backlog_at_ready(load, cfg) * 60.0 / cfg.backlog_drain_s
+    mu = load.mu_per_minute + load.backlog_mu * 60.0 / cfg.backlog_drain_s
     by_mu = mu / (util * spec.mu_per_replica_minute)
     draining = load.queued_last < (1 - cfg.tolerance) * load.queued
     concurrency = load.in_flight + (0.0 if draining else min(load.queued, 2 * load.in_flight))
@@ -69,34 +69,6 @@ def quiet_utilisation(cfg: AutoscalerConfig) -> float:
     (1 - target_utilisation) cut to `quiet_margin` of itself. Worked numbers: 0.8 with
     quiet_margin 0.5 -> 0.9; an operator's 0.6 -> 0.8; quiet_margin 1 -> 0.8, unchanged."""
     return 1.0 - (1.0 - cfg.target_utilisation) * cfg.quiet_margin
-
-
-def backlog_at_ready(load: Load, cfg: AutoscalerConfig) -> float:
-    """The backlog the MU rule drains: the router's now, or with `drain_backlog_at_ready` what it
-    will still hold when replicas asked now are ready, its latest growth (arrivals beyond what the
-    running fleet serves) carried for a pod start, never below zero. Off by default: measured in
-    the fleet simulator it costs GPU-hours and meets no more minutes (docs/autoscaler.md)."""
-    if not cfg.drain_backlog_at_ready:
-        return load.backlog_mu
-    return max(0.0, load.backlog_mu + load.backlog_growth_mu_per_s * cfg.pod_start_s)
-
-
-def planned_utilisation(spans_mu: Sequence[float], cfg: AutoscalerConfig, base: float | None = None) -> float:
-    """The share of a replica to plan for: `base` (by default `target_utilisation`), or 1 -
-    tolerance when `smooth_spread` is on and every 10-s span of the scale-down window is within
-    that share above the spans' mean (the rate at the SLO is measured at its p99 with the
-    trace's lumps, and the MU rule reads the busiest 10 s, so on smooth traffic what is left to
-    cover is the band).
-
-    Worked numbers (smooth_spread 0.2, tolerance 0.1): spans of 400-460 MU/min, mean 430, the
-    busiest 7 % above it: plan for 0.9. Spans of 300-600 (mean 450, busiest 33 % above): 0.8."""
-    base = cfg.target_utilisation if base is None else base
-    if cfg.smooth_spread <= 0 or not spans_mu:
-        return base
-    mean = sum(spans_mu) / len(spans_mu)
-    if mean > 0 and max(spans_mu) <= (1 + cfg.smooth_spread) * mean:
-        return max(base, 1 - cfg.tolerance)
-    return base
 
 
 def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decision:
@@ -118,7 +90,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     # No burst for quiet_after_s: keep quiet_margin of the margin (no replace: the pass's CPU).
     planned = quiet_utilisation(cfg) if settled else cfg.target_utilisation
     spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)
-    util = planned_utilisation(spans_mu, cfg, planned)
+    util = planned
     past = [mu / (util * spec.mu_per_replica_minute) for mu in spans_mu]
     # The MU rule reads the window's busiest `peak_window_s`, not its mean (see the docstring).
     recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))

@@ -47,8 +47,6 @@ class Load:
     backlog_mu: float = 0.0  # the latest bucket's (a level, not a rate: what waits now)
     queued: float = 0.0  # mean requests waiting at the router
     queued_last: float = 0.0  # the latest bucket's: below the mean, the queue is draining
-    # MU/s the backlog grew (negative: drained) over the latest bucket: its trend now
-    backlog_growth_mu_per_s: float = 0.0
     mu_squared_per_minute: float = 0.0  # mean
 
 
@@ -64,9 +62,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         return None
     latencies = [b.p99_latency_s for b in inside if b.p99_latency_s is not None]
     kv = [b.kv_cache_usage for b in inside if b.kv_cache_usage is not None]
-    ordered = sorted(inside, key=lambda b: b.end)
-    latest, previous = ordered[-1], ordered[-2] if len(ordered) > 1 else ordered[-1]
-    span = latest.end - previous.end
+    latest = sorted(inside, key=lambda b: b.end)[-1]
     return Load(
         seconds=seconds,
         coverage=min(covered / seconds, 1.0),
@@ -80,7 +76,6 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         backlog_mu=latest.backlog_mu,
         queued=sum(b.queued * b.seconds for b in inside) / covered,
         queued_last=latest.queued,
-        backlog_growth_mu_per_s=(latest.backlog_mu - previous.backlog_mu) / span if span > 0 else 0.0,
         mu_squared_per_minute=sum(b.mu_squared_per_minute * b.seconds for b in inside) / covered,
     )
 

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN
-from dataplane.router.pricing import Coefficients
+from dataplane.router.pricing import CostModel
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ log = logging.getLogger("dataplane.router.discovery")
 
 STATIC_TENANT = ""  # the tenant of static mode: no keys, every request belongs to it
 STATIC_ENDPOINT = "*"  # the endpoint name of static mode: matches any model
-STATIC_COEFFICIENTS = Coefficients(0.002, 0.02, 0.1)  # static mode prices like a 70B chat model
+STATIC_COEFFICIENTS = CostModel(0.002, 0.02, 0.1)  # static mode prices like a 70B chat model
 
 
 class Discovery(Protocol):
@@ -50,7 +50,7 @@ def static_table(
     policy: str,
     target_concurrency: int,
     rate_limit_mu_per_min: float | None = None,
-    coefficients: Coefficients = STATIC_COEFFICIENTS,
+    coefficients: CostModel = STATIC_COEFFICIENTS,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
 ) -> RoutingTable:
     """One endpoint that takes any model name; pods named by their URLs; output budgets above

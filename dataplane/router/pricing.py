@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# One price rule for the whole system: capacity.units (pure, no Django) defines it.
-from capacity.units import CostModel as Coefficients
-from capacity.units import estimate_tokens, text_bytes
+# One price rule for the whole system: capacity.units (pure, no Django) defines it; CostModel is
+# re-exported for the router's modules.
+from capacity.units import CostModel, estimate_tokens, text_bytes
 from dataplane.wire.content_parts import part_text
 
-__all__ = ["Coefficients", "content_bytes", "estimate_input_tokens", "metered", "price"]
+__all__ = ["CostModel", "content_bytes", "estimate_input_tokens", "metered", "price"]
 
 # The roles a chat template has a token for: in a message's MESSAGE_TOKENS. Another role (vLLM
 # takes custom ones) is spelled out in the prompt, and counted as text.
@@ -36,13 +36,13 @@ MESSAGE_TOKENS = 4  # a chat template's tokens around each message: its start, r
 RENDERED_FIELDS = ("tools", "functions", "documents")
 
 
-def price(c: Coefficients, input_tokens: int, output_tokens: int) -> float:
+def price(c: CostModel, input_tokens: int, output_tokens: int) -> float:
     """MU of one request; 0.002*100 + 0.02*256 + 0.1 = 5.42."""
     return c.cost(input_tokens, output_tokens)
 
 
 def metered(
-    c: Coefficients,
+    c: CostModel,
     estimate: tuple[int, int],
     usage: tuple[int, int] | None,
     delivered_tokens: int,

@@ -38,7 +38,7 @@ from typing import Any
 from dataplane.router.balancer import PodLoad
 from dataplane.router.cache_salt import FIELD, check_client_salt, salt_member, salted, tenant_salt
 from dataplane.router.http import ClientConnection
-from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.pricing import CostModel, metered
 from dataplane.router.served_name import AnswerName
 from dataplane.router.stream_usage import StreamUsage, mu_text, usage_counts
 from dataplane.router.upstream import UpstreamConnection
@@ -291,7 +291,7 @@ class Exchange:
     def __init__(
         self,
         client: ClientConnection,
-        coefficients: Coefficients,
+        coefficients: CostModel,
         estimate: tuple[int, int],
         hide_usage: bool,
         chat: bool,

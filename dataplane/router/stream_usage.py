@@ -5,7 +5,7 @@ for (putting back the ``system_fingerprint`` vLLM would have stamped on each ter
 ``"mu": <price>`` to a usage chunk the client asked for, and takes out the continuous usage stats
 the client did not ask for. It reads the engine's prompt count from the first chunk, marks a
 stream with an error event ``failed``, and counts a cut stream's delivered tokens per choice chunk
-as max(1, text characters // ``MERGED_CHARS_PER_TOKEN``). It follows vLLM 0.32's layout (one
+as max(1, text bytes // ``MERGED_BYTES_PER_TOKEN``). It follows vLLM 0.32's layout (one
 ``data: {json}\\n\\n`` event a chunk, usage in a final ``"choices": []`` chunk before ``[DONE]``):
 a change there is a change here. Details and why: docs/router.md, "Stream usage".
 """
@@ -56,8 +56,10 @@ _CHUNK_USAGE = re.compile(rb'\}\],\s?"usage":\s?\{[^{}]*\}')
 _ERROR_EVENT = b'data: {"error"'  # vLLM's error event: the key opens the event's object
 _DECODER = json.JSONDecoder()
 MAX_HELD_BYTES = 64 * 1024  # held for the fingerprint at most (n > 1: the other choices' chunks)
-MERGED_CHARS_PER_TOKEN = 2 * BYTES_PER_TOKEN  # a chunk's characters per token it counts, at least
-MERGED_SLACK = 2 * MERGED_CHARS_PER_TOKEN  # bytes over one token a chunk that trigger the measure
+# A chunk counts one token per this many bytes of its text (1 at least): bytes as in BYTES_PER_TOKEN,
+# not characters, of the JSON string as sent (a \u escape counted one).
+MERGED_BYTES_PER_TOKEN = 2 * BYTES_PER_TOKEN
+MERGED_SLACK = 2 * MERGED_BYTES_PER_TOKEN  # bytes over one token a chunk that trigger the measure
 # a choice's generated text (completions' text, chat's content / reasoning / tool arguments)
 _TEXT = re.compile(rb'"(?:text|content|reasoning_content|reasoning|arguments)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
@@ -221,16 +223,16 @@ class StreamUsage:
 
 
 def _measured(events: bytes) -> int:
-    """Tokens in whole chunks, a chunk max(1, its text's characters // MERGED_CHARS_PER_TOKEN)
+    """Tokens in whole chunks, a chunk max(1, its text's bytes // MERGED_BYTES_PER_TOKEN)
     (a chat opening chunk counts 1 here, taken off by the caller)."""
     tokens = 0
     for event in events.split(b"\n\n"):
         if b'"choices"' not in event:
             continue
-        chars = 0
+        size = 0
         for text in _TEXT.findall(event):
-            chars += len(text) - 5 * text.count(b"\\u")  # \u00e9: one character
-        tokens += max(1, chars // MERGED_CHARS_PER_TOKEN)
+            size += len(text) - 5 * text.count(b"\\u")  # \u00e9: one, not six
+        tokens += max(1, size // MERGED_BYTES_PER_TOKEN)
     return tokens
 
 

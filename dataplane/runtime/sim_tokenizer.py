@@ -1,7 +1,7 @@
 """The simulated engine's tokenizer: deterministic, invertible, no vocabulary file. Pure: no I/O.
 
 A token is a run of 1 to 4 bytes of the UTF-8 text, taken left to right, so a text of B bytes
-is ceil(B / 4) tokens ("Hello world!" -> 3; the usual ~4 characters per English BPE token, the
+is ceil(B / 4) tokens ("Hello world!" -> 3; the usual ~4 bytes per English BPE token, the
 rule the router's estimate uses too). Each byte run has its own id, so every text encodes and
 decodes back exactly, and every id below ``VOCAB_SIZE`` = 2**32 decodes: ids 0..255 are single
 bytes, then come the 2-, 3- and 4-byte runs, and the last ids are the special tokens of the chat
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-MAX_BYTES_PER_TOKEN = 4  # bytes of text in one token
+MAX_BYTES_PER_TOKEN = 4  # UTF-8 bytes in one byte-run token (a special token's text is longer)
 # First id of the byte runs of each length: 1 -> 0, 2 -> 256, 3 -> 65,792, 4 -> 16,843,008.
 _RUN_BASE = {1: 0, 2: 256, 3: 256 + 256**2, 4: 256 + 256**2 + 256**3}
 VOCAB_SIZE = 2**32
@@ -33,6 +33,7 @@ SPECIAL_TOKENS = (IM_START, IM_END, *(f"<|{role}|>" for role in ROLES))
 FIRST_SPECIAL = VOCAB_SIZE - len(SPECIAL_TOKENS)  # the run b"\xfe\xfe\xfe\xf8": never in UTF-8
 SPECIAL_IDS = {text: FIRST_SPECIAL + i for i, text in enumerate(SPECIAL_TOKENS)}
 # The longest token text, 13 ("<|assistant|>"): vLLM bounds a prompt's characters by it.
+# Characters (len of a str), not bytes: 4 bytes hold at most 4 characters; special tokens are ASCII.
 MAX_CHARS_PER_TOKEN = max(MAX_BYTES_PER_TOKEN, *map(len, SPECIAL_TOKENS))
 NEWLINE_ID = ord("\n")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capacity.units import DEFAULT_MAX_MODEL_LEN, MU_PER_REPLICA_MINUTE, CostModel
-from dataplane.router.balancer import POLICY_NAMES
+from dataplane.router.balancer import DEFAULT_POLICY, POLICY_NAMES
 
 # The Redis channel on which the control plane announces the version of every table it builds,
 # about once a second (controlplane.endpoints.routing.publish): a router subscribed to it
@@ -33,9 +33,6 @@ def channel(redis: Any) -> str:
     """The announcements' channel for the database a Redis client (sync or asyncio) uses: a
     control plane on db 3 and one on db 0 of one server do not hear each other's versions."""
     return f"{CHANNEL}:{redis.connection_pool.connection_kwargs.get('db', 0)}"
-
-
-DEFAULT_POLICY = "p2c-mu"
 
 
 def _finite(d: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:

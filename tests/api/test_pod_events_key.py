@@ -19,6 +19,8 @@ from dataplane.cluster.local import LocalDriver
 from dataplane.wire.pod_events import PodEvent
 from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
+pytestmark = pytest.mark.stack  # a live_server and a cluster agent as a subprocess
+
 HANG = PodEvent(
     "hang", "critical", "ep-1-v1-1", "3 probes failed", None, {"failed_probes": 3}, "2026-11-29T03:00:00Z"
 )

@@ -144,6 +144,7 @@ def agent(request):
     assert supervisor.list_pods() == [] and supervisor.warm_pool.waiting() == []
 
 
+@pytest.mark.stack
 def test_the_local_driver_scales_real_pods_up_and_down(agent):
     a, url, token_file = agent
     driver = LocalDriver(url, token_file)
@@ -171,6 +172,7 @@ def test_the_local_driver_scales_real_pods_up_and_down(agent):
     wait_until(lambda: not driver.list_pods(), timeout=15)
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("agent", [1], indirect=True)
 def test_with_a_warm_pool_a_new_replica_starts_from_a_pre_started_process(agent):
     a, url, token_file = agent
@@ -297,6 +299,7 @@ def test_the_events_credential_reaches_the_agent_and_no_answer_shows_it():
     assert Deployment.from_json(d.to_json(with_secrets=True)).events_key == "mupod_1_secret"
 
 
+@pytest.mark.stack
 def test_a_redeclared_deployment_rolls_its_pods_keeping_one_ready(agent):
     """Real pods: a deployment redeclared with another served name gets new pods, and its old pod
     goes only once a new one is ready; at no point has it no ready pod."""
@@ -335,6 +338,7 @@ def test_the_agent_refuses_any_nesting_depth_and_serves_on(agent):
     assert call("GET", url + "/deployments", token=token)[0] == 200
 
 
+@pytest.mark.stack
 def test_a_vllm_pod_gets_the_agents_own_arguments_and_vllm_only_its_own(tmp_path):
     """A vLLM deployment's args end with vLLM's own after "--" (``vllm_args`` always puts one):
     the agent's arguments (its interpreter, the control plane, the endpoint) are the pod's, so

@@ -9,6 +9,8 @@ from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
 from tests.runtime.support import http, wait_until
 
+pytestmark = pytest.mark.stack  # the agent's pods (and warm processes) as subprocesses
+
 SIM = ("--profile", "tiny-test", "--time-scale", "20", "--served-model-name", "chat")
 KEY = "the-fleet-key"
 

@@ -137,6 +137,7 @@ def test_create_user_refuses_a_password_on_the_command_line(owner):
     assert not User.objects.filter(username="argv-user").exists()
 
 
+@pytest.mark.stack
 def test_create_user_from_a_shell_refuses_argv_in_one_line_without_echoing_it():
     secret = "Visible-in-ps-" + PASSWORD
     done = subprocess.run(

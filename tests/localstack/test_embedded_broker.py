@@ -14,8 +14,12 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+import pytest
+
 from bench.embedded_broker import CTX, Broker, collect, publisher, run_consumers
 from controlplane.localstack.supervisor import stack
+
+pytestmark = pytest.mark.stack  # redis-server and publishers and consumers as subprocesses
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHERS, MESSAGES = 3, 1000

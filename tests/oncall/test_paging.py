@@ -137,6 +137,7 @@ def test_a_delivery_claimed_by_another_worker_is_not_sent_twice(receiver, owner)
     assert paging.deliver_due(NOW) == 0 and receiver.bodies == []
 
 
+@pytest.mark.stack
 def test_a_bad_webhook_url_stops_the_start(monkeypatch):
     import subprocess
     import sys

@@ -15,7 +15,7 @@ import pytest
 
 from dataplane.router.config import RouterConfig
 from dataplane.router.discovery import StaticDiscovery, static_table
-from dataplane.router.pricing import Coefficients
+from dataplane.router.pricing import CostModel
 from dataplane.router.server import Router
 from dataplane.wire import images as wire_images
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
@@ -53,7 +53,7 @@ def routing_table(fakes: Sequence[FakePod], version: str = "v1", **endpoint: Any
         name="chat",
         model="llama-3.1-70b-instruct",
         policy="p2c-mu",
-        coefficients=Coefficients(0.002, 0.02, 0.1),
+        coefficients=CostModel(0.002, 0.02, 0.1),
         mu_per_replica_minute=100,
         target_concurrency=8,
         scale_to_zero_enabled=False,

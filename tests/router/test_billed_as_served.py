@@ -23,15 +23,17 @@ import httpx
 import pytest
 
 from dataplane.router.discovery import static_table
-from dataplane.router.pricing import Coefficients, estimate_input_tokens
+from dataplane.router.pricing import CostModel, estimate_input_tokens
 from dataplane.router.server import Router
 from dataplane.wire.routing_table import ReservedRate, RoutedPod, RoutingTable
 from tests.router.conftest import TENANT_KEY, assert_idle, cp_table, running, table_doc, with_config
 from tests.router.fakepod import FakePod
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # simulated engines as subprocesses
+
 MODEL = "chat"  # the engines' served name, the control-plane endpoint's name
-COEFFS = Coefficients(0.002, 0.02, 0.1)
+COEFFS = CostModel(0.002, 0.02, 0.1)
 CTX = 512  # tiny-test's context
 EMOJI = "\U0001f600"  # 4 UTF-8 bytes: one token of the simulated engine
 HEADERS = {"authorization": f"Bearer {TENANT_KEY}"}

@@ -21,11 +21,13 @@ from typing import Any
 import pytest
 
 from dataplane.router.cache_salt import tenant_salt
-from dataplane.router.pricing import Coefficients
+from dataplane.router.pricing import CostModel
 from dataplane.router.server import Router
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 from tests.router.conftest import OTHER_KEY, TENANT_KEY, call, error_of, running, scrape, sha
 from tests.runtime.support import SimProcess, sim_engine
+
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
 
 MODEL = "m"
 
@@ -44,7 +46,7 @@ def endpoint(id: int, tenant: str, url: str) -> RoutedEndpoint:
         name=MODEL,
         model=MODEL,
         policy="p2c-mu",
-        coefficients=Coefficients(0.002, 0.02, 0.1, cached_token_factor=0.1),
+        coefficients=CostModel(0.002, 0.02, 0.1, cached_token_factor=0.1),
         mu_per_replica_minute=100,
         target_concurrency=8,
         scale_to_zero_enabled=False,

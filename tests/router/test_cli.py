@@ -10,8 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.router.conftest import free_port
 from tests.router.fakepod import FakePod
+
+pytestmark = pytest.mark.stack  # routers as subprocesses
 
 
 def test_static_mode_command_line_serves_and_drains_on_sigterm():

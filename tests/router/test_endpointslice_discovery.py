@@ -169,6 +169,7 @@ def test_control_plane_pods_until_the_first_list_then_slices_and_the_last_slices
     run(go())
 
 
+@pytest.mark.stack
 def test_the_router_command_line_takes_pods_from_endpointslices(standin, tmp_path):
     """`python -m dataplane.router --control-plane ... --endpointslices NS` with a kubeconfig."""
     from tests.router.test_control_plane_discovery import StandInControlPlane

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from dataplane.router.discovery import static_table
 from dataplane.router.lease_limiter import LeasedLimiter
-from dataplane.router.pricing import Coefficients, estimate_input_tokens, price
+from dataplane.router.pricing import CostModel, estimate_input_tokens, price
 from dataplane.router.server import Router
 from dataplane.router.validation import demand
 from dataplane.wire.load_samples import EndpointSecond, load_key
@@ -39,8 +39,10 @@ from tests.router.conftest import FAST, TENANT_KEY, assert_idle, running, scrape
 from tests.router.fakepod import FakePod
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # simulated engines as subprocesses
+
 MODEL = "chat"  # the engine's served name, the control-plane endpoint's name
-COEFFS = Coefficients(0.002, 0.02, 0.1)  # the static mode's and the control-plane endpoint's
+COEFFS = CostModel(0.002, 0.02, 0.1)  # the static mode's and the control-plane endpoint's
 PROMPT = "Tell me about the weather in the mountains"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 

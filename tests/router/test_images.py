@@ -74,6 +74,7 @@ def test_a_data_url_is_read_as_vllm_reads_it(prefix):
     assert counted.image_tokens == 256
 
 
+@pytest.mark.vllm
 def test_vllm_opens_and_refuses_the_same_data_urls():
     """The installed vLLM's media connector on the same URLs: the ones read above open at 448 x
     448, the ones refused above (not base64) raise."""
@@ -275,6 +276,7 @@ READ_AS = [
 ]
 
 
+@pytest.mark.vllm
 def test_vllm_validates_and_reads_a_part_as_part_kind_says():
     """The installed vLLM's chat request validation, then its part parser, on each part: the
     type it reads, or None where it refuses the part (the router's 400 for part_kind None)."""
@@ -342,6 +344,7 @@ def vllm_reads(parts: list[dict], what: str) -> tuple[list[str], list[dict]]:
     return json.loads(first), [json.loads(line) for line in each]
 
 
+@pytest.mark.vllm
 def test_the_text_priced_of_a_part_is_the_text_vllm_reads():
     assert [part_text(part) for part, _ in TEXT_OF] == [text for _, text in TEXT_OF]
     _, reads = vllm_reads([part for part, _ in TEXT_OF], "vLLM's part text")
@@ -371,6 +374,7 @@ SAMPLE_PARTS = {
 }
 
 
+@pytest.mark.vllm
 def test_the_part_types_the_router_lets_through_are_the_ones_vllms_chat_reads():
     """VLLM_PART_TYPES is the installed vLLM's MM_PARSER_MAP; of a chat message's parts, its
     validation and parser read those of CHAT_PART_TYPES and refuse every other."""

@@ -21,15 +21,17 @@ from collections.abc import AsyncIterator, Iterator
 import openai
 import pytest
 
-from dataplane.router.pricing import Coefficients
+from dataplane.router.pricing import CostModel
 from dataplane.router.server import Router
 from dataplane.wire.routing_table import ReservedRate, RoutedPod, RoutingTable
 from tests.image_files import data_url, gif, image_part, png
 from tests.router.conftest import TENANT_KEY, running, scrape, table_doc
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 MODEL = "vision"
-COEFFS = Coefficients(0.002, 0.02, 0.1, cached_token_factor=0.1, delta=0.0001)
+COEFFS = CostModel(0.002, 0.02, 0.1, cached_token_factor=0.1, delta=0.0001)
 QUESTION = "What is in it?"
 
 

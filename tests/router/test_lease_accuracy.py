@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.router.conftest import free_port
 from tests.router.fakepod import FakePod
 from tests.router.test_lease_redis import own_redis_server
+
+pytestmark = pytest.mark.stack  # redis-server, routers and a pod as subprocesses
 
 RESERVATION = 6000.0  # MU/min, endpoint A
 SECOND = 1500.0  # MU/min, endpoint B

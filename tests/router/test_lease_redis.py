@@ -146,6 +146,7 @@ def test_two_limiters_split_the_reservation_and_requests_never_call_redis():
     asyncio.run(go())
 
 
+@pytest.mark.stack
 def test_redis_away_keeps_the_lease_until_it_expires_then_falls_back(caplog):
     port = free_port()
 

@@ -19,14 +19,18 @@ import random
 import urllib.request
 from typing import Any
 
-from dataplane.router.pricing import Coefficients, estimate_input_tokens
+import pytest
+
+from dataplane.router.pricing import CostModel, estimate_input_tokens
 from dataplane.router.upstream import fetch
 from dataplane.runtime.metrics import sample_sum
 from dataplane.wire.routing_table import ReservedRate, RoutedEndpoint, RoutedPod, RoutingTable
 from tests.router.conftest import OTHER_KEY, TENANT_KEY, assert_idle, running, sha, with_config
 from tests.runtime.support import sim_engine
 
-COEFFS = Coefficients(0.002, 0.02, 0.1)
+pytestmark = pytest.mark.stack  # simulated engines as subprocesses
+
+COEFFS = CostModel(0.002, 0.02, 0.1)
 REQUESTS = 1000
 RESETS = 40  # of the REQUESTS
 PROMPTS = [

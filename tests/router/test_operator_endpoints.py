@@ -105,6 +105,7 @@ def test_admin_listen_on_the_listen_port_is_refused(capsys):
     assert parse_args(["--backends", "http://x:1", *any_ports]).admin_listen == ("127.0.0.1", 0)
 
 
+@pytest.mark.stack
 def test_two_workers_share_the_admin_port_and_any_scrape_shows_both():
     async def go():
         pod = await FakePod("p").start()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dataplane.router.cache_salt import tenant_salt
-from dataplane.router.pricing import Coefficients
+from dataplane.router.pricing import CostModel
 from dataplane.wire.routing_table import ReservedRate
 from tests.image_files import data_url, image_part, png
 from tests.router.conftest import (
@@ -174,7 +174,7 @@ def test_a_request_the_pod_refuses_costs_nothing_and_hands_its_estimate_back(gam
     0 MU and its admission estimate is handed back: under a 6 MU/min reservation without best
     effort, 200 requests the pod refuses all reach it, none throttled (the pods are the
     endpoint's own: a tenant's refused requests load nobody else's)."""
-    coefficients = Coefficients(0.002, 0.02, gamma)
+    coefficients = CostModel(0.002, 0.02, gamma)
     reservation = ReservedRate(6, best_effort_allowed=False)  # 0.1 MU/s
 
     async def go():

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from capacity.units import estimate_tokens, text_bytes
-from dataplane.router.pricing import Coefficients, estimate_input_tokens, price
+from dataplane.router.pricing import CostModel, estimate_input_tokens, price
 
-C = Coefficients(alpha=0.002, beta=0.02, gamma=0.1)
+C = CostModel(alpha=0.002, beta=0.02, gamma=0.1)
 EMOJI = "\U0001f600"  # 4 UTF-8 bytes: one token of the simulated engine, 1 to 4 of a BPE vocabulary
 
 

@@ -92,6 +92,7 @@ CASES = {
 }
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_renamed_endpoint_answers_under_its_new_name_as_its_engine_does(engines, case):
     """The answer is the engine's, byte for byte, but for the name: the one the client asked."""
@@ -126,6 +127,7 @@ def test_a_renamed_endpoint_answers_under_its_new_name_as_its_engine_does(engine
     asyncio.run(go())
 
 
+@pytest.mark.stack
 def test_the_openai_sdk_reads_every_answer_and_chunk_under_the_new_name(engines):
     async def go() -> None:
         renamed, _ = engines
@@ -155,6 +157,7 @@ def test_the_openai_sdk_reads_every_answer_and_chunk_under_the_new_name(engines)
     asyncio.run(go())
 
 
+@pytest.mark.stack
 def test_the_old_name_reaches_the_endpoint_that_took_it_or_nothing(engines):
     """Renamed away, "chat" is no endpoint of the tenant's: the router's 404, before any pod,
     unpriced. Once a second endpoint takes the name, "chat" is that one, on its own pods."""
@@ -178,6 +181,7 @@ def test_the_old_name_reaches_the_endpoint_that_took_it_or_nothing(engines):
     asyncio.run(go())
 
 
+@pytest.mark.stack
 def test_an_answer_too_large_to_hold_passes_through_under_the_new_name(engines):
     """An answer larger than the router holds (here 300 bytes) goes on as it comes, re-framed:
     the name, which changes its length, is put back as it passes."""
@@ -235,6 +239,7 @@ def test_only_the_model_member_with_the_served_name_is_put_back():
     }
 
 
+@pytest.mark.vllm
 def test_vllm_answers_with_its_first_served_name_so_the_router_puts_the_asked_one_back():
     """The installed vLLM's own code: started with two names it takes a request for either and
     answers with the first (why pods are not restarted with both names); its answers and chunks,

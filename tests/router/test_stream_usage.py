@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.pricing import CostModel, metered
 from dataplane.router.proxy import USAGE_SPAN, UsageScan, parse_usage, pod_body
 from dataplane.router.stream_usage import MAX_HELD_BYTES, StreamUsage, mu_text
 
-C = Coefficients(0.002, 0.02, 0.1)
+C = CostModel(0.002, 0.02, 0.1)
 
 
 def forwarded(body: dict, raw: bytes | None = None) -> tuple[dict, bool, bytes]:

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from dataplane.router.pricing import Coefficients, metered
+from dataplane.router.pricing import CostModel, metered
 from dataplane.router.proxy import UsageScan
 from dataplane.router.usage_details import NO_DETAILS, prompt_details
 
-C = Coefficients(0.002, 0.02, 0.1, cached_token_factor=0.1, delta=0.0001)
+C = CostModel(0.002, 0.02, 0.1, cached_token_factor=0.1, delta=0.0001)
 VLLM_USAGE = (
     b'{"id":"x","choices":[],"usage":{"prompt_tokens":1300,"total_tokens":1316,"completion_tokens":16,'
     b'"prompt_tokens_details":{"cached_tokens":1024,"created_cache_tokens":null,'

@@ -10,6 +10,8 @@ from dataplane.router.http import RequestError, error_body
 from dataplane.router.validation import InvalidParameter, check_context, demand, lax_bool
 from tests.runtime.support import http, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 CTX = 512
 MSG = [{"role": "user", "content": "hi"}]
 COMPLETIONS = [

@@ -10,8 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from dataplane.router.upstream import fetch
 from tests.router.conftest import free_port, table_doc
+
+pytestmark = pytest.mark.stack  # a router's workers as subprocesses
 
 
 class OneTableThenRefusals:

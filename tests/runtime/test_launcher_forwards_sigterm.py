@@ -13,7 +13,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.support import wait_until
+
+pytestmark = pytest.mark.stack  # a pod (launcher and engine) as subprocesses
 
 FAKE_SERVER = textwrap.dedent("""
     import json, os, signal, sys, time

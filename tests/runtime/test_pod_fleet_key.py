@@ -25,6 +25,8 @@ from tests.runtime.support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.stack  # pods and routers as subprocesses
+
 KEY = "fleet-key-for-the-test"
 COMPLETION = {"model": "sim-tiny", "prompt": "hello", "max_tokens": 2}
 

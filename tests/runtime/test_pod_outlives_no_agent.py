@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from dataplane.runtime.pod_process import PARENT_VARIABLE
 from tests.runtime.support import (
     answers,
@@ -16,6 +18,8 @@ from tests.runtime.support import (
     stop_group,
     wait_until,
 )
+
+pytestmark = pytest.mark.stack  # an agent and pods as subprocesses
 
 # Stands for the cluster agent: starts one pod as it does (its own session, its environment),
 # prints its pid, waits.

@@ -15,6 +15,8 @@ from dataplane.runtime.restart_policy import RestartPolicy
 from dataplane.runtime.supervisor import Supervisor, SupervisorConfig
 from tests.runtime.support import EventSink, free_port, http, start_pod, stop_group, wait_until
 
+pytestmark = pytest.mark.stack  # pods as subprocesses
+
 # Short intervals so that a hang is found in about a second: probe after 0.3 s of silence,
 # declare hung when the probe has waited 1 s. Simulated time runs 100x faster.
 FAST_POD = (

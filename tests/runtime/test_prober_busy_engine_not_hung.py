@@ -11,6 +11,8 @@ import pytest
 
 from tests.runtime.support import free_ports, http, metric_value, start_pod, stop_group, wait_until
 
+pytestmark = pytest.mark.stack  # a pod as a subprocess
+
 IDLE_S, DEADLINE_S, SCRAPE_S = 0.3, 1.0, 0.1
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 HI = [{"role": "user", "content": "hi"}]
 
 

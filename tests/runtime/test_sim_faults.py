@@ -7,9 +7,13 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from dataplane.runtime.metrics import sample_sum
 from dataplane.runtime.sim import CRASH_EXIT_CODE
 from tests.runtime.support import free_port, http, sim_engine, wait_until
+
+pytestmark = pytest.mark.stack  # simulated engines as subprocesses
 
 
 def test_hang_stops_progress_while_health_stays_200() -> None:

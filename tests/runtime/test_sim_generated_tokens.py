@@ -12,6 +12,8 @@ from dataplane.runtime import perf_model
 from dataplane.runtime.profiles import TINY_TEST
 from tests.runtime.support import SimProcess, http, metric_value, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 MODEL = "sim-tiny"
 
 

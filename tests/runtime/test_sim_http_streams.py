@@ -14,6 +14,8 @@ import pytest
 
 from tests.runtime.support import SimProcess, http, metric_value, sim_engine, wait_until
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 STREAM = {"model": "sim-tiny", "prompt": "Hello", "max_tokens": 8, "stream": True}
 JSON_BODY = ["-H", "content-type: application/json", "-d"]  # curl options before a JSON body
 LONG = 400  # output tokens: 11 ms each on tiny-test at time scale 1, so ~4.4 s in all

@@ -10,6 +10,8 @@ import pytest
 from dataplane.runtime.metrics import progress_total, sample_sum
 from tests.runtime.support import SimProcess, http, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:

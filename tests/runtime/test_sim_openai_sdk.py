@@ -13,6 +13,8 @@ from openai.types.chat import ChatCompletion
 
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 MODEL = "sim-tiny"
 HI = [{"role": "user", "content": "hi there"}]
 

@@ -19,6 +19,8 @@ from tests.runtime.support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.stack  # simulated engines as subprocesses
+
 
 def timed_completion(sim: SimProcess, body: dict[str, object]) -> float:
     start = time.monotonic()

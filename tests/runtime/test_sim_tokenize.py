@@ -11,6 +11,8 @@ import pytest
 
 from tests.runtime.support import SimProcess, sim_engine
 
+pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
+
 MODEL = "sim-tiny"
 PROMPTS = ["Hello world!", "a", "x" * 2400, "naïve café, 東京 🎉", "  spaced\n\tout  "]
 CHATS: list[list[dict[str, Any]]] = [

@@ -120,6 +120,7 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
+@pytest.mark.stack
 def test_the_http_engine_takes_images_on_a_vision_profile_and_counts_its_prefix_cache():
     chat = {
         "model": "vl",

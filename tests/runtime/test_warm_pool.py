@@ -15,6 +15,8 @@ from dataplane.runtime.supervisor import PodStatus, Supervisor, SupervisorConfig
 from dataplane.runtime.warm_pool import WarmPoolConfig
 from tests.runtime.support import child_pids, free_port, http, pid_alive, wait_until
 
+pytestmark = pytest.mark.stack  # pods and warm processes as subprocesses
+
 # Readiness follows the engine within 50 ms (the prober scrapes every 0.05 s), so that the
 # start is not hidden in the default 1 s scrape period. Simulated time runs 100x faster.
 FAST_POD = ("--profile", "tiny-test", "--time-scale", "100", "--scrape-interval", "0.05", "--grace", "2")

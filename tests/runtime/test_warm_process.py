@@ -35,6 +35,7 @@ def read_ready(ready_r: int, timeout: float) -> bytes:
     return os.read(ready_r, 1)
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("engine", ["sim", "vllm"])  # vllm is not installed here: tolerated
 def test_warm_process_whose_stdin_closes_exits_quietly(engine: str) -> None:
     proc, ready_r = start_warm(engine)

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.stack  # the simulator's command line as subprocesses
+
 KEYS = {
     "gpu_hours",
     "static_peak_gpu_hours",

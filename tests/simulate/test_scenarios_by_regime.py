@@ -12,7 +12,7 @@ the README makes about each regime from silently breaking).
   `calm.work_spread_over`), so the default's margins stay and every minute is met at the default's
   GPU-hours. Planned at a full replica all the same (`calm_max_spread` unbounded) they take
   3-10 % fewer at the edge of the SLO, and the bench's 30-minute traces lose minutes there
-  (docs/autoscaler.md, "Traffic it was not tuned on").
+  (docs/evaluation/autoscaler.md).
 - long contexts after `quiet_after_s` without a burst (300 s here, within the warm-up): planned
   at 0.9 of a replica, not 0.8, they meet every minute for 7-10 % fewer GPU-hours (seed 3's 8
   minutes lose one, the margin's trade: 1 of 360 minutes on the bench's twelve 30-minute seeds).

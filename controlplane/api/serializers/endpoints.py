@@ -1,0 +1,219 @@
+"""Endpoints and their pods: what an endpoint's answer shows (its rollout, replica bounds,
+reservation); its rules of ownership, profile and placement are controlplane.endpoint_rules."""
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from controlplane import endpoint_rules, scaling, selling
+from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
+from controlplane.capacity.models import GpuPool
+from controlplane.endpoints.models import Endpoint, Pod, Rollout
+from controlplane.tenants.models import Tenant
+from dataplane.cluster import rollout as phases
+
+
+class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
+    tenant = VisibleTenantField(
+        slug_field="name",
+        queryset=Tenant.objects.all(),
+        required=False,
+        help_text="Operators name the tenant; a tenant's key always means its own tenant.",
+    )
+    model = serializers.CharField(source="profile.model", max_length=200)
+    served_model_name = serializers.CharField(
+        read_only=True,
+        help_text="The model name its pods serve: the name it was created under, which a rename"
+        " keeps (routers map the current name onto it, so a rename restarts no pod).",
+    )
+    gpu_type = serializers.CharField(source="profile.gpu_type.name", max_length=63)
+    pool = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=GpuPool.objects.all(),
+        required=False,
+        help_text="Defaults to the pool of this GPU type (in region_preference, when set) where"
+        " the most more replicas of the model fit.",
+    )
+    region_preference = serializers.RegexField(
+        r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z",
+        max_length=63,
+        trim_whitespace=False,
+        required=False,
+        allow_blank=True,
+        help_text="Run in this region: the roomiest pool there that places the endpoint's replicas,"
+        " else 409 with what exists elsewhere. Blank: any region.",
+        error_messages={"invalid": "a region is 1-63 lowercase letters, digits and '-' (as us-east-1)"},
+    )
+    target_concurrency_per_replica = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="Concurrent requests per replica; the vertical autoscaler tunes it later.",
+    )
+    autoscaler = serializers.JSONField(
+        required=False,
+        help_text='Autoscaler settings over the defaults, e.g. {"target_utilisation": 0.6} '
+        "(capacity.autoscaler.AutoscalerConfig lists every key, default and range; the cadences"
+        " tick_s and vertical_tick_s are the control plane's, not per endpoint).",
+    )
+    canary_percent = serializers.IntegerField(
+        min_value=0,
+        max_value=99,
+        required=False,
+        write_only=True,
+        help_text="With a new model: the new version takes this share of traffic and holds there "
+        'until promoted (POST .../rollout/ {"action": "promote"}), at most ROLLOUT_MAX_HOLD_S, then'
+        " it is aborted; 0 goes straight through. Each version runs and commits its share of the"
+        " endpoint's replicas (at least one).",
+    )
+    rollout = serializers.SerializerMethodField(help_text="The rollout in progress, or null")
+    min_replicas = serializers.SerializerMethodField()
+    max_replicas = serializers.SerializerMethodField()
+    reserved_mu_per_minute = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Endpoint
+        fields = [
+            "id",
+            "tenant",
+            "name",
+            "served_model_name",
+            "model",
+            "gpu_type",
+            "pool",
+            "region_preference",
+            "min_provisioned_concurrency",
+            "max_provisioned_concurrency",
+            "scale_to_zero_enabled",
+            "target_concurrency_per_replica",
+            "routing_policy",
+            "autoscaler",
+            "version",
+            "canary_percent",
+            "rollout",
+            "min_replicas",
+            "max_replicas",
+            "desired_replicas",
+            "ready_replicas",
+            "state",
+            "reserved_mu_per_minute",
+            "used_mu_per_minute",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = [
+            "version",
+            "desired_replicas",
+            "ready_replicas",
+            "state",
+            "used_mu_per_minute",
+            "created_at",
+            "updated_at",
+        ]
+        extra_kwargs = {"min_provisioned_concurrency": {"required": True}}
+        validators: list[Any] = []  # the per-tenant name clash is checked in validate() with a clear message
+
+    def validate_autoscaler(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(f"{value!r} must be an object of setting: value")
+        try:
+            scaling.config_from_overrides(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
+
+    def get_rollout(self, endpoint: Endpoint) -> dict[str, Any] | None:
+        active = getattr(endpoint, "active_rollouts", None)
+        if active is None:  # not loaded through with_related()
+            active = list(Rollout.objects.active().filter(endpoint=endpoint)) if endpoint.pk else []
+        r = next(iter(active), None)
+        if r is None:
+            return None
+        old, new = phases.split(r.state, endpoint.desired_replicas)
+        return {
+            "from_version": r.from_version,
+            "to_version": r.to_version,
+            "phase": r.phase,
+            "new_percent": r.new_percent,
+            "canary_percent": r.canary_percent,
+            "replicas": {str(r.from_version): old, str(r.to_version): new},
+            "started_at": r.started_at,
+            "hold_until": (
+                r.phase_since + timedelta(seconds=settings.ROLLOUT_MAX_HOLD_S)
+                if r.phase == phases.Phase.CANARY and not r.promoted
+                else None
+            ),
+        }
+
+    def get_min_replicas(self, endpoint: Endpoint) -> int:
+        return endpoint.replica_bounds[0]
+
+    def get_max_replicas(self, endpoint: Endpoint) -> int:
+        return endpoint.replica_bounds[1]
+
+    def get_reserved_mu_per_minute(self, endpoint: Endpoint) -> int:
+        reservation = getattr(endpoint, "reservation", None)
+        return reservation.mu_per_minute if reservation else 0
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The endpoint's rules (controlplane.endpoint_rules): a refusal is a 400 by field."""
+        profile_in = attrs.pop("profile", {})
+        asked = dict(attrs)
+        if "model" in profile_in:
+            asked["model"] = profile_in["model"]
+        if "gpu_type" in profile_in:
+            asked["gpu_type"] = profile_in["gpu_type"]["name"]
+        try:
+            settled = endpoint_rules.settle(principal_of(self), self.instance, asked)
+        except endpoint_rules.EndpointRefused as refused:
+            raise serializers.ValidationError(refused.errors) from None
+        attrs["tenant"], attrs["profile"] = settled.tenant, settled.profile
+        if settled.pool is not None:
+            attrs["pool"] = settled.pool
+        return attrs
+
+    def save(self, **kwargs: Any) -> Endpoint:
+        endpoint = self.instance or Endpoint(
+            target_concurrency_per_replica=settings.DEFAULT_TARGET_CONCURRENCY
+        )
+        values = {**self.validated_data, **kwargs}
+        for field, value in values.items():
+            setattr(endpoint, field, value)
+        selling.save_endpoint(
+            endpoint,
+            changed=values if self.instance is not None else None,
+            by_operator=principal_of(self).is_operator,
+        )
+        endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
+        self.instance = endpoint
+        return endpoint
+
+
+class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
+    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
+
+    class Meta:
+        model = Pod
+        fields = ["id", "endpoint", "name", "url", "ready", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+        # Not required in the schema: a tenant's answers leave it out (``validate`` still wants it
+        # to register a pod).
+        extra_kwargs = {
+            "url": {
+                "required": False,
+                "help_text": "Where the pod listens: operators only (absent for tenants)",
+            }
+        }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is None and "url" not in attrs:
+            raise serializers.ValidationError({"url": [serializers.Field.default_error_messages["required"]]})
+        return attrs
+
+    def to_representation(self, instance: Pod) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if not principal_of(self).is_operator:  # a pod's address is the fleet's, never a tenant's
+            del data["url"]
+        return data
