@@ -81,12 +81,12 @@ test-schemathesis: install
 # scripts/sim-native.sh runs a command with it, e.g. python -m capacity.simulate.
 SIM_NATIVE := build/sim-native
 SIM_MODULES := capacity/simulate/replica.py capacity/simulate/fleet.py capacity/simulate/sizing.py \
-	capacity/simulate/percentiles.py capacity/simulate/arrivals.py capacity/units.py dataplane/runtime/perf_model.py
-SIM_SOURCES := $(shell find capacity dataplane controlplane tests -name '*.py') pyproject.toml
+	capacity/simulate/percentiles.py capacity/simulate/arrivals.py capacity/units.py engine_model/perf_model.py
+SIM_SOURCES := $(shell find capacity dataplane engine_model controlplane tests -name '*.py') pyproject.toml
 
 $(SIM_NATIVE)/.built: $(VENV)/.installed $(SIM_SOURCES)
 	rm -rf $(SIM_NATIVE) && mkdir -p $(SIM_NATIVE)
-	cp -r capacity dataplane controlplane tests pyproject.toml $(SIM_NATIVE)/
+	cp -r capacity dataplane engine_model controlplane tests pyproject.toml $(SIM_NATIVE)/
 	cd $(SIM_NATIVE) && $(CURDIR)/$(BIN)/mypyc $(SIM_MODULES) >mypyc.log 2>&1 || { tail -30 mypyc.log; exit 1; }
 	touch $@
 

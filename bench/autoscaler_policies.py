@@ -38,7 +38,7 @@ from capacity.simulate.scenario import (
     simulate,
 )
 from capacity.simulate.sizing import cost_model_for, deployed, fit_shape, full_batch
-from dataplane.runtime.profiles import EngineProfile, get_profile
+from engine_model.profiles import EngineProfile, get_profile
 
 AZURE = "/work/shared/data/azure-llm-2023-conv.csv"
 RAMP_BEFORE_S = 120.0

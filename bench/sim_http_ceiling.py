@@ -31,7 +31,7 @@ from capacity.benchmark.config import SweepConfig, on_virtual_clock
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import shape_name
 from capacity.benchmark.sweep import sweep
-from dataplane.runtime.profiles import PROFILES
+from engine_model.profiles import PROFILES
 from tests.runtime.support import free_port
 
 SHAPES = ((16, 1), (128, 1), (16, 16))

@@ -23,7 +23,7 @@ from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import SweepResult
 from capacity.benchmark.sweep import sweep
 from capacity.units import MU_PER_REPLICA_MINUTE
-from dataplane.runtime.profiles import PROFILES
+from engine_model.profiles import PROFILES
 
 
 def family(grid: tuple[tuple[int, int], ...], max_model_len: int) -> tuple[tuple[int, int], ...]:

@@ -31,7 +31,7 @@ from capacity.simulate import fleet as fleet_module
 from capacity.simulate import traces
 from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import simulate
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 QPS_PER_REPLICA = 12.0  # about what an h100-llama-8b replica serves of these shapes at the SLO

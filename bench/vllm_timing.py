@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from capacity.simulate.replica import Replica, Request
-from dataplane.runtime.perf_model import EngineProfile
+from engine_model.perf_model import EngineProfile
 
 CHUNK = 256  # max_num_batched_tokens, both sides
 SEQS = 8  # max_num_seqs, both sides

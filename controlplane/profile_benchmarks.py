@@ -49,7 +49,7 @@ from controlplane.oncall.models import Event
 from dataplane.cluster.driver import Deployment
 from dataplane.keys import read_fleet_keys
 from dataplane.runtime import engine_auth
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 log = logging.getLogger("controlplane.capacity.profile_benchmarks")  # its name before it moved up
 
@@ -118,9 +118,9 @@ def runs_in_process(profile: ModelProfile, engine_url: str | None = None) -> boo
     if engine_url or settings.BENCHMARK_ENGINE_URL or settings.BENCHMARK_SIMULATED_CLOCK != "virtual":
         return False
     if settings.BENCHMARK_POD_ENGINE == "vllm":
-        from controlplane import scaling
+        from controlplane import drivers
 
-        if scaling.driver() is not None:
+        if drivers.driver() is not None:
             return False
     return simulated_profile_name(profile) is not None
 
@@ -151,9 +151,9 @@ def benchmark_engine(
     if url:
         yield url, 1.0, url, fleet_key()
         return
-    from controlplane import scaling
+    from controlplane import drivers
 
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     if cluster is not None:
         yield (*cluster_engine(cluster, profile), fleet_key())
         return  # the claim's release undeclares the pod: the next pass removes it

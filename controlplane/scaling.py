@@ -1,7 +1,8 @@
 """Autoscaler actuation: the pure deciders (capacity.autoscaler) wired to the load buckets, the
-database and a cluster driver. Celery beat runs `horizontal_pass` every 5 s, `vertical_pass`
-every 30 s and `sync_pods` every second (controlplane.tasks); `wake` runs on a router's
-request. The buckets (and billing) are the collector's (controlplane.endpoints.collector): the
+database and a cluster driver (controlplane.drivers), each endpoint decided on its config
+(controlplane.autoscaler_config). Celery beat runs `horizontal_pass` every 5 s and
+`vertical_pass` every 30 s (controlplane.tasks); the pod mirror and wake are
+controlplane.pods'. The buckets (and billing) are the collector's (controlplane.endpoints.collector): the
 horizontal pass runs a collect pass first, apart (its own lease and transaction), then reads.
 
 Safety, each in one place:
@@ -22,13 +23,11 @@ Every change writes an Event whose message and detail carry the numbers that cau
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
@@ -41,129 +40,24 @@ from capacity.autoscaler import (
     decide_concurrency,
     forecast,
 )
-from capacity.autoscaler.horizontal import Decision, lookback_s
+from capacity.autoscaler.horizontal import Decision
 from capacity.autoscaler.window import aggregate
 from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand, pack
 from controlplane import pool_ledgers, rollouts, selling
+from controlplane.autoscaler_config import MINUTE_SETTLE_S, base_config, config_for, history_horizon_s
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints import collector, samples
-from controlplane.endpoints.deployments import DEPLOYMENT_PREFIX, deployment_name, parse_deployment
-from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
+from controlplane.endpoints.deployments import deployment_name
+from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute
 from controlplane.oncall.models import Event
 from controlplane.profile_benchmarks import benchmark_deployments
 from dataplane.cluster.driver import ClusterDriver, ClusterError
-from dataplane.cluster.k8s_objects import RuntimePodConfig
-from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("controlplane.scaling")
 
 HORIZONTAL = "autoscaler-horizontal"
 VERTICAL = "autoscaler-vertical"
-# A minute is recorded for the forecast this long after it ends, when its seconds are collected.
-MINUTE_SETTLE_S = 10
-
-
-def driver() -> ClusterDriver | None:
-    """The configured cluster driver; None when the control plane runs no pods (CLUSTER_DRIVER=none)."""
-    if settings.CLUSTER_DRIVER == "local":
-        from dataplane.cluster.local import LocalDriver
-
-        return LocalDriver(settings.CLUSTER_AGENT_URL, settings.CLUSTER_AGENT_TOKEN_FILE)
-    if settings.CLUSTER_DRIVER == "kubernetes":
-        return kubernetes_driver(runtime_pod_config())
-    return None
-
-
-@functools.cache
-def kubernetes_driver(config: RuntimePodConfig) -> ClusterDriver:
-    """One per process and configuration: it keeps its API connections and the hashes of what
-    it applied, so that the passes' unchanged declarations cost no API call."""
-    from dataplane.cluster.kubernetes import KubernetesDriver
-
-    return KubernetesDriver(config)
-
-
-def runtime_pod_config() -> RuntimePodConfig:
-    return RuntimePodConfig(
-        namespace=settings.KUBERNETES_NAMESPACE,
-        sim_image=settings.RUNTIME_SIM_IMAGE,
-        vllm_image=settings.RUNTIME_VLLM_IMAGE,
-        image_pull_policy=settings.RUNTIME_IMAGE_PULL_POLICY,
-        events_url=settings.RUNTIME_EVENTS_URL,
-        fleet_key_secret=settings.RUNTIME_FLEET_KEY_SECRET,
-    )
-
-
-# One pass decides every endpoint, on beat's schedule, so the passes' cadence is the settings'
-# and no endpoint has its own: an override of these keys is refused, naming the setting.
-CADENCE_SETTINGS = {
-    "tick_s": "AUTOSCALER_HORIZONTAL_INTERVAL_S",
-    "vertical_tick_s": "AUTOSCALER_VERTICAL_INTERVAL_S",
-}
-
-
-def base_config() -> AutoscalerConfig:
-    """The defaults, with the decider's ticks from the beat intervals (the one cadence)."""
-    return AutoscalerConfig(
-        tick_s=settings.AUTOSCALER_HORIZONTAL_INTERVAL_S,
-        vertical_tick_s=settings.AUTOSCALER_VERTICAL_INTERVAL_S,
-    )
-
-
-# The settings that set how far back a horizontal pass reads an endpoint's buckets.
-HISTORY_SETTINGS = (
-    "scale_up_window_s", "scale_down_window_s", "burst_memory_s", "pod_start_s", "scale_to_zero_grace_s",
-)  # fmt: skip
-
-
-def history_horizon_s(cfg: AutoscalerConfig) -> float:
-    """Seconds of buckets a horizontal pass loads for an endpoint: as far as its decider reads
-    back, its idle grace period, and the forecast's recorder to the last settled minute. (The
-    calm history's judgement reads the spans since the last pass: `calm.lookback_s`.)"""
-    return max(lookback_s(cfg), cfg.scale_to_zero_grace_s, 120 + MINUTE_SETTLE_S)
-
-
-def max_history_s() -> float:
-    """The longest horizon an endpoint may set: what the pass is sized for, and what is kept."""
-    return min(settings.AUTOSCALER_MAX_HISTORY_S, settings.LOAD_BUCKET_RETENTION_S)
-
-
-def config_from_overrides(overrides: dict[str, object]) -> AutoscalerConfig:
-    """An endpoint's config: the base with its overrides; ValueError naming a bad key or value.
-    A tenant's windows are bounded together: each pass loads every endpoint's horizon of buckets,
-    so a day of burst_memory_s would make one tenant's endpoint cost the pass 17,000 rows."""
-    for key, setting in CADENCE_SETTINGS.items():
-        if key in overrides:
-            raise ValueError(
-                f"autoscaler setting {key!r} cannot be set per endpoint: every endpoint is decided"
-                f" on the control plane's cadence ({setting})"
-            )
-    cfg = AutoscalerConfig.from_overrides(overrides, base=base_config())
-    horizon, limit = history_horizon_s(cfg), max_history_s()
-    if horizon > limit:
-        named = ", ".join(f"{k}={overrides[k]!r}" for k in HISTORY_SETTINGS if k in overrides)
-        raise ValueError(
-            f"autoscaler settings {named} read {horizon:g} s of load history at each decision;"
-            f" at most {limit:g} s (AUTOSCALER_MAX_HISTORY_S, LOAD_BUCKET_RETENTION_S)"
-        )
-    return cfg
-
-
-def config_for(endpoint: Endpoint) -> AutoscalerConfig:
-    """The config a pass decides on. Overrides stored before a limit or a setting changed are
-    no longer valid: that endpoint is decided on the defaults (and a warning says why) rather
-    than every endpoint's pass failing on it."""
-    try:
-        return config_from_overrides(endpoint.autoscaler or {})
-    except ValueError as exc:
-        log.warning(
-            "endpoint %s: stored autoscaler settings refused, decided on the defaults: %s", endpoint.pk, exc
-        )
-        return base_config()
-
-
-# --- passes
 
 
 @dataclass(frozen=True)
@@ -367,7 +261,7 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                     e.clamped_since = now if asked is not None else None
                 if d.replicas is not None and d.changes(e.desired_replicas):
                     events.append(
-                        _scale_event(e, e.desired_replicas, d.replicas, d.reason, d.need, d.down_need)
+                        scale_event(e, e.desired_replicas, d.replicas, d.reason, d.need, d.down_need)
                     )
                     e.desired_replicas = d.replicas
                     changes.append(e)
@@ -499,7 +393,7 @@ def _declare(
     return 0
 
 
-def _scale_event(
+def scale_event(
     e: Endpoint, old: int, new: int, reason: str, need: float | None, down_need: float | None
 ) -> Event:
     return Event(
@@ -576,109 +470,3 @@ def vertical_pass(cluster: ClusterDriver, now: datetime) -> PassReport | None:
         return PassReport(decided, changed, failed)
     finally:
         lease.release(now)
-
-
-def sync_pods(cluster: ClusterDriver) -> int:
-    """Mirror the cluster's pods (of our deployments) into Pod rows, which the routing table
-    serves to routers, and each endpoint's ready count (all versions) and state. Returns rows
-    changed."""
-    seen = {p.name: (p, ids) for p in cluster.list_pods() if (ids := parse_deployment(p.deployment))}
-    known = set(
-        Endpoint.objects.filter(pk__in={ids[0] for _, ids in seen.values()}).values_list("pk", flat=True)
-    )
-    changed = 0
-    with transaction.atomic():
-        rows = {p.name: p for p in Pod.objects.select_for_update().filter(name__startswith=DEPLOYMENT_PREFIX)}
-        gone = [name for name in rows if name not in seen]
-        changed += Pod.objects.filter(name__in=gone).delete()[0]
-        create, update = [], []
-        ready: dict[int, int] = defaultdict(int)
-        for name, (state, (endpoint_id, version)) in seen.items():
-            ready[endpoint_id] += state.ready
-            row = rows.get(name)
-            facts = (state.ready, state.url, state.restarts, state.warm, state.ready_after_s)
-            if row is None and endpoint_id in known:
-                create.append(
-                    Pod(
-                        endpoint_id=endpoint_id,
-                        name=name,
-                        url=state.url,
-                        ready=state.ready,
-                        version=version,
-                        restarts=state.restarts,
-                        warm=state.warm,
-                        ready_after_s=state.ready_after_s,
-                    )
-                )
-            elif row is not None and (row.ready, row.url, row.restarts, row.warm, row.ready_after_s) != facts:
-                row.ready, row.url, row.restarts, row.warm, row.ready_after_s = facts
-                update.append(row)
-        Pod.objects.bulk_create(create)
-        Pod.objects.bulk_update(update, ["ready", "url", "restarts", "warm", "ready_after_s", "updated_at"])
-        changed += len(create) + len(update)
-        endpoints = list(
-            Endpoint.objects.select_for_update().filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))
-        )
-        for e in endpoints:
-            e.ready_replicas = ready.get(e.pk, 0)
-            e.state = state_of(e)
-        Endpoint.objects.bulk_update(endpoints, ["ready_replicas", "state"])
-        touched = {rows[name].endpoint_id for name in gone} | {p.endpoint_id for p in [*create, *update]}
-    if touched:  # ready pods are the ledger's used GPUs; refreshed once the pods are committed
-        pool_ledgers.refresh_pools(Endpoint.objects.filter(pk__in=touched).values_list("pool_id", flat=True))
-    return changed
-
-
-def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
-    """A request is waiting for an endpoint at zero: start a replica now, not at the next tick.
-    False when it already has replicas. Raises ClusterError when the cluster refuses."""
-    with transaction.atomic():
-        e = Endpoint.objects.select_for_update(of=("self",)).with_related().get(pk=endpoint.pk)
-        if e.desired_replicas > 0:
-            return False
-        low, high = e.replica_bounds
-        replicas = min(max(1, low), max(1, high))
-        room = PoolRoom(list(Endpoint.objects.with_related().filter(pool_id=e.pool_id)))
-        if room.replicas_for(e) < replicas:
-            raise ClusterError(
-                f"pool {e.pool.name} has no room for {replicas} replica(s) of {e.name}: its other"
-                f" endpoints commit or hold {room.others_gpus(e)} of its {e.pool.node_count} nodes x"
-                f" {e.pool.gpus_per_node} GPUs"
-            )
-        # its deployment is declared, at 0, by every pass
-        cluster.scale(deployment_name(e.pk, e.version), replicas)
-        _scale_event(
-            e, 0, replicas, "a request is waiting and the endpoint had no replica", None, None
-        ).save()
-        e.desired_replicas, e.woken_at = replicas, now
-        e.state = state_of(e)
-        e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])
-    pool_ledgers.refresh_pools([e.pool_id])  # a rollout commits its desired replicas
-    return True
-
-
-def record_pod_event(event: PodEvent) -> Event:
-    """A pod event from the Kubernetes pod watcher (restart, crash loop) as an on-call Event,
-    on its endpoint (and so its tenant) when the pod's `mu/endpoint` label names one that still
-    exists, else on the endpoint the pod is registered with; its version from `mu/version`."""
-    endpoint = (
-        Endpoint.objects.select_related("tenant").filter(pk=event.endpoint).first()
-        if event.endpoint is not None
-        else None
-    )
-    version = event.version
-    if endpoint is None:
-        pod = Pod.objects.select_related("endpoint__tenant").filter(name=event.pod).first()
-        if pod is not None:
-            endpoint, version = pod.endpoint, version or pod.version or pod.endpoint.version
-    severity = {"warning": Event.Severity.WARNING, "critical": Event.Severity.CRITICAL}
-    return Event.record(
-        event.kind,
-        event.message,
-        endpoint=endpoint,
-        pod=event.pod,
-        version=version,
-        severity=severity.get(event.severity, Event.Severity.INFO),
-        detail=event.detail,
-        reported_by="kubernetes",
-    )

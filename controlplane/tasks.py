@@ -1,6 +1,7 @@
-"""Celery tasks above the apps: the autoscaler's passes and the pod mirror (controlplane.scaling),
-the ledger snapshots (controlplane.selling refreshes each pool's ledger first) and the
-benchmarks (controlplane.profile_benchmarks); thin wrappers over plain functions.
+"""Celery tasks above the apps: the autoscaler's passes (controlplane.scaling) and the pod
+mirror (controlplane.pods) on the cluster driver (controlplane.drivers), the ledger snapshots
+(controlplane.selling refreshes each pool's ledger first) and the benchmarks
+(controlplane.profile_benchmarks); thin wrappers over plain functions.
 
 Each keeps the name it was registered under in its app's tasks module before it moved here
 (controlplane.capacity.tasks.*, controlplane.endpoints.tasks.*), which CELERY_BEAT_SCHEDULE and
@@ -13,7 +14,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from capacity.autoscaler.forecast import HISTORY_S
-from controlplane import profile_benchmarks, scaling
+from controlplane import drivers, pods, profile_benchmarks, scaling
 from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacitySnapshot, GpuPool, ModelProfile
 from controlplane.endpoints.models import LoadMinute
@@ -75,7 +76,7 @@ def run_profile_benchmark(profile_id: int) -> str:
 def autoscale_horizontal() -> str:
     """Beat, every 5 s: decide replicas from the load buckets, declare them to the cluster."""
     now = timezone.now()
-    report = scaling.horizontal_pass(scaling.driver(), now)
+    report = scaling.horizontal_pass(drivers.driver(), now)
     if report is None:
         return "another pass holds the lease, or one ran less than half a tick ago"
     LoadMinute.objects.filter(end__lt=now.timestamp() - HISTORY_S).delete()  # older than any forecast reads
@@ -85,7 +86,7 @@ def autoscale_horizontal() -> str:
 @shared_task(name="controlplane.endpoints.tasks.autoscale_vertical")
 def autoscale_vertical() -> str:
     """Beat, every 30 s: retune target concurrency per replica."""
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     if cluster is None:
         return "no cluster driver: nothing to retune"
     report = scaling.vertical_pass(cluster, timezone.now())
@@ -97,5 +98,5 @@ def autoscale_vertical() -> str:
 @shared_task(name="controlplane.endpoints.tasks.sync_pods")
 def sync_pods() -> int:
     """Beat, every second: the cluster's pods and readiness into Pod rows (what routers route to)."""
-    cluster = scaling.driver()
-    return 0 if cluster is None else scaling.sync_pods(cluster)  # ClusterError: the task fails, logged
+    cluster = drivers.driver()
+    return 0 if cluster is None else pods.sync_pods(cluster)  # ClusterError: the task fails, logged

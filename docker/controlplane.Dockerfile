@@ -8,6 +8,7 @@ COPY pyproject.toml manage.py ./
 COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
+COPY engine_model engine_model
 COPY templates templates
 RUN pip install . && python -c "import controlplane, capacity, dataplane"
 USER 10001

@@ -8,6 +8,7 @@ COPY pyproject.toml ./
 COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
+COPY engine_model engine_model
 RUN pip install . && python -c "import dataplane"
 USER 10001
 # 8080 tenants; 9090 operators (--admin-listen: /metrics), kept off the tenants' Service

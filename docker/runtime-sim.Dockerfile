@@ -9,6 +9,7 @@ COPY pyproject.toml ./
 COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
+COPY engine_model engine_model
 # Of the package's dependencies the pod needs only its HTTP server's (pyproject.toml: uvicorn,
 # httptools, uvloop), pinned here as tested; the control plane's (Django, Celery, ...) stay out.
 RUN pip install --no-deps . && pip install "uvicorn==0.54.0" "httptools==0.9.0" "uvloop==0.23.0" \

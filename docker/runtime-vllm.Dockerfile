@@ -9,6 +9,7 @@ COPY pyproject.toml ./
 COPY controlplane controlplane
 COPY capacity capacity
 COPY dataplane dataplane
+COPY engine_model engine_model
 RUN pip install --no-deps . && python3 -c "import dataplane.runtime.pod"
 RUN groupadd --system --gid 10001 app && useradd --system --uid 10001 --gid app --create-home app
 USER 10001

@@ -178,7 +178,7 @@ def option_rows(source: str) -> list[tuple[str, str, str, str]]:
 
 
 def render_options() -> str:
-    from controlplane.scaling import CADENCE_SETTINGS
+    from controlplane.autoscaler_config import CADENCE_SETTINGS
 
     out = [
         "# Autoscaler options",

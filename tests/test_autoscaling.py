@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane import scaling
+from controlplane import autoscaler_config, drivers, pods, scaling
 from controlplane.endpoints import samples
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket, LoadMinute, Pod
 from controlplane.oncall.models import Event
@@ -309,14 +309,14 @@ def test_the_beat_interval_is_the_passes_cadence(settings, chat):
     settings.AUTOSCALER_HORIZONTAL_INTERVAL_S = 2.0
     ran = [scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=t)) is not None for t in (0, 2, 4, 6)]
     assert ran == [True, True, True, True]
-    assert scaling.config_for(chat).tick_s == 2.0
+    assert autoscaler_config.config_for(chat).tick_s == 2.0
     # ... and a second beat within the same tick is still skipped.
     assert scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=6.5)) is None
 
 
 def test_the_vertical_cadence_and_window_come_from_the_setting(settings, chat):
     settings.AUTOSCALER_VERTICAL_INTERVAL_S = 10.0
-    assert scaling.config_for(chat).vertical_tick_s == 10.0
+    assert autoscaler_config.config_for(chat).vertical_tick_s == 10.0
     assert scaling.vertical_pass(Recorder(), NOW) is not None
     assert scaling.vertical_pass(Recorder(), NOW + timedelta(seconds=4)) is None
     assert scaling.vertical_pass(Recorder(), NOW + timedelta(seconds=10)) is not None
@@ -407,7 +407,7 @@ def test_a_router_wakes_an_endpoint_at_zero_at_once(monkeypatch, operator_client
     e = make_endpoint(owner, "nightly", scale_to_zero_enabled=True, max_provisioned_concurrency=8)
     assert e.desired_replicas == 0
     cluster = Recorder()
-    monkeypatch.setattr(scaling, "driver", lambda: cluster)
+    monkeypatch.setattr(drivers, "driver", lambda: cluster)
     answer = operator_client.post(f"/api/v1/endpoints/{e.pk}/wake/")
     assert answer.status_code == 202 and answer.json()["desired_replicas"] == 1
     assert cluster.calls == [("scale", f"ep-{e.pk}-v1", 1)]
@@ -438,7 +438,7 @@ def test_wake_refusals_say_why(monkeypatch, operator_client, other_client, owner
 
     cluster = Recorder()
     cluster.scale = refuse
-    monkeypatch.setattr(scaling, "driver", lambda: cluster)
+    monkeypatch.setattr(drivers, "driver", lambda: cluster)
     answer = operator_client.post(f"/api/v1/endpoints/{nightly.pk}/wake/")
     assert answer.status_code == 503 and "agent unreachable" in answer.json()["detail"]
     nightly.refresh_from_db()
@@ -544,13 +544,13 @@ def test_cluster_pods_become_the_routing_tables_pods(chat):
             PodState("other-1", "other", "http://127.0.0.1:7003", True),  # not ours
         ]
     )
-    assert scaling.sync_pods(cluster) == 2
+    assert pods.sync_pods(cluster) == 2
     chat.refresh_from_db()
     assert (chat.ready_replicas, chat.state) == (1, "scaling")
     names = set(Pod.objects.values_list("name", flat=True))
     assert names == {"registered-by-hand", f"ep-{chat.pk}-v1-1", f"ep-{chat.pk}-v1-2"}
     cluster.pods = [PodState(f"ep-{chat.pk}-v1-2", f"ep-{chat.pk}-v1", "http://127.0.0.1:7002", True)]
-    assert scaling.sync_pods(cluster) == 2  # one gone, one ready
+    assert pods.sync_pods(cluster) == 2  # one gone, one ready
     chat.refresh_from_db()
     assert (chat.ready_replicas, chat.state) == (1, "scaling")
     assert set(Pod.objects.values_list("name", "ready")) == {

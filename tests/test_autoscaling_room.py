@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 
-from controlplane import scaling
+from controlplane import pods, scaling
 from controlplane.capacity.models import ProvisionedAllowance
 from controlplane.endpoints.models import Endpoint, Lease, LoadBucket
 from controlplane.oncall.models import Event
@@ -104,7 +104,7 @@ def test_a_wake_with_no_free_gpu_is_refused_naming_the_pool(owner, make_endpoint
     assert idle.desired_replicas == 0
     cluster = Recorder()
     with pytest.raises(ClusterError, match="pool use1-h100 has no room"):
-        scaling.wake(idle, cluster, NOW)
+        pods.wake(idle, cluster, NOW)
     assert cluster.calls == []
 
 

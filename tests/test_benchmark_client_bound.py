@@ -14,7 +14,7 @@ from capacity.benchmark.config import SweepConfig, on_virtual_clock
 from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import ShapeResult, Step
 from capacity.benchmark.sweep import sweep
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 from tests.runtime.support import sim_engine
 
 

@@ -13,8 +13,9 @@ import pytest
 from capacity.benchmark.config import SweepConfig
 from capacity.benchmark.drivers import connect
 from capacity.benchmark.engine_timing import Histogram, step_latencies
-from dataplane.runtime import metrics, perf_model
-from dataplane.runtime.profiles import get_profile
+from dataplane.runtime import metrics
+from engine_model import perf_model
+from engine_model.profiles import get_profile
 from tests.runtime.support import http, sim_engine
 
 TINY = get_profile("tiny-test")

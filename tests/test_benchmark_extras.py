@@ -16,7 +16,7 @@ from capacity.benchmark import extras
 from capacity.benchmark.extras import ImageShape, VisionDriver, fit_linear_term, prefix_shapes
 from capacity.units import CostModel
 from controlplane.capacity.models import ModelProfile, ProfileFit
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 VL = get_profile("h100-qwen2-vl-7b-vision")
 
@@ -79,7 +79,7 @@ def test_delta_per_image_token_fits_where_per_image_does_not(text_price):
 
 
 def test_a_slow_processor_costs_an_image_more(text_price):
-    from dataplane.runtime.vision import with_preprocessing
+    from engine_model.vision import with_preprocessing
 
     shapes = (ImageShape(16, 1, 4, 448, 448),)  # little text: the images' preprocessing shows
     fast = asyncio.run(extras.measure_images(VL, text_price, shapes=shapes)).rows[0]

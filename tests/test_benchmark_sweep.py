@@ -10,8 +10,8 @@ from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.report import table
 from capacity.benchmark.results import BenchmarkError
 from capacity.benchmark.sweep import sweep
-from dataplane.runtime import perf_model
-from dataplane.runtime.profiles import get_profile
+from engine_model import perf_model
+from engine_model.profiles import get_profile
 from tests.runtime.support import free_port, http, sim_engine
 
 TINY = get_profile("tiny-test")  # 4 slots, 512-token context: saturates with a handful of requests

@@ -1,11 +1,12 @@
 """Imports point one way (shared/DESIGN.md, "Where things live"):
 
     capacity.units (the MU price rule; imports nothing of ours)
-      <- dataplane (its only import of capacity is capacity.units)
-      <- capacity (the pure library; may use dataplane's pure runtime models)
+      <- engine_model (the engine's performance model; of ours, imports only capacity.units)
+      <- dataplane (its only import of capacity is capacity.units; may use engine_model)
+      <- capacity (the pure library; may use engine_model and dataplane's pure modules)
       <- controlplane (Django)
 
-No module under capacity/ or dataplane/ imports django, rest_framework, celery or controlplane:
+No module under capacity/, dataplane/ or engine_model/ imports django, rest_framework, celery or controlplane:
 checked twice, by reading every file's import statements (wherever they stand, function bodies
 included) and by importing every module in a fresh interpreter. Both checks are also run on a
 copy of the tree with a forbidden import slipped in, and must catch it.
@@ -33,10 +34,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE_PACKAGES = ("capacity", "dataplane")
+PURE_PACKAGES = ("capacity", "dataplane", "engine_model")
 FORBIDDEN = ("django", "rest_framework", "celery", "controlplane")
 GROUND_FLOOR = "capacity.units"
-OURS = ("capacity", "dataplane", "controlplane")
+OURS = ("capacity", "dataplane", "engine_model", "controlplane")
 APPS = ("tenants", "capacity", "endpoints", "oncall")  # controlplane's apps, the lowest first
 # Applied before the order was kept, so they stay: capacity's Reservation has a one-to-one field
 # to endpoints.Endpoint (0002 adds it, 0005 makes it PROTECT), and 0006 read each pool's
@@ -99,6 +100,16 @@ def import_violations(root: Path) -> list[str]:
                 and name != "capacity"
             ):
                 bad.append(f"{module} imports {name} (the data plane may import only {GROUND_FLOOR})")
+            elif (
+                root_of(module) == "engine_model"
+                and ours
+                and root_of(name) != "engine_model"
+                and not (name == GROUND_FLOOR or name.startswith(GROUND_FLOOR + "."))
+                and name != "capacity"
+            ):
+                bad.append(
+                    f"{module} imports {name} (the engine model may import only {GROUND_FLOOR} of ours)"
+                )
     return bad
 
 
@@ -191,6 +202,7 @@ def test_importing_every_pure_module_loads_no_django():
     [
         ("dataplane/router/balancer.py", "dataplane.router.balancer"),
         ("capacity/fitting.py", "capacity.fitting"),
+        ("engine_model/perf_model.py", "engine_model.perf_model"),
     ],
 )
 def test_the_checks_catch_a_django_import_slipped_in(tmp_path, path, module):
@@ -211,6 +223,18 @@ def test_the_checks_catch_a_data_plane_import_of_the_capacity_library(tmp_path):
     assert import_violations(tmp_path) == [
         f"dataplane.router.pricing imports capacity.fitting {only}",
         f"dataplane.router.pricing imports capacity.fitting.fit {only}",
+    ]
+
+
+def test_the_checks_catch_an_engine_model_import_of_the_data_plane(tmp_path):
+    for package in PURE_PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "engine_model/perf_model.py").open("a") as f:
+        f.write("\nfrom dataplane.runtime import sim\n")
+    only = "(the engine model may import only capacity.units of ours)"
+    assert import_violations(tmp_path) == [
+        f"engine_model.perf_model imports dataplane.runtime {only}",
+        f"engine_model.perf_model imports dataplane.runtime.sim {only}",
     ]
 
 

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from controlplane import scaling
+from controlplane import drivers, pods, scaling
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.models import Event
 from controlplane.selling import save_endpoint
@@ -35,27 +35,27 @@ def kube(standin, monkeypatch, tmp_path, settings):
     settings.KUBERNETES_NAMESPACE = "mu-runtime"
     settings.RUNTIME_SIM_IMAGE = "mu/runtime-sim:dev"
     settings.RUNTIME_EVENTS_URL = "http://controlplane.mu-system.svc"
-    scaling.kubernetes_driver.cache_clear()
+    drivers.kubernetes_driver.cache_clear()
     yield standin
-    scaling.kubernetes_driver.cache_clear()
+    drivers.kubernetes_driver.cache_clear()
 
 
 def test_one_kubernetes_driver_per_process_from_the_settings(kube):
-    first = scaling.driver()
-    assert isinstance(first, KubernetesDriver) and scaling.driver() is first
+    first = drivers.driver()
+    assert isinstance(first, KubernetesDriver) and drivers.driver() is first
     assert first.config.sim_image == "mu/runtime-sim:dev" and first.namespace == "mu-runtime"
 
 
 def test_no_kubernetes_configuration_is_a_cluster_error(kube, monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     with pytest.raises(ClusterError, match="no Kubernetes configuration"):
-        scaling.driver()
+        drivers.driver()
 
 
 def test_a_pass_declares_every_endpoint_and_the_mirror_reads_readiness_back(kube, owner, make_endpoint):
     chat = make_endpoint(owner, "chat", min_provisioned_concurrency=16)  # 2 replicas at 8 each
     name = f"ep-{chat.pk}-v1"
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     scaling.horizontal_pass(cluster, NOW)
     assert kube.names("deployments") == [name] and kube.names("services") == [name]
     d = kube.get("deployments", name)
@@ -67,7 +67,7 @@ def test_a_pass_declares_every_endpoint_and_the_mirror_reads_readiness_back(kube
     assert container["args"][container["args"].index("--served-model-name") + 1] == "chat"
     kube.put("pods", pod(f"{name}-a", deployment=name, endpoint=str(chat.pk), ip="10.1.0.7"))
     kube.put("pods", pod(f"{name}-b", deployment=name, endpoint=str(chat.pk), ip="10.1.0.8", ready=False))
-    scaling.sync_pods(cluster)
+    pods.sync_pods(cluster)
     rows = {p.name: (p.url, p.ready) for p in Pod.objects.filter(endpoint=chat)}
     assert rows == {f"{name}-a": ("http://10.1.0.7:8000", True), f"{name}-b": ("http://10.1.0.8:8000", False)}
     chat.refresh_from_db()
@@ -81,7 +81,7 @@ def test_a_pass_declares_every_endpoint_and_the_mirror_reads_readiness_back(kube
 
 def test_a_pod_event_lands_on_its_endpoint(owner, make_endpoint):
     chat = make_endpoint(owner, "chat")
-    e = scaling.record_pod_event(
+    e = pods.record_pod_event(
         PodEvent("crash_loop", "critical", "ep-1-a", "in CrashLoopBackOff", chat.pk, {"restarts": 5})
     )
     assert (e.kind, e.severity, e.endpoint, e.tenant, e.pod) == (
@@ -92,7 +92,7 @@ def test_a_pod_event_lands_on_its_endpoint(owner, make_endpoint):
         "ep-1-a",
     )
     assert e.detail == {"restarts": 5} and e.reported_by == "kubernetes"
-    orphan = scaling.record_pod_event(PodEvent("restart", "warning", "ep-999-a", "restarted", 999))
+    orphan = pods.record_pod_event(PodEvent("restart", "warning", "ep-999-a", "restarted", 999))
     assert orphan.endpoint is None and orphan.tenant is None
 
 
@@ -142,7 +142,7 @@ def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, o
 
     chat = make_endpoint(owner, "chat")
     newer = ModelProfile.objects.create(model="llama-8b-v2", gpu_type=h100, alpha=0, beta=0.004, gamma=0)
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     v1, v2 = f"ep-{chat.pk}-v1", f"ep-{chat.pk}-v2"
     scaling.horizontal_pass(cluster, NOW)
     assert kube.names("deployments") == [v1]
@@ -152,7 +152,7 @@ def test_a_rollout_on_kubernetes_runs_both_versions_then_removes_the_old(kube, o
     assert kube.names("deployments") == [v1, v2] and kube.names("services") == [v1, v2]
     assert kube.get("deployments", v2)["metadata"]["labels"]["mu/version"] == "2"
     kube.put("pods", pod(f"{v2}-a", deployment=v2, endpoint=str(chat.pk), ip="10.1.0.9"))
-    scaling.sync_pods(cluster)
+    pods.sync_pods(cluster)
     assert Pod.objects.get(name=f"{v2}-a").version == 2
     scaling.horizontal_pass(cluster, NOW + timedelta(seconds=10))  # v2 ready: traffic moves
     assert kube.names("deployments") == [v1, v2]
@@ -164,7 +164,7 @@ def test_a_rename_sends_kubernetes_nothing_so_no_pod_restarts(kube, owner, make_
     """Its pods keep the name it was created under: the pass after a rename declares the same
     Deployment, so the driver sends nothing (a changed pod template would roll every pod)."""
     chat = make_endpoint(owner, "chat")
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     scaling.horizontal_pass(cluster, NOW)
     name = f"ep-{chat.pk}-v1"
     sent = len(kube.mutating_requests())

@@ -6,25 +6,15 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from controlplane.autoscaler_config import config_for
 from controlplane.endpoints.models import Endpoint
-from controlplane.scaling import config_for
+from tests.migrating import back_to_endpoints, endpoint_world
 
 
 @pytest.mark.django_db(transaction=True)
 def test_removed_options_leave_stored_overrides_and_the_rest_stays():
-    executor = MigrationExecutor(connection)
-    leaves = executor.loader.graph.leaf_nodes()
-    before = [(app, "0022_list_indexes" if app == "endpoints" else name) for app, name in leaves]
-    executor.migrate(before)
-    old = MigrationExecutor(connection).loader.project_state(before).apps
-    gpu = old.get_model("capacity", "GpuType").objects.create(name="h100", memory_gib=80, hourly_cost_usd=2)
-    pool = old.get_model("capacity", "GpuPool").objects.create(
-        name="p", gpu_type=gpu, region="r", gpu_count=8, gpus_per_node=8
-    )
-    profile = old.get_model("capacity", "ModelProfile").objects.create(
-        model="llama-8b", gpu_type=gpu, alpha=0.0004, beta=0.004, gamma=0.02
-    )
-    tenant = old.get_model("tenants", "Tenant").objects.create(name="acme")
+    old, leaves = back_to_endpoints("0022_list_indexes")
+    world = endpoint_world(old)
     stored = {
         "chat": {"smooth_spread": 0.2, "scale_down_window_s": 120.0},
         "batch": {"drain_backlog_at_ready": True},
@@ -33,8 +23,8 @@ def test_removed_options_leave_stored_overrides_and_the_rest_stays():
     }
     for name, overrides in stored.items():
         old.get_model("endpoints", "Endpoint").objects.create(
-            tenant=tenant, name=name, profile=profile, pool=pool, autoscaler=overrides,
-            max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+            **world, name=name, autoscaler=overrides, max_provisioned_concurrency=8,
+            target_concurrency_per_replica=8,
         )  # fmt: skip
 
     MigrationExecutor(connection).migrate(leaves)

@@ -12,6 +12,7 @@ from django.db.migrations.executor import MigrationExecutor
 from controlplane.capacity.models import GpuPool, Reservation
 from controlplane.endpoints.models import DeletedEndpoint, Endpoint, UsageHour
 from controlplane.selling import delete_endpoint
+from tests.migrating import back_to_endpoints, endpoint_world
 
 # The last migration of each app in the release before the move: what an existing database has
 # recorded. The capacity app's names are those of the old top-level app.
@@ -66,23 +67,10 @@ def test_a_database_of_the_release_before_the_move_upgrades_with_its_rows():
 
 @pytest.mark.django_db(transaction=True)
 def test_usage_hours_of_the_release_before_keep_their_endpoint_once_it_is_deleted():
-    executor = MigrationExecutor(connection)
-    leaves = executor.loader.graph.leaf_nodes()
-    before = [n for n in leaves if n[0] != "endpoints"] + [("endpoints", "0014_load_mu_squared")]
-    executor.migrate(before)
-    old = MigrationExecutor(connection).loader.project_state(before).apps
-    gpu = old.get_model("capacity", "GpuType").objects.create(name="h100", memory_gib=80, hourly_cost_usd=2)
-    pool = old.get_model("capacity", "GpuPool").objects.create(
-        name="use1", gpu_type=gpu, region="us-east-1", gpu_count=8, gpus_per_node=8
-    )
-    profile = old.get_model("capacity", "ModelProfile").objects.create(
-        model="llama-8b", gpu_type=gpu, alpha=0.0004, beta=0.004, gamma=0.02
-    )
-    tenant = old.get_model("tenants", "Tenant").objects.create(name="acme")
+    old, leaves = back_to_endpoints("0014_load_mu_squared")
     endpoint = old.get_model("endpoints", "Endpoint").objects.create(
-        tenant=tenant, name="chat", profile=profile, pool=pool, max_provisioned_concurrency=8,
-        target_concurrency_per_replica=8,
-    )  # fmt: skip
+        **endpoint_world(old), name="chat", max_provisioned_concurrency=8, target_concurrency_per_replica=8
+    )
     old.get_model("endpoints", "UsageHour").objects.create(endpoint=endpoint, start=3600, mu=2.5, requests=7)
 
     MigrationExecutor(connection).migrate(leaves)

@@ -17,8 +17,8 @@ from controlplane.api.metrics import control_plane_metrics
 from dataplane.router.exposition import prometheus_text
 from dataplane.router.metering import Meter
 from dataplane.runtime.prober import ProberCounts, Status, metrics_text
-from dataplane.runtime.profiles import get_profile
 from dataplane.runtime.sim import SimEngine
+from engine_model.profiles import get_profile
 from tests.conftest import client_for
 
 ROOT = Path(__file__).resolve().parent.parent

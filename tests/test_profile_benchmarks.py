@@ -17,7 +17,7 @@ from capacity.benchmark.results import BenchmarkError
 from controlplane import profile_benchmarks
 from controlplane.capacity.models import ModelProfile, ProfileFit
 from controlplane.oncall.models import Event
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 from tests.runtime.support import http, pid_alive, sim_engine
 
 SHAPES = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200), (200, 64))
@@ -437,7 +437,7 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
 
     from django.db import connection
 
-    from controlplane import scaling
+    from controlplane import drivers, scaling
     from tests.runtime.support import agent_token_file, answers, free_port, wait_until
 
     port = free_port()
@@ -465,7 +465,7 @@ def test_with_a_cluster_the_benchmark_measures_a_pod_declared_for_its_claim(sett
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     stop = threading.Event()
 
     def beat():  # the horizontal pass, as beat runs it (its lease lets one through every 2.5 s)

@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane import scaling
+from controlplane import drivers, pods, scaling
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.selling import sell
@@ -56,7 +56,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
     settings.CLUSTER_DRIVER, settings.CLUSTER_AGENT_URL = "local", f"http://127.0.0.1:{agent_port}"
     settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.REDIS_URL = ""  # the router polls the table and posts its seconds to the control plane
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     env = {**os.environ, "ROUTER_KEY": operator}
     log = open(tmp_path / "stack.log", "wb")
     procs = [
@@ -76,7 +76,7 @@ def test_a_rename_fails_no_request_restarts_no_pod_and_bills_no_failure(
         while time.monotonic() < deadline:
             for p in procs:
                 assert p.poll() is None, (tmp_path / "stack.log").read_text()[-3000:]
-            scaling.sync_pods(cluster)
+            pods.sync_pods(cluster)
             scaling.horizontal_pass(cluster, timezone.now())
             if done():
                 return

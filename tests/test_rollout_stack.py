@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane import scaling
+from controlplane import drivers, pods, scaling
 from controlplane.capacity.models import ModelProfile
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.oncall.models import Event
@@ -41,7 +41,7 @@ def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
     settings.CLUSTER_AGENT_TOKEN_FILE = token_file = agent_token_file(tmp_path)
     settings.ROLLOUT_DRAIN_S = 3.0
     settings.REDIS_URL = ""  # the router posts its samples to the control plane
-    cluster = scaling.driver()
+    cluster = drivers.driver()
     env = {**os.environ, "ROUTER_KEY": operator}
     log = open(tmp_path / "stack.log", "wb")
     procs = [
@@ -59,7 +59,7 @@ def test_a_canary_rollout_under_load_fails_no_request_and_stays_in_the_ledger(
         while time.monotonic() < deadline:
             for p in procs:
                 assert p.poll() is None, (tmp_path / "stack.log").read_text()[-3000:]
-            scaling.sync_pods(cluster)
+            pods.sync_pods(cluster)
             scaling.horizontal_pass(cluster, timezone.now())
             if done():
                 return

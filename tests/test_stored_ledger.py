@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
-from controlplane import pool_ledgers, rollouts, scaling, selling
+from controlplane import pods, pool_ledgers, rollouts, scaling, selling
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
@@ -174,7 +174,7 @@ def apply(world: World, op: tuple, now: datetime) -> str:
             rollouts.command(e, "promote")
         elif kind == "pods":
             world.cluster.run(e, b % 3)
-            scaling.sync_pods(world.cluster)
+            pods.sync_pods(world.cluster)
         elif kind == "pass":  # used MU, desired replicas and rollouts' steps
             scaling.horizontal_pass(world.cluster, now)
         elif kind == "shape":

@@ -58,7 +58,7 @@ def test_the_fit_the_router_and_the_simulator_price_with_the_one_rule():
     from capacity.simulate.sizing import cost_model_for
     from capacity.units import price
     from dataplane.router.pricing import CostModel
-    from dataplane.runtime.profiles import get_profile
+    from engine_model.profiles import get_profile
 
     fitted = Fit(0.0004, 0.004, 0.02, {}, 1.0, 0.0, (), 5)
     router = CostModel(0.0004, 0.004, 0.02)

@@ -37,8 +37,8 @@ from urllib.parse import urlparse
 from capacity.benchmark import engine_timing
 from capacity.benchmark.config import SweepConfig
 from capacity.benchmark.results import BenchmarkError
-from dataplane.runtime import perf_model
 from dataplane.runtime.http_client import ClientResponse, Connection, request
+from engine_model import perf_model
 
 FALLBACK_TOKEN_IDS = range(100, 1000)  # inside any real vocabulary (the tiny test model has ~2k)
 IDLE_REUSE_S = 2.0  # reuse a kept-alive connection only this long after its last answer, s

@@ -39,8 +39,8 @@ from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.sweep import sweep
 from capacity.fitting import _T975, Fit
 from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
-from dataplane.runtime import perf_model
 from dataplane.runtime.prefix_cache import BLOCK_SIZE, PrefixCache, block_hashes
+from engine_model import perf_model
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from capacity.simulate.scenario import (
 )
 from capacity.simulate.sizing import deployed
 from capacity.simulate.traces import Trace, TraceError, amplify, load, time_scale
-from dataplane.runtime.perf_model import EngineProfile
-from dataplane.runtime.profiles import get_profile
+from engine_model.perf_model import EngineProfile
+from engine_model.profiles import get_profile
 
 CONTEXT_TOKENS = 131_072  # the default --max-model-len: Llama 3.1's context
 

@@ -25,7 +25,7 @@ from capacity.simulate.percentiles import Percentiles
 from capacity.simulate.policies import FleetState, ScalingPolicy
 from capacity.simulate.replica import Replica, Request, end_to_end_deadline_s, p99, slo_ratios
 from capacity.simulate.sizing import cost_model_for, fit_shape, full_batch
-from dataplane.runtime.perf_model import EngineProfile
+from engine_model.perf_model import EngineProfile
 
 BUCKET_S = 1.0  # the router's metering resolution, seconds
 

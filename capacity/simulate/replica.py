@@ -1,6 +1,6 @@
 """One simulated replica: the simulated engine's continuous-batching model, driven by events. Pure.
 
-Same model, second driver: `dataplane.runtime.perf_model.step` runs one engine step at a time
+Same model, second driver: `engine_model.perf_model.step` runs one engine step at a time
 (the HTTP engine sleeps each one); a fleet of hundreds of replicas over hours cannot afford a
 Python call per step per replica, so this driver jumps. Between two events (an admission or a
 completion) the running batch does not change, so every step costs the same
@@ -27,7 +27,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from dataplane.runtime.perf_model import EngineProfile, long_prefill_cap
+from engine_model.perf_model import EngineProfile, long_prefill_cap
 
 
 class Request:

@@ -28,7 +28,7 @@ from capacity.simulate.sizing import (
 )
 from capacity.simulate.traces import BURST_WINDOW
 from capacity.units import MU_PER_REPLICA_MINUTE
-from dataplane.runtime.perf_model import EngineProfile
+from engine_model.perf_model import EngineProfile
 
 POLICIES = ("apa", "hpa", "kpa", "oracle", "static-peak")
 # Kubernetes Services and Knative (default containerConcurrency 0) put no limit on a pod's

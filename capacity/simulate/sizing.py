@@ -26,7 +26,7 @@ from itertools import repeat
 from capacity.simulate.arrivals import Arrival, as_trace
 from capacity.simulate.replica import Replica, Request, end_to_end_deadline_s, p99, slo_ratios
 from capacity.units import MU_PER_REPLICA_MINUTE, CostModel
-from dataplane.runtime.perf_model import EngineProfile
+from engine_model.perf_model import EngineProfile
 
 SECONDS_PER_MU = 60.0 / MU_PER_REPLICA_MINUTE
 

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from capacity.ledger import PoolLedger
-from controlplane import pool_ledgers, rollouts, scaling, selling
+from controlplane import drivers, pods, pool_ledgers, rollouts, selling
 from controlplane.api import filters, params, serializers
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
@@ -185,7 +185,7 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
                 {"error": "not_scale_to_zero", "detail": f"{endpoint.name} does not scale to zero"},
                 status=status.HTTP_409_CONFLICT,
             )
-        cluster = scaling.driver()
+        cluster = drivers.driver()
         if cluster is None:  # a configuration, not an outage: nothing to retry, so no 503
             return Response(
                 {
@@ -195,7 +195,7 @@ class EndpointViewSet(ScopedViewSet[Endpoint]):
                 },
                 status=status.HTTP_409_CONFLICT,
             )
-        woke = scaling.wake(endpoint, cluster, timezone.now())
+        woke = pods.wake(endpoint, cluster, timezone.now())
         endpoint.refresh_from_db()
         body = {"desired_replicas": endpoint.desired_replicas, "ready_replicas": endpoint.ready_replicas}
         return Response(body, status=status.HTTP_202_ACCEPTED if woke else status.HTTP_200_OK)

@@ -100,7 +100,7 @@ class GpuPool(models.Model):
 
 def sim_profile(gpu_type: str) -> str:
     """The simulated engine profile standing in for a GPU type (h100 unless named)."""
-    from dataplane.runtime.profiles import PROFILES
+    from engine_model.profiles import PROFILES
 
     name = gpu_type.lower()
     return next((p for p in sorted(PROFILES) if p.split("-")[0] in name), "h100-llama-8b")
@@ -141,7 +141,7 @@ class ModelProfile(models.Model):
         validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="Share of alpha a prompt token found in the prefix cache costs, measured by the benchmark",
     )
-    # The simulated engine profile (dataplane.runtime.profiles) standing in for this model on
+    # The simulated engine profile (engine_model.profiles) standing in for this model on
     # this GPU where no GPU can be had: benchmarks on a virtual clock and local pods run it.
     simulated_profile = models.CharField(
         max_length=100, blank=True, help_text="Simulated engine profile; empty: the GPU type's default"

@@ -111,7 +111,7 @@ def context_length(profile: ModelProfile) -> int:
     if settings.ENDPOINT_POD_ENGINE == "vllm":
         served = max_model_len_arg(tuple(shlex.split(settings.ENDPOINT_VLLM_ARGS)))
     else:
-        from dataplane.runtime.profiles import PROFILES
+        from engine_model.profiles import PROFILES
 
         engine = PROFILES.get(profile.engine_profile())
         served = engine.max_model_len if engine is not None else None

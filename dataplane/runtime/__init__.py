@@ -1,7 +1,7 @@
 """Runtime pods: one inference engine plus the prober that watches it.
 
 A pod is a vLLM OpenAI server (``launcher``) or, where no GPU can be had, a clearly labelled
-simulated engine (``sim`` driven by the pure ``perf_model``), plus a prober (``prober`` state
+simulated engine (``sim`` driven by the pure ``engine_model.perf_model``), plus a prober (``prober`` state
 machine, ``probe_server`` I/O) that sends a tiny top-priority completion when the engine has
 been quiet, fails ``/livez`` when it hangs, and reports events to the control plane
 (``events``). ``pod`` runs one pod in the foreground; ``supervisor`` runs many locally and

@@ -15,9 +15,9 @@ from typing import Any
 
 from dataplane.runtime import sim_tokenizer
 from dataplane.runtime.openai_request import ApiError, Body, ServedModel, _error
-from dataplane.runtime.vision import VisionProfile
 from dataplane.wire.content_parts import CHAT_PART_TYPES, NON_MEDIA_PART_TYPES, part_kind, text_field
 from dataplane.wire.images import ImageError, is_data_url, read_data_url
+from engine_model.vision import VisionProfile
 
 # Content-part types vLLM hands to a multimodal processor, which a text-only model does not have
 # (those it parses as text: dataplane.wire.content_parts).

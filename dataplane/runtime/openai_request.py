@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dataplane.runtime.vision import VisionProfile
+from engine_model.vision import VisionProfile
 
 # vLLM's limits: envs.py VLLM_MAX_COMPLETION_PROMPTS, VLLM_MAX_STOP_STRINGS, VLLM_MAX_N_SEQUENCES,
 # config/model.py max_logprobs (its default).

@@ -45,7 +45,7 @@ from dataplane.runtime.events import EventReporter, ReporterConfig, utc_now_iso
 from dataplane.runtime.pod_process import PARENT_VARIABLE
 from dataplane.runtime.probe_server import ProbeLoop
 from dataplane.runtime.prober import ProberConfig
-from dataplane.runtime.profiles import PROFILES
+from engine_model.profiles import PROFILES
 
 log = logging.getLogger("dataplane.runtime.pod")
 # The endpoint's events credential (controlplane.endpoints.pod_keys): its own endpoint's events only.

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import uvloop
 
-from dataplane.runtime import engine_auth, metrics, openai_api, openai_responses, perf_model, sim_generation
+from dataplane.runtime import engine_auth, metrics, openai_api, openai_responses, sim_generation
 from dataplane.runtime.http_server import (
     HttpServer,
     Request,
@@ -39,10 +39,11 @@ from dataplane.runtime.http_server import (
 )
 from dataplane.runtime.openai_request import ApiError, ParsedRequest, ServedModel
 from dataplane.runtime.prefix_cache import BLOCK_SIZE, PrefixCache
-from dataplane.runtime.profiles import PROFILES, get_profile
 from dataplane.runtime.sim_generation import SequenceOutput
-from dataplane.runtime.vision import PROCESSORS, with_preprocessing
 from dataplane.wire.prometheus_text import family_header, label_value
+from engine_model import perf_model
+from engine_model.profiles import PROFILES, get_profile
+from engine_model.vision import PROCESSORS, with_preprocessing
 
 log = logging.getLogger("dataplane.runtime.sim")
 

@@ -319,7 +319,7 @@ def test_the_endpoint_page_is_live_pods_charts_and_window(browser, live_server, 
 
     from django.utils import timezone
 
-    from controlplane import scaling
+    from controlplane import pods
     from controlplane.endpoints.deployments import deployment_name
     from controlplane.endpoints.models import LoadBucket
     from dataplane.cluster.driver import PodState
@@ -327,7 +327,7 @@ def test_the_endpoint_page_is_live_pods_charts_and_window(browser, live_server, 
 
     deployment = deployment_name(fleet.pk, fleet.version)
     pod = PodState(f"{deployment}-a", deployment, "http://10.0.0.7:9001", True, 0, True, 1.2)
-    scaling.sync_pods(Recorder([pod]))
+    pods.sync_pods(Recorder([pod]))
     now = int(timezone.now().timestamp()) // 5 * 5
     counts = [0] * 15
     counts[5], counts[7] = 30, 2
@@ -356,7 +356,7 @@ def test_the_endpoint_page_is_live_pods_charts_and_window(browser, live_server, 
     assert page.query_selector("section.timeline g.mark[data-count='3']") is not None
     # Latency from the histograms: 30 requests in (0.1, 0.25] s, 2 in (0.5, 1]: p50 0.18 s.
     assert page.inner_text("dd.latency").startswith("0.18 s")
-    scaling.sync_pods(Recorder([PodState(pod.name, deployment, pod.url, True, 1, True, 1.2)]))
+    pods.sync_pods(Recorder([PodState(pod.name, deployment, pod.url, True, 1, True, 1.2)]))
     Event.record("restart", "engine restarted after a hang", endpoint=fleet, pod=pod.name)
     page.wait_for_function(
         f"() => document.querySelector('tr[data-pod={deployment}-a] td.restarts').innerText === '1'",

@@ -408,7 +408,7 @@ def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, 
     from capacity.benchmark.config import SweepConfig
     from capacity.benchmark.drivers import SimulatedDriver
     from controlplane import profile_benchmarks
-    from dataplane.runtime.profiles import get_profile
+    from engine_model.profiles import get_profile
 
     shapes = ((16, 1), (16, 16), (64, 64), (128, 128), (256, 16), (16, 200))
     profile_benchmarks.run_benchmark(
@@ -426,8 +426,8 @@ def test_profiles_show_their_benchmark_history_and_a_rerun_button(operator_web, 
 def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants(
     owner_web, operator_web, other_web, owned, other, make_endpoint
 ):
-    from controlplane import scaling
     from controlplane.endpoints.deployments import deployment_name
+    from controlplane.pods import sync_pods
     from dataplane.cluster.driver import PodState
     from tests.test_autoscaling import Recorder
 
@@ -435,7 +435,7 @@ def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants
     deployment = deployment_name(owned.pk, owned.version)
     a = PodState(f"{deployment}-a", deployment, "http://10.0.0.7:9001", True, 2, True, 1.4)
     pods = [a, PodState(f"{deployment}-b", deployment, "http://10.0.0.8:9002", False)]
-    scaling.sync_pods(Recorder(pods))
+    sync_pods(Recorder(pods))
     # Restarts and hangs name their pod: the owner sees the last one; another tenant's event on a
     # pod of the same name (it cannot have one; a hostile report) is not shown to the owner.
     Event.record("restart", "engine restarted after a hang", endpoint=owned, pod=f"{deployment}-a")
@@ -449,7 +449,7 @@ def test_the_pods_table_is_live_with_each_pods_facts_and_hides_urls_from_tenants
     assert "10.0.0.7" not in live and "10.0.0.8" not in live  # a tenant never sees a pod's URL
     assert "http://10.0.0.7:9001" in operator_web.get(f"/console/endpoints/{owned.pk}/").content.decode()
     # The next sync carries a new restart count to the page.
-    scaling.sync_pods(Recorder([PodState(pods[0].name, deployment, pods[0].url, True, restarts=3)]))
+    sync_pods(Recorder([PodState(pods[0].name, deployment, pods[0].url, True, restarts=3)]))
     live = owner_web.get(f"/console/endpoints/{owned.pk}/live/").content.decode()
     assert '<td class="num restarts">3</td>' in live and f"{deployment}-b" not in live
 

@@ -6,7 +6,7 @@ and no address of the fleet."""
 import io
 from dataclasses import replace
 
-from controlplane import scaling
+from controlplane import pods
 from controlplane.endpoints.models import Pod
 from controlplane.oncall.models import Event
 from dataplane.cluster.agent import Agent, control_plane_args
@@ -67,11 +67,11 @@ def test_the_kubernetes_watcher_reads_them_from_the_pods_labels():
 
 def test_the_watchers_event_is_recorded_on_the_endpoint_and_its_tenant(owner, make_endpoint):
     chat = make_endpoint(owner, "chat")
-    event = scaling.record_pod_event(replace(RESTART, endpoint=chat.pk, version=1, tenant="owner"))
+    event = pods.record_pod_event(replace(RESTART, endpoint=chat.pk, version=1, tenant="owner"))
     assert (event.tenant, event.endpoint, event.version) == (owner, chat, 1)
     # a pod with no endpoint label, registered with the control plane: attributed through it
     Pod.objects.create(endpoint=chat, name="ep-x-9", url="http://10.0.3.9:8000", version=1)
-    event = scaling.record_pod_event(replace(RESTART, pod="ep-x-9"))
+    event = pods.record_pod_event(replace(RESTART, pod="ep-x-9"))
     assert (event.tenant, event.endpoint, event.version) == (owner, chat, 1)
 
 

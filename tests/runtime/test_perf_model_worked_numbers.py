@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.runtime import perf_model as pm
-from dataplane.runtime.profiles import H100_LLAMA_8B, TINY_TEST, get_profile
+from engine_model import perf_model as pm
+from engine_model.profiles import H100_LLAMA_8B, TINY_TEST, get_profile
 
 H100 = H100_LLAMA_8B
 

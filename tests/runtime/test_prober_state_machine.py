@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from dataplane.runtime import perf_model as pm
 from dataplane.runtime.prober import Prober, ProberConfig
-from dataplane.runtime.profiles import TINY_TEST
+from engine_model import perf_model as pm
+from engine_model.profiles import TINY_TEST
 
 CFG = ProberConfig(
     idle_interval_s=5,

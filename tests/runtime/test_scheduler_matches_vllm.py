@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from dataplane.runtime import perf_model as pm
-from dataplane.runtime.profiles import TINY_TEST
+from engine_model import perf_model as pm
+from engine_model.profiles import TINY_TEST
 from tests.runtime.support import TinyModel
 
 pytestmark = [

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from dataplane.runtime import perf_model
-from dataplane.runtime.profiles import TINY_TEST
+from engine_model import perf_model
+from engine_model.profiles import TINY_TEST
 from tests.runtime.support import SimProcess, http, metric_value, sim_engine
 
 pytestmark = pytest.mark.stack  # a simulated engine as a subprocess
@@ -68,7 +68,7 @@ def test_the_simulated_profiles_are_listed_one_per_line():
     import subprocess
     import sys
 
-    from dataplane.runtime.profiles import PROFILES
+    from engine_model.profiles import PROFILES
 
     out = subprocess.run(
         [sys.executable, "-m", "dataplane.runtime.sim", "--list-profiles"],

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from dataplane.runtime import perf_model as pm
 from dataplane.runtime.prefix_cache import PrefixCache
-from dataplane.runtime.profiles import H100_QWEN2_VL_7B_VISION, PROFILES
-from dataplane.runtime.vision import with_preprocessing
+from engine_model import perf_model as pm
+from engine_model.profiles import H100_QWEN2_VL_7B_VISION, PROFILES
+from engine_model.vision import with_preprocessing
 from tests.image_files import data_url, image_part, png
 from tests.runtime.support import http, sim_engine
 

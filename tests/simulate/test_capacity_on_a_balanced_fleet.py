@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from capacity.simulate.sizing import lumps, slo_capacity_mu_per_s
 from capacity.simulate.traces import amplify, long_context, prefill_heavy
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 H100 = replace(get_profile("h100-llama-8b"), max_model_len=131_072)
 

@@ -5,7 +5,7 @@ import pytest
 
 from capacity.simulate.fleet import Fleet, FleetConfig
 from capacity.simulate.policies import ScalingPolicy
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 TINY = get_profile("tiny-test")
 

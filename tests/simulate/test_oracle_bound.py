@@ -25,7 +25,7 @@ from capacity.simulate.scenario import (
 )
 from capacity.simulate.sizing import chunk_within_itl
 from capacity.simulate.traces import PREFILL_HEAVY, amplify, decode_heavy, prefill_heavy
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 H100 = chunk_within_itl(replace(get_profile("h100-llama-8b"), max_model_len=131_072), 0.1)
 WARMUP_S = 120.0

@@ -6,7 +6,7 @@ from capacity.simulate.fleet import FleetConfig, run
 from capacity.simulate.policies import Schedule
 from capacity.simulate.sizing import fit_shape, full_batch, oracle_schedule
 from capacity.simulate.traces import Arrival
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 TINY = get_profile("tiny-test")
 

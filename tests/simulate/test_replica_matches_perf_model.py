@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from capacity.simulate.replica import Replica, Request
-from dataplane.runtime import perf_model as pm
-from dataplane.runtime.profiles import get_profile
+from engine_model import perf_model as pm
+from engine_model.profiles import get_profile
 
 
 def _poisson(rate: float, n: int, prompt: int, output: int, seed: int = 1) -> list[tuple[float, int, int]]:

@@ -5,7 +5,7 @@ long contexts are bounded by the KV cache, not by slots."""
 import pytest
 
 from capacity.simulate.replica import Replica, Request
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 H100 = get_profile("h100-llama-8b")
 

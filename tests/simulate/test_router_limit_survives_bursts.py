@@ -21,7 +21,7 @@ from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import simulate
 from capacity.simulate.sizing import chunk_within_itl, full_batch
 from capacity.simulate.traces import decode_heavy
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 H100 = chunk_within_itl(replace(get_profile("h100-llama-8b"), max_model_len=131_072), 0.1)
 

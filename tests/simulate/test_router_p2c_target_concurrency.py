@@ -6,7 +6,7 @@ from dataclasses import replace
 from capacity.simulate.fleet import Fleet, FleetConfig, run
 from capacity.simulate.policies import ScalingPolicy, Schedule
 from capacity.simulate.traces import Arrival
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 TINY = get_profile("tiny-test")
 

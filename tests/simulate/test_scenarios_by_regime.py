@@ -27,7 +27,7 @@ from capacity.simulate.fleet import FleetConfig
 from capacity.simulate.scenario import simulate
 from capacity.simulate.sizing import chunk_within_itl
 from capacity.simulate.traces import amplify, decode_heavy, long_context, prefill_heavy
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 # As the bench and the CLI deploy it: a 128k context, chunks within the 0.1-s ITL deadline.
 H100 = chunk_within_itl(replace(get_profile("h100-llama-8b"), max_model_len=131_072), 0.1)

@@ -11,7 +11,7 @@ from capacity.simulate.fleet import Fleet, FleetConfig
 from capacity.simulate.policies import ScalingPolicy
 from capacity.simulate.replica import Request, end_to_end_deadline_s, slo_ratios
 from capacity.simulate.sizing import chunk_within_itl
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 TINY = get_profile("tiny-test")
 

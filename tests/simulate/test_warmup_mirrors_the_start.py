@@ -4,7 +4,7 @@ load it ends on: played forwards, the fleet came out of minute 4's load into min
 from capacity.simulate.fleet import FleetConfig, warmup_time
 from capacity.simulate.scenario import simulate
 from capacity.simulate.traces import Arrival
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 H100 = get_profile("h100-llama-8b")
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from controlplane import endpoint_rules, scaling, selling
+from controlplane import autoscaler_config, endpoint_rules, selling
 from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
@@ -119,7 +119,7 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         if not isinstance(value, dict):
             raise serializers.ValidationError(f"{value!r} must be an object of setting: value")
         try:
-            scaling.config_from_overrides(value)
+            autoscaler_config.config_from_overrides(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value

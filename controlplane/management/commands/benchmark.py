@@ -17,7 +17,7 @@ from capacity.benchmark.drivers import SimulatedDriver
 from capacity.benchmark.results import shape_name
 from controlplane import profile_benchmarks
 from controlplane.capacity.models import GpuType, ModelProfile, ProfileFit
-from dataplane.runtime.profiles import get_profile
+from engine_model.profiles import get_profile
 
 
 class Command(BaseCommand):

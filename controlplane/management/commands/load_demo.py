@@ -2,7 +2,7 @@
 
 Idempotent: a second run finds the fleet and changes nothing. Coefficients are hand-set
 placeholders (source=manual) until the benchmarks fit real ones; each model x GPU pair names the
-simulated engine profile (dataplane.runtime.profiles, where its numbers are derived) that its
+simulated engine profile (engine_model.profiles, where its numbers are derived) that its
 benchmark and its local pods run where no GPU can be had.
 """
 

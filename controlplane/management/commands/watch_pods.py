@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections, connections
 
-from controlplane import scaling
+from controlplane import pods
 from dataplane.wire.pod_events import PodEvent
 
 log = logging.getLogger("controlplane.watch_pods")
@@ -39,7 +39,7 @@ class Command(BaseCommand):
 
         def record(event: PodEvent) -> None:
             close_old_connections()  # a long-lived process: drop a connection the database closed
-            scaling.record_pod_event(event)
+            pods.record_pod_event(event)
             log.info("%s: %s", event.kind, event.message)
 
         watcher = PodWatcher(namespace, record)

@@ -18,7 +18,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from dataplane.runtime.vision import VisionProfile
+from engine_model.vision import VisionProfile
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dataplane.runtime.perf_model import EngineProfile
-from dataplane.runtime.vision import VisionProfile
+from engine_model.perf_model import EngineProfile
+from engine_model.vision import VisionProfile
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"

@@ -31,7 +31,7 @@ OVERSUBSCRIPTION_PENALTY = 0.2  # extra preprocessing time per OMP thread beyond
 PROCESSORS = ("fast", "slow")
 
 if TYPE_CHECKING:
-    from dataplane.runtime.perf_model import EngineProfile
+    from engine_model.perf_model import EngineProfile
 
 
 @dataclass(frozen=True)
