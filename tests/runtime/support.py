@@ -208,7 +208,8 @@ class EventSink:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # Polled every 50 ms, not socketserver's 0.5 s: stop()'s shutdown() waits for the next poll.
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def stop(self) -> None:
         if self.server is not None:
