@@ -13,9 +13,10 @@ reservations on random endpoints of the nearly full pools, --sales in all, again
 it counts the sales made (201/200) and refused (409), then reads /api/v1/capacity/ and says
 whether any pool is oversold. Just before it, the floor: as many calls from SELLERS clients at
 once of the cheapest authenticated call (the pools), what the machine answers at that
-concurrency whatever the call, and the sale's p50 and p99 against it. Last, the p99 ratio
-between the sizes per scenario. Prints figures; asserts nothing (this machine is shared and
-noisy).
+concurrency whatever the call, and the sale's p50 and p99 against it. Under each of the two,
+the machine's CPU per call: the server's workers, the bench database's PostgreSQL backends and
+the clients (this process). Last, the p99 ratio between the sizes per scenario. Prints
+figures; asserts nothing (this machine is shared and noisy).
 """
 
 import argparse
@@ -31,6 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -88,6 +90,44 @@ def serve(log: IO[bytes], server: str) -> subprocess.Popen[bytes]:
             time.sleep(0.2)
     process.kill()
     raise SystemExit("gunicorn did not start")
+
+
+class CpuMeter:
+    """CPU seconds of this run's own processes (/proc): the web server's workers, the bench
+    database's PostgreSQL backends, and this process (the clients). A backend or a worker that
+    ends between two readings takes its CPU with it; the pool keeps them for the whole run."""
+
+    TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, server: subprocess.Popen[bytes]) -> None:
+        self.server = server
+
+    def read(self) -> dict[str, float]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            backends = [pid for (pid,) in cursor.fetchall()]
+        children = Path(f"/proc/{self.server.pid}/task/{self.server.pid}/children")
+        workers = [int(pid) for pid in children.read_text().split()]
+        return {
+            "server": sum(map(self.seconds, workers)),
+            "PostgreSQL": sum(map(self.seconds, backends)),
+            "clients": time.process_time(),
+        }
+
+    def seconds(self, pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended since it was listed
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) * self.TICK_S  # utime + stime
+
+    def per_call(self, before: dict[str, float], calls: int) -> str:
+        after = self.read()
+        parts = {k: (after[k] - before[k]) * 1000 / max(1, calls) for k in after}
+        listed = ", ".join(f"{k} {ms:.1f}" for k, ms in parts.items())
+        return f"CPU per call, ms: {listed} (in all {sum(parts.values()):.1f})"
 
 
 def get(path: str, key: str) -> float:
@@ -229,16 +269,19 @@ def crowd(make: Callable[[int, int, threading.Barrier], Caller], calls: int) -> 
     return callers
 
 
-def floor(f: Fleet, calls: int) -> Result:
+def floor(f: Fleet, calls: int, cpu: CpuMeter) -> Result:
     """What this machine answers SELLERS clients at once with the cheapest authenticated call
     (the pools, 20 rows): the floor under any call at that concurrency, the sale's included."""
+    before = cpu.read()
     callers = crowd(lambda k, n, start: Caller(f.operator_key, n, start), calls)
-    return report(
+    result = report(
         f"{f.size.label} {FLOOR}", [t for c in callers for t in c.times], SALE_GOAL_MS, own_goal=True
     )
+    print(f"    {cpu.per_call(before, calls)}")
+    return result
 
 
-def sale(f: Fleet, sales: int) -> Result:
+def sale(f: Fleet, sales: int, cpu: CpuMeter) -> Result:
     """SELLERS sellers at once on the nearly full pools' endpoints; then whether any pool is oversold."""
     from controlplane.endpoints.models import Endpoint
 
@@ -248,6 +291,7 @@ def sale(f: Fleet, sales: int) -> Result:
         .order_by("pk")
         .values_list("pk", "reservation__pk", "reservation__mu_per_minute")
     ]
+    before = cpu.read()
     callers = crowd(
         lambda k, n, start: Seller(f.operator_key, n, start, endpoints[k::SELLERS], 100 + k), sales
     )
@@ -255,6 +299,7 @@ def sale(f: Fleet, sales: int) -> Result:
     result = report(
         f"{f.size.label} {SALE}", [t for c in callers for t in c.times], SALE_GOAL_MS, own_goal=True
     )
+    print(f"    {cpu.per_call(before, sales)}")
     other = sum(n for status, n in answers.items() if status not in (200, 201, 409))
     made = f"sold {answers[201]} new and raised {answers[200]} (201/200)"
     print(f"    {made}, refused {answers[409]} (409), other {other}")
@@ -288,8 +333,9 @@ def measure(f: Fleet, options: fleet.Options, sales: int, server_kind: str) -> d
                 times = timed_runs(lambda make=make: get(*make()), options.requests, options.budget_s)
                 results[name] = report(f"{f.size.label} {name}", times, GOAL_MS)
             if sales:
-                results[FLOOR] = floor(f, sales)
-                results[SALE] = sale(f, sales)
+                cpu = CpuMeter(server)
+                results[FLOOR] = floor(f, sales, cpu)
+                results[SALE] = sale(f, sales, cpu)
                 ratio = (results[SALE].p50 / results[FLOOR].p50, results[SALE].p99 / results[FLOOR].p99)
                 print(f"    the sale against the floor: p50 {ratio[0]:.1f}x, p99 {ratio[1]:.1f}x")
         except BaseException:

@@ -1,6 +1,7 @@
 """ASGI entry point: the production web server's (controlplane/gunicorn.conf.py, uvicorn workers).
 
-Django's app behind ``BoundedApp``: a bounded number of requests inside Django per worker, each
+Django's app (``OneHopHandler``: the middleware chain and the view in one hop to the request's
+thread) behind ``BoundedApp``: a bounded number of requests inside Django per worker, each
 with its body already read, a body over DATA_UPLOAD_MAX_MEMORY_SIZE refused with 413 before
 Django reads it, /healthz and static files on slots of their own (controlplane/webserver.py);
 on PostgreSQL, their database connections from a pool per worker.
@@ -11,10 +12,10 @@ from typing import Any, cast
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
+import django
 from django.conf import settings  # after the settings module is named
-from django.core.asgi import get_asgi_application
 
-from controlplane.webserver import DEADLINES, BoundedApp
+from controlplane.webserver import DEADLINES, BoundedApp, OneHopHandler
 
 # Under ASGI each request's sync view runs in a thread of its own, which ends with the request:
 # a persistent connection (CONN_MAX_AGE > 0) would outlive it unused, open until garbage
@@ -37,7 +38,8 @@ for database in settings.DATABASES.values():
             "max_size": DEADLINES.app_concurrency + DEADLINES.health_slots,
             "timeout": DATABASE_WAIT_S,
         }
-django_application = get_asgi_application()
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
+django_application = OneHopHandler()
 
 application = BoundedApp(
     django_application,

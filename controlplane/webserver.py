@@ -6,7 +6,8 @@ uvicorn lacks: deadlines for a request's head and body (408), a bound on the hea
 for a client that does not read its response, and reads paused while ``max_pipelined_requests``
 wait (``PipelineFlowControl``). ``BoundedApp`` lets at most ``app_concurrency`` requests per worker
 into Django, each with its body read, keeps slots of their own for /healthz and static files, and
-answers a body over ``max_body_bytes`` with 413. The numbers are set in
+answers a body over ``max_body_bytes`` with 413; ``OneHopHandler`` runs Django's middleware and
+view in one hop to the request's thread. The numbers are set in
 ``controlplane/gunicorn.conf.py`` (``configure``), the server's one configuration file. Each
 deadline and bound: docs/kubernetes.md, "The web server".
 """
@@ -19,6 +20,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest, HttpResponseBase
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
@@ -359,3 +363,18 @@ class BoundedApp:
                 await self.app(scope, replay, send)
         finally:
             await budget.give_back(share)
+
+
+class OneHopHandler(ASGIHandler):
+    """Django's ASGI handler, with the middleware chain and the view run as under WSGI: all of
+    it in one hop from the event loop to the request's thread. Every view here is sync, and so
+    are some middlewares (whitenoise's, ours); Django's async chain crossed between the loop and
+    the thread around each of them and each sync hook, a quarter of a cheap API call's CPU
+    (docs/evaluation/fleet-scale.md). Reading the body, the request_started and
+    request_finished signals and sending the response stay Django's."""
+
+    def __init__(self) -> None:  # not ASGIHandler.__init__, which loads the chain as async
+        self.load_middleware(is_async=False)
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
