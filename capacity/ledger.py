@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from capacity.numbers import shown, with_unit
 from capacity.packing import NodeShape, Packing, ReplicaDemand, pack, replicas_needed
 from capacity.packing import check_change as packing_check_change
 
@@ -143,6 +144,7 @@ class ModelCapacity:
 
     @property
     def have_mu_per_minute(self) -> int:
+        """What this model alone would fill the empty pool with: its have_replicas' MU/min."""
         return self.have_replicas * self.shape.mu_per_replica_minute
 
     @property
@@ -185,7 +187,8 @@ class PoolLedger:
     committed_mu_per_minute: int  # the committed replicas' MU/min
     sold_mu_per_minute: int  # as sold
     used_mu_per_minute: float  # metered
-    mu_per_gpu: Fraction  # the pool's rate at its current placement; see the module docstring
+    # MU/min per GPU of the default shape: what an empty pool's MU figures are counted at.
+    default_mu_per_gpu: Fraction
     free_gpus: int  # GPUs the packing leaves free
     stranded_gpus: int  # free GPUs no replica of a model placed here can use
     unplaced_replicas: int  # committed replicas the packing could not place (> 0: oversold)
@@ -236,7 +239,12 @@ class PoolLedger:
 
     @property
     def have_mu_per_minute(self) -> Fraction:
-        return self.have_gpus * self.mu_per_gpu
+        """The mean of what each model placed here would fill the pool with alone, or with none
+        its GPUs at the default shape's rate: it moves with the pool's nodes and models, never
+        with a sale (a rate weighted by what is sold did). The pool's have is its GPUs."""
+        if not self.models:
+            return self.have_gpus * self.default_mu_per_gpu
+        return Fraction(sum(m.have_mu_per_minute for m in self.models), len(self.models))
 
     @property
     def sellable_mu_per_minute(self) -> Fraction:
@@ -244,7 +252,11 @@ class PoolLedger:
 
     @property
     def headroom_mu_per_minute(self) -> Fraction:
-        return self.headroom_gpus * self.mu_per_gpu * self.overcommit
+        """The mean of the models' headroom, or with none placed the headroom GPUs at the default
+        shape's rate: a sale moves it by the room it takes, at no other rate."""
+        if not self.models:
+            return self.headroom_gpus * self.default_mu_per_gpu * self.overcommit
+        return sum((m.headroom_mu_per_minute for m in self.models), Fraction(0)) / len(self.models)
 
     @property
     def oversold(self) -> bool:
@@ -266,7 +278,7 @@ class PoolLedger:
             "overcommit": str(self.overcommit),
             **{name: getattr(self, name) for name in _INTEGER_FIGURES},
             "used_mu_per_minute": self.used_mu_per_minute,
-            "mu_per_gpu": str(self.mu_per_gpu),
+            "default_mu_per_gpu": str(self.default_mu_per_gpu),
             "more_fit": list(self.more_fit),
             "models": [
                 [m.model, s.mu_per_replica_minute, s.gpus_per_replica, m.have_replicas, m.more_replicas]
@@ -286,7 +298,7 @@ class PoolLedger:
             overcommit=overcommit,
             **{name: doc[name] for name in _INTEGER_FIGURES},
             used_mu_per_minute=doc["used_mu_per_minute"],
-            mu_per_gpu=Fraction(doc["mu_per_gpu"]),
+            default_mu_per_gpu=Fraction(doc["default_mu_per_gpu"]),
             more_fit=tuple(doc["more_fit"]),
             models=tuple(
                 ModelCapacity(model, Shape(mu, gpus), have, more, overcommit)
@@ -331,10 +343,11 @@ class Oversold(Exception):
     For an endpoint in a rollout, `asked` is its new version's and `rollout` says what its old
     version commits beside it.
 
-    Two views: an operator's (str(): the pool's whole ledger, every tenant's sales and minimums
-    summed) and a tenant's (`tenant_message`: its pool and node shape, which it reads at
-    /api/v1/pools/, what it asked in place of what, and how many replicas fit for it; not what
-    is committed, sold, used or free in the pool, which would show other tenants' sales)."""
+    The refusal is worded from the pool's point of view, in this order: what the pool has, what
+    is committed in it, what the change needs and how many of its replicas fit. Two views: an
+    operator's (str()) and a tenant's (`tenant_message`: the same without what is committed, sold
+    or free in the pool, which would show other tenants' sales; its pool's GPUs and node shape it
+    reads at /api/v1/pools/)."""
 
     def __init__(
         self,
@@ -351,42 +364,64 @@ class Oversold(Exception):
         self.replacing = replacing
         self.fit_replicas = fit_replicas
         self.rollout = rollout
-        super().__init__(
-            f"{self._head()}; {ledger.committed_replicas} replicas ({ledger.committed_gpus} GPUs,"
-            f" {ledger.committed_mu_per_minute} MU/min) are committed to reservations and minimum"
-            f" replicas ({ledger.sold_replicas} replicas = {_fmt(ledger.sold_mu_per_minute)} MU/min"
-            f" sold at over-commit {_fmt(ledger.overcommit)}), {ledger.free_gpus} GPUs are free,"
-            f" {ledger.stranded_gpus} of them stranded"
-        )
+        super().__init__(self._message(operator=True))
 
-    def _head(self) -> str:
-        ledger, asked, replacing = self.ledger, self.asked, self.replacing
-        where = f"its {ledger.node_count} nodes x {ledger.gpus_per_node} GPUs"
-        if not asked.replicas:
+    def _message(self, operator: bool) -> str:
+        ledger = self.ledger
+        has = (
+            f"It has {with_unit(ledger.have_gpus, 'GPU')} ({with_unit(ledger.node_count, 'node')} x"
+            f" {with_unit(ledger.gpus_per_node, 'GPU')})"
+        )
+        committed = (
+            f"; {with_unit(ledger.committed_gpus, 'GPU')} {_are(ledger.committed_gpus)} committed to"
+            " reservations and minimum replicas"
+            f" ({with_unit(ledger.committed_replicas, 'replica')}, {shown(ledger.committed_mu_per_minute)}"
+            f" MU/min; sold: {with_unit(ledger.sold_replicas, 'replica')} ="
+            f" {shown(ledger.sold_mu_per_minute)} MU/min at over-commit {_fmt(ledger.overcommit)}),"
+            f" {with_unit(ledger.free_gpus, 'GPU')} {_are(ledger.free_gpus)} free,"
+            f" {shown(ledger.stranded_gpus)}"
+            " of them stranded"
+            if operator
+            else ""
+        )
+        if not self.asked.replicas:  # a pool shrink or a re-pricing: operators' writes
+            head = f"pool {self.pool!r} cannot hold what is committed in it"
+            if not operator:
+                return head
+            unplaced = ledger.unplaced_replicas
             return (
-                f"pool {self.pool!r} cannot hold what is committed in it: {ledger.unplaced_replicas}"
-                f" of {ledger.committed_replicas} committed replicas do not fit on {where}"
+                f"{head}. {has}{committed}. It cannot place {with_unit(unplaced, 'replica')} of the"
+                f" {shown(ledger.committed_replicas)} committed"
             )
-        r = self.rollout
+        return f"pool {self.pool!r} cannot place this. {has}{committed}. {self._needs()}"
+
+    def _needs(self) -> str:
+        """What the change needs, beside what the endpoint commits now, and how much of it fits."""
+        asked, replacing, r = self.asked, self.replacing, self.rollout
         return (
-            f"pool {self.pool!r} cannot place this: {asked.replicas} replicas of"
-            f" {asked.shape.gpus_per_replica} GPUs ({asked.mu_per_minute} MU/min) were asked"
+            f"This needs {with_unit(asked.replicas, 'replica')} of"
+            f" {with_unit(asked.shape.gpus_per_replica, 'GPU')}"
+            f" ({with_unit(asked.gpus, 'GPU')}, {shown(asked.mu_per_minute)} MU/min)"
             + (f" for version {r.new_version}" if r else "")
-            + (f" in place of its {replacing.replicas}" if replacing.replicas else "")
             + (
-                f" beside version {r.old_version}'s {r.old_asked.replicas} replicas of"
-                f" {r.old_asked.shape.gpus_per_replica} GPUs (a rollout commits both versions)"
+                f", where the endpoint commits {with_unit(replacing.replicas, 'replica')}"
+                f" ({with_unit(replacing.gpus, 'GPU')}) now"
+                if replacing.replicas
+                else ""
+            )
+            + (
+                f", beside version {r.old_version}'s {with_unit(r.old_asked.replicas, 'replica')} of"
+                f" {with_unit(r.old_asked.shape.gpus_per_replica, 'GPU')} (a rollout commits both versions)"
                 if r
                 else ""
             )
-            + f", {self.fit_replicas} fit on {where}"
+            + f"; at most {shown(self.fit_replicas or 0)} fit"
         )
 
     def tenant_message(self) -> str:
-        """The refusal as a tenant reads it: what it asked and what fits for it, no pool totals."""
-        if not self.asked.replicas:  # a pool shrink or a re-pricing: operators' writes
-            return f"pool {self.pool!r} cannot hold what is committed in it"
-        return self._head()
+        """The refusal as a tenant reads it: what its pool has, what it asked and what fits for
+        it; no pool totals."""
+        return self._message(operator=False)
 
     @property
     def asked_gpus(self) -> int:
@@ -453,7 +488,7 @@ def pool_ledger(
     default_shape: Shape,
 ) -> PoolLedger:
     """Pack a pool's allocations (one per endpoint) onto its nodes and sum them.
-    `default_shape` prices MU when nothing is placed there yet."""
+    `default_shape` prices the pool's MU figures while no model is placed there."""
     overcommit = _exact(overcommit)
     allocations = list(allocations)
     replicas = ReplicaCounter(overcommit)
@@ -473,12 +508,6 @@ def pool_ledger(
         used_gpus += a.running_replicas * gpus
     packing = pack(node_count, node_shape, demands)
     shapes = sorted({(a.model, a.shape) for a in allocations}, key=lambda ms: (ms[0], ms[1].gpus_per_replica))
-    if committed_gpus > 0:
-        mu_per_gpu = Fraction(committed_mu, committed_gpus)
-    elif shapes:
-        mu_per_gpu = sum((s.mu_per_gpu for _, s in shapes), Fraction(0)) / len(shapes)
-    else:
-        mu_per_gpu = default_shape.mu_per_gpu
     sizes = sorted({s.gpus_per_replica for _, s in shapes})
     more_fit = tuple(packing.more_fit(size) for size in range(1, node_shape.gpus + 1))
     models = tuple(
@@ -503,7 +532,7 @@ def pool_ledger(
         committed_mu_per_minute=committed_mu,
         sold_mu_per_minute=sum(a.sold_mu_per_minute * a.endpoints for a in allocations),
         used_mu_per_minute=sum(a.used_mu_per_minute for a in allocations),
-        mu_per_gpu=mu_per_gpu,
+        default_mu_per_gpu=default_shape.mu_per_gpu,
         free_gpus=sum(packing.free_per_node),
         stranded_gpus=packing.stranded_gpus(sizes) if sizes else 0,
         unplaced_replicas=packing.unplaced_replicas,
@@ -654,3 +683,7 @@ def _exact(value: Fraction | float | int) -> Fraction:
 def _fmt(value: Fraction | int) -> str:
     # 125000, not 1.25e+05: these figures are read by people
     return str(int(value)) if Fraction(value).denominator == 1 else f"{float(value):.6g}"
+
+
+def _are(value: int) -> str:
+    return "is" if value == 1 else "are"

@@ -4,10 +4,12 @@ never changes tenant), the model profile its model and GPU type name, its pool (
 by selling.place, in its preferred region: again when a new GPU type or region moves it away),
 min <= max provisioned concurrency, and a name its tenant does not use yet. `settle` takes the
 fields asked by their API names and answers what to save, or raises EndpointRefused naming each
-refused field and why (selling.place's NoPlacement passes through); capacity, quota and the move
-itself are checked as the endpoint saves (selling.save_endpoint)."""
+refused field and why (selling.place's NoPlacement passes through; placement runs only when no
+other rule refuses); `refusals` answers the same rules' errors for a request whose other fields
+did not parse, so each error is reported at once. Capacity, quota and the move itself are checked
+as the endpoint saves (selling.save_endpoint)."""
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,39 +45,69 @@ def settle(principal: Principal, endpoint: Endpoint | None, asked: Mapping[str, 
     holds the fields the request sets, by their API names (`model` and `gpu_type` by name, `tenant`
     and `pool` as instances); the others keep the endpoint's values (a create's defaults)."""
     errors: dict[str, str] = {}
-    tenant = _owner(principal, endpoint, asked.get("tenant"), errors)
-    profile, pool = None, None
-    model = asked.get("model", endpoint.profile.model if endpoint else None)
-    gpu_name = asked.get("gpu_type", endpoint.profile.gpu_type.name if endpoint else None)
-    gpu_type = GpuType.objects.filter(name=gpu_name).first()
-    if gpu_type is None:
-        known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
-        errors["gpu_type"] = f"unknown GPU type {gpu_name!r} (known: {known})"
-    else:
+    tenant, gpu_type, profile, pool = _check(principal, endpoint, asked, frozenset(), errors)
+    # Placement runs last, for a request nothing else refuses: its NoPlacement would otherwise
+    # hide the other fields' errors, and a request that is not saved needs no pool.
+    if not errors and pool is None and gpu_type is not None and profile is not None:
+        pool = _placed(endpoint, profile, gpu_type, asked, errors)
+    if errors:
+        raise EndpointRefused(errors)
+    assert tenant is not None and profile is not None  # else refused above
+    return Settled(tenant, profile, pool)
+
+
+def refusals(
+    principal: Principal, endpoint: Endpoint | None, asked: Mapping[str, Any], invalid: set[str]
+) -> dict[str, str]:
+    """What the rules refuse in a request some of whose fields did not parse (`invalid`, by API
+    name; `asked` holds the others): every rule whose fields all parsed, so a form shows all its
+    errors at once (a bad name beside min > max), not one after another as each is fixed."""
+    errors: dict[str, str] = {}
+    _check(principal, endpoint, asked, invalid, errors)
+    return errors
+
+
+def _check(
+    principal: Principal,
+    endpoint: Endpoint | None,
+    asked: Mapping[str, Any],
+    invalid: Set[str],
+    errors: dict[str, str],
+) -> tuple[Tenant | None, GpuType | None, ModelProfile | None, GpuPool | None]:
+    """Every rule but placement, each skipped when a field it reads is `invalid`; what is wrong
+    goes into `errors` by field. Answers the tenant, GPU type, profile and named pool."""
+    tenant = None if "tenant" in invalid else _owner(principal, endpoint, asked.get("tenant"), errors)
+    gpu_type, profile, pool = None, None, None
+    if "gpu_type" not in invalid:
+        gpu_name = asked.get("gpu_type", endpoint.profile.gpu_type.name if endpoint else None)
+        gpu_type = GpuType.objects.filter(name=gpu_name).first()
+        if gpu_type is None:
+            known = ", ".join(GpuType.objects.values_list("name", flat=True)) or "none"
+            errors["gpu_type"] = f"unknown GPU type {gpu_name!r} (known: {known})"
+    if gpu_type is not None and "model" not in invalid:
+        model = asked.get("model", endpoint.profile.model if endpoint else None)
         profile = ModelProfile.objects.filter(model=model, gpu_type=gpu_type).first()
         if profile is None:
             known = ", ".join(gpu_type.profiles.values_list("model", flat=True)) or "none"
             errors["model"] = f"no model profile for {model!r} on {gpu_type.name} (profiled there: {known})"
-        else:
-            pool = _pool(endpoint, profile, gpu_type, asked, errors)
+    if gpu_type is not None and not invalid & {"pool", "region_preference"}:
+        pool = _named_pool(endpoint, gpu_type, asked, errors)
 
-    low = asked.get("min_provisioned_concurrency", getattr(endpoint, "min_provisioned_concurrency", 0))
-    high = asked.get("max_provisioned_concurrency", getattr(endpoint, "max_provisioned_concurrency", 1))
-    bounds = bounds_error(low, high)
-    if bounds:
-        errors["min_provisioned_concurrency"] = bounds
+    if not invalid & {"min_provisioned_concurrency", "max_provisioned_concurrency"}:
+        low = asked.get("min_provisioned_concurrency", getattr(endpoint, "min_provisioned_concurrency", 0))
+        high = asked.get("max_provisioned_concurrency", getattr(endpoint, "max_provisioned_concurrency", 1))
+        bounds = bounds_error(low, high)
+        if bounds:
+            errors["min_provisioned_concurrency"] = bounds
 
-    name = asked.get("name", getattr(endpoint, "name", None))
+    name = None if "name" in invalid else asked.get("name", getattr(endpoint, "name", None))
     if tenant is not None and name is not None:
         clash = Endpoint.objects.filter(tenant=tenant, name=name)
         if endpoint is not None:
             clash = clash.exclude(pk=endpoint.pk)
         if clash.exists():
             errors["name"] = f"tenant {tenant.name!r} already has an endpoint named {name!r}"
-    if errors:
-        raise EndpointRefused(errors)
-    assert tenant is not None and profile is not None  # else refused above
-    return Settled(tenant, profile, pool)
+    return tenant, gpu_type, profile, pool
 
 
 def _owner(
@@ -96,29 +128,38 @@ def _owner(
     return tenant
 
 
-def _pool(
+def _named_pool(
+    endpoint: Endpoint | None, gpu_type: GpuType, asked: Mapping[str, Any], errors: dict[str, str]
+) -> GpuPool | None:
+    """The pool the request names, checked against the GPU type and the preferred region."""
+    pool: GpuPool | None = asked.get("pool")
+    region = asked.get("region_preference", getattr(endpoint, "region_preference", ""))
+    if pool is not None and pool.gpu_type_id != gpu_type.pk:
+        errors["pool"] = f"pool {pool.name!r} holds {pool.gpu_type.name} GPUs, not {gpu_type.name}"
+    elif pool is not None and region and pool.region != region:
+        errors["pool"] = f"pool {pool.name!r} is in region {pool.region!r}, not the preferred {region!r}"
+    return pool
+
+
+def _placed(
     endpoint: Endpoint | None,
     profile: ModelProfile,
     gpu_type: GpuType,
     asked: Mapping[str, Any],
     errors: dict[str, str],
 ) -> GpuPool | None:
-    """The pool named, checked against the GPU type and region; else the pool placed for a new
-    endpoint or one a new GPU type or region moves away; else None (it stays)."""
-    pool: GpuPool | None = asked.get("pool")
+    """Where a new endpoint, or one a new GPU type or region moves away, goes when it names no
+    pool (selling.place); None when it stays in its pool."""
     region = asked.get("region_preference", getattr(endpoint, "region_preference", ""))
     moved_away = endpoint is not None and (
         endpoint.pool.gpu_type_id != gpu_type.pk
         or (region and "region_preference" in asked and endpoint.pool.region != region)
     )
-    if pool is None and (endpoint is None or moved_away):
-        pool = selling.place(profile, region, min_replicas(endpoint, asked))
-        if pool is None:
-            errors["gpu_type"] = f"no GPU pool holds {gpu_type.name} GPUs"
-    elif pool is not None and pool.gpu_type_id != gpu_type.pk:
-        errors["pool"] = f"pool {pool.name!r} holds {pool.gpu_type.name} GPUs, not {gpu_type.name}"
-    elif pool is not None and region and pool.region != region:
-        errors["pool"] = f"pool {pool.name!r} is in region {pool.region!r}, not the preferred {region!r}"
+    if endpoint is not None and not moved_away:
+        return None
+    pool = selling.place(profile, region, min_replicas(endpoint, asked))
+    if pool is None:
+        errors["gpu_type"] = f"no GPU pool holds {gpu_type.name} GPUs"
     return pool
 
 

@@ -93,7 +93,8 @@ def wake(endpoint: Endpoint, cluster: ClusterDriver, now: datetime) -> bool:
             )
         # its deployment is declared, at 0, by every pass
         cluster.scale(deployment_name(e.pk, e.version), replicas)
-        scale_event(e, 0, replicas, "a request is waiting and the endpoint had no replica", None, None).save()
+        waiting = "a request is waiting and the endpoint had no replica"
+        scale_event(e, 0, replicas, waiting, {"rule": "wake"}).save()
         e.desired_replicas, e.woken_at = replicas, now
         e.state = state_of(e)
         e.save(update_fields=["desired_replicas", "woken_at", "state", "updated_at"])

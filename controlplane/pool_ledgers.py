@@ -601,7 +601,11 @@ def stored_ledgers(pools: Iterable[GpuPool]) -> dict[int, StoredLedger]:
 
 
 def counted_as(figures: dict[str, Any], pool: GpuPool) -> bool:
-    """Whether stored figures were counted on the pool's node shape and the over-commit now."""
+    """Whether stored figures were counted on the pool's node shape and the over-commit now, by
+    the ledger's rules now (figures stored before the default shape's rate was kept priced the
+    pool at a rate weighted by its sales: they are counted again)."""
+    if "default_mu_per_gpu" not in figures:
+        return False
     counted = (figures["node_count"], figures["node_shape"][0], figures["overcommit"])
     return counted == (pool.node_count, pool.gpus_per_node, str(overcommit()))
 

@@ -34,8 +34,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
+from django.urls import reverse
 from django.utils import timezone
 
+from capacity import numbers
 from capacity.benchmark.checks import client_bound_verdict
 from capacity.benchmark.config import DEFAULT_SHAPES, Slo, SweepConfig, on_virtual_clock
 from capacity.benchmark.drivers import Driver, SimulatedDriver
@@ -329,11 +331,10 @@ def run_benchmark(
         record.status = ProfileFit.Status.PUBLISHED
     if profile.pk is None:
         return record  # refused: nothing to attach the record to
-    terms = f"alpha {fit.alpha:.3g}, beta {fit.beta:.3g}, gamma {fit.gamma:.3g}"
-    if fit.rho or fit.kappa:
-        terms += f"; long requests: rho {fit.rho:.3g}, kappa {fit.kappa:.3g}"
+    terms = price_terms(fit)
     detail = {
         "profile": profile.pk,
+        "link": profile_link(profile),
         "fit": record.pk,
         "status": record.status,
         "r2": fit.r2,
@@ -354,13 +355,14 @@ def run_benchmark(
             )
             Event.record(
                 Event.Kind.BENCHMARK,
-                f"{profile}: fit published ({terms}; {reason})",
+                f"The benchmark of {profile} published a new price ({profile_link(profile)}): {terms}."
+                f" {reason}",
                 severity=Event.Severity.INFO,
                 reported_by="benchmark",
                 detail=detail,
             )
         else:
-            _extend_streak(profile, f"fit refused ({terms}; {reason})", detail, unreachable=False)
+            _extend_streak(profile, f"measured a price that was refused: {reason}", detail, False, terms)
     return record
 
 
@@ -393,8 +395,14 @@ def _record_failure(
             started_at=started,
             finished_at=timezone.now(),
         )
-        detail = {"profile": profile.pk, "fit": record.pk, "status": record.status, "error": error}
-        _extend_streak(profile, f"benchmark failed ({error})", detail, unreachable)
+        detail = {
+            "profile": profile.pk,
+            "link": profile_link(profile),
+            "fit": record.pk,
+            "status": record.status,
+            "error": error,
+        }
+        _extend_streak(profile, f"failed: {error}", detail, unreachable)
     log.warning("benchmark of %s failed: %s", profile, error)
     return record
 
@@ -406,16 +414,20 @@ def retry_in_s(failures: int) -> int:
     )
 
 
-def _extend_streak(profile: ModelProfile, what: str, detail: dict[str, object], unreachable: bool) -> None:
+def _extend_streak(
+    profile: ModelProfile, what: str, detail: dict[str, object], unreachable: bool, terms: str = ""
+) -> None:
     """One more failed or refused attempt in a row: back off, and bring the streak's one event up
     to date (a new one only for the streak's first attempt, and once, critical, for the first
-    time the engine itself was unreachable). Inside the caller's transaction."""
+    time the engine itself was unreachable). Inside the caller's transaction. The message says
+    what happened first, then the profile's address, then what was measured (`terms`)."""
     row = ModelProfile.objects.select_for_update().get(pk=profile.pk)
     failures = row.benchmark_failures + 1
     retry_in = retry_in_s(failures)
     message = (
-        f"{profile}: {what}; the current price stays; {failures} attempt{'s' if failures > 1 else ''}"
-        f" in a row, next in {_duration(retry_in)}"
+        f"The benchmark of {profile} {what}. The current price stays; {failures}"
+        f" attempt{'s' if failures > 1 else ''} in a row, next in {_duration(retry_in)}"
+        f" ({profile_link(profile)})." + (f" Measured: {terms}." if terms else "")
     )
     detail = {**detail, "count": failures, "failures": failures, "retry_in_s": retry_in}
     event_id, paged = row.benchmark_streak_event_id, row.benchmark_streak_paged
@@ -432,6 +444,26 @@ def _extend_streak(profile: ModelProfile, what: str, detail: dict[str, object], 
         benchmark_streak_event_id=event_id,
         benchmark_streak_paged=paged,
     )
+
+
+def profile_link(profile: ModelProfile) -> str:
+    """Where an operator reads the profile: its row on the console's capacity page."""
+    return f"{reverse('console:capacity')}#profile-{profile.pk}"
+
+
+def price_terms(fit: Fit) -> str:
+    """A fit's coefficients for people, each with its unit and then its name (the console's
+    numbers, capacity.numbers: 6.81 x 10⁻⁵, never 6.81e-05)."""
+    terms = (
+        f"{numbers.shown(fit.alpha)} MU per input token (alpha), {numbers.shown(fit.beta)} MU per"
+        f" output token (beta), {numbers.shown(fit.gamma)} MU per request (gamma)"
+    )
+    if fit.rho or fit.kappa:
+        terms += (
+            f"; for long requests {numbers.shown(fit.rho)} MU per input token x log2(output tokens)"
+            f" (rho), {numbers.shown(fit.kappa)} MU per KV-cache token-step (kappa)"
+        )
+    return terms
 
 
 def _streak_event(message: str, detail: dict[str, object], severity: str) -> int:

@@ -18,15 +18,17 @@ Safety, each in one place:
   pool's nodes (capacity.packing) beside what its other endpoints commit (reservations, minimum
   replicas) or hold (their desired replicas), whichever is larger (`PoolRoom`); a clamp writes
   one warning Event when it starts and one when it ends (Endpoint.clamped_since), not one per tick.
-Every change writes an Event whose message and detail carry the numbers that caused it.
+Every change writes an Event worded from the decision that made it (capacity.autoscaler.wording):
+a sentence naming the rule that set the replicas, then its numbers, in the message and the detail.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
@@ -39,6 +41,7 @@ from capacity.autoscaler import (
     decide,
     decide_concurrency,
     forecast,
+    wording,
 )
 from capacity.autoscaler.horizontal import Decision
 from capacity.autoscaler.window import aggregate
@@ -133,30 +136,31 @@ class PoolRoom:
         return low
 
 
-def clamp(e: Endpoint, d: Decision, room: PoolRoom) -> tuple[Decision, int | None]:
-    """The decision held to the room its pool has: (decision, replicas asked) when clamped, else
-    (d, None). Only a scale-up is clamped, so a replica that does not pack is never asked for;
-    an endpoint already above the room (another endpoint's minimum grew) is not shrunk by it,
-    it just grows no further."""
+def clamp(e: Endpoint, d: Decision, room: PoolRoom) -> int | None:
+    """The replicas the pool has room for when the decision asks more, else None. Only a
+    scale-up is clamped, so a replica that does not pack is never asked for; an endpoint already
+    above the room (another endpoint's minimum grew) is not shrunk by it, it just grows no
+    further."""
     if d.replicas is None or d.replicas <= e.desired_replicas:
-        return d, None
-    fit = room.replicas_for(e)
-    ceiling = max(fit, e.desired_replicas)
-    if d.replicas <= ceiling:
-        return d, None
-    others = room.others_gpus(e)
-    reason = (
-        f"{d.reason}; held at {ceiling}: pool {e.pool.name} has {e.pool.node_count} nodes x"
-        f" {e.pool.gpus_per_node} GPUs and its other endpoints commit or hold {others} GPUs,"
-        f" room for {fit} replicas of {e.profile.gpus_per_replica} GPUs"
+        return None
+    ceiling = max(room.replicas_for(e), e.desired_replicas)
+    return ceiling if d.replicas > ceiling else None
+
+
+def room_words(e: Endpoint, room: PoolRoom) -> tuple[str, str]:
+    """Why its pool held a decision lower: a clause for its sentence, and the pool's numbers."""
+    return (
+        f"no room for more in pool {e.pool.name}",
+        f"pool {e.pool.name} has {e.pool.node_count} nodes x {e.pool.gpus_per_node} GPUs and its"
+        f" other endpoints commit or hold {room.others_gpus(e)} GPUs, room for"
+        f" {room.replicas_for(e)} replicas of {e.profile.gpus_per_replica} GPUs",
     )
-    return replace(d, replicas=ceiling, reason=reason), d.replicas
 
 
-def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) -> Event | None:
+def _clamp_event(e: Endpoint, d: Decision, held: int | None, room: PoolRoom) -> Event | None:
     """The Event that starts or ends a clamp episode, or None inside one (or outside any)."""
-    starts = asked is not None and e.clamped_since is None
-    ends = asked is None and d.replicas is not None and e.clamped_since is not None
+    starts = held is not None and e.clamped_since is None
+    ends = held is None and d.replicas is not None and e.clamped_since is not None
     if not (starts or ends):
         return None
     detail = {
@@ -168,14 +172,15 @@ def _clamp_event(e: Endpoint, asked: int | None, d: Decision, room: PoolRoom) ->
         "gpus_per_replica": e.profile.gpus_per_replica,
     }
     if starts:
+        why = wording.explain(d, *room_words(e, room))
         return Event(
             kind=Event.Kind.SCALE,
             severity=Event.Severity.WARNING,
             tenant_id=e.tenant_id,
             endpoint=e,
             endpoint_name=e.name,
-            message=f"{e.name}: wants {asked} replicas, clamped to {d.replicas}: {d.reason}",
-            detail={**detail, "clamp": "start", "asked": asked, "to": d.replicas},
+            message=f"{e.name}: wants {d.replicas} replicas, clamped to {held}: {why}",
+            detail={**detail, "clamp": "start", "asked": d.replicas, "to": held, "rule": d.rule.value},
             reported_by="autoscaler",
         )
     return Event(
@@ -255,15 +260,15 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                 spec = _spec(e, configs[e.pk], now, floors.get(e.pk, 0), quiet)
                 d = decide(spec, history.get(e.pk, []), ts)
                 decided += d.replicas is not None
-                d, asked = clamp(e, d, room)
-                if (episode := _clamp_event(e, asked, d, room)) is not None:
+                held = clamp(e, d, room)
+                if (episode := _clamp_event(e, d, held, room)) is not None:
                     events.append(episode)
-                    e.clamped_since = now if asked is not None else None
-                if d.replicas is not None and d.changes(e.desired_replicas):
-                    events.append(
-                        scale_event(e, e.desired_replicas, d.replicas, d.reason, d.need, d.down_need)
-                    )
-                    e.desired_replicas = d.replicas
+                    e.clamped_since = now if held is not None else None
+                replicas = d.replicas if held is None else held
+                if replicas is not None and replicas != e.desired_replicas:
+                    # Worded from this decision, the one that changes the replicas.
+                    events.append(decision_event(e, d, replicas, room if held is not None else None))
+                    e.desired_replicas = replicas
                     changes.append(e)
                     room.update(e)
             failed = _declare(cluster, endpoints, changes, now) if cluster else 0
@@ -393,18 +398,29 @@ def _declare(
     return 0
 
 
-def scale_event(
-    e: Endpoint, old: int, new: int, reason: str, need: float | None, down_need: float | None
-) -> Event:
+def scale_event(e: Endpoint, old: int, new: int, why: str, detail: dict[str, Any] | None = None) -> Event:
+    """A `scale` Event: "chat: scaled 1 -> 2: " and why, a sentence first, then any numbers."""
     return Event(
         kind=Event.Kind.SCALE,
         tenant_id=e.tenant_id,
         endpoint=e,
         endpoint_name=e.name,
-        message=f"{e.name}: replicas {old} -> {new}: {reason}",
-        detail={"from": old, "to": new, "need": need, "down_need": down_need, "reason": reason},
+        message=f"{e.name}: scaled {old} -> {new}: {why}",
+        detail={"from": old, "to": new, **(detail or {})},
         reported_by="autoscaler",
     )
+
+
+def decision_event(e: Endpoint, d: Decision, replicas: int, room: PoolRoom | None = None) -> Event:
+    """The scale Event of a horizontal decision that took the endpoint from the replicas it was
+    decided on (`d.current`) to `replicas`: the decision's own words and figures, and where its
+    pool held it lower (`room`), why."""
+    why, detail = wording.explain(d), wording.detail(d)
+    if room is not None:
+        clause, pool = room_words(e, room)
+        why = wording.explain(d, f"held at {replicas}: {clause}", pool)
+        detail |= {"asked": d.replicas, "reason": why}
+    return scale_event(e, d.current, replicas, why, detail)
 
 
 def state_of(e: Endpoint) -> str:

@@ -8,6 +8,7 @@ import pytest
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
 from capacity.autoscaler.horizontal import lookback_s, quiet_utilisation
 from capacity.autoscaler.window import aggregate
+from capacity.autoscaler.wording import explain
 
 T0 = 1_000_000.0
 
@@ -47,7 +48,7 @@ def test_requests_waiting_at_the_router_count_up_to_twice_those_in_flight_unless
 
     decision = decide(spec(1), waiting(16.0, 8), T0)
     assert decision.need == pytest.approx(3.75) and decision.replicas == 4
-    assert "8.0 in flight + 16.0 waiting" in decision.reason
+    assert "8.0 in flight + 16.0 waiting" in explain(decision)
     # 100 clients: (8 + 2 x 8) / 6.4 -> 4; at 4 pods, 32 and 68 waiting: (32 + 64) / 6.4 -> 15.
     assert decide(spec(1), waiting(92.0, 8), T0).replicas == 4
     assert decide(spec(4), waiting(68.0, 32), T0).replicas == 15
@@ -60,7 +61,7 @@ def test_requests_waiting_at_the_router_count_up_to_twice_those_in_flight_unless
     queues = (40.0, 30.0, 20.0, 10.0)
     draining[-4:] = [replace(b, queued=q) for b, q in zip(draining[-4:], queues, strict=True)]
     decision = decide(spec(7), draining, T0)
-    assert decision.need == pytest.approx(40 / 6.4) and "waiting" in decision.reason
+    assert decision.need == pytest.approx(40 / 6.4) and "waiting" in explain(decision)
 
 
 def test_scale_up_follows_the_last_20_seconds():
@@ -76,7 +77,7 @@ def test_scale_up_follows_the_last_20_seconds():
     burst = steady(80, end=T0 - 10) + steady(2000, start=T0 - 10)
     decision = decide(spec(1), burst, T0)
     assert decision.need == pytest.approx(25) and decision.replicas == 10
-    assert "capped at 10" in decision.reason
+    assert "at most 10 this tick" in explain(decision)
     burst += steady(2000, start=T0, end=T0 + 10)
     assert decide(spec(10), burst, T0 + 10).replicas == 25
 
@@ -118,7 +119,7 @@ def test_scale_down_waits_for_the_highest_need_of_60_seconds():
     decision = decide(spec(9), later, T0 + 30)
     assert decision.replicas == 5 and decision.down_need == pytest.approx(390 / 80)
     decision = decide(spec(5), later, T0 + 40)
-    assert decision.replicas == 2 and "60 s" in decision.reason
+    assert decision.replicas == 2 and "60 s" in explain(decision)
     off = AutoscalerConfig(burst_memory_s=0.0)
     assert decide(spec(5, config=off), later, T0 + 40).replicas == 1
 
@@ -166,7 +167,7 @@ def test_within_the_tolerance_band_nothing_moves():
 def test_clamped_to_the_provisioned_bounds():
     assert decide(spec(3, max_replicas=4), steady(7000), T0).replicas == 4
     decision = decide(spec(3, min_replicas=3), steady(7), T0 + 0)
-    assert decision.replicas == 3 and "minimum 3" in decision.reason
+    assert decision.replicas == 3 and "minimum 3" in explain(decision)
 
 
 def test_scale_to_zero_only_when_allowed_and_idle_past_the_grace_period():
@@ -180,7 +181,7 @@ def test_scale_to_zero_only_when_allowed_and_idle_past_the_grace_period():
 
 def test_no_samples_means_no_decision_not_zero():
     decision = decide(spec(4, min_replicas=0, scale_to_zero_enabled=True), [], T0)
-    assert decision.replicas is None and "no decision" in decision.reason
+    assert decision.replicas is None and "no decision" in explain(decision)
     stale = steady(100, end=T0 - 60)  # the router stopped reporting a minute ago
     assert decide(spec(4, min_replicas=0, scale_to_zero_enabled=True), stale, T0).replicas is None
 
@@ -193,7 +194,7 @@ def test_scale_from_zero_takes_the_first_request():
 
 def test_the_predicted_minimum_raises_the_floor():
     decision = decide(spec(2, predicted_min_replicas=8), steady(70), T0)
-    assert decision.replicas == 8 and "predicted minimum" in decision.reason
+    assert decision.replicas == 8 and "predicted minimum" in explain(decision)
 
 
 def test_per_endpoint_overrides():
@@ -327,7 +328,7 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     assert decide(spec(5, config=MARGINS), history, T0).replicas == 6
     decision = decide(spec(5, config=CALM, quiet_since=judged(history)), history, T0)
     assert decision.need == pytest.approx(4.5) and decision.replicas == 5
-    assert "calm for 1800 s: planned at a full replica" in decision.reason
+    assert "calm for 1800 s: planned at a full replica" in explain(decision)
     # Not yet 1,800 s calm, or the calm history off: the default's margins.
     assert decide(spec(5, config=CALM, quiet_since=T0 - 1700), history, T0).replicas == 6
     assert decide(spec(5, config=MARGINS, quiet_since=T0 - 2400), history, T0).replicas == 6
@@ -340,7 +341,7 @@ def test_a_calm_history_plans_at_a_full_replica_and_scales_up_without_the_band()
     # A burst 10 minutes ago (a 10-s span at 4x): the default's margins, and its hold, are back.
     bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
     decision = decide(spec(5, config=CALM, quiet_since=judged(bursty)), bursty, T0)
-    assert decision.replicas == 6 and "calm" not in decision.reason
+    assert decision.replicas == 6 and "calm" not in explain(decision)
 
 
 def test_thirty_minutes_without_a_burst_halve_the_margin():
@@ -351,7 +352,7 @@ def test_thirty_minutes_without_a_burst_halve_the_margin():
     assert quiet == T0 - 2400
     decision = decide(spec(4, quiet_since=quiet), history, T0)
     assert decision.need == pytest.approx(5.0) and decision.replicas == 5
-    assert "no burst for 1800 s: planned at 0.90 of a replica" in decision.reason
+    assert "no burst for 1800 s: planned at 0.90 of a replica" in explain(decision)
     # 1,790 s without one, or the quiet margin off: the whole margin.
     assert decide(spec(4, quiet_since=T0 - 1790), history, T0).replicas == 6
     assert decide(spec(4, config=MARGINS, quiet_since=quiet), history, T0).replicas == 6
@@ -359,7 +360,7 @@ def test_thirty_minutes_without_a_burst_halve_the_margin():
     bursty = [replace(b, mu_per_minute=1800) if T0 - 610 < b.end <= T0 - 600 else b for b in history]
     assert judged(bursty, AutoscalerConfig()) == T0 - 600
     decision = decide(spec(4, quiet_since=T0 - 600), bursty, T0)
-    assert decision.replicas == 6 and "no burst" not in decision.reason
+    assert decision.replicas == 6 and "no burst" not in explain(decision)
     # The share kept is of the endpoint's own margin: an operator's 0.6 plans for 0.8.
     assert quiet_utilisation(AutoscalerConfig()) == pytest.approx(0.9)
     assert quiet_utilisation(AutoscalerConfig(target_utilisation=0.6)) == pytest.approx(0.8)
@@ -389,9 +390,9 @@ def test_a_calm_history_of_lumpy_work_keeps_the_margins():
         history = steady(450, start=T0 - 2400, request_mu=request_mu)
         decision = decide(spec(5, config=CALM, quiet_since=judged(history)), history, T0)
         assert decision.replicas == replicas, request_mu
-        assert ("planned at a full replica" in decision.reason) == (replicas == 5)
+        assert ("planned at a full replica" in explain(decision)) == (replicas == 5)
     # The scale event says why a calm history kept the margins.
-    assert "but its work varies 0.28 over 5 s, above 0.1: margins kept" in decision.reason
+    assert "but its work varies 0.28 over 5 s, above 0.1: margins kept" in explain(decision)
     # Without the squares the routers did not report, no calm either; nor where one bucket of
     # the window lacks them (an old router beside new ones), though the rest are steady.
     unknown = steady(450, start=T0 - 2400, request_mu=0.0)
@@ -409,7 +410,7 @@ def test_no_scale_down_while_a_backlog_waits():
     # 8 replicas asked for, 80 MU/min for 5 min (1 replica) and 10 MU still waiting at the router
     # (pods are starting): (80 + 20) / 80 = 1.25 -> 2 would do, but the fleet is behind: hold 8.
     decision = decide(spec(8), with_backlog(steady(80), 10.0), T0)
-    assert decision.replicas == 8 and "backlog" in decision.reason
+    assert decision.replicas == 8 and "backlog" in explain(decision)
     # Once nothing waits: 80 / 80 = 1.
     assert decide(spec(8), steady(80), T0).replicas == 1
 
@@ -418,7 +419,7 @@ def test_no_scale_down_before_the_down_window_is_covered():
     # A collector restarted 25 s ago: 80 MU/min (1 replica) against 10 running, but 25 s cover
     # 42 % of the 60-s window, under the 50 % needed: hold. At 30 s (50 %), scale down.
     decision = decide(spec(10), steady(80, start=T0 - 25), T0)
-    assert decision.replicas == 10 and "cover 42%" in decision.reason
+    assert decision.replicas == 10 and "cover 42%" in explain(decision)
     assert decide(spec(10), steady(80, start=T0 - 30), T0).replicas == 1
 
 

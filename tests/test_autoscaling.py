@@ -184,10 +184,61 @@ def test_load_scales_up_capped_per_tick_with_the_numbers_in_the_event(chat):
     chat.refresh_from_db()
     assert chat.desired_replicas == 5 and cluster.applied[f"ep-{chat.pk}-v1"].replicas == 5
     event = Event.objects.get(kind="scale", endpoint=chat)
-    assert event.message.startswith("chat: replicas 1 -> 5:") and "need 4.69 replicas -> 5" in event.message
-    assert event.detail["from"] == 1 and event.detail["to"] == 5
+    assert event.message.startswith("chat: scaled 1 -> 5: 4.7 replicas needed over the last 20 s.")
+    assert (
+        "10.0 MU/min (its busiest 10 s) and 30.0 in flight: 0.12 replicas by MU, 4.69 by requests"
+        in event.message
+    )
+    assert (event.detail["from"], event.detail["to"], event.detail["rule"]) == (1, 5, "load")
     d = cluster.applied[f"ep-{chat.pk}-v1"]
     assert d.args[-2:] == ("--served-model-name", "chat") and d.labels["endpoint"] == str(chat.pk)
+
+
+def test_a_raised_minimum_scales_up_and_its_event_names_the_minimum(chat):
+    # 15 s of samples and no load (a collector just restarted): enough to decide on, too few to
+    # shed a replica. The minimum raised to 2 (16 provisioned, 8 a replica) is what scales it,
+    # and its event says so, not the load's "no scale-down yet".
+    buckets(chat, 15)
+    Endpoint.objects.filter(pk=chat.pk).update(min_provisioned_concurrency=16)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 2
+    event = Event.objects.get(kind="scale", endpoint=chat)
+    assert event.message.startswith("chat: scaled 1 -> 2: raised to the minimum 2. Over the last 20 s:")
+    assert "no scale-down" not in event.message
+    assert (event.detail["from"], event.detail["to"], event.detail["rule"]) == (1, 2, "minimum")
+
+
+def test_scale_events_quote_the_window_and_figure_their_decision_used(chat):
+    # The endpoint's own windows: up on 30 s, down on 90 s. 24 in flight for the last 30 s
+    # against 80 % of 8 a replica: 3.75 -> 4. Then 15 s at 2 in flight: over the last 30 s
+    # (15 x 24 + 15 x 2) / 30 = 13, 2.03 -> 3, and arrivals (10 MU/min) need little. Both events
+    # quote the same arrivals figure over the same 90 s, and each its own need.
+    chat.autoscaler = {"scale_up_window_s": 30, "scale_down_window_s": 90}
+    chat.save()
+    buckets(chat, 300, in_flight=2.0, mu=10.0, requests=5, until_s_ago=30)
+    buckets(chat, 30, in_flight=24.0, mu=10.0, requests=5)
+    scaling.horizontal_pass(Recorder(), NOW)
+    up = Event.objects.get(kind="scale", endpoint=chat)
+    assert up.detail["need"] == pytest.approx(3.75) and up.detail["window_s"] == 30
+    assert up.message.startswith("chat: scaled 1 -> 4: 3.8 replicas needed over the last 30 s.")
+    assert "3.75 by requests" in up.message
+    LoadBucket.objects.bulk_create(
+        LoadBucket(
+            endpoint=chat, end=end, seconds=5, in_flight=2.0, mu_per_minute=10.0,
+            mu_squared_per_minute=0.1, requests=5, queue_depth=0.0, errors=0, throttled=0,
+            ready_replicas=0, desired_replicas=4,
+        )
+        for end in range(TS + 5, TS + 16, 5)
+    )  # fmt: skip
+    scaling.horizontal_pass(Recorder(), NOW + timedelta(seconds=15))
+    down = Event.objects.filter(kind="scale", endpoint=chat).latest("id")
+    assert down.detail["down_need"] == pytest.approx(13 / 6.4) and down.detail["down_window_s"] == 90
+    assert down.message.startswith("chat: scaled 4 -> 3: at most 2.1 replicas needed over the last 90 s.")
+    assert "2.03 by requests" in down.message
+    arrivals = f"over the last 90 s, arrivals: up to {up.detail['arrivals_need']:.2f};"
+    assert up.detail["arrivals_need"] == down.detail["arrivals_need"] > 0
+    assert arrivals in up.message and arrivals in down.message
 
 
 @pytest.mark.parametrize("burst_memory_s", [0.0, 900.0])
@@ -247,7 +298,7 @@ def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint
     chat.refresh_from_db()
     assert chat.calm_since == later
     message = Event.objects.filter(kind="scale", endpoint=chat).latest("id").message
-    assert "need 13.75 replicas" in message and "calm" not in message
+    assert "13.8 replicas needed over the last 20 s" in message and "calm" not in message
     # Turned off, and the quiet margin too, nothing is kept; turned on again, it is judged anew.
     Endpoint.objects.filter(pk=chat.pk).update(autoscaler={"quiet_margin": 1.0})
     scaling.horizontal_pass(Recorder(), later + timedelta(seconds=10))
@@ -378,7 +429,8 @@ def test_a_peak_that_came_at_this_time_on_previous_days_raises_the_floor_ahead(c
     chat.refresh_from_db()
     assert chat.desired_replicas == 6
     event = Event.objects.get(kind="scale", endpoint=chat)
-    assert "held at the predicted minimum (a recurring peak is due) 6" in event.message
+    assert "scaled 1 -> 6: a recurring peak is due: raised to the predicted minimum 6." in event.message
+    assert event.detail["rule"] == "predicted minimum"
     # The minute that ended at 11:59 is recorded for tomorrow's forecast, once.
     assert LoadMinute.objects.get(endpoint=chat, end=TS - 60).mu_per_minute == pytest.approx(
         0.1 * per_replica
@@ -486,7 +538,8 @@ def test_per_endpoint_settings_are_checked_naming_key_and_value(owner_client, ch
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
     assert chat.desired_replicas == 4
-    assert "need 4.00" in Event.objects.get(kind="scale").message
+    message = Event.objects.get(kind="scale").message
+    assert "4.0 replicas needed over the last 20 s" in message and "4.00 by requests" in message
 
 
 def test_a_tenant_cannot_make_the_pass_read_a_day_of_history(owner_client, chat, settings, monkeypatch):

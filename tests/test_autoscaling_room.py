@@ -49,6 +49,13 @@ def test_a_scale_up_is_clamped_to_the_free_gpus_with_one_warning_per_episode(cro
     assert chat.clamped_since == NOW
     (warning,) = Event.objects.filter(endpoint=chat, severity="warning")
     assert warning.kind == "scale" and "wants 5 replicas, clamped to 3" in warning.message
+    # The scale itself: the decision's need, then what the pool held it at, and why.
+    scaled = Event.objects.get(endpoint=chat, severity="info")
+    assert scaled.message.startswith(
+        "chat: scaled 1 -> 3: 4.7 replicas needed over the last 20 s, held at 3: no room for more in"
+        " pool use1-h100. Pool use1-h100 has 1 nodes x 8 GPUs and its other endpoints commit or hold 5 GPUs"
+    ), scaled.message
+    assert (scaled.detail["asked"], scaled.detail["to"], scaled.detail["rule"]) == (5, 3, "load")
     assert warning.detail["clamp"] == "start" and warning.detail["pool"] == "use1-h100"
     assert (warning.detail["have_gpus"], warning.detail["others_gpus"], warning.detail["room_replicas"]) == (
         8,

@@ -158,7 +158,7 @@ def test_beat_scales_local_pods_up_under_load_and_down_after_the_window(
         # Load gone: after the 20 s window the highest need is ~0 -> back to the minimum, 1.
         wait_until(lambda: replicas(chat) == (1, 1), timeout=60, interval=0.5)
         down = Event.objects.filter(endpoint=chat, kind="scale").order_by("-id").first()
-        assert down.detail["to"] == 1 and "highest need over 20 s" in down.message
+        assert down.detail["to"] == 1 and "replicas needed over the last 20 s" in down.message
         assert http("GET", f"http://127.0.0.1:{agent_port}/pods")[0] == 401  # the agent's token only
         assert LocalDriver(f"http://127.0.0.1:{agent_port}", token_file).list_pods()
         print(

@@ -61,9 +61,9 @@ def test_two_five_gpu_replicas_fit_two_eight_gpu_nodes_and_three_do_not():
     with pytest.raises(Oversold) as refused:
         check_change("p", empty, "1", "m5", asked(FIVE, 300))  # 15 GPUs < 16, but 3 nodes' worth
     assert (refused.value.asked.replicas, refused.value.fit_replicas) == (3, 2)
-    assert "3 replicas of 5 GPUs" in str(refused.value) and "2 fit on its 2 nodes x 8 GPUs" in str(
-        refused.value
-    )
+    # Worded from the pool's point of view: what it has, what this needs, how many fit.
+    assert str(refused.value).startswith("pool 'p' cannot place this. It has 16 GPUs (2 nodes x 8 GPUs);")
+    assert str(refused.value).endswith("This needs 3 replicas of 5 GPUs (15 GPUs, 300 MU/min); at most 2 fit")
     # With two placed: 3 GPUs free on each node, all stranded for a 5-GPU model.
     two = pool_ledger(2, EIGHT, 1.0, [alloc(1, FIVE, 200, model="m5")], SMALL)
     assert (two.free_gpus, two.stranded_gpus, two.headroom_gpus) == (6, 6, 0)
@@ -88,8 +88,9 @@ def test_committed_sold_and_used_sum_with_what_still_fits_per_model():
     assert ledger.committed_mu_per_minute == 300 and ledger.sold_mu_per_minute == 300
     assert ledger.used_mu_per_minute == 200  # metered
     assert ledger.used_gpus == 3 * 1 + 1 * 4  # held by running replicas
-    # 300 MU over 6 GPUs = 50 MU per GPU, so the pool has 400 MU/min; 2 GPUs are free.
-    assert (ledger.mu_per_gpu, ledger.have_mu_per_minute) == (50, 400)
+    # Alone, the 1-GPU model fills the pool with 800 MU/min, the 4-GPU one with 200: the pool's
+    # MU/min is their mean, whatever was sold of each; 2 GPUs are free.
+    assert (ledger.have_mu_per_minute, ledger.headroom_mu_per_minute) == (500, 100)
     assert (ledger.free_gpus, ledger.stranded_gpus, ledger.headroom_gpus) == (2, 0, 2)
     by_model = {m.model: m for m in ledger.models}
     assert (by_model["s"].more_replicas, by_model["b"].more_replicas) == (2, 0)
@@ -110,7 +111,10 @@ def test_minimum_replicas_are_committed_without_a_reservation():
         6,
         8,
     )
-    assert "in place of its 6" in str(refused.value)
+    assert (
+        "This needs 9 replicas of 4 GPUs (36 GPUs, 900 MU/min), where the endpoint commits 6 replicas"
+        in str(refused.value)
+    )
     check_change("p", ledger, "1", "m", asked(BIG, 0, 8), asked(BIG, 0, 6))  # 32 of 32
 
 
@@ -135,7 +139,9 @@ def test_a_change_that_asks_no_more_passes_even_in_a_pool_that_is_over():
     check_change("p", ledger, "1", "m", asked(SMALL, 500), asked(SMALL, 600))  # a cut
     with pytest.raises(Oversold):
         check_change("p", ledger, "1", "m", asked(SMALL, 601), asked(SMALL, 600))
-    with pytest.raises(Oversold, match="2 of 6 committed replicas do not fit on its 1 nodes x 4 GPUs"):
+    with pytest.raises(
+        Oversold, match=r"It has 4 GPUs \(1 node x 4 GPUs\);.* It cannot place 2 replicas of the 6 committed"
+    ):
         check_holds("p", ledger)
 
 

@@ -178,9 +178,9 @@ def test_a_rollout_that_does_not_fit_the_pool_is_409_oversold_naming_both_versio
         "old_gpus_per_replica": 1, "old_gpus": 6, "old_replacing_replicas": 6,
     }  # fmt: skip
     assert tenant["detail"] == (
-        "pool 'use1-h100' cannot place this: 3 replicas of 1 GPUs (300 MU/min) were asked for version 2"
-        " beside version 1's 6 replicas of 1 GPUs (a rollout commits both versions), 2 fit on its 1 nodes"
-        " x 8 GPUs"
+        "pool 'use1-h100' cannot place this. It has 8 GPUs (1 node x 8 GPUs). This needs 3 replicas of 1 GPU"
+        " (3 GPUs, 300 MU/min) for version 2, beside version 1's 6 replicas of 1 GPU (a rollout commits both"
+        " versions); at most 2 fit"
     )
     assert "committed_gpus" not in tenant  # the tenant's view, as for any oversold
     assert operator["committed_gpus"] == capacity(operator_client)["committed_gpus"] == 6
@@ -239,7 +239,10 @@ def test_a_promote_needs_room_for_the_rest_of_the_new_version(
     body = refused.json()
     assert (body["asked_replicas"], body["replacing_replicas"], body["fit_replicas"]) == (4, 2, 3)
     assert body["rollout"]["old_replicas"] == 2
-    assert "were asked for version 2 in place of its 2 beside version 1's 2 replicas" in body["detail"]
+    assert (
+        "for version 2, where the endpoint commits 2 replicas (2 GPUs) now, beside version 1's 2 replicas"
+        in (body["detail"])
+    )
     assert not Rollout.objects.get().promoted
     assert owner_client.post(f"{url}rollout/", {"action": "abort"}, format="json").status_code == 202
     assert declared(t0 + timedelta(seconds=5)) == {f"ep-{chat.pk}-v1": 4, f"ep-{theirs.pk}-v1": 1}

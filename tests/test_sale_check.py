@@ -120,7 +120,7 @@ def test_a_refusal_carries_the_whole_ledgers_figures(h100, seed):
         name: as_json_number(getattr(whole, name)) for name in LEDGER_FIGURES
     }
     assert refused.value.ledger.models == whole.models
-    assert refused.value.ledger.mu_per_gpu == whole.mu_per_gpu
+    assert refused.value.ledger.default_mu_per_gpu == whole.default_mu_per_gpu
     assert refused.value.ledger.packing.free_per_node == whole.packing.free_per_node
 
 

@@ -18,6 +18,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from capacity.autoscaler.calm import is_calm, is_quiet, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
@@ -38,10 +39,52 @@ class EndpointSpec:
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)
 
 
+class Rule(StrEnum):
+    """What set a decision's replicas; its scale event names it (capacity.autoscaler.wording)."""
+
+    NO_DATA = "no data"  # samples cover too little of the scale-up window
+    LOAD = "load"  # the need: up on the scale-up window, down to the scale-down window's highest
+    TOLERANCE = "tolerance"  # the need is within the band around the current replicas
+    BURST_HOLD = "burst hold"  # a past burst holds more than the scale-down window needs
+    COVERAGE = "coverage"  # samples cover too little of the scale-down window to shed any
+    BACKLOG = "backlog"  # requests wait at the router: no scale-down
+    MINIMUM = "minimum"
+    PREDICTED_MINIMUM = "predicted minimum"  # a peak recurring at this time (forecast)
+    ACTIVE = "active"  # a request came within the idle grace period: at least one replica
+    MAXIMUM = "maximum"
+    SCALE_TO_ZERO = "scale to zero"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The decider's own figures over its windows, for the wording of its decision."""
+
+    config: AutoscalerConfig  # the one planned with (a calm history's, where it dropped the margins)
+    coverage: float  # share of the scale-up window the samples cover
+    mu_per_minute: float = 0.0  # the scale-up window's, its busiest peak_window_s
+    in_flight: float = 0.0
+    queued: float = 0.0  # mean requests waiting at the router
+    backlog_mu: float = 0.0  # MU waiting at the router now
+    by_mu: float = 0.0  # replicas the MU rule needs over the scale-up window
+    by_requests: float = 0.0  # replicas the concurrency rule needs over the scale-up window
+    arrivals_need: float = 0.0  # the highest MU need of the scale-down window's spans
+    held: float = 0.0  # replicas a past burst holds (burst_hold, capped)
+    down_coverage: float = 0.0  # share of the scale-down window the samples cover
+    utilisation: float = 0.0  # the share of a replica planned for
+    calm_spell: bool = False  # no burst for calm_history_s
+    calm: bool = False  # ... and steady work: planned at a full replica, no hold
+    quiet: bool = False  # no burst for quiet_after_s: quiet_margin of the margin
+    spread: float = 0.0  # the work's variation over a first token's wait, in a calm spell
+    cap: int | None = None  # the per-tick cap, where it bound a scale-up
+
+
 @dataclass(frozen=True)
 class Decision:
-    replicas: int | None  # None: no decision (see reason)
-    reason: str  # the numbers that caused it, for the Event
+    replicas: int | None  # None: no decision (see rule)
+    rule: Rule  # what set replicas
+    current: int  # the replicas it was decided from
+    figures: Figures
+    wanted: int | None = None  # what the need asked, before the endpoint's bounds
     need: float | None = None  # fractional replicas the last scale-up window asks for
     down_need: float | None = None  # the highest of need and the scale-down window's MU needs
 
@@ -50,10 +93,15 @@ class Decision:
 
 
 def need_for(load: Load, spec: EndpointSpec, util: float | None = None) -> float:
-    """Fractional replicas for a load: the larger of the MU answer (arrivals plus the router's
-    backlog spread over `backlog_drain_s`) and the concurrency answer (at the replicas, plus the
-    router's queue unless it drains, at most twice as many), each planned at `util` of a
-    replica (by default the config's target_utilisation)."""
+    """Fractional replicas for a load: the larger of `needs_for`'s MU and concurrency answers."""
+    return max(needs_for(load, spec, util))
+
+
+def needs_for(load: Load, spec: EndpointSpec, util: float | None = None) -> tuple[float, float]:
+    """Fractional replicas for a load by MU (arrivals plus the router's backlog spread over
+    `backlog_drain_s`) and by concurrency (at the replicas, plus the router's queue unless it
+    drains, at most twice as many), each planned at `util` of a replica (by default the config's
+    target_utilisation)."""
     cfg = spec.config
     util = cfg.target_utilisation if util is None else util
     mu = load.mu_per_minute + load.backlog_mu * 60.0 / cfg.backlog_drain_s
@@ -61,7 +109,7 @@ def need_for(load: Load, spec: EndpointSpec, util: float | None = None) -> float
     draining = load.queued_last < (1 - cfg.tolerance) * load.queued
     concurrency = load.in_flight + (0.0 if draining else min(load.queued, 2 * load.in_flight))
     by_concurrency = concurrency / (util * spec.target_concurrency_per_replica)
-    return max(by_mu, by_concurrency)
+    return by_mu, by_concurrency
 
 
 def quiet_utilisation(cfg: AutoscalerConfig) -> float:
@@ -76,10 +124,8 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     current = spec.current_replicas
     recent = aggregate(buckets, now, cfg.scale_up_window_s)
     if recent is None or recent.coverage < cfg.min_coverage:
-        covered = 0 if recent is None else round(recent.coverage * 100)
-        return Decision(
-            None, f"samples cover {covered}% of the last {cfg.scale_up_window_s:g} s: no decision"
-        )
+        covered = 0.0 if recent is None else recent.coverage
+        return Decision(None, Rule.NO_DATA, current, Figures(cfg, covered))
     calm_spell = is_calm(spec.quiet_since, now, cfg)
     spread = work_spread_over(buckets, now, cfg) if calm_spell else 0.0
     quiet = calm_spell and spread <= cfg.calm_max_spread
@@ -94,82 +140,70 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     past = [mu / (util * spec.mu_per_replica_minute) for mu in spans_mu]
     # The MU rule reads the window's busiest `peak_window_s`, not its mean (see the docstring).
     recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))
-    need = need_for(recent, spec, util)
+    by_mu, by_requests = needs_for(recent, spec, util)
+    need = max(by_mu, by_requests)
     # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
     held = min(burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute, cfg.burst_hold_cap * need)
-    down_need = max([need, *past, held])
+    arrivals = max(past, default=0.0)
+    down_need = max(need, arrivals, held)
     floor = max(spec.min_replicas, spec.predicted_min_replicas, 0 if _idle(spec, buckets, now) else 1)
     low, high = min(floor, spec.max_replicas), spec.max_replicas
-    waiting = f" + {recent.queued:.1f} waiting" if recent.queued else ""
-    load = (
-        f"{recent.mu_per_minute:.1f} MU/min and {recent.in_flight:.1f} in flight{waiting}"
-        f" over {cfg.scale_up_window_s:g} s"
-    )
-    if quiet:
-        load += f" (calm for {cfg.calm_history_s:g} s: planned at a full replica)"
-    elif calm_spell:  # why an operator's calm history keeps the margins
-        kept = "margins kept"
-        if settled:
-            kept = f"planned at {util:.2f} of a replica, not a full one"
-        load += (
-            f" (calm for {cfg.calm_history_s:g} s, but its work varies {spread:.2f} over"
-            f" {cfg.burst_wait_s:g} s, above {cfg.calm_max_spread:g}: {kept})"
-        )
-    elif settled:
-        load += f" (no burst for {cfg.quiet_after_s:g} s: planned at {util:.2f} of a replica)"
     # In a calm history the band holds a scale-down only: a need past the fleet is met at once.
     up_tolerance = 0.0 if quiet else cfg.tolerance
+    # Without the hold, the need is this: where it sheds replicas the hold keeps, the hold decides.
+    unheld = math.ceil(max(need, arrivals))
 
+    rule, cap = Rule.LOAD, None
     if math.ceil(need) > current:
-        cap = max(math.ceil(current * cfg.max_scale_up_factor), current + cfg.max_scale_up_step)
+        limit = max(math.ceil(current * cfg.max_scale_up_factor), current + cfg.max_scale_up_step)
         if current > 0 and need / current <= 1 + up_tolerance:
-            wanted, why = (
-                current,
-                f"{load} need {need:.2f} replicas, within the {cfg.tolerance:.0%} tolerance of {current}",
-            )
+            wanted, rule = current, Rule.TOLERANCE
         else:
-            wanted = min(math.ceil(need), cap)
-            capped = f", capped at {cap} this tick" if wanted < math.ceil(need) else ""
-            why = f"{load} need {need:.2f} replicas -> {wanted}{capped}"
+            wanted = min(math.ceil(need), limit)
+            cap = limit if wanted < math.ceil(need) else None
     elif math.ceil(down_need) < current:
         if down_coverage < cfg.min_coverage:
-            wanted, why = (
-                current,
-                f"samples cover {down_coverage:.0%} of the last {cfg.scale_down_window_s:g} s:"
-                f" no scale-down yet ({load})",
-            )
+            wanted, rule = current, Rule.COVERAGE
         elif recent.backlog_mu > 0:
-            wanted, why = (
-                current,
-                f"{recent.backlog_mu:.1f} MU wait at the router: no scale-down while a backlog waits",
-            )
+            wanted, rule = current, Rule.BACKLOG
         elif down_need / current >= 1 - cfg.tolerance:
-            wanted, why = (
-                current,
-                f"highest need over {cfg.scale_down_window_s:g} s is {down_need:.2f}, within tolerance",
-            )
+            wanted, rule = current, Rule.TOLERANCE
         else:
             wanted = math.ceil(down_need)
-            why = (
-                f"highest need over {cfg.scale_down_window_s:g} s is {down_need:.2f} replicas"
-                f" -> {wanted} ({load})"
-            )
+            rule = Rule.BURST_HOLD if unheld < wanted else Rule.LOAD
     else:
-        wanted, why = current, f"{load} need {need:.2f} replicas; {current} hold it"
+        wanted = current
+        rule = Rule.BURST_HOLD if unheld < current else Rule.LOAD
 
     clamped = min(max(wanted, low), high)
-    if clamped != wanted:
-        bound = "minimum" if clamped > wanted else "maximum"
-        if (
-            clamped == low
-            and spec.predicted_min_replicas > spec.min_replicas
-            and low == spec.predicted_min_replicas
-        ):
-            bound = "predicted minimum (a recurring peak is due)"
-        why += f"; held at the {bound} {clamped}"
     if clamped == 0 and current > 0:
-        why = f"no request for {cfg.scale_to_zero_grace_s:g} s and scale to zero is allowed -> 0"
-    return Decision(clamped, why, need, down_need)
+        rule = Rule.SCALE_TO_ZERO
+    elif clamped > wanted:
+        rule = Rule.MINIMUM
+        if floor > spec.min_replicas:
+            rule = Rule.PREDICTED_MINIMUM if floor == spec.predicted_min_replicas else Rule.ACTIVE
+    elif clamped < wanted:
+        rule = Rule.MAXIMUM
+    figures = Figures(
+        config=cfg,
+        coverage=recent.coverage,
+        mu_per_minute=recent.mu_per_minute,
+        in_flight=recent.in_flight,
+        queued=recent.queued,
+        backlog_mu=recent.backlog_mu,
+        by_mu=by_mu,
+        by_requests=by_requests,
+        arrivals_need=arrivals,
+        held=held,
+        down_coverage=down_coverage,
+        utilisation=util,
+        calm_spell=calm_spell,
+        calm=quiet,
+        quiet=settled,
+        spread=spread,
+        cap=cap,
+    )
+    return Decision(clamped, rule, current, figures, wanted, need, down_need)
 
 
 def lookback_s(cfg: AutoscalerConfig) -> float:

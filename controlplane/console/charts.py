@@ -1,15 +1,21 @@
 """Server-rendered SVG charts: no JavaScript library, nothing fetched from the internet.
 
 Pure functions from numbers to SVG markup (escaped), so they are cheap to test and to render.
-A chart spans its card (the SVG scales to the card's width), starts where its data starts (a
-fresh fleet's ten minutes fill the chart, not its right sixth), labels both axes with round
-steps and the unit, and folds event marks that would overlap into one numbered mark.
+A chart spans its card (the SVG scales to the card's width) and draws only what was measured:
+points further apart than their series' gap are not joined, so a minute without data is a
+break in the line and a lone point a dot. Every chart of a page spans one time axis
+(`axis_start`: a fresh fleet's ten minutes fill the charts, not their right sixth), hovering a
+time shows each series' exact value there, both axes are labelled with round steps and the
+unit, event marks that would overlap fold into one numbered mark, and a chart without data is
+a sentence saying what is missing and when it will appear, not an empty box.
 """
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
+
+from capacity.numbers import shown
 
 # The windows every chart offers: name -> seconds. One list, so the endpoint page and the
 # capacity page (and their ?window= parameter) agree.
@@ -34,6 +40,10 @@ class Series:
     points: Sequence[tuple[float, float]]  # (unix seconds, value), ascending time
     css_class: str  # colours live in console.css
     step: bool = False  # replicas change in steps; load is a line
+    # Seconds two consecutive points may lie apart and still be joined: further apart, nothing
+    # was measured between them and the line breaks. None: always joined (a forecast's ends).
+    gap_s: float | None = None
+    unit: str = ""  # the hover text's unit, where it is not the chart's ("req/s" beside "req")
 
 
 @dataclass(frozen=True)
@@ -71,16 +81,32 @@ class Chart:
     marks: Sequence[Mark] = field(default_factory=tuple)
     unit: str = ""  # the y-axis' unit, written above its labels ("req", "s", "MU/min")
     whole: bool = False  # values are whole numbers (replicas): ticks 1 apart at least
+    # What the chart says instead of an empty plot: what is missing and when it will appear.
+    empty: str = "Nothing measured in this window yet."
+
+
+def axis_start(series: Iterable[Series], since: float, until: float) -> float:
+    """Where the time axis of a page's charts starts: the window's start or the first point of
+    any of the page's series, whichever is later, at least MIN_SPAN_S before `until`. Every
+    chart of the page is drawn from it, so their times line up."""
+    first = min((s.points[0][0] for s in series if s.points), default=since)
+    return min(max(since, first), until - MIN_SPAN_S)
+
+
+def empty_state(sentence: str) -> str:
+    """What a chart without data shows: one short sentence, not an empty box."""
+    return f'<p class="chart-empty">{escape(sentence)}</p>'
 
 
 def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame()) -> str:
-    """A time chart: one polyline per series, event marks, labelled axes.
-
-    The x-axis starts at the window's start or the first point, whichever is later (at least
-    MIN_SPAN_S before `until`)."""
+    """A time chart over exactly [since, until] (a page passes its `axis_start`): each series'
+    runs of joined points as one polyline each, a lone point as a dot, a hover column per time
+    with each series' exact value there, event marks, labelled axes. No points at all: the
+    chart's `empty` sentence instead."""
     values = [v for s in chart.series for _, v in s.points]
-    first = min((s.points[0][0] for s in chart.series if s.points), default=since)
-    start = min(max(since, first), until - MIN_SPAN_S)
+    if not values:
+        return empty_state(chart.empty)
+    start = min(since, until - MIN_SPAN_S)
     y_ticks = _y_ticks(max(values, default=0.0), whole=chart.whole)
     f = Frame(frame.width, frame.height, frame.pad, (start, until), y_ticks[-1], frame.left, frame.bottom)
     plot_right = f.width - f.pad
@@ -107,19 +133,23 @@ def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame())
             f'<line class="grid" x1="{x:.1f}" y1="{f.pad}" x2="{x:.1f}" y2="{f.y(0):.1f}"/>'
             f'<text class="tick x" x="{x:.1f}" y="{f.height - 6}" text-anchor="middle">{label}</text>'
         )
-    if not values:
-        parts.append(
-            f'<text class="empty" x="{f.width / 2:.0f}" y="{f.height / 2:.0f}" '
-            'text-anchor="middle">no data yet</text>'
-        )
     for s in chart.series:
-        if s.points:
-            coords = _step(s.points, until) if s.step else s.points
-            path = " ".join(f"{f.x(max(t, start)):.1f},{f.y(v):.1f}" for t, v in coords)
+        css = escape(s.css_class)
+        series_runs = runs(s.points, s.gap_s)
+        for i, run in enumerate(series_runs):
+            # a staircase holds its last value to the window's end only while data is current
+            held = s.step and i == len(series_runs) - 1 and (s.gap_s is None or until - run[-1][0] <= s.gap_s)
+            if len(run) == 1 and not held:  # nothing measured either side: a dot, not a line
+                t, v = run[0]
+                x = f.x(_clamp(t, start, until))
+                parts.append(f'<circle class="{css}" cx="{x:.1f}" cy="{f.y(v):.1f}" r="2.5"/>')
+                continue
+            coords = _step(run, until if held else run[-1][0]) if s.step else run
+            path = " ".join(f"{f.x(_clamp(t, start, until)):.1f},{f.y(v):.1f}" for t, v in coords)
             parts.append(
-                f'<polyline class="{escape(s.css_class)}" points="{path}">'
-                f"<title>{escape(s.name)}</title></polyline>"
+                f'<polyline class="{css}" points="{path}"><title>{escape(s.name)}</title></polyline>'
             )
+    parts += _hover_columns(chart, f, start, until)
     for x, group in group_marks([m for m in chart.marks if start <= m.at <= until], f.x):
         labels = [m.label for m in group]
         if len(labels) > MARK_TITLE_LINES:
@@ -143,6 +173,53 @@ def line_chart(chart: Chart, since: float, until: float, frame: Frame = Frame())
         legend_x += 7 * len(s.name) + 24
     parts.append("</svg>")
     return "".join(parts)
+
+
+def runs(points: Sequence[tuple[float, float]], gap_s: float | None) -> list[list[tuple[float, float]]]:
+    """The points cut where two consecutive ones lie more than `gap_s` apart: (0, 1), (60, 2),
+    (300, 3) with a gap of 60 s are two runs, [(0, 1), (60, 2)] and [(300, 3)]."""
+    out: list[list[tuple[float, float]]] = []
+    for t, v in points:
+        if out and (gap_s is None or t - out[-1][-1][0] <= gap_s):
+            out[-1].append((t, v))
+        else:
+            out.append([(t, v)])
+    return out
+
+
+def _hover_columns(chart: Chart, f: Frame, start: float, until: float) -> list[str]:
+    """One invisible column per time a series has a point, as wide as the space to its
+    neighbours (at most its series' gap): hovering it shows the time and each series' exact
+    value there, with its unit (the SVG <title>, the browser's tooltip)."""
+    at: dict[float, list[str]] = {}
+    half_s: dict[float, float] = {}
+    for s in chart.series:
+        unit = s.unit or chart.unit
+        for t, v in s.points:
+            at.setdefault(t, []).append(f"{s.name}: {shown(v)}{' ' + unit if unit else ''}")
+            if s.gap_s is not None:
+                half_s[t] = max(half_s.get(t, 0.0), s.gap_s / 2)
+    times = sorted(t for t in at if start <= t <= until)
+    fmt = "%a %d %b %H:%M UTC" if until - start > 86400 else "%H:%M:%S UTC"
+    plot_left, plot_right = f.left, f.width - f.pad
+    out = []
+    for i, t in enumerate(times):
+        x = f.x(t)
+        reach = f.x(t + half_s[t]) - x if t in half_s else float("inf")
+        left = max(plot_left, x - reach, (f.x(times[i - 1]) + x) / 2 if i else plot_left)
+        right = min(plot_right, x + reach, (x + f.x(times[i + 1])) / 2 if i + 1 < len(times) else plot_right)
+        if right - left < 3:  # a point among many in a week's chart stays hoverable
+            left, right = x - 1.5, x + 1.5
+        title = escape("\n".join([time.strftime(fmt, time.gmtime(t)), *at[t]]))
+        out.append(
+            f'<rect class="hover" x="{left:.1f}" y="{f.pad}" width="{right - left:.1f}" '
+            f'height="{f.y(0) - f.pad:.1f}"><title>{title}</title></rect>'
+        )
+    return out
+
+
+def _clamp(t: float, lo: float, hi: float) -> float:
+    return min(max(t, lo), hi)
 
 
 def group_marks(marks: Sequence[Mark], x: Callable[[float], float]) -> list[tuple[float, list[Mark]]]:

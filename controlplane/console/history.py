@@ -3,7 +3,8 @@ never with the fleet's endpoints: each GPU type's history chart (each pool's sna
 over a bucket, a minute up to six hours from the snapshots themselves, an hour beyond from the
 pools' CapacityHours, controlplane.capacity.snapshots, so a week is 168 rows per pool instead of
 10,080, only the hour the window's start cuts averaged from its snapshots; then the pools of a
-type added), its hourly peaks for the forecast, and each tenant's usage from its hours and days.
+type added), its hourly peaks for the forecast (and, while they are too few, when it will show),
+and each tenant's usage from its hours and days.
 """
 
 import math
@@ -11,6 +12,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Avg, F, FloatField, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour, TruncMinute
@@ -51,6 +53,44 @@ def capacity_history(since: datetime, window_s: float) -> dict[str, list[tuple[f
             for figure in ("have", "sold", "used"):  # literal keys: a row is a TypedDict to mypy
                 point[figure] += row[figure]
     return {name: sorted(buckets.items()) for name, buckets in points.items()}
+
+
+def snapshot_interval_s() -> float:
+    """How often each pool's ledger is snapshotted (CAPACITY_SNAPSHOT_INTERVAL_S)."""
+    schedule = settings.CELERY_BEAT_SCHEDULE["record-capacity-snapshot"]["schedule"]
+    if not isinstance(schedule, int | float):
+        raise TypeError(f"the capacity snapshot's schedule is an interval in seconds, not {schedule!r}")
+    return float(schedule)
+
+
+def history_gap_s(window_s: float) -> float:
+    """How far apart two of the chart's buckets may start and still be joined: a bucket and a
+    snapshot interval, so a snapshot late by a second (its minute empty, the next holding two)
+    is no break, and a minute (an hour) without snapshots is."""
+    bucket_s = 60 if window_s <= MINUTE_CHARTS_S else HOUR
+    return bucket_s + snapshot_interval_s()
+
+
+def forecast_wait(name: str, peaks: list[tuple[float, float]], now: float) -> str:
+    """Why a GPU type has no forecast yet, and when it will have one: the forecast of an hour
+    needs that hour's peak on two previous days, so the chart's last hour (a day ahead) is first
+    forecast a day less an hour after the first hour recorded."""
+    if not peaks:
+        return (
+            f"No forecast for {name} yet: it needs each hour's peak on two previous days, and no "
+            "hour of its pools is recorded yet. It starts a day after the first."
+        )
+    first = datetime.fromtimestamp(peaks[0][0], UTC)
+    when = first + timedelta(days=1) - timedelta(hours=1)
+    if when.timestamp() > now:
+        return (
+            f"No forecast for {name} yet: it needs each hour's peak on two previous days, and its "
+            f"pools are recorded from {first:%a %d %b %H:%M} UTC. It starts {when:%a %d %b %H:%M} UTC."
+        )
+    return (
+        f"No forecast for {name}: the hours recorded since {first:%a %d %b %H:%M} UTC hold no hour's "
+        "peak on two previous days."
+    )
 
 
 def _hour_average(figure: str) -> Sum:

@@ -85,6 +85,20 @@ _POD_SUFFIX = re.compile(rf"[{_K8S}]{{5}}")
 _REPLICA_SET_HASH = re.compile(rf"[{_K8S}]{{6,10}}")
 
 
+# The local agent's pods (dataplane.cluster.agent.pod_name): a deployment ("ep-7-v1"), the replica
+# slot ("-r0"; none in names from before slots) and a serial.
+_AGENT_POD = re.compile(r"(ep-\d+-v\d+)(-r\d+)?-\d+")
+
+
+def _of_replica_set(parts: list[str]) -> bool:
+    """A replica set's pod: its name ends in the set's hash and the pod's suffix."""
+    return (
+        len(parts) >= 3
+        and bool(_POD_SUFFIX.fullmatch(parts[-1]))
+        and bool(_REPLICA_SET_HASH.fullmatch(parts[-2]))
+    )
+
+
 def workload(pod: str) -> str:
     """The pod's name without what differs between a workload's pods: an ordinal ("ep-7-v1-13",
     a stateful set's "db-2"), a replica set's hash and pod suffix ("chat-7d9f5c8b6-x2k4q"), or a
@@ -92,15 +106,35 @@ def workload(pod: str) -> str:
 
     >>> [workload(p) for p in ("ep-7-v1-13", "chat-7d9f5c8b6-x2k4q", "agent-x2k4q", "chat-proxy")]
     ['ep-7-v1', 'chat', 'agent', 'chat-proxy']
+    >>> workload("ep-7-v1-r0-13")
+    'ep-7-v1'
     """
+    if match := _AGENT_POD.fullmatch(pod):
+        return match[1]
     parts = pod.split("-")
-    if len(parts) >= 3 and _POD_SUFFIX.fullmatch(parts[-1]) and _REPLICA_SET_HASH.fullmatch(parts[-2]):
+    if _of_replica_set(parts):
         return "-".join(parts[:-2])
     if len(parts) >= 2 and (
         parts[-1].isdigit() or (_POD_SUFFIX.fullmatch(parts[-1]) and any(c.isdigit() for c in parts[-1]))
     ):
         return "-".join(parts[:-1])
     return pod
+
+
+def replica_slot(pod: str) -> str:
+    """Where a pod runs in its workload, kept by the pod started in its place: the local agent's
+    slot ("ep-7-v1-r0-13" -> "ep-7-v1-r0"). A pod whose name carries no slot counts in its
+    deployment: the agent's from before slots ("ep-7-v1-13" -> "ep-7-v1") and a Kubernetes
+    Deployment's, named by a hash and a random suffix ("chat-7d9f5c8b6-x2k4q" -> "chat"). Any
+    other pod (a stateful set's "db-2", the embedded stack's "stack-celery") is its own slot.
+
+    >>> [replica_slot(p) for p in ("ep-7-v1-r0-13", "ep-7-v1-13", "chat-7d9f5c8b6-x2k4q", "db-2")]
+    ['ep-7-v1-r0', 'ep-7-v1', 'chat', 'db-2']
+    """
+    if match := _AGENT_POD.fullmatch(pod):
+        return match[1] + (match[2] or "")
+    parts = pod.split("-")
+    return "-".join(parts[:-2]) if _of_replica_set(parts) else pod
 
 
 def fingerprint(kind: str, tenant_id: int | None, subject_: str, pattern: str) -> str:

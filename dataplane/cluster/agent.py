@@ -55,6 +55,13 @@ class Replica:
     started_at: float  # monotonic s
     retiring_since: float | None = None  # monotonic s; None while it serves
     spec: str = ""  # launch_spec of the deployment it started from
+    slot: int = 0  # its replica slot in the deployment (pod_name)
+
+
+def pod_name(deployment: str, slot: int, serial: int) -> str:
+    """'ep-7-v1', slot 0, serial 13 -> 'ep-7-v1-r0-13': the deployment, the replica slot (0 up to
+    its replicas, reused by the pod that replaces one), and a serial that keeps names unique."""
+    return f"{deployment}-r{slot}-{serial}"
 
 
 def launch_spec(d: Deployment) -> str:
@@ -198,13 +205,15 @@ class Agent:
                 self._start(d, now)
 
     def _start(self, d: Deployment, now: float) -> None:
+        slot = self._free_slot(d.name)
         r = Replica(
-            f"{d.name}-{next(self._serial)}",
+            pod_name(d.name, slot, next(self._serial)),
             d.name,
             free_port(self.host),
             free_port(self.host),
             now,
             spec=launch_spec(d),
+            slot=slot,
         )
         # Secrets go in the environment, which argv would show to ps.
         env: tuple[tuple[str, str], ...] = ((EVENTS_KEY_VARIABLE, d.events_key),) if d.events_key else ()
@@ -223,6 +232,17 @@ class Agent:
         with self._lock:
             self.replicas[r.name] = r
         log.info("deployment %s: started pod %s on port %d", d.name, r.name, r.port)
+
+    def _free_slot(self, deployment: str) -> int:
+        """The lowest replica slot no serving pod of the deployment holds: a pod started in place
+        of one that died takes its slot, so on-call counts a slot's restarts across pod names."""
+        with self._lock:
+            held = {
+                r.slot
+                for r in self.replicas.values()
+                if r.deployment == deployment and r.retiring_since is None
+            }
+        return next(slot for slot in itertools.count() if slot not in held)
 
     def close(self) -> None:
         """Stop every pod (the supervisor's close) and wait for the drains under way."""

@@ -32,7 +32,8 @@ def test_capacity_summary_with_worked_numbers(operator_client, owner, make_endpo
         300,
         150,
     )
-    assert (row["have_mu_per_minute"], row["headroom_mu_per_minute"]) == (400, 100)  # 50 MU per GPU
+    # The mean of what each model alone fills the pool with (800, 200) and still has room for (200, 0).
+    assert (row["have_mu_per_minute"], row["headroom_mu_per_minute"]) == (500, 100)
     assert row["oversold"] is False
     models = {m["model"]: m for m in row["models"]}
     # In whole replicas: the 2 free GPUs hold two more 8B replicas and no 4-GPU 70B one.

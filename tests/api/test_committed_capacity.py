@@ -64,7 +64,11 @@ def test_a_tenant_cannot_provision_a_million_concurrency(
     )
     # In whole replicas on its 4 nodes x 8 GPUs: 125,000 replicas of 4 asked, 8 fit.
     assert (pool["asked_replicas"], pool["asked_gpus_per_replica"], pool["fit_replicas"]) == (125_000, 4, 8)
-    assert "125000 replicas of 4 GPUs" in pool["detail"] and "8 fit on its 4 nodes x 8 GPUs" in pool["detail"]
+    assert "It has 32 GPUs (4 nodes x 8 GPUs)" in pool["detail"]
+    assert (
+        "This needs 125,000 replicas of 4 GPUs (500,000 GPUs, 12,500,000 MU/min); at most 8 fit"
+        in pool["detail"]
+    )
     assert not Endpoint.objects.exists()
 
 
@@ -124,7 +128,7 @@ def test_every_409_reports_the_pool_as_capacity_shows_it(
     Pod.objects.create(endpoint=chat, name="chat-0", url="http://127.0.0.1:9", ready=True)
     refresh_pools([chat.pool_id])  # as the autoscaler's pass and the pod sync do after their writes
     row = capacity_row(operator_client)
-    assert (row["have_mu_per_minute"], row["committed_gpus"], row["used_gpus"]) == (400, 6, 1)
+    assert (row["have_mu_per_minute"], row["committed_gpus"], row["used_gpus"]) == (500, 6, 1)
     refusals = [
         # 200 MU/min of the 70B model: 8 GPUs in place of 4, 10 > 8.
         operator_client.patch(
@@ -180,15 +184,21 @@ def test_a_tenant_refused_sees_what_it_asked_and_what_fits_not_others_sales(
         "fit_replicas": 1, "replacing_replicas": 0, "replacing_gpus": 0, "replacing_mu_per_minute": 0,
     }  # fmt: skip
     assert tenant_body["detail"] == (
-        "pool 'use1-h100' cannot place this: 2 replicas of 4 GPUs (200 MU/min) were asked,"
-        " 1 fit on its 1 nodes x 8 GPUs"
+        "pool 'use1-h100' cannot place this. It has 8 GPUs (1 node x 8 GPUs)."
+        " This needs 2 replicas of 4 GPUs (8 GPUs, 200 MU/min); at most 1 fit"
     )
     assert (operator_body["sold_gpus"], operator_body["committed_gpus"], operator_body["free_gpus"]) == (
         4,
         4,
         4,
     )
-    assert operator_body["detail"].startswith(tenant_body["detail"] + "; 4 replicas (4 GPUs, 400 MU/min)")
+    # The operator's is the same with what is committed in the pool between what it has and what this needs.
+    assert operator_body["detail"] == (
+        "pool 'use1-h100' cannot place this. It has 8 GPUs (1 node x 8 GPUs); 4 GPUs are committed to"
+        " reservations and minimum replicas (4 replicas, 400 MU/min; sold: 4 replicas = 400 MU/min at"
+        " over-commit 1), 4 GPUs are free, 0 of them stranded. This needs 2 replicas of 4 GPUs (8 GPUs,"
+        " 200 MU/min); at most 1 fit"
+    )
     assert "400" not in tenant_body["detail"] and "sold" not in tenant_body["detail"]
     # The console's endpoint form shows the tenant the same text, an operator the whole one.
     form = {"name": "mine", "model": "llama-70b", "gpu_type": "h100-80gb", "routing_policy": "p2c-mu",
@@ -209,7 +219,10 @@ def test_the_console_endpoint_form_refuses_a_minimum_beyond_the_pool(owner, make
         {**form, "min_provisioned_concurrency": "72", "max_provisioned_concurrency": "72"},
     )
     assert response.status_code == 400
-    assert "pool &#x27;use1-h100&#x27; cannot place this: 9 replicas of 1 GPUs" in response.content.decode()
+    assert (
+        "pool &#x27;use1-h100&#x27; cannot place this. It has 8 GPUs (1 node x 8 GPUs)."
+        " This needs 9 replicas of 1 GPU" in response.content.decode()
+    )
     chat.refresh_from_db()
     assert chat.min_provisioned_concurrency == 0
 

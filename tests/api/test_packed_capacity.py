@@ -100,7 +100,12 @@ def test_contract_200_packs_and_300_does_not(five_gpu, operator_client, owner_cl
         2,
         8,
     )
-    assert "3 replicas of 5 GPUs" in body["detail"] and "2 fit on its 2 nodes x 8 GPUs" in body["detail"]
+    assert "It has 16 GPUs (2 nodes x 8 GPUs)" in body["detail"]
+    assert (
+        "This needs 3 replicas of 5 GPUs (15 GPUs, 300 MU/min), where the endpoint commits 2"
+        in body["detail"]
+    )
+    assert body["detail"].endswith("; at most 2 fit")
     # One number per thing: the 409's pool figures are /capacity/'s.
     shown = capacity_of(operator_client, "use1-16")
     figures = ["have_gpus", "committed_replicas", "committed_gpus", "sold_replicas", "sold_gpus", "free_gpus",
@@ -207,7 +212,8 @@ def test_a_shape_that_strands_a_committed_replica_is_refused(five_gpu, operator_
     url = f"/api/v1/pools/{five_gpu.pk}/"
     refused = operator_client.patch(url, {"gpus_per_node": 4}, format="json")  # 4 nodes x 4: no 5-GPU room
     assert refused.status_code == 409 and refused.json()["unplaced_replicas"] == 1
-    assert "1 of 1 committed replicas do not fit on its 4 nodes x 4 GPUs" in refused.json()["detail"]
+    assert "It has 16 GPUs (4 nodes x 4 GPUs)" in refused.json()["detail"]
+    assert refused.json()["detail"].endswith("It cannot place 1 replica of the 1 committed")
     five_gpu.refresh_from_db()
     assert five_gpu.gpus_per_node == 8
 

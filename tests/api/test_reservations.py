@@ -47,7 +47,7 @@ def test_oversell_is_409_naming_pool_have_sold_and_asked(operator_client, owner,
     assert body["error"] == "oversold"
     assert (body["pool"], body["have_gpus"], body["sold_gpus"], body["asked_gpus"]) == ("use1-h100", 8, 6, 4)
     assert (body["sold_mu_per_minute"], body["asked_mu_per_minute"]) == (600, 100)
-    assert body["have_mu_per_minute"] == 800  # blended at 100 MU per GPU
+    assert body["have_mu_per_minute"] == 500  # the mean of the 8B alone (800) and the 70B alone (200)
     assert "use1-h100" in body["detail"]
     assert not Reservation.objects.filter(endpoint=big).exists()
     assert not Event.objects.filter(kind="reservation", endpoint=big).exists()

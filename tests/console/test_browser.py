@@ -174,7 +174,9 @@ def history(pool, endpoint):
 
     now = timezone.now()
     rows = []
-    for minutes in range(0, 3 * 24 * 60, 10):
+    # every minute of the last two hours, as beat snapshots (the charts join minutes only), then
+    # every ten minutes: the forecast reads hours
+    for minutes in [*range(0, 120), *range(120, 3 * 24 * 60, 10)]:
         at = now - timedelta(minutes=minutes)
         daily = 250 + 200 * math.cos(2 * math.pi * (minutes / 1440 - 1 / 24))
         rows.append(
@@ -233,7 +235,7 @@ def test_operator_sells_capacity_and_sees_an_oversell_refused(browser, live_serv
     page.fill("#sell-form input[name=mu_per_minute]", "5000")
     page.click("#sell-form button[type=submit]")
     refused = page.wait_for_selector("#sell-form .refused").inner_text()
-    assert "use1-h100" in refused and "8 GPUs" in refused and "5000 MU/min" in refused
+    assert "use1-h100" in refused and "8 GPUs" in refused and "5,000 MU/min" in refused
     assert Reservation.objects.get(endpoint=fleet).mu_per_minute == 300
     shoot(page, "capacity")
     shoot(page, "capacity", docs=True)

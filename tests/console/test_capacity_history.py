@@ -4,20 +4,24 @@ number of queries whatever the number of pools and hours."""
 
 import math
 import random
+import re
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from html import unescape
 
 import pytest
 from django.db import connection
 from django.db.models import Avg, Max, Q, Sum
 from django.db.models.functions import TruncHour, TruncMinute
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from capacity.autoscaler import forecast
 from controlplane.capacity import snapshots
 from controlplane.capacity.models import CapacityHour, CapacitySnapshot, GpuPool
 from controlplane.console import charts
-from controlplane.console.history import capacity_history, hourly_peaks, tenant_usage
+from controlplane.console.history import capacity_history, forecast_wait, hourly_peaks, tenant_usage
+from controlplane.console.views.capacity import capacity_context
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import UsageHour
 from controlplane.selling import delete_endpoint, sell
@@ -272,3 +276,47 @@ def test_the_tenant_table_shows_what_the_endpoints_hours_add_up_to(owner, other,
     assert rows[[r["tenant"] for r in rows].index("owner")]["reserved_mu_per_day"] == 50 * 1440
     # A page shows the tenants that used the most, however many the fleet has.
     assert tenant_usage(NOW, most=1) == rows[:1]
+
+
+def chart_ticks(svg: str) -> list[str]:
+    return re.findall(r'<text class="tick x"[^>]*>([^<]*)</text>', svg)
+
+
+def test_every_gpu_types_chart_spans_one_axis_and_breaks_where_no_snapshot_was(pools):
+    """H100's pools snapshotted every minute of the last hour but five, L40S's only in the last
+    twenty minutes: both charts span the hour, H100's lines break for the five minutes (no line
+    drawn across them), and hovering a minute shows its exact MU/min."""
+    now = timezone.now()
+    h100_a, h100_b, l40s_a = pools
+    for m in range(58):  # their minutes all inside the window, whatever second it is
+        at = now - timedelta(minutes=m, seconds=1)
+        rows = [] if 30 <= m < 35 else [snapshot(p, at, random.Random(m)) for p in (h100_a, h100_b)]
+        if m < 20:
+            rows.append(snapshot(l40s_a, at, random.Random(m)))
+        snapshots.write(rows)
+    CapacitySnapshot.objects.filter(pool__in=pools).update(have_mu_per_minute=800.125)
+    groups = {g["gpu_type"].name: g for g in capacity_context("1h")["groups"]}
+    h100, l40s = groups["h100-80gb"]["chart"], groups["l40s-48gb"]["chart"]
+    assert chart_ticks(h100) == chart_ticks(l40s) and len(chart_ticks(h100)) >= 5
+    assert h100.count('<polyline class="have"') == 2 and l40s.count('<polyline class="have"') == 1
+    hovers = [unescape(t) for t in re.findall(r'<rect class="hover"[^>]*><title>([^<]*)</title>', h100)]
+    assert len(hovers) == 53 and all("\nhave: 1,600.25 MU/min\n" in h for h in hovers)  # two pools
+
+
+def test_no_history_is_a_sentence_saying_when_the_forecast_will_show(pools):
+    now = datetime(2026, 11, 20, 14, 37, tzinfo=UTC).timestamp()
+    assert forecast_wait("H100", [], now) == (
+        "No forecast for H100 yet: it needs each hour's peak on two previous days, and no hour of "
+        "its pools is recorded yet. It starts a day after the first."
+    )
+    three_hours = [(now // 3600 * 3600 - 3600 * k, 50.0) for k in (3, 2, 1)]
+    assert forecast_wait("H100", three_hours, now).endswith(
+        "its pools are recorded from Fri 20 Nov 11:00 UTC. It starts Sat 21 Nov 10:00 UTC."
+    )
+    # The page: the history chart (an hour of snapshots), a sentence in place of the forecast.
+    for m in range(60):
+        snapshots.write([snapshot(p, timezone.now() - timedelta(minutes=m), random.Random(m)) for p in pools])
+    groups = capacity_context("1h")["groups"]
+    assert all(g["chart"].startswith('<svg class="chart"') for g in groups)
+    assert all(g["forecast_chart"].startswith('<p class="chart-empty">No forecast for ') for g in groups)
+    assert all(" It starts " in g["forecast_chart"] for g in groups)

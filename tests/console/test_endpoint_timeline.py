@@ -3,11 +3,14 @@ minute once the collector has finished the minute, read with the buckets around 
 charts the buckets alone give, in a constant number of queries."""
 
 import random
+import re
 from datetime import UTC, datetime
+from html import unescape
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from controlplane.console import charts
 from controlplane.console.views.endpoints import bin_width, timeline_bins
@@ -145,9 +148,10 @@ def test_rolling_up_starts_at_the_oldest_bucket_kept_and_catches_up_a_few_minute
 @pytest.mark.parametrize("window", ["1h", "6h", "1d", "1w"])
 def test_the_charts_queries_do_not_grow_with_buckets_or_minutes(operator_web, loaded, monkeypatch, window):
     def count() -> int:
-        with CaptureQueriesContext(connection) as queries:
+        with CaptureQueriesContext(connection) as queries, monkeypatch.context() as at_now:
+            at_now.setattr(timezone, "now", lambda: NOW)  # the page drawn when the load was
             page = operator_web.get(f"/console/endpoints/{loaded.pk}/live/?window={window}")
-        assert page.status_code == 200 and "<svg" in page.content.decode()
+        assert page.status_code == 200 and page.content.decode().count('<svg class="chart"') == 3
         return len(queries)
 
     few = count()
@@ -160,3 +164,52 @@ def test_six_hours_draw_two_minute_bins_and_an_hour_fifteen_seconds():
     assert {w: bin_width(s) for w, s in charts.WINDOWS.items()} == {
         "15m": 5, "1h": 15, "6h": 120, "1d": 360, "1w": 2520,
     }  # fmt: skip
+
+
+def charts_of(html: str) -> dict[str, str]:
+    """The endpoint page's three charts by name, in the order drawn."""
+    svgs = re.findall(r'<svg class="chart".*?</svg>', html, flags=re.S)
+    return dict(zip(("replicas", "load", "latency"), svgs, strict=True))
+
+
+def test_the_endpoint_charts_break_at_gaps_and_share_one_time_axis(operator_web, owner, make_endpoint):
+    """Twenty minutes of load with a four-minute stack outage in them, and a single 48-s request
+    in a quiet stretch: the lines break at the outage, the request is one dot (no ramp to its
+    neighbours), and the three charts span the same minutes though latency starts later."""
+    chat = make_endpoint(owner, "chat")
+    now = int(timezone.now().timestamp()) // 5 * 5
+    outage = range(now - 12 * 60, now - 8 * 60)
+    request = now - 15 * 60
+    slow = [0] * 15
+    slow[12] = 1  # one request in (30, 60] s
+    LoadBucket.objects.bulk_create(
+        LoadBucket(
+            endpoint=chat, end=end, seconds=5, in_flight=1.0, mu_per_minute=60.0,
+            requests=int(end == request), queue_depth=0, latency_counts=slow if end == request else [],
+            errors=0, throttled=0, ready_replicas=2, desired_replicas=2,
+        )
+        for end in range(now - 20 * 60, now + 1, 5)
+        if end not in outage
+    )  # fmt: skip
+    drawn = charts_of(operator_web.get(f"/console/endpoints/{chat.pk}/live/").content.decode())
+    assert drawn["replicas"].count('<polyline class="replicas"') == 2  # before and after the outage
+    assert drawn["load"].count('<polyline class="sold"') == 2
+    latency = drawn["latency"]
+    assert "<polyline" not in latency and latency.count("<circle") == 2  # p50 and p99, one bin
+    (hover,) = re.findall(r'<rect class="hover"[^>]*><title>([^<]*)</title>', latency)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC\np50: 45 s\np99: 59.7 s", unescape(hover))
+    ticks = {
+        name: re.findall(r'<text class="tick x"[^>]*>([^<]*)</text>', svg) for name, svg in drawn.items()
+    }
+    assert ticks["replicas"] == ticks["load"] == ticks["latency"]
+    assert len(ticks["replicas"]) >= 4  # twenty minutes of them, not the latency's fifteen alone
+
+
+def test_an_endpoint_without_load_says_what_is_missing_instead_of_empty_charts(
+    operator_web, owner, make_endpoint
+):
+    chat = make_endpoint(owner, "chat")
+    html = operator_web.get(f"/console/endpoints/{chat.pk}/live/?window=15m").content.decode()
+    assert '<svg class="chart"' not in html
+    assert "No requests in the last 15m: p50 and p99 show once the routers meter one" in html
+    assert html.count('<p class="chart-empty">') == 3

@@ -1,10 +1,12 @@
 """On-call in a real browser (Debian Chromium, Playwright), as the operator who is paged: problems
 arrive folded into groups while the page is open, are acknowledged, silenced with a reason and
-resolved, and link their runbook; a tenant sees its own pods' problems only. No
+resolved, and link their runbook; restarts count per replica slot; a death of the stack's own
+worker puts the page in alarm; a tenant sees its own pods' problems only. No
 Content-Security-Policy violation anywhere (the sparklines are server-drawn SVG, no script)."""
 
 from datetime import UTC, datetime, timedelta
 
+from controlplane.oncall import stack
 from controlplane.oncall.models import Event, EventGroup
 from tests.console.test_browser import browser, csp_reports, fleet, pytestmark, shoot, sign_in
 
@@ -21,7 +23,7 @@ def test_oncall_sees_repeats_fold_live_and_acts_on_the_group(browser, live_serve
         "hang", hung, endpoint=fleet, severity="critical", pod="ep-1-v1-1", time=now - timedelta(hours=2)
     )
     for i in range(30):
-        pod = f"ep-{fleet.pk}-v1-{i}"
+        pod = f"ep-{fleet.pk}-v1-r0-{i + 1}"  # one replica slot, a new pod each time
         Event.record(
             "restart", f"pod {pod} restarted (restart #{i + 1}): OOMKilled, exit code 137",
             endpoint=fleet, severity="warning", pod=pod, time=now - timedelta(minutes=30 - i),
@@ -35,7 +37,10 @@ def test_oncall_sees_repeats_fold_live_and_acts_on_the_group(browser, live_serve
     assert page.query_selector("tr[data-kind=restart] svg.spark polyline") is not None
     assert page.query_selector_all("#group-rows tr")[0].get_attribute("data-kind") == "hang"  # critical first
     page.wait_for_function("() => document.querySelector('.attention .count').innerText === '1'")  # refreshes
-    assert f"ep-{fleet.pk}-v1-29" in page.inner_text("#restarts")  # restarts per pod, attributed to chat
+    slot = page.locator(f"#restarts tr[data-slot=ep-{fleet.pk}-v1-r0]")  # one row, not one per pod
+    assert page.locator(f"#restarts tr[data-slot^=ep-{fleet.pk}-]").count() == 1
+    assert "30 pods" in slot.inner_text()
+    assert slot.locator("td.num").inner_text() == "30" and "OOMKilled" in slot.inner_text()
     shoot(page, "oncall")
     shoot(page, "oncall", docs=True)
 
@@ -82,3 +87,22 @@ def test_a_tenant_sees_its_pods_restarts_and_nothing_of_another_tenants(
     other.goto(f"{live_server.url}/console/oncall/?severity=any")
     html = other.content()
     assert "ep-1-v1-1" not in html and "other-pod-0" in html
+
+
+def test_a_death_of_the_stacks_worker_turns_the_open_page_to_alarm(browser, live_server, fleet, csp_reports):
+    page = sign_in(browser, live_server, "ops", csp_reports)
+    page.goto(f"{live_server.url}/console/oncall/")
+    assert page.query_selector(".attention.alarm .stack-deaths") is None
+    Event.record(
+        "restart",
+        "celery of the embedded stack exited with code 1 after 130 s; started again after 1 s",
+        severity="warning",
+        pod=stack.pod_of("celery"),
+        reported_by=stack.REPORTER,
+        detail={"log": "var/celery.log", "log_tail": ["Unrecoverable error: JSONDecodeError"]},
+    )
+    deaths = page.wait_for_selector(".attention.alarm .stack-deaths", timeout=15_000)  # the 10 s refresh
+    assert "stack-celery \u00d71" in deaths.inner_text()
+    deaths.query_selector("a").click()  # to the process's events, its log's end under the message
+    page.wait_for_selector("details.log-tail").click()
+    assert "Unrecoverable error: JSONDecodeError" in page.inner_text("details.log-tail pre")

@@ -10,6 +10,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from capacity import numbers
 from controlplane.capacity.models import Reservation
 from controlplane.endpoints.models import Endpoint, LoadBucket
 from controlplane.oncall.models import Event
@@ -85,7 +86,7 @@ def test_the_chart_marks_redact_addresses_for_the_tenant_not_the_operator(owner_
 
 def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(owner_web, owned):
     now = int(timezone.now().timestamp()) // 5 * 5
-    # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5.0 req/s.
+    # Two buckets in the last minute: 40 and 10 requests over 5 s each -> 50 / 10 s = 5 req/s.
     # Latency from the summed histograms (LATENCY_BUCKETS_S): 40 requests in (0.1, 0.25] s, then
     # 9 in (0.25, 0.5] and 1 in (1, 2.5]. p50 is rank 25 of the first 40: 0.1 + 0.15 x 25/40 =
     # 0.19 s; p99 rank 49.5, half-way into the last: 1.75 s. The buckets' own p99s (0.25 and
@@ -100,9 +101,12 @@ def test_endpoint_detail_shows_metered_traffic_latency_and_the_replica_timeline(
         )  # fmt: skip
     Event.record("scale", "owner-secret-chat: replicas 2 -> 3: need 2.4", endpoint=owned)
     html = owner_web.get(f"/console/endpoints/{owned.pk}/live/", HTTP_HX_REQUEST="true").content.decode()
-    assert '<dd class="traffic">5.0 req/s</dd>' in html
-    assert '<dd class="latency">0.19 s / 1.75 s</dd>' in html
-    assert html.count('<polyline class="replicas"') == 1 and html.count('<polyline class="used"') == 2
+    assert '<dd class="traffic">5 req/s</dd>' in html
+    # p50 is 0.19375 s: shown at two decimals, exact in the figure's title
+    assert '<dd class="latency"><span class="figure" title="0.19375">0.19</span> s / 1.75 s</dd>' in html
+    # ready replicas and p50 in green: a line, or a dot where the two buckets fall in one bin
+    assert html.count('<polyline class="replicas"') == 1
+    assert html.count('<polyline class="used"') + html.count('<circle class="used"') == 2
     assert "scale: owner-secret-chat: replicas 2 -&gt; 3" in html  # the event's mark
     assert 'data-window="1h"' in html  # the default window; ?window= picks another
     assert (
@@ -137,7 +141,8 @@ def test_endpoint_detail_shows_its_usage_by_hour_and_day_as_the_api_does(
         when = datetime.fromisoformat(r["start"].replace("Z", "+00:00")).strftime("%H:%M")
         assert (
             f'<time datetime="{r["start"].replace("Z", "+00:00")}">{when}</time></td><td class="num mu">'
-            f'{r["mu"]:.2f}</td><td class="num requests">{r["requests"]}</td><td class="num tokens-in">'
+            f'{numbers.shown(r["mu"])}</td><td class="num requests">{r["requests"]}</td>'
+            f'<td class="num tokens-in">'
             f'{r["tokens_in"]}</td><td class="num tokens-out">{r["tokens_out"]}</td>'
             f'<td class="num throttled">{r["throttled"]}</td>'
         ) in hours

@@ -60,3 +60,22 @@ def test_a_process_name_out_of_bounds_is_refused_naming_it(monkeypatch):
             "--restarts",
             "1",
         )
+
+
+@pytest.mark.django_db
+def test_a_stack_death_alone_puts_the_attention_panel_in_alarm_naming_the_process(
+    monkeypatch, operator_web, owner_web
+):
+    calm = operator_web.get("/console/oncall/attention/").content.decode()
+    assert 'class="attention "' in calm and "stack-celery" not in calm
+    for restarts in (1, 2):
+        record(monkeypatch, "celery", "--exit-code", "1", "--ran-s", "130", "--restart-in-s", "1",
+               "--restarts", str(restarts), "--log", "var/celery.log")  # fmt: skip
+    panel = operator_web.get("/console/oncall/attention/").content.decode()
+    attention = panel.split("</section>")[0]
+    assert 'class="attention alarm"' in attention  # no critical: the warning restarts alone
+    assert "own processes died" in attention and "stack-celery</a> \u00d72" in attention
+    page = operator_web.get("/console/oncall/").content.decode()
+    assert "No problems under these filters" not in page and "stack-celery" in page
+    tenant = owner_web.get("/console/oncall/attention/").content.decode()
+    assert "stack-celery" not in tenant and 'class="attention "' in tenant  # the fleet's, not a tenant's

@@ -1,11 +1,14 @@
 """Endpoints and their pods: what an endpoint's answer shows (its rollout, replica bounds,
 reservation); its rules of ownership, profile and placement are controlplane.endpoint_rules."""
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
+from rest_framework.fields import SkipField
 
 from controlplane import autoscaler_config, endpoint_rules, selling
 from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
@@ -156,6 +159,33 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
     def get_reserved_mu_per_minute(self, endpoint: Endpoint) -> int:
         reservation = getattr(endpoint, "reservation", None)
         return reservation.mu_per_minute if reservation else 0
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as invalid:
+            if not isinstance(invalid.detail, dict) or not isinstance(data, Mapping):
+                raise  # a body that is not an object has no fields to check
+            # validate() runs only when every field parses; the rules whose fields did parse are
+            # checked all the same, so one answer names every error (a bad name and min > max).
+            refused = endpoint_rules.refusals(
+                principal_of(self), self.instance, self._parsed(data, invalid.detail), set(invalid.detail)
+            )
+            more = {field: [why] for field, why in refused.items() if field not in invalid.detail}
+            raise serializers.ValidationError({**invalid.detail, **more}) from None
+
+    def _parsed(self, data: Any, invalid: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of `data` that parse, by their API names (as validate() asks the rules)."""
+        parsed: dict[str, Any] = {}
+        for field in self._writable_fields:
+            name = str(field.field_name)  # set once bound, as every field of a serializer is
+            if name in invalid:
+                continue
+            try:
+                parsed[name] = field.run_validation(field.get_value(data))
+            except (serializers.ValidationError, DjangoValidationError, SkipField):
+                continue  # not given, or refused: its rules are not checked
+        return parsed
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """The endpoint's rules (controlplane.endpoint_rules): a refusal is a 400 by field."""

@@ -15,7 +15,10 @@ class ModelCapacitySerializer(serializers.Serializer[Any]):
     mu_per_replica_minute = serializers.IntegerField(source="shape.mu_per_replica_minute")
     have_replicas = serializers.IntegerField(help_text="If the whole pool ran only this model")
     more_replicas = serializers.IntegerField(help_text="Replicas of it that still fit on the nodes")
-    have_mu_per_minute = ExactNumberField(help_text="have_replicas x mu_per_replica_minute")
+    have_mu_per_minute = ExactNumberField(
+        help_text="have_replicas x mu_per_replica_minute: what this model alone would fill the pool"
+        " with; no sale moves it"
+    )
     headroom_mu_per_minute = ExactNumberField(
         help_text="more_replicas x mu_per_replica_minute x over-commit: what could still be sold of it"
     )
@@ -51,18 +54,24 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     node_count = serializers.IntegerField(source="ledger.node_count")
     gpus_per_node = serializers.IntegerField(source="ledger.gpus_per_node")
     overcommit = ExactNumberField(source="ledger.overcommit")
-    have_gpus = serializers.IntegerField(source="ledger.have_gpus")
-    sellable_gpus = ExactNumberField(source="ledger.sellable_gpus")
+    have_gpus = serializers.IntegerField(
+        source="ledger.have_gpus", help_text="The pool's have: node_count x gpus_per_node"
+    )
+    sellable_gpus = ExactNumberField(
+        source="ledger.sellable_gpus", help_text="GPUs that may be committed: all of them"
+    )
     committed_replicas = serializers.IntegerField(
         source="ledger.committed_replicas",
         help_text="Per endpoint the larger of its sold replicas and its minimum replicas, summed;"
         " while a rollout runs, each version's share of the larger of that and its desired replicas",
     )
-    committed_gpus = ExactNumberField(source="ledger.committed_gpus")
+    committed_gpus = ExactNumberField(
+        source="ledger.committed_gpus", help_text="The committed replicas' GPUs: what the pool must place"
+    )
     sold_replicas = serializers.IntegerField(
         source="ledger.sold_replicas", help_text="Per endpoint ceil(reserved MU/min / a replica's)"
     )
-    sold_gpus = ExactNumberField(source="ledger.sold_gpus")
+    sold_gpus = ExactNumberField(source="ledger.sold_gpus", help_text="The sold replicas' GPUs")
     used_gpus = ExactNumberField(
         source="ledger.used_gpus", help_text="Held by running replicas: ready pods x gpus_per_replica"
     )
@@ -72,12 +81,28 @@ class PoolCapacitySerializer(serializers.Serializer[Any]):
     )
     headroom_gpus = ExactNumberField(source="ledger.headroom_gpus", help_text="free_gpus - stranded_gpus")
     unplaced_replicas = serializers.IntegerField(source="ledger.unplaced_replicas")
-    have_mu_per_minute = ExactNumberField(source="ledger.have_mu_per_minute")
-    sellable_mu_per_minute = ExactNumberField(source="ledger.sellable_mu_per_minute")
-    committed_mu_per_minute = ExactNumberField(source="ledger.committed_mu_per_minute")
-    sold_mu_per_minute = ExactNumberField(source="ledger.sold_mu_per_minute")
-    used_mu_per_minute = ExactNumberField(source="ledger.used_mu_per_minute", help_text="Metered")
-    headroom_mu_per_minute = ExactNumberField(source="ledger.headroom_mu_per_minute")
+    have_mu_per_minute = ExactNumberField(
+        source="ledger.have_mu_per_minute",
+        help_text="The mean of models[].have_mu_per_minute (what each model placed here would fill"
+        " the pool with alone), or with none placed have_gpus x the default MU/min per GPU: it"
+        " moves with the pool's nodes and models, never with a sale. Read MU/min per model",
+    )
+    sellable_mu_per_minute = ExactNumberField(
+        source="ledger.sellable_mu_per_minute", help_text="have_mu_per_minute x overcommit"
+    )
+    committed_mu_per_minute = ExactNumberField(
+        source="ledger.committed_mu_per_minute", help_text="The committed replicas' MU/min"
+    )
+    sold_mu_per_minute = ExactNumberField(source="ledger.sold_mu_per_minute", help_text="Reserved, as sold")
+    used_mu_per_minute = ExactNumberField(
+        source="ledger.used_mu_per_minute",
+        help_text="Metered by the routers: the endpoints' MU/min as the autoscaler last read them",
+    )
+    headroom_mu_per_minute = ExactNumberField(
+        source="ledger.headroom_mu_per_minute",
+        help_text="The mean of models[].headroom_mu_per_minute, or with no model placed"
+        " headroom_gpus x the default MU/min per GPU x overcommit",
+    )
     oversold = serializers.BooleanField(source="ledger.oversold")
     models = ModelCapacitySerializer(source="ledger.models", many=True)
     version = serializers.IntegerField(

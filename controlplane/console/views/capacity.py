@@ -30,7 +30,14 @@ from controlplane.capacity.models import (
     StoredLedger,
 )
 from controlplane.console import charts
-from controlplane.console.history import capacity_history, hourly_peaks, tenant_usage
+from controlplane.console.history import (
+    capacity_history,
+    forecast_wait,
+    history_gap_s,
+    hourly_peaks,
+    snapshot_interval_s,
+    tenant_usage,
+)
 from controlplane.console.views.base import ConsoleRequest, console_view, page
 from controlplane.endpoints.models import Endpoint
 
@@ -81,10 +88,12 @@ def capacity_context(window: str | None) -> dict[str, Any]:
             {
                 "pool": pool,
                 "ledger": ledger,
-                # Headroom per model placed in the pool: MU/min, and whole replicas of it.
+                # Headroom per model placed in the pool: MU/min, and whole replicas of it; and
+                # what it alone would fill the pool with (a pool's MU/min is read per model).
                 "models": [
                     {
                         "model": m.model,
+                        "have_mu": m.have_mu_per_minute,
                         "headroom_mu": m.headroom_mu_per_minute,
                         "replicas": m.more_replicas,
                         "gpus_per_replica": m.shape.gpus_per_replica,
@@ -123,25 +132,27 @@ def capacity_context(window: str | None) -> dict[str, Any]:
         group["oversold"] = group["committed_gpus"] > group["sellable_gpus"]
     since = now - timedelta(seconds=charts.WINDOWS[window])
     history = capacity_history(since, charts.WINDOWS[window])
+    gap_s = history_gap_s(charts.WINDOWS[window])
     peaks = hourly_peaks(now)
-    for name, group in groups.items():
-        buckets = history.get(name, [])
-        group["chart"] = charts.line_chart(
-            charts.Chart(
-                title=f"{name}: MU/min over the last {window}",
-                series=[
-                    charts.Series(label, [(t, p[key]) for t, p in buckets], css)
-                    for label, key, css in [
-                        ("have", "have", "have"),
-                        ("sold", "sold", "sold"),
-                        ("used", "used", "used"),
-                    ]
-                ],
-                unit="MU/min",
-            ),
-            since.timestamp(),
-            now.timestamp(),
+    history_charts = {
+        name: charts.Chart(
+            title=f"{name}: MU/min over the last {window}",
+            series=[
+                charts.Series(label, [(t, p[label]) for t, p in history.get(name, [])], label, gap_s=gap_s)
+                for label in ("have", "sold", "used")
+            ],
+            unit="MU/min",
+            empty=f"No snapshots of {name}'s pools in the last {window}: the chart starts with the "
+            f"first, and each pool is snapshotted every {snapshot_interval_s():.0f} s.",
         )
+        for name in groups
+    }
+    # One time axis for every GPU type's chart: their minutes line up down the page.
+    start = charts.axis_start(
+        [s for c in history_charts.values() for s in c.series], since.timestamp(), now.timestamp()
+    )
+    for name, group in groups.items():
+        group["chart"] = charts.line_chart(history_charts[name], start, now.timestamp())
         group.update(forecast_of(name, peaks.get(name, []), float(group["sellable_mu"]), now.timestamp()))
     return {
         "groups": list(groups.values()),
@@ -235,7 +246,7 @@ def forecast_of(
             title=f"{name}: forecast peak MU/min for the next {FORECAST_HOURS} h, "
             "from the previous days' and weeks' peaks",
             series=[
-                charts.Series("forecast peak", points, "used"),
+                charts.Series("forecast peak", points, "used", gap_s=hour),
                 charts.Series(
                     "sellable", [(start, sellable_mu), (start + FORECAST_HOURS * hour, sellable_mu)], "have"
                 ),
@@ -247,7 +258,8 @@ def forecast_of(
     )
     top = max((v for _, v in points), default=None)
     return {
-        "forecast_chart": chart,
+        # A sellable line alone is no forecast: say what is missing and when it will show.
+        "forecast_chart": chart if points else charts.empty_state(forecast_wait(name, peaks, now)),
         "forecast_peak": top,
         "forecast_short": top is not None and top > sellable_mu,
     }
@@ -410,11 +422,12 @@ def preview(request: ConsoleRequest) -> HttpResponse:
     key = selling.demand_key(endpoint)
     committed_after = ledger.committed_gpus - replacing.gpus + asked.gpus
     headroom_after = ledger.sellable_gpus - committed_after
+    refusal = ""  # what a Sell of this would be refused with, in the same words
     try:
         check_change(endpoint.pool.name, ledger, key, endpoint.profile.model, asked, replacing)
         fits = True
-    except Oversold:
-        fits = False
+    except Oversold as refused:
+        fits, refusal = False, str(refused)
     preview = {
         "endpoint": endpoint,
         "pool": endpoint.pool,
@@ -428,6 +441,7 @@ def preview(request: ConsoleRequest) -> HttpResponse:
         "committed_after": committed_after,
         "headroom_after": headroom_after,
         "fits": fits,
+        "refusal": refusal,
         "models": [
             {
                 "model": m.model,

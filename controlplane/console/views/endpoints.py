@@ -212,45 +212,55 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
     ]
     bins = timeline_bins(rows, width)
     title = f"over the last {window}"
-    replicas = charts.line_chart(
-        charts.Chart(
-            title=f"replicas {title} (marks: scale and concurrency events)",
-            series=[
-                charts.Series("desired", [(b.end, b.desired) for b in bins], "replicas", step=True),
-                charts.Series("ready", [(b.end, b.ready) for b in bins], "used", step=True),
-            ],
-            marks=marks,
-            unit="replicas",
-            whole=True,
-        ),
-        since,
-        until,
+    # Each bin drawn at its end (the bin in progress at now); bins next to each other are one
+    # width apart, so a bin without buckets (no router reported, or the endpoint had neither
+    # replicas nor traffic) breaks the lines, and one without requests breaks the latency's.
+    drawn = [(min(b.slot, until), b) for b in bins]
+    replicas_chart = charts.Chart(
+        title=f"replicas {title} (marks: scale and concurrency events)",
+        series=[
+            charts.Series("desired", [(t, b.desired) for t, b in drawn], "replicas", step=True, gap_s=width),
+            charts.Series("ready", [(t, b.ready) for t, b in drawn], "used", step=True, gap_s=width),
+        ],
+        marks=marks,
+        unit="replicas",
+        whole=True,
+        empty=f"No load recorded in the last {window}: the replicas show once the endpoint has a "
+        "replica or traffic, within 5 seconds.",
     )
-    load = charts.line_chart(
-        charts.Chart(
-            title=f"load {title}: requests in flight (at pods and queued) and per second",
-            series=[
-                charts.Series("in flight", [(b.end, b.in_flight) for b in bins], "sold"),
-                charts.Series("requests/s", [(b.end, b.requests / b.seconds) for b in bins], "have"),
-            ],
-            marks=marks,
-            unit="req",
-        ),
-        since,
-        until,
+    load_chart = charts.Chart(
+        title=f"load {title}: requests in flight (at pods and queued) and per second",
+        series=[
+            charts.Series("in flight", [(t, b.in_flight) for t, b in drawn], "sold", gap_s=width),
+            charts.Series(
+                "requests/s",
+                [(t, b.requests / b.seconds) for t, b in drawn],
+                "have",
+                gap_s=width,
+                unit="req/s",
+            ),
+        ],
+        marks=marks,
+        unit="req",
+        empty=f"No load recorded in the last {window}: it shows once the endpoint has a replica "
+        "or traffic, within 5 seconds.",
     )
-    latency = charts.line_chart(
-        charts.Chart(
-            title=f"latency {title}: p50 and p99 of the routers' histograms",
-            series=[
-                charts.Series(name, [(b.end, v) for b in bins if (v := b.quantile(q)) is not None], css)
-                for name, q, css in (("p50", 0.5, "used"), ("p99", 0.99, "sold"))
-            ],
-            unit="s",
-        ),
-        since,
-        until,
+    latency_chart = charts.Chart(
+        title=f"latency {title}: p50 and p99 of the routers' histograms",
+        series=[
+            charts.Series(
+                name, [(t, v) for t, b in drawn if (v := b.quantile(q)) is not None], css, gap_s=width
+            )
+            for name, q, css in (("p50", 0.5, "used"), ("p99", 0.99, "sold"))
+        ],
+        unit="s",
+        empty=f"No requests in the last {window}: p50 and p99 show once the routers meter one, "
+        "within 5 seconds.",
     )
+    # One time axis for the page's three charts: their minutes line up.
+    page_charts = [replicas_chart, load_chart, latency_chart]
+    start = charts.axis_start([s for c in page_charts for s in c.series], since, until)
+    replicas, load, latency = (charts.line_chart(c, start, until) for c in page_charts)
     # The last minute in one bin, whatever its buckets' slots (a bin of the width of all time).
     minute = timeline_bins([r for r in rows if r[0] > until - 60], float("inf"))
     last = minute[-1] if minute else None

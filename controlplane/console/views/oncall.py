@@ -1,8 +1,9 @@
 """The on-call section: problems folded into groups (the default view: warning and critical,
 open first, each with its count, first and last time, a sparkline of its last 24 h and a link to
 its kind's runbook), acknowledged, resolved and silenced by operators; the live event tail (a
-cursor that never misses nor repeats) as the second view (`?view=events`); the attention and
-restarts panels; and the runbooks (docs/runbooks/<kind>.md)."""
+cursor that never misses nor repeats) as the second view (`?view=events`); the attention panel
+(the embedded stack's own processes that died among what it counts) and the restarts per replica
+slot; and the runbooks (docs/runbooks/<kind>.md)."""
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ from django.views.decorators.http import require_POST
 from controlplane.api import params
 from controlplane.api.filters import EventFilterSet, EventGroupFilterSet
 from controlplane.console.views.base import ConsoleRequest, console_view, filled, refused_parameters
-from controlplane.oncall import grouping
+from controlplane.oncall import grouping, stack
 from controlplane.oncall.models import Event, EventGroup, EventQuerySet, may_acknowledge
 
 TAIL_ROWS = 50
@@ -164,8 +165,9 @@ def oncall_attention(request: ConsoleRequest) -> HttpResponse:
 
 
 def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
-    """What on-call must see first: crash loops, endpoints that hang again and again, pods that
-    restart, and critical events of the last day nobody has acknowledged.
+    """What on-call must see first: crash loops, endpoints that hang again and again, processes
+    of the embedded stack that died (the last day), pods that restart (per replica slot), and
+    critical events of the last day nobody has acknowledged.
 
     Each panel reads at most ATTENTION_EVENTS events, the newest of its kind in its window (an
     index scan on kind and time), and says so when there were more: a fleet ten times larger
@@ -174,14 +176,16 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
     visible = Event.objects.visible_to(request.principal)
     day = now - timedelta(days=1)
     hour = now - timedelta(hours=1)
-    loops, loops_capped = most_of_kind(
-        visible.filter(kind="crash_loop", time__gte=hour), "pod", ("-last",), 10
-    )
+    loops, loops_capped = per_replica_slot(visible.filter(kind="crash_loop", time__gte=hour), 10)
     hangs, hangs_capped = most_of_kind(
         visible.filter(kind="hang", time__gte=day), "endpoint_id", ("-n", "-last"), 10, least=2
     )
-    restarts, restarts_capped = most_of_kind(
-        visible.filter(kind="restart", time__gte=day).exclude(pod=""), "pod", ("-n", "-last"), 20
+    restarts, restarts_capped = per_replica_slot(
+        visible.filter(kind="restart", time__gte=day).exclude(pod=""), 20
+    )
+    # The stack's own deaths, restarts and crash loops alike: the page is not calm while they last.
+    stack_deaths, stack_capped = per_replica_slot(
+        visible.filter(reported_by=stack.REPORTER, kind__in=["restart", "crash_loop"], time__gte=day), 10
     )
     unacked = (
         visible.filter(severity="critical", acknowledged_at__isnull=True, time__gte=day)
@@ -194,7 +198,8 @@ def attention(request: ConsoleRequest, now: datetime) -> dict[str, Any]:
         "restarts": restarts,
         "unacked_critical": min(unacked, ATTENTION_EVENTS),
         "unacked_critical_more": unacked > ATTENTION_EVENTS,
-        "attention_capped": loops_capped or hangs_capped,
+        "stack_deaths": stack_deaths,
+        "attention_capped": loops_capped or hangs_capped or stack_capped,
         "restarts_capped": restarts_capped,
         "attention_events": ATTENTION_EVENTS,
         "locked_sign_ins": locked_sign_ins(now) if request.principal.is_operator else [],
@@ -219,6 +224,36 @@ def most_of_kind(
         .order_by(*order)
     )
     return list(tallies[:rows]), len(edge) > 1
+
+
+def per_replica_slot(events: QuerySet[Event], rows: int) -> tuple[list[dict[str, Any]], bool]:
+    """The newest ATTENTION_EVENTS of `events` per endpoint and replica slot (grouping.replica_slot:
+    the pod that replaces a dead one counts in its slot): how many (`n`), the last one's time,
+    pod and message (`reason`), and the pods seen; the first `rows`, most first; and whether
+    there were more events."""
+    newest = list(
+        events.order_by("-time", "-id").values("pod", "endpoint_id", "endpoint_name", "time", "message")[
+            : ATTENTION_EVENTS + 1
+        ]
+    )
+    slots: dict[tuple[int | None, str, str], dict[str, Any]] = {}
+    for e in newest[:ATTENTION_EVENTS]:
+        key = (e["endpoint_id"], e["endpoint_name"], grouping.replica_slot(e["pod"]))
+        if key not in slots:  # newest first: the first seen is the slot's last
+            slots[key] = {
+                "slot": key[2],
+                "endpoint_id": e["endpoint_id"],
+                "endpoint_name": e["endpoint_name"],
+                "n": 0,
+                "last": e["time"],
+                "pod": e["pod"],
+                "reason": e["message"],
+                "pods": set(),
+            }
+        slots[key]["n"] += 1
+        slots[key]["pods"].add(e["pod"])
+    ordered = sorted(slots.values(), key=lambda s: (-s["n"], -s["last"].timestamp()))
+    return ordered[:rows], len(newest) > ATTENTION_EVENTS
 
 
 def locked_sign_ins(now: datetime) -> list[dict[str, Any]]:

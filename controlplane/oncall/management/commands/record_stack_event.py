@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.oncall import stack
 from controlplane.oncall.models import Event, Kind, Severity
 
 NAME_MAX = 40
@@ -38,8 +39,8 @@ class Command(BaseCommand):
             f"{process} of the embedded stack {how} after {options['ran_s']:.0f} s; "
             f"started again after {options['restart_in_s']:.0f} s",
             severity=Severity.CRITICAL if options["crash_loop"] else Severity.WARNING,
-            pod=f"stack-{process.replace(' ', '-')}",
-            reported_by="stack supervisor",
+            pod=stack.pod_of(process),
+            reported_by=stack.REPORTER,
             detail={
                 "process": process,
                 "exit_code": code,
