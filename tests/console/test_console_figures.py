@@ -3,10 +3,12 @@ capacity page of a fleet with awkward figures, a pool's have that no sale moves,
 beside each figure, and benchmark events that read as sentences."""
 
 import re
+from datetime import timedelta
 from fractions import Fraction
 from html.parser import HTMLParser
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from capacity import numbers
@@ -181,6 +183,17 @@ def test_a_benchmark_event_is_a_sentence_with_the_profile_then_the_numbers(small
     assert re.search(r"Measured: [^,]+ MU per input token \(alpha\), ", message)
     assert "e-0" not in message  # 6.81 x 10⁻⁵, not 6.81e-05
     assert Event.objects.get(kind="benchmark").detail["link"] == link
+
+
+def test_the_on_call_row_links_the_profile_and_no_address_an_event_writer_chose(operator_web, db):
+    """Events carry a detail their writer chose (pods write their own): only a console path
+    becomes a link."""
+    Event.record("benchmark", "The benchmark of m on g ...", detail={"link": "/console/capacity/#profile-7"})
+    for hostile in ("javascript:alert(1)", "//evil.example/x", "https://evil.example/console/"):
+        Event.record("benchmark", f"hostile {hostile}", detail={"link": hostile})
+    Event.objects.update(recorded_at=timezone.now() - timedelta(minutes=1))  # settled: listed
+    html = operator_web.get("/console/oncall/?view=events").content.decode()
+    assert re.findall(r'<a class="detail-link" href="([^"]*)"', html) == ["/console/capacity/#profile-7"]
 
 
 def test_the_schema_says_what_a_pools_have_is(db):
