@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 import httpx
@@ -210,6 +211,25 @@ def test_requests_take_their_database_connections_from_a_pool(server):
             db.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
     assert [get(server, "/healthz", 5.0)[0] for _ in range(6)] == [200] * 6
     assert not web_backends() & after
+
+
+def test_workers_holding_many_connections_answer_at_once_after_the_database_ended_them(server):
+    """A database restart ends every connection of each worker's pool at once: the first request
+    to find one ended has the pool check the others, so no request waits past DATABASE_WAIT_S on
+    the pool's back-off from one ended connection to the next (each worker held two or more here,
+    and 503s followed)."""
+    import psycopg
+
+    with ThreadPoolExecutor(max_workers=12) as crowd:  # at once: each worker's pool grows
+        assert set(crowd.map(lambda _: get(server, "/api/v1/", 5.0)[0], range(48))) == {200}
+    held = web_backends()
+    assert len(held) >= 6, held  # several per worker
+    with psycopg.connect(database_url(), autocommit=True) as db:
+        for pid in held:
+            db.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    answers = [get(server, "/healthz", 5.0) for _ in range(8)]
+    assert [status for status, _ in answers] == [200] * 8, answers
+    assert not web_backends() & held
 
 
 def test_an_unreachable_database_gets_503_from_healthz_within_the_wait(django_db_setup):
