@@ -21,7 +21,7 @@ from django.db.backends.signals import connection_created
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from controlplane.webserver import DEADLINES, BoundedApp, OneHopHandler
+from controlplane.webserver import DATABASE_WAIT_S, DEADLINES, BoundedApp, OneHopHandler
 
 # Under ASGI each request's sync view runs in a thread of its own, which ends with the request:
 # a persistent connection (CONN_MAX_AGE > 0) would outlive it unused, open until garbage
@@ -30,9 +30,8 @@ from controlplane.webserver import DEADLINES, BoundedApp, OneHopHandler
 # back when it ends, so a request does not pay for a new connection: the pool holds as many as
 # may run at once (the app's slots and /healthz's), checks one before handing it out (one the
 # database ended is replaced, not given to a request), and a request waits at most
-# DATABASE_WAIT_S for one (the database unreachable: /healthz then answers 503). Set before
-# Django sets up its connections.
-DATABASE_WAIT_S = 2.0
+# DATABASE_WAIT_S for one (webserver.py; the database unreachable: /healthz then answers 503).
+# Set before Django sets up its connections.
 for database in settings.DATABASES.values():
     database["CONN_MAX_AGE"] = 0
     if database["ENGINE"] == "django.db.backends.postgresql":
@@ -67,8 +66,8 @@ def checking_together(sender: Any, connection: BaseDatabaseWrapper, **kwargs: An
     """Django makes its pool on a first connection, with psycopg's check of one connection."""
     if connection.vendor != "postgresql" or not connection.settings_dict["OPTIONS"].get("pool"):
         return  # a connection of its own (SQLite, or one set up before the pool was configured)
-    pool = cast(PostgresWrapper, connection).pool
-    if pool._check is ConnectionPool.check_connection:
+    pool = cast(PostgresWrapper, connection).pool  # None for Django's own no-database connection
+    if pool is not None and pool._check is ConnectionPool.check_connection:
         pool._check = check_together(pool)
 
 

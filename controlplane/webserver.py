@@ -57,6 +57,9 @@ class Deadlines:
 
 DEADLINES = Deadlines()
 
+# Seconds a request waits for a database connection from its worker's pool (controlplane/asgi.py).
+DATABASE_WAIT_S = 2.0
+
 
 def configure(**values: Any) -> None:
     """Set the deadlines (from gunicorn.conf.py, in the master, before workers fork)."""

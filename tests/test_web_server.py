@@ -235,7 +235,7 @@ def test_workers_holding_many_connections_answer_at_once_after_the_database_ende
 def test_an_unreachable_database_gets_503_from_healthz_within_the_wait(django_db_setup):
     """The database's port closed: /healthz says 503 once a request has waited its most for a
     connection (DATABASE_WAIT_S), not after the kubelet gave up, and the server stays up."""
-    from controlplane.asgi import DATABASE_WAIT_S
+    from controlplane.webserver import DATABASE_WAIT_S
 
     closed = f"postgres://postgres@127.0.0.1:{free_port()}/nothing"
     with running_server(closed, lambda port: get(port, "/healthz", 10.0)[0] != 0) as port:

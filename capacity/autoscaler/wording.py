@@ -1,16 +1,10 @@
-"""The horizontal decider's decisions in words, one rule for every scale event. Pure.
-
-A decision reads as a sentence a person reads first, naming the rule that set the replicas
-(horizontal.Rule) with its figure over the window that rule reads ("scaled 2 -> 3: 2.3 replicas
-needed over the last 20 s"; "scaled 3 -> 2: at most 1.6 replicas needed over the last 60 s";
-"scaled 1 -> 2: raised to the minimum 2"), then the numbers, the same ones in every event: the
-scale-up window's load and its needs by MU and by requests, the scale-down window's highest need
-by arrivals, a burst's hold and the share of a replica planned for. So a scale-down after a
-scale-up quotes the figures the scale-up quoted, and a need that only the requests in flight
-made (which the scale-down window does not remember) shows as such. Every figure is the
-decision's own (`Decision.figures`): nothing is evaluated again. A sentence's need is rounded up
-to a tenth, so it never reads as fewer replicas than were asked for (3.01 needs 4: "3.1").
-"""
+"""The horizontal decider's decisions in words, one rule for every scale event; pure. A sentence
+first, naming the rule that set the replicas (horizontal.Rule) with its figure over the window
+that rule reads ("scaled 2 -> 3: 2.3 replicas needed over the last 20 s", "scaled 1 -> 2: raised
+to the minimum 2"), then the same numbers in every event (the scale-up window's load and needs,
+the scale-down window's highest need, a burst's hold), all the decision's own
+(`Decision.figures`), so a scale-down after a scale-up quotes what the scale-up did. A need is
+rounded up to a tenth: 3.01 reads "3.1", never fewer replicas than were asked for."""
 
 from __future__ import annotations
 

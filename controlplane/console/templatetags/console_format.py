@@ -1,12 +1,8 @@
-"""`{% load console_format %}`: the console's figures, written by capacity.numbers.
-
-`{{ value|figure }}` is the number for people ("3,388.24"), `{{ value|quantity:"GPU" }}` the
-number with its unit ("1 GPU", "8 GPUs"), `{{ value|unit:"GPU" }}` the unit alone as `quantity`
-writes it, `{{ share|percent }}` a fraction as a percentage ("5.2 %"): each carries the exact
-value in a title where what it shows is rounded, and is the bare text where nothing is lost, so
-a cell of whole numbers reads `<td>8</td>`. `{% meaning "alpha" %}` is what a figure means, for
-the title beside it.
-"""
+"""`{% load console_format %}`: the console's figures, written by capacity.numbers. `figure` is
+the number for people ("3,388.24"), `quantity:"GPU"` with its unit ("1 GPU", "8 GPUs"), `unit`
+the unit alone, `percent` a fraction as a percentage ("5.2 %"); each carries the exact value in a
+title where what it shows is rounded, and is bare text where nothing is lost (`<td>8</td>`).
+`{% meaning "alpha" %}` is what a figure means, for the title beside it."""
 
 import functools
 
