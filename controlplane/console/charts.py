@@ -93,6 +93,13 @@ def axis_start(series: Iterable[Series], since: float, until: float) -> float:
     return min(max(since, first), until - MIN_SPAN_S)
 
 
+def on_one_axis(page_charts: Iterable[Chart], since: float, until: float) -> list[str]:
+    """A page's charts, each drawn from the page's `axis_start` to `until`."""
+    page_charts = list(page_charts)
+    start = axis_start([s for c in page_charts for s in c.series], since, until)
+    return [line_chart(c, start, until) for c in page_charts]
+
+
 def empty_state(sentence: str) -> str:
     """What a chart without data shows: one short sentence, not an empty box."""
     return f'<p class="chart-empty">{escape(sentence)}</p>'

@@ -148,11 +148,9 @@ def capacity_context(window: str | None) -> dict[str, Any]:
         for name in groups
     }
     # One time axis for every GPU type's chart: their minutes line up down the page.
-    start = charts.axis_start(
-        [s for c in history_charts.values() for s in c.series], since.timestamp(), now.timestamp()
-    )
-    for name, group in groups.items():
-        group["chart"] = charts.line_chart(history_charts[name], start, now.timestamp())
+    drawn = charts.on_one_axis(history_charts.values(), since.timestamp(), now.timestamp())
+    for (name, group), chart in zip(groups.items(), drawn, strict=True):
+        group["chart"] = chart
         group.update(forecast_of(name, peaks.get(name, []), float(group["sellable_mu"]), now.timestamp()))
     return {
         "groups": list(groups.values()),

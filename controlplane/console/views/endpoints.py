@@ -258,9 +258,7 @@ def endpoint_live_context(request: ConsoleRequest, endpoint: Endpoint) -> dict[s
         "within 5 seconds.",
     )
     # One time axis for the page's three charts: their minutes line up.
-    page_charts = [replicas_chart, load_chart, latency_chart]
-    start = charts.axis_start([s for c in page_charts for s in c.series], since, until)
-    replicas, load, latency = (charts.line_chart(c, start, until) for c in page_charts)
+    replicas, load, latency = charts.on_one_axis([replicas_chart, load_chart, latency_chart], since, until)
     # The last minute in one bin, whatever its buckets' slots (a bin of the width of all time).
     minute = timeline_bins([r for r in rows if r[0] > until - 60], float("inf"))
     last = minute[-1] if minute else None
