@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_SIM_REDIS_URL ?= redis://127.0.0.1:6379/13
+TEST_FAST_TIER_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane_in_process
+TEST_FAST_TIER_REDIS_URL ?= redis://127.0.0.1:6379/12
 
 .PHONY: install run load test test-fast test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
 
@@ -47,27 +49,34 @@ load: install
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus
 
 # Runs against the real PostgreSQL and Redis (.ci/run starts them when they are down).
-# mypy and test-sim-native (the simulator compiled by mypyc, then its tests, which use no database)
-# run beside pytest: minutes of CPU work, while the suite mostly waits on the servers its tests
-# start and leaves a core idle. Their output (build/*.log) follows the suite's; any of the three
-# failing fails the target, and a stop (Ctrl-C, or the suite failing) stops them too.
+# Every test, in two tiers at once, each one test at a time: the tests that start servers and
+# processes (SLOW_TIER, tests/conftest.py's SLOW_MARKERS), which mostly wait on what they start,
+# and beside them the in-process tests (FAST_TIER), each tier with its own test database and
+# Redis database. mypy and test-sim-native (the simulator compiled by mypyc, then its tests, which
+# use no database) run beside them too. The in-process tier's and their output (build/*.log)
+# follows the slow tier's; any of the four failing fails the target, and a stop (Ctrl-C, or the
+# slow tier failing) stops them all.
+SLOW_TIER := stack or browser or celery or vllm or own_vllm_pod or schemathesis
+FAST_TIER := not ($(SLOW_TIER))
 test: install /usr/bin/chromium /usr/bin/promtool /usr/bin/redis-server
 	@mkdir -p build
 	@setsid $(BIN)/mypy >build/mypy.log 2>&1 & typing=$$!; \
 	setsid $(MAKE) -s test-sim-native >build/test-sim-native.log 2>&1 & native=$$!; \
-	trap 'kill -- -$$typing -$$native 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
-	echo "mypy and make test-sim-native beside pytest; their output follows the suite's"; \
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest || exit; \
+	DATABASE_URL=$(TEST_FAST_TIER_DATABASE_URL) REDIS_URL=$(TEST_FAST_TIER_REDIS_URL) \
+	    setsid $(BIN)/pytest -q -p no:cacheprovider -m "$(FAST_TIER)" >build/test-in-process.log 2>&1 & fast=$$!; \
+	trap 'kill -- -$$typing -$$native -$$fast 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	echo "the in-process tests, mypy and make test-sim-native beside these; their output follows"; \
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -m "$(SLOW_TIER)" || exit; \
+	echo "== the in-process tests"; wait $$fast; in_process=$$?; cat build/test-in-process.log; \
 	echo "== mypy"; wait $$typing; typed=$$?; cat build/mypy.log; \
 	echo "== make test-sim-native"; wait $$native; native_ok=$$?; cat build/test-sim-native.log; \
-	test $$typed = 0 && test $$native_ok = 0
+	test $$in_process = 0 && test $$typed = 0 && test $$native_ok = 0
 	$(BIN)/ruff check .
 
 # The inner loop: the in-process tests in minutes (tests/conftest.py's SLOW_MARKERS left out), no mypy
 # or ruff; two pytest-xdist workers, each with its own test database and Redis database (tests/settings.py).
 test-fast: install
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -n 2 \
-	    -m "not (stack or browser or celery or vllm or own_vllm_pod or schemathesis)"
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -n 2 -m "$(FAST_TIER)"
 
 # schemathesis against the live API for longer than `make test` gives it (60 s per key there):
 # e.g. `make test-schemathesis SCHEMATHESIS_MAX_TIME_S=600`.

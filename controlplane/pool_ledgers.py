@@ -548,7 +548,6 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
     `read`: a pool's groups as a sale read them under the lock and left them (check_sale), in
     place of reading them again."""
     pools = list(pools)
-    versions = dict(StoredLedger.objects.filter(pool__in=pools).values_list("pool_id", "version"))
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
@@ -561,23 +560,34 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
         if holders is None:
             holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
         rows.append(
-            StoredLedger(
-                pool=pool,
-                version=versions.get(pool.pk, 0) + 1,
-                computed_at=now,
-                figures=ledger.figures(),
-                holders=holders[:TOP_HOLDERS],
-                groups=_storable(groups),
-                fingerprint=_fingerprint(groups),
-            )
+            (pool.pk, now, ledger.figures(), holders[:TOP_HOLDERS], _storable(groups), _fingerprint(groups))
         )
-    StoredLedger.objects.bulk_create(
-        rows,
-        update_conflicts=True,
-        unique_fields=["pool"],
-        update_fields=["version", "computed_at", "figures", "holders", "groups", "fingerprint"],
-    )
+    if rows:
+        _store(rows)
     return ledgers
+
+
+_STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups", "fingerprint")
+
+
+def _store(rows: list[tuple[Any, ...]]) -> None:
+    """Store ledgers (values of _STORED_COLUMNS), each one version on from the one it replaces
+    (1 for a pool's first), in one statement."""
+    by_column = {f.attname: f for f in StoredLedger._meta.concrete_fields}
+    fields = [by_column[name] for name in _STORED_COLUMNS]
+    table, one = _table(StoredLedger), f"(1, {', '.join(['%s'] * len(fields))})"
+    updated = ", ".join(f"{c} = excluded.{c}" for c in _STORED_COLUMNS[1:])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (version, {', '.join(_STORED_COLUMNS)})"
+            f" VALUES {', '.join([one] * len(rows))}"
+            f" ON CONFLICT (pool_id) DO UPDATE SET version = {table}.version + 1, {updated}",
+            [
+                f.get_db_prep_save(value, connection)
+                for row in rows
+                for f, value in zip(fields, row, strict=True)
+            ],
+        )
 
 
 def refresh_pools(pool_ids: Iterable[int]) -> dict[int, PoolLedger]:

@@ -36,6 +36,7 @@ from math import ceil
 from typing import Any, NamedTuple
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from capacity.ledger import (
     NOTHING,
@@ -586,13 +587,9 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
     with transaction.atomic():
         sale = check_sale(endpoint, mu_per_minute)
         current, pool = sale.current, sale.pool
-        reservation, _ = Reservation.objects.update_or_create(
-            endpoint=endpoint,
-            defaults={
-                "mu_per_minute": mu_per_minute,
-                "best_effort_allowed": best_effort_allowed,
-                "sold_by": sold_by,
-            },
+        now = timezone.now()
+        (reservation,) = Reservation.objects.raw(
+            upsert_sql(), [endpoint.pk, mu_per_minute, best_effort_allowed, sold_by, now, now]
         )
         reservation.endpoint = endpoint  # as the caller has it (tenant, profile): not read again
         Event.record(
@@ -608,6 +605,21 @@ def sell(endpoint: Endpoint, *, mu_per_minute: int, best_effort_allowed: bool, s
         )
         refresh_ledgers([pool], {pool.pk: sale})  # no second read: the sale's groups, as sold
     return reservation
+
+
+@functools.cache
+def upsert_sql() -> str:
+    """The endpoint's reservation set to a sale's terms, made when it has none, in one statement
+    (PostgreSQL and SQLite alike): its row as it is then. Two sales on one endpoint do not
+    race here: each holds the pool's lock (check_sale)."""
+    table = connection.ops.quote_name(Reservation._meta.db_table)
+    return (
+        f"INSERT INTO {table} (endpoint_id, mu_per_minute, best_effort_allowed, sold_by, created_at,"
+        " updated_at) VALUES (%s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (endpoint_id) DO UPDATE SET mu_per_minute = excluded.mu_per_minute,"
+        " best_effort_allowed = excluded.best_effort_allowed, sold_by = excluded.sold_by,"
+        " updated_at = excluded.updated_at RETURNING *"
+    )
 
 
 def release(reservation: Reservation, *, released_by: str) -> None:

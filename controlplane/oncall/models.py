@@ -199,49 +199,49 @@ class EventGroup(models.Model):
     @classmethod
     def fold(cls, event: "Event") -> "EventGroup":
         """Count `event` into the unresolved group of its problem, or open one. Run inside the
-        event's transaction: the group row is locked (PostgreSQL) while it is counted."""
+        event's transaction (both writers of events open one): the group row is locked
+        (PostgreSQL) while it is counted."""
         pattern = grouping.normalise(event.message)
         subject = grouping.subject(event.endpoint_id, event.endpoint_name, event.pod)
         fp = grouping.fingerprint(event.kind, event.tenant_id, subject, pattern)
-        with transaction.atomic():
-            group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().first()
-            if group is None:
-                try:
-                    with transaction.atomic():  # a savepoint: a concurrent first repeat wins the race
-                        group = cls.objects.create(
-                            fingerprint=fp,
-                            kind=event.kind,
-                            severity=event.severity,
-                            tenant_id=event.tenant_id,
-                            endpoint_id=event.endpoint_id,
-                            endpoint_name=event.endpoint_name,
-                            pod=event.pod,
-                            pattern=pattern,
-                            message=event.message,
-                            first_at=event.time,
-                            last_at=event.time,
-                        )
-                        group._page_if_due(timezone.now())
-                        return group
-                except IntegrityError:
-                    group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().get()
-            group.count += 1
-            group.first_at = min(group.first_at, event.time)
-            if event.time >= group.last_at:
-                group.last_at, group.message, group.pod = event.time, event.message, event.pod
-            worst = grouping.worse(group.severity, event.severity)
-            rose = worst != group.severity
-            if rose:  # worse than what was acknowledged or silenced: on-call must look again
-                was = group.severity
-                group.severity, group.state = worst, cls.State.OPEN
-                if group.silenced_until is not None:
-                    # A silence was meant for the milder problem: it ends, and the row says why.
-                    group.silenced_until = None
-                    note = f"lifted when it rose from {was} to {worst}; was: {group.silence_reason}"
-                    group.silence_reason = note[:SILENCE_REASON_MAX]
-            group._page_if_due(timezone.now(), save=False, escalated=rose)
-            group.save()
-            return group
+        group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().first()
+        if group is None:
+            try:
+                with transaction.atomic():  # a savepoint: a concurrent first repeat wins the race
+                    group = cls.objects.create(
+                        fingerprint=fp,
+                        kind=event.kind,
+                        severity=event.severity,
+                        tenant_id=event.tenant_id,
+                        endpoint_id=event.endpoint_id,
+                        endpoint_name=event.endpoint_name,
+                        pod=event.pod,
+                        pattern=pattern,
+                        message=event.message,
+                        first_at=event.time,
+                        last_at=event.time,
+                    )
+                    group._page_if_due(timezone.now())
+                    return group
+            except IntegrityError:
+                group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().get()
+        group.count += 1
+        group.first_at = min(group.first_at, event.time)
+        if event.time >= group.last_at:
+            group.last_at, group.message, group.pod = event.time, event.message, event.pod
+        worst = grouping.worse(group.severity, event.severity)
+        rose = worst != group.severity
+        if rose:  # worse than what was acknowledged or silenced: on-call must look again
+            was = group.severity
+            group.severity, group.state = worst, cls.State.OPEN
+            if group.silenced_until is not None:
+                # A silence was meant for the milder problem: it ends, and the row says why.
+                group.silenced_until = None
+                note = f"lifted when it rose from {was} to {worst}; was: {group.silence_reason}"
+                group.silence_reason = note[:SILENCE_REASON_MAX]
+        group._page_if_due(timezone.now(), save=False, escalated=rose)
+        group.save()
+        return group
 
     def _page_if_due(self, now: datetime, save: bool = True, escalated: bool = False) -> None:
         """Mark for the webhook when it pages and has not fired yet, or has fired at a milder

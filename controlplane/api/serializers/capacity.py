@@ -186,7 +186,11 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
 
 
 class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation]):
-    endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.with_related())
+    # What a sale reads of its endpoint (selling.sell; its rollout is read under the pool's
+    # lock) and whether it has a reservation already: one statement.
+    endpoint = serializers.PrimaryKeyRelatedField(
+        queryset=Endpoint.objects.select_related("tenant", "profile", "reservation")
+    )
     tenant = serializers.CharField(source="endpoint.tenant.name", read_only=True)
     replicas = serializers.SerializerMethodField(
         help_text="Whole replicas this reservation takes in its pool: ceil(MU/min / a replica's)"
@@ -223,7 +227,7 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
     def validate_endpoint(self, endpoint: Endpoint) -> Endpoint:
         if self.instance is not None and endpoint != self.instance.endpoint:
             raise serializers.ValidationError("a reservation cannot move to another endpoint")
-        if self.instance is None and Reservation.objects.filter(endpoint=endpoint).exists():
+        if self.instance is None and hasattr(endpoint, "reservation"):  # read with it, no query
             raise serializers.ValidationError(
                 f"endpoint {endpoint.pk} already has a reservation; change it with PATCH"
             )
