@@ -1,4 +1,5 @@
-"""List endpoints run a constant number of SQL queries however many rows they return (no N+1)."""
+"""List endpoints run a constant number of SQL queries however many rows they return (no N+1), and a
+sale as many however large its pool."""
 
 import pytest
 from django.db import connection
@@ -71,3 +72,45 @@ def test_a_page_makes_as_many_queries_for_30_endpoints_as_for_3(
     few = count()
     grow_tenant(owner, 27)
     assert count() == few, url
+
+
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_a_sale_makes_as_many_queries_in_a_pool_of_30_endpoints_as_of_3(
+    operator_client, owner, grow_tenant, make_endpoint, method
+):
+    """A sale (a new reservation, or one raised) reads its pool's stored ledger, not its rows:
+    its statements do not grow with the pool, and its reservation is one statement."""
+    from controlplane.capacity.models import GpuPool
+
+    operator_client.get("/api/v1/whoami/")  # the key's first use writes its last-used time
+    grow_tenant(owner, 3)
+    pool = GpuPool.objects.get(name=f"{owner.name}-pool")
+
+    def sale(i: int) -> list[str]:
+        endpoint = make_endpoint(owner, f"sold-{i}", pool=pool)
+        if method == "PATCH":
+            made = operator_client.post(
+                "/api/v1/reservations/", {"endpoint": endpoint.pk, "mu_per_minute": 5}, format="json"
+            )
+            assert made.status_code == 201, made.content
+        with CaptureQueriesContext(connection) as queries:
+            if method == "POST":
+                response = operator_client.post(
+                    "/api/v1/reservations/", {"endpoint": endpoint.pk, "mu_per_minute": 20}, format="json"
+                )
+            else:
+                response = operator_client.patch(
+                    f"/api/v1/reservations/{made.json()['id']}/", {"mu_per_minute": 20}, format="json"
+                )
+        assert response.status_code in (200, 201), response.content
+        assert response.json()["mu_per_minute"] == 20
+        return [q["sql"] for q in queries]
+
+    few = sale(1)
+    grow_tenant(owner, 27)
+    many = sale(2)
+    assert len(many) == len(few), "\n".join(many)
+    touching = [sql for sql in many if "capacity_reservation" in sql]
+    writes = [sql for sql in touching if not sql.startswith("SELECT")]
+    assert len(writes) == 1 and "ON CONFLICT" in writes[0], writes  # made or changed, one upsert
+    assert not [sql for sql in touching if "FOR UPDATE" in sql]  # the pool's lock orders sales
