@@ -42,17 +42,18 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from capacity.simulate.replica import Replica, Request
-from engine_model.perf_model import EngineProfile
+from engine_model.perf_model import EngineProfile, context_tokens
 
 CHUNK = 256  # max_num_batched_tokens, both sides
 SEQS = 16  # max_num_seqs, both sides
 CONTEXT = 4096 + 128  # the longest prompt and its answer
-SHORT, LONG, FIT_PREFILL = 32, 1024, 256
-PROMPTS = (128, 512, LONG, 2048, 4096)  # held-out prompt lengths, against SHORT
+SHORT, LONG, FIT_PREFILL, FIT_LONG = 32, 1024, 256, 2048
+PROMPTS = (128, 512, LONG, 4096)  # held-out prompt lengths, against SHORT
 BATCHES = (2, 8, 16)  # held-out decode batches, against 1 (1 and 4 are fitted on)
 DECODE_TOKENS = 64  # answer tokens over which an ITL is measured
-# --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and 4, TTFT of FIT_PREFILL)
-SMOKE_STAND_IN = {"itl1": 0.010, "itl4": 0.013, "ttft_fit": 0.040}
+# --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and 4, TTFTs of
+# FIT_PREFILL and FIT_LONG)
+SMOKE_STAND_IN = {"itl1": 0.010, "itl4": 0.013, "ttft_fit": 0.040, "ttft_fit_long": 0.400}
 
 
 def make_model(folder: Path) -> Path:
@@ -141,7 +142,7 @@ def shape_sets() -> dict[str, list[tuple[int, int]]]:
     for b in (1, 4, *BATCHES):
         sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
         sets[f"first{b}"] = [(SHORT, 1)] * b
-    for p in (SHORT, FIT_PREFILL, *PROMPTS):
+    for p in (SHORT, FIT_PREFILL, FIT_LONG, *PROMPTS):
         sets[f"prefill{p}"] = [(p, 1)]
     sets["beside"] = [(SHORT, 1 + DECODE_TOKENS)] * 4 + [(LONG, 1)]
     return sets
@@ -154,23 +155,32 @@ def figures(t: dict[str, float]) -> dict[str, float]:
         **{f"itl{b}": v for b, v in itl.items()},
         "ttft_short": t[f"prefill{SHORT}"],
         "ttft_fit": t[f"prefill{FIT_PREFILL}"],
+        "ttft_fit_long": t[f"prefill{FIT_LONG}"],
         **{f"ttft{p}": t[f"prefill{p}"] for p in PROMPTS},
         "beside_ratio": t["beside"] / t["decode4"],
     }
 
 
 def fitted_profile(real: dict[str, float]) -> EngineProfile:
-    """step_base and decode_per_seq from the ITL at batch 1 and 4; prefill_per_token from the
-    256-token prompt's one step, less a step's base."""
+    """step_base and decode_per_seq from the ITL at batch 1 and 4; prefill_per_token and
+    prefill_context from the 256- and the 2,048-token prompts' TTFTs, less their steps' base:
+    TTFT(p) - steps x base = p x prefill_per_token + p(p-1)/2 x prefill_context."""
     per_seq = max(0.0, (real["itl4"] - real["itl1"]) / 3)
     base = max(1e-6, real["itl1"] - per_seq)
-    prefill = max(0.0, (real["ttft_fit"] - base) / FIT_PREFILL)
+    (p1, t1), (p2, t2) = (
+        (p, real[key] - math.ceil(p / CHUNK) * base)
+        for p, key in ((FIT_PREFILL, "ttft_fit"), (FIT_LONG, "ttft_fit_long"))
+    )
+    c1, c2 = context_tokens(0, p1), context_tokens(0, p2)
+    context = max(0.0, (t2 * p1 - t1 * p2) / (c2 * p1 - c1 * p2))
+    prefill = max(0.0, (t1 - c1 * context) / p1)
     return EngineProfile(
         name="vllm-cpu-fit",
         model="llama-512",
         step_base_s=base,
         decode_per_seq_s=per_seq,
         prefill_per_token_s=prefill,
+        prefill_context_s=context,
         max_batched_tokens=CHUNK,
         max_num_seqs=SEQS,
         kv_capacity_tokens=64 * CONTEXT,
@@ -202,7 +212,8 @@ def main() -> int:
     print(
         f"fitted profile: step_base {profile.step_base_s * 1e3:.2f} ms, decode_per_seq "
         f"{profile.decode_per_seq_s * 1e3:.3f} ms, "
-        f"prefill_per_token {profile.prefill_per_token_s * 1e6:.2f} us"
+        f"prefill_per_token {profile.prefill_per_token_s * 1e6:.2f} us, "
+        f"prefill_context {profile.prefill_context_s * 1e9:.2f} ns"
         f" (chunk {CHUNK}, {SEQS} seqs)"
     )
     checks = [
@@ -222,7 +233,10 @@ def main() -> int:
     )
     for name, r, s in rows:
         print(f"{name:44} {r:9.2f} {s:9.2f} {s / r:8.2f}")
-    print("(fitted on: ITL batch 1 and 4, TTFT of a 256-token prompt; raw engine seconds:")
+    print(
+        f"(fitted on: ITL batch 1 and 4, TTFT of {FIT_PREFILL}- and {FIT_LONG}-token prompts;"
+        " raw engine seconds:"
+    )
     print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in real.items() if k != "beside_ratio") + ")")
     return 0
 

@@ -5,6 +5,7 @@ KV cache hold them (head of line), then spends its token budget: a token for eac
 request, the rest on prompt chunks. The step costs
 
     duration = step_base_s + decode_per_seq_s * decoding_seqs + prefill_per_token_s * prefilled
+               + prefill_context_s * (each prefilled token's context: the tokens before it)
 
 ``step`` mutates an ``EngineState`` and returns what happened, for the simulated engine and the
 fleet simulator alike. Its scheduling is checked step by step against vLLM 0.32's own
@@ -33,12 +34,15 @@ class EngineProfile:
     kv_capacity_tokens: int  # KV-cache capacity, tokens, >= max_model_len
     max_model_len: int  # prompt + output limit of one request, tokens
     vision: VisionProfile | None = None  # a vision-language model's image costs; None: text only
+    # added step time per prompt token prefilled per token of its prompt before it (attention:
+    # a token's cost grows with its context; a p-token prompt adds p(p-1)/2 of it), seconds
+    prefill_context_s: float = 0.0
     # most prompt tokens one request prefills a step while others run or wait (vLLM's
     # --long-prefill-token-threshold), tokens; 0: none (vLLM's default), the head takes the budget
     long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s"):
+        for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s", "prefill_context_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_batched_tokens", "max_num_seqs", "kv_capacity_tokens", "max_model_len"):
@@ -176,7 +180,7 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
     decoders = [r for r in state.running if r.prefilled == r.prompt_tokens][:budget]
     budget -= len(decoders)
     cap = long_prefill_cap(profile, len(state.running) + len(state.waiting))
-    prefilled = 0
+    prefilled = context = 0
     encoder_s = 0.0
     completed_prefill: list[SimRequest] = []
     for req in state.running:
@@ -187,6 +191,7 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
                 req.encoded = True
                 encoder_s += req.encoder_s
             chunk = min(budget, req.prompt_tokens - req.prefilled, cap)
+            context += context_tokens(req.prefilled, chunk)
             req.prefilled += chunk
             budget -= chunk
             prefilled += chunk
@@ -205,11 +210,18 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
         profile.step_base_s
         + profile.decode_per_seq_s * len(decoders)
         + profile.prefill_per_token_s * prefilled
+        + profile.prefill_context_s * context
         + encoder_s
     )
     if state.preprocessing:
         _preprocess(state, duration)
     return StepResult(duration, len(decoders), prefilled, tuple(emitted), tuple(finished))
+
+
+def context_tokens(prefilled: int, chunk: int) -> int:
+    """The context the next `chunk` prompt tokens attend to, summed over them, after `prefilled`:
+    each token counts the prompt tokens before it."""
+    return chunk * prefilled + chunk * (chunk - 1) // 2
 
 
 def long_prefill_cap(profile: EngineProfile, requests: int) -> int:
@@ -241,7 +253,11 @@ def solo_latency_s(profile: EngineProfile, prompt_tokens: int, output_tokens: in
     then output - 1 decode steps at batch 1.
     """
     chunks = math.ceil(prompt_tokens / profile.max_batched_tokens)
-    ttft = chunks * profile.step_base_s + profile.prefill_per_token_s * prompt_tokens
+    ttft = (
+        chunks * profile.step_base_s
+        + profile.prefill_per_token_s * prompt_tokens
+        + profile.prefill_context_s * context_tokens(0, prompt_tokens)
+    )
     return ttft, ttft + (output_tokens - 1) * decode_step_s(profile, 1)
 
 
@@ -267,6 +283,7 @@ def steady_state_requests_per_s(
         output_tokens * profile.step_base_s / batch
         + (output_tokens - 1) * profile.decode_per_seq_s
         + prompt_tokens * profile.prefill_per_token_s
+        + context_tokens(0, prompt_tokens) * profile.prefill_context_s
     )
     return 1.0 / per_request_s
 

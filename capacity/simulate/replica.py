@@ -10,8 +10,8 @@ steps run so far and each decoding request its finishing G, in a heap: jumping k
 O(log n), not O(n x k). Steps that prefill (a request was just admitted) run one by one with
 the perf model's own rule: decoders first, then prompt chunks in admission order within
 `max_batched_tokens` (each at most `long_prefill_token_threshold`, vLLM's cap), cost
-`+ prefill_per_token_s x prefilled`, the first token comes with the
-last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and room in the
+`+ prefill_per_token_s x prefilled + prefill_context_s x their context`, the first token comes
+with the last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and room in the
 KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
 -> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest owes 100 tokens -> it finishes 0.984 s on.
 
@@ -27,7 +27,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine_model.perf_model import EngineProfile, long_prefill_cap
+from engine_model.perf_model import EngineProfile, context_tokens, long_prefill_cap
 
 
 class Request:
@@ -231,10 +231,11 @@ class Replica:
         budget = p.max_batched_tokens - decoders
         prefilling = self.prefilling
         cap = long_prefill_cap(p, decoders + len(prefilling) + len(self.waiting))
-        prefilled = 0
+        prefilled = context = 0
         completed: list[Request] = []
         for req in prefilling:
             chunk = min(budget, req.prompt_tokens - req.prefilled, cap)
+            context += context_tokens(req.prefilled, chunk)
             req.prefilled += chunk
             budget -= chunk
             prefilled += chunk
@@ -247,7 +248,12 @@ class Replica:
                 prefilling.popleft()
             else:
                 prefilling.remove(req)
-        self.clock += p.step_base_s + p.decode_per_seq_s * decoders + p.prefill_per_token_s * prefilled
+        self.clock += (
+            p.step_base_s
+            + p.decode_per_seq_s * decoders
+            + p.prefill_per_token_s * prefilled
+            + p.prefill_context_s * context
+        )
         self.decode_steps += 1
         if self.decoding and self.decoding[0][0] <= self.decode_steps:
             self._pop_finished(done)

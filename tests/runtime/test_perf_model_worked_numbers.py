@@ -36,6 +36,27 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps() -> None:
     assert done.first_token_s == pytest.approx(0.150)
 
 
+def test_a_prompt_tokens_cost_grows_with_its_context() -> None:
+    # tiny-test with 1 us per token per token of context before it: a 1,200-token prompt in
+    # chunks of 512, 512, 176 attends to 512x511/2 = 130,816 token-pairs in step 1, then
+    # 512 x 512 + 130,816 = 392,960, then 176 x 1,024 + 176x175/2 = 195,624: 719,400 in all,
+    # 1,200x1,199/2. TTFT = 150 ms as without it + 719.4 ms.
+    big = pm.EngineProfile(
+        **{**TINY_TEST.__dict__, "max_model_len": 2000, "kv_capacity_tokens": 4000, "prefill_context_s": 1e-6}
+    )
+    state = pm.EngineState()
+    pm.submit(state, req("a", 1200, 1))
+    steps = [pm.step(big, state) for _ in range(3)]
+    assert [s.duration_s for s in steps if s] == pytest.approx(
+        [0.010 + 0.0512 + 0.130816, 0.010 + 0.0512 + 0.392960, 0.010 + 0.0176 + 0.195624]
+    )
+    assert pm.solo_latency_s(big, 1200, 1)[0] == pytest.approx(0.150 + 0.7194)
+    [done] = pm.simulate(big, [pm.Arrival(0.0, req("b", 1200, 1))])
+    assert done.first_token_s == pytest.approx(0.150 + 0.7194)
+    with pytest.raises(ValueError, match="prefill_context_s must be >= 0"):
+        pm.EngineProfile(**{**big.__dict__, "prefill_context_s": -1e-9})
+
+
 def test_mixed_step_cost() -> None:
     # Two requests decoding + one new 100-token prompt in the same step on tiny-test:
     # 10 ms + 2 x 1 ms + 100 x 0.1 ms = 22 ms.
