@@ -273,8 +273,9 @@ def steady_state_requests_per_s(
 
     Each slot cycles through 1 prefill step + (output - 1) decode steps, and every step
     advances every slot, so a request's share of engine time is
-    output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token.
-    Exact for the model when batch * prompt fits one step's token budget.
+    output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token
+    + prompt(prompt-1)/2 * prefill_context. Exact for the model when batch * prompt fits one
+    step's token budget.
     """
     most = max_batch(profile, prompt_tokens, output_tokens)
     if not 1 <= batch <= most:

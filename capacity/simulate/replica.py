@@ -11,8 +11,8 @@ O(log n), not O(n x k). Steps that prefill (a request was just admitted) run one
 the perf model's own rule: decoders first, then prompt chunks in admission order within
 `max_batched_tokens` (each at most `long_prefill_token_threshold`, vLLM's cap), cost
 `+ prefill_per_token_s x prefilled + prefill_context_s x their context`, the first token comes
-with the last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and room in the
-KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
+with the last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and
+room in the KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
 -> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest owes 100 tokens -> it finishes 0.984 s on.
 
 A request that arrives while a step runs starts at the next step, as in the live engine.
