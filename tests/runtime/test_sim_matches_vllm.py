@@ -256,6 +256,22 @@ def shape(value: Any, key: str = "") -> Any:
     return "value"
 
 
+def without_mid_stream_tokens(events: list[Any]) -> list[Any]:
+    """A stream as vLLM sends it when its engine's outputs pile up before the stream reads them:
+    each choice's tokens in one chunk, shaped as the last (finish_reason, stop_reason), so the
+    kind of chunk that carries a token mid-choice is gone. A token chunk is one whose choice has
+    `token_ids` (None unless asked for), which the role and echo chunks lack."""
+    kept: list[Any] = []
+    later: set[int] = set()  # the choices with a chunk after this one
+    for event in reversed(events):
+        choices = event.get("choices", []) if isinstance(event, dict) else []
+        mid_token = len(choices) == 1 and "token_ids" in choices[0] and choices[0]["finish_reason"] is None
+        if not (mid_token and choices[0]["index"] in later):
+            kept.append(event)
+        later.update(c["index"] for c in choices)
+    return kept[::-1]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "tokenizer_message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
@@ -268,6 +284,9 @@ def test_the_sim_answers_as_vllm_does(
     assert (sim_status, sim_kind) == (real_status, real_kind)
     real_error = real.get("error") if isinstance(real, dict) else None
     if real_error is None:
+        if shape(sim) != shape(real) and isinstance(real, list) and len(real) < len(sim):
+            # vLLM sent some tokens together, which it does when the engine outpaces the stream
+            sim = without_mid_stream_tokens(sim)
         assert shape(sim) == shape(real)
         return
     sim_error = sim["error"]
