@@ -2,11 +2,10 @@
 endpoints whole (with names, for what-ifs and the console's node maps); `alike_groups` reads
 them grouped by what their replicas are counted from (alike endpoints pack as one), in one SQL
 statement; `refresh_ledgers` stores what a write leaves (StoredLedger: the figures, the top
-holders, the groups and their fingerprint), under the pools' locks (`locked_pools`), and
-`stored_ledgers` is what readers take. The groups' fingerprint lets a sale (controlplane.selling)
-check against the stored groups instead of reading its pool, unless a write that does not take
-the pool's lock changed what an endpoint is counted from since (docs/capacity-ledger.md, "A sale
-does not read its pool")."""
+holders and the groups), under the pools' locks (`locked_pools`), and `stored_ledgers` is what
+readers take. A sale (controlplane.selling) checks against the stored groups instead of reading
+its pool, unless the pool has a PoolMark: a write that does not take the pool's lock changed what
+an endpoint is counted from since (docs/capacity-ledger.md, "A sale does not read its pool")."""
 
 import functools
 import json
@@ -30,6 +29,7 @@ from capacity.provisioning import min_replicas, replica_bounds
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
+    PoolMark,
     Reservation,
     StoredLedger,
 )
@@ -225,8 +225,8 @@ Group = tuple[Any, ...]
 _GROUP = 19  # the columns of a Group, then the per-group sums: Sums
 
 
-# (endpoints, metered MU/min, ready pods, the old version's ready pods, fingerprints), then
-# with holders the endpoints listed: [[id, ready pods], ...].
+# (endpoints, metered MU/min, ready pods, the old version's ready pods), then with holders the
+# endpoints listed: [[id, ready pods], ...].
 Sums = tuple[Any, ...]
 
 
@@ -277,41 +277,18 @@ def _rows_sql(reservations: bool = True) -> str:
     )
 
 
-def _fingerprint_sql() -> str:
-    """One endpoint's fingerprint: a 64-bit hash of its _KEY_SQL but its reservation (0 on
-    SQLite, which has no hash: no sale there takes the stored groups). Summed over a pool's
-    endpoints, it changes when what any of them is counted from changes (a multiset hash:
-    which endpoint holds which key does not matter to the groups). Not the reservation: a sale
-    stores the groups it read before its write, with its endpoint's fingerprint as read, and
-    reservations are written only under the pool's lock, by the writers that store the pool."""
-    if connection.vendor != "postgresql":
-        return "0"
-    fields = ", ".join(f"coalesce(CAST({k} AS text), '-')" for k in _KEY_SQL if k != "r.mu_per_minute")
-    return f"hashtextextended(concat_ws(chr(31), {fields}), 0)"
-
-
-@functools.cache
-def _pool_fingerprint_sql() -> str:
-    """The pool's fingerprint as it is now, "endpoints:sum", as _fingerprint computes it from
-    groups: one pass over the pool's rows, without its pods or a grouping."""
-    return (
-        f"SELECT count(*) || ':' || coalesce(sum({_fingerprint_sql()}), 0){_rows_sql(reservations=False)}"
-        " WHERE e.pool_id = %(pool)s"
-    )
-
-
 @functools.cache
 def alike_sql(holders: bool = False, own: bool = False) -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
-    metered MU summed, ready pods summed, those of a rollout's old version summed, their
-    fingerprints summed). Written once as SQL, not built by the ORM per call: the ready pods
-    are counted per endpoint in a derived table joined to the rows (one pass over the pool's
-    ready pods, not a count per endpoint), which the ORM cannot say without counting each
-    endpoint once per pod. With `holders`, each group also lists its endpoints that hold the
-    most: [id, ready pods], by ready pods then id (alike endpoints commit alike), TOP_HOLDERS
-    of them (all on SQLite, which has no arrays: _group_holders sorts them). With `own`
-    (PostgreSQL), only the changed endpoint's row, then the pool's fingerprint, in the one
-    statement (the same snapshot): what a sale reads beside the stored groups (check_sale)."""
+    metered MU summed, ready pods summed, those of a rollout's old version summed). Written
+    once as SQL, not built by the ORM per call: the ready pods are counted per endpoint in a
+    derived table joined to the rows (one pass over the pool's ready pods, not a count per
+    endpoint), which the ORM cannot say without counting each endpoint once per pod. With
+    `holders`, each group also lists its endpoints that hold the most: [id, ready pods], by
+    ready pods then id (alike endpoints commit alike), TOP_HOLDERS of them (all on SQLite,
+    which has no arrays: _group_holders sorts them). With `own` (PostgreSQL), only the changed
+    endpoint's row, then whether the pool has a PoolMark, in the one statement (the same
+    snapshot): what a sale reads beside the stored groups (check_sale)."""
     ready = "coalesce(ready.n, 0)"
     if not holders:
         listed = ""
@@ -319,14 +296,15 @@ def alike_sql(holders: bool = False, own: bool = False) -> str:
         listed = f", (array_agg(ARRAY[e.id, {ready}] ORDER BY {ready} DESC, e.id))[1:{TOP_HOLDERS}]"
     else:
         listed = f", json_group_array(json_array(e.id, {ready}))"
-    only, pool_fingerprint = (
-        (" AND e.id = %(changed)s", f", ({_pool_fingerprint_sql()})") if own else ("", "")
+    only, marked = (
+        (" AND e.id = %(changed)s", f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s)")
+        if own
+        else ("", "")
     )
     return (
         f"SELECT e.id = %(changed)s, {', '.join(_KEY_SQL)},"
         " count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
-        f" CAST(coalesce(sum(old.n), 0) AS bigint), coalesce(sum({_fingerprint_sql()}), 0)"
-        f"{listed}{pool_fingerprint}{_rows_sql()}"
+        f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}{marked}{_rows_sql()}"
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Pod)} pod JOIN {_table(Endpoint)} pe ON pe.id = pod.endpoint_id"
         f" WHERE pod.ready AND pe.pool_id = %(pool)s{only.replace('e.id', 'pe.id')}"
@@ -431,7 +409,7 @@ def _group_holders(group: Group, sums: tuple[Any, ...]) -> list[list[int]]:
     """The group's listed endpoints as [id, committed GPUs, committed MU/min, running GPUs]:
     each commits what one of the group commits (both versions' while its rollout runs); a
     rollout's group is one endpoint, whose old version's pods run on the old model's GPUs."""
-    listed = sums[5]
+    listed = sums[4]
     if isinstance(listed, str):  # SQLite: every endpoint of the group, unsorted
         listed = sorted(json.loads(listed), key=lambda row: (-row[1], row[0]))[:TOP_HOLDERS]
     versions = [a.committed(overcommit()) for a in _group_allocations(group, sums, "")]
@@ -458,22 +436,14 @@ def _holder_rank(h: list[int]) -> tuple[int, int, int]:
     return (-max(h[1], h[3]), -h[3], h[0])
 
 
-def _fingerprint(groups: dict[Group, Sums]) -> str:
-    """The pool's fingerprint ("endpoints:sum", as _pool_fingerprint_sql reads it) from its
-    groups; empty on SQLite."""
-    if connection.vendor != "postgresql":
-        return ""
-    return f"{sum(s[0] for s in groups.values())}:{sum(int(s[4]) for s in groups.values())}"
-
-
 def _storable(groups: dict[Group, Sums]) -> list[list[Any]]:
     """The groups as StoredLedger.groups keeps them: none apart (the changed endpoint's merged
     into its alike group), without the endpoints listed."""
     merged: dict[Group, list[Any]] = {}
     for group, sums in groups.items():
-        into = merged.setdefault((False, *group[1:]), [0, 0.0, 0, 0, 0])
+        into = merged.setdefault((False, *group[1:]), [0, 0.0, 0, 0])
         into[1] += sums[1] or 0.0
-        for i in (0, 2, 3, 4):
+        for i in (0, 2, 3):
             into[i] += int(sums[i])
     return [[list(group), sums] for group, sums in merged.items()]
 
@@ -482,7 +452,6 @@ class StoredRow(NamedTuple):
     """What a sale reads of its pool's StoredLedger (stored_sql), JSON as the cursor gives it."""
 
     groups: Any
-    fingerprint: str
     holders: Any
     figures: Any
 
@@ -490,30 +459,30 @@ class StoredRow(NamedTuple):
 def from_stored(stored: StoredRow | None, own: list[tuple[Any, ...]]) -> dict[Group, Sums] | None:
     """The pool's groups, the changed endpoint apart, from the stored groups and the endpoint's
     own row (alike_groups' shape): the stored groups less the endpoint, then the endpoint as it
-    is. None when they cannot be taken: no stored groups, or a pool fingerprint (read with the
-    endpoint's row) other than the stored one, a write that did not hold the pool's lock (the
-    autoscaler's targets and desired replicas, a rollout's step) having changed what some
-    endpoint is counted from since; then the caller reads the pool. Equal fingerprints mean
-    the stored groups count every endpoint from what it is counted from now (a sale, a release,
-    a minimum, a model or a price each store the pool's groups under its lock), so the check
-    is the one a read of the pool would make. Their metered MU and ready pods may be as they
-    were stored (the writers of those store the pool once they commit)."""
+    is. None when they cannot be taken: no stored groups, or the pool marked (PoolMark, read
+    with the endpoint's row), a write that did not hold the pool's lock (the autoscaler's
+    targets and desired replicas, a rollout's step, an edit in the admin) having changed what
+    some endpoint is counted from since; then the caller reads the pool. Unmarked, the stored
+    groups count every endpoint from what it is counted from now (a sale, a release, a minimum,
+    a model or a price each store the pool's groups under its lock), so the check is the one a
+    read of the pool would make. Their metered MU and ready pods may be as they were stored
+    (the writers of those store the pool once they commit)."""
     if stored is None or not own or not stored.groups:
         return None
     (row,) = own
-    group, sums, live = tuple(row[:_GROUP]), tuple(row[_GROUP:-1]), row[-1]
-    if stored.fingerprint != live:
+    group, sums, marked = tuple(row[:_GROUP]), tuple(row[_GROUP:-1]), row[-1]
+    if marked:
         return None
     groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in json_column(stored.groups)}
     alike = (False, *group[1:])
     counted = groups.pop(alike, None)
-    if counted is None or counted[0] < 1:  # equal fingerprints say it is there
+    if counted is None or counted[0] < 1:  # unmarked, it is there
         return None
     if counted[0] > 1:
         groups[alike] = (
             counted[0] - 1,
             counted[1] - (sums[1] or 0.0),
-            *(counted[i] - int(sums[i]) for i in (2, 3, 4)),
+            *(counted[i] - int(sums[i]) for i in (2, 3)),
         )
     groups[group] = sums
     return groups
@@ -548,26 +517,32 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
     `read`: a pool's groups as a sale read them under the lock and left them (check_sale), in
     place of reading them again."""
     pools = list(pools)
+    sold = {pk: (sale.groups, sale.holders) for pk, sale in (read or {}).items() if sale.groups is not None}
+    clear_marks(pool.pk for pool in pools if pool.pk not in sold)
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
-        sale = read.get(pool.pk) if read else None
-        if sale is not None and sale.groups is not None:
-            groups, holders = sale.groups, sale.holders
+        if pool.pk in sold:
+            groups, holders = sold[pool.pk]
         else:
             groups, holders = alike_groups(pool, holders=True), None
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
         if holders is None:
             holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
-        rows.append(
-            (pool.pk, now, ledger.figures(), holders[:TOP_HOLDERS], _storable(groups), _fingerprint(groups))
-        )
+        rows.append((pool.pk, now, ledger.figures(), holders[:TOP_HOLDERS], _storable(groups)))
     if rows:
         _store(rows)
     return ledgers
 
 
-_STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups", "fingerprint")
+def clear_marks(pool_ids: Iterable[int]) -> None:
+    """Delete the pools' marks (PoolMark), before reading the pools to store their ledgers, in
+    the same transaction: the delete takes the marks committed before it, whose writes the read
+    that follows sees; a mark committed after it stays, for the next sale to read the pool."""
+    PoolMark.objects.filter(pool_id__in=list(pool_ids)).delete()
+
+
+_STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups")
 
 
 def _store(rows: list[tuple[Any, ...]]) -> None:
@@ -622,8 +597,8 @@ def counted_as(figures: dict[str, Any], pool: GpuPool) -> bool:
 
 @functools.cache
 def stored_sql() -> str:
-    """A pool's stored groups, fingerprint, holders and figures (what check_sale takes)."""
-    return f"SELECT groups, fingerprint, holders, figures FROM {_table(StoredLedger)} WHERE pool_id = %s"
+    """A pool's stored groups, holders and figures (what check_sale takes)."""
+    return f"SELECT groups, holders, figures FROM {_table(StoredLedger)} WHERE pool_id = %s"
 
 
 def json_column(value: Any) -> Any:

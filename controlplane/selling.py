@@ -68,6 +68,7 @@ from controlplane.pool_ledgers import (
     alike_allocations,
     alike_groups,
     alike_sql,
+    clear_marks,
     counted_as,
     from_stored,
     grouped_ledger,
@@ -307,9 +308,10 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     statement, then the pool's groups, the endpoint's own sale and rollout among them.
 
     On PostgreSQL the groups come from the pool's stored ledger and the endpoint's own row,
-    read with the pool's fingerprint in one statement (from_stored), so a sale reads its own
-    row and one pass over the pool's rows, not its pods or a grouping; the pool is read whole
-    only when a write that did not take its lock has changed it since it was stored. The
+    read with whether the pool is marked in one statement (from_stored), so a sale reads its
+    own row and an index probe, not the pool's rows; the pool is read whole only when a write
+    that did not take its lock has changed it since it was stored (its marks are cleared first,
+    the sale storing what it reads: sell). The
     statements (and the transaction's BEGIN) go in one round trip, pipelined: the server runs
     them in order, so the reads still start, and take their snapshots, once the locks are
     held (lock_sql); what it saves is the waits for the network and, on a busy machine, for a
@@ -337,6 +339,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
             groups = from_stored(stored, own.fetchall())
     refused = None
     if groups is None or stored is None:  # the pool read whole; its groups list their holders
+        clear_marks([pool_id])
         groups, stored = alike_groups(pool, changed=endpoint.pk, holders=True), None
     elif counted_as(figures := json_column(stored.figures), pool):  # a refusal carries the stored ledger
         refused = functools.partial(PoolLedger.from_figures, figures)

@@ -11,9 +11,11 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import F, Max
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,7 @@ from controlplane import pods, pool_ledgers, rollouts, scaling, selling
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
+    PoolMark,
     ProvisionedAllowance,
     Reservation,
     StoredLedger,
@@ -132,11 +135,35 @@ def assert_stored_is_fresh(pools: list[GpuPool]) -> None:
     for pool in pools:
         assert stored[pool.pk].figures == fresh[pool.pk].figures(), pool.name
         assert stored[pool.pk].holders == fresh_holders(pool), pool.name
+    assert_unmarked_groups_are_fresh(pools)
+
+
+def counted_groups(groups) -> list[tuple[str, int]]:
+    """Stored groups as what a sale relies on: each group's key and its endpoints."""
+    return sorted((repr(list(group[1:])), sums[0]) for group, sums in groups)
+
+
+def assert_unmarked_groups_are_fresh(pools: list[GpuPool]) -> None:
+    """What a sale takes the stored groups on (PostgreSQL): a pool with no PoolMark has stored
+    groups that count each of its endpoints from what it is counted from now."""
+    if connection.vendor != "postgresql":
+        return
+    for pool in pools:
+        stored = StoredLedger.objects.get(pool=pool).groups
+        if stored is None or PoolMark.objects.filter(pool=pool).exists():
+            continue
+        fresh = pool_ledgers._storable(pool_ledgers.alike_groups(pool))
+        assert counted_groups(stored) == counted_groups(fresh), pool.name
 
 
 def endpoint_at(i: int) -> Endpoint | None:
     endpoints = list(Endpoint.objects.select_related("profile", "pool").order_by("pk"))
     return endpoints[i % len(endpoints)] if endpoints else None
+
+
+def next_id() -> int:
+    """Past every endpoint's id: a name made of it is free, after deletes too."""
+    return (Endpoint.objects.aggregate(Max("pk"))["pk__max"] or 0) + 1
 
 
 def apply(world: World, op: tuple, now: datetime) -> str:
@@ -148,7 +175,7 @@ def apply(world: World, op: tuple, now: datetime) -> str:
         if kind == "create":
             selling.save_endpoint(
                 Endpoint(
-                    tenant=world.tenants[a % 2], name=f"e{Endpoint.objects.count()}-{b}-{c}",
+                    tenant=world.tenants[a % 2], name=f"e{next_id()}-{b}-{c}",
                     profile=world.profiles[b % 3], pool=world.pools[c % 2],
                     min_provisioned_concurrency=8 * (c % 3), max_provisioned_concurrency=32,
                     target_concurrency_per_replica=8,
@@ -247,11 +274,11 @@ def full_reads(queries) -> list[str]:
 
 
 def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would(world):
-    """On PostgreSQL a sale reads its endpoint's row and the pool's fingerprint, not the pool's
-    grouped rows, as long as no write without the pool's lock came between; every sale leaves
-    the stored groups and fingerprint as a read of the pool would."""
+    """On PostgreSQL a sale reads its endpoint's row and whether its pool is marked, not the
+    pool's grouped rows, as long as no write without the pool's lock came between; every sale
+    leaves the stored groups as a read of the pool would, and no mark."""
     if connection.vendor != "postgresql":
-        pytest.skip("fingerprints: PostgreSQL")
+        pytest.skip("marks: PostgreSQL triggers")
     pool = world.pools[0]
     chat, batch = (
         Endpoint(
@@ -270,12 +297,16 @@ def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would
         pool_ledgers.refresh_pools([pool.pk])
         fresh = StoredLedger.objects.get(pool=pool)
         assert sorted(map(repr, stored.groups)) == sorted(map(repr, fresh.groups))  # in any order
-        assert stored.fingerprint == fresh.fingerprint
-    # A write without the lock (the autoscaler's target) changes the fingerprint: the pool is read.
+        assert not PoolMark.objects.exists()
+    # A write without the lock (the autoscaler's target) marks the pool: the pool is read, once.
     Endpoint.objects.filter(pk=batch.pk).update(target_concurrency_per_replica=4)
-    with CaptureQueriesContext(connection) as queries:
-        selling.sell(chat, mu_per_minute=300, best_effort_allowed=True, sold_by="ops")
-    assert len(full_reads(queries.captured_queries)) == 1
+    assert PoolMark.objects.filter(pool=pool).count() == 1
+    for mu in (300, 400):
+        with CaptureQueriesContext(connection) as queries:
+            selling.sell(chat, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
+        assert len(full_reads(queries.captured_queries)) == (mu == 300)
+    assert not PoolMark.objects.exists()
+    assert_stored_is_fresh([pool])
 
 
 @pytest.mark.parametrize("holders_stored", [2], indirect=True)
@@ -302,7 +333,7 @@ def test_a_holder_lowered_below_one_not_stored_is_passed_by_it(world, holders_st
 def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool_as_it_is(world):
     """The autoscaler writes an endpoint's target without the pool's lock held to its refresh,
     which follows its commit: a sale in between must not take the stored groups, which count
-    the endpoint as it was (its fingerprint says so), but the pool as it is."""
+    the endpoint as it was (the pool is marked), but the pool as it is."""
     pool, tp5 = world.pools[0], world.profiles[2]  # two nodes of 8 GPUs: two 5-GPU replicas
     batch, chat = (
         Endpoint(
@@ -320,6 +351,117 @@ def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool
     pool_ledgers.refresh_pools([pool.pk])
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
     assert not Reservation.objects.filter(endpoint=chat).exists()
+
+
+# Writes in SQL, as no code of ours makes them (%(e)s the endpoint, in pool "eight", with a
+# rollout from profile 0 to 1 in progress; %(profile)s profile 2, %(pool)s pool "four"), with
+# the pools each one marks.
+MARKING_WRITES = {
+    "target": (
+        "UPDATE endpoints_endpoint SET target_concurrency_per_replica = 2 WHERE id = %(e)s",
+        ["eight"],
+    ),
+    "minimum": ("UPDATE endpoints_endpoint SET min_provisioned_concurrency = 16 WHERE id = %(e)s", ["eight"]),
+    "scale to zero": (
+        "UPDATE endpoints_endpoint SET scale_to_zero_enabled = true WHERE id = %(e)s",
+        ["eight"],
+    ),
+    "desired replicas": ("UPDATE endpoints_endpoint SET desired_replicas = 5 WHERE id = %(e)s", ["eight"]),
+    "model": ("UPDATE endpoints_endpoint SET profile_id = %(profile)s WHERE id = %(e)s", ["eight"]),
+    "moved": ("UPDATE endpoints_endpoint SET pool_id = %(pool)s WHERE id = %(e)s", ["eight", "four"]),
+    "rollout step": ("UPDATE endpoints_rollout SET new_percent = 50 WHERE endpoint_id = %(e)s", ["eight"]),
+    "rollout ended": ("DELETE FROM endpoints_rollout WHERE endpoint_id = %(e)s", ["eight"]),
+    "old model's price": (
+        "UPDATE capacity_modelprofile SET mu_per_replica_minute = 50 WHERE model = 'tp1'",
+        ["eight"],
+    ),
+    "metered MU": ("UPDATE endpoints_endpoint SET used_mu_per_minute = 7 WHERE id = %(e)s", []),
+    "name": ("UPDATE endpoints_endpoint SET name = 'renamed' WHERE id = %(e)s", []),
+    "unused model's price": (
+        "UPDATE capacity_modelprofile SET gpus_per_replica = 4 WHERE id = %(profile)s",
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("write", MARKING_WRITES, ids=list(MARKING_WRITES))
+def test_a_write_that_changes_what_an_endpoint_is_counted_from_marks_its_pool_whoever_makes_it(world, write):
+    """The marks come from triggers, so a write no code of ours makes (SQL, the admin, a script)
+    marks the pools it changes, and the next sale reads the pool; one that changes nothing a
+    replica is counted from (a name, the metered MU) marks none."""
+    if connection.vendor != "postgresql":
+        pytest.skip("marks: PostgreSQL triggers")
+    chat = Endpoint(
+        tenant=world.tenants[0], name="chat", profile=world.profiles[0], pool=world.pools[0],
+        min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    selling.save_endpoint(chat)
+    chat.profile = world.profiles[1]
+    selling.save_endpoint(chat, ["profile"])  # a rollout from tp1 to tp2
+    assert Rollout.objects.active().filter(endpoint=chat).exists()
+    assert not PoolMark.objects.exists()
+    sql, marked = MARKING_WRITES[write]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"e": chat.pk, "profile": world.profiles[2].pk, "pool": world.pools[1].pk})
+        assert cursor.rowcount == 1
+    assert sorted(
+        GpuPool.objects.filter(pk__in=PoolMark.objects.values("pool")).values_list("name", flat=True)
+    ) == sorted(marked)
+    assert_unmarked_groups_are_fresh(world.pools)
+
+
+def test_a_transaction_marks_a_pool_once_however_many_of_its_endpoints_it_changes(world):
+    """The autoscaler's pass updates many endpoints of a pool in one transaction: one mark."""
+    if connection.vendor != "postgresql":
+        pytest.skip("marks: PostgreSQL triggers")
+    for name in ("a", "b", "c"):
+        endpoint = Endpoint(
+            tenant=world.tenants[0], name=name, profile=world.profiles[0], pool=world.pools[0],
+            min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+        )  # fmt: skip
+        selling.save_endpoint(endpoint)
+    assert not PoolMark.objects.exists()
+    Endpoint.objects.filter(pool=world.pools[0]).update(desired_replicas=F("desired_replicas") + 1)
+    Endpoint.objects.filter(name="a").update(target_concurrency_per_replica=4)
+    assert list(PoolMark.objects.values_list("pool_id", flat=True)) == [world.pools[0].pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_committed_while_the_pool_is_stored_leaves_its_mark(world):
+    """A write without the pool's lock, begun before a refresh and committed after it, is not in
+    what the refresh read: its mark, committed after the refresh's delete, must survive it, so
+    the next sale reads the pool as it is and refuses what the stored groups would place."""
+    if connection.vendor != "postgresql":
+        pytest.skip("marks: PostgreSQL triggers")
+    pool, tp5 = world.pools[0], world.profiles[2]  # two nodes of 8 GPUs: two 5-GPU replicas
+    batch, chat = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=tp5, pool=pool, min_provisioned_concurrency=low,
+            max_provisioned_concurrency=8, target_concurrency_per_replica=8, scale_to_zero_enabled=True,
+        )
+        for name, low in [("batch", 4), ("chat", 0)]
+    )  # fmt: skip
+    selling.save_endpoint(batch)  # one replica committed
+    selling.save_endpoint(chat)
+    settings_ = connection.settings_dict
+    with psycopg.connect(
+        host=settings_["HOST"],
+        port=settings_["PORT"] or 5432,
+        user=settings_["USER"],
+        dbname=settings_["NAME"],
+    ) as autoscaler:
+        autoscaler.execute(  # two replicas, not committed yet
+            "UPDATE endpoints_endpoint SET target_concurrency_per_replica = 2 WHERE id = %s", [batch.pk]
+        )
+        pool_ledgers.refresh_pools([pool.pk])  # reads the target as it was, one replica
+        autoscaler.commit()
+    assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 1
+    assert PoolMark.objects.filter(pool=pool).exists()
+    with pytest.raises(Oversold):  # the stored groups would have placed it beside one
+        selling.sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="ops")
+    pool_ledgers.refresh_pools([pool.pk])
+    assert not PoolMark.objects.exists()
+    assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -308,12 +308,10 @@ class StoredLedger(models.Model):
     .refresh_ledgers): what the API, the console and every 409 read, so a read packs nothing.
     `version` counts the writes; `figures` is capacity.ledger.PoolLedger.figures(); `holders`
     the pool's endpoints that hold the most, most first: [endpoint id, committed GPUs,
-    committed MU/min, running GPUs]. `groups` and `fingerprint` let a sale check and store
-    without reading the pool again: its endpoints grouped as the ledger counts them
-    (pool_ledgers.alike_groups, per group [what its replicas are counted from, [endpoints, metered
-    MU, ready pods, the old version's ready pods, fingerprints summed]]) and what those
-    were counted from, fingerprinted ("endpoints:sum"; pool_ledgers._fingerprint): empty where none
-    was taken (SQLite)."""
+    committed MU/min, running GPUs]. `groups` lets a sale check and store without reading the
+    pool again, while the pool has no PoolMark: its endpoints grouped as the ledger counts them
+    (pool_ledgers.alike_groups, per group [what its replicas are counted from, [endpoints,
+    metered MU, ready pods, the old version's ready pods]]); null where none was taken (SQLite)."""
 
     pool = models.OneToOneField(
         GpuPool, on_delete=models.CASCADE, primary_key=True, related_name="stored_ledger"
@@ -323,13 +321,25 @@ class StoredLedger(models.Model):
     figures = models.JSONField()
     holders = models.JSONField()
     groups = models.JSONField(null=True, blank=True)
-    fingerprint = models.CharField(max_length=80, blank=True, default="")
 
     def __str__(self) -> str:
         return f"pool {self.pool_id}'s ledger, version {self.version}"
 
     def ledger(self) -> PoolLedger:
         return PoolLedger.from_figures(self.figures)
+
+
+class PoolMark(models.Model):
+    """A write changed what one of the pool's endpoints is counted from (its model, minimum,
+    target, rollout, ...) since its ledger was stored. Written by PostgreSQL triggers on
+    endpoints, rollouts and profiles (endpoints migration 0024), whoever the writer, the ORM, the
+    admin or raw SQL; deleted by the writer that stores the pool's ledger, before it reads the
+    pool (pool_ledgers.clear_marks). A sale takes the stored groups only while its pool has none."""
+
+    pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="+")
+
+    def __str__(self) -> str:
+        return f"pool {self.pool_id} changed since its ledger was stored"
 
 
 class CapacitySnapshot(models.Model):
