@@ -4,8 +4,9 @@ them grouped by what their replicas are counted from (alike endpoints pack as on
 statement; `refresh_ledgers` stores what a write leaves (StoredLedger: the figures, the top
 holders and the groups), under the pools' locks (`locked_pools`), and `stored_ledgers` is what
 readers take. A sale (controlplane.selling) checks against the stored groups instead of reading
-its pool, unless the pool has a PoolMark: a write that does not take the pool's lock changed what
-an endpoint is counted from since (docs/capacity-ledger.md, "A sale does not read its pool")."""
+its pool, unless a write that does not take the pool's lock changed what an endpoint is counted
+from since: its row (a PoolMark) or a profile or rollout (the stored digest no longer the live
+one; docs/capacity-ledger.md, "A sale does not read its pool")."""
 
 import functools
 import json
@@ -278,6 +279,36 @@ def _rows_sql(reservations: bool = True) -> str:
 
 
 @functools.cache
+def digest_sql(pool: str) -> str:
+    """What a pool's groups are counted from beside its endpoints' rows, as an SQL expression
+    ("profiles:sum/rollouts:sum", `pool` the SQL of its id; empty on SQLite, which has no hash
+    and whose sales read the pool): every profile's model, GPUs and MU per replica-minute (a few
+    rows) and the pool's rollouts in progress (as many as run), each row hashed to 64 bits and
+    summed. Read live, not marked by triggers: the pools a profile or a rollout counts in are
+    found through endpoints' rows, which a concurrent transaction may be changing unseen (an
+    endpoint put on the profile, moved to another pool) while a mark's trigger reads them."""
+    if connection.vendor != "postgresql":
+        return "''"
+
+    def summed(columns: str, rows: str) -> str:
+        return (
+            f"(SELECT count(*) || ':' || coalesce(sum(hashtextextended(concat_ws(chr(31), {columns}), 0)), 0)"
+            f" {rows})"
+        )
+
+    profiles = summed(
+        "m.id, m.model, m.gpus_per_replica, m.mu_per_replica_minute", f"FROM {_table(ModelProfile)} m"
+    )
+    rollouts = summed(
+        "ro.id, ro.endpoint_id, ro.phase, ro.new_percent, ro.canary_percent, ro.promoted, ro.from_version,"
+        " ro.to_version, ro.from_profile_id",
+        f"FROM {_table(Rollout)} ro JOIN {_table(Endpoint)} re ON re.id = ro.endpoint_id"
+        f" WHERE re.pool_id = {pool} AND ro.phase IN ({_ACTIVE_SQL})",
+    )
+    return f"{profiles} || '/' || {rollouts}"
+
+
+@functools.cache
 def alike_sql(holders: bool = False, own: bool = False) -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
     metered MU summed, ready pods summed, those of a rollout's old version summed). Written
@@ -287,8 +318,8 @@ def alike_sql(holders: bool = False, own: bool = False) -> str:
     `holders`, each group also lists its endpoints that hold the most: [id, ready pods], by
     ready pods then id (alike endpoints commit alike), TOP_HOLDERS of them (all on SQLite,
     which has no arrays: _group_holders sorts them). With `own` (PostgreSQL), only the changed
-    endpoint's row, then whether the pool has a PoolMark, in the one statement (the same
-    snapshot): what a sale reads beside the stored groups (check_sale)."""
+    endpoint's row, then whether the pool has a PoolMark and its digest (digest_sql), in the one
+    statement (the same snapshot): what a sale reads beside the stored groups (check_sale)."""
     ready = "coalesce(ready.n, 0)"
     if not holders:
         listed = ""
@@ -297,7 +328,10 @@ def alike_sql(holders: bool = False, own: bool = False) -> str:
     else:
         listed = f", json_group_array(json_array(e.id, {ready}))"
     only, marked = (
-        (" AND e.id = %(changed)s", f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s)")
+        (
+            " AND e.id = %(changed)s",
+            f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s), {digest_sql('%(pool)s')}",
+        )
         if own
         else ("", "")
     )
@@ -452,6 +486,7 @@ class StoredRow(NamedTuple):
     """What a sale reads of its pool's StoredLedger (stored_sql), JSON as the cursor gives it."""
 
     groups: Any
+    digest: str
     holders: Any
     figures: Any
 
@@ -459,19 +494,20 @@ class StoredRow(NamedTuple):
 def from_stored(stored: StoredRow | None, own: list[tuple[Any, ...]]) -> dict[Group, Sums] | None:
     """The pool's groups, the changed endpoint apart, from the stored groups and the endpoint's
     own row (alike_groups' shape): the stored groups less the endpoint, then the endpoint as it
-    is. None when they cannot be taken: no stored groups, or the pool marked (PoolMark, read
-    with the endpoint's row), a write that did not hold the pool's lock (the autoscaler's
-    targets and desired replicas, a rollout's step, an edit in the admin) having changed what
-    some endpoint is counted from since; then the caller reads the pool. Unmarked, the stored
-    groups count every endpoint from what it is counted from now (a sale, a release, a minimum,
+    is. None when they cannot be taken: no stored groups, or the pool marked (PoolMark) or its
+    digest other than the stored one (both read with the endpoint's row), a write that did not
+    hold the pool's lock (the autoscaler's targets and desired replicas, a rollout's step, an
+    edit in the admin or in SQL) having changed what some endpoint is counted from since; then
+    the caller reads the pool. Else the stored groups count every endpoint from what it is
+    counted from now (a sale, a release, a minimum,
     a model or a price each store the pool's groups under its lock), so the check is the one a
     read of the pool would make. Their metered MU and ready pods may be as they were stored
     (the writers of those store the pool once they commit)."""
     if stored is None or not own or not stored.groups:
         return None
     (row,) = own
-    group, sums, marked = tuple(row[:_GROUP]), tuple(row[_GROUP:-1]), row[-1]
-    if marked:
+    group, sums, (marked, digest) = tuple(row[:_GROUP]), tuple(row[_GROUP:-2]), row[-2:]
+    if marked or digest != stored.digest:
         return None
     groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in json_column(stored.groups)}
     alike = (False, *group[1:])
@@ -517,32 +553,46 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
     `read`: a pool's groups as a sale read them under the lock and left them (check_sale), in
     place of reading them again."""
     pools = list(pools)
-    sold = {pk: (sale.groups, sale.holders) for pk, sale in (read or {}).items() if sale.groups is not None}
-    clear_marks(pool.pk for pool in pools if pool.pk not in sold)
+    sold = {
+        pk: (sale.groups, sale.holders, sale.digest)
+        for pk, sale in (read or {}).items()
+        if sale.groups is not None
+    }
+    digests = clear_marks([pool.pk for pool in pools if pool.pk not in sold])
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
         if pool.pk in sold:
-            groups, holders = sold[pool.pk]
+            groups, holders, digest = sold[pool.pk]
         else:
-            groups, holders = alike_groups(pool, holders=True), None
+            groups, holders, digest = alike_groups(pool, holders=True), None, digests[pool.pk]
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
         if holders is None:
             holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
-        rows.append((pool.pk, now, ledger.figures(), holders[:TOP_HOLDERS], _storable(groups)))
+        rows.append((pool.pk, now, ledger.figures(), holders[:TOP_HOLDERS], _storable(groups), digest))
     if rows:
         _store(rows)
     return ledgers
 
 
-def clear_marks(pool_ids: Iterable[int]) -> None:
-    """Delete the pools' marks (PoolMark), before reading the pools to store their ledgers, in
-    the same transaction: the delete takes the marks committed before it, whose writes the read
-    that follows sees; a mark committed after it stays, for the next sale to read the pool."""
-    PoolMark.objects.filter(pool_id__in=list(pool_ids)).delete()
+def clear_marks(pool_ids: list[int]) -> dict[int, str]:
+    """Delete the pools' marks (PoolMark) and read their digests (digest_sql), in one statement,
+    before reading the pools to store their ledgers, in the same transaction: the delete takes
+    the marks committed before it, whose writes the read that follows sees, and a mark
+    committed after it stays; a digest read before the pool is as old as what the read sees or
+    older, so a profile or rollout changed between the two makes the next sale read the pool."""
+    if connection.vendor != "postgresql":  # no marks, no digests: SQLite's sales read the pool
+        return dict.fromkeys(pool_ids, "")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH cleared AS (DELETE FROM {_table(PoolMark)} WHERE pool_id = ANY(%(pools)s))"
+            f" SELECT p.id, {digest_sql('p.id')} FROM {_table(GpuPool)} p WHERE p.id = ANY(%(pools)s)",
+            {"pools": pool_ids},
+        )
+        return dict(cursor.fetchall())
 
 
-_STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups")
+_STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups", "digest")
 
 
 def _store(rows: list[tuple[Any, ...]]) -> None:
@@ -597,8 +647,8 @@ def counted_as(figures: dict[str, Any], pool: GpuPool) -> bool:
 
 @functools.cache
 def stored_sql() -> str:
-    """A pool's stored groups, holders and figures (what check_sale takes)."""
-    return f"SELECT groups, holders, figures FROM {_table(StoredLedger)} WHERE pool_id = %s"
+    """A pool's stored groups, digest, holders and figures (what check_sale takes)."""
+    return f"SELECT groups, digest, holders, figures FROM {_table(StoredLedger)} WHERE pool_id = %s"
 
 
 def json_column(value: Any) -> Any:
@@ -608,11 +658,12 @@ def json_column(value: Any) -> Any:
 
 class Sale(NamedTuple):
     """A sale checked (check_sale): the endpoint's reservation before it (MU/min, 0 for none),
-    its pool (locked), the pool's groups as the sale leaves them and its holders (what
-    refresh_ledgers stores; holders None: from the groups' lists; groups None: read the pool
-    again, its holders being unknown)."""
+    its pool (locked), the pool's groups as the sale leaves them, its holders and its digest
+    (what refresh_ledgers stores; holders None: from the groups' lists; groups None: read the
+    pool again, its holders being unknown)."""
 
     current: int
     pool: GpuPool
     groups: dict[Group, Sums] | None
     holders: list[list[int]] | None
+    digest: str

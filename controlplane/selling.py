@@ -308,10 +308,11 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     statement, then the pool's groups, the endpoint's own sale and rollout among them.
 
     On PostgreSQL the groups come from the pool's stored ledger and the endpoint's own row,
-    read with whether the pool is marked in one statement (from_stored), so a sale reads its
-    own row and an index probe, not the pool's rows; the pool is read whole only when a write
-    that did not take its lock has changed it since it was stored (its marks are cleared first,
-    the sale storing what it reads: sell). The
+    read with whether the pool is marked and its digest in one statement (from_stored), so a
+    sale reads its own row, an index probe, the profiles and the pool's rollouts in progress,
+    not the pool's endpoints; the pool is read whole only when a write that did not take its
+    lock has changed it since it was stored (its marks are cleared first, the sale storing what
+    it reads: sell). The
     statements (and the transaction's BEGIN) go in one round trip, pipelined: the server runs
     them in order, so the reads still start, and take their snapshots, once the locks are
     held (lock_sql); what it saves is the waits for the network and, on a busy machine, for a
@@ -339,7 +340,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
             groups = from_stored(stored, own.fetchall())
     refused = None
     if groups is None or stored is None:  # the pool read whole; its groups list their holders
-        clear_marks([pool_id])
+        digest = clear_marks([pool_id])[pool_id]
         groups, stored = alike_groups(pool, changed=endpoint.pk, holders=True), None
     elif counted_as(figures := json_column(stored.figures), pool):  # a refusal carries the stored ledger
         refused = functools.partial(PoolLedger.from_figures, figures)
@@ -355,10 +356,10 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     )
     sold = {((*g[:4], mu_per_minute, *g[5:]) if g[0] else g): sums for g, sums in groups.items()}
     if stored is None:
-        return Sale(current, pool, sold, None)
+        return Sale(current, pool, sold, None, digest)
     (own_group,) = (g for g in sold if g[0])
     holders = sale_holders(json_column(stored.holders), own_group, sold[own_group])
-    return Sale(current, pool, sold if holders is not None else None, holders)
+    return Sale(current, pool, sold if holders is not None else None, holders, stored.digest)
 
 
 def save_pool(pool: GpuPool) -> None:

@@ -144,16 +144,20 @@ def counted_groups(groups) -> list[tuple[str, int]]:
 
 
 def assert_unmarked_groups_are_fresh(pools: list[GpuPool]) -> None:
-    """What a sale takes the stored groups on (PostgreSQL): a pool with no PoolMark has stored
-    groups that count each of its endpoints from what it is counted from now."""
+    """What a sale takes the stored groups on (PostgreSQL): a pool with no PoolMark and its
+    stored digest the live one has stored groups that count each of its endpoints from what it
+    is counted from now."""
     if connection.vendor != "postgresql":
         return
     for pool in pools:
-        stored = StoredLedger.objects.get(pool=pool).groups
-        if stored is None or PoolMark.objects.filter(pool=pool).exists():
+        stored = StoredLedger.objects.get(pool=pool)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {pool_ledgers.digest_sql('%s')}", [pool.pk])
+            (live,) = cursor.fetchone()
+        if stored.groups is None or stored.digest != live or PoolMark.objects.filter(pool=pool).exists():
             continue
         fresh = pool_ledgers._storable(pool_ledgers.alike_groups(pool))
-        assert counted_groups(stored) == counted_groups(fresh), pool.name
+        assert counted_groups(stored.groups) == counted_groups(fresh), pool.name
 
 
 def endpoint_at(i: int) -> Endpoint | None:
@@ -354,60 +358,62 @@ def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool
 
 
 # Writes in SQL, as no code of ours makes them (%(e)s the endpoint, in pool "eight", with a
-# rollout from profile 0 to 1 in progress; %(profile)s profile 2, %(pool)s pool "four"), with
-# the pools each one marks.
-MARKING_WRITES = {
-    "target": (
-        "UPDATE endpoints_endpoint SET target_concurrency_per_replica = 2 WHERE id = %(e)s",
-        ["eight"],
-    ),
-    "minimum": ("UPDATE endpoints_endpoint SET min_provisioned_concurrency = 16 WHERE id = %(e)s", ["eight"]),
-    "scale to zero": (
-        "UPDATE endpoints_endpoint SET scale_to_zero_enabled = true WHERE id = %(e)s",
-        ["eight"],
-    ),
-    "desired replicas": ("UPDATE endpoints_endpoint SET desired_replicas = 5 WHERE id = %(e)s", ["eight"]),
-    "model": ("UPDATE endpoints_endpoint SET profile_id = %(profile)s WHERE id = %(e)s", ["eight"]),
-    "moved": ("UPDATE endpoints_endpoint SET pool_id = %(pool)s WHERE id = %(e)s", ["eight", "four"]),
-    "rollout step": ("UPDATE endpoints_rollout SET new_percent = 50 WHERE endpoint_id = %(e)s", ["eight"]),
-    "rollout ended": ("DELETE FROM endpoints_rollout WHERE endpoint_id = %(e)s", ["eight"]),
-    "old model's price": (
-        "UPDATE capacity_modelprofile SET mu_per_replica_minute = 50 WHERE model = 'tp1'",
-        ["eight"],
-    ),
-    "metered MU": ("UPDATE endpoints_endpoint SET used_mu_per_minute = 7 WHERE id = %(e)s", []),
-    "name": ("UPDATE endpoints_endpoint SET name = 'renamed' WHERE id = %(e)s", []),
-    "unused model's price": (
-        "UPDATE capacity_modelprofile SET gpus_per_replica = 4 WHERE id = %(profile)s",
-        [],
-    ),
-}
+# rollout from tp1 to tp2 in progress; %(profile)s profile tp5, %(pool)s pool "four"): the pools
+# each marks (PoolMark, from an endpoint's row), and whether the next sale in "eight" reads it
+# whole (marked, or its digest changed: a profile, any, or a rollout of the pool).
+EP, RO, PROFILE = "UPDATE endpoints_endpoint SET", "endpoints_rollout", "UPDATE capacity_modelprofile SET"
+WRITES = {
+    "target": (f"{EP} target_concurrency_per_replica = 2 WHERE id = %(e)s", ["eight"], 1),
+    "minimum": (f"{EP} min_provisioned_concurrency = 16 WHERE id = %(e)s", ["eight"], 1),
+    "scale to zero": (f"{EP} scale_to_zero_enabled = true WHERE id = %(e)s", ["eight"], 1),
+    "desired replicas": (f"{EP} desired_replicas = 5 WHERE id = %(e)s", ["eight"], 1),
+    "model": (f"{EP} profile_id = %(profile)s WHERE id = %(e)s", ["eight"], 1),
+    "moved": (f"{EP} pool_id = %(pool)s WHERE id = %(e)s", ["eight", "four"], 1),
+    "rollout step": (f"UPDATE {RO} SET new_percent = 50 WHERE endpoint_id = %(e)s", [], 1),
+    "rollout ended": (f"DELETE FROM {RO} WHERE endpoint_id = %(e)s", [], 1),
+    "old model's price": (f"{PROFILE} mu_per_replica_minute = 50 WHERE model = 'tp1'", [], 1),
+    "unused model's GPUs": (f"{PROFILE} gpus_per_replica = 4 WHERE id = %(profile)s", [], 1),
+    "metered MU": (f"{EP} used_mu_per_minute = 7 WHERE id = %(e)s", [], 0),
+    "name": (f"{EP} name = 'renamed' WHERE id = %(e)s", [], 0),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("write", MARKING_WRITES, ids=list(MARKING_WRITES))
-def test_a_write_that_changes_what_an_endpoint_is_counted_from_marks_its_pool_whoever_makes_it(world, write):
-    """The marks come from triggers, so a write no code of ours makes (SQL, the admin, a script)
-    marks the pools it changes, and the next sale reads the pool; one that changes nothing a
-    replica is counted from (a name, the metered MU) marks none."""
+@pytest.mark.parametrize("write", WRITES, ids=list(WRITES))
+def test_a_write_that_changes_what_an_endpoint_is_counted_from_makes_the_next_sale_read_the_pool(
+    world, write
+):
+    """Marks come from a trigger and the digest is read live, so a write no code of ours makes
+    (SQL, the admin, a script) makes the next sale in the pools it changes read them whole, and
+    one that changes nothing a replica is counted from (a name, the metered MU) does not. The
+    sale then leaves the stored ledger fresh and no mark."""
     if connection.vendor != "postgresql":
         pytest.skip("marks: PostgreSQL triggers")
-    chat = Endpoint(
-        tenant=world.tenants[0], name="chat", profile=world.profiles[0], pool=world.pools[0],
-        min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+    chat, other = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=world.profiles[0], pool=world.pools[0],
+            min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+        )
+        for name in ("chat", "other")
     )  # fmt: skip
     selling.save_endpoint(chat)
+    selling.save_endpoint(other)
     chat.profile = world.profiles[1]
     selling.save_endpoint(chat, ["profile"])  # a rollout from tp1 to tp2
     assert Rollout.objects.active().filter(endpoint=chat).exists()
     assert not PoolMark.objects.exists()
-    sql, marked = MARKING_WRITES[write]
+    sql, marked, reads = WRITES[write]
     with connection.cursor() as cursor:
         cursor.execute(sql, {"e": chat.pk, "profile": world.profiles[2].pk, "pool": world.pools[1].pk})
         assert cursor.rowcount == 1
-    assert sorted(
-        GpuPool.objects.filter(pk__in=PoolMark.objects.values("pool")).values_list("name", flat=True)
-    ) == sorted(marked)
-    assert_unmarked_groups_are_fresh(world.pools)
+    names = GpuPool.objects.filter(pk__in=PoolMark.objects.values("pool")).values_list("name", flat=True)
+    assert sorted(names) == sorted(marked)
+    with CaptureQueriesContext(connection) as queries:
+        selling.sell(other, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
+    assert len(full_reads(queries.captured_queries)) == reads
+    assert not PoolMark.objects.filter(pool=world.pools[0]).exists()
+    assert_unmarked_groups_are_fresh([world.pools[0]])
+    if reads:  # what the pool holds, its metered MU too (a sale that does not read keeps them)
+        assert_stored_is_fresh([world.pools[0]])
 
 
 def test_a_transaction_marks_a_pool_once_however_many_of_its_endpoints_it_changes(world):
@@ -443,13 +449,7 @@ def test_a_write_committed_while_the_pool_is_stored_leaves_its_mark(world):
     )  # fmt: skip
     selling.save_endpoint(batch)  # one replica committed
     selling.save_endpoint(chat)
-    settings_ = connection.settings_dict
-    with psycopg.connect(
-        host=settings_["HOST"],
-        port=settings_["PORT"] or 5432,
-        user=settings_["USER"],
-        dbname=settings_["NAME"],
-    ) as autoscaler:
+    with other_connection() as autoscaler:
         autoscaler.execute(  # two replicas, not committed yet
             "UPDATE endpoints_endpoint SET target_concurrency_per_replica = 2 WHERE id = %s", [batch.pk]
         )
@@ -462,6 +462,77 @@ def test_a_write_committed_while_the_pool_is_stored_leaves_its_mark(world):
     pool_ledgers.refresh_pools([pool.pk])
     assert not PoolMark.objects.exists()
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
+
+
+def other_connection() -> psycopg.Connection:
+    """A second session on the test database: a writer whose transaction stays open."""
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repricing_uncommitted_while_an_endpoint_joins_the_profile_oversells_nothing(world):
+    """A profile re-priced in a transaction still open while an endpoint is put on it: the
+    endpoint's save stores its pool at the old price (a mark's trigger on the profile would
+    have found no endpoint on it to mark). Once the price commits, the pool's digest is not
+    the stored one: the next sale reads the pool and is refused where the stored groups, at
+    1 GPU a replica, would have placed it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("digests: PostgreSQL")
+    pool, tp1, tp5 = world.pools[0], world.profiles[0], world.profiles[2]  # two nodes of 8 GPUs
+    chat = Endpoint(
+        tenant=world.tenants[0], name="chat", profile=tp5, pool=pool, min_provisioned_concurrency=0,
+        max_provisioned_concurrency=8, target_concurrency_per_replica=8, scale_to_zero_enabled=True,
+    )  # fmt: skip
+    selling.save_endpoint(chat)
+    batch = Endpoint(
+        tenant=world.tenants[1], name="batch", profile=tp1, pool=pool, min_provisioned_concurrency=16,
+        max_provisioned_concurrency=16, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    with other_connection() as admin:
+        admin.execute("UPDATE capacity_modelprofile SET gpus_per_replica = 5 WHERE id = %s", [tp1.pk])
+        selling.save_endpoint(batch)  # two replicas of tp1 at 1 GPU: the price is not committed
+        admin.commit()
+    assert StoredLedger.objects.get(pool=pool).figures["committed_gpus"] == 2
+    with pytest.raises(Oversold):  # two 5-GPU replicas, one a node: no room for chat's 5
+        selling.sell(chat, mu_per_minute=400, best_effort_allowed=True, sold_by="ops")
+    pool_ledgers.refresh_pools([pool.pk])
+    assert StoredLedger.objects.get(pool=pool).figures["committed_gpus"] == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollout_step_uncommitted_while_its_endpoint_moves_is_read_in_the_pool_it_moves_to(world):
+    """A rollout's step (the pass, without the pool's lock) in a transaction still open while
+    its endpoint moves from "eight" to "four": the move stores "four" with the rollout as it
+    was (a trigger on the rollout would have marked "eight", where it saw the endpoint). Once
+    the step commits, "four"'s digest is not the stored one: its next sale reads it whole."""
+    if connection.vendor != "postgresql":
+        pytest.skip("digests: PostgreSQL")
+    eight, four = world.pools
+    chat = Endpoint(
+        tenant=world.tenants[0], name="chat", profile=world.profiles[0], pool=eight,
+        min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    other = Endpoint(
+        tenant=world.tenants[1], name="other", profile=world.profiles[0], pool=four,
+        min_provisioned_concurrency=8, max_provisioned_concurrency=32, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    selling.save_endpoint(chat)
+    selling.save_endpoint(other)
+    chat.profile = world.profiles[1]
+    selling.save_endpoint(chat, ["profile"])  # a rollout from tp1 to tp2, no pods
+    with other_connection() as rollout_pass:
+        rollout_pass.execute(
+            "UPDATE endpoints_rollout SET new_percent = 100 WHERE endpoint_id = %s", [chat.pk]
+        )
+        moved = Endpoint.objects.get(pk=chat.pk)
+        moved.pool = four
+        selling.save_endpoint(moved, ["pool"], by_operator=True)
+        rollout_pass.commit()
+    with CaptureQueriesContext(connection) as queries:
+        selling.sell(other, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")
+    assert len(full_reads(queries.captured_queries)) == 1
+    assert_stored_is_fresh([four])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -309,9 +309,11 @@ class StoredLedger(models.Model):
     `version` counts the writes; `figures` is capacity.ledger.PoolLedger.figures(); `holders`
     the pool's endpoints that hold the most, most first: [endpoint id, committed GPUs,
     committed MU/min, running GPUs]. `groups` lets a sale check and store without reading the
-    pool again, while the pool has no PoolMark: its endpoints grouped as the ledger counts them
-    (pool_ledgers.alike_groups, per group [what its replicas are counted from, [endpoints,
-    metered MU, ready pods, the old version's ready pods]]); null where none was taken (SQLite)."""
+    pool again, while the pool has no PoolMark and `digest` is as the profiles and the pool's
+    rollouts in progress are now (pool_ledgers.digest_sql): its endpoints grouped as the ledger
+    counts them (pool_ledgers.alike_groups, per group [what its replicas are counted from,
+    [endpoints, metered MU, ready pods, the old version's ready pods]]); null and empty where
+    none was taken (SQLite)."""
 
     pool = models.OneToOneField(
         GpuPool, on_delete=models.CASCADE, primary_key=True, related_name="stored_ledger"
@@ -321,6 +323,7 @@ class StoredLedger(models.Model):
     figures = models.JSONField()
     holders = models.JSONField()
     groups = models.JSONField(null=True, blank=True)
+    digest = models.CharField(max_length=80, blank=True, default="")
 
     def __str__(self) -> str:
         return f"pool {self.pool_id}'s ledger, version {self.version}"
@@ -330,11 +333,12 @@ class StoredLedger(models.Model):
 
 
 class PoolMark(models.Model):
-    """A write changed what one of the pool's endpoints is counted from (its model, minimum,
-    target, rollout, ...) since its ledger was stored. Written by PostgreSQL triggers on
-    endpoints, rollouts and profiles (endpoints migration 0024), whoever the writer, the ORM, the
-    admin or raw SQL; deleted by the writer that stores the pool's ledger, before it reads the
-    pool (pool_ledgers.clear_marks). A sale takes the stored groups only while its pool has none."""
+    """A write changed what one of the pool's endpoints' rows says it is counted from (its
+    model, minimum, target, desired replicas, pool; the endpoint made or deleted) since its
+    ledger was stored. Written by a PostgreSQL trigger on endpoints (endpoints migration 0024),
+    whoever the writer: the ORM, the admin, SQL. Deleted by the writer that stores the pool's
+    ledger, before it reads the pool (pool_ledgers.clear_marks). A sale takes the stored groups
+    only while its pool has none."""
 
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="+")
 

@@ -1,5 +1,6 @@
-"""A pool's marks (PoolMark), which endpoints migration 0024 has PostgreSQL's triggers write, in
-place of the stored ledger's fingerprint."""
+"""A pool's marks (PoolMark), which endpoints migration 0024 has PostgreSQL's triggers write, and
+the stored ledger's digest of the profiles and rollouts its groups were counted from, in place
+of its fingerprint."""
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -11,7 +12,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RemoveField(model_name="storedledger", name="fingerprint"),
+        migrations.RenameField(model_name="storedledger", old_name="fingerprint", new_name="digest"),
         migrations.CreateModel(
             name="PoolMark",
             fields=[
