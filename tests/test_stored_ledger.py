@@ -334,20 +334,28 @@ def test_a_holder_lowered_below_one_not_stored_is_passed_by_it(world, holders_st
     assert_stored_is_fresh(world.pools)
 
 
+def batch_and_chat(world: World) -> tuple[Endpoint, Endpoint]:
+    """In pool "eight" (two nodes of 8 GPUs: two 5-GPU replicas), two endpoints of the 5-GPU
+    model, saved: batch commits one replica (its minimum at a target of 8), chat none."""
+    batch, chat = (
+        Endpoint(
+            tenant=world.tenants[0], name=name, profile=world.profiles[2], pool=world.pools[0],
+            min_provisioned_concurrency=low, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+            scale_to_zero_enabled=True,
+        )
+        for name, low in [("batch", 4), ("chat", 0)]
+    )  # fmt: skip
+    selling.save_endpoint(batch)
+    selling.save_endpoint(chat)
+    return batch, chat
+
+
 def test_a_sale_after_a_write_without_the_pools_lock_is_checked_against_the_pool_as_it_is(world):
     """The autoscaler writes an endpoint's target without the pool's lock held to its refresh,
     which follows its commit: a sale in between must not take the stored groups, which count
     the endpoint as it was (the pool is marked), but the pool as it is."""
-    pool, tp5 = world.pools[0], world.profiles[2]  # two nodes of 8 GPUs: two 5-GPU replicas
-    batch, chat = (
-        Endpoint(
-            tenant=world.tenants[0], name=name, profile=tp5, pool=pool, min_provisioned_concurrency=low,
-            max_provisioned_concurrency=8, target_concurrency_per_replica=8, scale_to_zero_enabled=True,
-        )
-        for name, low in [("batch", 4), ("chat", 0)]
-    )  # fmt: skip
-    selling.save_endpoint(batch)  # one replica committed
-    selling.save_endpoint(chat)
+    pool = world.pools[0]
+    batch, chat = batch_and_chat(world)
     Endpoint.objects.filter(pk=batch.pk).update(target_concurrency_per_replica=2)  # two, unstored
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 1
     with pytest.raises(Oversold):  # the stored groups would have placed it beside one
@@ -439,16 +447,8 @@ def test_a_write_committed_while_the_pool_is_stored_leaves_its_mark(world):
     the next sale reads the pool as it is and refuses what the stored groups would place."""
     if connection.vendor != "postgresql":
         pytest.skip("marks: PostgreSQL triggers")
-    pool, tp5 = world.pools[0], world.profiles[2]  # two nodes of 8 GPUs: two 5-GPU replicas
-    batch, chat = (
-        Endpoint(
-            tenant=world.tenants[0], name=name, profile=tp5, pool=pool, min_provisioned_concurrency=low,
-            max_provisioned_concurrency=8, target_concurrency_per_replica=8, scale_to_zero_enabled=True,
-        )
-        for name, low in [("batch", 4), ("chat", 0)]
-    )  # fmt: skip
-    selling.save_endpoint(batch)  # one replica committed
-    selling.save_endpoint(chat)
+    pool = world.pools[0]
+    batch, chat = batch_and_chat(world)
     with other_connection() as autoscaler:
         autoscaler.execute(  # two replicas, not committed yet
             "UPDATE endpoints_endpoint SET target_concurrency_per_replica = 2 WHERE id = %s", [batch.pk]
