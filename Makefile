@@ -8,7 +8,7 @@ TEST_SIM_REDIS_URL ?= redis://127.0.0.1:6379/13
 TEST_FAST_TIER_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlplane_in_process
 TEST_FAST_TIER_REDIS_URL ?= redis://127.0.0.1:6379/12
 
-.PHONY: install run load test test-fast test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing clean
+.PHONY: install run load test test-fast test-schemathesis test-vllm test-sim-native sim-native lint docs bench-api bench-console bench-model-units bench-autoscaler bench-runtime-fleet bench-router bench-scale bench-packing bench-frontier clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -181,6 +181,12 @@ bench-scale: install
 bench-packing: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/packing.py
+
+# Each policy's frontier (attainment against GPU-hours) on prefill-heavy bursty families, a PNG
+# per family into docs/evaluation/frontier (~30 min).
+bench-frontier: install
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/autoscaler_frontier.py --png docs/evaluation/frontier
 
 clean:
 	rm -rf $(VENV) .venv-vllm var .pytest_cache build

@@ -57,6 +57,7 @@ BENCHES = {
     "api_latency.py": Bench(r"^200 operator: sale, 20 concurrent sellers +\d+ ", 90, "BENCH_DATABASE_URL"),
     "autoscaler_cost.py": Bench(r"^ +50 +\d+\.\d+ +\d+\.\d+"),
     "autoscaler_policies.py": Bench(r"^smoke: goal "),
+    "autoscaler_frontier.py": Bench(r"^goal holds on \d of 1 families$", 90),
     "balancing.py": Bench(r"^p2c-mu \+ sticky k=\d +\d+\.\d+", files=(AZURE_TRACE,)),
     "balancing_http.py": Bench(r"^p2c-mu tc=4 +\d+ +\d+ +\d+\.\d+", 60),
     "console_latency.py": Bench(r"^200 on-call, a tenant's +\d+ ", 90, "BENCH_DATABASE_URL"),

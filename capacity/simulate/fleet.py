@@ -18,6 +18,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from capacity.autoscaler import Bucket
 from capacity.simulate.arrivals import Arrival, as_trace
@@ -80,6 +81,15 @@ class MinuteStats:
     replicas: float  # mean replicas provisioned (starting, ready, draining)
     p99_ttft_ratio: float = math.nan  # p99 of TTFT / its deadline, completed requests
     p99_itl_ratio: float = math.nan  # p99 of ITL / per_output_token_s, completed requests
+
+
+class Second(NamedTuple):
+    """The fleet at the end of one measured second (run's `timeline`)."""
+
+    time_s: float  # since the trace's start
+    desired: int  # replicas asked for (starting and ready)
+    ready: int  # replicas serving
+    queued: int  # requests waiting at the router
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,7 @@ class Fleet:
         self.next_policy = 0.0
         self.measure_from = 0.0  # simulated seconds: before this is warm-up, not measured
         self.warmup_policy: ScalingPolicy | None = None  # scales the fleet during the warm-up
+        self.timeline: list[Second] | None = None  # each measured second, when asked for (run)
         for _ in range(config.initial_replicas):
             self._add(0.0, ready_at=0.0)
         self.desired = config.initial_replicas
@@ -339,6 +350,9 @@ class Fleet:
         if now + 1e-9 >= math.ceil(now - 1e-9):  # a whole second: close the bucket
             self._close_bucket(now)
             self._close_minutes(now)
+            if self.timeline is not None and counting:
+                ready = sum(1 for r in self.replicas if r.ready_at <= now and not r.draining)
+                self.timeline.append(Second(now - self.measure_from, self.desired, ready, len(self.queue)))
         if now + 1e-9 >= self.next_policy:
             self._decide(now)
             self.next_policy = now + self.policy.tick_s
@@ -409,6 +423,7 @@ def run(
     warmup_s: float = 0.0,
     warmup_policy: ScalingPolicy | None = None,
     batch: int | None = None,  # full_batch(profile, trace), when the caller has it
+    timeline: list[Second] | None = None,  # each measured second's fleet goes here
 ) -> Result:
     """Replay `trace` through a fleet driven by `policy`; every number in Result is measured.
 
@@ -420,6 +435,7 @@ def run(
     batch = batch or full_batch(profile, trace)
     fleet = Fleet(profile, policy, config, batch, static_peak_replicas)
     fleet.slo_scale = slo_scale
+    fleet.timeline = timeline
     # Every minute with an arrival, whole: a lone arrival at 0 s (or the last on a minute's
     # first instant) has its minute counted, where rounding its time up counted nothing.
     duration = (math.floor(trace[-1].time_s / 60.0) + 1) * 60.0 if trace else 0.0
@@ -485,4 +501,4 @@ def run(
     )
 
 
-__all__ = ["FleetConfig", "MinuteStats", "Result", "run", "warmup_time"]
+__all__ = ["FleetConfig", "MinuteStats", "Result", "Second", "run", "warmup_time"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from capacity.autoscaler import AutoscalerConfig
 from capacity.autoscaler.calm import CALM_BASE_S, CALM_SPAN_S
 from capacity.simulate.arrivals import Arrival, Trace, as_trace
-from capacity.simulate.fleet import FleetConfig, Result, run
+from capacity.simulate.fleet import FleetConfig, Result, Second, run
 from capacity.simulate.policies import Apa, DecisionLog, Hpa, Kpa, ScalingPolicy, Schedule
 from capacity.simulate.sizing import (
     full_batch,
@@ -46,13 +46,16 @@ def make_policy(
     apa_config: AutoscalerConfig,
     warmup_s: float = 0.0,
     mu_per_replica_minute: float = MU_PER_REPLICA_MINUTE,
+    peer_target: float | None = None,
 ) -> ScalingPolicy:
+    """The policy `name`; `peer_target`: hpa's or kpa's target in-flight requests per pod, in
+    place of its default (70 for both)."""
     if name == "apa":
         return Apa(mu_per_replica_minute, scale_to_zero=fleet.min_replicas == 0, config=apa_config)
     if name == "hpa":
-        return Hpa()
+        return Hpa() if peer_target is None else Hpa(target_per_pod=peer_target)
     if name == "kpa":
-        return Kpa()
+        return Kpa() if peer_target is None else Kpa(target_per_pod=peer_target)
     if name == "oracle":
         return Schedule(
             per_minute=tuple(schedule), lead_s=fleet.pod_start_s, offset_s=warmup_s, name="oracle"
@@ -323,6 +326,51 @@ def burst_minutes(floor: CausalFloor, seconds: float = 60.0) -> tuple[int, ...]:
     return tuple(sorted(minutes))
 
 
+@dataclass(frozen=True)
+class Burst:
+    """What the fleet did around one burst (diagnose)."""
+
+    start_s: float
+    seconds: float
+    had: int  # replicas ready at the burst's start
+    needed: int  # replicas the searched oracle held in the burst's first minute
+    asked_s: float | None  # seconds from the start to the first ask for more, None: none
+    came_s: float | None  # seconds from the start to the first new replica ready, None: none
+    longest_queue: int  # requests waiting at the router, the most during the burst
+    met: bool  # every minute the burst touches met the SLO
+
+
+def diagnose(
+    spans: Sequence[tuple[float, float]], timeline: Sequence[Second], schedule: Sequence[int], result: Result
+) -> list[Burst]:
+    """Each burst of `spans` as the run's `timeline` (a row per second) saw it, against the
+    searched oracle's per-minute `schedule`."""
+    missed = set(result.violating_minutes)
+    out = []
+    for start, end in spans:
+        during = [s for s in timeline if start <= s.time_s < end + 60.0]
+        if not during:
+            continue
+        first = during[0]
+        asked = next((s.time_s - start for s in during if s.desired > first.desired), None)
+        came = next((s.time_s - start for s in during if s.ready > first.ready), None)
+        minute = int(start // 60)
+        minutes = range(minute, int(end // 60) + 1)
+        out.append(
+            Burst(
+                start,
+                end - start,
+                first.ready,
+                schedule[min(minute, len(schedule) - 1)],
+                asked,
+                came,
+                max(s.queued for s in during if s.time_s < end),
+                not any(m in missed for m in minutes),
+            )
+        )
+    return out
+
+
 def attainment_without(result: Result, excluded: Sequence[int]) -> float:
     """SLO attainment over the minutes not in `excluded` (those no schedule met)."""
     gone = set(excluded)
@@ -342,6 +390,8 @@ def simulate(
     warmup_s: float = 300.0,
     schedule: Sequence[int] | None = None,
     decisions: DecisionLog | None = None,  # apa's decisions with their inputs go here
+    timeline: list[Second] | None = None,  # each measured second's fleet goes here
+    peer_target: float | None = None,  # hpa's or kpa's target per pod (make_policy)
 ) -> Result:
     """Run `policy` on `trace`. Every policy starts warm at the oracle's first-minute replicas
     (static-peak at its peak) and with `warmup_s` of history (the trace's first minutes played
@@ -368,7 +418,7 @@ def simulate(
     fleet = replace(fleet, initial_replicas=min(max(start, fleet.min_replicas), fleet.max_replicas))
     if policy in UNLIMITED and not fleet.target_concurrency:
         fleet = replace(fleet, target_concurrency=NO_LIMIT)
-    chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s, capacity * 60.0)
+    chosen = make_policy(policy, schedule, fleet, apa_config, warmup_s, capacity * 60.0, peer_target)
     if isinstance(chosen, Apa):
         chosen.decisions = decisions
     return run(
@@ -381,6 +431,7 @@ def simulate(
         warmup_s=warmup_s,
         warmup_policy=make_policy("oracle", schedule, fleet, apa_config, warmup_s),
         batch=batch,
+        timeline=timeline,
     )
 
 

@@ -24,6 +24,7 @@ import math
 import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from capacity.simulate.arrivals import MAX_TOKENS, Arrival, LogNormalShape, Trace, as_trace, from_rate
@@ -34,8 +35,10 @@ EPOCH = datetime(2024, 1, 1)  # synthetic traces start here
 __all__ = [
     "BURST_WINDOW",
     "COLUMNS",
+    "FAMILY_RANGES",
     "KINDS",
     "Arrival",
+    "BurstFamily",
     "Trace",
     "TraceError",
     "amplify",
@@ -44,6 +47,7 @@ __all__ = [
     "daily",
     "decode_heavy",
     "diurnal",
+    "family_grid",
     "from_rate",
     "load",
     "long_context",
@@ -316,6 +320,98 @@ def prefill_heavy(seed: int, seconds: float = 1800.0, base_qps: float = 30.0, bu
         return base_qps * (1.0 + 0.3 * math.sin(2 * math.pi * t / 420.0 + phase))
 
     return from_rate(_rate_with_bursts(base, spans, 20.0 * base_qps), seconds, seed, PREFILL_HEAVY)
+
+
+# The ranges a prefill-heavy bursty family is drawn from (family_grid): a burst's length (s),
+# its height (x the base rate), the mean quiet gap between bursts (s), the prompt median and the
+# answer median (tokens).
+FAMILY_RANGES = {
+    "burst_s": (10.0, 60.0),
+    "height": (2.0, 20.0),
+    "gap_s": (10.0, 3600.0),
+    "prompt_median": (1000.0, 8000.0),
+    "output_median": (5.0, 50.0),
+}
+# The base load's prompt tokens per second, whatever the prompts: ~2.5 H100 replicas' prefill
+# (h100-llama-8b), so a family's fleet is sized by its bursts' height, not by its prompt median.
+BASE_PROMPT_TOKENS_PER_S = 40_000.0
+
+
+@dataclass(frozen=True)
+class BurstFamily:
+    """Prefill-heavy bursty traffic from parameters (RAG, code assistants): a base rate with a
+    +-20 % wobble of ~7 minutes carrying BASE_PROMPT_TOKENS_PER_S, and bursts of `burst_s`
+    at `height` x the base, the quiet gaps between them exponential around `gap_s` (the first
+    burst within the first gap, or the run, after its first 10 %; none past 90 %); prompts
+    log-normal with median `prompt_median` and p90 3.5 x it, answers median `output_median` and
+    p90 4 x it. Worked numbers, prompts of median 2,000: mean ~3,200 tokens, base ~12.5 QPS, a
+    burst of height 10 ~125 QPS."""
+
+    burst_s: float
+    height: float
+    gap_s: float
+    prompt_median: float
+    output_median: float
+
+    @property
+    def name(self) -> str:
+        return (
+            f"b{self.burst_s:.0f}-h{self.height:.0f}-g{self.gap_s:.0f}"
+            f"-p{self.prompt_median / 1000:.1f}k-o{self.output_median:.0f}"
+        )
+
+    @property
+    def shape(self) -> LogNormalShape:
+        prompt, output = self.prompt_median, self.output_median
+        return LogNormalShape(
+            prompt,
+            0.9,
+            3.5 * prompt,
+            output,
+            0.9,
+            4.0 * output,
+            max_prompt=int(16 * prompt),
+            max_output=int(40 * output),
+        )
+
+    @property
+    def base_qps(self) -> float:
+        sigma = math.log(3.5) / 1.2815515655446004  # the p90's z
+        mean_prompt = self.prompt_median * math.exp(sigma * sigma / 2)
+        return BASE_PROMPT_TOKENS_PER_S / mean_prompt
+
+    def spans(self, seed: int, seconds: float) -> list[tuple[float, float]]:
+        """The bursts' (start, end), seconds."""
+        rng = random.Random(seed)
+        first, last = (seconds * f for f in BURST_WINDOW)
+        start = first + rng.uniform(0.0, max(0.0, min(self.gap_s, last - first - self.burst_s)))
+        out = []
+        while start + self.burst_s <= last:
+            out.append((start, start + self.burst_s))
+            start += self.burst_s + rng.expovariate(1.0 / self.gap_s)
+        return out
+
+    def trace(self, seed: int, seconds: float = 1800.0) -> Trace:
+        base_qps = self.base_qps
+        phase = random.Random(seed).uniform(0, 2 * math.pi)
+
+        def base(t: float) -> float:
+            return base_qps * (1.0 + 0.2 * math.sin(2 * math.pi * t / 420.0 + phase))
+
+        spans = self.spans(seed, seconds)
+        return from_rate(_rate_with_bursts(base, spans, self.height * base_qps), seconds, seed, self.shape)
+
+
+def family_grid(count: int, seed: int = 0) -> list[BurstFamily]:
+    """`count` families spread over FAMILY_RANGES (a Latin hypercube, each range cut into `count`
+    strata, log-uniform within: every stratum of every parameter is taken once), seeded."""
+    rng = random.Random(seed)
+    columns = {}
+    for name, (low, high) in FAMILY_RANGES.items():
+        strata = list(range(count))
+        rng.shuffle(strata)
+        columns[name] = [low * (high / low) ** ((k + rng.random()) / count) for k in strata]
+    return [BurstFamily(**{name: values[i] for name, values in columns.items()}) for i in range(count)]
 
 
 def long_context(seed: int, seconds: float = 1800.0, base_qps: float = 6.0) -> Trace:

@@ -1,0 +1,241 @@
+"""Each scaling policy's frontier on prefill-heavy bursty families: SLO attainment against
+GPU-hours as its main knob sweeps, per family, over several seeds, with the oracle and the causal
+floor marked, and apa's misses diagnosed burst by burst.
+
+    .venv/bin/python bench/autoscaler_frontier.py [--families N] [--grid-seed S] [--seeds 1,2]
+                                                  [--minutes M] [--png DIR] [--smoke]
+
+The families are traces.family_grid(N, S): N prefill-heavy bursty families spread over the ranges
+of traces.FAMILY_RANGES (bursts of 10-60 s at 2-20x the base, gaps of 10 s to an hour, prompt
+medians 1-8k tokens, answers 5-50), each played with every seed of --seeds as
+bench/autoscaler_policies.py plays a trace (h100-llama-8b, pods ready in 30 s, a 128k context, a
+warm-up under the oracle), under the searched oracle, then under each policy at each value of its
+knob (KNOBS): apa's target utilisation, hpa's and kpa's target in-flight requests per pod.
+
+Per family it prints, means over the seeds: a row per (policy, knob) with GPU-hours over the
+oracle's and the share of minutes that met the SLO (those no searched schedule met left out, as
+the policies bench does); the causal floor (what a policy that sees a burst only when it comes
+keeps at least, over the oracle's); the goal (at least 0.90 of the minutes at no more than 1.25x
+the oracle's GPU-hours, no fewer minutes than hpa or kpa at their defaults, apa's default on or
+above every baseline's frontier); then, for apa's default on the first seed, each burst: the
+replicas ready at its start, those the searched oracle held in its minute, when apa asked for
+more and when the first new one was ready (seconds after the start), the router's longest queue,
+and whether the burst's minutes met the SLO. With --png DIR, a PNG per family (matplotlib:
+`pip install '.[bench]'`). --smoke: one small family, one seed, two knob values, in seconds.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+# Appended, not inserted: under scripts/sim-native.sh the compiled simulator comes first (and
+# PYTHONSAFEPATH leaves this directory out, where autoscaler_policies.py is).
+sys.path += [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+
+from autoscaler_policies import CONTEXT_TOKENS, apa_warmup
+
+from capacity.autoscaler import AutoscalerConfig
+from capacity.simulate import traces
+from capacity.simulate.fleet import FleetConfig, Second
+from capacity.simulate.scenario import (
+    Burst,
+    attainment_without,
+    causal_floor,
+    diagnose,
+    minute_bounds,
+    searched_oracle,
+    simulate,
+)
+from capacity.simulate.sizing import deployed
+from engine_model.perf_model import EngineProfile
+from engine_model.profiles import get_profile
+
+# Each policy's knob and its values, the default among them (DEFAULTS).
+KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "apa": ("target utilisation", (0.4, 0.55, 0.7, 0.8, 0.9)),
+    "hpa": ("target in flight per pod", (10.0, 20.0, 35.0, 70.0, 120.0)),
+    "kpa": ("target in flight per pod", (10.0, 20.0, 35.0, 70.0, 120.0)),
+}
+DEFAULTS = {"apa": AutoscalerConfig().target_utilisation, "hpa": 70.0, "kpa": 70.0}
+WARMUP_S = 300.0
+GOAL_ATTAINMENT, GOAL_COST = 0.90, 1.25
+
+
+@dataclass(frozen=True)
+class Point:
+    """One policy at one knob value on a family: means over its seeds."""
+
+    policy: str
+    knob: float
+    cost: float  # GPU-hours over the searched oracle's
+    attainment: float  # share of minutes meeting the SLO, those no schedule met left out
+
+
+def best_at(points: Sequence[Point], cost: float) -> float | None:
+    """The most minutes a policy's points meet at no more than `cost` (None: none that cheap)."""
+    met = [p.attainment for p in points if p.cost <= cost]
+    return max(met) if met else None
+
+
+def goal(points: Sequence[Point]) -> list[str]:
+    """What of the goal apa's default misses on one family ([] when it holds)."""
+    default = {p.policy: p for p in points if p.knob == DEFAULTS.get(p.policy)}
+    apa, misses = default["apa"], []
+    if apa.attainment < GOAL_ATTAINMENT:
+        misses.append(f"attainment {apa.attainment:.3f} < {GOAL_ATTAINMENT}")
+    if apa.cost > GOAL_COST:
+        misses.append(f"{apa.cost:.2f}x the oracle > {GOAL_COST}x")
+    for peer in ("hpa", "kpa"):
+        if default[peer].attainment > apa.attainment:
+            misses.append(f"fewer minutes than {peer}")
+        best = best_at([p for p in points if p.policy == peer], apa.cost)
+        if best is not None and best > apa.attainment:
+            misses.append(f"below {peer}'s frontier ({best:.3f} at no more cost)")
+    return misses
+
+
+def play(
+    profile: EngineProfile,
+    family: traces.BurstFamily,
+    seed: int,
+    seconds: float,
+    fleet: FleetConfig,
+    knobs: dict,
+) -> tuple[list[tuple[str, float, float, float]], float, list[Burst]]:
+    """One (family, seed): (policy, knob, cost, attainment) per run, the causal floor over the
+    oracle's GPU-hours, and apa's default's bursts."""
+    trace = family.trace(seed, seconds)
+    default = AutoscalerConfig()
+    searched = searched_oracle(profile, trace, fleet, default, warmup_s=WARMUP_S)
+    oracle = searched.result.gpu_hours
+    bounds = minute_bounds(profile, trace, searched.per_minute, fleet, default)
+    floor = causal_floor(profile, trace, bounds, fleet, default).gpu_hours(fleet)
+    rows = [("oracle", 0.0, 1.0, attainment_without(searched.result, searched.unmet))]
+    bursts: list[Burst] = []
+    for policy, (_, values) in knobs.items():
+        for value in values:
+            timeline: list[Second] = []
+            if policy == "apa":
+                config = AutoscalerConfig.from_overrides({"target_utilisation": value})
+                result = simulate(
+                    profile, trace, "apa", fleet, config, warmup_s=apa_warmup(WARMUP_S, config),
+                    timeline=timeline,
+                )  # fmt: skip
+            else:
+                result = simulate(
+                    profile, trace, policy, fleet, default, warmup_s=WARMUP_S, peer_target=value
+                )
+            rows.append(
+                (policy, value, result.gpu_hours / oracle, attainment_without(result, searched.unmet))
+            )
+            if policy == "apa" and value == DEFAULTS["apa"]:
+                bursts = diagnose(family.spans(seed, seconds), timeline, searched.per_minute, result)
+    return rows, floor / oracle, bursts
+
+
+def plot(path: Path, family: traces.BurstFamily, points: list[Point], floor: float, seeds: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for policy, (knob, _) in KNOBS.items():
+        mine = sorted((p for p in points if p.policy == policy), key=lambda p: p.cost)
+        (line,) = ax.plot(
+            [p.cost for p in mine], [p.attainment for p in mine], "o-", label=f"{policy} ({knob})"
+        )
+        for p in mine:
+            ax.annotate(
+                f"{p.knob:g}", (p.cost, p.attainment), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
+            if p.knob == DEFAULTS[policy]:
+                ax.plot([p.cost], [p.attainment], "*", markersize=14, color=line.get_color())
+    oracle = next(p for p in points if p.policy == "oracle")
+    ax.plot([1.0], [oracle.attainment], "kD", label="searched oracle")
+    ax.axvline(floor, color="grey", linestyle="--", label=f"causal floor ({floor:.2f}x)")
+    ax.axvspan(0, GOAL_COST, ymin=0, ymax=1, color="green", alpha=0.05)
+    ax.axhline(
+        GOAL_ATTAINMENT, color="green", linestyle=":", label=f"goal: {GOAL_ATTAINMENT} at <= {GOAL_COST}x"
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("GPU-hours / searched oracle's (log)")
+    ax.set_ylabel("minutes meeting the SLO")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{family.name}, seeds {','.join(map(str, seeds))} (stars: defaults)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", type=int, default=6, help="how many families (%(default)s)")
+    parser.add_argument("--grid-seed", type=int, default=0, help="the families' draw (%(default)s)")
+    parser.add_argument("--seeds", default="1,2", help="the traces' seeds per family (%(default)s)")
+    parser.add_argument("--minutes", type=float, default=30.0, help="each trace's length (%(default)s)")
+    parser.add_argument("--png", help="write a PNG per family into this directory")
+    parser.add_argument("--smoke", action="store_true", help="one small family, one seed, in seconds")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.families < 1 or not seeds or args.minutes <= 0:
+        parser.error("--families and --minutes must be positive, --seeds must name one seed at least")
+    fleet = FleetConfig(pod_start_s=30.0)
+    profile = deployed(
+        replace(get_profile("h100-llama-8b"), max_model_len=CONTEXT_TOKENS), fleet.slo_per_output_token_s, 0
+    )
+    families, knobs, seconds = traces.family_grid(args.families, args.grid_seed), KNOBS, args.minutes * 60.0
+    if args.smoke:
+        families, seeds, seconds = [traces.BurstFamily(20.0, 4.0, 60.0, 4000.0, 10.0)], seeds[:1], 180.0
+        knobs = {p: (k, (values[0], DEFAULTS[p])) for p, (k, values) in KNOBS.items()}
+    if args.png:
+        Path(args.png).mkdir(parents=True, exist_ok=True)
+    holds = 0
+    for family in families:
+        started = time.process_time()
+        runs, floors, bursts = [], [], []
+        for seed in seeds:
+            rows, floor, seen = play(profile, family, seed, seconds, fleet, knobs)
+            runs.append(rows)
+            floors.append(floor)
+            bursts = bursts or seen
+        points = [
+            Point(
+                policy, knob, statistics.fmean(r[i][2] for r in runs), statistics.fmean(r[i][3] for r in runs)
+            )
+            for i, (policy, knob, _, _) in enumerate(runs[0])
+        ]
+        floor = statistics.fmean(floors)
+        cpu = time.process_time() - started
+        print(f"\n{family.name} (seeds {args.seeds}, {seconds / 60:g} min, {cpu:.0f} s CPU)")
+        print(f"{'policy':8} {'knob':>6} {'x_oracle':>8} {'slo_att':>7}")
+        for p in points:
+            star = " *" if p.knob == DEFAULTS.get(p.policy) else ""
+            print(f"{p.policy:8} {p.knob:6g} {p.cost:8.2f} {p.attainment:7.3f}{star}")
+        print(f"causal floor: {floor:.2f}x the oracle")
+        misses = goal(points)
+        holds += not misses
+        print(f"goal: {'holds' if not misses else 'MISSED: ' + '; '.join(misses)}")
+        print(f"apa's bursts, seed {seeds[0]}: start_s len_s had needed asked_s came_s queue met")
+        for b in bursts:
+            asked = "-" if b.asked_s is None else f"{b.asked_s:.0f}"
+            came = "-" if b.came_s is None else f"{b.came_s:.0f}"
+            print(
+                f"  {b.start_s:7.0f} {b.seconds:5.0f} {b.had:3d} {b.needed:6d} {asked:>7} {came:>6}"
+                f" {b.longest_queue:5d} {'yes' if b.met else 'no'}"
+            )
+        if args.png:
+            path = Path(args.png) / f"frontier-{family.name}.png"
+            plot(path, family, points, floor, seeds)
+            print(f"wrote {path}")
+    print(f"\ngoal holds on {holds} of {len(families)} families")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
