@@ -309,7 +309,7 @@ def digest_sql(pool: str) -> str:
 
 
 @functools.cache
-def alike_sql(holders: bool = False, own: bool = False) -> str:
+def alike_sql(holders: bool = False, own: bool = False, store: bool = False) -> str:
     """The pool's endpoints grouped as Group, the changed one apart, with per group (endpoints,
     metered MU summed, ready pods summed, those of a rollout's old version summed). Written
     once as SQL, not built by the ORM per call: the ready pods are counted per endpoint in a
@@ -319,7 +319,9 @@ def alike_sql(holders: bool = False, own: bool = False) -> str:
     ready pods then id (alike endpoints commit alike), TOP_HOLDERS of them (all on SQLite,
     which has no arrays: _group_holders sorts them). With `own` (PostgreSQL), only the changed
     endpoint's row, then whether the pool has a PoolMark and its digest (digest_sql), in the one
-    statement (the same snapshot): what a sale reads beside the stored groups (check_sale)."""
+    statement (the same snapshot): what a sale reads beside the stored groups (check_sale).
+    With `store` (PostgreSQL), the pool's marks deleted and its digest after each row, in the
+    one statement: what a writer that stores the pool reads (groups_to_store)."""
     ready = "coalesce(ready.n, 0)"
     if not holders:
         listed = ""
@@ -327,16 +329,16 @@ def alike_sql(holders: bool = False, own: bool = False) -> str:
         listed = f", (array_agg(ARRAY[e.id, {ready}] ORDER BY {ready} DESC, e.id))[1:{TOP_HOLDERS}]"
     else:
         listed = f", json_group_array(json_array(e.id, {ready}))"
-    only, marked = (
-        (
-            " AND e.id = %(changed)s",
-            f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s), {digest_sql('%(pool)s')}",
-        )
-        if own
-        else ("", "")
-    )
+    only, marked, cleared = "", "", ""
+    if own:
+        only = " AND e.id = %(changed)s"
+        marked = f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s)"
+    if own or store:
+        marked += f", {digest_sql('%(pool)s')}"
+    if store:
+        cleared = f"WITH cleared AS (DELETE FROM {_table(PoolMark)} WHERE pool_id = %(pool)s) "
     return (
-        f"SELECT e.id = %(changed)s, {', '.join(_KEY_SQL)},"
+        f"{cleared}SELECT e.id = %(changed)s, {', '.join(_KEY_SQL)},"
         " count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
         f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}{marked}{_rows_sql()}"
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
@@ -366,6 +368,22 @@ def alike_groups(
     with connection.cursor() as cursor:
         cursor.execute(alike_sql(holders), {"changed": changed, "pool": pool.pk})
         return _groups(cursor.fetchall())
+
+
+def groups_to_store(pool: GpuPool, changed: int | None = None) -> tuple[dict[Group, Sums], str]:
+    """The pool's groups as alike_groups reads them with their holders, and its digest
+    (digest_sql), its marks (PoolMark) deleted: for a writer that stores what it reads, under
+    the pool's lock, in its transaction. One statement, so one snapshot: the delete takes the
+    marks committed before it, whose writes the read sees, and a mark committed later stays;
+    the digest is that of the profiles and rollouts the groups were counted from (read apart,
+    a profile changed between the two reads and changed back would leave stale groups beside
+    the live digest). SQLite has no marks and no digest: its sales read the pool."""
+    if connection.vendor != "postgresql":
+        return alike_groups(pool, changed, holders=True), ""
+    with connection.cursor() as cursor:
+        cursor.execute(alike_sql(holders=True, store=True), {"changed": changed, "pool": pool.pk})
+        rows = cursor.fetchall()
+    return _groups([row[:-1] for row in rows]), rows[0][-1] if rows else ""
 
 
 def _groups(rows: list[tuple[Any, ...]]) -> dict[Group, tuple[Any, ...]]:
@@ -558,14 +576,13 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
         for pk, sale in (read or {}).items()
         if sale.groups is not None
     }
-    digests = clear_marks([pool.pk for pool in pools if pool.pk not in sold])
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
         if pool.pk in sold:
             groups, holders, digest = sold[pool.pk]
         else:
-            groups, holders, digest = alike_groups(pool, holders=True), None, digests[pool.pk]
+            (groups, digest), holders = groups_to_store(pool), None
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
         if holders is None:
             holders = holding_most(h for group, sums in groups.items() for h in _group_holders(group, sums))
@@ -573,23 +590,6 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
     if rows:
         _store(rows)
     return ledgers
-
-
-def clear_marks(pool_ids: list[int]) -> dict[int, str]:
-    """Delete the pools' marks (PoolMark) and read their digests (digest_sql), in one statement,
-    before reading the pools to store their ledgers, in the same transaction: the delete takes
-    the marks committed before it, whose writes the read that follows sees, and a mark
-    committed after it stays; a digest read before the pool is as old as what the read sees or
-    older, so a profile or rollout changed between the two makes the next sale read the pool."""
-    if connection.vendor != "postgresql":  # no marks, no digests: SQLite's sales read the pool
-        return dict.fromkeys(pool_ids, "")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH cleared AS (DELETE FROM {_table(PoolMark)} WHERE pool_id = ANY(%(pools)s))"
-            f" SELECT p.id, {digest_sql('p.id')} FROM {_table(GpuPool)} p WHERE p.id = ANY(%(pools)s)",
-            {"pools": pool_ids},
-        )
-        return dict(cursor.fetchall())
 
 
 _STORED_COLUMNS = ("pool_id", "computed_at", "figures", "holders", "groups", "digest")

@@ -68,10 +68,10 @@ from controlplane.pool_ledgers import (
     alike_allocations,
     alike_groups,
     alike_sql,
-    clear_marks,
     counted_as,
     from_stored,
     grouped_ledger,
+    groups_to_store,
     json_column,
     lock_sql,
     locked_pool,
@@ -311,8 +311,8 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     read with whether the pool is marked and its digest in one statement (from_stored), so a
     sale reads its own row, an index probe, the profiles and the pool's rollouts in progress,
     not the pool's endpoints; the pool is read whole only when a write that did not take its
-    lock has changed it since it was stored (its marks are cleared first, the sale storing what
-    it reads: sell). The
+    lock has changed it since it was stored (groups_to_store: the sale stores what it reads,
+    sell). The
     statements (and the transaction's BEGIN) go in one round trip, pipelined: the server runs
     them in order, so the reads still start, and take their snapshots, once the locks are
     held (lock_sql); what it saves is the waits for the network and, on a busy machine, for a
@@ -340,8 +340,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
             groups = from_stored(stored, own.fetchall())
     refused = None
     if groups is None or stored is None:  # the pool read whole; its groups list their holders
-        digest = clear_marks([pool_id])[pool_id]
-        groups, stored = alike_groups(pool, changed=endpoint.pk, holders=True), None
+        (groups, digest), stored = groups_to_store(pool, endpoint.pk), None
     elif counted_as(figures := json_column(stored.figures), pool):  # a refusal carries the stored ledger
         refused = functools.partial(PoolLedger.from_figures, figures)
     current = own_reservation(groups)

@@ -464,6 +464,30 @@ def test_a_write_committed_while_the_pool_is_stored_leaves_its_mark(world):
     assert StoredLedger.objects.get(pool=pool).figures["committed_replicas"] == 2
 
 
+def test_a_writer_reads_the_pool_with_its_marks_deleted_and_its_digest_in_one_statement(world):
+    """What a writer stores (its groups, the digest beside them) is what one snapshot saw: read
+    apart, a profile changed between the two reads and changed back would leave groups counted
+    at the changed value beside a digest equal to the live one, and a sale would take them. So
+    the refresh and a sale that reads its pool each read it in the statement that deletes its
+    marks and reads its digest, and in no other."""
+    if connection.vendor != "postgresql":
+        pytest.skip("marks: PostgreSQL triggers")
+    batch, chat = batch_and_chat(world)
+    for target, write in (
+        (4, lambda: pool_ledgers.refresh_pools([world.pools[0].pk])),
+        (8, lambda: selling.sell(chat, mu_per_minute=100, best_effort_allowed=True, sold_by="ops")),
+    ):
+        Endpoint.objects.filter(pk=batch.pk).update(target_concurrency_per_replica=target)  # a mark
+        with CaptureQueriesContext(connection) as queries:
+            write()
+        sql = [q["sql"] for q in queries.captured_queries]
+        (read,) = full_reads(queries.captured_queries)
+        assert [q for q in sql if "DELETE FROM" in q and "capacity_poolmark" in q] == [read]
+        assert "hashtextextended" in read
+        assert not PoolMark.objects.exists()
+        assert_unmarked_groups_are_fresh([world.pools[0]])
+
+
 def other_connection() -> psycopg.Connection:
     """A second session on the test database: a writer whose transaction stays open."""
     db = connection.settings_dict

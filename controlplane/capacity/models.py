@@ -337,8 +337,8 @@ class PoolMark(models.Model):
     model, minimum, target, desired replicas, pool; the endpoint made or deleted) since its
     ledger was stored. Written by a PostgreSQL trigger on endpoints (endpoints migration 0024),
     whoever the writer: the ORM, the admin, SQL. Deleted by the writer that stores the pool's
-    ledger, before it reads the pool (pool_ledgers.clear_marks). A sale takes the stored groups
-    only while its pool has none."""
+    ledger, in the statement that reads the pool (pool_ledgers.groups_to_store). A sale takes
+    the stored groups only while its pool has none."""
 
     pool = models.ForeignKey(GpuPool, on_delete=models.CASCADE, related_name="+")
 
