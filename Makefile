@@ -183,10 +183,10 @@ bench-packing: install
 	$(BIN)/python bench/packing.py
 
 # Each policy's frontier (attainment against GPU-hours) on prefill-heavy bursty families, a PNG
-# per family into docs/evaluation/frontier (~30 min).
+# per family into docs/evaluation/frontier (~5 min on the compiled simulator).
 bench-frontier: install
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python bench/autoscaler_frontier.py --png docs/evaluation/frontier
+	scripts/sim-native.sh $(BIN)/python bench/autoscaler_frontier.py --png docs/evaluation/frontier
 
 clean:
 	rm -rf $(VENV) .venv-vllm var .pytest_cache build
