@@ -21,7 +21,10 @@ above every baseline's frontier); then, for apa's default on the first seed, eac
 replicas ready at its start, those the searched oracle held in its minute, when apa asked for
 more and when the first new one was ready (seconds after the start), the router's longest queue,
 and whether the burst's minutes met the SLO. With --png DIR, a PNG per family (matplotlib:
-`pip install '.[bench]'`). --smoke: one small family, one seed, two knob values, in seconds.
+`pip install '.[bench]'`). --apa KEY=VALUE,... plays apa with those settings changed
+(AutoscalerConfig's names: a mechanism measured as a frontier of its own, e.g.
+`--apa burst_hold_cap=1000`); its PNGs are named after them. --smoke: one small family, one
+seed, two knob values, in seconds.
 """
 
 import argparse
@@ -105,6 +108,7 @@ def play(
     seconds: float,
     fleet: FleetConfig,
     knobs: dict,
+    apa_base: AutoscalerConfig,
 ) -> tuple[list[tuple[str, float, float, float]], float, list[Burst]]:
     """One (family, seed): (policy, knob, cost, attainment) per run, the causal floor over the
     oracle's GPU-hours, and apa's default's bursts."""
@@ -120,7 +124,7 @@ def play(
         for value in values:
             timeline: list[Second] = []
             if policy == "apa":
-                config = AutoscalerConfig.from_overrides({"target_utilisation": value})
+                config = AutoscalerConfig.from_overrides({"target_utilisation": value}, apa_base)
                 result = simulate(
                     profile, trace, "apa", fleet, config, warmup_s=apa_warmup(WARMUP_S, config),
                     timeline=timeline,
@@ -183,8 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2", help="the traces' seeds per family (%(default)s)")
     parser.add_argument("--minutes", type=float, default=30.0, help="each trace's length (%(default)s)")
     parser.add_argument("--png", help="write a PNG per family into this directory")
+    parser.add_argument("--apa", default="", help="apa's settings changed: KEY=VALUE,...")
     parser.add_argument("--smoke", action="store_true", help="one small family, one seed, in seconds")
     args = parser.parse_args(argv)
+    try:
+        pairs = (pair.partition("=") for pair in args.apa.split(",") if pair)
+        changed = {key: float(value) for key, _, value in pairs}
+        apa_base = AutoscalerConfig.from_overrides(changed)
+    except ValueError as exc:
+        parser.error(f"--apa: {exc}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.families < 1 or not seeds or args.minutes <= 0:
         parser.error("--families and --minutes must be positive, --seeds must name one seed at least")
@@ -203,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.process_time()
         runs, floors, bursts = [], [], []
         for seed in seeds:
-            rows, floor, seen = play(profile, family, seed, seconds, fleet, knobs)
+            rows, floor, seen = play(profile, family, seed, seconds, fleet, knobs, apa_base)
             runs.append(rows)
             floors.append(floor)
             bursts = bursts or seen
@@ -215,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         floor = statistics.fmean(floors)
         cpu = time.process_time() - started
-        print(f"\n{family.name} (seeds {args.seeds}, {seconds / 60:g} min, {cpu:.0f} s CPU)")
+        print(f"\n{family.name} (seeds {args.seeds}, {seconds / 60:g} min, {cpu:.0f} s CPU) {args.apa}")
         print(f"{'policy':8} {'knob':>6} {'x_oracle':>8} {'slo_att':>7}")
         for p in points:
             star = " *" if p.knob == DEFAULTS.get(p.policy) else ""
@@ -233,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f" {b.longest_queue:5d} {'yes' if b.met else 'no'}"
             )
         if args.png:
-            path = Path(args.png) / f"frontier-{family.name}.png"
+            suffix = "".join(f"-{k}{v:g}" for k, v in changed.items())
+            path = Path(args.png) / f"frontier-{family.name}{suffix}.png"
             plot(path, family, points, floor, seeds)
             print(f"wrote {path}")
     print(f"\ngoal holds on {holds} of {len(families)} families")
