@@ -329,18 +329,18 @@ def alike_sql(holders: bool = False, own: bool = False, store: bool = False) -> 
         listed = f", (array_agg(ARRAY[e.id, {ready}] ORDER BY {ready} DESC, e.id))[1:{TOP_HOLDERS}]"
     else:
         listed = f", json_group_array(json_array(e.id, {ready}))"
-    only, marked, cleared = "", "", ""
+    only, after, cleared = "", "", ""  # the one endpoint; the columns after the sums; the CTE
     if own:
         only = " AND e.id = %(changed)s"
-        marked = f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s)"
+        after = f", EXISTS (SELECT 1 FROM {_table(PoolMark)} WHERE pool_id = %(pool)s)"
     if own or store:
-        marked += f", {digest_sql('%(pool)s')}"
+        after += f", {digest_sql('%(pool)s')}"
     if store:
         cleared = f"WITH cleared AS (DELETE FROM {_table(PoolMark)} WHERE pool_id = %(pool)s) "
     return (
         f"{cleared}SELECT e.id = %(changed)s, {', '.join(_KEY_SQL)},"
         " count(*), sum(e.used_mu_per_minute), CAST(coalesce(sum(ready.n), 0) AS bigint),"
-        f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}{marked}{_rows_sql()}"
+        f" CAST(coalesce(sum(old.n), 0) AS bigint){listed}{after}{_rows_sql()}"
         " LEFT JOIN (SELECT pod.endpoint_id, count(*) AS n"
         f" FROM {_table(Pod)} pod JOIN {_table(Endpoint)} pe ON pe.id = pod.endpoint_id"
         f" WHERE pod.ready AND pe.pool_id = %(pool)s{only.replace('e.id', 'pe.id')}"
@@ -517,10 +517,10 @@ def from_stored(stored: StoredRow | None, own: list[tuple[Any, ...]]) -> dict[Gr
     hold the pool's lock (the autoscaler's targets and desired replicas, a rollout's step, an
     edit in the admin or in SQL) having changed what some endpoint is counted from since; then
     the caller reads the pool. Else the stored groups count every endpoint from what it is
-    counted from now (a sale, a release, a minimum,
-    a model or a price each store the pool's groups under its lock), so the check is the one a
-    read of the pool would make. Their metered MU and ready pods may be as they were stored
-    (the writers of those store the pool once they commit)."""
+    counted from now (a sale, a release, a minimum, a model or a price each store the pool's
+    groups under its lock), so the check is the one a read of the pool would make. Their
+    metered MU and ready pods may be as they were stored (the writers of those store the pool
+    once they commit)."""
     if stored is None or not own or not stored.groups:
         return None
     (row,) = own
@@ -530,7 +530,7 @@ def from_stored(stored: StoredRow | None, own: list[tuple[Any, ...]]) -> dict[Gr
     groups: dict[Group, Sums] = {tuple(g): tuple(v) for g, v in json_column(stored.groups)}
     alike = (False, *group[1:])
     counted = groups.pop(alike, None)
-    if counted is None or counted[0] < 1:  # unmarked, it is there
+    if counted is None or counted[0] < 1:  # nothing changed since stored: it is there
         return None
     if counted[0] > 1:
         groups[alike] = (
@@ -571,16 +571,12 @@ def refresh_ledgers(pools: Iterable[GpuPool], read: dict[int, "Sale"] | None = N
     `read`: a pool's groups as a sale read them under the lock and left them (check_sale), in
     place of reading them again."""
     pools = list(pools)
-    sold = {
-        pk: (sale.groups, sale.holders, sale.digest)
-        for pk, sale in (read or {}).items()
-        if sale.groups is not None
-    }
     now = timezone.now()
     ledgers, rows = {}, []
     for pool in pools:
-        if pool.pk in sold:
-            groups, holders, digest = sold[pool.pk]
+        sale = read.get(pool.pk) if read else None
+        if sale is not None and sale.groups is not None:
+            groups, holders, digest = sale.groups, sale.holders, sale.digest
         else:
             (groups, digest), holders = groups_to_store(pool), None
         ledger = ledgers[pool.pk] = grouped_ledger(pool, groups)
