@@ -344,7 +344,8 @@ def diagnose(
     spans: Sequence[tuple[float, float]], timeline: Sequence[Second], schedule: Sequence[int], result: Result
 ) -> list[Burst]:
     """Each burst of `spans` as the run's `timeline` (a row per second) saw it, against the
-    searched oracle's per-minute `schedule`."""
+    searched oracle's per-minute `schedule`: the fleet at its first second, and an ask or a
+    replica more than then counted up to a minute after its end."""
     missed = set(result.violating_minutes)
     out = []
     for start, end in spans:
@@ -364,7 +365,7 @@ def diagnose(
                 schedule[min(minute, len(schedule) - 1)],
                 asked,
                 came,
-                max(s.queued for s in during if s.time_s < end),
+                max((s.queued for s in during if s.time_s < end), default=0),
                 not any(m in missed for m in minutes),
             )
         )
