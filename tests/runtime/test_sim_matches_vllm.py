@@ -297,3 +297,26 @@ def test_the_sim_answers_as_vllm_does(
     )
     if not tokenizer_message:
         assert sim_error["message"] == real_error["message"]
+
+
+def test_a_stream_whose_tokens_vllm_sent_together_compares_as_the_sims_without_its_mid_tokens():
+    """The chunks of a chat stream as vLLM sends them (a token chunk has `token_ids`, the last
+    `stop_reason`): two tokens in one chunk against the sim's one a token."""
+    def chunk(delta: dict[str, Any], finish: str | None = None, token: bool = True) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = None
+        if token:
+            choice["token_ids"] = None
+        return {"id": "x", "choices": [choice]}
+
+    role, echo = (
+        chunk({"role": "assistant", "content": ""}, token=False),
+        chunk({"content": "Sure,"}, token=False),
+    )
+    sim = [role, echo, chunk({"content": "a"}), chunk({"content": "b"}, "length"), "[DONE]"]
+    together = [role, echo, chunk({"content": "ab"}, "length"), "[DONE]"]
+    assert shape(sim) != shape(together)
+    assert without_mid_stream_tokens(sim) == [role, echo, sim[3], "[DONE]"]
+    assert shape(without_mid_stream_tokens(sim)) == shape(together)
+    assert without_mid_stream_tokens(together) == together  # the role and echo chunks stay
