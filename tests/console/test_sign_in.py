@@ -207,3 +207,17 @@ def test_the_console_password_change_applies_the_validators(alice):
 
 def test_there_is_no_password_reset_by_mail(db):
     assert Client().get("/accounts/password_reset/").status_code == 404
+
+
+def test_the_admin_shows_reservations_and_writes_none(alice, admin_urls):
+    """A sale is checked and stored under its pool's lock (controlplane.selling): the admin, which
+    would pass by both, may list reservations but not add, change or delete one."""
+    alice.is_staff = alice.is_superuser = True
+    alice.save()
+    with override_settings(ADMIN_ENABLED=True):
+        admin_urls()
+        client = Client()
+        client.force_login(alice)
+        assert client.get("/admin/capacity/reservation/").status_code == 200
+        assert client.get("/admin/capacity/reservation/add/").status_code == 403
+        assert client.get("/admin/capacity/gpupool/add/").status_code == 200  # the others as before
