@@ -302,6 +302,7 @@ def test_the_sim_answers_as_vllm_does(
 def test_a_stream_whose_tokens_vllm_sent_together_compares_as_the_sims_without_its_mid_tokens():
     """The chunks of a chat stream as vLLM sends them (a token chunk has `token_ids`, the last
     `stop_reason`): two tokens in one chunk against the sim's one a token."""
+
     def chunk(delta: dict[str, Any], finish: str | None = None, token: bool = True) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         if finish is not None:
