@@ -32,14 +32,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 # Appended, not inserted: under scripts/sim-native.sh the compiled simulator comes first (and
 # PYTHONSAFEPATH leaves this directory out, where autoscaler_policies.py is).
 sys.path += [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
-from autoscaler_policies import CONTEXT_TOKENS, apa_warmup
+from autoscaler_policies import apa_warmup, played_on
 
 from capacity.autoscaler import AutoscalerConfig
 from capacity.simulate import traces
@@ -53,9 +53,7 @@ from capacity.simulate.scenario import (
     searched_oracle,
     simulate,
 )
-from capacity.simulate.sizing import deployed
 from engine_model.perf_model import EngineProfile
-from engine_model.profiles import get_profile
 
 # Each policy's knob and its values, the default among them (DEFAULTS).
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
@@ -199,10 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.families < 1 or not seeds or args.minutes <= 0:
         parser.error("--families and --minutes must be positive, --seeds must name one seed at least")
-    fleet = FleetConfig(pod_start_s=30.0)
-    profile = deployed(
-        replace(get_profile("h100-llama-8b"), max_model_len=CONTEXT_TOKENS), fleet.slo_per_output_token_s, 0
-    )
+    fleet, profile = played_on()
     families, knobs, seconds = traces.family_grid(args.families, args.grid_seed), KNOBS, args.minutes * 60.0
     if args.smoke:
         families, seeds, seconds = [traces.BurstFamily(20.0, 4.0, 60.0, 4000.0, 10.0)], seeds[:1], 180.0

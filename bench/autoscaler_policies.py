@@ -128,6 +128,19 @@ JUDGES = ("oracle", "hpa", "kpa", "static-peak")  # the policies the Goal compar
 CONTEXT_TOKENS = 131_072  # the long-context mix is replayed at Llama 3.1's own context
 
 
+def played_on(long_prefill_token_threshold: int = 0) -> tuple[FleetConfig, EngineProfile]:
+    """The fleet and the engine every trace is played on: pods ready in 30 s, h100-llama-8b
+    with one context for every trace, the model's own (prompts up to 128k replay, none cut),
+    and the chunk of prefill a step within the inter-token deadline (as the CLI deploys it)."""
+    fleet = FleetConfig(pod_start_s=30.0)
+    profile = deployed(
+        replace(get_profile("h100-llama-8b"), max_model_len=CONTEXT_TOKENS),
+        fleet.slo_per_output_token_s,
+        long_prefill_token_threshold,
+    )
+    return fleet, profile
+
+
 def apa_warmup(warmup: float, config: AutoscalerConfig) -> float:
     """An apa row's warm-up: as long as the calm the default or its own config waits for
     (calm.horizon_s: 30 minutes by default, quiet_after_s; longer with calm_history_s), the trace
@@ -285,15 +298,7 @@ def main() -> int:
     if unknown := [n for n in names if n not in VARIANTS]:
         parser.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
     variants = {n: VARIANTS[n] for n in names}
-    base_profile = get_profile("h100-llama-8b")
-    # One context for every trace: the model's own (prompts up to 128k replay, none cut), and
-    # the chunk of prefill a step within the inter-token deadline (as the CLI deploys it).
-    fleet = FleetConfig(pod_start_s=30.0)
-    profile = deployed(
-        replace(base_profile, max_model_len=CONTEXT_TOKENS),
-        fleet.slo_per_output_token_s,
-        args.long_prefill_token_threshold,
-    )
+    fleet, profile = played_on(args.long_prefill_token_threshold)
     summary: list[Row] = []
     build = "native (make sim-native)" if fleet_module.__file__.endswith(".so") else "python"
     print(f"simulator build: {build}", flush=True)

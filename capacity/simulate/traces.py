@@ -376,8 +376,8 @@ class BurstFamily:
 
     @property
     def base_qps(self) -> float:
-        sigma = math.log(3.5) / 1.2815515655446004  # the p90's z
-        mean_prompt = self.prompt_median * math.exp(sigma * sigma / 2)
+        sigma = self.shape.sigma_prompt
+        mean_prompt = self.prompt_median * math.exp(sigma * sigma / 2)  # a log-normal's mean
         return BASE_PROMPT_TOKENS_PER_S / mean_prompt
 
     def spans(self, seed: int, seconds: float) -> list[tuple[float, float]]:
