@@ -424,6 +424,19 @@ def test_a_write_that_changes_what_an_endpoint_is_counted_from_makes_the_next_sa
         assert_stored_is_fresh([world.pools[0]])
 
 
+def test_a_truncate_of_the_endpoints_marks_every_pool(world):
+    """A TRUNCATE passes row triggers by: its own trigger marks every pool."""
+    if connection.vendor != "postgresql":
+        pytest.skip("marks: PostgreSQL triggers")
+    batch_and_chat(world)  # in pool "eight"; "four" has none
+    assert not PoolMark.objects.exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # Django's deferred foreign keys, checked
+        cursor.execute("TRUNCATE endpoints_endpoint CASCADE")  # rolled back with the test
+    marked = set(PoolMark.objects.values_list("pool_id", flat=True))
+    assert marked == {p.pk for p in world.pools}
+
+
 def test_a_transaction_marks_a_pool_once_however_many_of_its_endpoints_it_changes(world):
     """The autoscaler's pass updates many endpoints of a pool in one transaction: one mark."""
     if connection.vendor != "postgresql":
