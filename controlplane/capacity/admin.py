@@ -1,6 +1,8 @@
-"""The capacity models in Django's admin (served only with ADMIN_ENABLED). A reservation is shown,
-never written there: a sale is checked against its pool and stored in its pool's ledger under
-the pool's lock (controlplane.selling), which an admin form would pass by."""
+"""The capacity models in Django's admin (served only with ADMIN_ENABLED). Pools, model profiles
+and reservations are shown, never written there: their writes are checked under the pool's lock
+(controlplane.selling: a pool shrunk or a model re-priced below what is sold in it is refused, a
+sale is stored in its pool's ledger), which an admin form would pass by. The REST API and the
+console write them."""
 
 from typing import Any
 
@@ -9,11 +11,12 @@ from django.http import HttpRequest
 
 from controlplane.capacity.models import GpuPool, GpuType, ModelProfile, Reservation
 
-admin.site.register([GpuType, GpuPool, ModelProfile])
+admin.site.register(GpuType)
 
 
-@admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ShownNotWritten(admin.ModelAdmin):
+    """An admin that lists and shows rows, and adds, changes and deletes none."""
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -22,3 +25,6 @@ class ReservationAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+admin.site.register([GpuPool, ModelProfile, Reservation], ShownNotWritten)

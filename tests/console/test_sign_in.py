@@ -13,6 +13,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import clear_url_caches
 
+from controlplane.capacity.models import GpuPool, ModelProfile, Reservation
+from controlplane.endpoints.models import Endpoint
+from controlplane.selling import sell
 from controlplane.tenants.models import Member
 from tests.console.conftest import member_client
 
@@ -209,15 +212,29 @@ def test_there_is_no_password_reset_by_mail(db):
     assert Client().get("/accounts/password_reset/").status_code == 404
 
 
-def test_the_admin_shows_reservations_and_writes_none(alice, admin_urls):
-    """A sale is checked and stored under its pool's lock (controlplane.selling): the admin, which
-    would pass by both, may list reservations but not add, change or delete one."""
+@pytest.mark.parametrize(
+    "model", [GpuPool, ModelProfile, Reservation, Endpoint], ids=lambda m: m._meta.model_name
+)
+def test_the_admin_shows_what_selling_checks_and_writes_none(alice, owner, admin_urls, make_endpoint, model):
+    """A pool's shape, a model's price, a sale and an endpoint are checked under the pool's lock
+    (controlplane.selling), which an admin form would pass by: the admin lists and shows them and
+    adds, changes and deletes none, a POST included. A GPU type, checked by none, is written."""
+    endpoint = make_endpoint(owner, "chat")
+    sell(endpoint, mu_per_minute=100, best_effort_allowed=False, sold_by="ops")
+    row = model.objects.get()
+    before = model.objects.values().get()
     alice.is_staff = alice.is_superuser = True
     alice.save()
     with override_settings(ADMIN_ENABLED=True):
         admin_urls()
         client = Client()
         client.force_login(alice)
-        assert client.get("/admin/capacity/reservation/").status_code == 200
-        assert client.get("/admin/capacity/reservation/add/").status_code == 403
-        assert client.get("/admin/capacity/gpupool/add/").status_code == 200  # the others as before
+        base = f"/admin/{model._meta.app_label}/{model._meta.model_name}"
+        assert client.get(f"{base}/").status_code == 200
+        assert client.get(f"{base}/{row.pk}/change/").status_code == 200  # shown, read-only
+        assert client.get(f"{base}/add/").status_code == 403
+        assert client.post(f"{base}/add/", {"name": "x"}).status_code == 403
+        assert client.post(f"{base}/{row.pk}/change/", {"name": "renamed"}).status_code == 403
+        assert client.post(f"{base}/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+        assert model.objects.values().get() == before
+        assert client.get("/admin/capacity/gputype/add/").status_code == 200
