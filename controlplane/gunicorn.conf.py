@@ -14,15 +14,15 @@ send deadline; a body over 2.5 MB gets 413 before it is read.
 """
 
 import gc
-import os
 from typing import Any
 
 from controlplane import webserver
+from controlplane.env import envint
 
 wsgi_app = "controlplane.asgi:application"
 worker_class = "controlplane.webserver.Worker"
 # Processes; each serves many connections. WEB_CONCURRENCY is gunicorn's usual variable.
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+workers = envint("WEB_CONCURRENCY", 2, minimum=1)
 # Seconds: a worker silent this long is restarted; a stopping one finishes requests this long.
 timeout = 30
 graceful_timeout = 20
@@ -32,7 +32,11 @@ webserver.configure(
     header_timeout_s=10.0,  # from connection (or first byte of a kept-alive request) to headers
     body_timeout_s=60.0,  # from headers to the end of the body (the API takes at most 2.5 MB)
     limit_concurrency=1000,  # connections + requests per worker; beyond it 503 at once
-    app_concurrency=16,  # requests inside Django at once per worker (threads, database connections)
+    # Requests inside Django at once per worker (threads, database connections). Each worker runs
+    # Python on one core at a time: beyond the few that hide one another's database waits,
+    # threads only share that core, and every request in the worker is slower together. 4, not
+    # 2 (which a load of like calls prefers), so two slow pages leave a worker answering.
+    app_concurrency=envint("WEB_APP_CONCURRENCY", 4, minimum=1),
     prefetch_body_bytes=2_621_440,  # bodies read before entering Django (Django's 2.5 MB limit)
     prefetch_budget_bytes=64 * 2**20,  # all bodies read ahead at once per worker; the rest wait
     health_slots=2,  # /healthz's own slots: a crowd on the API or the static files never delays it

@@ -36,7 +36,7 @@ class Deadlines:
     limit_concurrency: int = 1000
     # Requests inside Django at once per worker: each sync view takes a thread and a database
     # connection while it runs; the others wait in the event loop (``BoundedApp``).
-    app_concurrency: int = 16
+    app_concurrency: int = 4
     # A body up to this size is read in full before its request enters Django (a slow body
     # then holds no thread); a larger one streams in as Django reads it (Django's own limits).
     prefetch_body_bytes: int = 2_621_440

@@ -27,13 +27,14 @@ from typing import IO
 import httpx
 import pytest
 
+from controlplane.webserver import DEADLINES
 from tests.production_server import ROOT, database_url, image_command, rebound
 from tests.router.conftest import free_port
 
 pytestmark = pytest.mark.stack  # the production web server as a subprocess
 
 SLOW_CLIENTS = 200
-SLOW_BODIES = 50  # more than controlplane/gunicorn.conf.py lets into Django at once (2 x 16)
+SLOW_BODIES = 50  # more than controlplane/gunicorn.conf.py lets into Django at once (2 x 4)
 PROBE_FOR_S = 12.0  # past the 10 s header deadline of controlplane/gunicorn.conf.py
 PROBE_LIMIT_S = 1.0
 
@@ -58,6 +59,9 @@ def get(port: int, path: str, timeout: float) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
+WORKERS, APP_CONCURRENCY = 2, 4  # the image's defaults, set: the bounds below are theirs
+
+
 @contextlib.contextmanager
 def running_server(db_url: str, ready: Callable[[int], bool]) -> Iterator[int]:
     """The production web server on a free port against `db_url`, once `ready(port)`; stopped
@@ -69,7 +73,8 @@ def running_server(db_url: str, ready: Callable[[int], bool]) -> Iterator[int]:
         SECRET_KEY="test-web-server-" + "k" * 40,
         ALLOWED_HOSTS="127.0.0.1",
         PYTHONPATH=str(ROOT),
-        WEB_CONCURRENCY="2",
+        WEB_CONCURRENCY=str(WORKERS),
+        WEB_APP_CONCURRENCY=str(APP_CONCURRENCY),
     )
     # The log goes to a file: a pipe nobody reads fills, and the workers block writing to it.
     log = SERVER_LOG[port] = tempfile.TemporaryFile()
@@ -125,6 +130,24 @@ def log_tail(log: IO[bytes], size: int = 6000) -> str:
     return os.pread(log.fileno(), size, max(0, end - size)).decode(errors="replace")
 
 
+@pytest.mark.parametrize(
+    "variable, value",
+    # (gunicorn itself reads WEB_CONCURRENCY first, and a non-integer fails there, also named)
+    [("WEB_CONCURRENCY", "0"), ("WEB_APP_CONCURRENCY", "0"), ("WEB_APP_CONCURRENCY", "four")],
+)
+def test_the_server_refuses_to_start_on_a_bad_concurrency_naming_it(variable, value):
+    env = {**os.environ, variable: value, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [*rebound(image_command(), free_port()), "--check-config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"ImproperlyConfigured: {variable}=" in out.stderr + out.stdout, out.stderr[-2000:]
+
+
 def test_it_serves_the_console_api_and_static_files(server):
     base = f"http://127.0.0.1:{server}"
     with httpx.Client(base_url=base, timeout=5) as client:
@@ -145,8 +168,8 @@ def test_it_serves_the_console_api_and_static_files(server):
 
 def test_many_clients_at_once_hold_a_bounded_number_of_database_connections(server):
     """80 clients at once, 320 requests: all answered, and the server's PostgreSQL connections
-    stay within its workers x app_concurrency (2 x 16; a persistent connection per request's
-    thread reached 81 and PostgreSQL refused more)."""
+    stay within its workers' pools (app_concurrency and /healthz's slots each; a persistent
+    connection per request's thread reached 81 and PostgreSQL refused more)."""
     import concurrent.futures
     import threading
 
@@ -175,7 +198,7 @@ def test_many_clients_at_once_hold_a_bounded_number_of_database_connections(serv
         done.set()
         sampler.join()
     assert statuses == [200] * 320
-    assert most <= 2 * 16 + 2, most  # + the test's own connections
+    assert most <= WORKERS * (APP_CONCURRENCY + DEADLINES.health_slots) + 2, most  # + the test's own
 
 
 def web_backends() -> set[int]:
@@ -491,7 +514,7 @@ def test_a_client_that_pipelines_without_reading_is_not_read_on(server):
 
 
 BIG_STATIC = "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js"  # 1.6 MB
-NON_READERS = 40  # more than the 2 x 16 requests Django runs at once
+NON_READERS = 40  # more than the 2 x 4 requests Django runs at once
 SEND_TIMEOUT_S = 10.0  # controlplane/gunicorn.conf.py's send_timeout_s
 
 
