@@ -68,7 +68,7 @@ class Figures:
     by_mu: float = 0.0  # replicas the MU rule needs over the scale-up window
     by_requests: float = 0.0  # replicas the concurrency rule needs over the scale-up window
     arrivals_need: float = 0.0  # the highest MU need of the scale-down window's spans
-    held: float = 0.0  # replicas a past burst holds (burst_hold, capped)
+    held: float = 0.0  # replicas a past burst holds (burst_hold, capped unless recurring)
     down_coverage: float = 0.0  # share of the scale-down window the samples cover
     utilisation: float = 0.0  # the share of a replica planned for
     calm_spell: bool = False  # no burst for calm_history_s
@@ -76,6 +76,7 @@ class Figures:
     quiet: bool = False  # no burst for quiet_after_s: quiet_margin of the margin
     spread: float = 0.0  # the work's variation over a first token's wait, in a calm spell
     cap: int | None = None  # the per-tick cap, where it bound a scale-up
+    recurring: bool = False  # bursts recur within the hold's memory: held uncapped (recurring)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
         spec = replace(spec, config=cfg)
     # No burst for quiet_after_s: keep quiet_margin of the margin (no replace: the pass's CPU).
     planned = quiet_utilisation(cfg) if settled else cfg.target_utilisation
+    # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
+    hold = burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute
+    recurs = hold > 0 and recurring(buckets, now, cfg)
+    if recurs:  # the held fleet is the margin: a replica's own goes, the hold is not capped
+        planned = max(planned, cfg.recurring_utilisation)
     spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)
     util = planned
     past = [mu / (util * spec.mu_per_replica_minute) for mu in spans_mu]
@@ -142,8 +148,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))
     by_mu, by_requests = needs_for(recent, spec, util)
     need = max(by_mu, by_requests)
-    # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
-    held = min(burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute, cfg.burst_hold_cap * need)
+    held = hold if recurs else min(hold, cfg.burst_hold_cap * need)
     arrivals = max(past, default=0.0)
     down_need = max(need, arrivals, held)
     floor = max(spec.min_replicas, spec.predicted_min_replicas, 0 if _idle(spec, buckets, now) else 1)
@@ -202,6 +207,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
         quiet=settled,
         spread=spread,
         cap=cap,
+        recurring=recurs,
     )
     return Decision(clamped, rule, current, figures, wanted, need, down_need)
 
@@ -288,6 +294,49 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
             first = bisect.bisect_right(ends, ends[i] - w + 1e-9)
             best = max(best, (cum[i + 1] - cum[first]) * 60.0 / (w + cfg.burst_wait_s))
     return best
+
+
+# A series of bursts is over once the base load has lasted this many times its mean gap: were
+# the gaps memoryless (exponential), one that long would come once in e^4 ~ 55.
+RECURRENCE_SILENCE = 4.0
+
+
+def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
+    """Whether the bursts within `burst_memory_s` recur: two or more runs of buckets above
+    `burst_ratio` x the memory's base, with less than `burst_recurrence_s` of base load between
+    one and the next on average, and less than RECURRENCE_SILENCE x that mean since the last.
+    The base is the quietest quarter's top (the bucket at the 25th percentile of MU/min), which
+    bursts filling most of the memory do not lift; a dip shorter than `peak_window_s` does not
+    end a run (a noisy bucket within one burst is no gap).
+
+    Worked numbers (ratio 2.5, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts at 2,800
+    every 50 s: base 400, six runs with 30 s between: recurring, until 120 s after the last.
+    The same bursts 4 minutes apart: one or two runs, 220 s between: not. Steady 400, or 0 at
+    the base: not.
+    """
+    memory = cfg.burst_memory_s
+    if cfg.burst_recurrence_s <= 0 or memory <= 0:
+        return False
+    inside = sorted((b for b in buckets if now - memory < b.end <= now), key=lambda b: b.end)
+    if len(inside) < 4:
+        return False
+    base = sorted(b.mu_per_minute for b in inside)[len(inside) // 4]
+    if base <= 0:
+        return False
+    above = cfg.burst_ratio * base
+    runs, gaps, between = 0, 0.0, 0.0
+    for b in inside:
+        if b.mu_per_minute <= above:
+            between += b.seconds
+            continue
+        if runs == 0 or between >= cfg.peak_window_s:
+            gaps += between if runs else 0.0
+            runs += 1
+        between = 0.0
+    if runs < 2:
+        return False
+    mean_gap = gaps / (runs - 1)
+    return mean_gap < cfg.burst_recurrence_s and between < RECURRENCE_SILENCE * mean_gap
 
 
 def _idle(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> bool:

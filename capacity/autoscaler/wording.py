@@ -54,9 +54,10 @@ def sentence(d: Decision) -> str:
         return f"{need}, within {cfg.tolerance:.0%} of {d.current}"
     if d.rule is Rule.BURST_HOLD:
         unheld = max(d.need or 0.0, f.arrivals_need)
+        bursts = "bursts recurring" if f.recurring else "a burst"
         return (
-            f"a burst within the last {cfg.burst_memory_s:g} s holds {_tenths(f.held)} replicas;"
-            f" at most {_tenths(unheld)} needed {over_down}"
+            f"{bursts} within the last {cfg.burst_memory_s:g} s hold{'' if f.recurring else 's'}"
+            f" {_tenths(f.held)} replicas; at most {_tenths(unheld)} needed {over_down}"
         )
     if d.rule is Rule.COVERAGE:
         covered = f"samples cover {f.down_coverage:.0%} of the last {cfg.scale_down_window_s:g} s"
@@ -93,7 +94,8 @@ def numbers(d: Decision) -> str:
         f" over the last {cfg.scale_down_window_s:g} s, arrivals: up to {f.arrivals_need:.2f}"
     )
     if f.held > 0:
-        text += f"; a burst within {cfg.burst_memory_s:g} s holds {f.held:.2f}"
+        bursts = "bursts recurring" if f.recurring else "a burst"
+        text += f"; {bursts} within {cfg.burst_memory_s:g} s hold{'' if f.recurring else 's'} {f.held:.2f}"
     return f"{text}; {planning(f)}"
 
 
@@ -110,6 +112,8 @@ def planning(f: Figures) -> str:
         )
     if f.quiet:
         return f"no burst for {cfg.quiet_after_s:g} s: planned at {f.utilisation:.2f} of a replica"
+    if f.recurring:
+        return f"bursts recur: planned at {f.utilisation:.2f} of a replica, the hold uncapped"
     return f"planned at {f.utilisation:.2f} of a replica"
 
 
@@ -126,6 +130,7 @@ def detail(d: Decision) -> dict[str, Any]:
         "by_requests": f.by_requests,
         "arrivals_need": f.arrivals_need,
         "burst_hold": f.held,
+        "recurring": f.recurring,
         "utilisation": f.utilisation,
         "reason": explain(d),
     }
@@ -135,6 +140,8 @@ def _plan(f: Figures) -> str:
     """The mechanism that set the share of a replica a need is planned at, where not the margin."""
     if f.calm:
         return " (calm history)"
+    if f.recurring:
+        return " (bursts recur)"
     return " (quiet margin)" if f.quiet else ""
 
 
