@@ -203,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         families, seeds, seconds = [traces.BurstFamily(20.0, 4.0, 60.0, 4000.0, 10.0)], seeds[:1], 180.0
         knobs = {p: (k, (values[0], DEFAULTS[p])) for p, (k, values) in KNOBS.items()}
     if args.png:
+        try:  # before minutes of simulation, not at the first plot
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--png needs matplotlib: pip install -e '.[bench]' (make bench-frontier does)")
         Path(args.png).mkdir(parents=True, exist_ok=True)
     holds = 0
     for family in families:

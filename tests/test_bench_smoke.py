@@ -240,3 +240,25 @@ def test_bench_runs_in_its_smoke_mode(name: str, request: pytest.FixtureRequest,
     assert re.search(bench.printed, output, re.M), (
         f"bench/{name} --smoke printed no line matching {bench.printed!r}:\n{output[-4000:]}"
     )
+
+
+def test_the_frontier_bench_refuses_png_without_matplotlib_before_it_simulates(tmp_path: Path):
+    """--png without matplotlib is refused at the start, naming what to install, not at the
+    first plot after a family's minutes of simulation (a module set to None cannot be imported)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:];"
+            " runpy.run_path('bench/autoscaler_frontier.py', run_name='__main__')",
+            "bench/autoscaler_frontier.py",
+            "--png",
+            str(tmp_path / "png"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--png needs matplotlib" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "png").exists()
