@@ -33,9 +33,10 @@ webserver.configure(
     body_timeout_s=60.0,  # from headers to the end of the body (the API takes at most 2.5 MB)
     limit_concurrency=1000,  # connections + requests per worker; beyond it 503 at once
     # Requests inside Django at once per worker (threads, database connections). Each worker runs
-    # Python on one core at a time: beyond the few that hide one another's database waits,
-    # threads only share that core, and every request in the worker is slower together. 4, not
-    # 2 (which a load of like calls prefers), so two slow pages leave a worker answering.
+    # Python on one core at a time: beyond the few that hide one another's waits, threads only
+    # share that core, and every request in the worker is slower together. 4, not 2 (as good or
+    # better on the benches' loads, bench/web_concurrency.py), for views that wait on more than
+    # the cores: a wake on the cluster, a sale on its pool's lock.
     app_concurrency=envint("WEB_APP_CONCURRENCY", 4, minimum=1),
     prefetch_body_bytes=2_621_440,  # bodies read before entering Django (Django's 2.5 MB limit)
     prefetch_budget_bytes=64 * 2**20,  # all bodies read ahead at once per worker; the rest wait

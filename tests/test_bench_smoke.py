@@ -70,6 +70,7 @@ BENCHES = {
     "oncall_webhook.py": Bench(r"^max \d+\.\d+ s, contract 15 s", 60, programs=("redis-server",)),
     "packing.py": Bench(r"^minimum packing efficiency over all pools: "),
     "router_image_sizing.py": Bench(r"^png-8mb sizing: base / this = ", 60, programs=("git", "tar")),
+    "web_concurrency.py": Bench(r"^mixed +the 20 pools +4 +\d+ ", 90, "BENCH_DATABASE_URL"),
     "routing_table_fanout.py": Bench(
         r"^20 published 304 3 ", 90, "BENCH_DATABASE_URL", programs=("redis-server", "pgrep")
     ),
