@@ -17,15 +17,14 @@ import argparse
 import gc
 import os
 import tempfile
-import threading
 from collections import defaultdict
 from dataclasses import replace
 
 import fleet
-from api_latency import Caller, serve
+from api_latency import SELLERS as CLIENTS
+from api_latency import Caller, crowd, serve
 from fleet import Fleet, Result, percentiles
 
-CLIENTS = 20
 SLOW = 4
 SLOW_PAGE = "/api/v1/endpoints/?page_size=500"
 POOLS = "the 20 pools"
@@ -37,19 +36,18 @@ class SlowReader(Caller):
         return "GET", SLOW_PAGE, None
 
 
-def crowd(f: Fleet, slow: int, requests: int) -> dict[str, list[float]]:
-    """CLIENTS clients at once, `slow` of them SlowReaders, `requests` calls in all; ms by call."""
-    start = threading.Barrier(CLIENTS)
-    each = max(1, requests // CLIENTS)
-    # A slow call costs about four cheap ones: a quarter as many, so both kinds run to the end.
-    callers: list[Caller] = [SlowReader(f.operator_key, max(1, each // 4), start) for _ in range(slow)]
-    callers += [Caller(f.operator_key, each, start) for _ in range(CLIENTS - slow)]
-    for c in callers:
-        c.start()
-    for c in callers:
-        c.join()
-    for line in [u for c in callers for u in c.unexpected][:3]:
-        print(f"    unexpected: {line}")
+def play(f: Fleet, slow: int, requests: int) -> dict[str, list[float]]:
+    """CLIENTS clients at once (api_latency.crowd), `slow` of them SlowReaders, `requests` calls
+    in all; ms by call. A slow call costs about four cheap ones: a quarter as many, so both kinds
+    run to the end."""
+    callers = crowd(
+        lambda k, n, start: (
+            SlowReader(f.operator_key, max(1, n // 4), start)
+            if k < slow
+            else Caller(f.operator_key, n, start)
+        ),
+        requests,
+    )
     times: dict[str, list[float]] = defaultdict(list)
     for c in callers:
         times[ENDPOINTS if isinstance(c, SlowReader) else POOLS] += c.times
@@ -67,9 +65,9 @@ def measure(f: Fleet, settings: list[int], rounds: int, requests: int) -> dict[s
             with tempfile.NamedTemporaryFile(prefix="bench-web-concurrency-", suffix=".log") as log:
                 server = serve(log, "production")
                 try:
-                    crowd(f, SLOW, CLIENTS)  # warm both workers' connections and caches
+                    play(f, SLOW, CLIENTS)  # warm both workers' connections and caches
                     for load, slow in (("like calls", 0), ("mixed", SLOW)):
-                        for call, ms in crowd(f, slow, requests).items():
+                        for call, ms in play(f, slow, requests).items():
                             times[(load, call, setting)] += ms
                 finally:
                     server.terminate()
