@@ -243,6 +243,7 @@ def test_bench_runs_in_its_smoke_mode(name: str, request: pytest.FixtureRequest,
     )
 
 
+@pytest.mark.stack  # a Python process of its own
 def test_the_frontier_bench_refuses_png_without_matplotlib_before_it_simulates(tmp_path: Path):
     """--png without matplotlib is refused at the start, naming what to install, not at the
     first plot after a family's minutes of simulation (a module set to None cannot be imported)."""
