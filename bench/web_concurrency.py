@@ -9,8 +9,8 @@ settings alternating within each round: a machine that slows during the run slow
 Under each, CLIENTS clients at once, each on its own connection with the operator's key, make
 --requests calls in all, twice: like calls (the 20 pools read, api_latency's floor), then a mix
 (SLOW of the clients reading a page of 500 endpoints, ~100 ms each, a quarter as many times,
-the others the pools). One
-row per load, call and setting, with p50 and p99 in ms over the rounds. No goal: it compares.
+the others the pools). One row per load, call and setting, with p50 and p99 in ms over the
+rounds. No goal: it compares.
 """
 
 import argparse

@@ -54,10 +54,10 @@ def sentence(d: Decision) -> str:
         return f"{need}, within {cfg.tolerance:.0%} of {d.current}"
     if d.rule is Rule.BURST_HOLD:
         unheld = max(d.need or 0.0, f.arrivals_need)
-        bursts = "bursts recurring" if f.recurring else "a burst"
+        bursts, hold = _holding(f)
         return (
-            f"{bursts} within the last {cfg.burst_memory_s:g} s hold{'' if f.recurring else 's'}"
-            f" {_tenths(f.held)} replicas; at most {_tenths(unheld)} needed {over_down}"
+            f"{bursts} within the last {cfg.burst_memory_s:g} s {hold} {_tenths(f.held)} replicas;"
+            f" at most {_tenths(unheld)} needed {over_down}"
         )
     if d.rule is Rule.COVERAGE:
         covered = f"samples cover {f.down_coverage:.0%} of the last {cfg.scale_down_window_s:g} s"
@@ -94,8 +94,8 @@ def numbers(d: Decision) -> str:
         f" over the last {cfg.scale_down_window_s:g} s, arrivals: up to {f.arrivals_need:.2f}"
     )
     if f.held > 0:
-        bursts = "bursts recurring" if f.recurring else "a burst"
-        text += f"; {bursts} within {cfg.burst_memory_s:g} s hold{'' if f.recurring else 's'} {f.held:.2f}"
+        bursts, hold = _holding(f)
+        text += f"; {bursts} within {cfg.burst_memory_s:g} s {hold} {f.held:.2f}"
     return f"{text}; {planning(f)}"
 
 
@@ -143,6 +143,11 @@ def _plan(f: Figures) -> str:
     if f.recurring:
         return " (bursts recur)"
     return " (quiet margin)" if f.quiet else ""
+
+
+def _holding(f: Figures) -> tuple[str, str]:
+    """What holds replicas past the scale-down window, and its verb."""
+    return ("bursts recurring", "hold") if f.recurring else ("a burst", "holds")
 
 
 def _tenths(x: float | None) -> str:
