@@ -59,7 +59,7 @@ VARIANTS = {
     # Without the burst hold past the 60-s window (the default holds for 300 s), and its cap at 2.
     "apa-nohold": {"burst_memory_s": 0.0},
     "apa-hold2": {"burst_hold_cap": 2.0},
-    "apa-recur": {"burst_recurrence_s": 60.0},  # bursts in a series held whole (horizontal.recurring)
+    "apa-norecur": {"burst_recurrence_s": 0.0},  # bursts in a series capped as one is (horizontal.recurring)
     # The MU rule reading the busiest 15 s or the 20-s window's mean, not the busiest 10 s.
     "apa-peak15": {"peak_window_s": 15.0},
     "apa-peak20": {"peak_window_s": 20.0},

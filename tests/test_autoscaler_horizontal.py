@@ -233,55 +233,78 @@ def test_steady_traffic_is_planned_at_the_target_utilisation():
     assert decision.replicas == 8
 
 
-RECURRING = AutoscalerConfig(burst_recurrence_s=60.0)  # off by default
+CAPPED = AutoscalerConfig(burst_recurrence_s=0.0)  # a series' hold capped as any burst's
 
 
-def bursts(starts, seconds=20, base=400, peak=2800, start=T0 - 300, end=T0):
-    """5-second buckets of `base` MU/min, at `peak` within `seconds` after each of `starts`."""
-    return [
-        b
-        for t in range(int(start) + 5, int(end) + 1, 5)
-        for b in steady(peak if any(s < t <= s + seconds for s in starts) else base, start=t - 5, end=t)
-    ]
+def bursts(starts, seconds=20, base=400, peak=2800, start=T0 - 300, end=T0, dip=None):
+    """5-second buckets of `base` MU/min, at `peak` within `seconds` after each of `starts`
+    (at `base` again in the bucket ending `dip` s after each start)."""
+
+    def mu(t):
+        within = [s for s in starts if s < t <= s + seconds]
+        return peak if within and (dip is None or t != within[0] + dip) else base
+
+    return [b for t in range(int(start) + 5, int(end) + 1, 5) for b in steady(mu(t), start=t - 5, end=t)]
 
 
 def test_bursts_in_a_series_recur_and_bursts_minutes_apart_do_not():
     from capacity.autoscaler.horizontal import recurring
 
-    # 20-s bursts at 7x every 50 s: 30 s of base between them, under a minute: a series.
+    # 20-s bursts at 7x every 50 s: 30 s of base between them, under a minute: a series, each
+    # burst 2,800 x 20 / 60 = 933 MU, needing 933 x 60 / (20 + 5) = 2,240 MU/min.
     series = bursts(range(int(T0) - 290, int(T0), 50))
-    assert recurring(series, T0, RECURRING)
-    assert not recurring(series, T0, AutoscalerConfig())  # off
-    # The same bursts 4 minutes apart (220 s between), once (none between), or no burst.
-    assert not recurring(bursts([T0 - 290, T0 - 50]), T0, RECURRING)
-    assert not recurring(bursts([T0 - 100]), T0, RECURRING)
-    assert not recurring(steady(400), T0, RECURRING)
-    # A 5-s dip within one 40-s burst is no gap: one burst.
-    dipped = [replace(b, mu_per_minute=400) if b.end == T0 - 80 else b for b in bursts([T0 - 100], 40)]
-    assert not recurring(dipped, T0, RECURRING)
+    assert recurring(series, T0, AutoscalerConfig()) == pytest.approx(2240)
+    assert recurring(series, T0, CAPPED) == 0  # off
+    # The same bursts 4 minutes apart (220 s between), a chance pair 30 s apart (one gap is no
+    # series), once, or no burst.
+    assert recurring(bursts([T0 - 290, T0 - 50]), T0, AutoscalerConfig()) == 0
+    assert recurring(bursts([T0 - 100, T0 - 50]), T0, AutoscalerConfig()) == 0
+    assert recurring(bursts([T0 - 100]), T0, AutoscalerConfig()) == 0
+    assert recurring(steady(400), T0, AutoscalerConfig()) == 0
     # Bursts on an idle endpoint have no base to stand out from.
-    assert not recurring(bursts(range(int(T0) - 290, int(T0), 50), base=0), T0, RECURRING)
+    assert recurring(bursts(range(int(T0) - 290, int(T0), 50), base=0), T0, AutoscalerConfig()) == 0
     # A series is over once base load lasts four times its mean gap: bursts 30 s apart, the
     # last ending 115 s ago still recur; 125 s ago, no longer.
     ended = bursts(range(int(T0) - 285, int(T0) - 130, 50))  # the last from T0 - 135 to T0 - 115
-    assert recurring(ended, T0, RECURRING)
-    assert not recurring(ended + steady(400, start=T0, end=T0 + 10), T0 + 10, RECURRING)
+    assert recurring(ended, T0, AutoscalerConfig()) > 0
+    assert recurring(ended + steady(400, start=T0, end=T0 + 10), T0 + 10, AutoscalerConfig()) == 0
 
 
-def test_recurring_bursts_are_held_whole_and_planned_at_nine_tenths_of_a_replica():
+def test_a_series_needs_what_its_bursts_needed_more_than_once():
+    from capacity.autoscaler.horizontal import recurring
+
+    # One burst of the series at 3x the others' height: the series needs the others' 2,240, the
+    # second most, not the tall one's 6,720.
+    tall = [replace(b, mu_per_minute=8400) if b.mu_per_minute == 2800 and b.end <= T0 - 260 else b
+            for b in bursts(range(int(T0) - 290, int(T0), 50))]  # fmt: skip
+    assert recurring(tall, T0, AutoscalerConfig()) == pytest.approx(2240)
+    # A 5-s dip within each 40-s burst is no gap: one run each, its length and work the burst's
+    # (7 buckets at 2,800 and the dip's at 400: 1,667 MU over 40 s: 1,667 x 60 / 45 = 2,222).
+    dipped = bursts(range(int(T0) - 290, int(T0), 60), seconds=40, dip=20)
+    assert recurring(dipped, T0, AutoscalerConfig()) == pytest.approx((7 * 2800 + 400) * 5 / 45)
+
+
+def test_recurring_bursts_are_held_past_the_cap_and_planned_at_nine_tenths_of_a_replica():
     # A series whose last burst ended 115 s ago: 400 MU/min now, 400 / 80 = 5 replicas. Capped,
-    # the hold is 1.75 x 5 = 8.75 -> 9; recurring, it is whole: a 20-s burst at 2,800 MU/min
-    # served again within 5 s of waiting, 933 MU x 60 / 25 = 2,240 MU/min, 22.4 replicas -> 23;
-    # and the need is planned at 0.9 of a replica: 400 / 90 = 4.4.
+    # the hold is 1.75 x 5 = 8.75 -> 9; recurring, it is what its bursts needed: a 20-s burst at
+    # 2,800 MU/min served again within 5 s of waiting, 933 MU x 60 / 25 = 2,240 MU/min, 22.4
+    # replicas -> 23; and the need is planned at 0.9 of a replica: 400 / 90 = 4.4.
     series = bursts(range(int(T0) - 285, int(T0) - 130, 50))
-    capped = decide(spec(30), series, T0)
+    capped = decide(spec(30, config=CAPPED), series, T0)
     assert capped.figures.held == pytest.approx(8.75) and not capped.figures.recurring
     assert capped.replicas == 9
-    decision = decide(spec(30, config=RECURRING), series, T0)
+    decision = decide(spec(30), series, T0)
     assert decision.figures.recurring and decision.figures.utilisation == pytest.approx(0.9)
     assert decision.need == pytest.approx(400 / 90)
     assert decision.figures.held == pytest.approx(22.4) and decision.replicas == 23
     assert "bursts recurring within the last 300 s hold 22.4 replicas" in explain(decision)
+    # Its first burst three times as tall: the hold's 67.2 is more than the series needed more
+    # than once; the series' 22.4 is held, past the cap.
+    tall = [replace(b, mu_per_minute=8400) if b.mu_per_minute == 2800 and b.end <= T0 - 260 else b
+            for b in series]  # fmt: skip
+    decision = decide(spec(30), tall, T0)
+    assert decision.figures.held == pytest.approx(22.4) and decision.replicas == 23
+    assert decide(spec(30, config=CAPPED), tall, T0).figures.held == pytest.approx(8.75)
 
 
 # An operator's calm history, on its own: the quiet margin (on by default) is tested apart.

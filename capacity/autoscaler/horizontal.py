@@ -68,7 +68,7 @@ class Figures:
     by_mu: float = 0.0  # replicas the MU rule needs over the scale-up window
     by_requests: float = 0.0  # replicas the concurrency rule needs over the scale-up window
     arrivals_need: float = 0.0  # the highest MU need of the scale-down window's spans
-    held: float = 0.0  # replicas a past burst holds (burst_hold, capped unless recurring)
+    held: float = 0.0  # replicas a past burst holds (burst_hold, capped; a series' need past the cap)
     down_coverage: float = 0.0  # share of the scale-down window the samples cover
     utilisation: float = 0.0  # the share of a replica planned for
     calm_spell: bool = False  # no burst for calm_history_s
@@ -76,7 +76,7 @@ class Figures:
     quiet: bool = False  # no burst for quiet_after_s: quiet_margin of the margin
     spread: float = 0.0  # the work's variation over a first token's wait, in a calm spell
     cap: int | None = None  # the per-tick cap, where it bound a scale-up
-    recurring: bool = False  # bursts recur within the hold's memory: held uncapped (recurring)
+    recurring: bool = False  # bursts recur within the hold's memory: their need held (recurring)
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,9 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     planned = quiet_utilisation(cfg) if settled else cfg.target_utilisation
     # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
     hold = burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute
-    recurs = hold > 0 and recurring(buckets, now, cfg)
-    if recurs:  # the held fleet is the margin: a replica's own goes, the hold is not capped
+    series = recurring(buckets, now, cfg) / spec.mu_per_replica_minute if hold > 0 else 0.0
+    recurs = series > 0
+    if recurs:  # the held fleet is the margin: a replica's own goes
         planned = max(planned, cfg.recurring_utilisation)
     spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)
     util = planned
@@ -148,7 +149,9 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))
     by_mu, by_requests = needs_for(recent, spec, util)
     need = max(by_mu, by_requests)
-    held = hold if recurs else min(hold, cfg.burst_hold_cap * need)
+    held = min(hold, cfg.burst_hold_cap * need)
+    if recurs:  # the series' need, past the cap: no more than the hold itself
+        held = max(held, min(hold, series))
     arrivals = max(past, default=0.0)
     down_need = max(need, arrivals, held)
     floor = max(spec.min_replicas, spec.predicted_min_replicas, 0 if _idle(spec, buckets, now) else 1)
@@ -299,44 +302,63 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
 # A series of bursts is over once the base load has lasted this many times its mean gap: were
 # the gaps memoryless (exponential), one that long would come once in e^4 ~ 55.
 RECURRENCE_SILENCE = 4.0
+# Runs of buckets within the memory that make a series: two gaps, not a chance pair of bursts.
+SERIES_RUNS = 3
 
 
-def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> bool:
-    """Whether the bursts within `burst_memory_s` recur: two or more runs of buckets above
-    `burst_ratio` x the memory's base, with less than `burst_recurrence_s` of base load between
-    one and the next on average, and less than RECURRENCE_SILENCE x that mean since the last.
-    The base is the quietest quarter's top (the bucket at the 25th percentile of MU/min), which
-    bursts filling most of the memory do not lift; a dip shorter than `peak_window_s` does not
-    end a run (a noisy bucket within one burst is no gap).
+def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+    """MU/min that a series of bursts within `burst_memory_s` needed more than once, 0 when
+    they do not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x
+    the memory's base, with less than `burst_recurrence_s` of base load between one and the
+    next on average, and less than RECURRENCE_SILENCE x that mean since the last. A run needs
+    its work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole
+    run); the series needs the second most of its runs' needs: what came more than once, not
+    one tall burst among lower ones. The base is the quietest quarter's top (the bucket at the
+    25th percentile of MU/min), which bursts filling most of the memory do not lift; a dip
+    shorter than `peak_window_s` does not end a run (a noisy bucket within one burst is no gap).
 
-    Worked numbers (ratio 2.5, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts at 2,800
-    every 50 s: base 400, six runs with 30 s between: recurring, until 120 s after the last.
-    The same bursts 4 minutes apart: one or two runs, 220 s between: not. Steady 400, or 0 at
-    the base: not.
+    Worked numbers (ratio 2.5, wait 5 s, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts
+    at 2,800 every 50 s: base 400, six runs with 30 s between, each 933 MU over 20 s: 933 x 60 /
+    25 = 2,240 MU/min, until 120 s after the last. The same bursts 4 minutes apart: two runs at
+    most: 0. Steady 400, or 0 at the base: 0.
     """
     memory = cfg.burst_memory_s
     if cfg.burst_recurrence_s <= 0 or memory <= 0:
-        return False
-    inside = sorted((b for b in buckets if now - memory < b.end <= now), key=lambda b: b.end)
+        return 0.0
+    inside = [b for b in buckets if now - memory < b.end <= now]
     if len(inside) < 4:
-        return False
-    base = sorted(b.mu_per_minute for b in inside)[len(inside) // 4]
-    if base <= 0:
-        return False
+        return 0.0
+    rates = sorted([b.mu_per_minute for b in inside])
+    base = rates[len(rates) // 4]
     above = cfg.burst_ratio * base
-    runs, gaps, between = 0, 0.0, 0.0
+    if base <= 0 or rates[-1] <= above:  # no base, or no run: most endpoints, before the loop
+        return 0.0
+    inside.sort(key=lambda b: b.end)
+    needs: list[float] = []  # each finished run's MU/min
+    gaps = between = dipped = work = seconds = 0.0  # dipped: the work of the buckets between
     for b in inside:
         if b.mu_per_minute <= above:
             between += b.seconds
+            dipped += b.mu_per_minute * b.seconds / 60.0
             continue
-        if runs == 0 or between >= cfg.peak_window_s:
-            gaps += between if runs else 0.0
-            runs += 1
-        between = 0.0
-    if runs < 2:
-        return False
-    mean_gap = gaps / (runs - 1)
-    return mean_gap < cfg.burst_recurrence_s and between < RECURRENCE_SILENCE * mean_gap
+        if not seconds or between >= cfg.peak_window_s:  # a run starts
+            if seconds:
+                needs.append(work * 60.0 / (seconds + cfg.burst_wait_s))
+                gaps += between
+            work = seconds = 0.0
+        else:  # a dip within the run: its length and work are the run's
+            work, seconds = work + dipped, seconds + between
+        work += b.mu_per_minute * b.seconds / 60.0
+        seconds += b.seconds
+        between = dipped = 0.0
+    if seconds:
+        needs.append(work * 60.0 / (seconds + cfg.burst_wait_s))
+    if len(needs) < SERIES_RUNS:
+        return 0.0
+    mean_gap = gaps / (len(needs) - 1)
+    if mean_gap >= cfg.burst_recurrence_s or between >= RECURRENCE_SILENCE * mean_gap:
+        return 0.0
+    return sorted(needs)[-2]
 
 
 def _idle(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> bool:
