@@ -48,7 +48,7 @@ class AutoscalerConfig:
     # more than once, and replicas are planned at recurring_utilisation at least, the held
     # fleet being the margin (horizontal.recurring). 0 is off; >= 0. 60 (a minute, what the SLO
     # is judged over), in the fleet simulator over seeds 1-8: where bursts of 4-7x come in
-    # series, 5-7 % fewer GPU-hours and more minutes; on the prefill mixes 3 % fewer; on tall
+    # series, 4-6 % fewer GPU-hours and more minutes; on the prefill mixes 2 % fewer; on tall
     # bursts minutes apart, under 1 % more (docs/evaluation/autoscaler.md).
     burst_recurrence_s: float = 60.0
     recurring_utilisation: float = 0.9  # ... the least share of a replica planned for then; (0, 1]
