@@ -284,6 +284,45 @@ def test_a_series_needs_what_its_bursts_needed_more_than_once():
     assert recurring(dipped, T0, AutoscalerConfig()) == pytest.approx((7 * 2800 + 400) * 5 / 45)
 
 
+def test_a_series_is_judged_on_time_not_on_the_buckets_that_came():
+    from capacity.autoscaler.horizontal import recurring
+
+    # A slot no router reported is no bucket. An ended series (the last burst ending 130 s ago,
+    # bursts 30 s apart) whose base since has every other slot missing has still been silent
+    # for 130 s, over four times its gaps: it is over, as with every bucket there.
+    ended = bursts(range(int(T0) - 290, int(T0) - 150, 50))
+    holey = [b for b in ended if b.end <= T0 - 170 or b.end % 10 == 0]
+    assert recurring(ended, T0, AutoscalerConfig()) == recurring(holey, T0, AutoscalerConfig()) == 0
+    # Bursts 100 s apart (80 s of base between them) with 30 s of each gap unreported: no series.
+    starts = [T0 - 290, T0 - 190, T0 - 90]
+    gappy = [b for b in bursts(starts) if not any(s + 40 < b.end <= s + 70 for s in starts)]
+    assert recurring(gappy, T0, AutoscalerConfig()) == 0
+
+
+def test_lumps_of_a_sparse_endpoints_noise_are_no_series():
+    from capacity.autoscaler.horizontal import recurring
+
+    # 60 MU/min with a bucket at 170 every 20 s: runs of one 5-s bucket, shorter than the 10 s a
+    # burst is judged over: lumps, not a series. Planned at 0.8 as without the rule, and its
+    # events say nothing of bursts recurring.
+    lumps = [b for t in range(int(T0) - 295, int(T0) + 1, 5)
+             for b in steady(170 if t % 20 == 0 else 60, start=t - 5, end=t)]  # fmt: skip
+    assert recurring(lumps, T0, AutoscalerConfig()) == 0
+    decision = decide(spec(2), lumps, T0)
+    assert not decision.figures.recurring and decision.figures.utilisation == pytest.approx(0.8)
+    capped = decide(spec(2, config=CAPPED), lumps, T0)
+    assert (decision.replicas, decision.need, decision.figures.held) == (
+        capped.replicas,
+        capped.need,
+        capped.figures.held,
+    )
+    assert "recurring" not in explain(decision)
+    # Two buckets at 170 every 30 s are 10-s runs: a series.
+    longer = [b for t in range(int(T0) - 295, int(T0) + 1, 5)
+              for b in steady(170 if t % 30 in (0, 5) else 60, start=t - 5, end=t)]  # fmt: skip
+    assert recurring(longer, T0, AutoscalerConfig()) > 0
+
+
 def test_recurring_bursts_are_held_past_the_cap_and_planned_at_nine_tenths_of_a_replica():
     # A series whose last burst ended 115 s ago: 400 MU/min now, 400 / 80 = 5 replicas. Capped,
     # the hold is 1.75 x 5 = 8.75 -> 9; recurring, it is what its bursts needed: a 20-s burst at

@@ -42,14 +42,14 @@ class AutoscalerConfig:
     # for minutes (uncapped, the hold cost 1.4-2.1x the GPU-hours on bursty mixes in the fleet
     # simulator; at 1.5 it met no minute more on seeds 1-2; docs/autoscaler.md); >= 1.
     burst_hold_cap: float = 1.75
-    # Bursts recur when three or more within burst_memory_s came with gaps (the base load between
-    # them) of under this on average, seconds, and the base load since the last has lasted under
-    # four times that mean: then the hold keeps, past its cap, what the series' bursts needed
-    # more than once, and replicas are planned at recurring_utilisation at least, the held
-    # fleet being the margin (horizontal.recurring). 0 is off; >= 0. 60 (a minute, what the SLO
+    # Bursts recur when three or more (of 10 s or more) within burst_memory_s came under this
+    # apart on average, seconds, the last under four times that mean ago: then the hold keeps,
+    # past its cap, what the series' bursts needed more than once, and replicas are planned at
+    # recurring_utilisation at least (above a lower target_utilisation too: the held fleet is
+    # the margin) (horizontal.recurring). 0 is off; >= 0. 60 (a minute, what the SLO
     # is judged over), in the fleet simulator over seeds 1-8: where bursts of 4-7x come in
-    # series, 4-6 % fewer GPU-hours and more minutes; on the prefill mixes 2 % fewer; on tall
-    # bursts minutes apart, under 1 % more (docs/evaluation/autoscaler.md).
+    # series, 3-6 % fewer GPU-hours and more minutes; on the prefill mixes within 2 % either
+    # way; on tall bursts minutes apart, under 1 % more (docs/evaluation/autoscaler.md).
     burst_recurrence_s: float = 60.0
     recurring_utilisation: float = 0.9  # ... the least share of a replica planned for then; (0, 1]
     # Seconds of calm that let the decider drop its margins for bursts (capacity.autoscaler.calm):

@@ -309,13 +309,14 @@ SERIES_RUNS = 3
 def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
     """MU/min that a series of bursts within `burst_memory_s` needed more than once, 0 when
     they do not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x
-    the memory's base, with less than `burst_recurrence_s` of base load between one and the
-    next on average, and less than RECURRENCE_SILENCE x that mean since the last. A run needs
-    its work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole
-    run); the series needs the second most of its runs' needs: what came more than once, not
-    one tall burst among lower ones. The base is the quietest quarter's top (the bucket at the
-    25th percentile of MU/min), which bursts filling most of the memory do not lift; a dip
-    shorter than `peak_window_s` does not end a run (a noisy bucket within one burst is no gap).
+    the memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
+    endpoint's noise), less than `burst_recurrence_s` apart on average (from one's end to the
+    next's start), the last ended less than RECURRENCE_SILENCE x that mean ago. A run needs its
+    work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole run);
+    the series needs the second most of its runs' needs: what came more than once, not one
+    tall burst among lower ones. The base is the quietest quarter's top (the bucket at the 25th
+    percentile of MU/min), which bursts filling most of the memory do not lift; a dip shorter
+    than `peak_window_s` does not end a run (a noisy bucket within one burst is no gap).
 
     Worked numbers (ratio 2.5, wait 5 s, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts
     at 2,800 every 50 s: base 400, six runs with 30 s between, each 933 MU over 20 s: 933 x 60 /
@@ -334,31 +335,34 @@ def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> f
     if base <= 0 or rates[-1] <= above:  # no base, or no run: most endpoints, before the loop
         return 0.0
     inside.sort(key=lambda b: b.end)
-    needs: list[float] = []  # each finished run's MU/min
-    gaps = between = dipped = work = seconds = 0.0  # dipped: the work of the buckets between
+    # Gaps, lengths and the silence are times, not the seconds the buckets cover: a slot no
+    # router reported is no bucket, and must not shorten a gap nor keep a series going.
+    runs: list[tuple[float, float, float]] = []  # (start, end, work) of each run
+    start = work = dipped = 0.0  # dipped: the work since the run's last bucket above
+    end: float | None = None  # the current run's last bucket above ends here
     for b in inside:
         if b.mu_per_minute <= above:
-            between += b.seconds
             dipped += b.mu_per_minute * b.seconds / 60.0
             continue
-        if not seconds or between >= cfg.peak_window_s:  # a run starts
-            if seconds:
-                needs.append(work * 60.0 / (seconds + cfg.burst_wait_s))
-                gaps += between
-            work = seconds = 0.0
-        else:  # a dip within the run: its length and work are the run's
-            work, seconds = work + dipped, seconds + between
+        begins = b.end - b.seconds
+        if end is None or begins - end >= cfg.peak_window_s:  # a run starts
+            if end is not None:
+                runs.append((start, end, work))
+            start, work = begins, 0.0
+        else:  # a dip within the run: its time and work are the run's
+            work += dipped
         work += b.mu_per_minute * b.seconds / 60.0
-        seconds += b.seconds
-        between = dipped = 0.0
-    if seconds:
-        needs.append(work * 60.0 / (seconds + cfg.burst_wait_s))
-    if len(needs) < SERIES_RUNS:
+        end, dipped = b.end, 0.0
+    if end is not None:
+        runs.append((start, end, work))
+    # A run shorter than peak_window_s is a lump (a sparse endpoint's noise), not a burst.
+    runs = [run for run in runs if run[1] - run[0] >= cfg.peak_window_s]
+    if len(runs) < SERIES_RUNS:
         return 0.0
-    mean_gap = gaps / (len(needs) - 1)
-    if mean_gap >= cfg.burst_recurrence_s or between >= RECURRENCE_SILENCE * mean_gap:
+    mean_gap = (runs[-1][0] - runs[0][1] - sum(e - s for s, e, _ in runs[1:-1])) / (len(runs) - 1)
+    if mean_gap >= cfg.burst_recurrence_s or now - runs[-1][1] >= RECURRENCE_SILENCE * mean_gap:
         return 0.0
-    return sorted(needs)[-2]
+    return sorted(w * 60.0 / (e - s + cfg.burst_wait_s) for s, e, w in runs)[-2]
 
 
 def _idle(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> bool:
