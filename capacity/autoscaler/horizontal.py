@@ -299,8 +299,8 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
     return best
 
 
-# A series of bursts is over once the base load has lasted this many times its mean gap: were
-# the gaps memoryless (exponential), one that long would come once in e^4 ~ 55.
+# A series of bursts is over once this many times its mean gap has passed since its last burst:
+# were the gaps memoryless (exponential), one that long would come once in e^4 ~ 55.
 RECURRENCE_SILENCE = 4.0
 # Runs of buckets within the memory that make a series: two gaps, not a chance pair of bursts.
 SERIES_RUNS = 3
