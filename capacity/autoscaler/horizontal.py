@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from capacity.autoscaler.calm import is_calm, is_quiet, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate, running_sums
+from capacity.autoscaler.window import Bucket, Load, aggregate, in_window, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -326,7 +326,7 @@ def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> f
     memory = cfg.burst_memory_s
     if cfg.burst_recurrence_s <= 0 or memory <= 0:
         return 0.0
-    inside = [b for b in buckets if now - memory < b.end <= now]
+    inside = in_window(buckets, now, memory)
     if len(inside) < 4:
         return 0.0
     rates = sorted([b.mu_per_minute for b in inside])
