@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from capacity.autoscaler.calm import is_calm, is_quiet, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate, in_window, running_sums
+from capacity.autoscaler.window import Bucket, Load, aggregate, by_end, in_window, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -93,19 +93,13 @@ class Decision:
         return self.replicas is not None and self.replicas != current
 
 
-def need_for(load: Load, spec: EndpointSpec, util: float | None = None) -> float:
-    """Fractional replicas for a load: the larger of `needs_for`'s MU and concurrency answers."""
-    return max(needs_for(load, spec, util))
-
-
-def needs_for(load: Load, spec: EndpointSpec, util: float | None = None) -> tuple[float, float]:
-    """Fractional replicas for a load by MU (arrivals plus the router's backlog spread over
-    `backlog_drain_s`) and by concurrency (at the replicas, plus the router's queue unless it
-    drains, at most twice as many), each planned at `util` of a replica (by default the config's
-    target_utilisation)."""
+def needs_for(load: Load, spec: EndpointSpec, util: float, mu_per_minute: float) -> tuple[float, float]:
+    """Fractional replicas for a load by MU (`mu_per_minute` arriving, the rate read off the
+    load, plus the router's backlog spread over `backlog_drain_s`) and by concurrency (at the
+    replicas, plus the router's queue unless it drains, at most twice as many), each planned at
+    `util` of a replica."""
     cfg = spec.config
-    util = cfg.target_utilisation if util is None else util
-    mu = load.mu_per_minute + load.backlog_mu * 60.0 / cfg.backlog_drain_s
+    mu = mu_per_minute + load.backlog_mu * 60.0 / cfg.backlog_drain_s
     by_mu = mu / (util * spec.mu_per_replica_minute)
     draining = load.queued_last < (1 - cfg.tolerance) * load.queued
     concurrency = load.in_flight + (0.0 if draining else min(load.queued, 2 * load.in_flight))
@@ -146,8 +140,8 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     util = planned
     past = [mu / (util * spec.mu_per_replica_minute) for mu in spans_mu]
     # The MU rule reads the window's busiest `peak_window_s`, not its mean (see the docstring).
-    recent = replace(recent, mu_per_minute=max(recent.mu_per_minute, busiest))
-    by_mu, by_requests = needs_for(recent, spec, util)
+    mu_per_minute = max(recent.mu_per_minute, busiest)
+    by_mu, by_requests = needs_for(recent, spec, util, mu_per_minute)
     need = max(by_mu, by_requests)
     held = min(hold, cfg.burst_hold_cap * need)
     if recurs:  # the series' need, past the cap: no more than the hold itself
@@ -195,7 +189,7 @@ def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decisio
     figures = Figures(
         config=cfg,
         coverage=recent.coverage,
-        mu_per_minute=recent.mu_per_minute,
+        mu_per_minute=mu_per_minute,
         in_flight=recent.in_flight,
         queued=recent.queued,
         backlog_mu=recent.backlog_mu,
@@ -235,10 +229,14 @@ def _past_spans(
     """
     cfg = spec.config
     span, down = min(cfg.peak_window_s, cfg.scale_up_window_s), cfg.scale_down_window_s
-    inside = sorted((b for b in buckets if now - down - span < b.end <= now), key=lambda b: b.end)
+    inside = [b for b in buckets if now - down - span < b.end <= now]
+    inside.sort(key=by_end)
     spans: list[float] = []
     seconds = mu = covered = busiest = 0.0
     first = 0
+    # The loop's bounds, once (the pass's CPU budget).
+    down_from, enough = now - down, cfg.min_coverage * span
+    up_from = now - cfg.scale_up_window_s + span - 1e-9
     for b in inside:
         seconds += b.seconds
         mu += b.mu_per_minute * b.seconds
@@ -247,11 +245,11 @@ def _past_spans(
             seconds -= gone.seconds
             mu -= gone.mu_per_minute * gone.seconds
             first += 1
-        if b.end > now - down:
+        if b.end > down_from:
             covered += b.seconds
-            if seconds >= cfg.min_coverage * span:
+            if seconds >= enough:
                 spans.append(mu / seconds)
-                if b.end > now - cfg.scale_up_window_s + span - 1e-9:
+                if b.end > up_from:
                     busiest = max(busiest, mu / seconds)
     return spans, min(covered / down, 1.0), busiest
 
@@ -275,15 +273,17 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
     step = 5.0  # the collector's bucket
     widths = [step * k for k in range(1, max(1, int(cfg.pod_start_s / step + 1e-9)) + 1)]
     ends, cum, _ = running_sums(buckets, now - memory - widths[-1], now)
-    held = [i for i, end in enumerate(ends) if down < now - end < memory]
-    if not held:
+    # The buckets that ended past the scale-down window and within the memory: down < now - end <
+    # memory, found by halving (ends are in order; end - now is -(now - end), the same float).
+    lo = bisect.bisect_right(ends, -memory, key=lambda end: end - now)
+    hi = bisect.bisect_left(ends, -down, key=lambda end: end - now)
+    if lo >= hi:
         return 0.0
     best = 0.0
     gaps = list(map(operator.sub, ends[1:], ends[:-1]))
     if not gaps or step - 1e-6 < min(gaps) <= max(gaps) < step + 1e-6:
         # Regular 5-s buckets (the collector's): a span of k buckets ending at i is cum[i + 1] -
         # cum[i + 1 - k], one slice per width (the decider's CPU budget: see _past_spans).
-        lo, hi = held[0], held[-1] + 1
         for k, w in enumerate(widths, start=1):
             full = max(lo, k - 1)  # spans ending before it start before the first bucket: partial
             work = cum[min(hi, full)] - cum[0] if lo < full else 0.0
@@ -292,7 +292,7 @@ def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> 
                 work = max(work, max(map(operator.sub, ends_at, starts_at)))
             best = max(best, work * 60.0 / (w + cfg.burst_wait_s))
         return best
-    for i in held:
+    for i in range(lo, hi):
         for w in widths:
             first = bisect.bisect_right(ends, ends[i] - w + 1e-9)
             best = max(best, (cum[i + 1] - cum[first]) * 60.0 / (w + cfg.burst_wait_s))

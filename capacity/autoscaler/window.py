@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from operator import attrgetter
+
+by_end = attrgetter("end")  # the key that puts buckets in order of their end
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class Load:
 
 
 def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
-    return [b for b in buckets if now - seconds < b.end <= now]
+    start = now - seconds
+    return [b for b in buckets if start < b.end <= now]
 
 
 def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | None:
@@ -64,7 +66,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         return None
     latencies = [b.p99_latency_s for b in inside if b.p99_latency_s is not None]
     kv = [b.kv_cache_usage for b in inside if b.kv_cache_usage is not None]
-    latest = sorted(inside, key=lambda b: b.end)[-1]
+    latest = max(reversed(inside), key=by_end)  # of equal ends, the last (as a stable sort's)
     return Load(
         seconds=seconds,
         coverage=min(covered / seconds, 1.0),
@@ -87,14 +89,16 @@ def running_sums(
 ) -> tuple[list[float], list[float], list[float]]:
     """The ends of the buckets in (since, now], in order, and the MU arrived and the seconds
     covered up to each one's end (both from 0 before the first): a span's work is a difference."""
-    inside = sorted([b for b in buckets if since < b.end <= now], key=_END)
-    # accumulate adds in order, as a loop would (the same floats), in C: the pass's CPU budget.
-    work = list(accumulate([b.mu_per_minute * b.seconds / 60.0 for b in inside], initial=0.0))
-    covered = list(accumulate([b.seconds for b in inside], initial=0.0))
-    return [b.end for b in inside], work, covered
-
-
-_END = attrgetter("end")
+    inside = sorted([b for b in buckets if since < b.end <= now], key=by_end)
+    ends, work, covered = [], [0.0], [0.0]
+    arrived = seconds = 0.0
+    for b in inside:  # one loop, not a comprehension a list: the pass's CPU budget
+        ends.append(b.end)
+        arrived += b.mu_per_minute * b.seconds / 60.0
+        seconds += b.seconds
+        work.append(arrived)
+        covered.append(seconds)
+    return ends, work, covered
 
 
 def quantile(counts: Sequence[float], bounds: Sequence[float], q: float) -> float | None:
