@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dataclasses import replace
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
+from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, Timeline, calm, decide
 from capacity.autoscaler.horizontal import lookback_s
 
 NOW = 1_000_000.0
@@ -59,9 +59,10 @@ def fleet(n: int, rng: random.Random, config: AutoscalerConfig | None = None):
 def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket]) -> bool:
     """The pass's work for one endpoint: its calm history judged, then its decision."""
     cfg = spec.config
+    timeline = Timeline(buckets)  # as the pass: in order once, for both
     if calm.horizon_s(cfg) > 0:
-        spec = replace(spec, quiet_since=calm.quiet_since(spec.quiet_since, buckets, NOW - 5, NOW, cfg))
-    return decide(spec, buckets, NOW).changes(spec.current_replicas)
+        spec = replace(spec, quiet_since=calm.quiet_since(spec.quiet_since, timeline, NOW - 5, NOW, cfg))
+    return decide(spec, timeline, NOW).changes(spec.current_replicas)
 
 
 def main() -> None:

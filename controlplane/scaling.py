@@ -44,7 +44,7 @@ from capacity.autoscaler import (
     wording,
 )
 from capacity.autoscaler.horizontal import Decision
-from capacity.autoscaler.window import aggregate
+from capacity.autoscaler.window import Timeline, aggregate
 from capacity.ledger import fit_replicas
 from capacity.packing import ReplicaDemand, pack
 from controlplane import pool_ledgers, rollouts, selling
@@ -253,12 +253,13 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             for e in endpoints:
                 recent = [b for b in history.get(e.pk, []) if b.end > ts - 60]
                 e.used_mu_per_minute = sum(b.mu_per_minute * b.seconds for b in recent) / 60.0
-                quiet = _calm_since(e, configs[e.pk], history.get(e.pk, []), after, ts)
+                timeline = Timeline(history.get(e.pk, []))  # in order once, for the calm and the decider
+                quiet = _calm_since(e, configs[e.pk], timeline, after, ts)
                 e.calm_since = None if quiet is None else datetime.fromtimestamp(quiet, UTC)
                 if cluster is None:
                     continue
                 spec = _spec(e, configs[e.pk], now, floors.get(e.pk, 0), quiet)
-                d = decide(spec, history.get(e.pk, []), ts)
+                d = decide(spec, timeline, ts)
                 decided += d.replicas is not None
                 held = clamp(e, d, room)
                 if (episode := _clamp_event(e, d, held, room)) is not None:
@@ -340,7 +341,7 @@ def _written(e: Endpoint) -> tuple[int, float, str, datetime | None, datetime | 
 
 
 def _calm_since(
-    e: Endpoint, cfg: AutoscalerConfig, buckets: list[Bucket], after: float, ts: float
+    e: Endpoint, cfg: AutoscalerConfig, buckets: Timeline, after: float, ts: float
 ) -> float | None:
     """Its calm history judged on the spans since the last pass (`after`); None where off. Not
     judged before (new, or just turned on): judged on what this pass loaded, its calm starting

@@ -7,7 +7,7 @@ import pytest
 
 from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, calm, decide
 from capacity.autoscaler.horizontal import lookback_s, quiet_utilisation
-from capacity.autoscaler.window import aggregate
+from capacity.autoscaler.window import Timeline, aggregate, in_window
 from capacity.autoscaler.wording import explain
 
 T0 = 1_000_000.0
@@ -579,3 +579,24 @@ def test_a_scale_up_window_shorter_than_the_peak_span_is_read_whole():
     config = AutoscalerConfig.from_overrides({"scale_up_window_s": 5.0})
     buckets = steady(80, end=T0 - 5) + steady(400, start=T0 - 5)
     assert decide(spec(1, config=config), buckets, T0).need == pytest.approx(5.0)
+
+
+def test_buckets_in_any_order_are_read_in_order_of_their_end():
+    # A timeline puts buckets in order once; every window is then a slice of (now - s, now].
+    ordered = steady(400, start=T0 - 100)
+    ordered[-6:] = [replace(b, mu_per_minute=2000, queued=i) for i, b in enumerate(ordered[-6:])]
+    shuffled = ordered[::2] + ordered[1::2]
+    timeline = Timeline(shuffled)
+    assert timeline.buckets == ordered and timeline.ends == [b.end for b in ordered]
+    assert in_window(timeline, T0, 20) == in_window(shuffled, T0, 20) == ordered[-4:]
+    assert in_window(timeline, T0 - 5, 10) == ordered[-3:-1]  # the end is in, the start out
+    # The latest bucket's queue is the window's last, whatever order the buckets came in.
+    assert aggregate(shuffled, T0, 20).queued_last == 5
+    # Of equal ends, the last given is the latest (a collector's correction after its first).
+    again = replace(ordered[-1], queued=9)
+    assert aggregate([*shuffled, again], T0, 20).queued_last == 9
+    assert Timeline([again, *ordered]).buckets[-2:] == [again, ordered[-1]]
+    # The decider reads the same from either.
+    a, b = decide(spec(3), shuffled, T0), decide(spec(3), timeline, T0)
+    assert (a.replicas, a.rule, a.need, a.down_need) == (b.replicas, b.rule, b.need, b.down_need)
+    assert a.replicas == decide(spec(3), ordered, T0).replicas > 3

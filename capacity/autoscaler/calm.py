@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
 
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate, in_window, running_sums
+from capacity.autoscaler.window import Buckets, Load, Timeline, aggregate, in_window, running_sums
 
 CALM_SPAN_S = 10.0  # the spans a calm history judges, seconds
 CALM_BASE_S = 300.0  # a span is judged against the mean of this long before it
 
 
 def quiet_since(
-    since: float | None, buckets: Sequence[Bucket], after: float, now: float, cfg: AutoscalerConfig
+    since: float | None, buckets: Buckets, after: float, now: float, cfg: AutoscalerConfig
 ) -> float | None:
     """The new `quiet_since` once the spans that ended in (after, now] are judged (each span ends
     at a bucket's end). `since` None: nothing was judged yet, so every span in `buckets` is, the
@@ -44,9 +43,10 @@ def quiet_since(
     `CALM_SPAN_S` before the first span judged (`lookback_s`)."""
     judging = since is not None
     if since is None:
-        if not buckets:
+        ordered = Timeline.of(buckets).buckets
+        if not ordered:
             return None
-        since, after = min(b.end - b.seconds for b in buckets), -float("inf")
+        since, after = min(b.end - b.seconds for b in ordered), -float("inf")
     span = CALM_SPAN_S
     ends, work, covered = running_sums(buckets, min(after, now) - CALM_BASE_S - span, now)
     for i in range(bisect.bisect_right(ends, after), len(ends)):
@@ -109,7 +109,7 @@ def work_spread(load: Load, horizon_s: float) -> float:
     return math.sqrt(squares * horizon_s) / (rate * horizon_s)
 
 
-def work_spread_over(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+def work_spread_over(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
     """`work_spread` of the scale-down window over a first token's wait (`burst_wait_s`); infinite
     without buckets, or where any bucket has MU without squares (a router from before them, in a
     rollout: its MU would make the rest look steadier than it is). The calm history plans at a

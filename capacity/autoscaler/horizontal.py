@@ -16,13 +16,12 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from capacity.autoscaler.calm import is_calm, is_quiet, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Bucket, Load, aggregate, by_end, in_window, running_sums
+from capacity.autoscaler.window import Buckets, Load, Timeline, aggregate, in_window, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -114,9 +113,10 @@ def quiet_utilisation(cfg: AutoscalerConfig) -> float:
     return 1.0 - (1.0 - cfg.target_utilisation) * cfg.quiet_margin
 
 
-def decide(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> Decision:
+def decide(spec: EndpointSpec, buckets: Buckets, now: float) -> Decision:
     cfg = spec.config
     current = spec.current_replicas
+    buckets = Timeline.of(buckets)  # in order once; each window below is a slice of it
     recent = aggregate(buckets, now, cfg.scale_up_window_s)
     if recent is None or recent.coverage < cfg.min_coverage:
         covered = 0.0 if recent is None else recent.coverage
@@ -217,9 +217,7 @@ def lookback_s(cfg: AutoscalerConfig) -> float:
     return max(cfg.scale_down_window_s, memory) + cfg.scale_up_window_s
 
 
-def _past_spans(
-    spec: EndpointSpec, buckets: Sequence[Bucket], now: float
-) -> tuple[list[float], float, float]:
+def _past_spans(spec: EndpointSpec, buckets: Buckets, now: float) -> tuple[list[float], float, float]:
     """The MU/min (arrivals only) of every `peak_window_s` span that ended at a bucket in the
     scale-down window, the share of the scale-down window the buckets cover, and the busiest
     span's MU/min within the scale-up window (0 when none is covered enough).
@@ -229,8 +227,7 @@ def _past_spans(
     """
     cfg = spec.config
     span, down = min(cfg.peak_window_s, cfg.scale_up_window_s), cfg.scale_down_window_s
-    inside = [b for b in buckets if now - down - span < b.end <= now]
-    inside.sort(key=by_end)
+    inside = Timeline.of(buckets).between(now - down - span, now)
     spans: list[float] = []
     seconds = mu = covered = busiest = 0.0
     first = 0
@@ -254,7 +251,7 @@ def _past_spans(
     return spans, min(covered / down, 1.0), busiest
 
 
-def burst_hold(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+def burst_hold(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
     """MU/min that would serve again, within `burst_wait_s`, what arrived in any span of up to a
     pod start (5-s steps) that ended past the scale-down window and within `burst_memory_s`:
     the most of work(w) x 60 / (w + wait). A burst that recurs before new pods are ready is
@@ -306,7 +303,7 @@ RECURRENCE_SILENCE = 4.0
 SERIES_RUNS = 3
 
 
-def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> float:
+def recurring(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
     """MU/min that a series of bursts within `burst_memory_s` needed more than once, 0 when
     they do not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x
     the memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
@@ -334,7 +331,6 @@ def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> f
     above = cfg.burst_ratio * base
     if base <= 0 or rates[-1] <= above:  # no base, or no run: most endpoints, before the loop
         return 0.0
-    inside.sort(key=lambda b: b.end)
     # Gaps, lengths and the silence are times, not the seconds the buckets cover: a slot no
     # router reported is no bucket, and must not shorten a gap nor keep a series going.
     runs: list[tuple[float, float, float]] = []  # (start, end, work) of each run
@@ -365,7 +361,7 @@ def recurring(buckets: Sequence[Bucket], now: float, cfg: AutoscalerConfig) -> f
     return sorted(w * 60.0 / (e - s + cfg.burst_wait_s) for s, e, w in runs)[-2]
 
 
-def _idle(spec: EndpointSpec, buckets: Sequence[Bucket], now: float) -> bool:
+def _idle(spec: EndpointSpec, buckets: Buckets, now: float) -> bool:
     """True when scale to zero is allowed and the whole grace period saw no request at all."""
     if not spec.scale_to_zero_enabled:
         return False

@@ -53,7 +53,6 @@ def decide_concurrency(
         )
     if ready_replicas < 1:
         return ConcurrencyDecision(None, "no ready replica to measure: no decision")
-    window.sort(key=lambda b: b.end)
     queued = any(b.backlog_mu > 0 for b in window)  # the fleet was short: no evidence (above)
     overloaded = [_overload(b, ready_replicas, config, queued) for b in window]
     roomy = [_room(b, target, ready_replicas, config) for b in window]

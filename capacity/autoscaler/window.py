@@ -5,14 +5,18 @@ is the buckets that end within (now - seconds, now]. Averages weigh buckets by t
 cover, so a missing bucket lowers coverage instead of pretending the load was zero. Requests
 at the replicas (`in_flight`) and requests waiting at the router for one (`queued`) are kept
 apart: the decider weighs them differently. The router's backlog is a level, not a rate: a
-window's is its latest bucket's.
+window's is its latest bucket's. A `Timeline` holds an endpoint's buckets in order of their end,
+so that each window is a slice found by halving (a pass reads several windows of every endpoint
+every 5 s); every function here takes one or a plain sequence.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import islice
+from operator import attrgetter, le
 
 by_end = attrgetter("end")  # the key that puts buckets in order of their end
 
@@ -53,12 +57,38 @@ class Load:
     mu_squared_per_minute: float = 0.0  # mean
 
 
-def in_window(buckets: Sequence[Bucket], now: float, seconds: float) -> list[Bucket]:
-    start = now - seconds
-    return [b for b in buckets if start < b.end <= now]
+class Timeline:
+    """An endpoint's buckets in order of their end (stable: equal ends keep their order), and
+    their ends apart. The collector's come in order: then it is one pass over their ends."""
+
+    __slots__ = ("buckets", "ends")
+
+    def __init__(self, buckets: Sequence[Bucket]) -> None:
+        ends = list(map(by_end, buckets))
+        if not all(map(le, ends, islice(ends, 1, None))):
+            buckets = sorted(buckets, key=by_end)
+            ends = list(map(by_end, buckets))
+        self.buckets: list[Bucket] = buckets if isinstance(buckets, list) else list(buckets)
+        self.ends: list[float] = ends
+
+    @classmethod
+    def of(cls, buckets: Buckets) -> Timeline:
+        return buckets if isinstance(buckets, Timeline) else cls(buckets)
+
+    def between(self, start: float, now: float) -> list[Bucket]:
+        """The buckets that end within (start, now], in order (a new list)."""
+        return self.buckets[bisect_right(self.ends, start) : bisect_right(self.ends, now)]
 
 
-def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | None:
+Buckets = Sequence[Bucket] | Timeline
+
+
+def in_window(buckets: Buckets, now: float, seconds: float) -> list[Bucket]:
+    """The buckets that end within (now - seconds, now], in order (a new list)."""
+    return Timeline.of(buckets).between(now - seconds, now)
+
+
+def aggregate(buckets: Buckets, now: float, seconds: float) -> Load | None:
     """The load over the last `seconds`; None when there are no samples at all."""
     inside = in_window(buckets, now, seconds)
     covered = sum(b.seconds for b in inside)
@@ -66,7 +96,7 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
         return None
     latencies = [b.p99_latency_s for b in inside if b.p99_latency_s is not None]
     kv = [b.kv_cache_usage for b in inside if b.kv_cache_usage is not None]
-    latest = max(reversed(inside), key=by_end)  # of equal ends, the last (as a stable sort's)
+    latest = inside[-1]
     return Load(
         seconds=seconds,
         coverage=min(covered / seconds, 1.0),
@@ -84,21 +114,19 @@ def aggregate(buckets: Sequence[Bucket], now: float, seconds: float) -> Load | N
     )
 
 
-def running_sums(
-    buckets: Sequence[Bucket], since: float, now: float
-) -> tuple[list[float], list[float], list[float]]:
+def running_sums(buckets: Buckets, since: float, now: float) -> tuple[list[float], list[float], list[float]]:
     """The ends of the buckets in (since, now], in order, and the MU arrived and the seconds
     covered up to each one's end (both from 0 before the first): a span's work is a difference."""
-    inside = sorted([b for b in buckets if since < b.end <= now], key=by_end)
-    ends, work, covered = [], [0.0], [0.0]
+    timeline = Timeline.of(buckets)
+    first, last = bisect_right(timeline.ends, since), bisect_right(timeline.ends, now)
+    work, covered = [0.0], [0.0]
     arrived = seconds = 0.0
-    for b in inside:  # one loop, not a comprehension a list: the pass's CPU budget
-        ends.append(b.end)
+    for b in timeline.buckets[first:last]:  # one loop, not a list each: the pass's CPU budget
         arrived += b.mu_per_minute * b.seconds / 60.0
         seconds += b.seconds
         work.append(arrived)
         covered.append(seconds)
-    return ends, work, covered
+    return timeline.ends[first:last], work, covered
 
 
 def quantile(counts: Sequence[float], bounds: Sequence[float], q: float) -> float | None:

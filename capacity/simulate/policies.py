@@ -48,7 +48,7 @@ from capacity.autoscaler import (
 )
 from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.horizontal import lookback_s
-from capacity.autoscaler.window import aggregate
+from capacity.autoscaler.window import Timeline, aggregate
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 # apa's horizontal decisions with their inputs: (now, the scale-up window's MU/min, in flight,
@@ -160,7 +160,7 @@ class Apa(ScalingPolicy):
         span = max(lookback_s(self.config), calm.lookback_s(self.config, after, now)) + 5
         if self.config.predictive_min:
             self._forecast(buckets, now)
-        merged = merge(buckets, 5.0, now, span)
+        merged = Timeline(merge(buckets, 5.0, now, span))  # in order once, for the calm and the decider
         if calm.horizon_s(self.config) > 0:
             self.quiet_since = calm.quiet_since(self.quiet_since, merged, self.judged_until, now, self.config)
             self.judged_until = now
