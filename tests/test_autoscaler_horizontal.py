@@ -596,6 +596,11 @@ def test_buckets_in_any_order_are_read_in_order_of_their_end():
     again = replace(ordered[-1], queued=9)
     assert aggregate([*shuffled, again], T0, 20).queued_last == 9
     assert Timeline([again, *ordered]).buckets[-2:] == [again, ordered[-1]]
+    # It keeps its own list: the caller's, changed later, changes no window.
+    given = list(ordered)
+    kept = Timeline(given)
+    given.insert(0, given.pop())
+    assert in_window(kept, T0, 20) == ordered[-4:]
     # The decider reads the same from either.
     a, b = decide(spec(3), shuffled, T0), decide(spec(3), timeline, T0)
     assert (a.replicas, a.rule, a.need, a.down_need) == (b.replicas, b.rule, b.need, b.down_need)

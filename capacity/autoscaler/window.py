@@ -7,13 +7,13 @@ at the replicas (`in_flight`) and requests waiting at the router for one (`queue
 apart: the decider weighs them differently. The router's backlog is a level, not a rate: a
 window's is its latest bucket's. A `Timeline` holds an endpoint's buckets in order of their end,
 so that each window is a slice found by halving (a pass reads several windows of every endpoint
-every 5 s); every function here takes one or a plain sequence.
+every 5 s); the functions that read buckets take one or a plain sequence.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter, le
@@ -63,12 +63,13 @@ class Timeline:
 
     __slots__ = ("buckets", "ends")
 
-    def __init__(self, buckets: Sequence[Bucket]) -> None:
-        ends = list(map(by_end, buckets))
+    def __init__(self, buckets: Iterable[Bucket]) -> None:
+        ordered = list(buckets)  # its own: a caller's list changed later leaves it as it was
+        ends = list(map(by_end, ordered))
         if not all(map(le, ends, islice(ends, 1, None))):
-            buckets = sorted(buckets, key=by_end)
-            ends = list(map(by_end, buckets))
-        self.buckets: list[Bucket] = buckets if isinstance(buckets, list) else list(buckets)
+            ordered.sort(key=by_end)
+            ends = list(map(by_end, ordered))
+        self.buckets: list[Bucket] = ordered
         self.ends: list[float] = ends
 
     @classmethod

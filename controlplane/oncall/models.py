@@ -23,7 +23,7 @@ from django.db.models import F
 from django.db.models.lookups import In
 from django.utils import timezone
 
-from controlplane.oncall import grouping
+from controlplane.oncall import grouping, stack
 from controlplane.tenants.models import Principal, Tenant, TenantScopedQuerySet
 
 if TYPE_CHECKING:  # for the annotation only: on-call's models load without the endpoints app's
@@ -377,6 +377,13 @@ class Event(models.Model):
                 condition=models.Q(acknowledged_at__isnull=False),
             ),
             models.Index(fields=["group", "time"], name="oncall_event_group_time"),
+            # The embedded stack's own deaths (its attention panel): a handful among the fleet's
+            # events, which (kind, time) would read a day of to find them.
+            models.Index(
+                fields=["-time", "-id"],
+                name="oncall_event_stack_newest",
+                condition=models.Q(reported_by=stack.REPORTER),
+            ),
         ]
 
     def __str__(self) -> str:
