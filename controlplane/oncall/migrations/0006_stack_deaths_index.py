@@ -5,9 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("endpoints", "0024_pool_marks"),
         ("oncall", "0005_list_indexes"),
-        ("tenants", "0003_tenant_gpu_quota"),
     ]
 
     operations = [
