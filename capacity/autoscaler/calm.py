@@ -41,12 +41,12 @@ def quiet_since(
     first bucket's start begins the calm and spans before the first that can be judged are
     skipped; None again when there is no bucket. `buckets` must reach `CALM_BASE_S` +
     `CALM_SPAN_S` before the first span judged (`lookback_s`)."""
+    buckets = Timeline.of(buckets)  # in order once, for the first bucket and the sums
     judging = since is not None
     if since is None:
-        ordered = Timeline.of(buckets).buckets
-        if not ordered:
+        if not buckets.buckets:
             return None
-        since, after = min(b.end - b.seconds for b in ordered), -float("inf")
+        since, after = min(b.end - b.seconds for b in buckets.buckets), -float("inf")
     span = CALM_SPAN_S
     ends, work, covered = running_sums(buckets, min(after, now) - CALM_BASE_S - span, now)
     for i in range(bisect.bisect_right(ends, after), len(ends)):
@@ -116,8 +116,9 @@ def work_spread_over(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> flo
     full replica only where it is at most `calm_max_spread`: a calm endpoint of long prompts is
     not steady, each is seconds of one replica's prefill, and a few at once hold every replica's
     first tokens."""
+    buckets = Timeline.of(buckets)  # the check and the average read the same slice of it
     window = in_window(buckets, now, cfg.scale_down_window_s)
     if any(b.mu_per_minute > 0 and b.mu_squared_per_minute <= 0 for b in window):
         return math.inf
-    load = aggregate(window, now, cfg.scale_down_window_s)
+    load = aggregate(buckets, now, cfg.scale_down_window_s)
     return math.inf if load is None else work_spread(load, cfg.burst_wait_s)
