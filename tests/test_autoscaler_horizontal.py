@@ -263,21 +263,27 @@ def test_bursts_in_a_series_recur_and_bursts_minutes_apart_do_not():
     assert recurring(steady(400), T0, AutoscalerConfig()) == 0
     # Bursts on an idle endpoint have no base to stand out from.
     assert recurring(bursts(range(int(T0) - 290, int(T0), 50), base=0), T0, AutoscalerConfig()) == 0
-    # A series is over once base load lasts four times its mean gap: bursts 30 s apart, the
-    # last ending 115 s ago still recur; 125 s ago, no longer.
-    ended = bursts(range(int(T0) - 285, int(T0) - 130, 50))  # the last from T0 - 135 to T0 - 115
-    assert recurring(ended, T0, AutoscalerConfig()) > 0
-    assert recurring(ended + steady(400, start=T0, end=T0 + 10), T0 + 10, AutoscalerConfig()) == 0
+    # A series is over once base load lasts eight times its mean gap: bursts 10 s apart, the
+    # last ending 75 s ago still recur; 85 s ago, no longer.
+    ended = bursts(range(int(T0) - 285, int(T0) - 90, 30))  # the last from T0 - 105 to T0 - 85
+    assert recurring(ended, T0 - 10, AutoscalerConfig()) > 0
+    assert recurring(ended, T0, AutoscalerConfig()) == 0
+    # ... or once its memory holds fewer than three of its bursts: 30 s apart, the last ending
+    # 190 s ago (eight gaps would be 240 s), two of them within the last 300 s.
+    ended = bursts(range(int(T0) - 290, int(T0), 50))  # the last from T0 - 40 to T0 - 20
+    later = ended + steady(400, start=T0, end=T0 + 175)
+    assert recurring(later, T0 + 170, AutoscalerConfig()) == pytest.approx(2240)
+    assert recurring(later, T0 + 175, AutoscalerConfig()) == 0
 
 
-def test_a_series_needs_what_its_bursts_needed_more_than_once():
+def test_a_series_needs_what_its_tallest_burst_needed():
     from capacity.autoscaler.horizontal import recurring
 
-    # One burst of the series at 3x the others' height: the series needs the others' 2,240, the
-    # second most, not the tall one's 6,720.
+    # One burst of the series at 3x the others' height: the series needs its 6,720 (its next
+    # burst comes before new pods do, and may be as tall), not the others' 2,240.
     tall = [replace(b, mu_per_minute=8400) if b.mu_per_minute == 2800 and b.end <= T0 - 260 else b
             for b in bursts(range(int(T0) - 290, int(T0), 50))]  # fmt: skip
-    assert recurring(tall, T0, AutoscalerConfig()) == pytest.approx(2240)
+    assert recurring(tall, T0, AutoscalerConfig()) == pytest.approx(6720)
     # A 5-s dip within each 40-s burst is no gap: one run each, its length and work the burst's
     # (7 buckets at 2,800 and the dip's at 400: 1,667 MU over 40 s: 1,667 x 60 / 45 = 2,222).
     dipped = bursts(range(int(T0) - 290, int(T0), 60), seconds=40, dip=20)
@@ -287,11 +293,12 @@ def test_a_series_needs_what_its_bursts_needed_more_than_once():
 def test_a_series_is_judged_on_time_not_on_the_buckets_that_came():
     from capacity.autoscaler.horizontal import recurring
 
-    # A slot no router reported is no bucket. An ended series (the last burst ending 130 s ago,
-    # bursts 30 s apart) whose base since has every other slot missing has still been silent
-    # for 130 s, over four times its gaps: it is over, as with every bucket there.
-    ended = bursts(range(int(T0) - 290, int(T0) - 150, 50))
-    holey = [b for b in ended if b.end <= T0 - 170 or b.end % 10 == 0]
+    # A slot no router reported is no bucket. An ended series (the last burst ending 85 s ago,
+    # bursts 10 s apart) whose base since has every other slot missing has still been silent
+    # for 85 s, over eight times its gaps: it is over, as with every bucket there.
+    ended = bursts(range(int(T0) - 285, int(T0) - 90, 30))
+    holey = [b for b in ended if b.end <= T0 - 85 or b.end % 10 == 0]
+    assert len(holey) < len(ended) and recurring(ended, T0 - 10, AutoscalerConfig()) > 0
     assert recurring(ended, T0, AutoscalerConfig()) == recurring(holey, T0, AutoscalerConfig()) == 0
     # Bursts 100 s apart (80 s of base between them) with 30 s of each gap unreported: no series.
     starts = [T0 - 290, T0 - 190, T0 - 90]
@@ -323,27 +330,31 @@ def test_lumps_of_a_sparse_endpoints_noise_are_no_series():
     assert recurring(longer, T0, AutoscalerConfig()) > 0
 
 
-def test_recurring_bursts_are_held_past_the_cap_and_planned_at_nine_tenths_of_a_replica():
+def test_recurring_bursts_are_held_past_the_cap_and_planned_at_a_full_replica():
     # A series whose last burst ended 115 s ago: 400 MU/min now, 400 / 80 = 5 replicas. Capped,
     # the hold is 1.75 x 5 = 8.75 -> 9; recurring, it is what its bursts needed: a 20-s burst at
     # 2,800 MU/min served again within 5 s of waiting, 933 MU x 60 / 25 = 2,240 MU/min, 22.4
-    # replicas -> 23; and the need is planned at 0.9 of a replica: 400 / 90 = 4.4.
+    # replicas -> 23; and the need is planned at a full replica (the held fleet is the margin):
+    # 400 / 100 = 4.
     series = bursts(range(int(T0) - 285, int(T0) - 130, 50))
     capped = decide(spec(30, config=CAPPED), series, T0)
     assert capped.figures.held == pytest.approx(8.75) and not capped.figures.recurring
     assert capped.replicas == 9
     decision = decide(spec(30), series, T0)
-    assert decision.figures.recurring and decision.figures.utilisation == pytest.approx(0.9)
-    assert decision.need == pytest.approx(400 / 90)
+    assert decision.figures.recurring and decision.figures.utilisation == pytest.approx(1.0)
+    assert decision.need == pytest.approx(4.0)
     assert decision.figures.held == pytest.approx(22.4) and decision.replicas == 23
     assert "bursts recurring within the last 300 s hold 22.4 replicas" in explain(decision)
-    # Its first burst three times as tall: the hold's 67.2 is more than the series needed more
-    # than once; the series' 22.4 is held, past the cap.
+    # Its first burst three times as tall: the series holds what that one needed, 67.2, past the
+    # cap, where one tall burst alone is held at 8.75.
     tall = [replace(b, mu_per_minute=8400) if b.mu_per_minute == 2800 and b.end <= T0 - 260 else b
             for b in series]  # fmt: skip
-    decision = decide(spec(30), tall, T0)
-    assert decision.figures.held == pytest.approx(22.4) and decision.replicas == 23
-    assert decide(spec(30, config=CAPPED), tall, T0).figures.held == pytest.approx(8.75)
+    decision = decide(spec(80, max_replicas=100), tall, T0)
+    assert decision.figures.held == pytest.approx(67.2) and decision.replicas == 68
+    assert decide(spec(80, max_replicas=100, config=CAPPED), tall, T0).figures.held == pytest.approx(8.75)
+    # An operator's lower target is raised to a full replica while bursts recur, as the default.
+    lower = decide(spec(30, config=AutoscalerConfig(target_utilisation=0.6)), series, T0)
+    assert lower.figures.utilisation == pytest.approx(1.0)
 
 
 # An operator's calm history, on its own: the quiet margin (on by default) is tested apart.

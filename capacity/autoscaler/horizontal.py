@@ -297,28 +297,32 @@ def burst_hold(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
 
 
 # A series of bursts is over once this many times its mean gap has passed since its last burst:
-# were the gaps memoryless (exponential), one that long would come once in e^4 ~ 55.
-RECURRENCE_SILENCE = 4.0
+# were the gaps memoryless (exponential), one that long would come once in e^8 ~ 3,000. At 4
+# (once in ~55) a series of bursts a minute apart let its fleet go within 4 minutes, and the
+# next burst, after a gap a series makes every hour or so, met the base's replicas.
+RECURRENCE_SILENCE = 8.0
 # Runs of buckets within the memory that make a series: two gaps, not a chance pair of bursts.
 SERIES_RUNS = 3
 
 
 def recurring(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
-    """MU/min that a series of bursts within `burst_memory_s` needed more than once, 0 when
-    they do not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x
-    the memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
+    """MU/min that a series of bursts within `burst_memory_s` needs standing, 0 when they do
+    not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x the
+    memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
     endpoint's noise), less than `burst_recurrence_s` apart on average (from one's end to the
     next's start), the last ended less than RECURRENCE_SILENCE x that mean ago. A run needs its
     work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole run);
-    the series needs the second most of its runs' needs: what came more than once, not one
-    tall burst among lower ones. The base is the quietest quarter's top (the bucket at the 25th
-    percentile of MU/min), which bursts filling most of the memory do not lift; a dip shorter
-    than `peak_window_s` does not end a run (a noisy bucket within one burst is no gap).
+    the series needs the most of its runs' needs: its next burst, sooner than a pod start, is
+    served by what stands, and may be its tallest again. The base is the quietest quarter's top
+    (the bucket at the 25th percentile of MU/min), which bursts filling most of the memory do
+    not lift; a dip shorter than `peak_window_s` does not end a run (a noisy bucket within one
+    burst is no gap).
 
     Worked numbers (ratio 2.5, wait 5 s, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts
     at 2,800 every 50 s: base 400, six runs with 30 s between, each 933 MU over 20 s: 933 x 60 /
-    25 = 2,240 MU/min, until 120 s after the last. The same bursts 4 minutes apart: two runs at
-    most: 0. Steady 400, or 0 at the base: 0.
+    25 = 2,240 MU/min, until 190 s after the last, when the memory holds two of them (eight times
+    the 30-s gaps would be 240 s); one burst among them at 3x: its 6,720. The same bursts 4
+    minutes apart: two runs at most: 0. Steady 400, or 0 at the base: 0.
     """
     memory = cfg.burst_memory_s
     if cfg.burst_recurrence_s <= 0 or memory <= 0:
@@ -358,7 +362,7 @@ def recurring(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
     mean_gap = (runs[-1][0] - runs[0][1] - sum(e - s for s, e, _ in runs[1:-1])) / (len(runs) - 1)
     if mean_gap >= cfg.burst_recurrence_s or now - runs[-1][1] >= RECURRENCE_SILENCE * mean_gap:
         return 0.0
-    return sorted(w * 60.0 / (e - s + cfg.burst_wait_s) for s, e, w in runs)[-2]
+    return max(w * 60.0 / (e - s + cfg.burst_wait_s) for s, e, w in runs)
 
 
 def _idle(spec: EndpointSpec, buckets: Buckets, now: float) -> bool:
