@@ -298,7 +298,7 @@ def test_a_series_is_judged_on_time_not_on_the_buckets_that_came():
     # for 85 s, over eight times its gaps: it is over, as with every bucket there.
     ended = bursts(range(int(T0) - 285, int(T0) - 90, 30))
     holey = [b for b in ended if b.end <= T0 - 85 or b.end % 10 == 0]
-    assert len(holey) < len(ended) and recurring(ended, T0 - 10, AutoscalerConfig()) > 0
+    assert len(holey) < len(ended) and recurring(holey, T0 - 10, AutoscalerConfig()) > 0
     assert recurring(ended, T0, AutoscalerConfig()) == recurring(holey, T0, AutoscalerConfig()) == 0
     # Bursts 100 s apart (80 s of base between them) with 30 s of each gap unreported: no series.
     starts = [T0 - 290, T0 - 190, T0 - 90]
@@ -346,7 +346,7 @@ def test_recurring_bursts_are_held_past_the_cap_and_planned_at_a_full_replica():
     assert decision.figures.held == pytest.approx(22.4) and decision.replicas == 23
     assert "bursts recurring within the last 300 s hold 22.4 replicas" in explain(decision)
     # Its first burst three times as tall: the series holds what that one needed, 67.2, past the
-    # cap, where one tall burst alone is held at 8.75.
+    # cap, until it leaves the memory; without the series rule the hold is capped at 8.75.
     tall = [replace(b, mu_per_minute=8400) if b.mu_per_minute == 2800 and b.end <= T0 - 260 else b
             for b in series]  # fmt: skip
     decision = decide(spec(80, max_replicas=100), tall, T0)

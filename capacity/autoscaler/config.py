@@ -40,17 +40,17 @@ class AutoscalerConfig:
     burst_wait_s: float = 5.0
     # The hold is at most this x the current need, replicas: a 20x burst is not kept standing
     # for minutes (uncapped, the hold cost 1.4-2.1x the GPU-hours on bursty mixes in the fleet
-    # simulator; at 1.5 it met no minute more on seeds 1-2; docs/autoscaler.md); >= 1.
+    # simulator; at 1.5 it met no minute more on seeds 1-2; docs/autoscaler.md), unless bursts
+    # recur in a series (burst_recurrence_s); >= 1.
     burst_hold_cap: float = 1.75
     # Bursts recur when three or more (of 10 s or more) within burst_memory_s came under this
     # apart on average, seconds, the last under eight times that mean ago: then the hold keeps,
     # past its cap, what the series' tallest burst needed, and replicas are planned at
     # recurring_utilisation at least (above a lower target_utilisation too: the held fleet is
     # the margin) (horizontal.recurring). 0 is off; >= 0. 60 (a minute, what the SLO
-    # is judged over), in the fleet simulator over seeds 1-8: where bursts of 4-7x come in
-    # series, 3-5 % fewer GPU-hours and up to 0.05 more of the minutes than the rule before (the
-    # second tallest burst, at 0.9 of a replica, over at four times the mean gap); on the
-    # prefill mixes -1 to +7 %; on tall bursts minutes apart, 0-1 % more
+    # is judged over), in the fleet simulator over seeds 1-8, against 0: where bursts of 4-7x
+    # come in series, 6-11 % fewer GPU-hours and 0.02-0.09 more of the minutes; on tall bursts
+    # minutes apart, 0-2 % more; on the prefill mixes' seeds 1-2, 1-2 % fewer
     # (docs/evaluation/autoscaler.md).
     burst_recurrence_s: float = 60.0
     recurring_utilisation: float = 1.0  # ... the least share of a replica planned for then; (0, 1]

@@ -297,9 +297,9 @@ def burst_hold(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
 
 
 # A series of bursts is over once this many times its mean gap has passed since its last burst:
-# were the gaps memoryless (exponential), one that long would come once in e^8 ~ 3,000. At 4
-# (once in ~55) a series of bursts a minute apart let its fleet go within 4 minutes, and the
-# next burst, after a gap a series makes every hour or so, met the base's replicas.
+# were the gaps memoryless (exponential), one that long would come once in e^8 ~ 3,000 (at 4,
+# once in ~55: bursts 10-30 s apart let their fleet go 40-120 s after the last). Series whose
+# gaps are 40 s or more end sooner, when fewer than SERIES_RUNS of them are within the memory.
 RECURRENCE_SILENCE = 8.0
 # Runs of buckets within the memory that make a series: two gaps, not a chance pair of bursts.
 SERIES_RUNS = 3
@@ -312,8 +312,9 @@ def recurring(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
     endpoint's noise), less than `burst_recurrence_s` apart on average (from one's end to the
     next's start), the last ended less than RECURRENCE_SILENCE x that mean ago. A run needs its
     work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole run);
-    the series needs the most of its runs' needs: its next burst, sooner than a pod start, is
-    served by what stands, and may be its tallest again. The base is the quietest quarter's top
+    the series needs the most of its runs' needs: its next burst may come before new pods are
+    ready, served by what stands, and may be its tallest again (one tall burst among lower ones
+    is held past the cap until it leaves the memory). The base is the quietest quarter's top
     (the bucket at the 25th percentile of MU/min), which bursts filling most of the memory do
     not lift; a dip shorter than `peak_window_s` does not end a run (a noisy bucket within one
     burst is no gap).
