@@ -7,6 +7,7 @@ one is a 400 naming it (a forged cursor too: DRF would answer 404, or 500 for on
 position is no id).
 """
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.paginator import Page, Paginator
@@ -23,21 +24,22 @@ _M = TypeVar("_M", bound=Model)
 
 
 class LateJoinPaginator(Paginator):
-    """Finds a page's primary keys first, then joins only those rows.
+    """Finds a page's primary keys first, then joins only those rows (rows_of).
 
     A deep page (OFFSET 5000 of 10,000 endpoints) otherwise joins tenant, pool, profile and
     reservation for every skipped row; the key-only scan skips them through the index.
     """
 
     object_list: QuerySet[Model]  # DRF pages querysets only (the viewsets' get_queryset())
+    columns: Sequence[str] | None = None
 
     def page(self, number: int | str) -> Page[Any]:
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = min(bottom + self.per_page, self.count)
-        keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
-        rows = {row.pk: row for row in self.object_list.filter(pk__in=keys)}
-        return self._get_page([rows[key] for key in keys], number, self)
+        key = self.object_list.model._meta.pk.attname
+        keys = list(self.object_list.values_list(key, flat=True)[bottom:top])
+        return self._get_page(rows_of(self.object_list, keys, key, self.columns), number, self)
 
     if TYPE_CHECKING:  # the hook Django's own page() calls to make the Page; django-stubs leave it out
 
@@ -78,7 +80,15 @@ class PageNumberPagination(pagination.PageNumberPagination):
     def get_page_size(self, request: Request) -> int:
         return strict_page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
 
-    django_paginator_class = LateJoinPaginator
+    # DRF calls this as django_paginator_class(queryset, page_size): a factory, not a class.
+    def django_paginator_class(  # type: ignore[override]
+        self, rows: QuerySet[Model], page_size: int
+    ) -> LateJoinPaginator:
+        paginator = LateJoinPaginator(rows, page_size)
+        paginator.columns = self.columns
+        return paginator
+
+    columns: Sequence[str] | None = None  # a page's rows as plain rows of these (rows_of)
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
@@ -126,7 +136,8 @@ def keyset_page(
     size: int,
     search: str = "",
     key: str = "id",
-) -> tuple[list[_M], bool, bool]:
+    columns: Sequence[str] | None = None,
+) -> tuple[list[Any], bool, bool]:
     """The page of `rows` newest first by `key` (a unique, growing id): older than `after`,
     newer than `before`, else the newest; with whether there are newer and older rows beyond it.
     The page's keys come first, `WHERE id < after ORDER BY id DESC LIMIT size + 1` (a scan of
@@ -144,18 +155,30 @@ def keyset_page(
         newer = rows.filter(**{f"{key}__gt": before}).order_by(oldest_first)
         keys = list(newer.values_list(key, flat=True)[: size + 1])
         if len(keys) > size:
-            return rows_of(rows, keys[:size][::-1], key), True, True
+            return rows_of(rows, keys[:size][::-1], key, columns), True, True
         # Nothing newer beyond this page: the newest page, full, as the first visit shows it.
         after = None
     older = rows if after is None else rows.filter(**{f"{key}__lt": after})
     keys = list(older.order_by(newest_first).values_list(key, flat=True)[: size + 1])
-    return rows_of(rows, keys[:size], key), after is not None, len(keys) > size
+    return rows_of(rows, keys[:size], key, columns), after is not None, len(keys) > size
 
 
-def rows_of(rows: QuerySet[_M], keys: list[Any], key: str = "id") -> list[_M]:
-    """The rows of these keys in their order (one deleted since its key was read is left out)."""
-    found = rows.in_bulk(keys, field_name=key)
+def rows_of(
+    rows: QuerySet[_M], keys: list[Any], key: str = "id", columns: Sequence[str] | None = None
+) -> list[Any]:
+    """The rows of these keys in their order (one deleted since its key was read is left out):
+    model instances or, given `columns` (Django lookups, `key` among them), plain dicts of those,
+    one query that builds no instance."""
+    if columns is None:
+        found: dict[Any, Any] = rows.in_bulk(keys, field_name=key)
+    else:
+        page = rows.filter(**{f"{key}__in": keys}).order_by().prefetch_related(None).values(*columns)
+        found = {row[key]: row for row in page}
     return [found[k] for k in keys if k in found]
+
+
+def key_of(row: Any, key: str) -> Any:
+    return row[key] if isinstance(row, dict) else getattr(row, key)
 
 
 class KeysetPagination(StrictCursorPagination):
@@ -169,6 +192,7 @@ class KeysetPagination(StrictCursorPagination):
     max_page_size = 500
     key = "id"  # what the cursor holds (keyset_page)
     search_param = "search"  # the list's substring search, if it has one (keyset_page)
+    columns: Sequence[str] | None = None  # a page's rows as plain rows of these (rows_of)
     numbered: PageNumberPagination | None = None
 
     def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
@@ -177,6 +201,7 @@ class KeysetPagination(StrictCursorPagination):
             if self.cursor_query_param in request.query_params:
                 raise ValidationError({page: [f"give ?{page}= or ?{self.cursor_query_param}=, not both"]})
             self.numbered = PageNumberPagination()
+            self.numbered.columns = self.columns
             return self.numbered.paginate_queryset(queryset, request, view)
         self.request = request
         self.page_size = self.get_page_size(request)
@@ -192,9 +217,10 @@ class KeysetPagination(StrictCursorPagination):
             self.page_size,
             search,
             self.key,
+            self.columns,
         )
         first, last = (
-            (getattr(self.page[0], self.key), getattr(self.page[-1], self.key)) if self.page else (0, 0)
+            (key_of(self.page[0], self.key), key_of(self.page[-1], self.key)) if self.page else (0, 0)
         )
         self.newer = Cursor(offset=0, reverse=True, position=first) if newer else None
         self.older = Cursor(offset=0, reverse=False, position=last) if older else None

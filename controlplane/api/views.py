@@ -21,6 +21,7 @@ from controlplane.api.auth import request_principal
 from controlplane.api.pagination import EventCursorPagination, KeysetPagination, ReservationPagination
 from controlplane.api.permissions import MayAcknowledge, OperatorOnly, OperatorWrites, OwnPodEvents
 from controlplane.api.schema import ApiErrorSerializer
+from controlplane.api.serializers.endpoints import COLUMNS as ENDPOINT_COLUMNS
 from controlplane.capacity.models import (
     GpuPool,
     GpuType,
@@ -141,12 +142,18 @@ class ModelProfileViewSet(viewsets.ModelViewSet[ModelProfile]):
         return Response(self.get_serializer(profile).data, status=status.HTTP_202_ACCEPTED)
 
 
+class EndpointPages(KeysetPagination):
+    """A page of endpoints as the plain rows their answers read (serializers.endpoints.COLUMNS)."""
+
+    columns = tuple(ENDPOINT_COLUMNS.values())
+
+
 class EndpointViewSet(ScopedViewSet[Endpoint]):
     queryset = Endpoint.objects.with_related()
     serializer_class = serializers.EndpointSerializer
     permission_classes = [AUTHENTICATED]
     filterset_class = filters.EndpointFilterSet
-    pagination_class = KeysetPagination
+    pagination_class = EndpointPages
 
     @extend_schema(
         parameters=[

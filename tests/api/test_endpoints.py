@@ -192,3 +192,52 @@ def test_numbered_pages_keep_their_order_and_count_without_gaps_or_repeats(
         url = page["next"]
         assert url is None or "page=" in url
     assert seen == [f"e{i}" for i in reversed(range(7))]  # newest first
+
+
+def test_a_listed_endpoint_reads_as_its_own_answer_and_as_its_declared_fields(
+    operator_client, owner_client, owner, other, make_endpoint, h100
+):
+    """A list reads its page as plain rows (no model instance), an endpoint's own answer its
+    instance: every endpoint of a varied fleet (reserved, a canary in progress, scale to zero
+    with autoscaler settings, another tenant's) reads the same in each list (cursor, ?page=N,
+    a tenant's), in its own answer, and as DRF makes it from the declared fields, so the schema
+    says what is sent."""
+    import json
+
+    from rest_framework import serializers as drf
+    from rest_framework.renderers import JSONRenderer
+
+    from controlplane.api.serializers import EndpointSerializer
+    from controlplane.capacity.models import ModelProfile
+    from controlplane.endpoints.models import Rollout
+    from controlplane.selling import sell
+    from controlplane.tenants.models import Principal
+
+    make_endpoint(owner, "plain")
+    sell(make_endpoint(owner, "reserved"), mu_per_minute=30, best_effort_allowed=True, sold_by="t")
+    make_endpoint(owner, "sleepy", scale_to_zero_enabled=True, autoscaler={"target_utilisation": 0.6})
+    canary = make_endpoint(owner, "canary", min_provisioned_concurrency=16, max_provisioned_concurrency=16)
+    ModelProfile.objects.create(model="llama-8b-v2", gpu_type=h100, alpha=0.0004, beta=0.004, gamma=0.02)
+    rolled = owner_client.patch(
+        f"/api/v1/endpoints/{canary.pk}/", {"model": "llama-8b-v2", "canary_percent": 50}, format="json"
+    )
+    assert rolled.status_code == 200, rolled.content
+    Rollout.objects.filter(endpoint=canary).update(phase="canary")  # its new pods ready: held until promoted
+    make_endpoint(other, "theirs")
+
+    operator_list = operator_client.get("/api/v1/endpoints/").json()["results"]
+    assert operator_list == operator_client.get("/api/v1/endpoints/", {"page": 1}).json()["results"]
+    assert [e["name"] for e in operator_list] == ["theirs", "canary", "sleepy", "reserved", "plain"]
+    owner_list = owner_client.get("/api/v1/endpoints/").json()["results"]
+    assert owner_list == operator_list[1:]
+    declared = EndpointSerializer(context={"principal": Principal(tenant=None, is_operator=True, name="t")})
+    for listed in operator_list:
+        assert listed == operator_client.get(f"/api/v1/endpoints/{listed['id']}/").json()
+        instance = Endpoint.objects.with_related().get(pk=listed["id"])
+        by_fields = drf.ModelSerializer.to_representation(declared, instance)
+        assert listed == json.loads(JSONRenderer().render(by_fields)), listed["name"]
+    theirs, canary_row, sleepy, reserved, _ = operator_list
+    assert canary_row["rollout"]["replicas"] == {"1": 1, "2": 1}
+    assert canary_row["rollout"]["phase"] == "canary" and canary_row["rollout"]["hold_until"]
+    assert sleepy["autoscaler"] == {"target_utilisation": 0.6} and sleepy["min_replicas"] == 0
+    assert reserved["reserved_mu_per_minute"] == 30 and theirs["tenant"] == "other"

@@ -10,12 +10,113 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 
+from capacity.provisioning import replica_bounds
 from controlplane import autoscaler_config, endpoint_rules, selling
 from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.tenants.models import Tenant
 from dataplane.cluster import rollout as phases
+
+# Where an endpoint's answer reads each of its keys, a Django lookup from the endpoint. A list
+# reads its page of these as plain rows (`.values()`: one query and no model instance, where a
+# page of 50 endpoints with their tenant, pool, profile and reservation built 330 of them), a
+# single endpoint off its instance along the same paths; `answer` makes either into the API's
+# answer, so a list's row and the endpoint's own answer are one format.
+COLUMNS = {
+    "id": "id",
+    "tenant": "tenant__name",
+    "name": "name",
+    "served_model_name": "served_model_name",
+    "model": "profile__model",
+    "gpu_type": "profile__gpu_type__name",
+    "pool": "pool__name",
+    "region_preference": "region_preference",
+    "min_provisioned_concurrency": "min_provisioned_concurrency",
+    "max_provisioned_concurrency": "max_provisioned_concurrency",
+    "scale_to_zero_enabled": "scale_to_zero_enabled",
+    "target_concurrency_per_replica": "target_concurrency_per_replica",
+    "routing_policy": "routing_policy",
+    "autoscaler": "autoscaler",
+    "version": "version",
+    "desired_replicas": "desired_replicas",
+    "ready_replicas": "ready_replicas",
+    "state": "state",
+    "reserved_mu_per_minute": "reservation__mu_per_minute",
+    "used_mu_per_minute": "used_mu_per_minute",
+    "created_at": "created_at",
+    "updated_at": "updated_at",
+}
+
+
+def columns_of(endpoint: Endpoint) -> dict[str, Any]:
+    """An endpoint's COLUMNS off its instance, as `.values()` reads them (None past a missing
+    reservation)."""
+    row = {}
+    for path in COLUMNS.values():
+        value: Any = endpoint
+        for name in path.split("__"):  # no reservation: RelatedObjectDoesNotExist is an AttributeError
+            value = getattr(value, name, None)
+        row[path] = value
+    return row
+
+
+def answer(row: Mapping[str, Any], rollout: Rollout | None) -> dict[str, Any]:
+    """The API's answer for an endpoint: its COLUMNS row and its rollout in progress. Times stay
+    datetimes: the JSON renderer writes them as the declared fields would (ISO 8601, UTC as Z)."""
+    lowest, highest = replica_bounds(
+        row["min_provisioned_concurrency"],
+        row["max_provisioned_concurrency"],
+        row["target_concurrency_per_replica"],
+        row["scale_to_zero_enabled"],
+    )
+    computed = {
+        "rollout": rollout_answer(rollout, row["desired_replicas"]),
+        "min_replicas": lowest,
+        "max_replicas": highest,
+        "reserved_mu_per_minute": row["reservation__mu_per_minute"] or 0,
+    }
+    return {key: computed[key] if key in computed else row[COLUMNS[key]] for key in ANSWER_KEYS}
+
+
+def active_rollout(endpoint: Endpoint) -> Rollout | None:
+    active = getattr(endpoint, "active_rollouts", None)
+    if active is None:  # not loaded through with_related()
+        active = list(Rollout.objects.active().filter(endpoint=endpoint)) if endpoint.pk else []
+    return next(iter(active), None)
+
+
+def rollout_answer(r: Rollout | None, desired_replicas: int) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    old, new = phases.split(r.state, desired_replicas)
+    return {
+        "from_version": r.from_version,
+        "to_version": r.to_version,
+        "phase": r.phase,
+        "new_percent": r.new_percent,
+        "canary_percent": r.canary_percent,
+        "replicas": {str(r.from_version): old, str(r.to_version): new},
+        "started_at": r.started_at,
+        "hold_until": (
+            r.phase_since + timedelta(seconds=settings.ROLLOUT_MAX_HOLD_S)
+            if r.phase == phases.Phase.CANARY and not r.promoted
+            else None
+        ),
+    }
+
+
+class EndpointRows(serializers.ListSerializer[Any]):
+    """A list's answers: plain COLUMNS rows (the API's list) with their rollouts in progress read
+    in one query, or instances."""
+
+    def to_representation(self, data: Any) -> list[dict[str, Any]]:
+        rows = list(data)
+        if not rows or not isinstance(rows[0], Mapping):
+            return super().to_representation(rows)
+        ids = [row["id"] for row in rows]
+        rolling = {r.endpoint_id: r for r in Rollout.objects.active().filter(endpoint_id__in=ids)}
+        return [answer(row, rolling.get(row["id"])) for row in rows]
 
 
 class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
@@ -117,6 +218,7 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         ]
         extra_kwargs = {"min_provisioned_concurrency": {"required": True}}
         validators: list[Any] = []  # the per-tenant name clash is checked in validate() with a clear message
+        list_serializer_class = EndpointRows
 
     def validate_autoscaler(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -127,28 +229,13 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
             raise serializers.ValidationError(str(exc)) from None
         return value
 
+    def to_representation(self, instance: Endpoint) -> dict[str, Any]:
+        """`answer`. The declared fields say what a client may send and what the schema shows
+        (the method fields below are theirs); a test holds the two to the same answer."""
+        return answer(columns_of(instance), active_rollout(instance))
+
     def get_rollout(self, endpoint: Endpoint) -> dict[str, Any] | None:
-        active = getattr(endpoint, "active_rollouts", None)
-        if active is None:  # not loaded through with_related()
-            active = list(Rollout.objects.active().filter(endpoint=endpoint)) if endpoint.pk else []
-        r = next(iter(active), None)
-        if r is None:
-            return None
-        old, new = phases.split(r.state, endpoint.desired_replicas)
-        return {
-            "from_version": r.from_version,
-            "to_version": r.to_version,
-            "phase": r.phase,
-            "new_percent": r.new_percent,
-            "canary_percent": r.canary_percent,
-            "replicas": {str(r.from_version): old, str(r.to_version): new},
-            "started_at": r.started_at,
-            "hold_until": (
-                r.phase_since + timedelta(seconds=settings.ROLLOUT_MAX_HOLD_S)
-                if r.phase == phases.Phase.CANARY and not r.promoted
-                else None
-            ),
-        }
+        return rollout_answer(active_rollout(endpoint), endpoint.desired_replicas)
 
     def get_min_replicas(self, endpoint: Endpoint) -> int:
         return endpoint.replica_bounds[0]
@@ -219,6 +306,14 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         endpoint.__dict__.pop("active_rollouts", None)  # prefetched before a rollout may have started
         self.instance = endpoint
         return endpoint
+
+
+# The answer's keys in the declared order, less those a client only sends.
+ANSWER_KEYS = [
+    name
+    for name in EndpointSerializer.Meta.fields
+    if not getattr(EndpointSerializer._declared_fields.get(name), "write_only", False)
+]
 
 
 class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
