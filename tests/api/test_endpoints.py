@@ -213,7 +213,9 @@ def test_a_listed_endpoint_reads_as_its_own_answer_and_as_its_declared_fields(
     from controlplane.selling import sell
     from controlplane.tenants.models import Principal
 
-    make_endpoint(owner, "plain")
+    plain = make_endpoint(owner, "plain", used_mu_per_minute=12.5)
+    renamed = owner_client.patch(f"/api/v1/endpoints/{plain.pk}/", {"name": "renamed"}, format="json")
+    assert renamed.status_code == 200, renamed.content
     sell(make_endpoint(owner, "reserved"), mu_per_minute=30, best_effort_allowed=True, sold_by="t")
     make_endpoint(owner, "sleepy", scale_to_zero_enabled=True, autoscaler={"target_utilisation": 0.6})
     canary = make_endpoint(owner, "canary", min_provisioned_concurrency=16, max_provisioned_concurrency=16)
@@ -227,17 +229,20 @@ def test_a_listed_endpoint_reads_as_its_own_answer_and_as_its_declared_fields(
 
     operator_list = operator_client.get("/api/v1/endpoints/").json()["results"]
     assert operator_list == operator_client.get("/api/v1/endpoints/", {"page": 1}).json()["results"]
-    assert [e["name"] for e in operator_list] == ["theirs", "canary", "sleepy", "reserved", "plain"]
+    assert [e["name"] for e in operator_list] == ["theirs", "canary", "sleepy", "reserved", "renamed"]
     owner_list = owner_client.get("/api/v1/endpoints/").json()["results"]
     assert owner_list == operator_list[1:]
     declared = EndpointSerializer(context={"principal": Principal(tenant=None, is_operator=True, name="t")})
-    for listed in operator_list:
-        assert listed == operator_client.get(f"/api/v1/endpoints/{listed['id']}/").json()
+    for listed in operator_list:  # as JSON text: == on dicts would pass 1 for True, keys out of order
+        own = operator_client.get(f"/api/v1/endpoints/{listed['id']}/").json()
         instance = Endpoint.objects.with_related().get(pk=listed["id"])
-        by_fields = drf.ModelSerializer.to_representation(declared, instance)
-        assert listed == json.loads(JSONRenderer().render(by_fields)), listed["name"]
-    theirs, canary_row, sleepy, reserved, _ = operator_list
+        by_fields = json.loads(
+            JSONRenderer().render(drf.ModelSerializer.to_representation(declared, instance))
+        )
+        assert json.dumps(listed) == json.dumps(own) == json.dumps(by_fields), listed["name"]
+    theirs, canary_row, sleepy, reserved, renamed_row = operator_list
     assert canary_row["rollout"]["replicas"] == {"1": 1, "2": 1}
     assert canary_row["rollout"]["phase"] == "canary" and canary_row["rollout"]["hold_until"]
     assert sleepy["autoscaler"] == {"target_utilisation": 0.6} and sleepy["min_replicas"] == 0
     assert reserved["reserved_mu_per_minute"] == 30 and theirs["tenant"] == "other"
+    assert (renamed_row["served_model_name"], renamed_row["used_mu_per_minute"]) == ("plain", 12.5)

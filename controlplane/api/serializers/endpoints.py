@@ -1,6 +1,7 @@
 """Endpoints and their pods: what an endpoint's answer shows (its rollout, replica bounds,
 reservation); its rules of ownership, profile and placement are controlplane.endpoint_rules."""
 
+import functools
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -76,7 +77,7 @@ def answer(row: Mapping[str, Any], rollout: Rollout | None) -> dict[str, Any]:
         "max_replicas": highest,
         "reserved_mu_per_minute": row["reservation__mu_per_minute"] or 0,
     }
-    return {key: computed[key] if key in computed else row[COLUMNS[key]] for key in ANSWER_KEYS}
+    return {key: computed[key] if key in computed else row[COLUMNS[key]] for key in answer_keys()}
 
 
 def active_rollout(endpoint: Endpoint) -> Rollout | None:
@@ -114,8 +115,9 @@ class EndpointRows(serializers.ListSerializer[Any]):
         rows = list(data)
         if not rows or not isinstance(rows[0], Mapping):
             return super().to_representation(rows)
-        ids = [row["id"] for row in rows]
-        rolling = {r.endpoint_id: r for r in Rollout.objects.active().filter(endpoint_id__in=ids)}
+        rolling: dict[int, Rollout] = {}
+        for r in Rollout.objects.active().filter(endpoint_id__in=[row["id"] for row in rows]):
+            rolling.setdefault(r.endpoint_id, r)  # the newest, as active_rollout takes it
         return [answer(row, rolling.get(row["id"])) for row in rows]
 
 
@@ -308,12 +310,10 @@ class EndpointSerializer(StrictInput, serializers.ModelSerializer[Endpoint]):
         return endpoint
 
 
-# The answer's keys in the declared order, less those a client only sends.
-ANSWER_KEYS = [
-    name
-    for name in EndpointSerializer.Meta.fields
-    if not getattr(EndpointSerializer._declared_fields.get(name), "write_only", False)
-]
+@functools.cache
+def answer_keys() -> list[str]:
+    """The answer's keys in the declared order, less those a client only sends."""
+    return [name for name, field in EndpointSerializer().fields.items() if not field.write_only]
 
 
 class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
