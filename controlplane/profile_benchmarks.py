@@ -385,16 +385,20 @@ def _publish(profile: ModelProfile, fit: Fit, record: ProfileFit) -> None:
 def _record_failure(
     profile: ModelProfile, started: datetime, error: str, result: SweepResult | None, unreachable: bool
 ) -> ProfileFit:
+    record = ProfileFit(
+        profile=profile,
+        status=ProfileFit.Status.FAILED,
+        reason=error,
+        engine=result.engine_url if result else "",
+        engine_version=settings.BENCHMARK_ENGINE_VERSION,
+        started_at=started,
+        finished_at=timezone.now(),
+    )
+    log.warning("benchmark of %s failed: %s", profile, error)
+    if profile.pk is None:  # a new model's profile (the command's --create-model): made only by a fit
+        return record
     with transaction.atomic():
-        record = ProfileFit.objects.create(
-            profile=profile,
-            status=ProfileFit.Status.FAILED,
-            reason=error,
-            engine=result.engine_url if result else "",
-            engine_version=settings.BENCHMARK_ENGINE_VERSION,
-            started_at=started,
-            finished_at=timezone.now(),
-        )
+        record.save()
         detail = {
             "profile": profile.pk,
             "link": profile_link(profile),
@@ -403,7 +407,6 @@ def _record_failure(
             "error": error,
         }
         _extend_streak(profile, f"failed: {error}", detail, unreachable)
-    log.warning("benchmark of %s failed: %s", profile, error)
     return record
 
 
