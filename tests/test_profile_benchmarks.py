@@ -508,21 +508,23 @@ def test_the_sweep_takes_its_shapes_and_wall_budget_from_settings(settings):
         profile_benchmarks.sweep_config()
 
 
+# The command on a model the GPU type has no profile of, measured on the simulated tiny profile.
+NEW_SIMULATED_MODEL = (
+    "benchmark",
+    "--model",
+    "sim-tiny",
+    "--gpu",
+    "h100-80gb",
+    "--simulated",
+    "tiny-test",
+    "--create-model",
+)
+
+
 def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, settings):
     settings.BENCHMARK_SHAPES = ",".join(f"{i}x{o}" for i, o in SHAPES)
     out = StringIO()
-    call_command(
-        "benchmark",
-        "--model",
-        "sim-tiny",
-        "--gpu",
-        "h100-80gb",
-        "--simulated",
-        "tiny-test",
-        "--create-model",
-        "--json",
-        stdout=out,
-    )
+    call_command(*NEW_SIMULATED_MODEL, "--json", stdout=out)
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
     contract = ("alpha", "beta", "gamma", "delta", "r2", "heldout_mape", "samples", "published")
     assert set(contract) <= set(summary) and summary["delta"] == 0.0 and summary["samples"] == len(SHAPES)
@@ -534,20 +536,10 @@ def test_the_command_measures_a_simulated_profile_on_the_virtual_clock(h100, set
 def test_a_new_model_whose_benchmark_fails_is_a_clear_error_and_makes_no_profile(h100, settings):
     """--create-model makes the profile only from a fit: a failed run names why, stores nothing."""
     settings.BENCHMARK_SHAPES = "16x1,16x16"  # measured, too few to fit
-    args = [
-        "benchmark",
-        "--model",
-        "sim-tiny",
-        "--gpu",
-        "h100-80gb",
-        "--simulated",
-        "tiny-test",
-        "--create-model",
-    ]
     with pytest.raises(CommandError, match="need at least 5 distinct shapes to fit"):
-        call_command(*args, stdout=StringIO(), stderr=StringIO())
+        call_command(*NEW_SIMULATED_MODEL, stdout=StringIO(), stderr=StringIO())
     out = StringIO()
-    call_command(*args, "--json", stdout=out, stderr=StringIO())
+    call_command(*NEW_SIMULATED_MODEL, "--json", stdout=out, stderr=StringIO())
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
     assert (summary["status"], summary["published"]) == ("failed", False), summary
     assert not ModelProfile.objects.filter(model="sim-tiny").exists()
