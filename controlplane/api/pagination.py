@@ -27,7 +27,10 @@ class LateJoinPaginator(Paginator):
     """Finds a page's primary keys first, then joins only those rows (rows_of).
 
     A deep page (OFFSET 5000 of 10,000 endpoints) otherwise joins tenant, pool, profile and
-    reservation for every skipped row; the key-only scan skips them through the index.
+    reservation for every skipped row; the key-only scan skips them through the index. A page
+    nearer the end than the start is read from the end (the order reversed, its keys put back):
+    an offset of at most half the rows, under an order the primary key ends (`by_key`), which
+    reversed lists the same rows backwards.
     """
 
     object_list: QuerySet[Model]  # DRF pages querysets only (the viewsets' get_queryset())
@@ -38,14 +41,26 @@ class LateJoinPaginator(Paginator):
         bottom = (number - 1) * self.per_page
         top = min(bottom + self.per_page, self.count)
         key = self.object_list.model._meta.pk.attname
-        keys = list(self.object_list.values_list(key, flat=True)[bottom:top])
-        return self._get_page(rows_of(self.object_list, keys, key, self.columns), number, self)
+        keys = self.object_list.values_list(key, flat=True)
+        if self.count - top < bottom and by_key(self.object_list):
+            found = list(keys.reverse()[self.count - top : self.count - bottom])[::-1]
+        else:
+            found = list(keys[bottom:top])
+        return self._get_page(rows_of(self.object_list, found, key, self.columns), number, self)
 
     if TYPE_CHECKING:  # the hook Django's own page() calls to make the Page; django-stubs leave it out
 
         def _get_page(
             self, object_list: list[Model], number: int, paginator: Paginator[Model]
         ) -> Page[Any]: ...
+
+
+def by_key(rows: QuerySet[Model]) -> bool:
+    """Whether `rows` are in an order that their primary key ends (a total order)."""
+    ordering = rows.query.order_by or (rows.model._meta.ordering if rows.query.default_ordering else ())
+    pk = rows.model._meta.pk
+    last = ordering[-1] if ordering else None
+    return isinstance(last, str) and last.lstrip("-") in ("pk", pk.name, pk.attname)
 
 
 def query_integer(request: Request, param: str, lowest: int = 1) -> int | None:

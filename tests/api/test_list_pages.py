@@ -88,3 +88,28 @@ def test_the_tenants_pods_only(owner_client, owner, other, grow_tenant):
     grow_tenant(other, 3)
     names, _ = walk(owner_client, "/api/v1/pods/?page_size=1")
     assert sorted(names) == ["owner-pod-0", "owner-pod-1"] and Pod.objects.count() == 5
+
+
+def test_every_numbered_page_is_its_slice_of_the_list_from_either_end(
+    operator_client, owner_client, owner, other, make_endpoint, grow_tenant
+):
+    """A page nearer the end is read from the end: each page of each size, the operator's, a
+    filtered one, a tenant's (by key, newest first) and the pods' (by endpoint and name), is
+    the same slice of the whole list."""
+    for i in range(7):
+        make_endpoint(owner if i % 3 else other, f"e{i}")
+    grow_tenant(owner, 3)
+    for client, path, query in [
+        (operator_client, "/api/v1/endpoints/", {}),
+        (operator_client, "/api/v1/endpoints/", {"tenant": "owner"}),
+        (owner_client, "/api/v1/endpoints/", {}),
+        (operator_client, "/api/v1/pods/", {}),
+    ]:
+        whole = client.get(path, {**query, "page": 1, "page_size": 100}).json()
+        every = [row["id"] for row in whole["results"]]
+        assert whole["count"] == len(every) >= 3
+        for size in range(1, len(every) + 1):
+            for number in range(1, -(-len(every) // size) + 1):
+                page = client.get(path, {**query, "page": number, "page_size": size}).json()
+                assert [row["id"] for row in page["results"]] == every[(number - 1) * size : number * size]
+                assert page["count"] == len(every)

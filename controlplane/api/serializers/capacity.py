@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from rest_framework import serializers
 
 from controlplane import pool_ledgers, selling, tenant_limits
-from controlplane.api.serializers.base import StrictInput, principal_of
+from controlplane.api.serializers.base import FastAnswer, StrictInput, principal_of
 from controlplane.capacity.models import (
     GpuPool,
     GpuType,
@@ -26,13 +26,13 @@ MAX_GPUS_PER_NODE = 64  # a sanity bound: no node of one shape holds more GPUs
 MAX_NODES_PER_POOL = 10_000
 
 
-class GpuTypeSerializer(StrictInput, serializers.ModelSerializer[GpuType]):
+class GpuTypeSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[GpuType]):
     class Meta:
         model = GpuType
         fields = ["id", "name", "memory_gib", "hourly_cost_usd"]
 
 
-class GpuPoolSerializer(StrictInput, serializers.ModelSerializer[GpuPool]):
+class GpuPoolSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[GpuPool]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
     gpus_per_node = serializers.IntegerField(
         min_value=1,
@@ -89,7 +89,7 @@ class GpuPoolSerializer(StrictInput, serializers.ModelSerializer[GpuPool]):
         return pool
 
 
-class ProfileFitSerializer(serializers.ModelSerializer[ProfileFit]):
+class ProfileFitSerializer(FastAnswer, serializers.ModelSerializer[ProfileFit]):
     class Meta:
         model = ProfileFit
         fields = [
@@ -114,7 +114,7 @@ class ProfileFitSerializer(serializers.ModelSerializer[ProfileFit]):
         ]
 
 
-class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfile]):
+class ModelProfileSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[ModelProfile]):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
@@ -185,7 +185,7 @@ class ModelProfileSerializer(StrictInput, serializers.ModelSerializer[ModelProfi
         return profile
 
 
-class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation]):
+class ReservationSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[Reservation]):
     # What a sale reads of its endpoint (selling.sell; its rollout is read under the pool's
     # lock) and whether it has a reservation already: one statement.
     endpoint = serializers.PrimaryKeyRelatedField(
@@ -247,7 +247,9 @@ class ReservationSerializer(StrictInput, serializers.ModelSerializer[Reservation
         return self.instance
 
 
-class ProvisionedAllowanceSerializer(StrictInput, serializers.ModelSerializer[ProvisionedAllowance]):
+class ProvisionedAllowanceSerializer(
+    FastAnswer, StrictInput, serializers.ModelSerializer[ProvisionedAllowance]
+):
     """A tenant's allowance in a pool: GPUs of minimum replicas beyond its reservations it may
     commit there. Operators set it (one per tenant and pool; PATCH changes it); without one a
     tenant has PROVISIONED_ALLOWANCE_DEFAULT_NODES of the pool's nodes."""

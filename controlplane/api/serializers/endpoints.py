@@ -13,7 +13,7 @@ from rest_framework.fields import SkipField
 
 from capacity.provisioning import replica_bounds
 from controlplane import autoscaler_config, endpoint_rules, selling
-from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
+from controlplane.api.serializers.base import FastAnswer, StrictInput, VisibleTenantField, principal_of
 from controlplane.capacity.models import GpuPool
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
 from controlplane.tenants.models import Tenant
@@ -316,7 +316,7 @@ def answer_keys() -> list[str]:
     return [name for name, field in EndpointSerializer().fields.items() if not field.write_only]
 
 
-class PodSerializer(StrictInput, serializers.ModelSerializer[Pod]):
+class PodSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[Pod]):
     endpoint = serializers.PrimaryKeyRelatedField(queryset=Endpoint.objects.all())
 
     class Meta:

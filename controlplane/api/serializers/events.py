@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.api.serializers.base import StrictInput, principal_of
+from controlplane.api.serializers.base import FastAnswer, StrictInput, principal_of
 from controlplane.endpoints.models import Endpoint, Pod
 from controlplane.oncall.grouping import redact_addresses
 from controlplane.oncall.models import Event, EventGroup
@@ -14,7 +14,7 @@ from controlplane.tenants.models import Tenant
 from dataplane.wire import pod_events
 
 
-class EventSerializer(StrictInput, serializers.ModelSerializer[Event]):
+class EventSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[Event]):
     """Events as the pods post them (dataplane.wire.pod_events) and on-call reads them.
 
     Attribution: the endpoint decides the tenant (a tenant that is not the endpoint's is a 400);

@@ -6,10 +6,10 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane import pool_ledgers
-from controlplane.api.serializers.base import ExactNumberField
+from controlplane.api.serializers.base import ExactNumberField, FastAnswer
 
 
-class ModelCapacitySerializer(serializers.Serializer[Any]):
+class ModelCapacitySerializer(FastAnswer, serializers.Serializer[Any]):
     model = serializers.CharField()
     gpus_per_replica = serializers.IntegerField(source="shape.gpus_per_replica")
     mu_per_replica_minute = serializers.IntegerField(source="shape.mu_per_replica_minute")
@@ -24,7 +24,7 @@ class ModelCapacitySerializer(serializers.Serializer[Any]):
     )
 
 
-class PlacedReplicaSerializer(serializers.Serializer[Any]):
+class PlacedReplicaSerializer(FastAnswer, serializers.Serializer[Any]):
     endpoint_id = serializers.SerializerMethodField()
     endpoint = serializers.CharField(
         source="label", help_text="tenant/endpoint (and its version, while a rollout runs: both are placed)"
@@ -36,14 +36,14 @@ class PlacedReplicaSerializer(serializers.Serializer[Any]):
         return pool_ledgers.endpoint_of_key(replica.key)
 
 
-class NodeUseSerializer(serializers.Serializer[Any]):
+class NodeUseSerializer(FastAnswer, serializers.Serializer[Any]):
     index = serializers.IntegerField()
     gpus = serializers.IntegerField()
     free_gpus = serializers.IntegerField()
     replicas = PlacedReplicaSerializer(many=True)
 
 
-class PoolCapacitySerializer(serializers.Serializer[Any]):
+class PoolCapacitySerializer(FastAnswer, serializers.Serializer[Any]):
     """One pool's ledger (capacity.ledger.PoolLedger) beside the pool it describes."""
 
     id = serializers.IntegerField(source="pool.pk")

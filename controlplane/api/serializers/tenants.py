@@ -6,11 +6,11 @@ from typing import Any
 from rest_framework import serializers
 
 from controlplane import tenant_limits
-from controlplane.api.serializers.base import StrictInput, VisibleTenantField, principal_of
+from controlplane.api.serializers.base import FastAnswer, StrictInput, VisibleTenantField, principal_of
 from controlplane.tenants.models import ApiKey, Tenant
 
 
-class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
+class TenantSerializer(FastAnswer, StrictInput, serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
         fields = ["id", "name", "display_name", "gpu_quota", "effective_gpu_quota", "created_at"]
@@ -34,7 +34,7 @@ class TenantSerializer(StrictInput, serializers.ModelSerializer[Tenant]):
         return tenant_limits.default_gpu_quota()
 
 
-class ApiKeySerializer(StrictInput, serializers.ModelSerializer[ApiKey]):
+class ApiKeySerializer(FastAnswer, StrictInput, serializers.ModelSerializer[ApiKey]):
     tenant = VisibleTenantField(
         slug_field="name", queryset=Tenant.objects.all(), required=False, allow_null=True
     )
