@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from controlplane.api.auth import request_principal
 from controlplane.api.pagination import PageNumberPagination
 from controlplane.api.params import MAX_ID
-from controlplane.api.serializers import ExactNumberField
+from controlplane.api.serializers import ExactNumberField, FastAnswer
 from controlplane.endpoints import usage
 from controlplane.endpoints.models import UsageHour
 
@@ -49,7 +49,7 @@ class UsageQuerySerializer(serializers.Serializer[Any]):
     )
 
 
-class UsageSerializer(serializers.Serializer[Any]):
+class UsageSerializer(FastAnswer, serializers.Serializer[Any]):
     endpoint = serializers.IntegerField()
     endpoint_name = serializers.CharField()
     tenant = serializers.CharField()

@@ -15,7 +15,7 @@ from rest_framework import serializers as drf
 from controlplane.api.serializers.base import ExactNumberField, FastAnswer
 from controlplane.api.urls import router
 from controlplane.capacity.models import GpuPool, ProfileFit, ProvisionedAllowance
-from controlplane.endpoints.models import Pod
+from controlplane.endpoints.models import Pod, UsageHour
 from controlplane.oncall.models import Event
 from controlplane.selling import sell
 from controlplane.tenants.models import ApiKey
@@ -51,6 +51,11 @@ def test_every_read_of_a_varied_fleet_is_the_same_bytes_as_drf_makes_them(
         samples=40, intervals={"alpha": [0.0009, 0.0011]}, started_at=now, finished_at=now,
     )  # fmt: skip
     ApiKey.issue(name="revoked", tenant=owner)[0].revoke()
+    hour = int(now.timestamp()) // 3600 * 3600
+    for start, mu in [(hour, 12.345678), (hour - 3600, 7.0)]:
+        UsageHour.objects.create(
+            endpoint_id=plain.pk, endpoint_name=plain.name, tenant=owner, start=start, mu=mu, requests=3
+        )
 
     lists = [f"/api/v1/{prefix}/" for prefix, _, _ in router.registry]
     asked = [
@@ -58,6 +63,8 @@ def test_every_read_of_a_varied_fleet_is_the_same_bytes_as_drf_makes_them(
         "/api/v1/events/?page_size=2",
         "/api/v1/pods/?page=1",
         f"/api/v1/model-profiles/{small_model.pk}/fits/",
+        "/api/v1/usage/",
+        "/api/v1/usage/?granularity=day",
     ]
     answered = 0
     for client in (operator_client, owner_client, other_client):
@@ -76,6 +83,7 @@ def test_every_read_of_a_varied_fleet_is_the_same_bytes_as_drf_makes_them(
     assert answered > 60, answered  # the lists and their rows, for each of the three principals
     events = owner_client.get("/api/v1/events/").json()["results"]
     assert "10.1.2.3" not in json.dumps(events) and events[0]["detail"]["seconds"] == 31.5
+    assert [u["mu"] for u in owner_client.get("/api/v1/usage/").json()["results"]] == [7, 12.345678]
 
 
 class Child(FastAnswer, drf.Serializer[Any]):

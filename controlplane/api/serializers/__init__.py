@@ -4,6 +4,7 @@ every one is importable from here, as `controlplane.api.serializers.X`."""
 
 from controlplane.api.serializers.base import (
     ExactNumberField,
+    FastAnswer,
     StrictInput,
     VisibleTenantField,
     principal_of,
@@ -37,6 +38,7 @@ __all__ = [
     "EndpointSerializer",
     "EventSerializer",
     "ExactNumberField",
+    "FastAnswer",
     "GpuPoolSerializer",
     "GpuTypeSerializer",
     "ModelCapacitySerializer",
