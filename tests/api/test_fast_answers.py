@@ -91,6 +91,16 @@ class Child(FastAnswer, drf.Serializer[Any]):
     name = drf.CharField(read_only=True)
 
 
+class OwnRead(drf.CharField):
+    """A field that reads its value its own way (as DRF's ModelField does)."""
+
+    def get_attribute(self, instance: Any) -> Any:
+        return instance
+
+    def to_representation(self, value: Any) -> str:
+        return f"read {type(value).__name__}"
+
+
 class Kinds(FastAnswer, drf.Serializer[Any]):
     """A field of each kind FastAnswer reads itself, and of some it leaves to DRF."""
 
@@ -106,6 +116,7 @@ class Kinds(FastAnswer, drf.Serializer[Any]):
     method = drf.SerializerMethodField()
     children = Child(many=True, read_only=True)
     choice = drf.ChoiceField(choices=[("a", "A"), (1, "one")], read_only=True)
+    own = OwnRead(source="text", read_only=True)
 
     def get_method(self, instance: Any) -> Any:
         return [self.context.get("asked"), getattr(instance, "text", None)]

@@ -131,16 +131,17 @@ _SLOW = object()
 def _fast_step(field: Any) -> tuple[Callable[[Any], Any], Any]:
     """How FastAnswer reads `field` (a bound DRF field): a getter, and a conversion (None: the
     field's own)."""
-    attrs = field.source_attrs
-    if not attrs:  # source "*": the instance itself (a method field, a nested serializer)
-        return _itself, None
-    kind = type(field)
+    attrs, kind = field.source_attrs, type(field)
     if kind is serializers.PrimaryKeyRelatedField and field.pk_field is None and len(attrs) == 1:
         (attr,) = attrs
         # The key's column (DRF's PKOnlyObject), or the key of an instance a property gives.
         return (lambda instance: instance.serializable_value(attr)), lambda value: getattr(value, "pk", value)
     if kind is serializers.SlugRelatedField:  # the related row's slug, as DRF reads it
         return operator.attrgetter(".".join([*attrs, *field.slug_field.split("__")])), _itself
+    if kind.get_attribute is not serializers.Field.get_attribute:  # a field that reads its own way
+        return _slow, None
+    if not attrs:  # source "*": the instance itself (a method field, a nested serializer)
+        return _itself, None
     get = operator.attrgetter(".".join(attrs))
     if kind is serializers.BooleanField:
         return get, lambda value: value if type(value) is bool else field.to_representation(value)
@@ -151,6 +152,10 @@ def _fast_step(field: Any) -> tuple[Callable[[Any], Any], Any]:
 
 def _itself(value: Any) -> Any:
     return value
+
+
+def _slow(instance: Any) -> Any:
+    return _SLOW
 
 
 def _in_utc_iso(field: serializers.DateTimeField) -> bool:
