@@ -10,6 +10,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ObjectDoesNotExist
+from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject
@@ -84,26 +85,28 @@ class VisibleTenantField(serializers.SlugRelatedField):  # type: ignore[type-arg
         return Tenant.objects.visible_to(principal_of(cast(serializers.Serializer[Any], self.root)))
 
 
+# For every serializer of the API (an endpoint's answer has its own, `endpoints.answer`): the
+# answer DRF's Serializer.to_representation gives, each readable field read through a getter
+# made once per serializer and time zone (an attribute chain, a related key's column) and, for
+# the plain types, converted as DRF converts them, without DRF's per-field machinery (the chain
+# walked and inspected for callables at every step, for every field of every row: a list of 100
+# events or the 20 pools' ledgers spent most of their Python there). What the fast path does not
+# take (a missing attribute, a callable, a mapping, a field that reads its own way or of another
+# type) goes through the field's own get_attribute and to_representation: the answer is DRF's
+# either way (tests/api/test_fast_answers.py). A comment, not a docstring: drf-spectacular would
+# publish a serializer's first docstring, this one, as its schema's description.
 class FastAnswer(_SerializerBase):
-    """For every serializer of the API (an endpoint's answer has its own, `endpoints.answer`):
-    the answer DRF's Serializer.to_representation gives, each readable field read through a
-    getter made once per serializer (an attribute chain, a related key's column) and, for the
-    plain types, converted as DRF converts them, without DRF's per-field machinery (the chain
-    walked and inspected for callables at every step, for every field of every row: a list of
-    100 events or the 20 pools' ledgers spent most of their Python there). What the fast path
-    does not take (a missing attribute, a callable, a mapping, a field of another type) goes
-    through the field's own get_attribute and to_representation: the answer is DRF's either
-    way (tests/api/test_fast_answers.py)."""
-
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        steps = self.__dict__.get("_answer_steps")
-        if steps is None:
-            steps = self.__dict__["_answer_steps"] = [
-                (name, field, *_fast_step(field))
-                for name, field in self.fields.items()
-                if not field.write_only
-            ]
+        zone = timezone.get_current_timezone()  # a time's field writes it in the zone current then
+        made = self.__dict__.get("_answer_steps")
+        if made is None or made[0] is not zone:
+            readable = [(name, field) for name, field in self.fields.items() if not field.write_only]
+            made = self.__dict__["_answer_steps"] = (
+                zone,
+                [(name, field, *_fast_step(field)) for name, field in readable],
+            )
         answer: dict[str, Any] = {}
+        steps = made[1]
         for name, field, get, convert in steps:
             try:
                 value = get(instance)
