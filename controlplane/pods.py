@@ -62,8 +62,12 @@ def sync_pods(cluster: ClusterDriver) -> int:
         Pod.objects.bulk_create(create)
         Pod.objects.bulk_update(update, ["ready", "url", "restarts", "warm", "ready_after_s", "updated_at"])
         changed += len(create) + len(update)
+        # In ascending id, as the horizontal pass locks every endpoint (scaling.horizontal_pass):
+        # the model's order (newest first) against the pass's deadlocked the two.
         endpoints = list(
-            Endpoint.objects.select_for_update().filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))
+            Endpoint.objects.select_for_update()
+            .filter(Q(ready_replicas__gt=0) | Q(pk__in=ready))
+            .order_by("pk")
         )
         for e in endpoints:
             e.ready_replicas = ready.get(e.pk, 0)

@@ -572,6 +572,29 @@ def test_a_rollout_step_uncommitted_while_its_endpoint_moves_is_read_in_the_pool
     assert_stored_is_fresh([four])
 
 
+@pytest.mark.django_db
+def test_the_writers_that_lock_many_endpoints_lock_them_in_one_order(world):
+    """The pod sync and the horizontal pass each lock many endpoints' rows in one statement;
+    in opposite orders (newest first against oldest first) the two deadlocked under the
+    concurrent writers below. Each takes them oldest first."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    for i in range(4):
+        apply(world, ("create", i, i, i), NOW)
+    with CaptureQueriesContext(connection) as queries:
+        apply(world, ("pods", 1, 1, 0), NOW)
+        apply(world, ("pass", 0, 0, 0), NOW)
+    locking = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("SELECT")
+        and 'FROM "endpoints_endpoint"' in q["sql"]
+        and "FOR UPDATE" in q["sql"]
+    ]
+    assert len(locking) == 2, locking
+    assert all('ORDER BY "endpoints_endpoint"."id" ASC' in sql for sql in locking), locking
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_on_postgresql_leave_the_stored_ledger_fresh_and_never_oversold(h100):
     """Eight writers (sales, minimums, models, pods synced, passes) at once on two pools: each
