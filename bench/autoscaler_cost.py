@@ -6,12 +6,15 @@ Each endpoint brings five minutes of 5-second buckets (60 buckets, about the 350
 reads by default: what a collector keeps); the pass decides every endpoint once. Prints CPU
 seconds per pass and per endpoint as N grows, each endpoint's calm judged on the spans since
 the last pass (the state the pass keeps, `calm.quiet_since`, for the quiet margin that is on by
-default), so each endpoint brings the same buckets; then with an operator's calm history of 30
-minutes (`calm_history_s` 1800) too, and with neither (`quiet_margin` 1: no judgement).
+default) and its series of bursts carried (`series.carried`), so each endpoint brings the same
+buckets; then with an operator's calm history of 30 minutes (`calm_history_s` 1800) too, with
+neither (`quiet_margin` 1: no judgement), and with every endpoint bursting in a series whose
+row holds the most bursts kept (`bursting`).
 --smoke: the same rows at 10 and 50 endpoints, in a second.
 """
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -21,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dataclasses import replace
 
-from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, Timeline, calm, decide
+from capacity.autoscaler import AutoscalerConfig, Bucket, EndpointSpec, Timeline, calm, decide, series
 from capacity.autoscaler.horizontal import lookback_s
 
 NOW = 1_000_000.0
+BURSTING = AutoscalerConfig()  # the defaults, on bursting endpoints (`bursting`)
 
 
 def fleet(n: int, rng: random.Random, config: AutoscalerConfig | None = None):
@@ -56,12 +60,32 @@ def fleet(n: int, rng: random.Random, config: AutoscalerConfig | None = None):
     return out
 
 
-def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket]) -> bool:
-    """The pass's work for one endpoint: its calm history judged, then its decision."""
+def bursting(endpoints: list, rng: random.Random) -> list:
+    """The same fleet with every endpoint in a series of bursts (20-s bursts at 7x every 50 s)
+    that the pass carries with the most bursts it keeps, stored as rows (the worst case)."""
+    out = []
+    for spec, buckets in endpoints:
+        phase = rng.uniform(0, 50)
+        raised = [
+            replace(b, mu_per_minute=b.mu_per_minute * 7) if (b.end - phase) % 50 < 20 else b for b in buckets
+        ]
+        kept = [[NOW - 3600 + 50 * i, NOW - 3580 + 50 * i, 1000.0] for i in range(series.KEPT_RUNS)]
+        out.append((spec, raised, kept))
+    return out
+
+
+def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket], stored: list | None = None) -> bool:
+    """The pass's work for one endpoint: its calm history judged and its series of bursts
+    carried (read from and written back to its row's form), then its decision."""
     cfg = spec.config
-    timeline = Timeline(buckets)  # as the pass: in order once, for both
+    timeline = Timeline(buckets)  # as the pass: in order once, for all three
     if calm.horizon_s(cfg) > 0:
         spec = replace(spec, quiet_since=calm.quiet_since(spec.quiet_since, timeline, NOW - 5, NOW, cfg))
+    previous = series.Series.of_rows(stored) if stored else None
+    carried = series.carried(previous, timeline, NOW, cfg)
+    if carried is not None:
+        json.dumps(carried.rows())
+        spec = replace(spec, series_level=carried.level(NOW, cfg))
     return decide(spec, timeline, NOW).changes(spec.current_replicas)
 
 
@@ -77,15 +101,20 @@ def main() -> None:
     unjudged = AutoscalerConfig(quiet_margin=1.0)
     print(f"{'endpoints':>10} {'cpu s/pass':>11} {'us/endpoint':>12}  goal: 10,000 under 1 s")
     runs = [(n, None) for n in sizes]
-    runs += [(n, c) for c in (with_calm, unjudged) for n in compared]
+    runs += [(n, c) for c in (with_calm, unjudged, BURSTING) for n in compared]
     for n, config in runs:
         if config is with_calm and n == compared[0]:
             print("with a calm history of 1800 s too:")
         if config is unjudged and n == compared[0]:
             print("with neither (quiet_margin 1), nothing judged:")
-        endpoints = fleet(n, rng, config)
+        if config is BURSTING and n == compared[0]:
+            print(f"every endpoint in a series of bursts, {series.KEPT_RUNS} carried (the worst case):")
+        if config is BURSTING:
+            endpoints = bursting(fleet(n, rng), rng)
+        else:
+            endpoints = [(spec, buckets, None) for spec, buckets in fleet(n, rng, config)]
         started = time.process_time()
-        changed = sum(1 for spec, buckets in endpoints if judged_and_decided(spec, buckets))
+        changed = sum(1 for spec, buckets, stored in endpoints if judged_and_decided(spec, buckets, stored))
         cpu = time.process_time() - started
         verdict = ("met" if cpu < 1 else "MISSED") if n == 10_000 else ""
         print(f"{n:>10} {cpu:>11.3f} {cpu / n * 1e6:>12.1f}  {verdict} ({changed} would change)")

@@ -41,6 +41,7 @@ from capacity.autoscaler import (
     decide,
     decide_concurrency,
     forecast,
+    series,
     wording,
 )
 from capacity.autoscaler.horizontal import Decision
@@ -256,9 +257,10 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
                 timeline = Timeline(history.get(e.pk, []))  # in order once, for the calm and the decider
                 quiet = _calm_since(e, configs[e.pk], timeline, after, ts)
                 e.calm_since = None if quiet is None else datetime.fromtimestamp(quiet, UTC)
+                level = _burst_series(e, configs[e.pk], timeline, ts)
                 if cluster is None:
                     continue
-                spec = _spec(e, configs[e.pk], now, floors.get(e.pk, 0), quiet)
+                spec = _spec(e, configs[e.pk], now, floors.get(e.pk, 0), quiet, level)
                 d = decide(spec, timeline, ts)
                 decided += d.replicas is not None
                 held = clamp(e, d, room)
@@ -275,11 +277,9 @@ def horizontal_pass(cluster: ClusterDriver | None, now: datetime) -> PassReport 
             failed = _declare(cluster, endpoints, changes, now) if cluster else 0
             if failed:  # nothing of this pass happened, clamps included: the next pass decides again
                 for e in endpoints:
-                    e.clamped_since = before[e.pk][3]
+                    e.clamped_since = before[e.pk][WRITTEN.index("clamped_since")]
             written = [e for e in endpoints if _written(e) != before[e.pk]]  # most passes change few
-            Endpoint.objects.bulk_update(
-                written, ["desired_replicas", "used_mu_per_minute", "state", "clamped_since", "calm_since"]
-            )
+            Endpoint.objects.bulk_update(written, WRITTEN)
             if not failed:
                 Event.objects.bulk_create(events)
         # Every pool's stored ledger (metered MU, desired replicas and rollouts' steps are in it),
@@ -335,9 +335,12 @@ def predicted_minimums(
     return floors
 
 
-def _written(e: Endpoint) -> tuple[int, float, str, datetime | None, datetime | None]:
-    """What a horizontal pass may change on an endpoint row."""
-    return e.desired_replicas, e.used_mu_per_minute, e.state, e.clamped_since, e.calm_since
+# What a horizontal pass may change on an endpoint row.
+WRITTEN = ["desired_replicas", "used_mu_per_minute", "state", "clamped_since", "calm_since", "burst_series"]
+
+
+def _written(e: Endpoint) -> tuple[Any, ...]:
+    return tuple(getattr(e, name) for name in WRITTEN)
 
 
 def _calm_since(
@@ -352,12 +355,27 @@ def _calm_since(
     return calm.quiet_since(since, buckets, after, ts, cfg)
 
 
+def _burst_series(e: Endpoint, cfg: AutoscalerConfig, buckets: Timeline, ts: float) -> float:
+    """Its series of bursts carried on by this pass's buckets (stored on the row), and the MU/min
+    that series holds past the burst memory (capacity.autoscaler.series)."""
+    previous = None
+    if e.burst_series is not None:
+        try:
+            previous = series.Series.of_rows(e.burst_series)
+        except (TypeError, ValueError):  # not as a pass wrote it: one endpoint's state, begun anew
+            log.warning("endpoint %s: its burst series is unreadable, begun anew", e.pk, exc_info=True)
+    carried = series.carried(previous, buckets, ts, cfg)
+    e.burst_series = None if carried is None else carried.rows()
+    return 0.0 if carried is None else carried.level(ts, cfg)
+
+
 def _spec(
     e: Endpoint,
     cfg: AutoscalerConfig,
     now: datetime,
     predicted_min: int = 0,
     quiet_since: float | None = None,
+    series_level: float = 0.0,
 ) -> EndpointSpec:
     low, high = e.replica_bounds
     # A request woke it: the router holds that request, which no sample shows yet; keep a replica.
@@ -371,6 +389,7 @@ def _spec(
         scale_to_zero_enabled=e.scale_to_zero_enabled and not woken,
         predicted_min_replicas=predicted_min,
         quiet_since=quiet_since,
+        series_level=series_level,
         config=cfg,
     )
 

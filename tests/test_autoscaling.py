@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import autoscaler_config, drivers, pods, scaling
@@ -255,6 +256,62 @@ def test_the_pass_reads_back_as_far_as_the_burst_memory(chat, burst_memory_s):
     scaling.horizontal_pass(Recorder(), NOW)
     chat.refresh_from_db()
     assert (chat.desired_replicas >= 6) == (burst_memory_s > 0), chat.desired_replicas
+
+
+def test_a_series_of_bursts_at_one_level_is_kept_on_the_row_and_held_past_the_memory(
+    chat, owner, make_endpoint
+):
+    # 100 MU/min with seven 20-s bursts at 700, 50 s apart, the last from 400 to 380 s before
+    # NOW: a series for 320 s, longer than the 300-s memory; each burst needs 233 MU x 60 / 25 =
+    # 560 MU/min, 5.6 replicas. The passes that see them recur keep the series on the row
+    # (Endpoint.burst_series), each adding the bursts it sees; 280 s after the last pass the
+    # memory holds one burst and the hold alone would be capped at 1.75 x 100 / 80 -> 3, but the
+    # series, one level, holds its 5.6 -> 6 until 300 s after its last burst. A steady endpoint
+    # keeps none.
+    steady = make_endpoint(owner, "steady", max_provisioned_concurrency=80)
+    buckets(steady, 1200, in_flight=0.5, mu=100.0, requests=50)
+    buckets(chat, 1200, in_flight=0.5, mu=100.0, requests=50)
+    starts = range(TS - 700, TS - 399, 50)
+    LoadBucket.objects.filter(
+        Q.create([Q(end__gt=s, end__lte=s + 20) for s in starts], connector=Q.OR), endpoint=chat
+    ).update(mu_per_minute=700.0)
+    chat.desired_replicas = 6
+    chat.save()
+    scaling.horizontal_pass(Recorder(), NOW - timedelta(seconds=560))
+    chat.refresh_from_db()
+    assert [row[:2] for row in chat.burst_series] == [[s, s + 20] for s in starts[:3]]
+    scaling.horizontal_pass(Recorder(), NOW - timedelta(seconds=360))
+    chat.refresh_from_db()
+    steady.refresh_from_db()
+    assert [row[:2] for row in chat.burst_series] == [[s, s + 20] for s in starts]
+    assert steady.burst_series is None
+    scaling.horizontal_pass(Recorder(), NOW - timedelta(seconds=100))
+    chat.refresh_from_db()
+    assert chat.desired_replicas == 6 and len(chat.burst_series) == 7
+    Endpoint.objects.filter(pk=chat.pk).update(desired_replicas=7)
+    scaling.horizontal_pass(Recorder(), NOW - timedelta(seconds=95))
+    held = Event.objects.filter(kind="scale", endpoint=chat).latest("id")
+    assert held.detail["series_held"] == pytest.approx(5.6) and held.detail["to"] == 6
+    assert "a series of bursts at one level holds 5.6 replicas for 300 s after its last" in held.message
+    # 300 s after its last burst the series is over: gone from the row, the fleet sheds it.
+    scaling.horizontal_pass(Recorder(), NOW - timedelta(seconds=75))
+    chat.refresh_from_db()
+    assert chat.burst_series is None and chat.desired_replicas < 6
+
+
+@pytest.mark.parametrize("stored", [[[1.0, 2.0]], [["a", 2.0, 3.0]], {"runs": 1}, [[9.0, 1.0, 5.0]]])
+def test_a_burst_series_no_pass_wrote_is_begun_anew_and_stops_no_other_endpoint(
+    chat, owner, make_endpoint, stored
+):
+    other = make_endpoint(owner, "other", max_provisioned_concurrency=80)
+    for e in (chat, other):
+        buckets(e, 400, in_flight=0.5, mu=300.0, requests=50)
+    Endpoint.objects.filter(pk=chat.pk).update(burst_series=stored, desired_replicas=1)
+    Endpoint.objects.filter(pk=other.pk).update(desired_replicas=1)
+    scaling.horizontal_pass(Recorder(), NOW)
+    chat.refresh_from_db()
+    other.refresh_from_db()
+    assert chat.burst_series is None and (chat.desired_replicas, other.desired_replicas) == (4, 4)
 
 
 def test_a_calm_endpoint_is_planned_at_a_full_replica(chat, owner, make_endpoint, monkeypatch):

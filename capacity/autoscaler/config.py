@@ -47,7 +47,9 @@ class AutoscalerConfig:
     # apart on average, seconds, the last under eight times that mean ago: then the hold keeps,
     # past its cap, what the series' tallest burst needed, and replicas are planned at
     # recurring_utilisation at least (above a lower target_utilisation too: the held fleet is
-    # the margin) (horizontal.recurring). 0 is off; >= 0. 60 (a minute, what the SLO
+    # the margin) (series.recurring); a series of one level that goes on for burst_memory_s is
+    # carried past it until burst_memory_s pass without a burst (series.carried). 0 is off;
+    # >= 0. 60 (a minute, what the SLO
     # is judged over), in the fleet simulator over seeds 1-8, against 0: where bursts of 4-7x
     # come in series, 6-11 % fewer GPU-hours and 0.02-0.09 more of the minutes; on tall bursts
     # minutes apart, 0-2 % more; on the prefill mixes' seeds 1-2, 1-2 % fewer

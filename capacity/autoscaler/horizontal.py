@@ -21,7 +21,8 @@ from enum import StrEnum
 
 from capacity.autoscaler.calm import is_calm, is_quiet, work_spread_over
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Buckets, Load, Timeline, aggregate, in_window, running_sums
+from capacity.autoscaler.series import recurring
+from capacity.autoscaler.window import Buckets, Load, Timeline, aggregate, running_sums
 from capacity.units import MU_PER_REPLICA_MINUTE
 
 
@@ -35,6 +36,7 @@ class EndpointSpec:
     scale_to_zero_enabled: bool = False
     predicted_min_replicas: int = 0  # from forecast, when predictive_min is on
     quiet_since: float | None = None  # no burst since (calm.quiet_since), when calm.horizon_s > 0
+    series_level: float = 0.0  # MU/min a series carried past the burst memory holds (series.Series.level)
     config: AutoscalerConfig = field(default_factory=AutoscalerConfig)
 
 
@@ -75,7 +77,8 @@ class Figures:
     quiet: bool = False  # no burst for quiet_after_s: quiet_margin of the margin
     spread: float = 0.0  # the work's variation over a first token's wait, in a calm spell
     cap: int | None = None  # the per-tick cap, where it bound a scale-up
-    recurring: bool = False  # bursts recur within the hold's memory: their need held (recurring)
+    recurring: bool = False  # bursts recur within the hold's memory, or a series is carried past it
+    carried: float = 0.0  # replicas a series of one level, carried past the memory, holds
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,11 @@ def decide(spec: EndpointSpec, buckets: Buckets, now: float) -> Decision:
     # A past burst's hold is planned at a full replica: it is sized on the SLO's wait already.
     hold = burst_hold(buckets, now, cfg) / spec.mu_per_replica_minute
     series = recurring(buckets, now, cfg) / spec.mu_per_replica_minute if hold > 0 else 0.0
-    recurs = series > 0
+    # A series carried past the memory (none in a calm spell, which holds nothing) is planned as
+    # bursts recurring: the held fleet is the margin, and a burst's own need is asked without
+    # one (its pods come after it; docs/autoscaler.md, "A series carried past the memory").
+    carried = 0.0 if quiet else spec.series_level / spec.mu_per_replica_minute
+    recurs = series > 0 or carried > 0
     if recurs:  # the held fleet is the margin: a replica's own goes
         planned = max(planned, cfg.recurring_utilisation)
     spans_mu, down_coverage, busiest = _past_spans(spec, buckets, now)
@@ -144,8 +151,8 @@ def decide(spec: EndpointSpec, buckets: Buckets, now: float) -> Decision:
     by_mu, by_requests = needs_for(recent, spec, util, mu_per_minute)
     need = max(by_mu, by_requests)
     held = min(hold, cfg.burst_hold_cap * need)
-    if recurs:  # the series' need, past the cap: no more than the hold itself
-        held = max(held, min(hold, series))
+    if recurs:  # the series' need, past the cap: no more than the hold itself, but a level carried
+        held = max(held, min(hold, series), carried)
     arrivals = max(past, default=0.0)
     down_need = max(need, arrivals, held)
     floor = max(spec.min_replicas, spec.predicted_min_replicas, 0 if _idle(spec, buckets, now) else 1)
@@ -205,6 +212,7 @@ def decide(spec: EndpointSpec, buckets: Buckets, now: float) -> Decision:
         spread=spread,
         cap=cap,
         recurring=recurs,
+        carried=carried,
     )
     return Decision(clamped, rule, current, figures, wanted, need, down_need)
 
@@ -294,76 +302,6 @@ def burst_hold(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
             first = bisect.bisect_right(ends, ends[i] - w + 1e-9)
             best = max(best, (cum[i + 1] - cum[first]) * 60.0 / (w + cfg.burst_wait_s))
     return best
-
-
-# A series of bursts is over once this many times its mean gap has passed since its last burst:
-# were the gaps memoryless (exponential), one that long would come once in e^8 ~ 3,000 (at 4,
-# once in ~55: bursts 10-30 s apart let their fleet go 40-120 s after the last). Series whose
-# gaps are 40 s or more end sooner, when fewer than SERIES_RUNS of them are within the memory.
-RECURRENCE_SILENCE = 8.0
-# Runs of buckets within the memory that make a series: two gaps, not a chance pair of bursts.
-SERIES_RUNS = 3
-
-
-def recurring(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> float:
-    """MU/min that a series of bursts within `burst_memory_s` needs standing, 0 when they do
-    not recur. A series is SERIES_RUNS or more runs of buckets above `burst_ratio` x the
-    memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
-    endpoint's noise), less than `burst_recurrence_s` apart on average (from one's end to the
-    next's start), the last ended less than RECURRENCE_SILENCE x that mean ago. A run needs its
-    work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole run);
-    the series needs the most of its runs' needs: its next burst may come before new pods are
-    ready, served by what stands, and may be its tallest again (one tall burst among lower ones
-    is held past the cap until it leaves the memory). The base is the quietest quarter's top
-    (the bucket at the 25th percentile of MU/min), which bursts filling most of the memory do
-    not lift; a dip shorter than `peak_window_s` does not end a run (a noisy bucket within one
-    burst is no gap).
-
-    Worked numbers (ratio 2.5, wait 5 s, 5-s buckets, memory 300 s): 400 MU/min with 20-s bursts
-    at 2,800 every 50 s: base 400, six runs with 30 s between, each 933 MU over 20 s: 933 x 60 /
-    25 = 2,240 MU/min, until 190 s after the last, when the memory holds two of them (eight times
-    the 30-s gaps would be 240 s); one burst among them at 3x: its 6,720. The same bursts 4
-    minutes apart: two runs at most: 0. Steady 400, or 0 at the base: 0.
-    """
-    memory = cfg.burst_memory_s
-    if cfg.burst_recurrence_s <= 0 or memory <= 0:
-        return 0.0
-    inside = in_window(buckets, now, memory)
-    if len(inside) < 4:
-        return 0.0
-    rates = sorted([b.mu_per_minute for b in inside])
-    base = rates[len(rates) // 4]
-    above = cfg.burst_ratio * base
-    if base <= 0 or rates[-1] <= above:  # no base, or no run: most endpoints, before the loop
-        return 0.0
-    # Gaps, lengths and the silence are times, not the seconds the buckets cover: a slot no
-    # router reported is no bucket, and must not shorten a gap nor keep a series going.
-    runs: list[tuple[float, float, float]] = []  # (start, end, work) of each run
-    start = work = dipped = 0.0  # dipped: the work since the run's last bucket above
-    end: float | None = None  # the current run's last bucket above ends here
-    for b in inside:
-        if b.mu_per_minute <= above:
-            dipped += b.mu_per_minute * b.seconds / 60.0
-            continue
-        begins = b.end - b.seconds
-        if end is None or begins - end >= cfg.peak_window_s:  # a run starts
-            if end is not None:
-                runs.append((start, end, work))
-            start, work = begins, 0.0
-        else:  # a dip within the run: its time and work are the run's
-            work += dipped
-        work += b.mu_per_minute * b.seconds / 60.0
-        end, dipped = b.end, 0.0
-    if end is not None:
-        runs.append((start, end, work))
-    # A run shorter than peak_window_s is a lump (a sparse endpoint's noise), not a burst.
-    runs = [run for run in runs if run[1] - run[0] >= cfg.peak_window_s]
-    if len(runs) < SERIES_RUNS:
-        return 0.0
-    mean_gap = (runs[-1][0] - runs[0][1] - sum(e - s for s, e, _ in runs[1:-1])) / (len(runs) - 1)
-    if mean_gap >= cfg.burst_recurrence_s or now - runs[-1][1] >= RECURRENCE_SILENCE * mean_gap:
-        return 0.0
-    return max(w * 60.0 / (e - s + cfg.burst_wait_s) for s, e, w in runs)
 
 
 def _idle(spec: EndpointSpec, buckets: Buckets, now: float) -> bool:

@@ -54,11 +54,7 @@ def sentence(d: Decision) -> str:
         return f"{need}, within {cfg.tolerance:.0%} of {d.current}"
     if d.rule is Rule.BURST_HOLD:
         unheld = max(d.need or 0.0, f.arrivals_need)
-        bursts, hold = _holding(f)
-        return (
-            f"{bursts} within the last {cfg.burst_memory_s:g} s {hold} {_tenths(f.held)} replicas;"
-            f" at most {_tenths(unheld)} needed {over_down}"
-        )
+        return f"{_hold(f, f'{_tenths(f.held)} replicas')}; at most {_tenths(unheld)} needed {over_down}"
     if d.rule is Rule.COVERAGE:
         covered = f"samples cover {f.down_coverage:.0%} of the last {cfg.scale_down_window_s:g} s"
         return f"{covered}: no scale-down yet"
@@ -94,8 +90,7 @@ def numbers(d: Decision) -> str:
         f" over the last {cfg.scale_down_window_s:g} s, arrivals: up to {f.arrivals_need:.2f}"
     )
     if f.held > 0:
-        bursts, hold = _holding(f)
-        text += f"; {bursts} within {cfg.burst_memory_s:g} s {hold} {f.held:.2f}"
+        text += f"; {_hold(f, f'{f.held:.2f}', the_last='')}"
     return f"{text}; {planning(f)}"
 
 
@@ -112,6 +107,8 @@ def planning(f: Figures) -> str:
         )
     if f.quiet:
         return f"no burst for {cfg.quiet_after_s:g} s: planned at {f.utilisation:.2f} of a replica"
+    if _carries(f):
+        return f"a series of bursts carried: planned at {f.utilisation:.2f} of a replica"
     if f.recurring:
         return f"bursts recur: planned at {f.utilisation:.2f} of a replica, the hold uncapped"
     return f"planned at {f.utilisation:.2f} of a replica"
@@ -131,6 +128,7 @@ def detail(d: Decision) -> dict[str, Any]:
         "arrivals_need": f.arrivals_need,
         "burst_hold": f.held,
         "recurring": f.recurring,
+        "series_held": f.carried,
         "utilisation": f.utilisation,
         "reason": explain(d),
     }
@@ -140,14 +138,26 @@ def _plan(f: Figures) -> str:
     """The mechanism that set the share of a replica a need is planned at, where not the margin."""
     if f.calm:
         return " (calm history)"
+    if _carries(f):
+        return " (a series carried)"
     if f.recurring:
         return " (bursts recur)"
     return " (quiet margin)" if f.quiet else ""
 
 
-def _holding(f: Figures) -> tuple[str, str]:
-    """What holds replicas past the scale-down window, and its verb."""
-    return ("bursts recurring", "hold") if f.recurring else ("a burst", "holds")
+def _hold(f: Figures, figure: str, the_last: str = "the last ") -> str:
+    """What holds replicas past the scale-down window, with its figure."""
+    memory = f"{f.config.burst_memory_s:g} s"
+    if _carries(f):
+        return f"a series of bursts at one level holds {figure} for {memory} after its last"
+    if f.recurring:
+        return f"bursts recurring within {the_last}{memory} hold {figure}"
+    return f"a burst within {the_last}{memory} holds {figure}"
+
+
+def _carries(f: Figures) -> bool:
+    """A series carried past the memory is what holds (its level, not the memory's own hold)."""
+    return f.carried > 0 and f.carried >= f.held
 
 
 def _tenths(x: float | None) -> str:

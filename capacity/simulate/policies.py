@@ -48,6 +48,7 @@ from capacity.autoscaler import (
 )
 from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.horizontal import lookback_s
+from capacity.autoscaler.series import Series, carried
 from capacity.autoscaler.window import Timeline, aggregate
 from capacity.units import MU_PER_REPLICA_MINUTE
 
@@ -130,6 +131,7 @@ class Apa(ScalingPolicy):
     decisions: DecisionLog | None = None  # when a list, every horizontal decision goes there
     quiet_since: float | None = None  # the calm history's state (calm.quiet_since), carried
     judged_until: float = -math.inf  # simulated seconds of the last decision that judged it
+    series: Series | None = None  # the series of bursts it is in (series.carried), carried
 
     def __post_init__(self) -> None:
         self.tick_s = self.config.tick_s
@@ -164,6 +166,7 @@ class Apa(ScalingPolicy):
         if calm.horizon_s(self.config) > 0:
             self.quiet_since = calm.quiet_since(self.quiet_since, merged, self.judged_until, now, self.config)
             self.judged_until = now
+        self.series = carried(self.series, merged, now, self.config)
         spec = EndpointSpec(
             min_replicas=state.min_replicas,
             max_replicas=state.max_replicas,
@@ -173,6 +176,7 @@ class Apa(ScalingPolicy):
             scale_to_zero_enabled=self.scale_to_zero,
             predicted_min_replicas=self.predicted_min,
             quiet_since=self.quiet_since,
+            series_level=0.0 if self.series is None else self.series.level(now, self.config),
             config=self.config,
         )
         decision = decide(spec, merged, now)

@@ -103,6 +103,10 @@ class Endpoint(models.Model):
     # (an operator's opt-in) it drops its margins for bursts. Null until judged, and while both
     # are off.
     calm_since = models.DateTimeField(null=True, blank=True)
+    # The series of bursts its traffic is in (capacity.autoscaler.series), judged a pass at a
+    # time: one [start, end, need MU/min] a burst, times in epoch seconds. A series of one level
+    # holds its tallest need past the burst memory. Null while its bursts do not recur.
+    burst_series = models.JSONField(null=True, blank=True)
     # The pod template's version: a new model (profile) is a new version, rolled out without
     # downtime (controlplane.rollouts); one cluster deployment per version.
     version = models.PositiveIntegerField(default=1)
