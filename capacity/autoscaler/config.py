@@ -49,11 +49,10 @@ class AutoscalerConfig:
     # recurring_utilisation at least (above a lower target_utilisation too: the held fleet is
     # the margin) (series.recurring); a series of one level that goes on for burst_memory_s is
     # carried past it until burst_memory_s pass without a burst (series.carried). 0 is off;
-    # >= 0. 60 (a minute, what the SLO
-    # is judged over), in the fleet simulator over seeds 1-8, against 0: where bursts of 4-7x
-    # come in series, 6-11 % fewer GPU-hours and 0.02-0.09 more of the minutes; on tall bursts
-    # minutes apart, 0-2 % more; on the prefill mixes' seeds 1-2, 1-2 % fewer
-    # (docs/evaluation/autoscaler.md).
+    # >= 0. 60 (a minute, what the SLO is judged over), in the fleet simulator over seeds 1-8,
+    # against 0: where bursts of 4-7x come in series, 6-11 % fewer GPU-hours and 0.02-0.09 more
+    # of the minutes; on tall bursts minutes apart, 0-2 % more; on the prefill mixes' seeds 1-2,
+    # 1-2 % fewer (docs/evaluation/autoscaler.md).
     burst_recurrence_s: float = 60.0
     recurring_utilisation: float = 1.0  # ... the least share of a replica planned for then; (0, 1]
     # Seconds of calm that let the decider drop its margins for bursts (capacity.autoscaler.calm):
