@@ -91,7 +91,9 @@ test-schemathesis: install
 SIM_NATIVE := build/sim-native
 SIM_MODULES := capacity/simulate/replica.py capacity/simulate/fleet.py capacity/simulate/sizing.py \
 	capacity/simulate/percentiles.py capacity/simulate/arrivals.py capacity/units.py engine_model/perf_model.py
-SIM_SOURCES := $(shell find capacity dataplane engine_model controlplane tests -name '*.py') pyproject.toml
+# The folders too: a file removed or renamed changes its folder, not any file left.
+SIM_SOURCES := $(shell find capacity dataplane engine_model controlplane tests -name '*.py') pyproject.toml \
+	$(shell find capacity dataplane engine_model controlplane tests -type d -not -name __pycache__)
 
 $(SIM_NATIVE)/.built: $(VENV)/.installed $(SIM_SOURCES)
 	rm -rf $(SIM_NATIVE) && mkdir -p $(SIM_NATIVE)

@@ -4,12 +4,12 @@
 
 The simulator's replica (`capacity.simulate.replica`) prices an engine step as
 step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens
-+ prefill_context_s x the context of those tokens, with prompts cut into chunks of
-max_batched_tokens (vLLM's chunked prefill) beside the decoders. Absolute times of a CPU engine
-say nothing of an H100, so this checks the *form*: a profile is fitted to the real engine from
-four measurements (decode steps at batch 1 and 16, prompts of 256 and 2,048 tokens), and the
-replica with that profile predicts shapes it was not fitted on, printed as ratios beside the
-engine's:
++ prefill_context_s x the context of those tokens + prefill_step_s if it prefills at all, with
+prompts cut into chunks of max_batched_tokens (vLLM's chunked prefill) beside the decoders.
+Absolute times of a CPU engine say nothing of an H100, so this checks the *form*: a profile is
+fitted to the real engine from five measurements (decode steps at batch 1 and 16, prompts of
+16, 256 and 2,048 tokens), and the replica with that profile predicts shapes it was not fitted
+on, printed as ratios beside the engine's:
 
 - TTFT(p-token prompt) / TTFT(256-token prompt), p from 32 to 4,096: chunks of 256, each
   token's cost growing with its context, against one step;
@@ -17,11 +17,13 @@ engine's:
 - four decoders' time with a 1,024-token prompt prefilling beside them / without it: the
   interleaving of chunked prefill, what stretches decode steps on prefill-heavy traffic.
 
-The engine is real vLLM in process (`vllm.LLM`, V1 engine, chunked prefill, eager), serving a
+The engine is real vLLM in process (`vllm.LLM`'s engine, V1, chunked prefill, eager), serving a
 random Llama made here (4 layers, hidden 512: enough arithmetic that a prompt's tokens cost
-time on a CPU; no download; a context of 4,224 tokens, 16 sequences at once). Each figure is the
-median of `--repeats` timings, measured side by side in one run, so the machine's load bends
-both sides alike.
+time on a CPU; no download; a context of 4,224 tokens, 16 sequences at once). Its time is its
+steps' (`LLMEngine.step`, each timed), not the call around them: the replica prices steps, and
+in a server a request's intake runs in the API process beside the engine, not in its steps.
+Each figure is the median of `--repeats` timings, measured side by side in one run, so the
+machine's load bends both sides alike.
 
 --smoke: one repeat, in seconds: does it still run, not what it gives. Without vllm in the
 interpreter (.venv/bin/python) only the simulator's side runs, fitted to SMOKE_STAND_IN's figures.
@@ -48,7 +50,10 @@ from engine_model.perf_model import EngineProfile, context_tokens
 CHUNK = 256  # max_num_batched_tokens, both sides
 SEQS = 16  # max_num_seqs, both sides
 CONTEXT = 4096 + 128  # the longest prompt and its answer
-SHORT, LONG, FIT_PREFILL, FIT_LONG = 32, 1024, 256, 2048
+SHORT, LONG = 32, 1024
+# The prompts fitted on: one chunk's ends (a step's fixed cost against its tokens') and a long
+# prompt's eight chunks (a token's cost growing with its context)
+FIT_SHORT, FIT_PREFILL, FIT_LONG = 16, 256, 2048
 # Held-out prompt lengths, each against the fitted FIT_PREFILL: a ratio to a 32-token prompt's
 # 10 ms carried that one figure's noise (+-20 % between runs), not the model's.
 PROMPTS = (SHORT, 128, 512, LONG, 4096)
@@ -59,8 +64,14 @@ BATCHES = (2, 4, 8)  # held-out decode batches, against 1
 DECODE_TOKENS = 256
 BESIDE_TOKENS = 64  # the decoders' answers beside a long prompt: its chunks a large share of them
 # --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and FIT_BATCH,
-# TTFTs of FIT_PREFILL and FIT_LONG)
-SMOKE_STAND_IN = {"itl1": 0.010, f"itl{FIT_BATCH}": 0.025, "ttft_fit": 0.040, "ttft_fit_long": 0.400}
+# TTFTs of FIT_SHORT, FIT_PREFILL and FIT_LONG)
+SMOKE_STAND_IN = {
+    "itl1": 0.010,
+    f"itl{FIT_BATCH}": 0.025,
+    "ttft_fit_short": 0.014,
+    "ttft_fit": 0.040,
+    "ttft_fit_long": 0.400,
+}
 
 
 def make_model(folder: Path) -> Path:
@@ -82,7 +93,7 @@ def make_model(folder: Path) -> Path:
 
 
 class Engine:
-    """vLLM in process; `seconds(shapes)` times one generate of (prompt tokens, answer tokens)."""
+    """vLLM in process; `seconds(shapes)`: its steps' time to serve (prompt tokens, answer tokens)."""
 
     def __init__(self, model: Path, folder: Path) -> None:
         os.environ.update(
@@ -97,7 +108,7 @@ class Engine:
         from vllm import LLM, SamplingParams
 
         self.sampling = SamplingParams
-        self.llm = LLM(
+        llm = LLM(
             model=str(model),
             dtype=os.environ.get("MU_VLLM_TEST_DTYPE", "float32"),
             max_model_len=CONTEXT,
@@ -107,21 +118,26 @@ class Engine:
             enable_prefix_caching=False,  # every prompt is prefilled, as the simulator assumes
             enforce_eager=True,
         )
+        self.engine = llm.llm_engine
         self.salt = 0
 
     def seconds(self, shapes: list[tuple[int, int]]) -> float:
-        prompts = []
-        for prompt_tokens, _ in shapes:
+        """All the requests added, then the sum of the steps that serve them."""
+        for prompt_tokens, output_tokens in shapes:
             self.salt += 1  # distinct prompts: nothing shared between requests or runs
-            prompts.append(
-                {"prompt_token_ids": [(self.salt * 7 + i) % 1900 + 2 for i in range(prompt_tokens)]}
+            self.engine.add_request(
+                f"r{self.salt}",
+                {"prompt_token_ids": [(self.salt * 7 + i) % 1900 + 2 for i in range(prompt_tokens)]},
+                self.sampling(
+                    max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True, temperature=0.0
+                ),
             )
-        params = [
-            self.sampling(max_tokens=o, min_tokens=o, ignore_eos=True, temperature=0.0) for _, o in shapes
-        ]
-        started = time.perf_counter()
-        self.llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - started
+        spent = 0.0
+        while self.engine.has_unfinished_requests():
+            started = time.perf_counter()
+            self.engine.step()
+            spent += time.perf_counter() - started
+        return spent
 
 
 def simulated_seconds(profile: EngineProfile, shapes: list[tuple[int, int]]) -> float:
@@ -149,7 +165,7 @@ def shape_sets() -> dict[str, list[tuple[int, int]]]:
     for b in (1, FIT_BATCH, *BATCHES):
         sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
         sets[f"first{b}"] = [(SHORT, 1)] * b
-    for p in (FIT_PREFILL, FIT_LONG, *PROMPTS):
+    for p in (FIT_SHORT, FIT_PREFILL, FIT_LONG, *PROMPTS):
         sets[f"prefill{p}"] = [(p, 1)]
     sets["alone"] = [(SHORT, 1 + BESIDE_TOKENS)] * 4
     sets["beside"] = [*sets["alone"], (LONG, 1)]
@@ -161,6 +177,7 @@ def figures(t: dict[str, float]) -> dict[str, float]:
     itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, FIT_BATCH, *BATCHES)}
     return {
         **{f"itl{b}": v for b, v in itl.items()},
+        "ttft_fit_short": t[f"prefill{FIT_SHORT}"],
         "ttft_fit": t[f"prefill{FIT_PREFILL}"],
         "ttft_fit_long": t[f"prefill{FIT_LONG}"],
         **{f"ttft{p}": t[f"prefill{p}"] for p in PROMPTS},
@@ -169,18 +186,18 @@ def figures(t: dict[str, float]) -> dict[str, float]:
 
 
 def fitted_profile(real: dict[str, float]) -> EngineProfile:
-    """step_base and decode_per_seq from the ITL at batch 1 and FIT_BATCH; prefill_per_token and
-    prefill_context from the 256- and the 2,048-token prompts' TTFTs, less their steps' base:
-    TTFT(p) - steps x base = p x prefill_per_token + p(p-1)/2 x prefill_context."""
+    """step_base and decode_per_seq from the ITL at batch 1 and FIT_BATCH; prefill_step,
+    prefill_per_token and prefill_context from the three prompts' TTFTs, less their steps' base:
+    TTFT(p) - chunks x base = chunks x prefill_step + p x prefill_per_token
+    + p(p-1)/2 x prefill_context, solved exactly (three equations, three unknowns)."""
     per_seq = max(0.0, (real[f"itl{FIT_BATCH}"] - real["itl1"]) / (FIT_BATCH - 1))
     base = max(1e-6, real["itl1"] - per_seq)
-    (p1, t1), (p2, t2) = (
-        (p, real[key] - math.ceil(p / CHUNK) * base)
-        for p, key in ((FIT_PREFILL, "ttft_fit"), (FIT_LONG, "ttft_fit_long"))
-    )
-    c1, c2 = context_tokens(0, p1), context_tokens(0, p2)
-    context = max(0.0, (t2 * p1 - t1 * p2) / (c2 * p1 - c1 * p2))
-    prefill = max(0.0, (t1 - c1 * context) / p1)
+    rows, rhs = [], []
+    for p, key in ((FIT_SHORT, "ttft_fit_short"), (FIT_PREFILL, "ttft_fit"), (FIT_LONG, "ttft_fit_long")):
+        chunks = math.ceil(p / CHUNK)
+        rows.append((float(chunks), float(p), float(context_tokens(0, p))))
+        rhs.append(real[key] - chunks * base)
+    step, prefill, context = (max(0.0, x) for x in solve3(rows, rhs))
     return EngineProfile(
         name="vllm-cpu-fit",
         model="llama-512",
@@ -188,11 +205,32 @@ def fitted_profile(real: dict[str, float]) -> EngineProfile:
         decode_per_seq_s=per_seq,
         prefill_per_token_s=prefill,
         prefill_context_s=context,
+        prefill_step_s=step,
         max_batched_tokens=CHUNK,
         max_num_seqs=SEQS,
         kv_capacity_tokens=64 * CONTEXT,
         max_model_len=CONTEXT,
     )
+
+
+def solve3(rows: list[tuple[float, float, float]], rhs: list[float]) -> tuple[float, float, float]:
+    """x with rows . x = rhs, by Cramer's rule: each unknown is the determinant with its column
+    replaced by rhs, over the whole determinant."""
+
+    def det(m: list[tuple[float, float, float]]) -> float:
+        (a, b, c), (d, e, f), (g, h, i) = m
+        return a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
+
+    def replaced(col: int) -> list[tuple[float, float, float]]:
+        return [
+            (v if col == 0 else r[0], v if col == 1 else r[1], v if col == 2 else r[2])
+            for r, v in zip(rows, rhs, strict=True)
+        ]
+
+    whole = det(rows)
+    if whole == 0:
+        raise ValueError("the fitted prompts do not tell the step's costs apart")
+    return det(replaced(0)) / whole, det(replaced(1)) / whole, det(replaced(2)) / whole
 
 
 def main() -> int:
@@ -220,7 +258,8 @@ def main() -> int:
         f"fitted profile: step_base {profile.step_base_s * 1e3:.2f} ms, decode_per_seq "
         f"{profile.decode_per_seq_s * 1e3:.3f} ms, "
         f"prefill_per_token {profile.prefill_per_token_s * 1e6:.2f} us, "
-        f"prefill_context {profile.prefill_context_s * 1e9:.2f} ns"
+        f"prefill_context {profile.prefill_context_s * 1e9:.2f} ns, "
+        f"prefill_step {profile.prefill_step_s * 1e3:.2f} ms"
         f" (chunk {CHUNK}, {SEQS} seqs)"
     )
     checks = [
@@ -241,7 +280,8 @@ def main() -> int:
     for name, r, s in rows:
         print(f"{name:44} {r:9.2f} {s:9.2f} {s / r:8.2f}")
     print(
-        f"(fitted on: ITL batch 1 and {FIT_BATCH}, TTFT of {FIT_PREFILL}- and {FIT_LONG}-token prompts;"
+        f"(fitted on: ITL batch 1 and {FIT_BATCH}, TTFT of {FIT_SHORT}-, {FIT_PREFILL}- and {FIT_LONG}-token"
+        " prompts;"
         " raw engine seconds:"
     )
     print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in real.items() if k != "beside_ratio") + ")")

@@ -6,6 +6,7 @@ request, the rest on prompt chunks. The step costs
 
     duration = step_base_s + decode_per_seq_s * decoding_seqs + prefill_per_token_s * prefilled
                + prefill_context_s * (each prefilled token's context: the tokens before it)
+               + prefill_step_s (once, if the step prefills at all)
 
 ``step`` mutates an ``EngineState`` and returns what happened, for the simulated engine and the
 fleet simulator alike. Its scheduling is checked step by step against vLLM 0.32's own
@@ -37,12 +38,22 @@ class EngineProfile:
     # added step time per prompt token prefilled per token of its prompt before it (attention:
     # a token's cost grows with its context; a p-token prompt adds p(p-1)/2 of it), seconds
     prefill_context_s: float = 0.0
+    # added time of a step that prefills any prompt tokens, once, whatever their number: such a
+    # step changes the batch (vLLM rebuilds its inputs, and on a GPU runs it without the full
+    # CUDA graph a decode-only step replays), seconds
+    prefill_step_s: float = 0.0
     # most prompt tokens one request prefills a step while others run or wait (vLLM's
     # --long-prefill-token-threshold), tokens; 0: none (vLLM's default), the head takes the budget
     long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("step_base_s", "decode_per_seq_s", "prefill_per_token_s", "prefill_context_s"):
+        for name in (
+            "step_base_s",
+            "decode_per_seq_s",
+            "prefill_per_token_s",
+            "prefill_context_s",
+            "prefill_step_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{self.name}: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_batched_tokens", "max_num_seqs", "kv_capacity_tokens", "max_model_len"):
@@ -211,6 +222,7 @@ def step(profile: EngineProfile, state: EngineState) -> StepResult | None:
         + profile.decode_per_seq_s * len(decoders)
         + profile.prefill_per_token_s * prefilled
         + profile.prefill_context_s * context
+        + (profile.prefill_step_s if prefilled else 0.0)
         + encoder_s
     )
     if state.preprocessing:
@@ -254,7 +266,7 @@ def solo_latency_s(profile: EngineProfile, prompt_tokens: int, output_tokens: in
     """
     chunks = math.ceil(prompt_tokens / profile.max_batched_tokens)
     ttft = (
-        chunks * profile.step_base_s
+        chunks * (profile.step_base_s + profile.prefill_step_s)
         + profile.prefill_per_token_s * prompt_tokens
         + profile.prefill_context_s * context_tokens(0, prompt_tokens)
     )
@@ -274,8 +286,8 @@ def steady_state_requests_per_s(
     Each slot cycles through 1 prefill step + (output - 1) decode steps, and every step
     advances every slot, so a request's share of engine time is
     output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token
-    + prompt(prompt-1)/2 * prefill_context. Exact for the model when batch * prompt fits one
-    step's token budget.
+    + prompt(prompt-1)/2 * prefill_context + prefill_step / batch (the batch's prompts share
+    one step). Exact for the model when batch * prompt fits one step's token budget.
     """
     most = max_batch(profile, prompt_tokens, output_tokens)
     if not 1 <= batch <= most:
@@ -285,6 +297,7 @@ def steady_state_requests_per_s(
         + (output_tokens - 1) * profile.decode_per_seq_s
         + prompt_tokens * profile.prefill_per_token_s
         + context_tokens(0, prompt_tokens) * profile.prefill_context_s
+        + profile.prefill_step_s / batch
     )
     return 1.0 / per_request_s
 

@@ -10,10 +10,11 @@ steps run so far and each decoding request its finishing G, in a heap: jumping k
 O(log n), not O(n x k). Steps that prefill (a request was just admitted) run one by one with
 the perf model's own rule: decoders first, then prompt chunks in admission order within
 `max_batched_tokens` (each at most `long_prefill_token_threshold`, vLLM's cap), cost
-`+ prefill_per_token_s x prefilled + prefill_context_s x their context`, the first token comes
-with the last chunk. Admission is vLLM's (and perf_model's): a free slot (`max_num_seqs`) and
-room in the KV cache for prompt + output, head of line. Worked numbers (h100-llama-8b): 64 requests decoding
--> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest owes 100 tokens -> it finishes 0.984 s on.
+`+ prefill_per_token_s x prefilled + prefill_context_s x their context + prefill_step_s`, the
+first token comes with the last chunk. Admission is vLLM's (and perf_model's): a free slot
+(`max_num_seqs`) and room in the KV cache for prompt + output, head of line. Worked numbers
+(h100-llama-8b): 64 requests decoding -> 6 ms + 64 x 60 us = 9.84 ms per step; the shortest
+owes 100 tokens -> it finishes 0.984 s on.
 
 A request that arrives while a step runs starts at the next step, as in the live engine.
 The only divergence from `perf_model.simulate` is that order: none in the arithmetic
@@ -253,6 +254,7 @@ class Replica:
             + p.decode_per_seq_s * decoders
             + p.prefill_per_token_s * prefilled
             + p.prefill_context_s * context
+            + p.prefill_step_s
         )
         self.decode_steps += 1
         if self.decoding and self.decoding[0][0] <= self.decode_steps:

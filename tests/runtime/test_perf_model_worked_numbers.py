@@ -57,6 +57,28 @@ def test_a_prompt_tokens_cost_grows_with_its_context() -> None:
         pm.EngineProfile(**{**big.__dict__, "prefill_context_s": -1e-9})
 
 
+def test_a_step_that_prefills_costs_its_fixed_price_once() -> None:
+    # tiny-test with 3 ms more for a step that prefills: two 300-token prompts in a 512 budget
+    # take a step of 512 tokens (10 + 51.2 + 3 ms: both prompts, one price) and one of 88 with
+    # the first prompt's answer decoding (10 + 1 + 8.8 + 3 ms); the decode steps after them pay
+    # none of it (10 + 2 x 1 ms). solo_latency_s: a 1,200-token prompt, 3 chunks, 3 x 3 ms.
+    big = pm.EngineProfile(
+        **{**TINY_TEST.__dict__, "max_model_len": 2000, "kv_capacity_tokens": 4000, "prefill_step_s": 0.003}
+    )
+    state = pm.EngineState()
+    pm.submit(state, req("a", 300, 3))
+    pm.submit(state, req("b", 300, 3))
+    steps = [pm.step(big, state) for _ in range(3)]
+    assert [s.duration_s for s in steps if s] == pytest.approx(
+        [0.010 + 0.0512 + 0.003, 0.010 + 0.001 + 0.0088 + 0.003, 0.010 + 0.002]
+    )
+    assert pm.solo_latency_s(big, 1200, 1)[0] == pytest.approx(0.150 + 3 * 0.003)
+    [done] = pm.simulate(big, [pm.Arrival(0.0, req("c", 1200, 1))])
+    assert done.first_token_s == pytest.approx(0.150 + 3 * 0.003)
+    with pytest.raises(ValueError, match="prefill_step_s must be >= 0"):
+        pm.EngineProfile(**{**big.__dict__, "prefill_step_s": -1e-9})
+
+
 def test_mixed_step_cost() -> None:
     # Two requests decoding + one new 100-token prompt in the same step on tiny-test:
     # 10 ms + 2 x 1 ms + 100 x 0.1 ms = 22 ms.
@@ -141,6 +163,16 @@ def test_throughput_grows_with_batch_size_as_the_profile_says(batch: int, expect
     assert pm.steady_state_requests_per_s(H100, 512, 128, batch) == pytest.approx(expected_rps)
     rate, _ = closed_loop_rate(H100, 512, 128, batch, completions=5 * batch)
     assert rate == pytest.approx(expected_rps, rel=1e-6)
+
+
+def test_a_prefill_steps_price_is_shared_by_the_prompts_in_it() -> None:
+    """8 requests of (512 in, 128 out) in lockstep on an H100 with 2 ms more for a step that
+    prefills: their prompts share one such step a cycle, so each request pays 2 / 8 ms more:
+    124.10 + 0.25 = 124.35 ms."""
+    profile = pm.EngineProfile(**{**H100.__dict__, "prefill_step_s": 0.002})
+    assert pm.steady_state_requests_per_s(profile, 512, 128, 8) == pytest.approx(1 / 0.12435)
+    rate, _ = closed_loop_rate(profile, 512, 128, 8, completions=40)
+    assert rate == pytest.approx(1 / 0.12435, rel=1e-6)
 
 
 def test_latency_grows_with_batch_size() -> None:

@@ -54,18 +54,20 @@ def test_replica_latencies_equal_perf_model_simulate(profile, prompt, output, ra
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
-@pytest.mark.parametrize("context_s", [0.0, 2e-9])
+@pytest.mark.parametrize(("context_s", "step_s"), [(0.0, 0.0), (2e-9, 0.0), (2e-9, 0.003)])
 @pytest.mark.parametrize("threshold", [0, 512])
-def test_replica_equals_perf_model_with_long_prompts_among_short(threshold, context_s):
+def test_replica_equals_perf_model_with_long_prompts_among_short(threshold, context_s, step_s):
     """Long prompts among short ones, vLLM's --long-prefill-token-threshold off and on: with it
     the short prompts behind a long one prefill in the same steps and finish first, so the
     replica's prefilling requests leave out of order; the same arithmetic either way, a prompt
-    token's cost growing with its context (prefill_context_s) or not."""
+    token's cost growing with its context (prefill_context_s) or not, a step that prefills
+    costing more than its tokens (prefill_step_s) or not."""
     prof = replace(
         get_profile("h100-llama-8b"),
         max_batched_tokens=2048,
         long_prefill_token_threshold=threshold,
         prefill_context_s=context_s,
+        prefill_step_s=step_s,
     )
     rng = random.Random(3)
     arrivals = [(t, rng.choice((12_000, 300, 150)), o) for t, _, o in _poisson(6.0, 300, 0, 40)]
