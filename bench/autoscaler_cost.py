@@ -79,13 +79,16 @@ def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket], stored: list |
     carried (read from and written back to its row's form), then its decision."""
     cfg = spec.config
     timeline = Timeline(buckets)  # as the pass: in order once, for all three
+    quiet_since = spec.quiet_since
     if calm.horizon_s(cfg) > 0:
-        spec = replace(spec, quiet_since=calm.quiet_since(spec.quiet_since, timeline, NOW - 5, NOW, cfg))
+        quiet_since = calm.quiet_since(quiet_since, timeline, NOW - 5, NOW, cfg)
     previous = series.Series.of_rows(stored) if stored else None
     carried = series.carried(previous, timeline, NOW, cfg)
+    level = 0.0
     if carried is not None:
         json.dumps(carried.rows())
-        spec = replace(spec, series_level=carried.level(NOW, cfg))
+        level = carried.level(NOW, cfg)
+    spec = replace(spec, quiet_since=quiet_since, series_level=level)  # one spec, as the pass makes
     return decide(spec, timeline, NOW).changes(spec.current_replicas)
 
 

@@ -455,11 +455,30 @@ def test_a_carried_series_ends_where_the_rule_is_off_or_its_clock_is_ahead():
         [],
         [[1.0, 2.0]],
         [[None, 2.0, 3.0]],
+        [["1.0", 2.0, 3.0]],
+        [[1.0, 2.0, 3.0, 4.0]],
         [[1.0, 2.0, float("nan")]],
         [[5.0, 9.0, 1.0], [1.0, 2.0, 1.0]],
     ):
         with pytest.raises((TypeError, ValueError)):
             series.Series.of_rows(rows)
+
+
+def test_a_timeline_s_bursts_are_found_once_per_time_and_rule(monkeypatch):
+    """The pass asks for an endpoint's bursts twice (the series it carries, the decision): they
+    are read off its buckets once, and asked at another time or by another rule, anew, as a
+    fresh timeline would give them."""
+    history = bursts(range(int(T0) - 650, int(T0) - 349, 50), start=T0 - 1200, end=T0 + 60)
+    scans = []
+    found = series._runs
+    monkeypatch.setattr(series, "_runs", lambda *a: scans.append(a) or found(*a))
+    timeline, cfg = Timeline(history), AutoscalerConfig()
+    kept = series.carried(None, timeline, T0 - 300, cfg)
+    decided = decide(spec(3, series_level=kept.level(T0 - 300, cfg)), timeline, T0 - 300)
+    assert kept is not None and decided.figures.recurring and len(scans) == 1
+    for now, rule in ((T0 - 300, cfg), (T0, cfg), (T0 - 300, AutoscalerConfig(burst_ratio=4.0))):
+        assert series.series_runs(timeline, now, rule) == series.series_runs(Timeline(history), now, rule)
+    assert len(scans) == 1 + 3 + 2  # each fresh timeline once; ours at the other time and rule only
 
 
 # An operator's calm history, on its own: the quiet margin (on by default) is tested apart.

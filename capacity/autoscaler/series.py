@@ -16,9 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from typing import NamedTuple
 
 from capacity.autoscaler.config import AutoscalerConfig
-from capacity.autoscaler.window import Buckets, in_window
+from capacity.autoscaler.window import Bucket, Buckets, Timeline
 
 # A series of bursts is over once this many times its mean gap has passed since its last burst:
 # were the gaps memoryless (exponential), one that long would come once in e^8 ~ 3,000 (at 4,
@@ -35,35 +37,44 @@ ONE_LEVEL = 2.0
 KEPT_RUNS = 32
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """A burst: buckets above the memory's base from `start` to `end` (seconds), and the MU/min
-    that serves its work from standing capacity within its length plus `burst_wait_s`."""
+    that serves its work from standing capacity within its length plus `burst_wait_s`. A named
+    tuple, not a dataclass: a pass reads up to KEPT_RUNS of them per bursting endpoint."""
 
     start: float
     end: float
     need: float
 
 
-def series_runs(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> list[Run]:
+def series_runs(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> tuple[Run, ...]:
     """The bursts within `burst_memory_s`, oldest first: runs of buckets above `burst_ratio` x
     the memory's base, each `peak_window_s` long at least (a shorter one is a lump of a sparse
     endpoint's noise). The base is the quietest quarter's top (the bucket at the 25th percentile
     of MU/min), which bursts filling most of the memory do not lift; a dip shorter than
     `peak_window_s` does not end a run (a noisy bucket within one burst is no gap). A run needs
     its work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole
-    run). None ([]) when off."""
+    run). None (()) when off. Found once per timeline, now and rule (`Timeline.found`): the pass
+    asks twice, for the series it carries and for the decision."""
     memory = cfg.burst_memory_s
     if cfg.burst_recurrence_s <= 0 or memory <= 0:
-        return []
-    inside = in_window(buckets, now, memory)
+        return ()
+    timeline = Timeline.of(buckets)
+    key = ("series_runs", now, memory, cfg.burst_ratio, cfg.peak_window_s, cfg.burst_wait_s)
+    found = timeline.found.get(key)
+    if found is None:
+        found = timeline.found[key] = _runs(timeline.between(now - memory, now), cfg)
+    return found
+
+
+def _runs(inside: list[Bucket], cfg: AutoscalerConfig) -> tuple[Run, ...]:
     if len(inside) < 4:
-        return []
+        return ()
     rates = sorted([b.mu_per_minute for b in inside])
     base = rates[len(rates) // 4]
     above = cfg.burst_ratio * base
     if base <= 0 or rates[-1] <= above:  # no base, or no run: most endpoints, before the loop
-        return []
+        return ()
     # Gaps, lengths and the silence are times, not the seconds the buckets cover: a slot no
     # router reported is no bucket, and must not shorten a gap nor keep a series going.
     runs: list[tuple[float, float, float]] = []  # (start, end, work) of each run
@@ -85,7 +96,7 @@ def series_runs(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> list[Run
     if end is not None:
         runs.append((start, end, work))
     wait, shortest = cfg.burst_wait_s, cfg.peak_window_s
-    return [Run(s, e, w * 60.0 / (e - s + wait)) for s, e, w in runs if e - s >= shortest]
+    return tuple(Run(s, e, w * 60.0 / (e - s + wait)) for s, e, w in runs if e - s >= shortest)
 
 
 def recurs(runs: Sequence[Run], now: float, cfg: AutoscalerConfig) -> bool:
@@ -156,10 +167,9 @@ class Series:
     def of_rows(cls, rows: Sequence[Sequence[float]]) -> Series:
         """As `rows` wrote it; ValueError or TypeError for anything else (no run, or one that
         is not three finite numbers, start <= end, in order)."""
-        runs = tuple(Run(float(s), float(e), float(n)) for s, e, n in rows)
-        figures = [x for r in runs for x in (r.start, r.end, r.need)]
+        runs = tuple(map(Run._make, rows))  # TypeError unless three of each
         ends = [x for r in runs for x in (r.start, r.end)]
-        if not runs or not all(map(math.isfinite, figures)) or ends != sorted(ends):
+        if not runs or not all(map(math.isfinite, chain.from_iterable(runs))) or ends != sorted(ends):
             raise ValueError(f"not a series of bursts: {rows!r}")
         return cls(runs)
 
@@ -175,6 +185,6 @@ def carried(previous: Series | None, buckets: Buckets, now: float, cfg: Autoscal
     runs = series_runs(buckets, now, cfg)
     live = recurs(runs, now, cfg)
     if previous is None:
-        return Series(tuple(runs[-KEPT_RUNS:])) if live else None
+        return Series(runs[-KEPT_RUNS:]) if live else None
     series = previous.joined(runs, cfg) if runs else previous
     return series if live or series.level(now, cfg) > 0 else None

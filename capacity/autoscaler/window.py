@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter, le
+from typing import Any
 
 by_end = attrgetter("end")  # the key that puts buckets in order of their end
 
@@ -59,9 +60,11 @@ class Load:
 
 class Timeline:
     """An endpoint's buckets in order of their end (stable: equal ends keep their order), and
-    their ends apart. The collector's come in order: then it is one pass over their ends."""
+    their ends apart. The collector's come in order: then it is one pass over their ends.
+    `found`: what the pure readers of these buckets found, by what they read them with (a reader
+    the pass asks twice, series.series_runs, reads them once)."""
 
-    __slots__ = ("buckets", "ends")
+    __slots__ = ("buckets", "ends", "found")
 
     def __init__(self, buckets: Iterable[Bucket]) -> None:
         ordered = list(buckets)  # its own: a caller's list changed later leaves it as it was
@@ -71,6 +74,7 @@ class Timeline:
             ends = list(map(by_end, ordered))
         self.buckets: list[Bucket] = ordered
         self.ends: list[float] = ends
+        self.found: dict[tuple[Any, ...], Any] = {}
 
     @classmethod
     def of(cls, buckets: Buckets) -> Timeline:
