@@ -84,11 +84,10 @@ def judged_and_decided(spec: EndpointSpec, buckets: list[Bucket], stored: list |
         quiet_since = calm.quiet_since(quiet_since, timeline, NOW - 5, NOW, cfg)
     previous = series.Series.of_rows(stored) if stored else None
     carried = series.carried(previous, timeline, NOW, cfg)
-    level = 0.0
     if carried is not None:
         json.dumps(carried.rows())
-        level = carried.level(NOW, cfg)
-    spec = replace(spec, quiet_since=quiet_since, series_level=level)  # one spec, as the pass makes
+    # one spec, as the pass makes
+    spec = replace(spec, quiet_since=quiet_since, series_level=series.held(carried, NOW, cfg))
     return decide(spec, timeline, NOW).changes(spec.current_replicas)
 
 

@@ -20,8 +20,9 @@ on, printed as ratios beside the engine's:
 The engine is real vLLM in process (`vllm.LLM`'s engine, V1, chunked prefill, eager), serving a
 random Llama made here (4 layers, hidden 512: enough arithmetic that a prompt's tokens cost
 time on a CPU; no download; a context of 4,224 tokens, 16 sequences at once). Its time is its
-steps' (`LLMEngine.step`, each timed), not the call around them: the replica prices steps, and
-in a server a request's intake runs in the API process beside the engine, not in its steps.
+steps' (`LLMEngine.step`, each timed: the scheduler, the model and the step's outputs), not the
+call around them: the replica prices steps, and a request's intake (the generate's Python) is
+no step's.
 Each figure is the median of `--repeats` timings, measured side by side in one run, so the
 machine's load bends both sides alike.
 
@@ -141,7 +142,8 @@ class Engine:
 
 
 def simulated_seconds(profile: EngineProfile, shapes: list[tuple[int, int]]) -> float:
-    """The replica's time for the same requests, all arriving at 0 (as one generate submits them)."""
+    """The replica's time for the same requests, all arriving at 0 (as the engine has them all
+    before its first step)."""
     rep = Replica(profile, 0, ready_at=0.0, started_at=0.0)
     for seq, (prompt, output) in enumerate(shapes):
         rep.submit(Request(0.0, prompt, output, math.inf, 0.0, seq), 0.0)

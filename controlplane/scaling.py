@@ -366,7 +366,7 @@ def _burst_series(e: Endpoint, cfg: AutoscalerConfig, buckets: Timeline, ts: flo
             log.warning("endpoint %s: its burst series is unreadable, begun anew", e.pk, exc_info=True)
     carried = series.carried(previous, buckets, ts, cfg)
     e.burst_series = None if carried is None else carried.rows()
-    return 0.0 if carried is None else carried.level(ts, cfg)
+    return series.held(carried, ts, cfg)
 
 
 def _spec(

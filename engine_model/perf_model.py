@@ -287,7 +287,9 @@ def steady_state_requests_per_s(
     advances every slot, so a request's share of engine time is
     output * step_base / batch + (output - 1) * decode_per_seq + prompt * prefill_per_token
     + prompt(prompt-1)/2 * prefill_context + prefill_step / batch (the batch's prompts share
-    one step). Exact for the model when batch * prompt fits one step's token budget.
+    one step). Exact for the model when batch * prompt fits one step's token budget and the
+    batch runs in lockstep (admitted together); with admissions spread over the steps each
+    prompt may pay a step's price of its own, up to prefill_step x min(1, output / batch) more.
     """
     most = max_batch(profile, prompt_tokens, output_tokens)
     if not 1 <= batch <= most:

@@ -456,6 +456,9 @@ def test_a_carried_series_ends_where_the_rule_is_off_or_its_clock_is_ahead():
         [[1.0, 2.0]],
         [[None, 2.0, 3.0]],
         [["1.0", 2.0, 3.0]],
+        [[True, 2.0, 3.0]],
+        [[[1.0], 2.0, 3.0]],
+        [[10**400, 10**400, 3.0]],
         [[1.0, 2.0, 3.0, 4.0]],
         [[1.0, 2.0, float("nan")]],
         [[5.0, 9.0, 1.0], [1.0, 2.0, 1.0]],
@@ -476,9 +479,19 @@ def test_a_timeline_s_bursts_are_found_once_per_time_and_rule(monkeypatch):
     kept = series.carried(None, timeline, T0 - 300, cfg)
     decided = decide(spec(3, series_level=kept.level(T0 - 300, cfg)), timeline, T0 - 300)
     assert kept is not None and decided.figures.recurring and len(scans) == 1
-    for now, rule in ((T0 - 300, cfg), (T0, cfg), (T0 - 300, AutoscalerConfig(burst_ratio=4.0))):
+    others = [(T0, cfg)] + [
+        (T0 - 300, replace(cfg, **{name: value}))
+        for name, value in (
+            ("burst_ratio", 4.0),
+            ("burst_memory_s", 200.0),
+            ("peak_window_s", 20.0),
+            ("burst_wait_s", 15.0),
+        )
+    ]
+    for now, rule in [(T0 - 300, cfg), *others]:
         assert series.series_runs(timeline, now, rule) == series.series_runs(Timeline(history), now, rule)
-    assert len(scans) == 1 + 3 + 2  # each fresh timeline once; ours at the other time and rule only
+    # each fresh timeline once; ours again at each other time or rule only
+    assert len(scans) == 1 + (1 + len(others)) + len(others)
 
 
 # An operator's calm history, on its own: the quiet margin (on by default) is tested apart.

@@ -168,10 +168,16 @@ class Series:
         """As `rows` wrote it; ValueError or TypeError for anything else (no run, or one that
         is not three finite numbers, start <= end, in order)."""
         runs = tuple(map(Run._make, rows))  # TypeError unless three of each
+        figures = list(chain.from_iterable(runs))
         ends = [x for r in runs for x in (r.start, r.end)]
-        if not runs or not all(map(math.isfinite, chain.from_iterable(runs))) or ends != sorted(ends):
-            raise ValueError(f"not a series of bursts: {rows!r}")
-        return cls(runs)
+        if not runs or not set(map(type, figures)) <= {int, float} or ends != sorted(ends):
+            raise ValueError(f"not a series of bursts: {rows!r}")  # no bool, str, list
+        try:
+            if all(map(math.isfinite, figures)):
+                return cls(runs)
+        except OverflowError:  # an integer beyond any float
+            pass
+        raise ValueError(f"not a series of bursts: {rows!r}")
 
 
 def carried(previous: Series | None, buckets: Buckets, now: float, cfg: AutoscalerConfig) -> Series | None:
@@ -188,3 +194,8 @@ def carried(previous: Series | None, buckets: Buckets, now: float, cfg: Autoscal
         return Series(runs[-KEPT_RUNS:]) if live else None
     series = previous.joined(runs, cfg) if runs else previous
     return series if live or series.level(now, cfg) > 0 else None
+
+
+def held(series: Series | None, now: float, cfg: AutoscalerConfig) -> float:
+    """MU/min a carried series (None: none) holds past the memory: the decider's `series_level`."""
+    return 0.0 if series is None else series.level(now, cfg)

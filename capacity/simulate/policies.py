@@ -48,7 +48,7 @@ from capacity.autoscaler import (
 )
 from capacity.autoscaler.forecast import predicted_min_replicas
 from capacity.autoscaler.horizontal import lookback_s
-from capacity.autoscaler.series import Series, carried
+from capacity.autoscaler.series import Series, carried, held
 from capacity.autoscaler.window import Timeline, aggregate
 from capacity.units import MU_PER_REPLICA_MINUTE
 
@@ -176,7 +176,7 @@ class Apa(ScalingPolicy):
             scale_to_zero_enabled=self.scale_to_zero,
             predicted_min_replicas=self.predicted_min,
             quiet_since=self.quiet_since,
-            series_level=0.0 if self.series is None else self.series.level(now, self.config),
+            series_level=held(self.series, now, self.config),
             config=self.config,
         )
         decision = decide(spec, merged, now)

@@ -11,6 +11,9 @@ alpha = prefill_per_token_s x 100/60, beta = (decode_per_seq_s + step_base_s / B
 gamma = 0 (the -decode_per_seq_s of the first token is dropped, under 1 %). Worked numbers,
 h100-llama-8b, B = 256: alpha = 6.67e-5, beta = 1.39e-4 MU per token; the Azure trace's mean
 request (1,155 in, 211 out) is 0.106 MU, so a replica serves ~940 a minute (15.7 QPS).
+The price is linear in the tokens, as the router's CostModel is: a prompt token's cost growing
+with its context (prefill_context_s) and a step's own price for prefilling (prefill_step_s),
+both 0 in the shipped profiles, are not in it.
 """
 
 from __future__ import annotations
@@ -63,13 +66,14 @@ def fit_shape(profile: EngineProfile, prompt: int, output: int) -> tuple[int, in
 
 def chunk_within_itl(profile: EngineProfile, itl_s: float) -> EngineProfile:
     """The profile deployed with the largest power-of-two chunk (vLLM's --max-num-batched-tokens,
-    at least --max-num-seqs) whose prefill step stays within the ITL deadline: a request
+    at least --max-num-seqs) whose prefill step (its base, its tokens and the price of a step
+    that prefills) stays within the ITL deadline: a request
     decoding beside a full chunk waits one such step for its next token. Worked numbers,
     h100-llama-8b at 0.1 s: 6 ms + 8,192 x 40 us = 334 ms per step beside a chunk (3.3x the
     deadline); 2,048 -> 88 ms, so 2,048. vLLM's own advice for inter-token latency is the same
     knob: fewer batched tokens a step. A profile whose chunk already fits keeps it."""
-    chunk = profile.max_batched_tokens
-    while chunk > profile.max_num_seqs and profile.step_base_s + chunk * profile.prefill_per_token_s > itl_s:
+    chunk, fixed = profile.max_batched_tokens, profile.step_base_s + profile.prefill_step_s
+    while chunk > profile.max_num_seqs and fixed + chunk * profile.prefill_per_token_s > itl_s:
         chunk //= 2
     return replace(profile, max_batched_tokens=max(chunk, profile.max_num_seqs))
 

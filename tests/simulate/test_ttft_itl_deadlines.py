@@ -5,6 +5,8 @@ end-to-end deadline is the first token's + 0.1 s per answer token). On synthetic
 time, one replica of the tiny profile (steps of 10 ms + 1 ms a sequence + 0.1 ms a prompt
 token, 4 slots, 2,048 tokens of KV), held by a policy that never scales."""
 
+from dataclasses import replace
+
 import pytest
 
 from capacity.simulate.fleet import Fleet, FleetConfig
@@ -90,3 +92,6 @@ def test_the_deployment_chunks_prefill_within_the_itl_deadline():
     assert chunk_within_itl(h100, 0.4).max_batched_tokens == 8192
     assert chunk_within_itl(TINY, 0.1).max_batched_tokens == 512  # 10 + 51 ms
     assert chunk_within_itl(h100, 0.001).max_batched_tokens == h100.max_num_seqs  # never below a batch
+    # A step that prefills costing 15 ms more: 2,048 makes 103 ms, over 0.1 s; 1,024 (62 ms).
+    priced = replace(h100, prefill_step_s=0.015)
+    assert chunk_within_itl(priced, 0.1).max_batched_tokens == 1024
