@@ -54,8 +54,8 @@ def series_runs(buckets: Buckets, now: float, cfg: AutoscalerConfig) -> tuple[Ru
     of MU/min), which bursts filling most of the memory do not lift; a dip shorter than
     `peak_window_s` does not end a run (a noisy bucket within one burst is no gap). A run needs
     its work served within its length plus `burst_wait_s` (burst_hold's rule, over the whole
-    run). None (()) when off. Found once per timeline, now and rule (`Timeline.found`): the pass
-    asks twice, for the series it carries and for the decision."""
+    run). None (empty) when off. Found once per timeline, now and rule (`Timeline.found`): the
+    pass asks twice, for the series it carries and for the decision."""
     memory = cfg.burst_memory_s
     if cfg.burst_recurrence_s <= 0 or memory <= 0:
         return ()

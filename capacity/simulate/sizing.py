@@ -67,8 +67,8 @@ def fit_shape(profile: EngineProfile, prompt: int, output: int) -> tuple[int, in
 def chunk_within_itl(profile: EngineProfile, itl_s: float) -> EngineProfile:
     """The profile deployed with the largest power-of-two chunk (vLLM's --max-num-batched-tokens,
     at least --max-num-seqs) whose prefill step (its base, its tokens and the price of a step
-    that prefills) stays within the ITL deadline: a request
-    decoding beside a full chunk waits one such step for its next token. Worked numbers,
+    that prefills) stays within the ITL deadline: a request decoding beside a full chunk waits
+    one such step for its next token. Worked numbers,
     h100-llama-8b at 0.1 s: 6 ms + 8,192 x 40 us = 334 ms per step beside a chunk (3.3x the
     deadline); 2,048 -> 88 ms, so 2,048. vLLM's own advice for inter-token latency is the same
     knob: fewer batched tokens a step. A profile whose chunk already fits keeps it."""
