@@ -35,18 +35,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import operator
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
+from capacity.fitting import nnls
 from capacity.simulate.replica import Replica, Request
 from engine_model.perf_model import EngineProfile, context_tokens
 
@@ -190,20 +189,20 @@ def fitted_profile(real: dict[str, float]) -> EngineProfile:
     """step_base and decode_per_seq from the ITL at batch 1 and FIT_BATCH; prefill_step,
     prefill_per_token and prefill_context from the TTFTs of FIT_PROMPTS, less their steps' base:
     TTFT(p) - chunks x base = chunks x prefill_step + p x prefill_per_token
-    + p(p-1)/2 x prefill_context, by least squares on the relative errors (a prompt's noise
-    weighs as much as another's, whatever its length)."""
+    + p(p-1)/2 x prefill_context, by non-negative least squares (capacity.fitting.nnls, as the
+    MU price is fitted) on errors relative to each TTFT (a prompt's noise weighs as much as
+    another's, whatever its length)."""
     per_seq = max(0.0, (real[f"itl{FIT_BATCH}"] - real["itl1"]) / (FIT_BATCH - 1))
     base = max(1e-6, real["itl1"] - per_seq)
-    rows, rhs = [], []
+    rows, left, weights = [], [], []
     for p in FIT_PROMPTS:
         ttft, chunks = real[f"ttft{p}"], math.ceil(p / CHUNK)
-        rows.append((chunks / ttft, p / ttft, context_tokens(0, p) / ttft))
-        rhs.append((ttft - chunks * base) / ttft)
-    # The normal equations, three by three: each column's products with every column, and
-    # with the right-hand side.
-    cols = list(zip(*rows, strict=True))
-    gram = [(dot(c, cols[0]), dot(c, cols[1]), dot(c, cols[2])) for c in cols]
-    step, prefill, context = (max(0.0, x) for x in solve3(gram, [dot(c, rhs) for c in cols]))
+        if ttft <= chunks * base:
+            raise SystemExit(f"TTFT({p}) {ttft * 1e3:.1f} ms is under its {chunks} steps' base: a noisy run")
+        rows.append((float(chunks), float(p), float(context_tokens(0, p))))
+        left.append(ttft - chunks * base)
+        weights.append(left[-1] / ttft)  # nnls weighs an error against `left`: this, against the TTFT
+    (step, prefill, context), _ = nnls(rows, left, weights)
     return EngineProfile(
         name="vllm-cpu-fit",
         model="llama-512",
@@ -217,30 +216,6 @@ def fitted_profile(real: dict[str, float]) -> EngineProfile:
         kv_capacity_tokens=64 * CONTEXT,
         max_model_len=CONTEXT,
     )
-
-
-def dot(a: Sequence[float], b: Sequence[float]) -> float:
-    return sum(map(operator.mul, a, b))
-
-
-def solve3(rows: list[tuple[float, float, float]], rhs: list[float]) -> tuple[float, float, float]:
-    """x with rows . x = rhs, by Cramer's rule: each unknown is the determinant with its column
-    replaced by rhs, over the whole determinant."""
-
-    def det(m: list[tuple[float, float, float]]) -> float:
-        (a, b, c), (d, e, f), (g, h, i) = m
-        return a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
-
-    def replaced(col: int) -> list[tuple[float, float, float]]:
-        return [
-            (v if col == 0 else r[0], v if col == 1 else r[1], v if col == 2 else r[2])
-            for r, v in zip(rows, rhs, strict=True)
-        ]
-
-    whole = det(rows)
-    if whole == 0:
-        raise ValueError("the fitted prompts do not tell the step's costs apart")
-    return det(replaced(0)) / whole, det(replaced(1)) / whole, det(replaced(2)) / whole
 
 
 def main() -> int:

@@ -209,13 +209,13 @@ def _one_sided(
     """NNLS, then while some shape is priced more than `max_underprice` below its cost, triple
     its weight and fit again: (coefficients, active set, final weights)."""
     weights = [1.0] * len(rows)
-    coef, active = _nnls(rows, costs, weights)
+    coef, active = nnls(rows, costs, weights)
     for _ in range(UNDERPRICE_ROUNDS):
         under = [_dot(coef, x) / y - 1 < -max_underprice for x, y in zip(rows, costs, strict=True)]
         if not any(under):
             break
         weights = [w * 3.0 if u else w for w, u in zip(weights, under, strict=True)]
-        coef, active = _nnls(rows, costs, weights)
+        coef, active = nnls(rows, costs, weights)
     return coef, active, weights
 
 
@@ -229,7 +229,7 @@ def _check(m: Measurement) -> None:
         )
 
 
-def _nnls(
+def nnls(
     rows: Sequence[tuple[float, ...]], costs: Sequence[float], weights: Sequence[float] | None = None
 ) -> tuple[list[float], tuple[int, ...]]:
     """Weighted (weight/cost) non-negative least squares by enumerating the coefficient subsets.
@@ -302,7 +302,7 @@ def _intervals(
         (w - sum(c * v for c, v in zip([coef[k] for k in active], r, strict=True))) ** 2
         for r, w in zip(scaled, weights, strict=True)
     )
-    # Unit-size columns (as in _nnls) keep the inverse exact; a column's variance scales back by
+    # Unit-size columns (as in nnls) keep the inverse exact; a column's variance scales back by
     # its norm squared, its interval's half-width by its norm.
     norms = [max(abs(r[pos]) for r in scaled) or 1.0 for pos in range(len(active))]
     scaled = [[v / norms[pos] for pos, v in enumerate(r)] for r in scaled]
