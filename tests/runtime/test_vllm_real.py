@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,9 +90,9 @@ def successes(engine: str) -> float:
     return metric_value(engine, "vllm:request_success_total")
 
 
-def queue_state(engine: str) -> tuple[float, float, float]:
+def queue_state(engine: str, timeout: float = 10.0) -> tuple[float, float, float]:
     """(waiting, running, finished so far) from one read of an engine's /metrics."""
-    text = http("GET", engine + "/metrics")[2].decode()
+    text = http("GET", engine + "/metrics", timeout=timeout)[2].decode()
     names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:request_success_total")
     waiting, running, finished = (sample_sum(text, name) or 0.0 for name in names)
     return waiting, running, finished
@@ -209,24 +211,52 @@ def test_completions_flow(real_pod: RealPod) -> None:
     assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
 
 
+# A round is judged by the engine's order only where vLLM's API server went on answering while the
+# probe was out. On these 2-core machines its /metrics answers nothing for 4-15 s now and then
+# while the engine runs, and once a whole drain: a fresh-clone CI saw the probe answered 27 s
+# after it went out, 40 ms before the last low sequence, as a server stopped (SIGSTOP) from the
+# probe's send to the drain's end reads. Such a round tells nothing, and another goes; one with no
+# stall this long whose probe waited for the queue fails at once.
+STALL_S = 5.0
+
+
+@pytest.mark.timeout(900)  # up to three rounds of a 30-60 s drain
 def test_top_priority_probe_jumps_the_queue_of_a_saturated_engine(real_pod: RealPod) -> None:
     # --max-num-seqs 2: 64 long low-priority sequences (priority 10, 450 tokens, EOS ignored)
     # fill both slots and queue the rest, for 32 batches. A probe-shaped request (max_tokens 1,
     # priority -1e6) must take a free slot ahead of the queued ones.
-    #
-    # Judged by the engine's own queue, not by the client's clock: on this 2-core machine the
-    # client and vLLM's API server both stall for seconds now and then (a /metrics read took 20 s
-    # while the engine went on; once the probe went out with 11 of 48 requests left, too few to
-    # tell anything). So the probe goes out once all 64 are in the engine and at least 40 wait,
-    # and when its answer is in, some must still wait: first come, first served schedules the
-    # probe only after every sequence queued ahead of it (none left waiting), priority within a
-    # batch or two (62 -> 60, measured). Either read may come ~10 s late and the test still tells
-    # the two apart.
-    #
-    # The 64 arrive as two requests of n=32 (each choice is its own sequence in vLLM's queue), so
-    # a stalled API server taking in connections slowly cannot spread them out. It adds a
-    # request's choices one by one, though, so "all in" is counted (waiting + running + finished),
-    # lest the probe slip in between them.
+    rounds: list[dict[str, Any]] = []
+    while len(rounds) < 3:
+        rounds.append(probe_a_saturated_engine(real_pod))
+        if rounds[-1]["waiting_when_answered"] >= 2 or rounds[-1]["longest_stall_s"] < STALL_S:
+            break
+    real_pod.measurements.update(probe=rounds[-1], probe_rounds=len(rounds))
+    assert rounds[-1]["longest_stall_s"] < STALL_S or rounds[-1]["waiting_when_answered"] >= 2, (
+        f"in each of {len(rounds)} rounds the probe came back once the queue had drained, and vLLM's"
+        f" API server stalled for {STALL_S} s or more while it was out (it was taken in late, or"
+        f" served first come, first served): {rounds}"
+    )
+    assert rounds[-1]["waiting_when_answered"] >= 2, rounds
+
+
+def probe_a_saturated_engine(real_pod: RealPod) -> dict[str, Any]:
+    """One round: the figures of a probe sent into a saturated engine's queue.
+
+    Judged by the engine's own queue, not by the client's clock: on this 2-core machine the
+    client and vLLM's API server both stall for seconds now and then (a /metrics read took 20 s
+    while the engine went on; once the probe went out with 11 of 48 requests left, too few to
+    tell anything). So the probe goes out once all 64 are in the engine and at least 40 wait,
+    and when its answer is in, some must still wait: first come, first served schedules the
+    probe only after every sequence queued ahead of it (none left waiting), priority within a
+    batch or two (62 -> 60, measured). A thread reads /metrics while the probe is out:
+    ``longest_stall_s`` is the longest the API server answered none of those reads, and a
+    stall of a whole drain (nothing taken in, the probe included) reads like first come, first
+    served.
+
+    The 64 arrive as two requests of n=32 (each choice is its own sequence in vLLM's queue), so
+    a stalled API server taking in connections slowly cannot spread them out. It adds a
+    request's choices one by one, though, so "all in" is counted (waiting + running +
+    finished), lest the probe slip in between them."""
     race = CompletionRace(real_pod.engine, timeout=300)
     finished_before = queue_state(real_pod.engine)[2]
     # temperature 1: vLLM refuses n > 1 with greedy sampling.
@@ -245,21 +275,36 @@ def test_top_priority_probe_jumps_the_queue_of_a_saturated_engine(real_pod: Real
     except AssertionError:
         pytest.fail(f"never all 64 in with 40 waiting; last (waiting, running, finished): {reads[-5:]}")
     sent_at = time.monotonic()
+    answered = threading.Event()
+    answers = [sent_at]  # when each /metrics read came back while the probe was out
+
+    def read_metrics() -> None:
+        while not answered.is_set():
+            with contextlib.suppress(OSError):  # a read timed out: no answer, a stall
+                queue_state(real_pod.engine, timeout=60)
+                answers.append(time.monotonic())
+            answered.wait(0.02)
+
+    reader = threading.Thread(target=read_metrics)
+    reader.start()
     race.send("probe", {"model": "tiny", "prompt": "ping", "max_tokens": 1, "priority": -1_000_000}).join(300)
     probe_s = time.monotonic() - sent_at
+    answered.set()
     waiting_when_answered = queue_state(real_pod.engine)[0]
+    reader.join(90)
+    answers.append(sent_at + probe_s)
     rss_saturated_mib = tree_rss_mib(real_pod.proc.pid)
     assert http("GET", real_pod.probe + "/livez")[0] == 200  # busy is not hung
     race.join()
-    probe = {
+    real_pod.measurements["rss_saturated_mib"] = rss_saturated_mib
+    return {
         "waiting_when_sent": reads[-1][0],
         "waiting_when_answered": waiting_when_answered,
         "probe_s": round(probe_s, 3),
         "drain_s": round(time.monotonic() - sent_at, 3),
+        "longest_stall_s": round(max(b - a for a, b in itertools.pairwise(sorted(answers))), 3),
         "load_average": os.getloadavg(),
     }
-    real_pod.measurements.update(probe=probe, rss_saturated_mib=rss_saturated_mib)
-    assert waiting_when_answered >= 2, probe
 
 
 def test_the_router_counts_a_request_vllm_has_not_answered_as_unanswered(real_pod: RealPod) -> None:
