@@ -3,6 +3,8 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from controlplane.oncall.models import Event, EventGroup
 
@@ -85,7 +87,8 @@ def test_the_autoscalers_bulk_writes_fold_too(owner, make_endpoint):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_writers_of_one_new_problem_make_one_group(owner):
+@pytest.mark.parametrize("severity", ["critical", "info"])  # folded in Python; in one statement
+def test_two_writers_of_one_new_problem_make_one_group(owner, severity):
     """Both find no group and both create one: the constraint lets one win, the other counts in."""
     import threading
 
@@ -97,7 +100,7 @@ def test_two_writers_of_one_new_problem_make_one_group(owner):
     def write(i):
         try:
             barrier.wait(5)
-            Event.record("hang", f"hung {i} s", tenant=owner, severity="critical")
+            Event.record("hang", f"hung {i} s", tenant=owner, severity=severity)
         except Exception as exc:  # reported below
             errors.append(exc)
         finally:
@@ -119,3 +122,60 @@ def test_one_crash_across_a_workloads_pods_is_one_group(owner):
     other = "ep-9-v1-0"
     Event.record("restart", f"pod {other} restarted: Error, exit code 1", pod=other, severity="warning")
     assert sorted(EventGroup.objects.values_list("count", flat=True)) == [1, 12]  # endpoint 9's is another
+
+
+# An info event whose group is info too (or new) is folded and written in one statement; any
+# other goes through EventGroup.fold. Both must leave the same group.
+GROUP_FIELDS = [f.name for f in EventGroup._meta.concrete_fields if f.name not in ("id", "fingerprint")]
+
+
+def info_repeats(owner, chat):
+    """Scale events of one endpoint, their times out of order: the latest keeps message and pod."""
+    for minutes, pod in ((5, "a"), (2, "b"), (9, "c"), (9, "d"), (1, "e")):
+        Event.record(
+            "scale", f"chat: replicas {minutes} -> {minutes + 1}", endpoint=chat, pod=pod,
+            time=T0 + timedelta(minutes=minutes),
+        )  # fmt: skip
+    return list(EventGroup.objects.values(*GROUP_FIELDS))
+
+
+def test_an_info_event_is_folded_and_written_in_one_statement_as_fold_would(
+    owner, make_endpoint, monkeypatch
+):
+    chat = make_endpoint(owner, "chat")
+    with CaptureQueriesContext(connection) as queries:
+        event = Event.record("scale", "chat: replicas 1 -> 2", endpoint=chat, time=T0)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert Event.objects.get(pk=event.pk).group_id == event.group_id == EventGroup.objects.get().pk
+    Event.objects.all().delete()
+    EventGroup.objects.all().delete()
+
+    in_one = info_repeats(owner, chat)
+    assert Event.objects.count() == 5 and Event.objects.filter(group__isnull=True).count() == 0
+    Event.objects.all().delete()
+    EventGroup.objects.all().delete()
+    monkeypatch.setattr(Event, "_fold_and_insert", lambda self: False)
+    in_python = info_repeats(owner, chat)
+    assert in_one == in_python
+    (group,) = in_python
+    assert (group["count"], group["first_at"], group["last_at"], group["pod"]) == (
+        5, T0 + timedelta(minutes=1), T0 + timedelta(minutes=9), "d",
+    )  # fmt: skip
+
+
+def test_an_info_repeat_of_a_warning_group_is_folded_in_python(owner):
+    warned = Event.record("benchmark", "fit refused: R2 0.81", tenant=owner, severity="warning")
+    info = Event.record("benchmark", "fit refused: R2 0.42", tenant=owner)
+    group = EventGroup.objects.get()
+    assert (group.count, group.severity, group.message) == (2, "warning", "fit refused: R2 0.42")
+    assert list(Event.objects.order_by("id").values_list("pk", "group_id")) == [
+        (warned.pk, group.pk), (info.pk, group.pk),
+    ]  # fmt: skip
+
+
+def test_an_info_repeat_after_its_group_is_resolved_opens_a_new_one(owner):
+    first = Event.record("reservation", "opal sold 100 MU/min on chat (was 0)", tenant=owner)
+    assert first.group.resolve("opal", T0) is True
+    again = Event.record("reservation", "opal sold 300 MU/min on chat (was 100)", tenant=owner)
+    assert again.group_id != first.group_id and again.group.count == 1
+    assert sorted(EventGroup.objects.values_list("state", flat=True)) == ["open", "resolved"]
