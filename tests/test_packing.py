@@ -222,6 +222,22 @@ def test_placement_is_independent_of_input_order():
         assert pack(20, EIGHT, demands) == first
 
 
+def test_what_is_left_is_counted_without_naming_the_replicas():
+    # A pool's stored figures read what is free, what fits and what is left out: the names go
+    # on when the nodes are first read, and are then the same as had they gone on at once.
+    rng = random.Random(11)
+    demands = [demand(f"ep{i}", rng.choice((1, 2, 4, 8)), rng.randint(0, 3)) for i in range(120)]
+    packing = pack(30, EIGHT, demands)
+    figures = (packing.nodes, packing.free_gpus, packing.more_fit(4), packing.stranded_gpus([4, 8]))
+    assert (packing.unplaced_replicas, packing.fits) == (sum(d.count for d in packing.unplaced), False)
+    assert not packing.placed.named and figures[0] == 30
+    nodes = list(packing.placed)
+    assert packing.placed.named
+    assert packing.used_gpus == sum(r.gpus for node in nodes for r in node) == 30 * 8 - figures[1]
+    assert [8 - sum(r.gpus for r in node) for node in nodes] == list(packing.free_per_node)
+    assert packing.placed == tuple(nodes) and hash(packing.placed) == hash(tuple(nodes))
+
+
 def test_placed_names_go_in_key_order_largest_replicas_first():
     packing = pack(2, EIGHT, [demand("b", 2), demand("a", 2), demand("c", 4)])
     assert [[(r.key, r.gpus) for r in node] for node in packing.placed] == [

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # CPU and memory are packed in 1/GRAINS of a node, rounded up: replicas whose needs differ by a
 # little share a kind (the counting stays fast), and a packing in grains is valid in MiB; at
@@ -97,12 +97,57 @@ class PlacedReplica(NamedTuple):
     gpus: int
 
 
+class Named(Sequence[tuple[PlacedReplica, ...]]):
+    """A packing's nodes, each its replicas by name, named when first read: what a pool's
+    figures need (what is free, what fits, what is left out) is counted without names, and
+    naming every replica of a large pool was most of its packing's cost. Compares, hashes and
+    prints as the tuple of nodes."""
+
+    __slots__ = ("_count", "_name", "_nodes")
+
+    def __init__(self, name: Callable[[], tuple[tuple[PlacedReplica, ...], ...]], count: int):
+        self._name: Callable[[], tuple[tuple[PlacedReplica, ...], ...]] | None = name
+        self._nodes: tuple[tuple[PlacedReplica, ...], ...] | None = None
+        self._count = count  # nodes
+
+    def nodes(self) -> tuple[tuple[PlacedReplica, ...], ...]:
+        if self._nodes is None:
+            assert self._name is not None
+            self._nodes, self._name = self._name(), None
+        return self._nodes
+
+    @property
+    def named(self) -> bool:
+        """Whether the names have been put on yet."""
+        return self._nodes is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.nodes()[index]
+
+    def __iter__(self) -> Iterator[tuple[PlacedReplica, ...]]:
+        return iter(self.nodes())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Named):
+            return self.nodes() == other.nodes()
+        return self.nodes() == other if isinstance(other, tuple) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.nodes())
+
+    def __repr__(self) -> str:
+        return repr(self.nodes())
+
+
 @dataclass(frozen=True)
 class Packing:
     """Replicas placed on a pool's nodes, and what is left."""
 
     shape: NodeShape
-    placed: tuple[tuple[PlacedReplica, ...], ...]  # per node (index = node), largest replicas first
+    placed: Named  # per node (index = node), largest replicas first
     unplaced: tuple[ReplicaDemand, ...]  # per endpoint, the replicas that did not fit (count > 0)
     free_per_node: tuple[int, ...]  # GPUs free on each node
     fits: bool  # every replica placed

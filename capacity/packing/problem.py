@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from capacity.packing.model import (
     Kind,
+    Named,
     NodeShape,
     Packing,
     PlacedReplica,
@@ -142,28 +143,16 @@ class _Problem:
         return placed, tuple(reversed(nodes_by_free))
 
     def materialise(self, states: dict[tuple[int, ...], int], method: str) -> Packing:
-        """Number the nodes (fullest first, then by content) and put names on the replicas."""
+        """Number the nodes (fullest first, then by content) and put names on the replicas
+        (when the nodes are first read: Named)."""
         used = {c: self.used(c) for c in states}
         distinct = sorted(
             (c for c, n in states.items() if n),
             key=lambda c: (tuple(-u for u in used[c]), tuple(-x for x in c)),
         )
         comps = [c for c in distinct for _ in range(states[c])]
-        # Names in key order onto nodes in node order; the tail of the key order is unplaced.
-        # One PlacedReplica per endpoint, repeated: a replica is its (key, GPUs), nothing more.
-        replicas = [
-            [r for d in group for r in [PlacedReplica(d.key, kind[0])] * d.count]
-            for group, kind in zip(self.demands, self.kinds, strict=True)
-        ]
-        taken = [0] * len(self.kinds)
-        placed: list[tuple[PlacedReplica, ...]] = []
-        for comp in comps:
-            node: list[PlacedReplica] = []
-            for i, c in enumerate(comp):
-                if c:
-                    node += replicas[i][taken[i] : taken[i] + c]
-                    taken[i] += c
-            placed.append(tuple(node))
+        taken = [sum(states[c] * c[i] for c in distinct) for i in range(len(self.kinds))]
+        placed = Named(functools.partial(self._names, comps), len(comps))
         unplaced: list[ReplicaDemand] = []
         for i, group in enumerate(self.demands):
             at = 0  # replicas of this kind before `d`
@@ -189,7 +178,7 @@ class _Problem:
         unplaced.sort(key=lambda d: d.key)
         return Packing(
             shape=self.shape,
-            placed=tuple(placed),
+            placed=placed,
             unplaced=tuple(unplaced),
             free_per_node=tuple(f[0] for f in free),
             fits=not unplaced,
@@ -197,3 +186,22 @@ class _Problem:
             free_resources=free,
             free_grains=grains,
         )
+
+    def _names(self, comps: list[tuple[int, ...]]) -> tuple[tuple[PlacedReplica, ...], ...]:
+        """The replicas on nodes of these contents, in node order: names in key order onto
+        nodes in node order (the tail of the key order is unplaced). One PlacedReplica per
+        endpoint, repeated: a replica is its (key, GPUs), nothing more."""
+        replicas = [
+            [r for d in group for r in [PlacedReplica(d.key, kind[0])] * d.count]
+            for group, kind in zip(self.demands, self.kinds, strict=True)
+        ]
+        taken = [0] * len(self.kinds)
+        placed: list[tuple[PlacedReplica, ...]] = []
+        for comp in comps:
+            node: list[PlacedReplica] = []
+            for i, c in enumerate(comp):
+                if c:
+                    node += replicas[i][taken[i] : taken[i] + c]
+                    taken[i] += c
+            placed.append(tuple(node))
+        return tuple(placed)

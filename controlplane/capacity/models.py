@@ -5,6 +5,7 @@ Every write that can change what a pool holds goes through controlplane.selling,
 pool rows, reads the ledger and refuses an oversell, then stores the pool's new ledger.
 """
 
+import json
 import math
 from typing import Any
 
@@ -303,6 +304,21 @@ class ProvisionedAllowance(models.Model):
         return f"{self.gpus} GPUs for tenant {self.tenant_id} in pool {self.pool_id}"
 
 
+class JSONText(models.TextField):  # type: ignore[type-arg]  # generic in the stubs only
+    """JSON kept as text, not as jsonb: for a value written whole and often, read whole, never
+    queried into. A sale writes its pool's groups (tens of KB) every time, and PostgreSQL's
+    parse of them into jsonb cost more than the rest of the row."""
+
+    def from_db_value(self, value: str | None, expression: Any, connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def to_python(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def get_prep_value(self, value: Any) -> str | None:
+        return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
 class StoredLedger(models.Model):
     """A pool's ledger as the last write that changed it left it (controlplane.selling
     .refresh_ledgers): what the API, the console and every 409 read, so a read packs nothing.
@@ -322,7 +338,7 @@ class StoredLedger(models.Model):
     computed_at = models.DateTimeField()
     figures = models.JSONField()
     holders = models.JSONField()
-    groups = models.JSONField(null=True, blank=True)
+    groups = JSONText(null=True, blank=True)
     digest = models.CharField(max_length=80, blank=True, default="")
 
     def __str__(self) -> str:
