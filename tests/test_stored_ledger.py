@@ -6,6 +6,7 @@ autoscaler's pass; a promote), refused ones included, and after concurrent write
 The fresh computation is the per-endpoint one (pool_ledgers.pool_ledgers, its own queries), not the
 grouped read the store is computed from; the holders are recomputed endpoint by endpoint."""
 
+import json
 import random
 import threading
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from django.core import serializers
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import F, Max
@@ -311,6 +313,15 @@ def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would
         assert len(full_reads(queries.captured_queries)) == (mu == 300)
     assert not PoolMark.objects.exists()
     assert_stored_is_fresh([pool])
+    # The groups are JSON text in the database; Django's dumpdata and loaddata read them as JSON.
+    stored = StoredLedger.objects.get(pool=pool)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT groups FROM capacity_storedledger WHERE pool_id = %s", [pool.pk])
+        assert json.loads(cursor.fetchone()[0]) == stored.groups
+    dumped = serializers.serialize("json", [stored])
+    assert json.loads(dumped)[0]["fields"]["groups"] == stored.groups
+    (loaded,) = serializers.deserialize("json", dumped)
+    assert loaded.object.groups == stored.groups
 
 
 @pytest.mark.parametrize("holders_stored", [2], indirect=True)

@@ -106,15 +106,15 @@ class Named(Sequence[tuple[PlacedReplica, ...]]):
     __slots__ = ("_count", "_name", "_nodes")
 
     def __init__(self, name: Callable[[], tuple[tuple[PlacedReplica, ...], ...]], count: int):
-        self._name: Callable[[], tuple[tuple[PlacedReplica, ...], ...]] | None = name
+        self._name = name
         self._nodes: tuple[tuple[PlacedReplica, ...], ...] | None = None
         self._count = count  # nodes
 
     def nodes(self) -> tuple[tuple[PlacedReplica, ...], ...]:
-        if self._nodes is None:
-            assert self._name is not None
-            self._nodes, self._name = self._name(), None
-        return self._nodes
+        nodes = self._nodes
+        if nodes is None:  # two threads at once both name them, alike
+            nodes = self._nodes = self._name()
+        return nodes
 
     @property
     def named(self) -> bool:

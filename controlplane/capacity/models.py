@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -316,7 +317,15 @@ class JSONText(models.TextField):  # type: ignore[type-arg]  # generic in the st
         return json.loads(value) if isinstance(value, str) else value
 
     def get_prep_value(self, value: Any) -> str | None:
-        return None if value is None else json.dumps(value, separators=(",", ":"))
+        # allow_nan=False: what jsonb took, JSON itself (and the way back to jsonb) takes.
+        return None if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+    def value_to_string(self, obj: models.Model) -> Any:
+        """The value itself, as JSONField gives it to dumpdata (not its printed form)."""
+        return self.value_from_object(obj)
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"form_class": forms.JSONField, **kwargs})
 
 
 class StoredLedger(models.Model):

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, models, transaction
 from django.db.models import F
 from django.db.models.lookups import In
 from django.utils import timezone
@@ -395,7 +395,9 @@ class Event(models.Model):
         """A new event is counted into its group in the same transaction (every writer's path)."""
         if self._state.adding and self.group_id is None:
             # objects.create saves with force_insert and its database (the only one).
-            if not args and set(kwargs) <= {"force_insert", "using"} and self._fold_and_insert():
+            plain = not args and set(kwargs) <= {"force_insert", "using"}
+            default_db = kwargs.get("using", DEFAULT_DB_ALIAS) == DEFAULT_DB_ALIAS
+            if plain and default_db and self._fold_and_insert():
                 return
             with transaction.atomic():
                 self.group = EventGroup.fold(self)
@@ -410,9 +412,16 @@ class Event(models.Model):
         and tests/oncall/test_groups.py checks that both leave the same group. False, having
         written nothing, for any other: the caller folds it in Python. The group's row is
         locked all the same, as fold's would be; the constraint's conflict stands in for fold's
-        savepoint when two writers open one group at once. Most events are info (scaling,
-        sales), and this is a third of a sale's statements."""
-        if connection.vendor != "postgresql" or self.severity != Severity.INFO:
+        savepoint when two writers open one group at once; it takes no savepoint of its own, so
+        if it fails (a field too long) the caller's transaction is left to roll back, as it is
+        when any other write of it fails. Most events are info (scaling, sales), and fold's
+        statements were a third of a sale's."""
+        if (
+            connection.vendor != "postgresql"
+            or self.severity != Severity.INFO
+            or self.pk is not None  # its own id: the insert below takes the sequence's
+            or not (isinstance(self.time, datetime) and timezone.is_aware(self.time))  # fold refuses it
+        ):
             return False
         pattern = grouping.normalise(self.message)
         subject = grouping.subject(self.endpoint_id, self.endpoint_name, self.pod)

@@ -179,3 +179,11 @@ def test_an_info_repeat_after_its_group_is_resolved_opens_a_new_one(owner):
     again = Event.record("reservation", "opal sold 300 MU/min on chat (was 100)", tenant=owner)
     assert again.group_id != first.group_id and again.group.count == 1
     assert sorted(EventGroup.objects.values_list("state", flat=True)) == ["open", "resolved"]
+
+
+def test_an_info_event_with_its_own_id_or_a_naive_time_is_folded_in_python(owner):
+    Event(kind="scale", tenant=owner, message="chat: replicas 1 -> 2", time=T0, pk=987_654).save()
+    assert Event.objects.get().pk == 987_654 and EventGroup.objects.get().count == 1
+    naive = T0.replace(tzinfo=None)
+    with pytest.raises(TypeError):  # as fold refuses it: an aware last_at and a naive time
+        Event.record("scale", "chat: replicas 2 -> 3", tenant=owner, time=naive)
