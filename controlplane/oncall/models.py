@@ -203,28 +203,15 @@ class EventGroup(models.Model):
         event's transaction (both writers of events open one): the group row is locked
         (PostgreSQL) while it is counted. An info event into an info group is counted by the
         same rules in SQL (Event._fold_and_insert)."""
-        pattern = grouping.normalise(event.message)
-        subject = grouping.subject(event.endpoint_id, event.endpoint_name, event.pod)
-        fp = grouping.fingerprint(event.kind, event.tenant_id, subject, pattern)
+        opened = cls.opened_by(event)
+        fp = opened.fingerprint
         group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().first()
         if group is None:
             try:
                 with transaction.atomic():  # a savepoint: a concurrent first repeat wins the race
-                    group = cls.objects.create(
-                        fingerprint=fp,
-                        kind=event.kind,
-                        severity=event.severity,
-                        tenant_id=event.tenant_id,
-                        endpoint_id=event.endpoint_id,
-                        endpoint_name=event.endpoint_name,
-                        pod=event.pod,
-                        pattern=pattern,
-                        message=event.message,
-                        first_at=event.time,
-                        last_at=event.time,
-                    )
-                    group._page_if_due(timezone.now())
-                    return group
+                    opened.save(force_insert=True)
+                    opened._page_if_due(timezone.now())
+                    return opened
             except IntegrityError:
                 group = cls.objects.select_for_update().filter(fingerprint=fp).unresolved().get()
         group.count += 1
@@ -244,6 +231,25 @@ class EventGroup(models.Model):
         group._page_if_due(timezone.now(), save=False, escalated=rose)
         group.save()
         return group
+
+    @classmethod
+    def opened_by(cls, event: "Event") -> "EventGroup":
+        """The group `event` opens when its problem has none unresolved (not saved)."""
+        pattern = grouping.normalise(event.message)
+        subject = grouping.subject(event.endpoint_id, event.endpoint_name, event.pod)
+        return cls(
+            fingerprint=grouping.fingerprint(event.kind, event.tenant_id, subject, pattern),
+            kind=event.kind,
+            severity=event.severity,
+            tenant_id=event.tenant_id,
+            endpoint_id=event.endpoint_id,
+            endpoint_name=event.endpoint_name,
+            pod=event.pod,
+            pattern=pattern,
+            message=event.message,
+            first_at=event.time,
+            last_at=event.time,
+        )
 
     def _page_if_due(self, now: datetime, save: bool = True, escalated: bool = False) -> None:
         """Mark for the webhook when it pages and has not fired yet, or has fired at a milder
@@ -423,22 +429,7 @@ class Event(models.Model):
             or not (isinstance(self.time, datetime) and timezone.is_aware(self.time))  # fold refuses it
         ):
             return False
-        pattern = grouping.normalise(self.message)
-        subject = grouping.subject(self.endpoint_id, self.endpoint_name, self.pod)
-        group = EventGroup(
-            fingerprint=grouping.fingerprint(self.kind, self.tenant_id, subject, pattern),
-            kind=self.kind,
-            severity=self.severity,
-            tenant_id=self.tenant_id,
-            endpoint_id=self.endpoint_id,
-            endpoint_name=self.endpoint_name,
-            pod=self.pod,
-            pattern=pattern,
-            message=self.message,
-            first_at=self.time,
-            last_at=self.time,
-        )
-        group_columns, group_values = _insert_values(group)
+        group_columns, group_values = _insert_values(EventGroup.opened_by(self))
         columns, values = _insert_values(self, skip={"group"})
         quote = connection.ops.quote_name
         sql = (
