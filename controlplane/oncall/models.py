@@ -14,7 +14,7 @@ problem is): on-call acknowledges, silences and resolves groups, and groups are 
 new group, which pages again. At most one unresolved group per fingerprint (a constraint).
 """
 
-from collections.abc import Collection
+import functools
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -429,23 +429,10 @@ class Event(models.Model):
             or not (isinstance(self.time, datetime) and timezone.is_aware(self.time))  # fold refuses it
         ):
             return False
-        group_columns, group_values = _insert_values(EventGroup.opened_by(self))
-        columns, values = _insert_values(self, skip={"group"})
-        quote = connection.ops.quote_name
-        sql = (
-            f"WITH g AS (INSERT INTO {quote(EventGroup._meta.db_table)} AS old ({', '.join(group_columns)})"
-            f" VALUES ({', '.join(['%s'] * len(group_values))})"
-            f" ON CONFLICT (fingerprint) WHERE NOT (state = '{EventGroup.State.RESOLVED}') DO UPDATE SET"
-            " count = old.count + 1, first_at = LEAST(old.first_at, excluded.first_at),"
-            " last_at = GREATEST(old.last_at, excluded.last_at),"
-            " message = CASE WHEN excluded.last_at >= old.last_at THEN excluded.message ELSE old.message END,"
-            " pod = CASE WHEN excluded.last_at >= old.last_at THEN excluded.pod ELSE old.pod END"
-            f" WHERE old.severity = '{Severity.INFO}' RETURNING old.id)"
-            f" INSERT INTO {quote(Event._meta.db_table)} ({', '.join(columns)}, group_id)"
-            f" SELECT {', '.join(['%s'] * len(values))}, g.id FROM g RETURNING id, group_id"
-        )
+        group = _insert_values(EventGroup.opened_by(self), EventGroup)
+        values = [*group, *_insert_values(self, Event, "group")]
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*group_values, *values])
+            cursor.execute(_fold_sql(), values)
             row = cursor.fetchone()
         if row is None:
             return False
@@ -478,11 +465,34 @@ class Event(models.Model):
         return cls.objects.create(kind=kind, message=message, endpoint=endpoint, tenant=tenant, **fields)
 
 
-def _insert_values(obj: models.Model, skip: Collection[str] = ()) -> tuple[list[str], list[Any]]:
-    """An unsaved instance's columns (quoted) and their values as its INSERT would write them
-    (defaults, auto fields' pre_save), less its primary key and the fields in `skip`."""
-    fields = [f for f in obj._meta.concrete_fields if not f.primary_key and f.name not in skip]
+@functools.cache
+def _inserted(model: type[models.Model], skip: str = "") -> tuple[Any, ...]:
+    """The fields of a model an insert here writes: all its columns but its primary key and the
+    field `skip`."""
+    return tuple(f for f in model._meta.concrete_fields if not f.primary_key and f.name != skip)
+
+
+def _insert_values(obj: models.Model, model: type[models.Model], skip: str = "") -> list[Any]:
+    """An unsaved instance's values for _inserted(model, skip), as its INSERT would write them
+    (defaults, auto fields' pre_save)."""
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in _inserted(model, skip)]
+
+
+@functools.cache
+def _fold_sql() -> str:
+    """Event._fold_and_insert's statement: the group opened or counted, then the event."""
+    quote = connection.ops.quote_name
+    group_columns = [quote(str(f.column)) for f in _inserted(EventGroup)]  # concrete: each has one
+    columns = [quote(str(f.column)) for f in _inserted(Event, "group")]
     return (
-        [connection.ops.quote_name(str(f.column)) for f in fields],  # concrete: each has one
-        [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields],
+        f"WITH g AS (INSERT INTO {quote(EventGroup._meta.db_table)} AS old ({', '.join(group_columns)})"
+        f" VALUES ({', '.join(['%s'] * len(group_columns))})"
+        f" ON CONFLICT (fingerprint) WHERE NOT (state = '{EventGroup.State.RESOLVED}') DO UPDATE SET"
+        " count = old.count + 1, first_at = LEAST(old.first_at, excluded.first_at),"
+        " last_at = GREATEST(old.last_at, excluded.last_at),"
+        " message = CASE WHEN excluded.last_at >= old.last_at THEN excluded.message ELSE old.message END,"
+        " pod = CASE WHEN excluded.last_at >= old.last_at THEN excluded.pod ELSE old.pod END"
+        f" WHERE old.severity = '{Severity.INFO}' RETURNING old.id)"
+        f" INSERT INTO {quote(Event._meta.db_table)} ({', '.join(columns)}, group_id)"
+        f" SELECT {', '.join(['%s'] * len(columns))}, g.id FROM g RETURNING id, group_id"
     )
