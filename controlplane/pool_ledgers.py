@@ -9,6 +9,7 @@ from since: its row (a PoolMark) or a profile or rollout (the stored digest no l
 one; docs/capacity-ledger.md, "A sale does not read its pool")."""
 
 import functools
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -24,8 +25,10 @@ from capacity.ledger import (
     Allocation,
     PoolLedger,
     Shape,
+    committed_demands,
     pool_ledger,
 )
+from capacity.packing import ReplicaDemand
 from capacity.provisioning import min_replicas, replica_bounds
 from controlplane.capacity.models import (
     GpuPool,
@@ -416,10 +419,40 @@ def alike_allocations(
     own). No names."""
     others: list[Allocation] = []
     own: list[Allocation] = []
-    for i, (group, sums) in enumerate(groups.items()):
-        key = str(changed) if group[0] else f"alike-{i}"
-        (own if group[0] else others).extend(_group_allocations(group, sums, key))
+    for group, sums in groups.items():
+        (own if group[0] else others).extend(_counted(group, sums, changed)[0])
     return others, own
+
+
+def alike_demands(groups: dict[Group, tuple[Any, ...]], changed: int | None) -> list[ReplicaDemand]:
+    """The committed replicas of the groups but endpoint `changed`'s own (committed_demands of
+    alike_allocations' others): what a change to it is checked beside."""
+    return [d for group, sums in groups.items() if not group[0] for d in _counted(group, sums, changed)[1]]
+
+
+def _counted(
+    group: Group, sums: tuple[Any, ...], changed: int | None
+) -> tuple[tuple[Allocation, ...], tuple[ReplicaDemand, ...]]:
+    """A group's allocations and committed replicas: endpoint `changed`'s own group under its
+    key (demand_key's), any other under a name of its own."""
+    own = changed if group[0] else None
+    return _counted_as(group, tuple(sums[:4]), own, settings.CAPACITY_OVERCOMMIT)
+
+
+# Computed once per group as it stands, not per sale: a sale changes one group of its pool's
+# ~200, and every sale checks all of them and stores them again. The setting, not its
+# Fraction, in the key: a Fraction's hash is slow to compute, and asked 400 times a sale.
+@functools.lru_cache(maxsize=16_384)
+def _counted_as(
+    group: Group, sums: tuple[Any, ...], changed: int | None, overcommit_setting: float
+) -> tuple[tuple[Allocation, ...], tuple[ReplicaDemand, ...]]:
+    # A name unique among any pool's groups: each group is listed once in a ledger.
+    key = str(changed) if group[0] else f"alike-{next(_alike_numbers)}"
+    allocations = tuple(_group_allocations(group, sums, key))
+    return allocations, tuple(committed_demands(allocations, Fraction(str(overcommit_setting))))
+
+
+_alike_numbers = itertools.count()
 
 
 def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Allocation]:

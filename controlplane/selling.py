@@ -48,7 +48,6 @@ from capacity.ledger import (
     RolloutChange,
     check_demands_change,
     check_holds,
-    committed_demands,
 )
 from controlplane.capacity.models import (
     GpuPool,
@@ -65,7 +64,7 @@ from controlplane.pool_ledgers import (
     RunningRollout,
     Sale,
     StoredRow,
-    alike_allocations,
+    alike_demands,
     alike_groups,
     alike_sql,
     counted_as,
@@ -77,7 +76,6 @@ from controlplane.pool_ledgers import (
     locked_pool,
     locked_pools,
     locked_tenant,
-    overcommit,
     own_reservation,
     own_rollout,
     refresh_ledgers,
@@ -88,6 +86,7 @@ from controlplane.pool_ledgers import (
     stored_sql,
     version_key,
 )
+from controlplane.prepared import Prepared
 from controlplane.tenant_limits import check_tenant_allowance, check_tenant_quota, commitment, reserved_mu
 from dataplane.cluster import rollout as phases
 
@@ -261,7 +260,6 @@ def ensure_change(
     is the caller's (`refused`: the stored one, when the groups are its)."""
     if groups is None:
         groups = alike_groups(pool, changed=endpoint.pk)
-    others, _ = alike_allocations(groups, endpoint.pk)
 
     def ledger() -> PoolLedger:
         return refused() if refused is not None else grouped_ledger(pool, groups)
@@ -270,7 +268,7 @@ def ensure_change(
         pool.name,
         pool.node_count,
         pool.node_shape,
-        committed_demands(others, overcommit()),
+        alike_demands(groups, endpoint.pk),
         demand_key(endpoint),
         endpoint.profile.model,
         asked,
@@ -316,7 +314,8 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
     statements (and the transaction's BEGIN) go in one round trip, pipelined: the server runs
     them in order, so the reads still start, and take their snapshots, once the locks are
     held (lock_sql); what it saves is the waits for the network and, on a busy machine, for a
-    core, per statement."""
+    core, per statement. The endpoint's row is read by a statement prepared on the connection,
+    planned once rather than at every sale."""
     tenant_id, pool_id = endpoint.tenant_id, endpoint.pool_id
     stored: StoredRow | None = None
     if connection.vendor != "postgresql":  # SQLite (development): no row locks, no pipeline
@@ -325,6 +324,9 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
         groups = None
     else:
         connection.ensure_connection()
+        # Planned once per connection: PostgreSQL took longer to plan it than to run it (1.0-1.5
+        # ms against 0.3 at 10,000 endpoints).
+        own_execute = Prepared.of(alike_sql(holders=True, own=True)).ready()
         with (
             connection.connection.pipeline(),
             connection.cursor() as lock,
@@ -333,7 +335,7 @@ def check_sale(endpoint: Endpoint, mu_per_minute: int) -> "Sale":
         ):
             lock.execute(lock_sql(), [tenant_id, pool_id])
             base.execute(stored_sql(), [pool_id])
-            own.execute(alike_sql(holders=True, own=True), {"changed": endpoint.pk, "pool": pool_id})
+            own.execute(own_execute, {"changed": endpoint.pk, "pool": pool_id})
             pool = locked_pool(lock.fetchall(), tenant_id, pool_id)
             row = base.fetchone()
             stored = StoredRow(*row) if row is not None else None

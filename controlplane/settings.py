@@ -126,6 +126,9 @@ DATABASES = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# A sale's statement that reads its endpoint is prepared once per connection (PREPARE); off
+# behind a proxy that pools PostgreSQL connections per transaction.
+DATABASE_PREPARED_STATEMENTS = envbool("DATABASE_PREPARED_STATEMENTS", True)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -18,6 +18,7 @@ from django.core import serializers
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import F, Max
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,7 @@ from controlplane.capacity.models import (
 )
 from controlplane.endpoints.deployments import deployment_name
 from controlplane.endpoints.models import Endpoint, Pod, Rollout
+from controlplane.prepared import Prepared
 from controlplane.tenants.models import Tenant
 from dataplane.cluster.driver import PodState
 
@@ -322,6 +324,61 @@ def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would
     assert json.loads(dumped)[0]["fields"]["groups"] == stored.groups
     (loaded,) = serializers.deserialize("json", dumped)
     assert loaded.object.groups == stored.groups
+
+
+def test_a_sales_own_row_is_prepared_once_per_connection_and_kept_through_rollbacks(world):
+    """On PostgreSQL the statement a sale reads its endpoint's row with (alike_sql's own) is
+    prepared once on its connection, then only executed: a refused sale (its savepoint
+    rolled back) and a transaction rolled back keep it, where psycopg's own prepared statements
+    are all deallocated at any rollback."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements: PostgreSQL")
+    pool = world.pools[0]
+    endpoint = Endpoint(
+        tenant=world.tenants[0], name="chat", profile=world.profiles[0], pool=pool,
+        min_provisioned_concurrency=0, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
+    )  # fmt: skip
+    selling.save_endpoint(endpoint)
+    name = Prepared.of(pool_ledgers.alike_sql(holders=True, own=True)).name
+
+    def sale(mu: int) -> list[str]:
+        """The sale's statements that name the prepared one (PREPARE or EXECUTE); refused or not."""
+        with CaptureQueriesContext(connection) as queries:
+            try:
+                selling.sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
+            except Oversold:
+                pass
+        return [q["sql"].split()[0] for q in queries.captured_queries if name in q["sql"]]
+
+    def prepared_here() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", [name])
+            return cursor.fetchone()[0] == 1
+
+    assert sale(100)[-1] == "EXECUTE"  # prepared first, unless an earlier test did on this connection
+    assert prepared_here()
+    assert sale(10**9) == ["EXECUTE"]  # refused: its savepoint rolled back
+    assert prepared_here()
+    with transaction.atomic():
+        assert sale(200) == ["EXECUTE"]
+        transaction.set_rollback(True)
+    assert prepared_here()
+    assert sale(300) == ["EXECUTE"]
+    assert Reservation.objects.get(endpoint=endpoint).mu_per_minute == 300
+    with override_settings(DATABASE_PREPARED_STATEMENTS=False):  # behind PgBouncer: planned each time
+        assert sale(400) == []
+    assert Reservation.objects.get(endpoint=endpoint).mu_per_minute == 400
+    assert_stored_is_fresh([pool])
+
+
+def test_a_prepared_statement_numbers_each_named_parameter_once():
+    prepared = Prepared.of("SELECT %(a)s + %(b)s WHERE %(a)s > 0")
+    assert prepared.prepare.endswith(" AS SELECT $1 + $2 WHERE $1 > 0")
+    assert prepared.execute == f"EXECUTE {prepared.name}(%(a)s, %(b)s)"
+    assert Prepared.of("SELECT %(a)s + 1").name != prepared.name
+    for bad in ("SELECT %s", "SELECT 'x' LIKE '%%'"):
+        with pytest.raises(ValueError, match="%\\(name\\)s parameters only"):
+            Prepared.of(bad)
 
 
 @pytest.mark.parametrize("holders_stored", [2], indirect=True)

@@ -8,6 +8,7 @@ import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from capacity.packing.model import (
     Kind,
@@ -30,6 +31,10 @@ EXACT_WORK = 40_000
 
 # Node contents enumerated at most (for 8-GPU nodes and sizes 1-8 there are 66).
 MAX_FILLS = 5_000
+
+# The node contents enumerated so far, per (node capacity, kinds, caps, most): _Problem._fills.
+_FILLS: dict[tuple[Kind, tuple[Kind, ...], tuple[int, ...], int], tuple[tuple[int, ...], ...] | None] = {}
+_UNSEEN: Any = object()
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,20 @@ class _Problem:
     def _fills(self, caps: tuple[int, ...], most: int = MAX_FILLS) -> list[tuple[int, ...]] | None:
         """Every non-empty node content (count per kind, within `caps`) that fits one node, the
         fullest first (GPUs, then CPU, memory), then the larger replicas; None beyond `most`
-        (or beyond `most` kinds: each kind is a level of the walk)."""
+        (or beyond `most` kinds: each kind is a level of the walk). Enumerated once per process
+        for a node's capacity, the kinds and `caps` (_FILLS): a pool's stay as they are across
+        the sales that pack it, and the walk was a quarter of a packing."""
+        key = (self.capacity, self.kinds, caps, most)
+        fills = _FILLS.get(key, _UNSEEN)
+        if fills is _UNSEEN:
+            found = self._walk_fills(caps, most)
+            fills = None if found is None else tuple(found)
+            if len(_FILLS) >= 1024:  # bounded; threads may share it (one lookup per read)
+                _FILLS.clear()
+            _FILLS[key] = fills
+        return None if fills is None else list(fills)
+
+    def _walk_fills(self, caps: tuple[int, ...], most: int) -> list[tuple[int, ...]] | None:
         if len(self.kinds) > min(most, 200):
             return None
         out: list[tuple[int, ...]] = []
