@@ -10,7 +10,9 @@ At most workers x app_concurrency requests run inside Django at once (threads an
 connections: 80 concurrent clients held at most 16 connections), each entering with its body
 read, so 50 clients sending bodies a byte a second do not starve it either. 40 clients that ask for
 the 1.6 MB Swagger bundle and read nothing leave /healthz and the API answering, and are cut at the
-send deadline; a body over 2.5 MB gets 413 before it is read.
+send deadline; a body over 2.5 MB gets 413 before it is read. A worker holding more kept-alive
+connections than the workers' mean hands one back after its answer (``webserver.SHARE``), so
+clients that keep their connections spread over the workers evenly.
 """
 
 import gc
@@ -48,6 +50,22 @@ webserver.configure(
     max_pipelined_requests=16,  # requests queued on a connection behind the running one; then reads pause
 )
 accesslog = "-"
+# Slots for the workers' connection counts: more than `workers`, for those added by TTIN.
+webserver.SHARE.allocate(max(64, 4 * workers))
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    """In the master: the new worker's slot among the connection counts."""
+    worker.share_slot = webserver.SHARE.free_slot(w.share_slot for w in server.WORKERS.values())
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    webserver.SHARE.join(worker.share_slot)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """In the master, a worker gone (ended, killed or replaced): its connections with it."""
+    webserver.SHARE.leave(worker.share_slot)
 
 
 def post_worker_init(worker: Any) -> None:

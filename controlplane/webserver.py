@@ -7,16 +7,18 @@ for a client that does not read its response, and reads paused while ``max_pipel
 wait (``PipelineFlowControl``). ``BoundedApp`` lets at most ``app_concurrency`` requests per worker
 into Django, each with its body read, keeps slots of their own for /healthz and static files, and
 answers a body over ``max_body_bytes`` with 413; ``OneHopHandler`` runs Django's middleware and
-view in one hop to the request's thread. The numbers are set in
+view in one hop to the request's thread; ``ConnectionShare`` evens kept-alive connections out
+between gunicorn's workers. The numbers are set in
 ``controlplane/gunicorn.conf.py`` (``configure``), the server's one configuration file. Each
 deadline and bound: docs/kubernetes.md, "The web server".
 """
 
 import asyncio
 import json
+import multiprocessing
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,70 @@ def error_body(path: str, status: int) -> tuple[bytes, bytes]:
     return DETAILS[status].encode() + b"\n", b"text/plain; charset=utf-8"
 
 
+class ConnectionShare:
+    """The connections each of gunicorn's workers holds, counted in memory the master shares
+    with them before they fork, so that a worker holding more than its share answers a request
+    on a kept-alive connection with ``connection: close``: its client reconnects, and the
+    worker that accepts first, most likely a less busy one, takes it. A client keeps the worker
+    that accepted its connection for as long as it keeps the connection (an SDK, a proxy's
+    pool), and twenty at once split between two workers as they came (7 and 13 in one run),
+    the busier worker's requests then as much slower as it held more
+    (docs/evaluation/fleet-scale.md). A worker's share is the workers' mean, rounded up; a
+    worker started outside gunicorn, or without a slot, has none and keeps every connection."""
+
+    def __init__(self) -> None:
+        # Per slot: 0 no worker, else 1 + the connections its worker holds. Each worker writes
+        # its own slot only; reading the others' unlocked is as good as a share needs.
+        self.counts: Any = None
+        self.slot: int | None = None
+        self.leaving = 0  # this worker's connections handed back, still open
+
+    def allocate(self, slots: int) -> None:
+        """In the master, before any worker forks (once: a reload keeps the counts)."""
+        if self.counts is None:
+            self.counts = multiprocessing.RawArray("q", slots)
+
+    def free_slot(self, taken: Iterable[int | None]) -> int | None:
+        """In the master, for a worker about to fork: a slot no live worker holds, or None."""
+        if self.counts is None:
+            return None
+        return min(set(range(len(self.counts))) - set(taken), default=None)
+
+    def join(self, slot: int | None) -> None:
+        """In a new worker: its slot, holding no connection yet."""
+        self.slot, self.leaving = slot, 0
+        if slot is not None:
+            self.counts[slot] = 1
+
+    def leave(self, slot: int | None) -> None:
+        """In the master, once the worker of `slot` has exited."""
+        if slot is not None and self.counts is not None:
+            self.counts[slot] = 0
+
+    def opened(self) -> None:
+        if self.slot is not None:
+            self.counts[self.slot] += 1
+
+    def closed(self, handed_back: bool) -> None:
+        if self.slot is not None:
+            self.counts[self.slot] -= 1
+            self.leaving -= handed_back
+
+    def hand_back(self) -> bool:
+        """Whether this worker, less the connections it is handing back already, holds more
+        than its share; if so one more is being handed back (closed after its answer)."""
+        if self.slot is None:
+            return False
+        live = [n - 1 for n in self.counts if n]
+        if len(live) < 2 or self.counts[self.slot] - 1 - self.leaving <= -(-sum(live) // len(live)):
+            return False
+        self.leaving += 1
+        return True
+
+
+SHARE = ConnectionShare()
+
+
 class PipelineFlowControl(FlowControl):
     """Uvicorn's read flow control, with reads kept paused while ``max_pipelined_requests`` wait.
 
@@ -116,6 +182,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     url = b""  # uvicorn's, set when a request begins
     held = b""  # bytes read but not parsed while the pipeline was full (one read at most)
     refuse_head = False  # a head over the limit waits for the answers before it to get its 431
+    handed_back = False  # to be closed after its answer, for another worker to take (ConnectionShare)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -167,6 +234,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self)
         self._arm(DEADLINES.header_timeout_s, "headers")
+        SHARE.opened()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -228,6 +296,12 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self.reading_head, self.head_bytes = False, 0
         self._arm(DEADLINES.body_timeout_s, "body")
+        # Only a request that runs at once, nothing queued behind it: one pipelined behind its
+        # answer would be dropped with the connection.
+        running = self.cycle is not None and not self.pipeline and self.cycle.keep_alive
+        if running and not self.handed_back and SHARE.hand_back():
+            self.handed_back = True
+            self.cycle.keep_alive = False  # uvicorn answers with `connection: close`, then closes
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -237,6 +311,7 @@ class DeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._end_stall()
+        SHARE.closed(self.handed_back)
         super().connection_lost(exc)
 
 

@@ -9,6 +9,7 @@ must then have disconnected the slow header senders, each with a 408.
 """
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO
@@ -78,7 +80,7 @@ def running_server(db_url: str, ready: Callable[[int], bool]) -> Iterator[int]:
     )
     # The log goes to a file: a pipe nobody reads fills, and the workers block writing to it.
     log = SERVER_LOG[port] = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
+    proc = SERVER_PROCESS[port] = subprocess.Popen(
         rebound(image_command(), port),
         cwd=ROOT,
         env=env,
@@ -100,7 +102,7 @@ def running_server(db_url: str, ready: Callable[[int], bool]) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        del SERVER_LOG[port]
+        del SERVER_LOG[port], SERVER_PROCESS[port]
         log.close()
 
 
@@ -111,6 +113,7 @@ def server(django_db_setup):
 
 
 SERVER_LOG: dict[int, IO[bytes]] = {}  # the running server's log, by its port
+SERVER_PROCESS: dict[int, subprocess.Popen[bytes]] = {}  # its gunicorn master, by its port
 
 
 @pytest.fixture(autouse=True)
@@ -576,3 +579,71 @@ def test_clients_that_do_not_read_a_large_file_neither_starve_healthz_nor_stay(s
     cut = [got for got, ended in results if ended and 0 < got < 1 << 18]
     assert len(cut) >= 16, results
     assert get(port, "/healthz", 5.0)[0] == 200
+
+
+def workers(port: int) -> list[int]:
+    """The pids of the server's workers: its gunicorn master's children."""
+    master = SERVER_PROCESS[port].pid
+    with open(f"/proc/{master}/task/{master}/children") as children:
+        return sorted(int(pid) for pid in children.read().split())
+
+
+def holders(port: int, clients: list[http.client.HTTPConnection]) -> list[int | None]:
+    """Per client, the worker that holds the server's end of its connection (None: closed)."""
+    by_inode = {}
+    for pid in workers(port):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed since listed
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    by_inode[int(target[8:-1])] = pid
+    by_client_port = {}
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            local, remote, inode = (line.split()[i] for i in (1, 2, 9))
+            if int(local.split(":")[1], 16) == port and int(inode) in by_inode:
+                by_client_port[int(remote.split(":")[1], 16)] = by_inode[int(inode)]
+    return [by_client_port.get(c.sock.getsockname()[1]) if c.sock else None for c in clients]
+
+
+def test_kept_alive_connections_even_out_between_the_workers(server):
+    """Twenty clients that keep their connections, all taken by one worker while the other is
+    stopped, end up held ten and ten once it runs again: a worker that holds more than the
+    workers' mean answers with `connection: close`, and its client reconnects (webserver.SHARE)."""
+    first, second = workers(server)
+    clients = [http.client.HTTPConnection("127.0.0.1", server, timeout=10) for _ in range(20)]
+
+    def round_of_requests() -> int:
+        """A request on each client (a new connection where the last answer closed it); how
+        many answers closed their connection."""
+        closed = 0
+        for client in clients:
+            client.request("GET", "/healthz")
+            answer = client.getresponse()
+            answer.read()
+            assert answer.status == 200
+            closed += answer.getheader("connection") == "close"
+        return closed
+
+    os.kill(second, signal.SIGSTOP)
+    try:
+        round_of_requests()
+        held = holders(server, clients)
+        assert {w for w in held if w is not None} == {first}, held
+    finally:
+        os.kill(second, signal.SIGCONT)
+    try:
+        for _ in range(10):
+            closed = round_of_requests()
+            held = holders(server, clients)
+            if abs(held.count(first) - held.count(second)) <= 1 and None not in held:
+                break
+        else:
+            raise AssertionError(f"not even after 10 rounds: {held.count(first)} and {held.count(second)}")
+        assert closed <= 20
+        round_of_requests()
+        counts = sorted(Counter(w for w in holders(server, clients) if w is not None).values())
+        assert counts[-1] - counts[0] <= 2 and sum(counts) >= 19, counts  # even, one reconnecting at most
+    finally:
+        for client in clients:
+            client.close()
