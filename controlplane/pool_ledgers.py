@@ -9,7 +9,7 @@ from since: its row (a PoolMark) or a profile or rollout (the stored digest no l
 one; docs/capacity-ledger.md, "A sale does not read its pool")."""
 
 import functools
-import itertools
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -446,13 +446,14 @@ def _counted(
 def _counted_as(
     group: Group, sums: tuple[Any, ...], changed: int | None, overcommit_setting: float
 ) -> tuple[tuple[Allocation, ...], tuple[ReplicaDemand, ...]]:
-    # A name unique among any pool's groups: each group is listed once in a ledger.
-    key = str(changed) if group[0] else f"alike-{next(_alike_numbers)}"
+    # A group is listed once in a ledger: a name of its own, the same in every process.
+    key = (
+        str(changed)
+        if group[0]
+        else "alike-" + hashlib.blake2b(repr(group).encode(), digest_size=8).hexdigest()
+    )
     allocations = tuple(_group_allocations(group, sums, key))
     return allocations, tuple(committed_demands(allocations, Fraction(str(overcommit_setting))))
-
-
-_alike_numbers = itertools.count()
 
 
 def _group_allocations(group: Group, sums: tuple[Any, ...], key: str) -> list[Allocation]:

@@ -9,10 +9,13 @@ import functools
 import hashlib
 import re
 import weakref
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
+
+T = TypeVar("T")
 
 
 class Prepared(NamedTuple):
@@ -44,9 +47,31 @@ class Prepared(NamedTuple):
         raw = connection.connection
         if self.name not in _PREPARED.get(raw, ()):
             with connection.cursor() as cursor:
+                # One the session holds unrecorded (prepared before its record was forgotten)
+                # is replaced: a PREPARE of a name taken fails.
+                cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", [self.name])
+                if cursor.fetchone()[0]:
+                    cursor.execute(f"DEALLOCATE {self.name}")
                 cursor.execute(self.prepare)
             _PREPARED.setdefault(raw, set()).add(self.name)
         return self.execute
+
+    def retried(self, run: Callable[[], T]) -> T:
+        """`run()`, an atomic block that executes this statement, run once more with it prepared
+        anew when the connection's was gone (a DEALLOCATE ALL, a DISCARD ALL) or planned for
+        columns since changed (a migration that changed the type of one it returns: "cached
+        plan must not change result type"); `run`'s block rolled back, the caller's
+        transaction goes on. Without it every use on that connection would fail for as long
+        as the connection lives."""
+        try:
+            return run()
+        except DatabaseError as error:
+            cause = error.__cause__
+            gone = getattr(cause, "sqlstate", None) == "26000" and self.name in str(cause)
+            if not (gone or "cached plan must not change result type" in str(cause)):
+                raise
+        _PREPARED.get(connection.connection, set()).discard(self.name)
+        return run()
 
 
 # The statements each connection has prepared (Prepared), while it lives.

@@ -117,7 +117,7 @@ class ConnectionShare:
         return min(set(range(len(self.counts))) - set(taken), default=None)
 
     def join(self, slot: int | None) -> None:
-        """In a new worker: its slot, holding no connection yet."""
+        """In a new worker, once it is about to accept: its slot, holding no connection yet."""
         self.slot, self.leaving = slot, 0
         if slot is not None:
             self.counts[slot] = 1
@@ -126,6 +126,14 @@ class ConnectionShare:
         """In the master, once the worker of `slot` has exited."""
         if slot is not None and self.counts is not None:
             self.counts[slot] = 0
+
+    def depart(self) -> None:
+        """In a worker that stops: out of the counts at once, not when the master reaps it (a
+        stopping worker accepts nothing, and one counted holding none would have the others
+        hand back connections that only they can take)."""
+        if self.slot is not None:
+            self.counts[self.slot] = 0
+            self.slot = None
 
     def opened(self) -> None:
         if self.slot is not None:
@@ -296,17 +304,37 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self.reading_head, self.head_bytes = False, 0
         self._arm(DEADLINES.body_timeout_s, "body")
-        # Only a request that runs at once, nothing queued behind it: one pipelined behind its
-        # answer would be dropped with the connection.
-        running = self.cycle is not None and not self.pipeline and self.cycle.keep_alive
-        if running and not self.handed_back and SHARE.hand_back():
-            self.handed_back = True
-            self.cycle.keep_alive = False  # uvicorn answers with `connection: close`, then closes
+        if SHARE.slot is not None and self.cycle is not None:
+            self._may_hand_back(self.cycle)
+
+    def _may_hand_back(self, cycle: Any) -> None:
+        """Decide at the start of `cycle`'s answer whether the connection goes back: only when
+        nothing of a next request has come in (queued, held or begun), which would be dropped
+        with it; a request that comes after its `connection: close` is the client's to retry."""
+        send = cycle.send
+
+        async def send_handing_back(message: Message) -> None:
+            if (
+                message["type"] == "http.response.start"
+                and cycle is self.cycle
+                and cycle.keep_alive
+                and not (self.handed_back or self.pipeline or self.held or self.head_bytes)
+                and SHARE.hand_back()
+            ):
+                self.handed_back = True
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        cycle.send = send_handing_back  # what uvicorn gives the app (run_asgi reads it per cycle)
 
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
         self.reading_head, self.head_bytes = True, 0  # what follows is the next request's head
+
+    def shutdown(self) -> None:
+        SHARE.depart()  # the worker stops: it takes no more connections, so counts in no mean
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

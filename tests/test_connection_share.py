@@ -55,3 +55,15 @@ def test_a_worker_gone_is_no_longer_counted():
     assert not share.hand_back()  # alone now
     share.counts[1] = 1  # its replacement joined (in its own process), holding nothing yet
     assert share.hand_back()
+
+
+def test_a_stopping_worker_leaves_the_counts_at_once():
+    share = share_of([0, 12], slot=1)
+    assert share.hand_back()  # 12 against a worker holding none
+    other = share_of([0, 12], slot=0)
+    other.counts = share.counts  # the same shared memory, seen from the worker that stops
+    other.depart()
+    assert share.counts[0] == 0 and other.slot is None
+    assert not share.hand_back()  # alone now: nowhere to hand back to
+    other.closed(handed_back=False)  # its connections ending count nowhere
+    assert share.counts[0] == 0

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from capacity.ledger import AllowanceExceeded, Oversold, QuotaExceeded
-from controlplane import pods, pool_ledgers, rollouts, scaling, selling
+from controlplane import pods, pool_ledgers, prepared, rollouts, scaling, selling
 from controlplane.capacity.models import (
     GpuPool,
     ModelProfile,
@@ -327,10 +327,12 @@ def test_sales_take_the_stored_groups_and_leave_them_as_a_read_of_the_pool_would
 
 
 def test_a_sales_own_row_is_prepared_once_per_connection_and_kept_through_rollbacks(world):
-    """On PostgreSQL the statement a sale reads its endpoint's row with (alike_sql's own) is
-    prepared once on its connection, then only executed: a refused sale (its savepoint
-    rolled back) and a transaction rolled back keep it, where psycopg's own prepared statements
-    are all deallocated at any rollback."""
+    """On PostgreSQL the statement a sale reads its endpoint's row with (selling.own_row) is
+    prepared once on its connection, then only executed: a refused sale (its savepoint rolled
+    back) and a transaction rolled back keep it, where psycopg's own prepared statements are
+    all deallocated at any rollback. One gone (DEALLOCATE ALL), planned for a column type
+    since changed (a migration), or held by the session unrecorded is prepared anew, the sale
+    made all the same."""
     if connection.vendor != "postgresql":
         pytest.skip("prepared statements: PostgreSQL")
     pool = world.pools[0]
@@ -339,35 +341,40 @@ def test_a_sales_own_row_is_prepared_once_per_connection_and_kept_through_rollba
         min_provisioned_concurrency=0, max_provisioned_concurrency=8, target_concurrency_per_replica=8,
     )  # fmt: skip
     selling.save_endpoint(endpoint)
-    name = Prepared.of(pool_ledgers.alike_sql(holders=True, own=True)).name
+    name = selling.own_row().name
 
     def sale(mu: int) -> list[str]:
-        """The sale's statements that name the prepared one (PREPARE or EXECUTE); refused or not."""
+        """The sale's PREPARE, EXECUTE and DEALLOCATE of the prepared one; refused or not."""
         with CaptureQueriesContext(connection) as queries:
             try:
                 selling.sell(endpoint, mu_per_minute=mu, best_effort_allowed=True, sold_by="ops")
             except Oversold:
                 pass
-        return [q["sql"].split()[0] for q in queries.captured_queries if name in q["sql"]]
+        verbs = [q["sql"].split()[0] for q in queries.captured_queries if name in q["sql"]]
+        return [v for v in verbs if v in ("PREPARE", "EXECUTE", "DEALLOCATE")]
 
-    def prepared_here() -> bool:
+    def sql(statement: str) -> None:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", [name])
-            return cursor.fetchone()[0] == 1
+            cursor.execute(statement)
 
-    assert sale(100)[-1] == "EXECUTE"  # prepared first, unless an earlier test did on this connection
-    assert prepared_here()
+    sql("DEALLOCATE ALL")  # an earlier test may have prepared it on this connection
+    prepared._PREPARED.pop(connection.connection, None)  # its record lost, not the statement
+    assert sale(100) == ["PREPARE", "EXECUTE"]
     assert sale(10**9) == ["EXECUTE"]  # refused: its savepoint rolled back
-    assert prepared_here()
     with transaction.atomic():
         assert sale(200) == ["EXECUTE"]
         transaction.set_rollback(True)
-    assert prepared_here()
     assert sale(300) == ["EXECUTE"]
-    assert Reservation.objects.get(endpoint=endpoint).mu_per_minute == 300
+    sql("DEALLOCATE ALL")
+    assert sale(400) == ["EXECUTE", "PREPARE", "EXECUTE"]
+    sql("SET CONSTRAINTS ALL IMMEDIATE")  # the test's pending foreign key checks, before the ALTER
+    sql("ALTER TABLE capacity_modelprofile ALTER COLUMN model TYPE varchar(300)")  # undone with the test
+    assert sale(500) == ["EXECUTE", "DEALLOCATE", "PREPARE", "EXECUTE"]
+    prepared._PREPARED.pop(connection.connection, None)  # its record lost, not the statement
+    assert sale(600) == ["DEALLOCATE", "PREPARE", "EXECUTE"]
     with override_settings(DATABASE_PREPARED_STATEMENTS=False):  # behind PgBouncer: planned each time
-        assert sale(400) == []
-    assert Reservation.objects.get(endpoint=endpoint).mu_per_minute == 400
+        assert sale(700) == []
+    assert Reservation.objects.get(endpoint=endpoint).mu_per_minute == 700
     assert_stored_is_fresh([pool])
 
 

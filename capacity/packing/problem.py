@@ -116,13 +116,14 @@ class _Problem:
         for a node's capacity, the kinds and `caps` (_FILLS): a pool's stay as they are across
         the sales that pack it, and the walk was a quarter of a packing."""
         key = (self.capacity, self.kinds, caps, most)
-        fills = _FILLS.get(key, _UNSEEN)
+        fills = _FILLS.get(key, _UNSEEN)  # one lookup: another thread may clear it meanwhile
         if fills is _UNSEEN:
             found = self._walk_fills(caps, most)
             fills = None if found is None else tuple(found)
-            if len(_FILLS) >= 1024:  # bounded; threads may share it (one lookup per read)
-                _FILLS.clear()
-            _FILLS[key] = fills
+            if most <= MAX_FILLS and len(fills or ()) <= 500:  # the usual few dozen; 256 x 500 at most
+                if len(_FILLS) >= 256:
+                    _FILLS.clear()
+                _FILLS[key] = fills
         return None if fills is None else list(fills)
 
     def _walk_fills(self, caps: tuple[int, ...], most: int) -> list[tuple[int, ...]] | None:
