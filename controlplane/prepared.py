@@ -66,9 +66,10 @@ class Prepared(NamedTuple):
         try:
             return run()
         except DatabaseError as error:
-            cause = error.__cause__
-            gone = getattr(cause, "sqlstate", None) == "26000" and self.name in str(cause)
-            if not (gone or "cached plan must not change result type" in str(cause)):
+            # 26000: no such prepared statement; 0A000: "cached plan must not change result
+            # type" (by code: the message is in the server's language). Another error of
+            # either kind fails again, and is raised then.
+            if getattr(error.__cause__, "sqlstate", None) not in ("26000", "0A000"):
                 raise
         _PREPARED.get(connection.connection, set()).discard(self.name)
         return run()
